@@ -42,6 +42,17 @@ class RLMConfig:
     on_event: Callable[[dict[str, Any]], None] | None = None
     call_headers: bool = False  # X-RLM-* attribution headers are opt-in (issue 7)
     sampling: dict[str, dict[str, Any]] | None = None
+    # What generated code gets when a sub-call fails for good: "raise" an exception in the REPL, or
+    # "return" the error as a str starting with "[error]" (issue 8).
+    subcall_errors: str = "raise"
+    max_run_retries: int = 200  # retries summed over every call of the tree (a per-run cap)
+    # Tools (issue 9): REPL tools, tools only sub-models call, strategy tips, root-window compaction.
+    tools: list[Any] = field(default_factory=list)
+    tools_for_children: bool = True
+    sub_tools: list[Any] = field(default_factory=list)
+    sub_tool_rounds: int = 8
+    tips: str | None = None
+    root_window_tokens: int | None = None
 
     def validate(self) -> None:
         checks = [
@@ -56,6 +67,16 @@ class RLMConfig:
             (self.max_parallel_children >= 1, "max_parallel_children must be >= 1"),
             (self.max_output_tokens >= 1, "max_output_tokens must be >= 1"),
             (self.max_retries >= 0, "max_retries must be >= 0"),
+            (self.max_run_retries >= 0, "max_run_retries must be >= 0"),
+            (
+                self.subcall_errors in ("raise", "return"),
+                "subcall_errors must be 'raise' (an exception in the REPL) or 'return' (an '[error] ...' str)",
+            ),
+            (self.sub_tool_rounds >= 1, "sub_tool_rounds must be >= 1"),
+            (
+                self.root_window_tokens is None or self.root_window_tokens >= 1_000,
+                "root_window_tokens must be None (no compaction) or at least 1000",
+            ),
         ]
         for ok, message in checks:
             if not ok:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,14 @@ class RLM:
         on_event: Callable[[dict[str, Any]], None] | None = None,
         call_headers: bool = False,
         sampling: dict[str, dict[str, Any]] | None = None,
+        subcall_errors: str = "raise",
+        max_run_retries: int = 200,
+        tools: Sequence[Callable[..., Any]] = (),
+        tools_for_children: bool = True,
+        sub_tools: Sequence[Callable[..., Any]] = (),
+        sub_tool_rounds: int = 8,
+        tips: str | None = None,
+        root_window_tokens: int | None = None,
     ) -> None:
         self.config = RLMConfig(
             model=model,
@@ -86,6 +94,14 @@ class RLM:
             on_event=on_event,
             call_headers=call_headers,
             sampling=sampling,
+            subcall_errors=subcall_errors,
+            max_run_retries=max_run_retries,
+            tools=list(tools),
+            tools_for_children=tools_for_children,
+            sub_tools=list(sub_tools),
+            sub_tool_rounds=sub_tool_rounds,
+            tips=tips,
+            root_window_tokens=root_window_tokens,
         )
         self.config.validate()
         self.prices = PriceBook(prices)
