@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from recursa.errors import BudgetExceeded
+from recursa.errors import BudgetExceeded, ConfigError
 
 
 @dataclass(frozen=True)
@@ -28,8 +28,21 @@ class Budget:
     def __post_init__(self) -> None:
         for name in ("max_usd", "max_tokens", "max_seconds", "max_llm_calls"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, (int, float)) or value < 0):
-                raise ValueError(f"Budget({name}={value!r}): use a non-negative number or None.")
+            if value is None:
+                continue
+            # bool is an int to Python, and NaN compares False with everything, so a NaN cap would
+            # never refuse a call: both are mistakes, not limits.
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0:
+                raise ConfigError(f"Budget({name}={value!r}): use a non-negative number or None (no cap).")
+            if name in _COUNTS and isinstance(value, float) and not value.is_integer():
+                unit = "tokens" if name == "max_tokens" else "LM calls"
+                raise ConfigError(
+                    f"Budget({name}={value!r}): a count of {unit} must be a whole number (an int), "
+                    "or None for no cap."
+                )
+
+
+_COUNTS = ("max_tokens", "max_llm_calls")
 
 
 @dataclass

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from recursa.errors import RecursaError
+from recursa.errors import ConfigError, RecursaError
 
 DEFAULT_MODEL = "openai/gpt-5-mini"
 
@@ -156,6 +156,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from recursa.demo import run_demo
+    from recursa.tasks import families
+
+    if args.family not in families():
+        raise ConfigError(f"unknown --family {args.family!r}; families: {', '.join(families())}")
 
     with _Progress(not args.json) as progress:
         report = run_demo(
@@ -309,11 +313,21 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("recursa: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:  # most often a path from the command line that cannot be read or written
+        if os.environ.get("RECURSA_DEBUG"):
+            raise
+        where = f" {exc.filename}" if exc.filename else ""
+        print(
+            f"recursa: error: {exc.strerror or exc}:{where}. Check the path (does its folder exist, "
+            "is it a file or a folder as expected, may you write there?) and try again.",
+            file=sys.stderr,
+        )
+        return 2
     except Exception as exc:  # no traceback reaches a CLI user; RECURSA_DEBUG=1 shows it
         if os.environ.get("RECURSA_DEBUG"):
             raise
         print(
-            f"recursa: internal error ({type(exc).__name__}): {exc}. "
+            f"recursa: internal error ({type(exc).__name__}): {str(exc).rstrip('.')}. "
             "Re-run with RECURSA_DEBUG=1 for details and report it.",
             file=sys.stderr,
         )

@@ -55,32 +55,111 @@ class RLMConfig:
     root_window_tokens: int | None = None
 
     def validate(self) -> None:
-        checks = [
-            (isinstance(self.max_depth, int) and self.max_depth >= 0, "max_depth must be an int >= 0"),
+        """Raise ConfigError for the first setting that cannot work, naming it and a value that would."""
+
+        def is_int(value: Any) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        def is_number(value: Any) -> bool:  # NaN is a float but no limit: it compares False with all
+            return (is_int(value) or isinstance(value, float)) and value == value
+
+        # (option, its value, acceptable?, what it must be, a value that works)
+        numbers: list[tuple[str, Any, bool, str, str]] = [
+            ("max_depth", self.max_depth, is_int(self.max_depth) and self.max_depth >= 0, "an int >= 0", "1"),
             (
-                isinstance(self.max_iterations, int) and self.max_iterations >= 1,
-                "max_iterations must be >= 1",
+                "max_iterations",
+                self.max_iterations,
+                is_int(self.max_iterations) and self.max_iterations >= 1,
+                "an int >= 1",
+                "30",
             ),
-            (self.exec_timeout > 0, "exec_timeout must be > 0 seconds"),
-            (self.max_output_chars >= 200, "max_output_chars must be >= 200"),
-            (self.max_concurrency >= 1, "max_concurrency must be >= 1"),
-            (self.max_parallel_children >= 1, "max_parallel_children must be >= 1"),
-            (self.max_output_tokens >= 1, "max_output_tokens must be >= 1"),
-            (self.max_retries >= 0, "max_retries must be >= 0"),
-            (self.max_run_retries >= 0, "max_run_retries must be >= 0"),
             (
-                self.subcall_errors in ("raise", "return"),
-                "subcall_errors must be 'raise' (an exception in the REPL) or 'return' (an '[error] ...' str)",
+                "exec_timeout",
+                self.exec_timeout,
+                is_number(self.exec_timeout) and self.exec_timeout > 0,
+                "a number of seconds > 0",
+                "120",
             ),
-            (self.sub_tool_rounds >= 1, "sub_tool_rounds must be >= 1"),
             (
-                self.root_window_tokens is None or self.root_window_tokens >= 1_000,
-                "root_window_tokens must be None (no compaction) or at least 1000",
+                "max_output_chars",
+                self.max_output_chars,
+                is_int(self.max_output_chars) and self.max_output_chars >= 200,
+                "an int >= 200",
+                "20_000",
+            ),
+            (
+                "max_concurrency",
+                self.max_concurrency,
+                is_int(self.max_concurrency) and self.max_concurrency >= 1,
+                "an int >= 1",
+                "64",
+            ),
+            (
+                "max_parallel_children",
+                self.max_parallel_children,
+                is_int(self.max_parallel_children) and self.max_parallel_children >= 1,
+                "an int >= 1",
+                "32",
+            ),
+            (
+                "max_output_tokens",
+                self.max_output_tokens,
+                is_int(self.max_output_tokens) and self.max_output_tokens >= 1,
+                "an int >= 1",
+                "16_384",
+            ),
+            (
+                "sub_model_chars",
+                self.sub_model_chars,
+                is_int(self.sub_model_chars) and self.sub_model_chars >= 1,
+                "an int >= 1",
+                "500_000",
+            ),
+            (
+                "request_timeout",
+                self.request_timeout,
+                is_number(self.request_timeout) and self.request_timeout > 0,
+                "a number of seconds > 0",
+                "600",
+            ),
+            (
+                "max_retries",
+                self.max_retries,
+                is_int(self.max_retries) and self.max_retries >= 0,
+                "an int >= 0",
+                "4",
+            ),
+            (
+                "max_run_retries",
+                self.max_run_retries,
+                is_int(self.max_run_retries) and self.max_run_retries >= 0,
+                "an int >= 0",
+                "200",
+            ),
+            (
+                "sub_tool_rounds",
+                self.sub_tool_rounds,
+                is_int(self.sub_tool_rounds) and self.sub_tool_rounds >= 1,
+                "an int >= 1",
+                "8",
+            ),
+            (
+                "root_window_tokens",
+                self.root_window_tokens,
+                self.root_window_tokens is None
+                or (is_int(self.root_window_tokens) and self.root_window_tokens >= 1_000),
+                "None (no compaction) or an int of at least 1000",
+                "None",
             ),
         ]
-        for ok, message in checks:
+        for name, value, ok, what, example in numbers:
             if not ok:
-                raise ConfigError(f"RLM(...): {message}.")
+                raise ConfigError(f"RLM({name}={value!r}): {name} must be {what}; e.g. {name}={example}.")
+        if self.subcall_errors not in ("raise", "return"):
+            raise ConfigError(
+                f"RLM(subcall_errors={self.subcall_errors!r}): subcall_errors must be 'raise' (an exception "
+                "in the REPL) or 'return' (an '[error] ...' str)."
+            )
         if not isinstance(self.budget, Budget):
             raise ConfigError("RLM(budget=...) takes a recursa.Budget(max_usd=..., max_tokens=..., ...).")
         sampling = self.sampling or {}
@@ -93,6 +172,80 @@ class RLMConfig:
                 + ", ".join(SAMPLING_ROLES)
                 + "."
             )
+        limits = self.per_model_concurrency
+        if limits is not None and (
+            not isinstance(limits, dict)
+            or any(not isinstance(k, str) or not is_int(v) or v < 1 for k, v in limits.items())
+        ):
+            raise ConfigError(
+                f"RLM(per_model_concurrency={limits!r}): give a dict of model name to an int >= 1, "
+                "e.g. per_model_concurrency={'openai/gpt-5-mini': 16}."
+            )
+        for key, price in (self.prices or {}).items():
+            rates = price if isinstance(price, dict) else getattr(price, "__dict__", {})
+            bad = {k: v for k, v in rates.items() if v is not None and (not is_number(v) or v < 0)}
+            if bad:
+                raise ConfigError(
+                    f"RLM(prices=...): the price of {key!r} has {bad}; rates are USD per million tokens, "
+                    "numbers >= 0, e.g. {'input_per_mtok': 0.25, 'output_per_mtok': 2.0}."
+                )
+        if self.on_event is not None and not callable(self.on_event):
+            raise ConfigError("RLM(on_event=...) must be a function taking one event dict, or None.")
+        if self.tips is not None and not isinstance(self.tips, str):
+            raise ConfigError(
+                f"RLM(tips={self.tips!r}): tips must be a str of advice for the model, or None."
+            )
+        if self.trace_dir is not None and self.trace_dir.exists() and not self.trace_dir.is_dir():
+            raise ConfigError(
+                f"RLM(trace_dir={str(self.trace_dir)!r}) is a file, not a folder; pass a folder for the "
+                "trace files (it is created if missing), or trace=False for no trace."
+            )
+        if self.prompt is not None:
+            # Imported here: the loop imports this module, so a top-level import would be circular.
+            from recursa.loop.prompts import BUILTIN_TEMPLATES
+
+            name = str(self.prompt)
+            if name not in BUILTIN_TEMPLATES and not Path(name).is_file():
+                raise ConfigError(
+                    f"RLM(prompt={name!r}) is neither a built-in template ({', '.join(BUILTIN_TEMPLATES)}) "
+                    "nor an existing file; pass one of those names or the path of a template file."
+                )
+        options = self.sandbox_options
+        if options is not None and (
+            not isinstance(options, dict) or not all(isinstance(k, str) for k in options)
+        ):
+            raise ConfigError(
+                f"RLM(sandbox_options={options!r}): give a dict of option names to values, "
+                "e.g. sandbox_options={'start_timeout': 30}."
+            )
+        if options:
+            # Checked now so that a misspelt option fails before any spend, not when the REPL starts.
+            import inspect
+
+            from recursa import sandbox as sandboxes
+
+            classes = {
+                "auto": sandboxes.SubprocessSandbox,
+                "subprocess": sandboxes.SubprocessSandbox,
+                "inprocess": sandboxes.InProcessSandbox,
+                "docker": sandboxes.ContainerSandbox,
+                "podman": sandboxes.ContainerSandbox,
+                "modal": sandboxes.ModalSandbox,
+                "e2b": sandboxes.E2BSandbox,
+            }
+            cls = classes.get(self.sandbox)
+            params = inspect.signature(cls).parameters if cls is not None else {}
+            if cls is not None and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+                accepted = sorted(
+                    n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+                )
+                accepted = [n for n in accepted if n != "kind"]  # make_sandbox passes the kind itself
+                unknown = sorted(set(options) - set(accepted))
+                if unknown:
+                    raise ConfigError(
+                        f"RLM(sandbox_options=...): sandbox {self.sandbox!r} takes no option "
+                        f"{', '.join(map(repr, unknown))}; its options: {', '.join(accepted)}."
+                    )
 
     def model_for_depth(self, depth: int) -> str:
         """The root model of a run at `depth`: the sub-model serves every call below the top."""

@@ -7,9 +7,11 @@ copy in the worker and no copy per turn. The root model never sees the buffer, o
 
 from __future__ import annotations
 
+import asyncio
 import codecs
 import hashlib
 import os
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -165,10 +167,15 @@ def _validated_bytes_len(data: bytes) -> int:
 def _read_directory(root: Path) -> tuple[dict[str, str], list[str]]:
     files: dict[str, str] = {}
     skipped: list[str] = []
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+    # .git and friends: not what a user means by "the documents in this folder"
+    paths = [
+        p
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
+    ]
+    _check_readable_size(root, total=sum(_size(p) for p in paths))
+    for path in paths:
         rel = path.relative_to(root).as_posix()
-        if any(part.startswith(".") for part in path.relative_to(root).parts):
-            continue  # .git and friends: not what a user means by "the documents in this folder"
         try:
             files[rel] = path.read_bytes().decode("utf-8")
         except UnicodeDecodeError:
@@ -188,10 +195,13 @@ def _pieces_payload(kind: str, pieces: Iterable[tuple[str, str]], skipped: list[
         for key, text in pieces:
             if not isinstance(text, str):
                 where = f"element {len(keys)}" if kind == "list" else f"value of key {key!r}"
+                nested = isinstance(text, (list, tuple, dict, set))
                 raise ContextError(
-                    f"context {where} is {type(text).__name__}, not str. "
-                    "Contexts are str, list[str], dict[str, str], bytes or a pathlib.Path; "
-                    "convert the element to text first (e.g. json.dumps)."
+                    f"context {where} is {type(text).__name__}, not str"
+                    + (" (nested contexts are not supported)" if nested else "")
+                    + ". Contexts are str, list[str], dict[str, str], bytes or a pathlib.Path; "
+                    "convert the element to text first (e.g. json.dumps(element)), or flatten the "
+                    "structure into one str per piece."
                 )
             if kind == "dict":
                 keys.append(key)
@@ -211,8 +221,8 @@ def _pieces_payload(kind: str, pieces: Iterable[tuple[str, str]], skipped: list[
         type_name=kind,
         total_chars=sum(char_lengths),
         chunk_lengths=char_lengths,
-        keys=keys,
-        prefix=prefix,
+        keys=[_encodable(k) for k in keys],
+        prefix=_encodable(prefix),
         sha256=writer.hexdigest(),
         skipped_files=skipped,
     )
@@ -235,11 +245,14 @@ def build_payload(context: Any) -> ContextPayload:
                 )
             context = files
         else:
+            _check_readable_size(context)
             try:
                 raw = context.read_bytes()
             except OSError as exc:
                 raise ContextError(f"cannot read context file {str(context)!r}: {exc.strerror}.") from None
             context = _decode_utf8(raw, f"context file {str(context)!r}")
+    if _blank(context):
+        raise ContextError(_EMPTY if not context else _BLANK)
     if isinstance(context, (bytes, bytearray, memoryview)):
         data = bytes(context)
         chars = _validated_bytes_len(data)
@@ -267,10 +280,112 @@ def build_payload(context: Any) -> ContextPayload:
             if not isinstance(key, str):
                 raise ContextError(f"context dict key {key!r} is not a str; use str keys.")
         return _pieces_payload("dict", context.items(), skipped)
+    hint = (
+        " (a set has no order: pass sorted(...) of it as a list)"
+        if isinstance(context, (set, frozenset))
+        else ""
+    )
     raise ContextError(
-        f"unsupported context type {type(context).__name__}. Pass a str, list[str], dict[str, str], "
+        f"unsupported context type {type(context).__name__}{hint}. Pass a str, list[str], dict[str, str], "
         "UTF-8 bytes, or a pathlib.Path to a file or folder."
     )
 
 
 _EMPTY = "the context is empty; pass the text the question is about (or use llm directly for no context)."
+_BLANK = (
+    "the context holds no text, only whitespace or empty pieces; pass the text the question is about "
+    "(check that the file or variable you meant is not empty)."
+)
+
+
+def _blank(context: Any) -> bool:
+    """Empty or whitespace only. Stops at the first visible character, so a huge context costs nothing."""
+    if isinstance(context, (str, bytes, bytearray)):
+        return not context or context.isspace()
+    if isinstance(context, (list, tuple, dict)):
+        pieces = context.values() if isinstance(context, dict) else context
+        return all(isinstance(p, str) and (not p or p.isspace()) for p in pieces)
+    return False
+
+
+def _encodable(text: str) -> str:
+    """`text` with lone surrogates replaced: the buffer keeps them for the REPL, but a prompt or a
+    trace line (strict UTF-8) cannot hold them."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory free for new allocations (Linux MemAvailable), or None when unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0  # unreadable: _read_directory lists it as skipped
+
+
+def _human(n: int) -> str:
+    size = float(n)
+    for unit in ("bytes", "KB", "MB", "GB", "TB"):
+        if size < 1024 or unit == "TB":
+            return f"{size:,.0f} {unit}" if unit == "bytes" else f"{size:,.1f} {unit}"
+        size /= 1024
+    return f"{n} bytes"
+
+
+def _check_readable_size(path: Path, total: int | None = None) -> None:
+    """Refuse before reading what can never fit: a device (/dev/zero never ends) or more bytes than
+    there is free memory (a context is held in memory whole; reading it would end in the OOM killer)."""
+    where = f"context path {str(path)!r}"
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise ContextError(f"cannot read {where}: {exc.strerror}.") from None
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+        raise ContextError(
+            f"{where} is a device, not a text file; pass a file or a folder of text files "
+            "(on the command line, --context - reads standard input)."
+        )
+    size = st.st_size if total is None else total
+    free = _available_memory()
+    if free is not None and size > free:
+        raise ContextError(
+            f"{where} is {_human(size)}, more than the {_human(free)} of free memory, and a context is "
+            "held in memory whole. Pass a smaller context (split the file, or filter it to the part the "
+            "question is about), or run where more memory is free."
+        )
+
+
+# Contexts above this size are encoded off the event loop so other runs in the process keep going.
+_ENCODE_IN_THREAD_CHARS = 4_000_000
+
+
+async def load_payload(context: Any) -> ContextPayload:
+    """`build_payload`, with big contexts encoded in a worker thread instead of on the event loop."""
+    if _is_large(context):
+        return await asyncio.to_thread(build_payload, context)
+    return build_payload(context)
+
+
+def _is_large(context: Any) -> bool:
+    if isinstance(context, Path):
+        return True
+    if isinstance(context, (str, bytes, bytearray)):
+        return len(context) > _ENCODE_IN_THREAD_CHARS
+    return isinstance(context, (list, dict)) and len(context) > 10_000

@@ -22,7 +22,7 @@ class RLMResult:
     run_id: str
     duration_s: float = 0.0
     error: str | None = None  # why the run stopped early, for "budget", "timeout" and "error"
-    answer_protocol: str | None = None  # "FINAL" | "FINAL_VAR" | "answer" | "forced"
+    answer_protocol: str | None = None  # "FINAL" | "FINAL_VAR" | "answer" | "forced" | "partial"
     isolation: dict[str, Any] = field(default_factory=dict)  # what the sandbox enforced
 
     def __str__(self) -> str:

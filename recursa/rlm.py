@@ -10,18 +10,19 @@ from typing import Any
 
 from recursa.budget import Budget
 from recursa.config import RLMConfig
-from recursa.context import build_payload
+from recursa.context import load_payload
 from recursa.errors import ConfigError
 from recursa.lm.prices import ModelPrice, PriceBook
 from recursa.lm.registry import make_client, parse_model
+from recursa.loop.answer_schema import AnswerCheck
 from recursa.loop.engine import RunEngine
+from recursa.loop.options import RunOptions
 from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION
 from recursa.loop.tree import CallTree, new_id
 from recursa.result import RLMResult
 from recursa.sandbox import SANDBOX_KINDS
-
-# Contexts above this size are encoded off the event loop so other runs in the process keep going.
-_ENCODE_IN_THREAD_CHARS = 4_000_000
+from recursa.session import Session
+from recursa.tools.spec import Tool, make_sub_tools, make_tools
 
 
 class RLM:
@@ -96,14 +97,15 @@ class RLM:
             sampling=sampling,
             subcall_errors=subcall_errors,
             max_run_retries=max_run_retries,
-            tools=list(tools),
+            tools=make_tools(list(tools)),
             tools_for_children=tools_for_children,
-            sub_tools=list(sub_tools),
+            sub_tools=make_sub_tools(list(sub_tools)),
             sub_tool_rounds=sub_tool_rounds,
             tips=tips,
             root_window_tokens=root_window_tokens,
         )
         self.config.validate()
+        _check_tool_names(self.config.tools, self.config.sub_tools)
         self.prices = PriceBook(prices)
         for spec in {self.config.model, self.config.sub_model}:
             provider, name = parse_model(spec)
@@ -122,26 +124,49 @@ class RLM:
         c = self.config
         return f"RLM(model={c.model!r}, sub_model={c.sub_model!r}, max_depth={c.max_depth}, sandbox={c.sandbox!r})"
 
-    async def arun(self, question: str, context: Any) -> RLMResult:
-        """Answer `question` over `context` (str, list[str], dict[str, str], UTF-8 bytes or a Path)."""
-        if not isinstance(question, str) or not question.strip():
-            raise ConfigError("the question is empty: pass the question to answer as a non-empty str.")
-        if _is_large(context):
-            payload = await asyncio.to_thread(build_payload, context)
-        else:
-            payload = build_payload(context)
+    async def arun(
+        self, question: str, context: Any, *, tips: str | None = None, answer_schema: Any = None
+    ) -> RLMResult:
+        """Answer `question` over `context` (str, list[str], dict[str, str], UTF-8 bytes or a Path).
+
+        `tips`: task strategy added to the root's prompt for this run (default: `RLM(tips=...)`).
+        `answer_schema`: a pydantic model (or any type pydantic validates); the final value must fit
+        it, the model is told what failed otherwise, and `result.value` is the validated object.
+        """
+        options = self.run_options(question, tips=tips, answer_schema=answer_schema)
+        payload = await load_payload(context)
         run_id = new_id("run")
         tree = CallTree.create(self.config, self.prices, run_id)
         try:
-            engine = RunEngine(tree, self.prices, question=question, payload=payload, run_id=run_id)
+            engine = RunEngine(
+                tree, self.prices, question=question, payload=payload, run_id=run_id, options=options
+            )
             return await engine.run()
         finally:
             await asyncio.shield(tree.aclose())
             payload.close()
 
-    def run(self, question: str, context: Any) -> RLMResult:
+    def run(
+        self, question: str, context: Any, *, tips: str | None = None, answer_schema: Any = None
+    ) -> RLMResult:
         """The blocking form of `arun`. Safe to call from inside a running event loop (notebooks)."""
-        return _run_sync(self.arun(question, context))
+        return _run_sync(self.arun(question, context, tips=tips, answer_schema=answer_schema))
+
+    def run_options(self, question: str, *, tips: str | None, answer_schema: Any) -> RunOptions:
+        """Check one question's per-run choices before anything starts."""
+        if not isinstance(question, str) or not question.strip():
+            raise ConfigError("the question is empty: pass the question to answer as a non-empty str.")
+        if tips is not None and not isinstance(tips, str):
+            raise ConfigError(f"tips= takes a str of strategy text, not {type(tips).__name__}.")
+        check = AnswerCheck.of(answer_schema) if answer_schema is not None else None
+        return RunOptions(tips=tips if tips is not None else self.config.tips, answer_check=check)
+
+    def session(self, context: Any) -> Session:
+        """Several questions over one context: one REPL, loaded once, variables kept between questions.
+
+        `with rlm.session(ctx) as s: s.ask(q1); s.ask(q2)`, or `async with` and `await s.aask(q)`.
+        """
+        return Session(self, context)
 
     async def acompletion(self, prompt: str) -> RLMResult:
         """LLM-compatible: the whole prompt is the context, and the RLM carries out its request."""
@@ -151,12 +176,14 @@ class RLM:
         return _run_sync(self.acompletion(prompt))
 
 
-def _is_large(context: Any) -> bool:
-    if isinstance(context, Path):
-        return True
-    if isinstance(context, (str, bytes, bytearray)):
-        return len(context) > _ENCODE_IN_THREAD_CHARS
-    return isinstance(context, (list, dict)) and len(context) > 10_000
+def _check_tool_names(tools: list[Tool], sub_tools: list[Tool]) -> None:
+    for sub in sub_tools:
+        for tool in tools:
+            if tool.name == sub.name and tool.fn is not sub.fn:
+                raise ConfigError(
+                    f"RLM(tools=..., sub_tools=...): two different functions are named {tool.name!r}; "
+                    "rename one (the same function may be in both lists)."
+                )
 
 
 def _run_sync(coro: Any) -> RLMResult:

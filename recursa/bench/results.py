@@ -39,6 +39,7 @@ class ResultsFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
+        self._tail_checked = False
         path.parent.mkdir(parents=True, exist_ok=True)
 
     def rows(self) -> list[dict[str, Any]]:
@@ -62,6 +63,12 @@ class ResultsFile:
     def append(self, row: dict[str, Any]) -> None:
         line = json.dumps(row, ensure_ascii=False, default=str) + "\n"
         with self._lock, self.path.open("a", encoding="utf-8") as fh:
+            if not self._tail_checked:
+                self._tail_checked = True
+                # A crash can leave the last row cut short: start on a fresh line, or the first new
+                # row would be glued to the broken one and lost with it.
+                if _ends_mid_line(self.path):
+                    line = "\n" + line
             fh.write(line)
             fh.flush()
             os.fsync(fh.fileno())
@@ -69,3 +76,11 @@ class ResultsFile:
     def extend(self, rows: Iterable[dict[str, Any]]) -> None:
         for row in rows:
             self.append(row)
+
+
+def _ends_mid_line(path: Path) -> bool:
+    with path.open("rb") as fh:
+        if fh.seek(0, os.SEEK_END) == 0:
+            return False
+        fh.seek(-1, os.SEEK_END)
+        return fh.read(1) != b"\n"

@@ -83,13 +83,41 @@ def _parse_knobs(knobs: str | dict[str, Any] | None) -> dict[str, Any]:
 
 
 def _check_models(config: RunConfig) -> None:
-    """Fail before any row runs when a model name, provider or key is wrong."""
+    """Fail before any row runs (and before the results file is touched) when a model name,
+    provider or key is wrong, or a per-row setting could only give every row a harness error."""
+    from recursa.budget import Budget
     from recursa.rlm import RLM
 
+    try:
+        Budget(max_usd=config.max_usd, max_tokens=config.max_tokens, max_seconds=config.max_seconds)
+    except ConfigError as exc:
+        raise BenchError(f"cannot use the budget settings (--max-usd, --max-seconds): {exc}") from None
     try:
         RLM(config.model, sub_model=config.sub_model, base_url=config.base_url, api_key=config.api_key)
     except ConfigError as exc:
         raise BenchError(f"cannot use the model settings: {exc}") from None
+    try:
+        # The model is known good by now: a scripted stand-in checks the remaining settings alone.
+        RLM(
+            "scripted/oracle",
+            sandbox=config.sandbox,
+            max_iterations=config.max_iterations,
+            max_output_tokens=config.max_output_tokens,
+            exec_timeout=config.exec_timeout,
+            max_concurrency=config.max_concurrency,
+            max_retries=config.max_retries,
+            trace=False,
+        )
+    except ConfigError as exc:
+        raise BenchError(f"cannot use the run settings: {exc}") from None
+    if config.base_overflow not in ("fail", "truncate"):
+        raise BenchError(f"base_overflow {config.base_overflow!r}: use 'fail' or 'truncate'")
+    if config.window_tokens is not None and (
+        not isinstance(config.window_tokens, int) or config.window_tokens < 1
+    ):
+        raise BenchError(
+            f"window {config.window_tokens!r}: give the root model's window in tokens, e.g. 128000"
+        )
 
 
 def plan(
@@ -153,9 +181,15 @@ async def arun(
     size_list = parse_sizes(sizes) if data is None else [0]
     if n < 1:
         raise BenchError("n must be at least 1")
+    if concurrency < 1 or ray_actors < 1:
+        raise BenchError("concurrency and ray_actors must be at least 1 (instances, or Ray actors, at once)")
     if sub_model is None and model.startswith("scripted/"):
         sub_model = "scripted/oracle"  # a scripted root's default sub-model: the oracle
     out_dir = Path(out) if out is not None else Path("bench-results") / task
+    if out_dir.exists() and not out_dir.is_dir():
+        raise BenchError(
+            f"out {str(out_dir)!r} is a file; give a folder for the results (re-use one to resume)"
+        )
     try:
         config = RunConfig(
             model=model, sub_model=sub_model, base_url=base_url, api_key=api_key, **run_options

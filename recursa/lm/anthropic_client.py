@@ -7,8 +7,15 @@ from typing import Any
 import anthropic
 
 from recursa.lm.base import LMRequest, LMResponse, Message
+from recursa.lm.billing import AttemptUsage, BilledFailure
 from recursa.lm.retry import RetryPolicy, public_url
 from recursa.lm.sdk_call import Endpoint, call_sdk, resolve_credentials
+from recursa.lm.tool_format import (
+    anthropic_messages,
+    anthropic_tool_calls,
+    anthropic_tools,
+    has_tool_messages,
+)
 
 ENV_VAR = "ANTHROPIC_API_KEY"
 _OFFICIAL_HOST = "api.anthropic.com"
@@ -89,7 +96,10 @@ class AnthropicClient:
         return f"AnthropicClient(model={self.model!r}, base_url={self.base_url!r})"
 
     async def complete(self, request: LMRequest) -> LMResponse:
-        system, messages = to_anthropic(request.messages)
+        if request.tools or has_tool_messages(request.messages):
+            system, messages = anthropic_messages(request.messages)
+        else:
+            system, messages = to_anthropic(request.messages)
         kwargs: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
@@ -101,31 +111,56 @@ class AnthropicClient:
         }
         if system is not None:
             kwargs["system"] = system
+        if request.tools:
+            kwargs["tools"] = anthropic_tools(request.tools)
         if request.temperature is not None:
             kwargs["temperature"] = request.temperature
         if request.extra:
             kwargs["extra_body"] = dict(request.extra)
 
         return await call_sdk(
-            self._endpoint, lambda: self._client.messages.create(**kwargs), self._to_response, self.retry
+            self._endpoint,
+            lambda: self._client.messages.create(**kwargs),
+            self._to_response,
+            self.retry,
+            messages=request.messages,
         )
 
     def _to_response(self, resp: Any) -> LMResponse:
+        content = getattr(resp, "content", None)
+        usage = _usage(getattr(resp, "usage", None))
+        if not isinstance(content, list) or not content:
+            # A 200 without an answer: the server ran the request, so it counts (recursa.lm.billing).
+            raise BilledFailure(
+                f"anthropic/{self.model} at {self.base_url} returned no content blocks", usage=usage
+            )
         text = "".join(
-            getattr(block, "text", "") for block in resp.content or [] if getattr(block, "type", "") == "text"
+            getattr(block, "text", "") for block in content if getattr(block, "type", "") == "text"
         )
-        usage = resp.usage
-        read = int(getattr(usage, "cache_read_input_tokens", None) or 0)
-        written = int(getattr(usage, "cache_creation_input_tokens", None) or 0)
         return LMResponse(
             text=text,
-            # Anthropic counts cached and cache-written tokens apart from input_tokens; ours include them.
-            input_tokens=int(usage.input_tokens or 0) + read + written,
-            output_tokens=int(usage.output_tokens or 0),
-            cached_tokens=read,
+            # No usage reported: zeros here, estimated from the prompt and reply by call_sdk.
+            input_tokens=usage.input_tokens if usage else 0,
+            output_tokens=usage.output_tokens if usage else 0,
+            cached_tokens=usage.cached_tokens if usage else 0,
+            usage_estimated=usage is None,
             model=getattr(resp, "model", None) or self.model,
             finish_reason=getattr(resp, "stop_reason", None),
+            tool_calls=anthropic_tool_calls(resp.content),
         )
 
     async def aclose(self) -> None:
         await self._client.close()
+
+
+def _usage(usage: Any) -> AttemptUsage | None:
+    if usage is None or getattr(usage, "input_tokens", None) is None:
+        return None
+    read = int(getattr(usage, "cache_read_input_tokens", None) or 0)
+    written = int(getattr(usage, "cache_creation_input_tokens", None) or 0)
+    return AttemptUsage(
+        # Anthropic counts cached and cache-written tokens apart from input_tokens; ours include them.
+        input_tokens=int(usage.input_tokens or 0) + read + written,
+        output_tokens=int(getattr(usage, "output_tokens", None) or 0),
+        cached_tokens=read,
+    )

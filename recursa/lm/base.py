@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
+# {"role": "system" | "user" | "assistant" | "tool", "content": str}; tool conversations add the
+# keys described in recursa/lm/tool_format.py.
+Message = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A model's request to call one tool. `error` is set when its arguments were unusable."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -37,6 +50,7 @@ class LMRequest:
     meta: CallMeta
     temperature: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    tools: list[dict[str, Any]] | None = None  # {"name", "description", "parameters"} offered to the model
 
 
 @dataclass
@@ -49,11 +63,14 @@ class LMResponse:
     model: str | None = None  # the model name the provider says answered
     finish_reason: str | None = None
     attempts: int = 1
+    # The answer reported no usage, so the token counts are estimates (see recursa.lm.billing).
+    usage_estimated: bool = False
     # Filled only when the backend returned them (e.g. vLLM with logprobs / return_token_ids): what
     # policy-gradient trainers need to score a rollout without re-tokenising it.
     logprobs: list[float] | None = None
     token_ids: list[int] | None = None
     prompt_token_ids: list[int] | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 @runtime_checkable
@@ -78,5 +95,7 @@ def estimate_tokens_upper(messages: list[Message], max_output_tokens: int = 0) -
     """
     total = 8
     for m in messages:
-        total += len(m.get("content", "").encode("utf-8", "surrogatepass")) + 8
+        total += len((m.get("content") or "").encode("utf-8", "surrogatepass")) + 8
+        if m.get("tool_calls"):
+            total += len(json.dumps(m["tool_calls"], ensure_ascii=False).encode("utf-8", "surrogatepass"))
     return total + max_output_tokens

@@ -1,21 +1,28 @@
-"""Every LM call of a call tree passes through one gateway: budget, concurrency, deadline, price,
-usage and trace all happen here, so no path (root turn, sub-call, child run) can skip one."""
+"""Every LM call of a call tree passes through one gateway: budget, concurrency, deadline, retries,
+price, usage and trace all happen here, so no path (root turn, sub-call, child run) can skip one.
+
+Retries live here rather than in the clients so that each attempt the provider may have billed
+(recursa.lm.billing) is settled in the ledger and the next attempt reserves its own worst case,
+and so that one retry budget (RLM(max_run_retries=...)) can bound the whole call tree.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from recursa.budget import Ledger
+from recursa.budget import Ledger, Reservation
 from recursa.errors import BudgetExceeded, LMError
 from recursa.lm.base import CallMeta, LMClient, LMRequest, LMResponse, Message, estimate_tokens_upper
+from recursa.lm.billing import AttemptUsage, BilledFailure
 from recursa.lm.limiter import Limiter
 from recursa.lm.prices import PriceBook
 from recursa.lm.registry import make_client, parse_model
-from recursa.lm.retry import RetryPolicy
+from recursa.lm.retry import RetryBudget, RetryPolicy, gave_up
 from recursa.trace.writer import TraceWriter, fold
 from recursa.usage import ModelUsage, Usage
 
@@ -23,6 +30,9 @@ from recursa.usage import ModelUsage, Usage
 # independent of context size. Root replies are the model's own code: kept in full up to this.
 SUB_PROMPT_TRACE_CHARS = 4_000
 REPLY_TRACE_CHARS = 100_000
+RETRY_ERROR_TRACE_CHARS = 300
+# The clients the gateway makes try once: the gateway's own loop retries (see the module docstring).
+_ONE_ATTEMPT = RetryPolicy(max_attempts=1)
 
 
 @dataclass
@@ -30,7 +40,8 @@ class ClientSettings:
     base_url: str | None = None
     api_key: str | None = field(default=None, repr=False)
     timeout: float = 600.0
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)  # per call
+    run_retries: RetryBudget = field(default_factory=RetryBudget)  # summed over the call tree
     call_headers: bool = False  # send X-RLM-* attribution headers with every call (opt-in)
     # Request options per role ("root": the top run's own calls, "child": child runs' own calls,
     # "sub": llm_query calls), e.g. {"root": {"temperature": 1.0, "seed": 7, "logprobs": True}}.
@@ -65,7 +76,7 @@ class ModelGateway:
         if spec not in self._clients:
             s = self.settings
             self._clients[spec] = make_client(
-                spec, base_url=s.base_url, api_key=s.api_key, timeout=s.timeout, retry=s.retry
+                spec, base_url=s.base_url, api_key=s.api_key, timeout=s.timeout, retry=_ONE_ATTEMPT
             )
         return self._clients[spec]
 
@@ -84,6 +95,7 @@ class ModelGateway:
         max_output_tokens: int,
         usage_scopes: list[Usage],
         trace_messages: list[Message] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> LMResponse:
         """One LM call under the tree's limits. Raises BudgetExceeded (nothing sent) or LMError."""
         provider, model = parse_model(spec)
@@ -106,7 +118,7 @@ class ModelGateway:
             base_event["new_messages"] = trace_messages
         else:
             base_event["prompt"] = fold(_prompt_text(messages), SUB_PROMPT_TRACE_CHARS)
-            base_event["prompt_chars"] = sum(len(m["content"]) for m in messages)
+            base_event["prompt_chars"] = sum(len(m.get("content") or "") for m in messages)
         if sampling:
             base_event["sampling"] = dict(sampling)
         try:
@@ -121,7 +133,9 @@ class ModelGateway:
             meta=meta,
             temperature=temperature,
             extra=sampling,
+            tools=tools,
         )
+        state = _CallState(spec, reservation, (worst_tokens, worst_usd), usage_scopes)
         try:
             async with self.limiter.slot(spec):
                 # Time spent waiting for a concurrency slot: the viewer and OTel spans show a call
@@ -131,45 +145,126 @@ class ModelGateway:
                 if remaining is not None and remaining <= 0:
                     raise BudgetExceeded("max_seconds", "LM call refused: the run's time budget is used up.")
                 async with asyncio.timeout(remaining):
-                    response = await self.client(spec).complete(request)
+                    response = await self._attempts(request, state)
         except TimeoutError:
-            self.ledger.release(reservation)
+            self.ledger.release(state.reservation)
             error = "LM call stopped: the run's time budget ran out while it was in flight."
-            self.trace.emit("lm_call", **base_event, error=error, latency_s=_since(started))
+            self.trace.emit("lm_call", **base_event, error=error, latency_s=_since(started), **state.fields())
             raise BudgetExceeded("max_seconds", error) from None
         except BaseException as exc:
-            # Failed calls are not billed by providers; a cancelled one may be, but its usage is unknown.
-            self.ledger.release(reservation)
+            # Attempts that may have been billed are already counted (state.billed); the rest were
+            # not billed. A cancelled attempt may have been, but nothing tells us what it used.
+            self.ledger.release(state.reservation)
             if isinstance(exc, (LMError, BudgetExceeded)):
-                self.trace.emit("lm_call", **base_event, error=str(exc), latency_s=_since(started))
+                self.trace.emit(
+                    "lm_call", **base_event, error=str(exc), latency_s=_since(started), **state.fields()
+                )
             raise
-        cost = response.provider_cost_usd
-        if cost is None:
-            cost = self.prices.cost(
-                provider, model, response.input_tokens, response.output_tokens, response.cached_tokens
-            )
-        usage = ModelUsage(
+        counted = AttemptUsage(
             input_tokens=response.input_tokens,
             output_tokens=response.output_tokens,
             cached_tokens=response.cached_tokens,
-            cost_usd=cost or 0.0,
-            llm_calls=1,
+            provider_cost_usd=response.provider_cost_usd,
+            estimated=response.usage_estimated,
         )
-        self.ledger.settle(reservation, usage.total_tokens, usage.cost_usd)
-        for scope in usage_scopes:
-            scope.record(spec, usage)
+        usage, cost_known = self._count(state, counted)
+        total = ModelUsage()
+        total.add(state.billed)
+        total.add(usage)
+        fields = state.fields()
+        fields.pop("billed_usage", None)  # folded into `usage` for a call that succeeded
         self.trace.emit(
             "lm_call",
             **base_event,
             response=fold(response.text, REPLY_TRACE_CHARS),
-            usage=usage.to_dict(),
-            cost_known=cost is not None,
+            usage=total.to_dict(),
+            cost_known=cost_known,
             latency_s=_since(started),
-            attempts=response.attempts,
             finish_reason=response.finish_reason,
+            **fields,
             **_token_fields(response),
         )
         return response
+
+    async def _attempts(self, request: LMRequest, state: _CallState) -> LMResponse:
+        """Try until an answer, a final error, or no retries left (per call or per run)."""
+        policy = self.settings.retry
+        client = self.client(state.spec)
+        while True:
+            state.attempts += 1
+            try:
+                response = await client.complete(request)
+            except LMError as err:
+                if isinstance(err, BilledFailure) and err.usage is not None:
+                    state.billed.add(self._count(state, err.usage)[0])
+                if not err.retryable:
+                    raise
+                if state.attempts >= policy.max_attempts:
+                    gave_up(err, state.attempts)
+                    raise
+                if not self.settings.run_retries.take():
+                    raise self.settings.run_retries.spent_error(err) from None
+                state.errors.append(fold(str(err), RETRY_ERROR_TRACE_CHARS))
+                if state.reservation.settled:  # the failed attempt was billed: the retry needs its own
+                    state.reservation = self._reserve_retry(state, err)
+                await asyncio.sleep(policy.delay(state.attempts, err.retry_after))
+                continue
+            response.attempts = state.attempts
+            return response
+
+    def _count(self, state: _CallState, counted: AttemptUsage) -> tuple[ModelUsage, bool]:
+        """Settle one billed attempt in the ledger and every usage scope; (its usage, price known)."""
+        provider, model = parse_model(state.spec)
+        cost = counted.provider_cost_usd
+        if cost is None:
+            cost = self.prices.cost(
+                provider, model, counted.input_tokens, counted.output_tokens, counted.cached_tokens
+            )
+        usage = ModelUsage(
+            input_tokens=counted.input_tokens,
+            output_tokens=counted.output_tokens,
+            cached_tokens=counted.cached_tokens,
+            cost_usd=cost or 0.0,
+            llm_calls=1,
+        )
+        self.ledger.settle(state.reservation, usage.total_tokens, usage.cost_usd)
+        for scope in state.scopes:
+            scope.record(state.spec, usage)
+        state.estimated = state.estimated or counted.estimated
+        return usage, cost is not None
+
+    def _reserve_retry(self, state: _CallState, err: LMError) -> Reservation:
+        try:
+            return self.ledger.reserve(*state.worst)
+        except BudgetExceeded as exc:
+            why = (
+                f"{exc} (The call was to be retried after a failed attempt that may have been billed: {err})"
+            )
+            raise BudgetExceeded(exc.limit, why) from None
+
+
+@dataclass
+class _CallState:
+    """One call's attempts: its live reservation, what failed attempts were billed, and why they failed."""
+
+    spec: str
+    reservation: Reservation
+    worst: tuple[int, float | None]  # tokens and dollars one attempt reserves
+    scopes: list[Usage]
+    attempts: int = 0
+    billed: ModelUsage = field(default_factory=ModelUsage)  # failed attempts that were counted
+    estimated: bool = False
+    errors: list[str] = field(default_factory=list)  # the failures that were retried
+
+    def fields(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"attempts": self.attempts}
+        if self.billed.llm_calls:
+            out["billed_usage"] = self.billed.to_dict()
+        if self.estimated:
+            out["usage_estimated"] = True
+        if self.errors:
+            out["retry_errors"] = list(self.errors)
+        return out
 
 
 def _token_fields(response: LMResponse) -> dict[str, Any]:
@@ -178,14 +273,20 @@ def _token_fields(response: LMResponse) -> dict[str, Any]:
         "logprobs": response.logprobs,
         "token_ids": response.token_ids,
         "prompt_token_ids": response.prompt_token_ids,
+        "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in response.tool_calls] or None,
     }
     return {k: v for k, v in fields.items() if v is not None}
 
 
 def _prompt_text(messages: list[Message]) -> str:
     if len(messages) == 1:
-        return messages[0]["content"]
-    return "\n\n".join(f"[{m['role']}]\n{m['content']}" for m in messages)
+        return messages[0]["content"] or ""
+    return "\n\n".join(f"[{m['role']}]\n{m.get('content') or _calls_text(m)}" for m in messages)
+
+
+def _calls_text(message: Message) -> str:
+    calls = message.get("tool_calls") or []
+    return "; ".join(f"{c['name']}({json.dumps(c['arguments'], ensure_ascii=False)})" for c in calls)
 
 
 def _since(started: float) -> float:

@@ -6,21 +6,17 @@ from typing import Any
 
 import openai
 
-from recursa.errors import LMError
 from recursa.lm.base import LMRequest, LMResponse
+from recursa.lm.billing import AttemptUsage, BilledFailure
 from recursa.lm.retry import RetryPolicy, public_url
 from recursa.lm.sdk_call import Endpoint, call_sdk, resolve_credentials
+from recursa.lm.tool_format import has_tool_messages, openai_messages, openai_tool_calls, openai_tools
 
 ENV_VAR = "OPENAI_API_KEY"
 _OFFICIAL_HOST = "api.openai.com"
 # Connecting should take seconds even when a completion may take minutes; a black-holed host must
 # not hold a call for the whole request timeout.
 _CONNECT_TIMEOUT = 20.0
-
-
-def _text_tokens(text: str) -> int:
-    # Used only when a server reports no usage at all; about four characters per token.
-    return (len(text) + 3) // 4
 
 
 class OpenAIClient:
@@ -77,11 +73,14 @@ class OpenAIClient:
         return self._client
 
     async def complete(self, request: LMRequest) -> LMResponse:
+        tooling = bool(request.tools) or has_tool_messages(request.messages)
         body: dict[str, Any] = {
             "model": self.model,
-            "messages": request.messages,
+            "messages": openai_messages(request.messages) if tooling else request.messages,
             self._max_tokens_field: request.max_output_tokens,
         }
+        if request.tools:
+            body["tools"] = openai_tools(request.tools)
         if request.temperature is not None:
             body["temperature"] = request.temperature
         body.update(request.extra)
@@ -95,36 +94,29 @@ class OpenAIClient:
             lambda: self._sdk().post("/chat/completions", body=body, cast_to=object, options=options),
             self._to_response,
             self.retry,
+            messages=request.messages,
         )
 
     def _to_response(self, resp: Any) -> LMResponse:
         choices = resp.get("choices") if isinstance(resp, dict) else None
+        usage = _usage(resp) if isinstance(resp, dict) else None
         if not choices or not isinstance(choices[0], dict):
-            raise LMError(f"openai/{self.model} at {self.base_url} returned no choices", retryable=True)
+            # A 200 without an answer: the server ran the request, so it counts (recursa.lm.billing).
+            raise BilledFailure(f"openai/{self.model} at {self.base_url} returned no choices", usage=usage)
         choice = choices[0]
-        text = (choice.get("message") or {}).get("content") or ""
-        usage = resp.get("usage")
-        if not isinstance(usage, dict):
-            input_tokens = 0
-            output_tokens = _text_tokens(text)
-            cached = 0
-            cost = None
-        else:
-            input_tokens = int(usage.get("prompt_tokens") or 0)
-            output_tokens = int(usage.get("completion_tokens") or 0)
-            details = usage.get("prompt_tokens_details") or {}
-            cached = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
-            # OpenRouter (and some gateways) report what the call cost; it wins over our price table.
-            raw_cost = usage.get("cost")
-            cost = float(raw_cost) if isinstance(raw_cost, int | float) and raw_cost >= 0 else None
+        message = choice.get("message") or {}
+        text = message.get("content") or ""
         return LMResponse(
             text=text if isinstance(text, str) else str(text),
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            cached_tokens=min(cached, input_tokens) if input_tokens else cached,
-            provider_cost_usd=cost,
+            # No usage reported: zeros here, estimated from the prompt and reply by call_sdk.
+            input_tokens=usage.input_tokens if usage else 0,
+            output_tokens=usage.output_tokens if usage else 0,
+            cached_tokens=usage.cached_tokens if usage else 0,
+            provider_cost_usd=usage.provider_cost_usd if usage else None,
+            usage_estimated=usage is None,
             model=resp.get("model") or self.model,
             finish_reason=choice.get("finish_reason"),
+            tool_calls=openai_tool_calls(message),
             **_token_data(resp, choice),
         )
 
@@ -132,6 +124,23 @@ class OpenAIClient:
         if self._client is not None:
             client, self._client = self._client, None
             await client.close()
+
+
+def _usage(resp: dict[str, Any]) -> AttemptUsage | None:
+    usage = resp.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    input_tokens = int(usage.get("prompt_tokens") or 0)
+    details = usage.get("prompt_tokens_details") or {}
+    cached = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
+    # OpenRouter (and some gateways) report what the call cost; it wins over our price table.
+    raw_cost = usage.get("cost")
+    return AttemptUsage(
+        input_tokens=input_tokens,
+        output_tokens=int(usage.get("completion_tokens") or 0),
+        cached_tokens=min(cached, input_tokens) if input_tokens else cached,
+        provider_cost_usd=float(raw_cost) if isinstance(raw_cost, int | float) and raw_cost >= 0 else None,
+    )
 
 
 def _token_data(resp: dict[str, Any], choice: dict[str, Any]) -> dict[str, Any]:

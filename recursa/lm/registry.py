@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from recursa.errors import ConfigError
 from recursa.lm.base import LMClient
 from recursa.lm.retry import RetryPolicy
@@ -41,6 +43,8 @@ def make_client(
 ) -> LMClient:
     """A client for ``spec``. Raises ConfigError for an unknown provider or a missing API key."""
     provider, model = parse_model(spec)
+    if base_url:  # an empty value (e.g. RECURSA_BASE_URL='') means none, as the SDKs take it
+        check_base_url(base_url)
     policy = retry or RetryPolicy()
     # Imported here so that using one provider never requires importing the others' SDKs.
     if provider == "openai":
@@ -54,3 +58,14 @@ def make_client(
     from recursa.lm.scripted.client import ScriptedClient
 
     return ScriptedClient(model)
+
+
+def check_base_url(base_url: object) -> None:
+    """An http(s) URL with a host, or ConfigError: a typo here otherwise surfaces only as a failed
+    connection on the first call, after the sandbox has started."""
+    parts = urlsplit(base_url) if isinstance(base_url, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(
+            f"base_url {base_url!r} is not an http(s) URL; pass the server's address with its scheme, "
+            "e.g. base_url='http://localhost:8000/v1'."
+        )

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import random
+import socket
+import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -68,6 +70,46 @@ class RetryPolicy:
         return max(0.0, backoff)
 
 
+class RetryBudget:
+    """Retries left for a whole call tree (RLM(max_run_retries=...)), shared by all its calls.
+
+    The per-call limit (RetryPolicy.max_attempts) bounds one call; this bounds their sum, so a
+    fan-out of 500 calls against a failing API cannot turn into 2,000 requests. Thread-safe.
+    """
+
+    def __init__(self, limit: int | None = None, *, option: str = "max_run_retries") -> None:
+        if limit is not None and limit < 0:
+            raise ValueError(f"{option} must be >= 0 or None")
+        self.limit = limit
+        self.option = option
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        """Use one retry; False (and nothing used) when none is left."""
+        with self._lock:
+            if self.limit is not None and self.used >= self.limit:
+                return False
+            self.used += 1
+            return True
+
+    def spent_error(self, err: LMError) -> LMError:
+        """The error a call fails with when it could retry but the run has no retries left."""
+        return LMError(
+            f"{err} (not retried: this run has used all {self.limit} retries it may make across its "
+            f"call tree; raise RLM({self.option}=...) to allow more, or find out why the model API "
+            "keeps failing)",
+            status=err.status,
+        )
+
+
+def gave_up(err: LMError, attempts: int) -> LMError:
+    """``err`` with the number of attempts it took appended (for the last failure of a call)."""
+    if attempts > 1:
+        err.args = (f"{err} (gave up after {attempts} attempts)",)
+    return err
+
+
 async def call_with_retries(
     fn: Callable[[], Awaitable[T]],
     policy: RetryPolicy,
@@ -89,8 +131,7 @@ async def call_with_retries(
             if not err.retryable:
                 raise
             if attempt >= policy.max_attempts:
-                if policy.max_attempts > 1:
-                    err.args = (f"{err} (gave up after {attempt} attempts)",)
+                gave_up(err, attempt)
                 raise
             await sleep(policy.delay(attempt, err.retry_after))
             continue
@@ -193,31 +234,84 @@ def status_error(
     return LMError(f"{provider}/{model} at {where} failed (HTTP {status}){said}", status=status)
 
 
+# Errors of the HTTP libraries under the SDKs, matched by class name (the SDKs pick the library):
+# raised after the connection was made, so the request went out and the server may have run it...
+_AFTER_SENDING = frozenset(
+    {
+        "ConnectionResetError",
+        "BrokenPipeError",
+        "ConnectionAbortedError",
+        "RemoteProtocolError",
+        "ReadError",
+        "WriteError",
+        "ReadTimeout",
+        "WriteTimeout",
+        "ClientPayloadError",
+        "ServerDisconnectedError",
+        "SocketTimeoutError",
+    }
+)
+# ...and raised while connecting, so nothing was sent.
+_CONNECTING = frozenset(
+    {"ConnectError", "ConnectTimeout", "ClientConnectorError", "ConnectionTimeoutError", "PoolTimeout"}
+)
+
+
+def _chain(cause: BaseException | None, limit: int = 12) -> list[BaseException]:
+    links: list[BaseException] = []
+    while cause is not None and len(links) < limit:
+        links.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    return links
+
+
+def reached_server(cause: BaseException | None) -> bool:
+    """Did a request that got no answer get as far as the server (which may have run and billed it)?
+
+    ``cause`` is the HTTP library's exception under the SDK's connection error. Unknown causes
+    count as reached: for a budget, counting a request that was never run is the safe mistake.
+    """
+    names: set[str] = set()
+    for link in _chain(cause):
+        if isinstance(link, (ConnectionRefusedError, socket.gaierror)):
+            return False
+        names.update(klass.__name__ for klass in type(link).__mro__)
+    if names & _AFTER_SENDING:
+        # Checked first: the SDK's aiohttp transport labels a reset connection a connect timeout.
+        return True
+    return not names & _CONNECTING
+
+
 def connection_error(
     *, provider: str, model: str, where: str, timed_out: bool, cause: BaseException | None, secret: str | None
 ) -> LMError:
-    """A retryable error for a request that got no answer: refused, reset, or timed out."""
+    """A retryable error for a request that got no answer: refused, reset, cut off, or timed out."""
     # The useful words are at both ends of the chain: the HTTP library's summary ("All connection
     # attempts failed") and the OS error underneath ("Connect call failed ... 111").
     texts: list[str] = []
-    refused = False
-    link = cause
-    while link is not None and len(texts) < 10:
+    for link in _chain(cause):
         text = str(link)
         if text and text not in texts:
             texts.append(text)
-        # The SDK's aiohttp transport reports a refused connection as a connect *timeout*; the OS
-        # error underneath tells the truth.
-        refused = refused or (isinstance(link, OSError) and not isinstance(link, TimeoutError))
-        link = link.__cause__ or link.__context__
-    reason = "timed out" if timed_out and not refused else "could not connect"
     said = texts[0] if len(texts) < 2 else f"{texts[0]}: {texts[-1]}"
     detail = f" ({scrub(said, secret)[:300]})" if texts else ""
-    return LMError(
-        f"{provider}/{model}: {reason} to {where}{detail}. Check that the server is running and "
-        "the base_url is right.",
-        retryable=True,
-    )
+    if not reached_server(cause):
+        # The SDK's aiohttp transport reports a refused connection as a connect *timeout*; the OS
+        # error underneath tells the truth.
+        refused = any(isinstance(x, OSError) and not isinstance(x, TimeoutError) for x in _chain(cause))
+        reason = "timed out" if timed_out and not refused else "could not connect"
+        message = (
+            f"{provider}/{model}: {reason} to {where}{detail}. Check that the server is running and "
+            "the base_url is right."
+        )
+    elif timed_out:
+        message = (
+            f"{provider}/{model}: timed out waiting for the answer from {where}{detail}. A slow model "
+            "or a long reply may need a larger RLM(request_timeout=...)."
+        )
+    else:
+        message = f"{provider}/{model}: the connection to {where} was lost before the answer arrived{detail}."
+    return LMError(message, retryable=True)
 
 
 def scrub(text: str, secret: str | None) -> str:

@@ -2,25 +2,36 @@
 
 The `openai` and `anthropic` SDKs are generated from the same template, so their exception
 classes line up (APIError, APIConnectionError, APITimeoutError, APIStatusError); this module
-turns either into a `recursa.errors.LMError` the same way.
+turns either into a `recursa.errors.LMError` the same way, and applies the billing policy
+(`recursa.lm.billing`) to each attempt: a failure the provider may have billed is raised as a
+`BilledFailure` carrying what to count, and usage a 200 did not report is estimated.
 """
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 from urllib.parse import urlsplit
 
 from recursa.errors import ConfigError, LMError
-from recursa.lm.base import LMResponse
+from recursa.lm.base import LMResponse, Message
+from recursa.lm.billing import (
+    BilledFailure,
+    as_billed,
+    estimate_prompt_tokens,
+    estimate_text_tokens,
+    estimated_prompt_usage,
+)
 from recursa.lm.retry import (
     RetryPolicy,
     call_with_retries,
     connection_error,
     error_fields,
+    reached_server,
     scrub,
     status_error,
 )
@@ -76,21 +87,48 @@ async def call_sdk(
     send: Callable[[], Awaitable[Any]],
     to_response: Callable[[Any], LMResponse],
     retry: RetryPolicy,
+    *,
+    messages: Sequence[Message],
 ) -> LMResponse:
+    """Send, retrying per ``retry``; ``messages`` (the prompt sent) price a billed failure or an
+    answer without usage. ``to_response`` may raise `BilledFailure` for a 200 it cannot use."""
+
     async def once() -> LMResponse:
         try:
             raw = await send()
         except endpoint.sdk.APIError as err:
             mapped = map_error(endpoint, err)
             if mapped.status not in (401, 403):
+                if isinstance(err, endpoint.sdk.APIConnectionError) and reached_server(err.__cause__):
+                    raise as_billed(mapped, estimated_prompt_usage(messages)) from err
                 raise mapped from err
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise BilledFailure(
+                f"{endpoint.provider}/{endpoint.model} at {endpoint.where} answered with a body that is "
+                f"not valid JSON ({scrub(str(err), endpoint.secret)[:200]})",
+                usage=estimated_prompt_usage(messages),
+            ) from err
         else:
-            return to_response(raw)
+            return _priced(to_response, raw, messages)
         # An auth failure is raised outside the handler so it carries no link to the SDK's
         # exception, whose text can quote part of the rejected key.
         raise mapped
 
     return await call_with_retries(once, retry)
+
+
+def _priced(to_response: Callable[[Any], LMResponse], raw: Any, messages: Sequence[Message]) -> LMResponse:
+    try:
+        response = to_response(raw)
+    except BilledFailure as failure:
+        if failure.usage is None:
+            failure.usage = estimated_prompt_usage(messages)
+        raise
+    if response.usage_estimated:
+        response.input_tokens = estimate_prompt_tokens(messages)
+        response.output_tokens = estimate_text_tokens(response.text)
+        response.cached_tokens = 0
+    return response
 
 
 def map_error(endpoint: Endpoint, err: Any) -> LMError:

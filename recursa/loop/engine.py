@@ -8,16 +8,19 @@ import time
 from dataclasses import dataclass
 
 from recursa.context import ContextPayload
-from recursa.errors import BudgetExceeded, LMError
-from recursa.lm.base import CallMeta, Message
+from recursa.errors import BudgetExceeded, LMError, RecursaError
+from recursa.lm.base import CallMeta, LMResponse, Message
 from recursa.lm.prices import PriceBook
+from recursa.loop.compaction import WindowTracker, compacted_history, split_for_compaction, summary_prompt
+from recursa.loop.options import RunOptions
 from recursa.loop.output import render_turn
 from recursa.loop.parse import ParsedReply, parse_reply
-from recursa.loop.prompts import PromptSettings, first_message, system_prompt, template_for
+from recursa.loop.prompts import PromptSettings, first_message, system_prompt, template_for, tools_text
 from recursa.loop.subcalls import SubcallHandler
 from recursa.loop.tree import CallTree, new_id
 from recursa.result import RLMResult
 from recursa.sandbox.base import ExecResult, FinalAnswer, Sandbox
+from recursa.tools.spec import Tool
 from recursa.trace.writer import TRACE_FORMAT, fold
 from recursa.usage import Usage
 
@@ -52,6 +55,7 @@ class RunEngine:
         parent_run_id: str | None = None,
         parent_scopes: list[Usage] | None = None,
         run_id: str | None = None,
+        options: RunOptions | None = None,
     ) -> None:
         self.tree = tree
         self.prices = prices
@@ -65,7 +69,13 @@ class RunEngine:
         self.usage_scopes = [self.usage, *(parent_scopes or [])]
         self.model = self.config.model_for_depth(depth)
         self._call_ids = itertools.count(1)
+        self.options = options or RunOptions()
         self._sandbox: Sandbox | None = None
+        self._partial: str | None = None  # answer["content"] set by code but never marked ready
+        self._window = (
+            WindowTracker(self.config.root_window_tokens) if self.config.root_window_tokens else None
+        )
+        self._history: list[Message] = []  # every root message, also after compactions
 
     def new_call_id(self) -> str:
         return f"{self.run_id}.c{next(self._call_ids)}"
@@ -79,6 +89,7 @@ class RunEngine:
             depth=self.depth + 1,
             parent_run_id=self.run_id,
             parent_scopes=self.usage_scopes,
+            options=self.options.for_child(),
         )
         try:
             async with self.tree.child_slots(child.depth):
@@ -116,6 +127,9 @@ class RunEngine:
             trace_path=trace.path,
             run_id=self.run_id,
         )
+        # Raised again once the REPL is closed and run_end is written: every run that started ends
+        # in the trace, whether it was cancelled, hit a bug, or is cancelled while closing.
+        pending: BaseException | None = None
         try:
             deadline = self.tree.ledger.deadline
             async with asyncio.timeout_at(deadline):
@@ -129,19 +143,34 @@ class RunEngine:
         except LMError as exc:
             result.stop_reason = "error"
             result.error = f"the root model call failed: {exc}"
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             result.stop_reason = "cancelled"
             result.error = "the run was cancelled"
-            self._finish(result, started)
-            raise
-        finally:
-            if self._sandbox is not None:
-                sandbox, self._sandbox = self._sandbox, None
+            pending = exc
+        except Exception as exc:  # a sandbox that cannot start, a bug: still a complete trace
+            result.stop_reason = "error"
+            result.error = str(exc) if isinstance(exc, RecursaError) else f"{type(exc).__name__}: {exc}"
+            pending = exc
+        if self._sandbox is not None and self.options.sandbox is None:  # a session's REPL lives on
+            sandbox, self._sandbox = self._sandbox, None
+            try:
+                # Shielded: a second cancellation cannot leave the REPL half closed (aclose waits for it).
                 await asyncio.shield(self.tree.release_sandbox(sandbox))
+            except asyncio.CancelledError as exc:
+                # E.g. a child that stopped on its own deadline is cancelled by its parent's close: the
+                # stop reason it already has stays, and the cancellation goes on to the caller.
+                pending = pending or exc
+            except Exception as exc:
+                pending = pending or exc
         self._finish(result, started)
+        if pending is not None:
+            raise pending
         return result
 
     def _finish(self, result: RLMResult, started: float) -> None:
+        if result.stop_reason not in ("final", "max_iterations") and not result.answer and self._partial:
+            result.answer = result.value = self._partial
+            result.answer_protocol = "partial"
         result.duration_s = time.perf_counter() - started
         self.tree.trace.emit(
             "run_end",
@@ -157,41 +186,112 @@ class RunEngine:
             isolation=result.isolation,  # what the sandbox enforced (known once it has started)
         )
 
-    async def _loop(self, result: RLMResult) -> None:
+    async def _open_sandbox(self) -> tuple[Sandbox, list[str]]:
+        """The run's REPL with its context and tools, and any tool set-up problems to report."""
+        if self.options.sandbox is not None:  # a session's REPL: context and tools already in place
+            return self.options.sandbox, []
         sandbox = self.tree.new_sandbox()
         self._sandbox = sandbox
         await sandbox.start(SubcallHandler(self))
         await sandbox.load_context(self.payload)
+        problems: list[str] = []
+        tools = self.tools()
+        if tools:
+            problems = await sandbox.define([t.to_worker() for t in tools])
+        return sandbox, problems
+
+    def tools(self) -> list[Tool]:
+        """The REPL tools of this run: the root's, and its descendants' unless tools_for_children=False.
+
+        A child RLM is a sub-model too, so it also gets the sub-model tools, called from its code."""
+        if self.depth == 0:
+            return self.config.tools
+        own = self.config.tools if self.config.tools_for_children else []
+        names = {t.name for t in own}
+        return [*own, *(t for t in self.config.sub_tools if t.name not in names)]
+
+    async def _loop(self, result: RLMResult) -> None:
+        sandbox, problems = await self._open_sandbox()
+        self._sandbox = sandbox
         result.isolation = dict(sandbox.isolation)
+        settings_depth = self.config.max_depth - self.depth
         settings = PromptSettings(
-            max_depth=self.config.max_depth - self.depth,
+            max_depth=settings_depth,
             max_output_chars=self.config.max_output_chars,
             sub_model_chars=self.config.sub_model_chars,
+            tools_text=tools_text(
+                self.tools(), self.config.sub_tools if self.config.max_depth > self.depth else []
+            ),
         )
         template = template_for(self.model, self.config.prompt)
+        system = system_prompt(template, self.payload.info, settings)
+        if self.options.tips:
+            system += "\n\nTips for this task:\n" + self.options.tips.strip()
+        first = first_message(self.question, self.payload.info)
+        extra = [*self.options.intro, *problems]
+        if self.options.answer_check is not None:
+            extra.append(self.options.answer_check.instructions())
+        if extra:
+            first += "\n\n" + "\n\n".join(extra)
         messages: list[Message] = [
-            {"role": "system", "content": system_prompt(template, self.payload.info, settings)},
-            {"role": "user", "content": first_message(self.question, self.payload.info)},
+            {"role": "system", "content": system},
+            {"role": "user", "content": first},
         ]
+        self._history = list(messages)
         sent = 0  # messages already stored in the trace: each is written once, not per turn
         for turn in range(1, self.config.max_iterations + 1):
             result.iterations = turn
             self.tree.trace.emit("turn", run_id=self.run_id, turn=turn)
+            if self._window is not None and self._window.needs_compaction(messages):
+                messages = await self._compact(messages, turn)
+                sent = len(messages)
             reply = await self._root_call(messages, messages[sent:], "root")
             sent = len(messages) + 1
-            messages.append({"role": "assistant", "content": reply})
+            self._remember({"role": "assistant", "content": reply}, messages)
             outcome = await self._act(parse_reply(reply), turn)
             if outcome.final is not None:
-                self._accept(result, outcome.final)
-                return
+                feedback = self._check_answer(result, outcome.final)
+                if feedback is None:
+                    return
+                outcome.feedback = feedback
             feedback = outcome.feedback or NO_CODE_MESSAGE
             left = self.config.max_iterations - turn
             if 0 < left <= 3:
                 feedback += f"\n\n[{left} turn{'s' if left > 1 else ''} left]"
-            messages.append({"role": "user", "content": feedback})
+            self._remember({"role": "user", "content": feedback}, messages)
         await self._last_call(result, messages, sent)
 
+    def _remember(self, message: Message, messages: list[Message]) -> None:
+        messages.append(message)
+        if messages is not self._history:
+            self._history.append(message)
+
+    async def _compact(self, messages: list[Message], turn: int) -> list[Message]:
+        """Replace older turns with the root's own summary; the full history goes to `root_history`."""
+        assert self._window is not None and self._sandbox is not None
+        head, middle, kept = split_for_compaction(messages)
+        prompt = summary_prompt(head, middle, budget_chars=self._window.window_tokens)
+        response = await self._root_response(prompt, prompt, "compact")
+        compacted = compacted_history(head, response.text, len(middle), kept)
+        await self._sandbox.define([{"name": "root_history", "kind": "value", "value": self._history}])
+        self.tree.trace.emit(
+            "compact",
+            run_id=self.run_id,
+            turn=turn,
+            compacted_messages=len(middle),
+            summary=fold(response.text),
+            messages=compacted,  # the history from here on (exporters rebuild prompts from it)
+        )
+        self._window.record(0, 0, 0)
+        return compacted
+
     async def _root_call(self, messages: list[Message], new: list[Message], purpose: str) -> str:
+        response = await self._root_response(messages, new, purpose)
+        if self._window is not None:
+            self._window.record(response.input_tokens, response.output_tokens, len(messages) + 1)
+        return response.text
+
+    async def _root_response(self, messages: list[Message], new: list[Message], purpose: str) -> LMResponse:
         meta = CallMeta(
             call_id=self.new_call_id(),
             parent_id=self.parent_run_id,
@@ -207,11 +307,13 @@ class RunEngine:
             usage_scopes=self.usage_scopes,
             trace_messages=new,
         )
-        return response.text
+        return response
 
     async def _last_call(self, result: RLMResult, messages: list[Message], sent: int) -> None:
         """Out of turns: one more call that may only answer."""
-        messages.append({"role": "user", "content": LAST_CALL_MESSAGE.format(n=self.config.max_iterations)})
+        self._remember(
+            {"role": "user", "content": LAST_CALL_MESSAGE.format(n=self.config.max_iterations)}, messages
+        )
         reply = await self._root_call(messages, messages[sent:], "final")
         parsed = parse_reply(reply)
         final: FinalAnswer | None = None
@@ -220,8 +322,23 @@ class RunEngine:
         if final is None:
             text = reply.strip()
             final = FinalAnswer(text=text, value=text, protocol="forced")
-        self._accept(result, final)
+        problem = self._check_answer(result, final)
+        if problem is not None:  # out of turns: hand back what came, and say it does not fit
+            self._accept(result, final)
+            result.error = "the last answer does not match answer_schema: " + problem.split("\n", 2)[1]
         result.stop_reason = "max_iterations"
+
+    def _check_answer(self, result: RLMResult, final: FinalAnswer) -> str | None:
+        """Accept `final` (None), or say why it does not fit the answer schema."""
+        check = self.options.answer_check
+        if check is None:
+            self._accept(result, final)
+            return None
+        value, problem = check.check(final)
+        if problem is not None:
+            return problem
+        self._accept(result, FinalAnswer(check.render(value), value, final.protocol, final.var_name))
+        return None
 
     def _accept(self, result: RLMResult, final: FinalAnswer) -> None:
         result.answer = final.text
@@ -265,6 +382,8 @@ class RunEngine:
                 duration_s=round(res.duration_s, 6),
             )
             results.append(res)
+            if res.partial is not None:
+                self._partial = res.partial
             if res.final is not None:
                 return _Outcome(res.final, None)
         feedback = "REPL output:\n" + render_turn(results, self.config.max_output_chars)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -10,6 +11,7 @@ from string import Template
 
 from recursa.context import ContextInfo
 from recursa.errors import ConfigError
+from recursa.tools.spec import Tool
 
 BUILTIN_TEMPLATES = ("default", "qwen", "answer-dict")
 # Chunk lengths are listed one by one up to this many; beyond, the root gets a summary instead.
@@ -55,6 +57,21 @@ def system_prompt(template: str, info: ContextInfo, settings: PromptSettings) ->
         subcall_strategy=_subcall_strategy(settings),
         user_tools=settings.tools_text,
     )
+
+
+def tools_text(tools: Sequence[Tool], sub_tools: Sequence[Tool]) -> str:
+    """The user tools' bullets for the system prompt (empty when there are none)."""
+    lines = [t.describe() for t in tools]
+    if sub_tools:
+        names = ", ".join(f"`{t.name}{t.signature}`" for t in sub_tools)
+        lines.append(
+            f"- Sub-models you call with llm_query (and child RLMs) can use these tools themselves: {names}. "
+            "You cannot call them and you do not see their output, only the sub-model's reply: ask "
+            "sub-models questions those tools help with."
+        )
+    if not lines:
+        return ""
+    return "\nYour own tools for this task:\n" + "\n".join(lines) + "\n"
 
 
 def _type_phrase(info: ContextInfo) -> str:

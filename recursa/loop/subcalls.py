@@ -8,14 +8,20 @@ the tree's concurrency limiter and budget.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from recursa.context import build_payload
 from recursa.errors import BudgetExceeded, ContextError, ContextLengthError, LMError
-from recursa.lm.base import CallMeta
+from recursa.lm.base import CallMeta, LMResponse, Message
 from recursa.lm.registry import parse_model
 from recursa.sandbox.base import CallbackError
+from recursa.tools.calling import call_with_tools
+from recursa.tools.runner import ToolFailure
+
+# Failures of the call itself (not of how it was called): what subcall_errors="return" turns into text.
+_CALL_FAILURES = frozenset({"SubcallError", "BudgetExceeded"})
 
 if TYPE_CHECKING:
     from recursa.loop.engine import RunEngine
@@ -32,6 +38,39 @@ class SubcallHandler:
         self.config = run.tree.config
 
     async def __call__(self, fn: str, args: dict[str, Any]) -> Any:
+        if fn == "tool":
+            return await self._tool(args)
+        try:
+            return await self._subcall(fn, args)
+        except CallbackError as exc:
+            if self.config.subcall_errors == "return" and exc.kind in _CALL_FAILURES:
+                return f"[error] {exc.kind}: {exc}"
+            raise
+
+    async def _tool(self, args: dict[str, Any]) -> Any:
+        name = str(args.get("name"))
+        call_args, call_kwargs = args.get("args") or [], args.get("kwargs") or {}
+        if not isinstance(call_args, list) or not isinstance(call_kwargs, dict):
+            raise CallbackError("TypeError", f"{name}: malformed tool call from the REPL")
+        started = time.perf_counter()
+        error: str | None = None
+        try:
+            return await self.run.tree.tool_runner.call(name, call_args, call_kwargs)
+        except ToolFailure as exc:
+            error = str(exc)
+            raise CallbackError("ToolError", error) from None
+        finally:
+            self.run.tree.trace.emit(
+                "tool_call",
+                run_id=self.run.run_id,
+                tool=name,
+                where="host",
+                caller="repl",
+                duration_s=round(time.perf_counter() - started, 6),
+                error=error,
+            )
+
+    async def _subcall(self, fn: str, args: dict[str, Any]) -> Any:
         handlers: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]] = {
             "llm_query": self._llm_query,
             "llm_query_batched": self._llm_query_batched,
@@ -58,21 +97,49 @@ class SubcallHandler:
                 raise CallbackError(
                     "TypeError", f"llm_query_batched: prompts[{i}] is {type(p).__name__}, not str"
                 )
-        return await _gather_items([self._one_llm(p, model) for p in prompts])
+        return self._batch_outcome(await _gather_items([self._one_llm(p, model) for p in prompts]))
+
+    def _batch_outcome(self, items: list[Any]) -> list[Any]:
+        """In "return" mode failed items are error strings already: the REPL gets a plain list."""
+        if self.config.subcall_errors != "return":
+            return items
+        return [
+            f"[error] {item['__error__']['kind']}: {item['__error__']['message']}"
+            if isinstance(item, dict) and "__error__" in item
+            else item
+            for item in items
+        ]
 
     async def _one_llm(self, prompt: str, model: str | None) -> str:
         spec = self._resolve_model(model)
         run = self.run
-        meta = CallMeta(call_id=run.new_call_id(), parent_id=run.run_id, depth=run.depth + 1, purpose="sub")
-        try:
-            response = await run.tree.gateway.call(
+
+        async def call(messages: list[Message], tools: list[dict[str, Any]] | None) -> LMResponse:
+            meta = CallMeta(
+                call_id=run.new_call_id(), parent_id=run.run_id, depth=run.depth + 1, purpose="sub"
+            )
+            return await run.tree.gateway.call(
                 spec,
-                [{"role": "user", "content": prompt}],
+                messages,
                 meta=meta,
                 run_id=run.run_id,
                 max_output_tokens=self.config.max_output_tokens,
                 usage_scopes=run.usage_scopes,
+                tools=tools,
             )
+
+        try:
+            if self.config.sub_tools:
+                return await call_with_tools(
+                    call,
+                    prompt,
+                    self.config.sub_tools,
+                    run.tree.tool_runner,
+                    rounds=self.config.sub_tool_rounds,
+                    trace=run.tree.trace,
+                    run_id=run.run_id,
+                )
+            response = await call([{"role": "user", "content": prompt}], None)
         except BudgetExceeded as exc:
             raise CallbackError("BudgetExceeded", str(exc)) from None
         except ContextLengthError as exc:
@@ -124,7 +191,8 @@ class SubcallHandler:
                 raise CallbackError(
                     "TypeError", f"rlm_query_batched: prompts[{i}] is {type(p).__name__}, not str"
                 )
-        return await _gather_items([self._one_child(p, c) for p, c in zip(prompts, contexts, strict=True)])
+        children = [self._one_child(p, c) for p, c in zip(prompts, contexts, strict=True)]
+        return self._batch_outcome(await _gather_items(children))
 
     async def _one_child(self, prompt: str, context: Any) -> str:
         run = self.run

@@ -14,9 +14,10 @@ from recursa.errors import ConfigError
 from recursa.lm.gateway import ClientSettings, ModelGateway
 from recursa.lm.limiter import Limiter
 from recursa.lm.prices import PriceBook
-from recursa.lm.retry import RetryPolicy
+from recursa.lm.retry import RetryBudget, RetryPolicy
 from recursa.sandbox import make_sandbox
 from recursa.sandbox.base import Sandbox
+from recursa.tools.runner import ToolRunner
 from recursa.trace.redact import Redactor
 from recursa.trace.writer import TraceWriter, default_trace_dir
 
@@ -31,8 +32,10 @@ class CallTree:
     ledger: Ledger
     gateway: ModelGateway
     trace: TraceWriter
+    tool_runner: ToolRunner = field(default_factory=lambda: ToolRunner.of([]))
     live_sandboxes: set[Sandbox] = field(default_factory=set)
     _child_slots: dict[int, asyncio.Semaphore] = field(default_factory=dict)
+    _closing: dict[Sandbox, asyncio.Future[None]] = field(default_factory=dict)  # closes under way
 
     @classmethod
     def create(cls, config: RLMConfig, prices: PriceBook, root_run_id: str) -> CallTree:
@@ -51,11 +54,19 @@ class CallTree:
             api_key=config.api_key,
             timeout=config.request_timeout,
             retry=RetryPolicy(max_attempts=config.max_retries + 1),
+            run_retries=RetryBudget(config.max_run_retries),  # one count for every call of the tree
             call_headers=config.call_headers,
             sampling={role: dict(opts) for role, opts in (config.sampling or {}).items()},
         )
         gateway = ModelGateway(ledger=ledger, limiter=limiter, prices=prices, trace=trace, settings=settings)
-        return cls(config, ledger, gateway, trace)
+        host_tools = [t for t in [*config.tools, *config.sub_tools] if t.where == "host"]
+        unique = list({id(t.fn): t for t in host_tools}.values())
+        return cls(config, ledger, gateway, trace, ToolRunner.of(unique))
+
+    def new_budget(self) -> None:
+        """A fresh ledger (caps and deadline) for the next question of a session."""
+        self.ledger = Ledger(self.config.budget)
+        self.gateway.ledger = self.ledger
 
     def child_slots(self, depth: int) -> asyncio.Semaphore:
         """Caps child runs (each starts a REPL process) at one depth. One cap per depth, not one
@@ -77,12 +88,26 @@ class CallTree:
         return sandbox
 
     async def release_sandbox(self, sandbox: Sandbox) -> None:
-        self.live_sandboxes.discard(sandbox)
-        await sandbox.close()
+        """Close a run's REPL. The close is a task of its own: a caller cancelled while it waits
+        cannot cut it short (a half-closed REPL would keep running), and aclose() waits for it."""
+        closing = self._closing.get(sandbox)
+        if closing is None:
+            self.live_sandboxes.discard(sandbox)
+            closing = asyncio.ensure_future(sandbox.close())
+            self._closing[sandbox] = closing
+            closing.add_done_callback(lambda _f: self._closing.pop(sandbox, None))
+        await asyncio.shield(closing)
 
     async def aclose(self) -> None:
-        """Reap every REPL process still alive (after a cancellation) and close clients and trace."""
-        for sandbox in list(self.live_sandboxes):
-            await self.release_sandbox(sandbox)
-        await self.gateway.aclose()
-        self.trace.close()
+        """Reap every REPL process still alive (after a cancellation), wait for closes already
+        under way, then close clients and trace. The REPLs close at once, not one after another:
+        a batch of stuck children costs the time of one kill, so a run ends soon after its deadline."""
+        sandboxes = {*self.live_sandboxes, *self._closing}
+        outcomes = await asyncio.gather(*(self.release_sandbox(s) for s in sandboxes), return_exceptions=True)
+        try:
+            await self.gateway.aclose()
+        finally:
+            self.trace.close()  # last: children cancelled by the closes above have written run_end
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome

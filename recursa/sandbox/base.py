@@ -45,6 +45,7 @@ class ExecResult:
     restored_names: list[str] = field(default_factory=list)  # reserved names the code overwrote
     notes: list[str] = field(default_factory=list)  # messages for the model (timeouts, restores...)
     duration_s: float = 0.0
+    partial: str | None = None  # answer["content"] set but not marked ready (kept for early stops)
 
 
 @runtime_checkable
@@ -57,6 +58,14 @@ class Sandbox(Protocol):
     async def start(self, handler: CallHandler) -> None: ...
 
     async def load_context(self, payload: ContextPayload) -> None: ...
+
+    async def define(self, entries: list[dict[str, Any]]) -> list[str]:
+        """Add reserved names (user tools, engine-kept values such as a session's `history`).
+
+        Each entry is {"name", "kind": "source" | "host" | "value", ...}; see worker.Repl.define.
+        Definitions survive restarts. Returns the tools that could not be set up, as messages.
+        """
+        ...
 
     async def execute(self, code: str, timeout: float) -> ExecResult: ...
 

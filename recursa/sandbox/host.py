@@ -35,6 +35,7 @@ from recursa.sandbox.processes import WorkerProcess
 from recursa.sandbox.protocol import FrameSocket, ProtocolError, exec_result_from_wire, final_from_wire
 
 _DRAIN_S = 0.2
+_SHUTDOWN_S = 0.5  # how long an idle worker may take to exit when asked, before it is killed
 
 
 @dataclass
@@ -94,6 +95,7 @@ class WorkerHost:
         self._handler: CallHandler | None = None
         self._worker: Connection | None = None
         self._context: ContextSpec | None = None
+        self._definitions: dict[str, dict[str, Any]] = {}  # define() entries, replayed on a restart
         self._lock = asyncio.Lock()
         self._carry_notes: list[str] = []  # for the next ExecResult (e.g. a restart between cells)
         self._closed = False
@@ -187,6 +189,8 @@ class WorkerHost:
         self._worker = await self._new_worker()
         if self._context is not None:
             await self._send_context(self._worker, self._context)
+        if self._definitions:
+            await self._send_definitions(self._worker, list(self._definitions.values()))
 
     def _release_log(self, conn: Connection) -> None:
         fd = conn.take_log()
@@ -291,10 +295,13 @@ class WorkerHost:
         self._closed = True
         worker, self._worker = self._worker, None
         if worker is not None:
-            if worker.alive:
-                with contextlib.suppress(OSError, ValueError):
-                    await worker.chan.send({"op": "shutdown"})
-                await worker.process.wait_exit(0.5)
+            # A worker still busy with a request (a cell its run gave up on: a timeout, a
+            # cancellation) is killed straight away where we can: asking it to exit would only
+            # delay the end of the run. An idle one is asked first, within _SHUTDOWN_S in all.
+            busy = bool(worker.pending) and worker.process.can_signal
+            if worker.alive and not busy:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._ask_to_exit(worker), _SHUTDOWN_S)
             await worker.kill()
             self._release_log(worker)
         self._context = None  # its fd is closed by the cleanup below
@@ -302,6 +309,12 @@ class WorkerHost:
             await self._teardown()
         finally:
             self._finalizer()  # removes the scratch directory and closes what is left
+
+    @staticmethod
+    async def _ask_to_exit(worker: Connection) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            await worker.chan.send({"op": "shutdown"})  # may wait on a full channel: bounded by the caller
+        await worker.process.wait_exit(_SHUTDOWN_S)
 
     # -- context ---------------------------------------------------------------------------------
 
@@ -350,6 +363,23 @@ class WorkerHost:
             raise SandboxError(f"the REPL process died while loading the context ({exc}).") from None
         if reply.get("error"):
             raise SandboxError(f"the REPL could not load the context: {reply['error']}")
+
+    # -- tools and engine-kept values --------------------------------------------------------------
+
+    async def define(self, entries: list[dict[str, Any]]) -> list[str]:
+        async with self._lock:
+            worker = await self._live_worker()
+            for entry in entries:
+                self._definitions[str(entry["name"])] = entry
+            return await self._send_definitions(worker, entries)
+
+    async def _send_definitions(self, worker: Connection, entries: list[dict[str, Any]]) -> list[str]:
+        try:
+            reply = await (await worker.request({"op": "define", "entries": entries}))
+        except WorkerGone as exc:
+            raise SandboxError(f"the REPL process died while defining tools ({exc}).") from None
+        errors = reply.get("errors")
+        return [str(e) for e in errors] if isinstance(errors, list) else []
 
     # -- running code ----------------------------------------------------------------------------
 

@@ -100,6 +100,7 @@ class InProcessSandbox:
         self._thread: _ReplThread | None = None
         self._context: ContextPayload | None = None
         self._context_fd = -1
+        self._definitions: dict[str, dict[str, Any]] = {}  # replayed into a fresh REPL
         self._lock = asyncio.Lock()
         self._carry_notes: list[str] = []
         self._closed = False
@@ -204,6 +205,17 @@ class InProcessSandbox:
         self._thread = _ReplThread(Repl(self._call, own_print=True))
         if self._context is not None:
             await self._thread.submit(self._loader(self._thread.repl))
+        if self._definitions:
+            fresh, entries = self._thread.repl, list(self._definitions.values())
+            await self._thread.submit(lambda: fresh.define(entries))
+
+    async def define(self, entries: list[dict[str, Any]]) -> list[str]:
+        async with self._lock:
+            thread = self._live()
+            for entry in entries:
+                self._definitions[str(entry["name"])] = entry
+            reply = await thread.submit(lambda: thread.repl.define(entries))
+            return list(reply.get("errors", []))
 
     async def _ask(self, fn: Callable[[Repl], Any]) -> Any:
         async with self._lock:

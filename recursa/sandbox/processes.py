@@ -143,7 +143,11 @@ class _Pid:
 
     def exited(self) -> bool:
         if self.fd >= 0:
-            return bool(select.select([self.fd], [], [], 0)[0])
+            # poll, not select: select() refuses an fd above 1023 (FD_SETSIZE), and a host running
+            # a few hundred sandboxes holds more open files than that (benchmarks/load.py).
+            poller = select.poll()
+            poller.register(self.fd, select.POLLIN)
+            return bool(poller.poll(0))
         return not os.path.exists(f"/proc/{self.pid}")
 
     def signal(self, sig: int) -> None:

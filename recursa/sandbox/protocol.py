@@ -299,4 +299,5 @@ def exec_result_from_wire(frame: dict[str, Any]) -> ExecResult:
         restored_names=strs("restored_names"),
         notes=strs("notes"),
         duration_s=float(frame.get("duration_s", 0.0) or 0.0),
+        partial=str(frame["partial"]) if frame.get("partial") is not None else None,
     )

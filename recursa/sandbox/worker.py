@@ -83,7 +83,17 @@ class RemoteError(Exception):
         self.message = message
 
 
-_ERROR_CLASSES: dict[str, type[Exception]] = {"SubcallError": SubcallError, "BudgetExceeded": BudgetExceeded}
+class ToolError(Exception):
+    """A user tool failed (raised, timed out, returned something unusable); the message says why."""
+
+    kind = "ToolError"
+
+
+_ERROR_CLASSES: dict[str, type[Exception]] = {
+    "SubcallError": SubcallError,
+    "BudgetExceeded": BudgetExceeded,
+    "ToolError": ToolError,
+}
 
 
 def error_for(kind: str, message: str) -> Exception:
@@ -509,6 +519,7 @@ class Repl:
         # long as code from it (functions it defined) does.
         self._sources: weakref.WeakKeyDictionary[Any, list[str]] = weakref.WeakKeyDictionary()
         self._answer: dict[str, Any] = {"content": None, "ready": False}
+        self._tool_ns: dict[str, Any] | None = None  # globals of sandbox tools, made on first use
         self.ns: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
         self._reserved = self._make_reserved()
         self.ns.update(self._reserved)
@@ -580,6 +591,7 @@ class Repl:
             "SHOW_VARS": SHOW_VARS,
             "BudgetExceeded": BudgetExceeded,
             "SubcallError": SubcallError,
+            "ToolError": ToolError,
         }
         if self.own_print:
             reserved["print"] = self._print
@@ -690,6 +702,7 @@ class Repl:
         final = self._final or self._take_answer()
         stdout, stderr, omitted = cap.finish()
         return {
+            "partial": self._partial_answer(),
             "stdout": stdout,
             "stderr": stderr,
             "omitted_chars": omitted,
@@ -772,6 +785,13 @@ class Repl:
             )
         return restored
 
+    def _partial_answer(self) -> str | None:
+        """answer["content"] set but not ready: what a run that stops early can still hand back."""
+        content = self._answer.get("content")
+        if content is None or self._answer.get("ready"):
+            return None
+        return render(content)[:_PARTIAL_CHARS]
+
     def _take_answer(self) -> dict[str, Any] | None:
         ans = self._answer
         if not ans.get("ready"):
@@ -780,6 +800,71 @@ class Repl:
         ans.clear()
         ans.update(content=None, ready=False)
         return final
+
+    # -- user tools and engine-kept values ---------------------------------------------------------
+
+    def define(self, entries: list[dict[str, Any]]) -> dict[str, Any]:
+        """Add reserved names: tools defined from source, stubs of host tools, or plain values.
+
+        A tool whose source fails here (a module the sandbox lacks, say) becomes a stub that raises
+        ToolError with the reason, so the run goes on and the model learns why when it calls it.
+        """
+        errors = []
+        for entry in entries:
+            name, kind = str(entry.get("name")), entry.get("kind")
+            if kind == "source":
+                try:
+                    value = self._tool_from_source(name, str(entry.get("source", "")))
+                except Exception as exc:
+                    reason = f"{type(exc).__name__}: {exc}"
+                    errors.append(f"tool {name} could not be set up in the sandbox ({reason})")
+                    value = self._broken_tool(name, reason)
+            elif kind == "host":
+                value = self._host_tool(name, str(entry.get("signature", "")), str(entry.get("doc", "")))
+            else:
+                value = entry.get("value")
+            self._reserved[name] = value
+            self.ns[name] = value
+            self._tool_globals()[name] = value
+        return {"errors": errors}
+
+    def _tool_globals(self) -> dict[str, Any]:
+        """The globals every sandbox tool shares: its imports, the other tools, `context`, llm_query."""
+        if self._tool_ns is None:
+            self._tool_ns = {"__name__": "recursa_tools", "__builtins__": builtins, **self._reserved}
+        return self._tool_ns
+
+    def _tool_from_source(self, name: str, source: str) -> Any:
+        g = self._tool_globals()
+        exec(compile(source, f"<tool {name}>", "exec", dont_inherit=True), g)
+        if not callable(g.get(name)):
+            raise NameError(f"the source did not define a function named {name}")
+        return g[name]
+
+    def _broken_tool(self, name: str, reason: str) -> Any:
+        def broken(*args: Any, **kwargs: Any) -> Any:
+            raise ToolError(f"{name} is unavailable: it could not be set up in the sandbox ({reason})")
+
+        broken.__name__ = broken.__qualname__ = name
+        return broken
+
+    def _host_tool(self, name: str, signature: str, doc: str) -> Any:
+        call = self._call
+
+        def tool(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return call("tool", {"name": name, "args": list(args), "kwargs": kwargs})
+            except (TypeError, ValueError) as exc:
+                if "JSON" not in str(exc) and "channel" not in str(exc):
+                    raise
+                raise TypeError(
+                    f"{name}: its arguments go to the host as JSON, and this one cannot ({exc}); pass str, "
+                    "numbers, bools, None, lists or dicts"
+                ) from None
+
+        tool.__name__ = tool.__qualname__ = name
+        tool.__doc__ = f"{name}{signature}\n\n{doc}".rstrip()
+        return tool
 
     # -- other requests --------------------------------------------------------------------------
 
@@ -811,6 +896,8 @@ class Repl:
             raise ValueError(f"unknown context kind {kind!r}")
         self._reserved["context"] = value
         self.ns["context"] = value
+        if self._tool_ns is not None:
+            self._tool_ns["context"] = value
         return {
             "kind": kind,
             "pieces": len(pieces),
@@ -820,6 +907,7 @@ class Repl:
 
 
 _MISSING = object()
+_PARTIAL_CHARS = 100_000
 
 
 def render_repr(value: Any) -> str:
@@ -1419,6 +1507,8 @@ def _handle(repl: Repl, msg: dict[str, Any]) -> dict[str, Any] | None:
         return {"op": "var", "id": mid, **repl.get_var(str(msg.get("name", "")))}
     if op == "list_vars":
         return {"op": "vars", "id": mid, "names": repl.user_variables()}
+    if op == "define":
+        return {"op": "defined", "id": mid, **repl.define(list(msg.get("entries", [])))}
     if op == "load_context":
         transfer = msg.get("transfer")
         if transfer == "inline":
@@ -1461,6 +1551,8 @@ def _internal_error(msg: dict[str, Any], exc: Exception) -> dict[str, Any] | Non
         return {"op": "var", "id": mid, "found": False, "final": None, "error": text}
     if op == "list_vars":
         return {"op": "vars", "id": mid, "names": [], "error": text}
+    if op == "define":
+        return {"op": "defined", "id": mid, "errors": [text]}
     if op == "load_context":
         return {"op": "context_loaded", "id": mid, "error": text}
     return None

@@ -8,9 +8,12 @@ the reply and its token accounting, and the response in either API's JSON (or SS
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import inspect
 import json
+import socket
+import struct
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -20,9 +23,17 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from recursa.testing.fake_state import RequestRecord, UnknownModelError, resolve_fault
+from recursa.testing.fake_state import Fault, RequestRecord, UnknownModelError, resolve_fault
 from recursa.testing.metrics import render_metrics
 from recursa.testing.tokens import count_message_tokens, count_tokens, tokens_for_chars
+from recursa.testing.tool_replies import (
+    ToolCallReply,
+    anthropic_content,
+    openai_message,
+    reply_text,
+    set_offered,
+    tool_messages,
+)
 
 if TYPE_CHECKING:
     from recursa.testing.fake_server import FakeServer
@@ -110,7 +121,7 @@ def _parse(api: Api, body: Any) -> tuple[str, list[dict[str, str]], bool, int | 
     messages: list[dict[str, str]] = []
     if api == "anthropic" and body.get("system"):
         messages.append({"role": "system", "content": _text_of(body["system"])})
-    messages += [{"role": str(m.get("role", "user")), "content": _text_of(m.get("content"))} for m in raw]
+    messages += [msg for m in raw for msg in tool_messages(m, _text_of(m.get("content")))]
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
     max_tokens = limit if isinstance(limit, int) and limit > 0 else None
     options = body.get("stream_options")
@@ -199,6 +210,109 @@ class _SlotStream(StreamingResponse):
             self._release()
 
 
+def _transport(receive: Receive) -> asyncio.BaseTransport | None:
+    """The TCP transport under this request. ASGI has no message for "drop the connection", so the
+    fake reaches under it: uvicorn's `receive` is a bound method of its per-request cycle object,
+    which holds the transport."""
+    transport = getattr(getattr(receive, "__self__", None), "transport", None)
+    return transport if isinstance(transport, asyncio.BaseTransport) else None
+
+
+async def _drop(receive: Receive, *, reset: bool) -> None:
+    transport = _transport(receive)
+    if transport is None:  # another ASGI server: the best it can do is an unfinished response
+        raise ConnectionAbortedError("injected fault: the fake server cannot drop this connection")
+    if reset:
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            # A zero linger time makes the close send RST rather than FIN: a real connection reset.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        transport.abort()
+    else:
+        transport.close()
+    # uvicorn logs an unfinished response as an error unless it has seen the connection go first.
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(receive(), 1.0)
+
+
+class _Dropped(Response):
+    """A response that breaks the connection: `parts=None` resets it before any byte is sent;
+    otherwise the status line, `headers` and the first `after_bytes` bytes of `parts` go out and
+    then the connection closes (a body or an SSE stream that stops mid-way)."""
+
+    def __init__(
+        self,
+        parts: AsyncIterator[bytes] | None,
+        *,
+        headers: list[tuple[bytes, bytes]] | None = None,
+        after_bytes: int = 0,
+        release: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(status_code=200)
+        self._parts = parts
+        self._head = headers or []
+        self._after = after_bytes
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            if self._parts is None:
+                await _drop(receive, reset=True)
+                return
+            await send({"type": "http.response.start", "status": 200, "headers": self._head})
+            left = self._after
+            try:
+                async for chunk in self._parts:
+                    piece = chunk[:left]
+                    if piece:
+                        await send({"type": "http.response.body", "body": piece, "more_body": True})
+                        left -= len(piece)
+                    if left <= 0:
+                        break
+            finally:
+                aclose = getattr(self._parts, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+            await _drop(receive, reset=False)
+        finally:
+            if self._release is not None:
+                self._release()
+
+
+async def _one_part(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+def _shaped(api: Api, rec: RequestRecord, body: dict[str, Any], fault: Fault | None) -> Response:
+    """A JSON reply, or the broken form of it a body fault asks for."""
+    kind = fault.kind if fault is not None else None
+    if kind == "no_usage":
+        body.pop("usage", None)
+    elif kind == "no_choices":
+        body["choices" if api == "openai" else "content"] = []
+    if kind in ("no_usage", "no_choices"):
+        rec.error = f"injected fault: {kind}"
+    if fault is None or kind not in ("malformed", "cut"):
+        return JSONResponse(body)
+    raw = json.dumps(body).encode()
+    if kind == "malformed":
+        rec.error = "injected fault: malformed JSON body"
+        return Response(raw[: len(raw) // 2], media_type="application/json")
+    after = min(fault.after_bytes, len(raw) - 1)  # never the whole body: then nothing would be cut
+    rec.error = f"injected fault: connection closed after {after} of {len(raw)} body bytes"
+    head = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
+    return _Dropped(_one_part(raw), headers=head, after_bytes=after)
+
+
+def _context_message(api: Api, tokens: int, limit: int) -> str:
+    if api == "openai":
+        return (
+            f"This model's maximum context length is {limit} tokens. However, your messages "
+            f"resulted in {tokens} tokens. Please reduce the length of the messages."
+        )
+    return f"prompt is too long: {tokens} tokens > {limit} maximum"
+
+
 async def _pause(server: FakeServer, seconds: float) -> None:
     # Virtual-clock servers never sleep: simulate() assigns the times afterwards.
     if seconds > 0 and not server.virtual:
@@ -276,12 +390,12 @@ async def _anthropic_stream(server: FakeServer, rec: RequestRecord, truncated: b
     yield _sse({"type": "message_stop"}, "message_stop")
 
 
-async def _reply(server: FakeServer, model: str, messages: list[dict[str, str]]) -> str:
+async def _reply(server: FakeServer, model: str, messages: list[dict[str, Any]]) -> str | ToolCallReply:
     out = server.responder(model, messages)
     if inspect.isawaitable(out):
         out = await out
-    if not isinstance(out, str):
-        raise TypeError(f"the responder returned {type(out).__name__}, expected str")
+    if not isinstance(out, str | ToolCallReply):
+        raise TypeError(f"the responder returned {type(out).__name__}, expected str or ToolCallReply")
     return out
 
 
@@ -301,7 +415,9 @@ async def _handle(server: FakeServer, request: Request, api: Api, rec: RequestRe
         message = "Incorrect API key provided." if api == "openai" else "invalid x-api-key"
         return _reject(rec, _error(api, 401, message), message)
     try:
-        model, messages, stream, max_tokens, include_usage = _parse(api, json.loads(raw or b"null"))
+        body = json.loads(raw or b"null")
+        model, messages, stream, max_tokens, include_usage = _parse(api, body)
+        set_offered(body)
     except ValueError as exc:  # also json.JSONDecodeError
         return _reject(rec, _error(api, 400, str(exc)), str(exc))
     rec.model, rec.messages, rec.stream, rec.max_tokens = model, messages, stream, max_tokens
@@ -312,19 +428,24 @@ async def _handle(server: FakeServer, request: Request, api: Api, rec: RequestRe
         return _reject(rec, _error(api, 404, unknown), unknown)
     fault = resolve_fault(server.faults, rec)
     if fault is not None:
-        if fault.delay_s > 0:
+        rec.fault = fault.kind
+        if fault.delay_s > 0:  # for "hang" that is the whole fault: the request then goes on as usual
             await asyncio.sleep(fault.delay_s)
-        message = fault.message or f"injected fault: HTTP {fault.status}"
-        return _reject(rec, _error(api, fault.status, message, retry_after_s=fault.retry_after_s), message)
+        if fault.kind == "http":
+            message = fault.message or f"injected fault: HTTP {fault.status}"
+            error = _error(api, fault.status, message, retry_after_s=fault.retry_after_s)
+            return _reject(rec, error, message)
+        if fault.kind == "context_length":
+            shown = server.max_context_tokens or max(1, rec.prompt_tokens - 1)
+            message = fault.message or _context_message(api, rec.prompt_tokens, shown)
+            return _reject(rec, _error(api, 400, message, code="context_length_exceeded"), message)
+        if fault.kind == "reset":
+            rec.error = "injected fault: connection reset before the response"
+            rec.started_at = rec.finished_at = time.perf_counter()
+            return _Dropped(None)
     limit = server.max_context_tokens
     if limit is not None and rec.prompt_tokens > limit:
-        if api == "openai":
-            message = (
-                f"This model's maximum context length is {limit} tokens. However, your messages "
-                f"resulted in {rec.prompt_tokens} tokens. Please reduce the length of the messages."
-            )
-        else:
-            message = f"prompt is too long: {rec.prompt_tokens} tokens > {limit} maximum"
+        message = _context_message(api, rec.prompt_tokens, limit)
         return _reject(rec, _error(api, 400, message, code="context_length_exceeded"), message)
     gate = server.gate
     if server.clock is not None:
@@ -358,17 +479,30 @@ async def _handle(server: FakeServer, request: Request, api: Api, rec: RequestRe
             reply = await _reply(server, model, [dict(m) for m in messages])
         except UnknownModelError:
             return _reject(rec, _error(api, 404, unknown), unknown)
+        calls = reply if isinstance(reply, ToolCallReply) else None
+        if calls is not None:
+            if stream:
+                raise ValueError("the fake server does not stream tool calls; call it without stream=True")
+            reply = reply_text(calls)
         truncated = max_tokens is not None and count_tokens(reply) > max_tokens
         if truncated:
             reply = reply[: max_tokens * 4]  # type: ignore[operator]  # 4 chars/token: exactly max_tokens
         rec.reply, rec.completion_tokens, rec.status = reply, count_tokens(reply), 200
         rec.cost_usd = server.profile.cost(rec.prompt_tokens, rec.cached_tokens, rec.completion_tokens)
         if stream:
+            if fault is not None and fault.kind == "no_usage":
+                include_usage = False
             if api == "openai":
                 body = _openai_stream(server, rec, truncated, include_usage)
             else:
                 body = _anthropic_stream(server, rec, truncated)
-            response: Response = _SlotStream(body, release)
+            response: Response
+            if fault is not None and fault.kind == "cut":
+                rec.error = f"injected fault: stream closed after {fault.after_bytes} bytes"
+                head = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+                response = _Dropped(body, headers=head, after_bytes=fault.after_bytes, release=release)
+            else:
+                response = _SlotStream(body, release)
             handed_off = True  # the stream owns the slot now and gives it back when it ends
             return response
         await _first_token(server, rec)
@@ -380,10 +514,14 @@ async def _handle(server: FakeServer, request: Request, api: Api, rec: RequestRe
                 await _pause(server, min(left, _STEP_TOKENS) * profile.token_s(server.ledger.in_flight))
         rec.finished_at = time.perf_counter()
         if api == "openai":
-            return JSONResponse(_openai_body(rec, f"chatcmpl-{uuid.uuid4().hex[:24]}", truncated))
-        content = [{"type": "text", "text": reply}]
-        stop = "max_tokens" if truncated else "end_turn"
-        return JSONResponse(_anthropic_message(rec, f"msg_{uuid.uuid4().hex[:24]}", content, stop))
+            data = _openai_body(rec, f"chatcmpl-{uuid.uuid4().hex[:24]}", truncated)
+            if calls is not None:
+                data["choices"][0].update(message=openai_message(calls), finish_reason="tool_calls")
+        else:
+            content = [{"type": "text", "text": reply}] if calls is None else anthropic_content(calls)
+            stop = "max_tokens" if truncated else "end_turn" if calls is None else "tool_use"
+            data = _anthropic_message(rec, f"msg_{uuid.uuid4().hex[:24]}", content, stop)
+        return _shaped(api, rec, data, fault)
     finally:
         if not handed_off:
             release()

@@ -31,6 +31,8 @@ from recursa.testing.fake_state import (
     Fault,
     FaultEntry,
     FaultPlan,
+    FaultRule,
+    FaultSchedule,
     Ledger,
     RequestRecord,
     SlotGate,
@@ -52,6 +54,8 @@ __all__ = [
     "Fault",
     "FaultEntry",
     "FaultPlan",
+    "FaultRule",
+    "FaultSchedule",
     "LatencyProfile",
     "RequestRecord",
     "Responder",
@@ -292,9 +296,13 @@ class FakeServer:
         return out
 
     def reset(self) -> None:
-        """Forget the ledger (records, request indices for fault plans, max_in_flight) and the prefix cache."""
+        """Forget the ledger (records, request indices for fault plans, max_in_flight), the prefix
+        cache, and the counts of a `FaultSchedule`."""
         self.ledger.reset()
         self.cache.clear()
+        restart = getattr(self.faults, "reset", None)
+        if callable(restart):
+            restart()
 
     # -- models -----------------------------------------------------------------------------------
 

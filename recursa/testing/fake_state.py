@@ -50,6 +50,7 @@ class RequestRecord:
     first_token_at: float = 0.0
     virtual_arrival: float | None = None
     cost_usd: float = 0.0
+    fault: str | None = None  # the kind of the injected `Fault`, if one was
 
     @property
     def queue_wait_s(self) -> float:
@@ -71,20 +72,143 @@ class RequestRecord:
         return {k: v for k, v in self.headers.items() if k.startswith("x-rlm-")}
 
 
+# How long a fault plan's bare "hang" stalls: longer than any timeout a test would set.
+_DEFAULT_HANG_S = 5.0
+FAULT_KINDS = ("http", "reset", "cut", "hang", "malformed", "no_choices", "no_usage", "context_length")
+
+
 @dataclass(frozen=True)
 class Fault:
-    """An error the server returns instead of answering (after `delay_s`), for reliability tests."""
+    """A failure the server injects into one request, for reliability tests.
 
-    status: int
+    `kind` says what goes wrong (`delay_s` is waited first, whatever the kind):
+
+    - "http": an error answer with `status` (and `Retry-After: retry_after_s` when that is set).
+    - "reset": the TCP connection is reset before any byte of the response (nothing generated).
+    - "cut": the reply is generated (and billed), its status line, headers and first `after_bytes`
+      bytes are sent, then the connection closes: a body, or an SSE stream, that stops mid-way.
+    - "hang": the server stalls `delay_s` seconds, then answers normally (a read timeout for a
+      client whose timeout is shorter).
+    - "malformed": 200 with a JSON content type and a body that is not valid JSON.
+    - "no_choices": 200 with a well-formed body and usage but `choices: []` (Anthropic: `content: []`).
+    - "no_usage": a normal 200 answer without its `usage` object.
+    - "context_length": 400, the context-length error each API sends for a prompt that is too long.
+
+    The body kinds (malformed, no_choices, no_usage) shape JSON replies; a streamed request gets a
+    normal stream. The classmethods spell each kind; `Fault(503)` is an "http" fault as before.
+    """
+
+    status: int = 500
     retry_after_s: float | None = None  # None: no Retry-After header at all
     message: str | None = None
     delay_s: float = 0.0
+    kind: str = "http"
+    after_bytes: int = 64  # "cut" only
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault kind {self.kind!r}; kinds: {', '.join(FAULT_KINDS)}")
+        if self.delay_s < 0 or self.after_bytes < 0:
+            raise ValueError("Fault delay_s and after_bytes must be >= 0")
+
+    @classmethod
+    def reset(cls, *, delay_s: float = 0.0) -> Fault:
+        return cls(kind="reset", delay_s=delay_s)
+
+    @classmethod
+    def cut(cls, after_bytes: int = 64, *, delay_s: float = 0.0) -> Fault:
+        return cls(kind="cut", after_bytes=after_bytes, delay_s=delay_s)
+
+    @classmethod
+    def hang(cls, seconds: float) -> Fault:
+        return cls(kind="hang", delay_s=seconds)
+
+    @classmethod
+    def malformed(cls) -> Fault:
+        return cls(kind="malformed")
+
+    @classmethod
+    def no_choices(cls) -> Fault:
+        return cls(kind="no_choices")
+
+    @classmethod
+    def no_usage(cls) -> Fault:
+        return cls(kind="no_usage")
+
+    @classmethod
+    def context_length(cls, message: str | None = None) -> Fault:
+        return cls(status=400, kind="context_length", message=message)
 
 
-FaultEntry = Fault | int | None
+FaultEntry = Fault | int | str | None
 # A list indexed by request index, a {request index: entry} mapping, or a function of the record
-# (which already carries index, model, messages and headers). An int means Fault(status).
+# (which already carries index, model, messages and headers), such as a `FaultSchedule`. An int
+# means Fault(status); a str is a kind with its defaults ("reset", "cut", "malformed", "hang" for 5 s...).
 FaultPlan = Sequence[FaultEntry] | Mapping[int, FaultEntry] | Callable[[RequestRecord], FaultEntry]
+
+
+@dataclass(frozen=True)
+class FaultRule:
+    """Inject `fault` into requests that match `model` (the name sent, e.g. "sub-model") and `api`
+    ("openai" or "anthropic"; None: both): let the first `skip` of them through, then fault the next
+    `times` (None: every one after that)."""
+
+    fault: Fault | int | str
+    model: str | None = None
+    api: str | None = None
+    skip: int = 0
+    times: int | None = 1
+
+    def matches(self, record: RequestRecord) -> bool:
+        if self.model is not None and record.model != self.model:
+            return False
+        if self.api is not None and _api_of(record) != self.api:
+            return False
+        return True
+
+
+class FaultSchedule:
+    """A fault plan of `FaultRule`s, for "the 2nd and 3rd call to sub-model get 503" and the like.
+
+    Rules are tried in order; each counts the requests it matches among those no earlier rule has
+    faulted. Counts start again on `reset()` (`FakeServer.reset()` calls it).
+
+        FaultSchedule(FaultRule(Fault(503), model="sub-model", skip=1, times=2), FaultRule("reset"))
+    """
+
+    def __init__(self, *rules: FaultRule) -> None:
+        self.rules = list(rules)
+        self._lock = threading.Lock()
+        self._seen = [0] * len(self.rules)
+
+    def __call__(self, record: RequestRecord) -> FaultEntry:
+        with self._lock:
+            for i, rule in enumerate(self.rules):
+                if not rule.matches(record):
+                    continue
+                seen = self._seen[i]
+                self._seen[i] += 1
+                if seen >= rule.skip and (rule.times is None or seen < rule.skip + rule.times):
+                    return rule.fault
+            return None
+
+    def reset(self) -> None:
+        with self._lock:
+            self._seen = [0] * len(self.rules)
+
+
+def _api_of(record: RequestRecord) -> str:
+    return "anthropic" if record.endpoint.endswith("/messages") else "openai"
+
+
+def as_fault(entry: FaultEntry) -> Fault | None:
+    if entry is None or isinstance(entry, Fault):
+        return entry
+    if isinstance(entry, str):
+        if entry == "hang":
+            return Fault.hang(_DEFAULT_HANG_S)
+        return Fault(status=400, kind=entry) if entry == "context_length" else Fault(kind=entry)
+    return Fault(status=int(entry))
 
 
 def resolve_fault(plan: FaultPlan | None, record: RequestRecord) -> Fault | None:
@@ -97,9 +221,7 @@ def resolve_fault(plan: FaultPlan | None, record: RequestRecord) -> Fault | None
         entry = plan(record)
     else:
         entry = plan[record.index] if record.index < len(plan) else None
-    if entry is None or isinstance(entry, Fault):
-        return entry
-    return Fault(status=int(entry))
+    return as_fault(entry)
 
 
 class SlotGate:

@@ -58,14 +58,19 @@ def load(path: str | Path) -> Trace:
     path = Path(path)
     events: list[dict[str, Any]] = []
     truncated = False
-    with open(path, encoding="utf-8") as fh:
+    # errors="replace": a crash can cut the last line inside a multi-byte character, and that must
+    # not make the events before it unreadable.
+    with open(path, encoding="utf-8", errors="replace") as fh:
         for line in fh:
             if not line.strip():
                 continue
             try:
-                events.append(json.loads(line))
+                event = json.loads(line)
             except json.JSONDecodeError:
                 truncated = True
+                continue
+            if isinstance(event, dict) and isinstance(event.get("type"), str):
+                events.append(event)  # anything else is not an event of ours: skip it, do not crash
     runs: dict[str, RunNode] = {}
     roots: list[RunNode] = []
     for event in events:
@@ -80,5 +85,8 @@ def load(path: str | Path) -> Trace:
             if event["type"] == "run_end":
                 runs[run_id].end = event
     if not roots:
-        raise ValueError(f"{path} holds no run_start event: is it a recursa trace?")
+        raise ValueError(
+            f"{path} holds no run_start event: it is not a recursa trace, or the run was cut off before "
+            "its first event was written; pass a .jsonl file from a run's trace_path."
+        )
     return Trace(path, events, runs, roots, truncated)

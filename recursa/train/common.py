@@ -81,6 +81,10 @@ def export_to(
     path = check_out(out)
     assert path is not None
     rows, report = build(path)
-    write_jsonl(rows, path)
+    if not rows and path.is_file() and path.stat().st_size > 0:
+        # Nothing to write must not wipe what an earlier export wrote there.
+        report.notes.append(f"no rows to write, so {path} was left as it was")
+    else:
+        write_jsonl(rows, path)
     report.out = path
     return report

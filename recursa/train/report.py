@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -108,12 +109,20 @@ def write_jsonl(rows: Iterable[dict[str, Any]], out: str | Path) -> int:
     """Write rows as JSON lines (UTF-8, one object per line); returns how many."""
     path = Path(out).expanduser()
     n = 0
+    # Written beside the target and renamed over it at the end, so a failure half-way (a full
+    # disk, a row that is not JSON) leaves the earlier file whole instead of cut short.
+    partial = path.with_name(f".{path.name}.partial")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w", encoding="utf-8") as fh:
+        with open(partial, "w", encoding="utf-8") as fh:
             for row in rows:
                 fh.write(json.dumps(row, ensure_ascii=False) + "\n")
                 n += 1
+        os.replace(partial, path)
     except OSError as exc:
+        partial.unlink(missing_ok=True)
         raise ExportError(f"cannot write {path}: {exc.strerror or exc}") from None
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     return n

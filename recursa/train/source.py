@@ -156,7 +156,10 @@ def _read_trace(path: Path, named: bool, report: ExportReport) -> Trace | None:
         except Exception as exc:  # any file can be handed to us; none may end in a traceback
             why = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
     if named:
-        raise ExportError(f"{path} is not a recursa trace ({why})")
+        raise ExportError(
+            f"{path} is not a recursa trace ({why}); pass the .jsonl trace files of finished runs, "
+            "or a folder of them (files there that are not traces are skipped and counted)"
+        )
     report.skip(SKIP_NOT_TRACE, path)
     return None
 
@@ -164,20 +167,27 @@ def _read_trace(path: Path, named: bool, report: ExportReport) -> Trace | None:
 def _not_a_trace(path: Path) -> str | None:
     """Why the file's first line is not a trace event, or None. Reads one line, not the file."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                if line.strip():
+        with open(path, "rb") as fh:
+            for raw in fh:
+                if raw.strip():
                     break
             else:
                 return "the file is empty"
-    except UnicodeDecodeError:
-        return "not UTF-8 text"
     except OSError as exc:
         return f"cannot read it: {exc.strerror or exc}"
+    # A run killed while writing its first event leaves one line with no end: say so rather than
+    # calling a recursa trace "not JSON" or "not UTF-8" (it can stop inside a multi-byte character).
+    cut = "the file ends part-way through its first line: the run was cut off as it started"
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.reason == "unexpected end of data" and not raw.endswith(b"\n"):
+            return cut
+        return "not UTF-8 text"
     try:
         first = json.loads(line)
     except json.JSONDecodeError:
-        return "its first line is not JSON"
+        return cut if line.startswith('{"') and not raw.endswith(b"\n") else "its first line is not JSON"
     if not isinstance(first, dict) or not isinstance(first.get("type"), str) or "run_id" not in first:
         return "its first line is not a trace event"
     return None
@@ -213,6 +223,9 @@ def run_steps(node: RunNode, report: ExportReport | None = None) -> list[Step]:
     for event in node.events:
         if event["type"] == "turn":
             turn = int(event.get("turn", turn + 1))
+            continue
+        if event["type"] == "compact":  # older turns were replaced by a summary: the prompt restarts
+            history = _messages(event.get("messages"))
             continue
         if event["type"] != "lm_call" or event.get("purpose") not in ("root", "final"):
             continue
