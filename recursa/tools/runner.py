@@ -8,9 +8,13 @@ crashes a run: it comes back as a `ToolFailure` whose message is meant for the m
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import functools
 import inspect
 import json
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,9 +80,7 @@ class ToolRunner:
         if tool.is_async:
             work = tool.fn(*bound.args, **bound.kwargs)
         else:
-            # A sync tool may block (network, disk): keep it off the event loop. A thread cannot be
-            # killed, so on timeout the model hears back at once while the thread finishes alone.
-            work = asyncio.to_thread(functools.partial(tool.fn, *bound.args, **bound.kwargs))
+            work = _in_daemon_thread(functools.partial(tool.fn, *bound.args, **bound.kwargs))
         try:
             return await asyncio.wait_for(work, timeout)
         except TimeoutError:
@@ -89,6 +91,35 @@ class ToolRunner:
             raise
         except Exception as exc:
             raise ToolFailure(f"{tool.name} raised {type(exc).__name__}: {exc}") from None
+
+
+def _in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future[Any]:
+    """Run a sync tool off the event loop in its own daemon thread.
+
+    Not the loop's default executor: a thread cannot be killed, and `asyncio.run` waits for that
+    executor's threads at exit, so one hung tool would hold `run()` open long after its timeout.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(value: Any, error: BaseException | None) -> None:
+        if not future.done():
+            if error is None:
+                future.set_result(value)
+            else:
+                future.set_exception(error)
+
+    def work() -> None:
+        try:
+            value, error = context.run(fn), None
+        except BaseException as exc:
+            value, error = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop closed while the tool ran: nobody waits
+            loop.call_soon_threadsafe(settle, value, error)
+
+    threading.Thread(target=work, name="recursa-host-tool", daemon=True).start()
+    return future
 
 
 def _json_safe(name: str, value: Any) -> Any:

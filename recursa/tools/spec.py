@@ -124,8 +124,10 @@ def make_tools(functions: list[Any], *, what: str = "tools") -> list[Tool]:
     """Validate `RLM(tools=...)` entries; a mistake raises ConfigError naming the fix."""
     tools: list[Tool] = []
     seen: set[str] = set()
+    # Tools may call each other: in the sandbox they share one namespace, so those names resolve.
+    siblings = {getattr(fn, "__name__", "") for fn in functions}
     for fn in functions:
-        tool = _one_tool(fn, what)
+        tool = _one_tool(fn, what, siblings)
         if tool.name in seen:
             raise ConfigError(f"RLM({what}=...): two tools are named {tool.name!r}; give each a unique name.")
         seen.add(tool.name)
@@ -171,7 +173,7 @@ def _parameters_schema(tool: Tool) -> dict[str, Any]:
     return schema
 
 
-def _one_tool(fn: Any, what: str) -> Tool:
+def _one_tool(fn: Any, what: str, siblings: set[str]) -> Tool:
     if not callable(fn) or isinstance(fn, type):
         raise ConfigError(f"RLM({what}=...) takes functions; got {type(fn).__name__} {fn!r}.")
     name = getattr(fn, "__name__", "")
@@ -199,7 +201,7 @@ def _one_tool(fn: Any, what: str) -> Tool:
     options = getattr(fn, "__recursa_host_tool__", None)
     if isinstance(options, HostToolOptions) or what == "sub_tools":
         return Tool(name, fn, "host", _render_signature(sig), doc, options or HostToolOptions())
-    return Tool(name, fn, "sandbox", _render_signature(sig), doc, source=_sandbox_source(fn, name))
+    return Tool(name, fn, "sandbox", _render_signature(sig), doc, source=_sandbox_source(fn, name, siblings))
 
 
 def _render_signature(sig: inspect.Signature) -> str:
@@ -207,7 +209,7 @@ def _render_signature(sig: inspect.Signature) -> str:
     return str(sig).replace("'", "")
 
 
-def _sandbox_source(fn: Any, name: str) -> str:
+def _sandbox_source(fn: Any, name: str, siblings: set[str]) -> str:
     """Source that defines `fn` inside the sandbox: the modules and constants it uses, then its def.
 
     Only a self-contained function can move: one that closes over host objects, or reads a global
@@ -232,7 +234,7 @@ def _sandbox_source(fn: Any, name: str) -> str:
     body = _strip_decorators(body)
     preamble = []
     for global_name in sorted(_global_names(fn.__code__)):
-        if global_name == name or hasattr(builtins, global_name) or global_name in RESERVED_NAMES:
+        if global_name in siblings or hasattr(builtins, global_name) or global_name in RESERVED_NAMES:
             continue
         if global_name not in fn.__globals__:
             continue  # defined in the REPL at call time (e.g. a variable the model makes), or a typo
