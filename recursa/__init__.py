@@ -17,6 +17,8 @@ from recursa.errors import (
 )
 from recursa.result import RLMResult
 from recursa.rlm import RLM
+from recursa.session import Session
+from recursa.tools import host_tool
 from recursa.usage import ModelUsage, Usage
 
 __version__ = "0.1.0"
@@ -33,6 +35,8 @@ __all__ = [
     "RLMResult",
     "RecursaError",
     "SandboxError",
+    "Session",
     "Usage",
     "__version__",
+    "host_tool",
 ]
