@@ -278,7 +278,10 @@ def build_payload(context: Any) -> ContextPayload:
             raise ContextError(_EMPTY)
         for key in context:
             if not isinstance(key, str):
-                raise ContextError(f"context dict key {key!r} is not a str; use str keys.")
+                raise ContextError(
+                    f"context dict key {key!r} is not a str; use str keys, e.g. "
+                    "{str(k): v for k, v in context.items()}."
+                )
         return _pieces_payload("dict", context.items(), skipped)
     hint = (
         " (a set has no order: pass sorted(...) of it as a list)"

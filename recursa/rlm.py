@@ -78,7 +78,7 @@ class RLM:
             max_iterations=max_iterations,
             budget=budget if budget is not None else Budget(),
             sandbox=sandbox,
-            sandbox_options=dict(sandbox_options) if sandbox_options else None,
+            sandbox_options=dict(sandbox_options) if isinstance(sandbox_options, dict) else sandbox_options,
             exec_timeout=exec_timeout,
             max_output_chars=max_output_chars,
             max_concurrency=max_concurrency,

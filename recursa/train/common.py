@@ -84,7 +84,7 @@ def export_to(
     if not rows and path.is_file() and path.stat().st_size > 0:
         # Nothing to write must not wipe what an earlier export wrote there.
         report.notes.append(f"no rows to write, so {path} was left as it was")
-    else:
-        write_jsonl(rows, path)
+        return report
+    write_jsonl(rows, path)
     report.out = path
     return report

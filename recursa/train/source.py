@@ -106,7 +106,10 @@ def find_inputs(paths: Iterable[str | Path], exclude: Iterable[Path] = ()) -> In
         raise ExportError("no traces given: name trace files or folders that hold them")
     for path in given:
         if not path.exists():
-            raise ExportError(f"no such file or folder: {path}")
+            raise ExportError(
+                f"no such file or folder: {path}; name trace files (a result's trace_path) or folders "
+                "that hold them"
+            )
         if path.is_dir():
             for found in sorted(path.rglob("*.jsonl")):
                 (score_files if found.name == RESULTS_FILE else traces).append(found)

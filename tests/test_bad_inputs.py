@@ -1,0 +1,554 @@
+"""The bad-input corpus (issue 8, part 6), played case by case.
+
+Every case is data in tests/bad_inputs/*.json (one file per category): a name, a driver, the
+input and the expected outcome. A user mistake must end in a message that names the problem and
+the fix, with no traceback (the CLI: a non-zero exit and one paragraph on stderr); a bad model
+reply must reach the model as a hint in its next prompt while the run still finishes; a truncated
+trace must still give back what was written before the cut; files that existed before a failure
+must be left as they were.
+
+Value tags in the data ("$bytes_hex", "$repeat", "$path", ...) stand for inputs JSON cannot hold;
+see `decode`. File specs ("text", "hex", "sparse", "trace", ...) build the files a case needs; see
+`make_files`. A case with "known_gap" documents a failure that is reported but not fixed yet: it
+runs as a strict xfail, so fixing the gap makes it fail until the mark is removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import recursa.errors
+from recursa import RLM, Budget
+from recursa.bench.sizes import BenchError
+from recursa.lm.base import Message
+from recursa.lm.scripted import register
+from recursa.trace import load
+from recursa.train.errors import ExportError
+
+CORPUS = Path(__file__).parent / "bad_inputs"
+REPO = Path(__file__).resolve().parent.parent
+CATEGORIES = ("config", "models", "contexts", "cli", "replies", "traces")
+DRIVERS = ("rlm", "budget", "run", "replies", "trace", "cli")
+REPLAY = "bad-input-replay"  # the scripted model that plays a case's replies
+ROOT = f"scripted/{REPLAY}"
+ERRORS: dict[str, type[BaseException]] = {
+    "ConfigError": recursa.errors.ConfigError,
+    "ContextError": recursa.errors.ContextError,
+    "BenchError": BenchError,
+    "ExportError": ExportError,
+    "ValueError": ValueError,
+}
+
+
+def _load_corpus() -> list[dict[str, Any]]:
+    cases: list[dict[str, Any]] = []
+    for path in sorted(CORPUS.glob("*.json")):
+        for case in json.loads(path.read_text(encoding="utf-8"))["cases"]:
+            cases.append({**case, "category": path.stem})
+    return cases
+
+
+CASES = _load_corpus()
+
+
+def _params(cases: list[dict[str, Any]]) -> list[Any]:
+    out = []
+    for case in cases:
+        gap = case.get("known_gap")
+        marks = [pytest.mark.xfail(reason=gap, strict=True)] if gap else []
+        out.append(pytest.param(case, id=f"{case['category']}/{case['name']}", marks=marks))
+    return out
+
+
+# -- inputs ------------------------------------------------------------------------------------
+
+
+def _nested(depth: int, leaf: Any) -> Any:
+    """A dict of a list of a dict ... `depth` levels deep, ending in `leaf`."""
+    value = leaf
+    for level in range(depth):
+        value = {f"level{level}": value} if level % 2 else [value]
+    return {"root": value}
+
+
+def decode(value: Any, tmp: Path) -> Any:
+    """A JSON value from the corpus as the Python value the case passes."""
+    if isinstance(value, list):
+        return [decode(v, tmp) for v in value]
+    if not isinstance(value, dict):
+        return value
+    tags = [k for k in value if k.startswith("$")]
+    if not tags:
+        return {k: decode(v, tmp) for k, v in value.items()}
+    tag, arg = tags[0], value[tags[0]]
+    makers: dict[str, Callable[[], Any]] = {
+        "$bytes_hex": lambda: bytes.fromhex(arg),
+        "$repeat": lambda: value.get("prefix", "") + arg * value["times"] + value.get("suffix", ""),
+        "$set": lambda: set(decode(arg, tmp)),
+        "$object": lambda: object(),
+        "$float": lambda: float(arg),
+        "$path": lambda: Path(arg) if arg.startswith("/") else tmp / arg,
+        "$nested": lambda: _nested(arg, value.get("leaf", "text")),
+        "$budget": lambda: Budget(**decode(arg, tmp)),
+        "$generator": lambda: (item for item in decode(arg, tmp)),
+        "$pairs": lambda: {decode(k, tmp): decode(v, tmp) for k, v in arg},  # keys JSON cannot hold
+    }
+    if tag not in makers:
+        raise ValueError(f"unknown value tag {tag!r} in the corpus")
+    return makers[tag]()
+
+
+@dataclass
+class SampleTrace:
+    """A real trace of a finished two-turn run, with non-ASCII text late in it, to cut up."""
+
+    data: bytes
+    run_id: str
+    question: str
+
+    def events(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.data.splitlines()]
+
+    def cut(self, how: str) -> bytes:
+        lines = self.data.rstrip(b"\n").split(b"\n")
+        last_char = self.data.rindex("日".encode())
+        cuts: dict[str, Callable[[], bytes]] = {
+            "whole": lambda: self.data,
+            "half_last_line": lambda: b"\n".join(lines[:-1]) + b"\n" + lines[-1][: len(lines[-1]) // 2],
+            "mid_char_last_line": lambda: self.data[: last_char + 1],
+            "half_first_line": lambda: lines[0][: len(lines[0]) // 2],
+            "first_line_only": lambda: lines[0] + b"\n",
+            "no_last_line": lambda: b"\n".join(lines[:-1]) + b"\n",
+            "junk_lines_inside": lambda: (
+                b"\n".join([lines[0], b"[1, 2]", b'{"no_type": true}', b'"text"', *lines[1:]]) + b"\n"
+            ),
+        }
+        return cuts[how]()
+
+
+def _fill(text: str, root: Path, sample: SampleTrace | None) -> str:
+    text = text.replace("{tmp}", str(root))
+    return text.replace("{run_id}", sample.run_id) if sample else text
+
+
+def make_files(spec: dict[str, dict[str, Any]], root: Path, sample: SampleTrace | None = None) -> None:
+    for rel, how in spec.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if "dir" in how:
+            path.mkdir(exist_ok=True)
+        elif "text" in how:
+            path.write_text(_fill(how["text"], root, sample), encoding="utf-8")
+        elif "hex" in how:
+            path.write_bytes(bytes.fromhex(how["hex"]))
+        elif "sparse" in how:
+            with open(path, "wb") as fh:  # no blocks are written: a 1 TB file costs nothing on disk
+                fh.truncate(how["sparse"])
+        elif "trace" in how:
+            assert sample is not None, "a trace file needs the sample trace"
+            path.write_bytes(sample.cut(how["trace"]))
+        elif "json_lines" in how:
+            rows = [_fill(json.dumps(row, ensure_ascii=False), root, sample) for row in how["json_lines"]]
+            path.write_text("".join(row + "\n" for row in rows), encoding="utf-8")
+        else:
+            raise ValueError(f"unknown file spec {how!r}")
+
+
+# -- a scripted root that plays a case's replies ------------------------------------------------
+
+_REPLIES: dict[str, list[str]] = {}
+_SEEN: dict[str, list[list[Message]]] = {}
+
+
+@register(REPLAY)
+def _replay(knobs: dict[str, str]) -> Callable[[list[Message]], str]:
+    key = knobs["case"]
+
+    def policy(messages: list[Message]) -> str:
+        _SEEN[key].append([dict(m) for m in messages])  # type: ignore[misc]
+        replies = _REPLIES[key]
+        turn = sum(1 for m in messages if m["role"] == "assistant")
+        return replies[min(turn, len(replies) - 1)]
+
+    return policy
+
+
+def _play(key: str, replies: list[str], trace_dir: Path, max_iterations: int) -> Any:
+    _REPLIES[key] = replies
+    _SEEN[key] = []
+    rlm = RLM(
+        f"{ROOT}:case={key}", sub_model="scripted/oracle", trace_dir=trace_dir, max_iterations=max_iterations
+    )
+    return rlm.run("What is the secret number?", "The secret number is 42.")
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory: pytest.TempPathFactory) -> SampleTrace:
+    question = "Où est le numéro secret ? 日本"
+    _REPLIES["sample"] = [
+        "Je regarde.\n```repl\nn = len(context)\nprint('longueur', n, '日本語')\n```",
+        "FINAL(réponse : 42, 日本)",
+    ]
+    _SEEN["sample"] = []
+    rlm = RLM(f"{ROOT}:case=sample", sub_model="scripted/oracle", trace_dir=tmp_path_factory.mktemp("sample"))
+    result = rlm.run(question, "Le numéro secret est 42. 日本語 " * 20)
+    assert result.stop_reason == "final" and result.trace_path
+    data = Path(result.trace_path).read_bytes()
+    # The cuts below rely on this shape: run_start first, run_end last, non-ASCII in the last line.
+    lines = data.rstrip(b"\n").split(b"\n")
+    assert b'"run_start"' in lines[0] and b'"run_end"' in lines[-1] and "日".encode() in lines[-1]
+    return SampleTrace(data, load(result.trace_path).root.run_id, question)
+
+
+# -- checks -------------------------------------------------------------------------------------
+
+
+def check_message(text: str, expect: dict[str, Any], where: str) -> None:
+    """A message a person reads: says what is wrong and what to do, in one paragraph, no traceback."""
+    assert text.strip(), f"{where}: no message at all"
+    assert "Traceback" not in text, f"{where}: a traceback reached the user:\n{text}"
+    assert "\n\n" not in text.strip(), f"{where}: more than one paragraph:\n{text}"
+    for part in ("problem", "fix"):
+        for needle in expect[part]:
+            assert needle in text, f"{where}: the message does not name the {part} ({needle!r}):\n{text}"
+
+
+def expect_raise(expect: dict[str, Any], action: Callable[[], Any]) -> None:
+    with pytest.raises(BaseException) as info:
+        action()
+    exc = info.value
+    assert type(exc).__name__ == expect["raises"], f"raised {type(exc).__name__}: {exc}"
+    check_message(str(exc), expect, expect["raises"])
+
+
+# -- drivers ------------------------------------------------------------------------------------
+
+
+def drive_rlm(case: dict[str, Any], tmp: Path) -> None:
+    spec = case["input"]
+    make_files(spec.get("files", {}), tmp)
+    model = decode(spec.get("model", "scripted/gpt5-like"), tmp)
+    kwargs = decode(spec.get("kwargs", {}), tmp)
+    expect_raise(case["expect"], lambda: RLM(model, **kwargs))
+
+
+def drive_budget(case: dict[str, Any], tmp: Path) -> None:
+    kwargs = decode(case["input"]["kwargs"], tmp)
+    expect_raise(case["expect"], lambda: Budget(**kwargs))
+
+
+def drive_run(case: dict[str, Any], tmp: Path, sample: SampleTrace) -> None:
+    spec, expect = case["input"], case["expect"]
+    make_files(spec.get("files", {}), tmp, sample)
+    context = decode(spec["context"], tmp)
+    question = spec.get("question", "What is the secret number?")
+    rlm = RLM("scripted/gpt5-like", sub_model="scripted/oracle", trace_dir=tmp / "traces")
+    if "raises" in expect:
+        expect_raise(expect, lambda: rlm.run(question, context))
+        return
+    result = rlm.run(question, context)
+    assert result.stop_reason in expect["stop_reason"], (result.stop_reason, result.error)
+    assert load(result.trace_path).root.end is not None
+
+
+def drive_replies(case: dict[str, Any], tmp: Path) -> None:
+    spec, expect = case["input"], case["expect"]
+    replies = [decode(r, tmp) for r in spec["replies"]]
+    key = case["name"]
+    result = _play(key, replies, tmp, max_iterations=spec.get("max_iterations", 4))
+    seen = _SEEN[key]
+    assert result.stop_reason == expect["stop_reason"], (result.stop_reason, result.error)
+    if "answer" in expect:
+        assert result.answer == expect["answer"]
+    if "next_prompt" in expect:
+        hint = expect["next_prompt"]
+        call = seen[hint.get("call", 1)]
+        check_hint(call[-1]["content"], hint)
+    trace = load(result.trace_path)
+    assert trace.root.end is not None and trace.root.stop_reason == expect["stop_reason"]
+
+
+def check_hint(text: str, hint: dict[str, Any]) -> None:
+    """The message the model gets after a bad reply: names the problem and the way out, or shows
+    what the code did."""
+    assert hint.get("shows") or (hint.get("problem") and hint.get("fix")), hint
+    for part in ("problem", "fix", "shows"):
+        for needle in hint.get(part, []):
+            assert needle in text, f"the next prompt does not name the {part} ({needle!r}):\n{text[:2000]}"
+
+
+def drive_trace(case: dict[str, Any], tmp: Path, sample: SampleTrace) -> None:
+    spec, expect = case["input"], case["expect"]
+    make_files({"trace.jsonl": spec["file"]}, tmp, sample)
+    path = tmp / "trace.jsonl"
+    if "raises" in expect:
+        expect_raise(expect, lambda: load(path))
+        return
+    want = expect["readable"]
+    trace = load(path)
+    full = sample.events()
+    kept = {"all": len(full), "all_but_last": len(full) - 1, "first": 1}[want["kept"]]
+    # Every event written before the cut comes back, in order and unchanged; junk lines do not.
+    assert trace.events == full[:kept]
+    assert trace.root.question == sample.question
+    assert (trace.root.end is not None) == (kept == len(full))
+    if "truncated" in want:
+        assert trace.truncated == want["truncated"]
+
+
+# -- the CLI, as a user runs it: one process per case --------------------------------------------
+#
+# Cases marked "fresh" run as `python -m recursa.cli ...`. The others run in processes forked from
+# one launcher that has imported recursa.cli: each is still its own process with its own cwd,
+# environment, stdin, stdout, stderr and exit status, and an exception escaping main() prints its
+# traceback exactly as the interpreter would; only the ~0.5 s import is paid once instead of per
+# case, which keeps this file fast on a busy two-core machine.
+
+_LAUNCHER = """
+import json, os, signal, sys, traceback
+import recursa.cli
+for name in ("recursa.bench", "recursa.train.cli", "recursa.serve.commands", "recursa.trace.viewer"):
+    try:
+        __import__(name)  # loaded once here rather than in every child
+    except ImportError:
+        pass
+
+def child(job):
+    signal.alarm(60)  # a child that hangs (say, reading /dev/zero) dies instead of stalling the suite
+    os.chdir(job["cwd"])
+    os.environ.clear()
+    os.environ.update(job["env"])
+    for fd, path, flags in ((0, job["stdin"], os.O_RDONLY), (1, job["stdout"], os.O_WRONLY | os.O_CREAT),
+                            (2, job["stderr"], os.O_WRONLY | os.O_CREAT)):
+        new = os.open(path, flags, 0o600)
+        os.dup2(new, fd)
+        os.close(new)
+    try:
+        code = recursa.cli.main(job["argv"])
+    except SystemExit as exc:
+        code = exc.code
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
+
+jobs = json.loads(open(sys.argv[1], encoding="utf-8").read())
+codes, running, todo = [None] * len(jobs), {}, list(range(len(jobs)))
+while todo or running:
+    while todo and len(running) < 2:
+        index = todo.pop(0)
+        pid = os.fork()
+        if pid == 0:
+            child(jobs[index])
+        running[pid] = index
+    pid, status = os.wait()
+    codes[running.pop(pid)] = os.waitstatus_to_exitcode(status)
+open(sys.argv[2], "w", encoding="utf-8").write(json.dumps(codes))
+"""
+
+
+@dataclass
+class CliOutcome:
+    returncode: int
+    stdout: str
+    stderr: str
+    root: Path
+    before: dict[str, bytes]
+
+
+def _cli_env(root: Path, extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and not k.startswith("RECURSA_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env["XDG_CACHE_HOME"] = str(root / "cache")  # default trace folder: never the user's
+    env.update(extra)
+    return env
+
+
+@dataclass
+class _Job:
+    case: dict[str, Any]
+    root: Path
+    argv: list[str]
+    env: dict[str, str]
+    before: dict[str, bytes]
+
+    def paths(self) -> dict[str, str]:
+        return {
+            name: str(self.root.parent / f"{self.root.name}.{name}") for name in ("stdin", "stdout", "stderr")
+        }
+
+    def outcome(self, code: int) -> CliOutcome:
+        out = {
+            k: Path(v).read_text(encoding="utf-8", errors="replace") if Path(v).exists() else ""
+            for k, v in self.paths().items()
+        }
+        return CliOutcome(code, out["stdout"], out["stderr"], self.root, self.before)
+
+
+def _prepare(case: dict[str, Any], root: Path, sample: SampleTrace) -> _Job:
+    spec, expect = case["input"], case["expect"]
+    make_files(spec.get("files", {}), root, sample)
+    watched = [*expect.get("unchanged", []), *expect.get("kept_rows", {})]
+    job = _Job(
+        case,
+        root,
+        [_fill(a, root, sample) for a in spec["argv"]],
+        _cli_env(root, spec.get("env", {})),
+        {rel: (root / rel).read_bytes() for rel in watched},
+    )
+    Path(job.paths()["stdin"]).write_text(spec.get("stdin", ""), encoding="utf-8")
+    return job
+
+
+def _run_fresh(job: _Job) -> CliOutcome:
+    proc = subprocess.run(
+        [sys.executable, "-m", "recursa.cli", *job.argv],
+        cwd=job.root,
+        env=job.env,
+        input=job.case["input"].get("stdin", ""),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return CliOutcome(proc.returncode, proc.stdout, proc.stderr, job.root, job.before)
+
+
+def _run_forked(jobs: list[_Job], workdir: Path) -> list[CliOutcome]:
+    spec = [{"argv": j.argv, "cwd": str(j.root), "env": j.env, **j.paths()} for j in jobs]
+    (workdir / "jobs.json").write_text(json.dumps(spec), encoding="utf-8")
+    subprocess.run(
+        [sys.executable, "-c", _LAUNCHER, str(workdir / "jobs.json"), str(workdir / "codes.json")],
+        env=_cli_env(workdir, {}),
+        stdin=subprocess.DEVNULL,
+        check=True,
+        timeout=300,
+    )
+    codes = json.loads((workdir / "codes.json").read_text(encoding="utf-8"))
+    return [job.outcome(code) for job, code in zip(jobs, codes, strict=True)]
+
+
+@pytest.fixture(scope="module")
+def cli_outcomes(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, sample: SampleTrace
+) -> dict[str, CliOutcome]:
+    """The CLI cases this session selected, all run up front, fresh processes beside forked ones."""
+    selected = {
+        item.callspec.params["case"]["name"]
+        for item in request.session.items
+        if hasattr(item, "callspec") and isinstance(item.callspec.params.get("case"), dict)
+    }
+    jobs = [
+        _prepare(c, tmp_path_factory.mktemp(c["name"]), sample)
+        for c in CASES
+        if c["driver"] == "cli" and c["name"] in selected
+    ]
+    fresh = [j for j in jobs if j.case["input"].get("fresh")]
+    forked = [j for j in jobs if not j.case["input"].get("fresh")]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        fresh_done = pool.map(_run_fresh, fresh)
+        forked_done = _run_forked(forked, tmp_path_factory.mktemp("launcher")) if forked else []
+        outcomes = [*fresh_done, *forked_done]
+    return {job.case["name"]: outcome for job, outcome in zip([*fresh, *forked], outcomes, strict=True)}
+
+
+def drive_cli(case: dict[str, Any], outcome: CliOutcome) -> None:
+    expect, proc = case["expect"], outcome
+    shown = f"exit {proc.returncode}\nstdout: {proc.stdout[-3000:]}\nstderr: {proc.stderr[-3000:]}"
+    assert "Traceback" not in proc.stdout + proc.stderr, shown
+    code = expect["exit"]
+    if code == "nonzero":
+        assert proc.returncode != 0, shown
+    else:
+        assert proc.returncode == code, shown
+    if proc.returncode != 0:
+        check_message(proc.stderr, expect, "stderr")
+    else:
+        for needle in expect.get("problem", []) + expect.get("fix", []):
+            assert needle in proc.stdout + proc.stderr, shown
+    for rel in expect.get("unchanged", []):
+        assert (outcome.root / rel).read_bytes() == outcome.before[rel], (
+            f"{rel} was changed by a failed command"
+        )
+    for rel, n in expect.get("kept_rows", {}).items():
+        now = (outcome.root / rel).read_bytes()
+        assert now.startswith(outcome.before[rel]), f"{rel}: rows written before were lost"
+        rows = [json.loads(line) for line in now.splitlines() if _is_json(line)]
+        assert len(rows) >= n, f"{rel}: {len(rows)} readable rows, expected at least {n}"
+    for rel, needles in expect.get("file_contains", {}).items():
+        text = (outcome.root / rel).read_text(encoding="utf-8")
+        for needle in needles:
+            assert needle in text, f"{rel} does not contain {needle!r}"
+
+
+def _is_json(line: bytes) -> bool:
+    try:
+        json.loads(line)
+    except ValueError:
+        return False
+    return True
+
+
+# -- the tests ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_api_keys(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name in list(os.environ):
+        if name.endswith("_API_KEY"):
+            monkeypatch.delenv(name)
+    yield
+
+
+@pytest.mark.parametrize("case", _params(CASES))
+def test_bad_input(
+    case: dict[str, Any], tmp_path: Path, no_api_keys: None, request: pytest.FixtureRequest
+) -> None:
+    driver = case["driver"]
+    if driver == "rlm":
+        drive_rlm(case, tmp_path)
+    elif driver == "budget":
+        drive_budget(case, tmp_path)
+    elif driver == "run":
+        drive_run(case, tmp_path, request.getfixturevalue("sample"))
+    elif driver == "replies":
+        drive_replies(case, tmp_path)
+    elif driver == "trace":
+        drive_trace(case, tmp_path, request.getfixturevalue("sample"))
+    else:
+        drive_cli(case, request.getfixturevalue("cli_outcomes")[case["name"]])
+
+
+def test_the_corpus_is_complete_and_well_formed() -> None:
+    """At least 45 cases over every category the issue names; each failure names problem and fix."""
+    assert len(CASES) >= 45
+    names = [c["name"] for c in CASES]
+    assert len(names) == len(set(names)), "case names must be unique"
+    assert {c["category"] for c in CASES} == set(CATEGORIES)
+    for case in CASES:
+        assert case["driver"] in DRIVERS, case["name"]
+        assert case.get("why"), f"{case['name']}: say in 'why' what mistake the case stands for"
+        expect = case["expect"]
+        failing = "raises" in expect or expect.get("exit", 0) != 0
+        if failing:
+            assert expect.get("problem") and expect.get("fix"), (
+                f"{case['name']}: name the problem and the fix"
+            )
+        if "raises" in expect:
+            assert expect["raises"] in ERRORS, case["name"]
+        if case["driver"] == "replies":
+            assert "next_prompt" in expect or "answer" in expect, case["name"]
