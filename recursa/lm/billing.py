@@ -23,11 +23,13 @@ overspending.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from recursa.errors import LMError
-from recursa.lm.base import Message
+from recursa.lm.base import LMResponse, Message
 
 _CHARS_PER_TOKEN = 4
 _TOKENS_PER_MESSAGE = 4
@@ -69,7 +71,25 @@ def estimate_text_tokens(text: str) -> int:
 
 
 def estimate_prompt_tokens(messages: Sequence[Message]) -> int:
-    return sum(estimate_text_tokens(m.get("content", "")) + _TOKENS_PER_MESSAGE for m in messages)
+    return sum(estimate_text_tokens(_message_text(m)) + _TOKENS_PER_MESSAGE for m in messages)
+
+
+def estimate_reply_tokens(response: LMResponse) -> int:
+    calls = [{"name": c.name, "arguments": c.arguments} for c in response.tool_calls]
+    return estimate_text_tokens(response.text) + (estimate_text_tokens(_json(calls)) if calls else 0)
+
+
+def _message_text(message: Message) -> str:
+    # Tool-calling turns carry their calls beside (or instead of) text; the provider bills both.
+    text = message.get("content") or ""
+    if not isinstance(text, str):
+        text = _json(text)
+    calls = message.get("tool_calls")
+    return f"{text}{_json(calls)}" if calls else text
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
 
 
 def estimated_prompt_usage(messages: Sequence[Message]) -> AttemptUsage:

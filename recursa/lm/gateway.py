@@ -100,8 +100,8 @@ class ModelGateway:
         """One LM call under the tree's limits. Raises BudgetExceeded (nothing sent) or LMError."""
         provider, model = parse_model(spec)
         worst_tokens = estimate_tokens_upper(messages, max_output_tokens)
-        worst_usd = self.prices.worst_case(
-            provider, model, worst_tokens - max_output_tokens, max_output_tokens
+        worst_usd = _worst_usd(
+            self.prices, provider, model, worst_tokens - max_output_tokens, max_output_tokens
         )
         started = time.perf_counter()
         meta = dataclasses.replace(meta, run_id=run_id, send_headers=self.settings.call_headers)
@@ -137,18 +137,19 @@ class ModelGateway:
         )
         state = _CallState(spec, reservation, (worst_tokens, worst_usd), usage_scopes)
         try:
-            async with self.limiter.slot(spec):
+            # The deadline covers the wait for a slot too: behind a requests-per-minute pace a
+            # queued call could otherwise wait far past max_seconds (tests/test_budget_property.py).
+            async with asyncio.timeout(self.ledger.remaining_seconds()), self.limiter.slot(spec):
                 # Time spent waiting for a concurrency slot: the viewer and OTel spans show a call
                 # as running only from here, so a throttled batch does not look more parallel.
                 base_event["queued_s"] = _since(started)
                 remaining = self.ledger.remaining_seconds()
                 if remaining is not None and remaining <= 0:
                     raise BudgetExceeded("max_seconds", "LM call refused: the run's time budget is used up.")
-                async with asyncio.timeout(remaining):
-                    response = await self._attempts(request, state)
+                response = await self._attempts(request, state)
         except TimeoutError:
             self.ledger.release(state.reservation)
-            error = "LM call stopped: the run's time budget ran out while it was in flight."
+            error = "LM call stopped: the run's time budget ran out while it was queued or in flight."
             self.trace.emit("lm_call", **base_event, error=error, latency_s=_since(started), **state.fields())
             raise BudgetExceeded("max_seconds", error) from None
         except BaseException as exc:
@@ -202,11 +203,11 @@ class ModelGateway:
                 if state.attempts >= policy.max_attempts:
                     gave_up(err, state.attempts)
                     raise
+                if state.reservation.settled:  # the failed attempt was billed: the retry needs its own
+                    state.reservation = self._reserve_retry(state, err)
                 if not self.settings.run_retries.take():
                     raise self.settings.run_retries.spent_error(err) from None
                 state.errors.append(fold(str(err), RETRY_ERROR_TRACE_CHARS))
-                if state.reservation.settled:  # the failed attempt was billed: the retry needs its own
-                    state.reservation = self._reserve_retry(state, err)
                 await asyncio.sleep(policy.delay(state.attempts, err.retry_after))
                 continue
             response.attempts = state.attempts
@@ -265,6 +266,22 @@ class _CallState:
         if self.errors:
             out["retry_errors"] = list(self.errors)
         return out
+
+
+def _worst_usd(
+    prices: PriceBook, provider: str, model: str, input_tokens: int, output_tokens: int
+) -> float | None:
+    """The most one call can cost: every input token at the dearer of the fresh and cached rates.
+
+    Cached reads are cheaper at every provider we know, but a price override can say otherwise,
+    and a reservation that assumed "uncached" would then let a call cost more than it reserved
+    (tests/test_budget_property.py found exactly that).
+    """
+    fresh = prices.worst_case(provider, model, input_tokens, output_tokens)
+    if fresh is None or not input_tokens:
+        return fresh
+    cached = prices.cost(provider, model, input_tokens, output_tokens, cached_tokens=input_tokens)
+    return fresh if cached is None else max(fresh, cached)
 
 
 def _token_fields(response: LMResponse) -> dict[str, Any]:

@@ -251,6 +251,8 @@ _AFTER_SENDING = frozenset(
         "SocketTimeoutError",
     }
 )
+# Of those, the ones that mean the connection broke (rather than that the answer was slow).
+_CONNECTION_LOST = _AFTER_SENDING - {"ReadTimeout", "WriteTimeout", "SocketTimeoutError"}
 # ...and raised while connecting, so nothing was sent.
 _CONNECTING = frozenset(
     {"ConnectError", "ConnectTimeout", "ClientConnectorError", "ConnectionTimeoutError", "PoolTimeout"}
@@ -265,17 +267,19 @@ def _chain(cause: BaseException | None, limit: int = 12) -> list[BaseException]:
     return links
 
 
+def _names(cause: BaseException | None) -> set[str]:
+    return {klass.__name__ for link in _chain(cause) for klass in type(link).__mro__}
+
+
 def reached_server(cause: BaseException | None) -> bool:
     """Did a request that got no answer get as far as the server (which may have run and billed it)?
 
     ``cause`` is the HTTP library's exception under the SDK's connection error. Unknown causes
     count as reached: for a budget, counting a request that was never run is the safe mistake.
     """
-    names: set[str] = set()
-    for link in _chain(cause):
-        if isinstance(link, (ConnectionRefusedError, socket.gaierror)):
-            return False
-        names.update(klass.__name__ for klass in type(link).__mro__)
+    if any(isinstance(link, (ConnectionRefusedError, socket.gaierror)) for link in _chain(cause)):
+        return False
+    names = _names(cause)
     if names & _AFTER_SENDING:
         # Checked first: the SDK's aiohttp transport labels a reset connection a connect timeout.
         return True
@@ -304,7 +308,8 @@ def connection_error(
             f"{provider}/{model}: {reason} to {where}{detail}. Check that the server is running and "
             "the base_url is right."
         )
-    elif timed_out:
+    elif timed_out and not _names(cause) & _CONNECTION_LOST:
+        # (The SDK's aiohttp transport also raises its timeout error for a reset connection.)
         message = (
             f"{provider}/{model}: timed out waiting for the answer from {where}{detail}. A slow model "
             "or a long reply may need a larger RLM(request_timeout=...)."

@@ -23,7 +23,7 @@ from recursa.lm.billing import (
     BilledFailure,
     as_billed,
     estimate_prompt_tokens,
-    estimate_text_tokens,
+    estimate_reply_tokens,
     estimated_prompt_usage,
 )
 from recursa.lm.retry import (
@@ -126,7 +126,7 @@ def _priced(to_response: Callable[[Any], LMResponse], raw: Any, messages: Sequen
         raise
     if response.usage_estimated:
         response.input_tokens = estimate_prompt_tokens(messages)
-        response.output_tokens = estimate_text_tokens(response.text)
+        response.output_tokens = estimate_reply_tokens(response)
         response.cached_tokens = 0
     return response
 

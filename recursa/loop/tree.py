@@ -64,9 +64,10 @@ class CallTree:
         return cls(config, ledger, gateway, trace, ToolRunner.of(unique))
 
     def new_budget(self) -> None:
-        """A fresh ledger (caps and deadline) for the next question of a session."""
+        """A fresh ledger (caps and deadline) and retry allowance for the next question of a session."""
         self.ledger = Ledger(self.config.budget)
         self.gateway.ledger = self.ledger
+        self.gateway.settings.run_retries = RetryBudget(self.config.max_run_retries)
 
     def child_slots(self, depth: int) -> asyncio.Semaphore:
         """Caps child runs (each starts a REPL process) at one depth. One cap per depth, not one

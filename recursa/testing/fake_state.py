@@ -94,8 +94,9 @@ class Fault:
     - "no_usage": a normal 200 answer without its `usage` object.
     - "context_length": 400, the context-length error each API sends for a prompt that is too long.
 
-    The body kinds (malformed, no_choices, no_usage) shape JSON replies; a streamed request gets a
-    normal stream. The classmethods spell each kind; `Fault(503)` is an "http" fault as before.
+    malformed, no_choices and no_usage shape JSON replies; a streamed request gets a normal stream
+    (for no_usage, one without OpenAI's usage chunk). The classmethods spell each kind; `Fault(503)`
+    is an "http" fault, as before.
     """
 
     status: int = 500

@@ -13,7 +13,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-_OFFERED: contextvars.ContextVar[tuple[dict[str, Any], ...]] = contextvars.ContextVar("offered_tools", default=())
+_OFFERED: contextvars.ContextVar[tuple[dict[str, Any], ...]] = contextvars.ContextVar(
+    "offered_tools", default=()
+)
 
 
 @dataclass
