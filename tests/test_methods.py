@@ -100,8 +100,9 @@ def test_codeact_bm25_searches_the_whole_context(tmp_path) -> None:
     task = generate("niah", 60_000, seed=3)
     result = run("codeact-bm25", task, model="scripted/gpt5-like:window=5000", trace_dir=tmp_path)
     assert task.score(result.answer) == 1.0  # the needle lies past the window; search found it
-    events = [e for e in load(result.trace_path).events if e.get("type") == "tool"]
-    assert events and events[0]["name"] == "search" and events[0]["hits"] > 0
+    events = [e for e in load(result.trace_path).events if e.get("type") == "tool_call"]
+    assert events and events[0]["tool"] == "search" and events[0]["where"] == "host"
+    assert events[0]["hits"] > 0 and events[0]["error"] is None
 
 
 def test_codeact_subcalls_and_summary_make_their_calls(tmp_path) -> None:
@@ -121,6 +122,11 @@ def test_rlm_gets_the_task_tools_and_rlm_nosub_makes_no_sub_calls(tmp_path) -> N
     assert task.score(result.answer) == 1.0
     code = "\n".join(e["code"] for e in load(result.trace_path).root.of_type("exec"))
     assert "search(" in code
+    # The tools come as RLM(tools=...): described in the root's system prompt, shipped to the sandbox.
+    first = next(e for e in load(result.trace_path).events if e.get("type") == "lm_call")
+    system = first["new_messages"][0]["content"]
+    assert "`search(query: str, k: int = 10) -> list[tuple[str, str, str]]`" in system
+    assert "`list_papers() -> list[tuple[str, str]]`" in system and "runs outside the sandbox" not in system
     nosub = run("rlm-nosub", task, trace_dir=tmp_path)
     assert nosub.sub_calls == 0 and set(nosub.usage.by_model) == {"scripted/gpt5-like"}
     assert 0.0 < task.score(nosub.answer) < 1.0  # names both entities, so it keeps the hard negatives
@@ -135,6 +141,8 @@ def test_method_registry() -> None:
         "summary",
         "rlm",
         "rlm-nosub",
+        "rlm-tips",
+        "rlm-subtools",
     }
     with pytest.raises(ValueError, match="unknown method"):
         get_method("react")

@@ -298,9 +298,9 @@ def run(task: str, **options: Any) -> BenchReport:
     task: a family (`recursa.tasks.families()`), or with `data=PATH` a family whose real dataset
     loads from PATH (oolong, oolong-pairs, multihop-docs for BrowseComp-Plus, codeqa for LongBench
     v2). Options: sizes ("8k,32k,131k,1m,10m", tokens), n (instances per size), seed, methods
-    ("base,codeact,codeact-bm25,codeact-subcalls,summary,rlm,rlm-nosub"), model, sub_model
-    (default for a scripted root: scripted/oracle), base_url, api_key, executor ("local" or
-    "ray"), out, knobs ("name=value,..." for the family), concurrency (instances at once,
+    ("base,codeact,codeact-bm25,codeact-subcalls,summary,rlm,rlm-nosub,rlm-tips,rlm-subtools"),
+    model, sub_model (default for a scripted root: scripted/oracle), base_url, api_key, executor
+    ("local" or "ray"), out, knobs ("name=value,..." for the family), concurrency (instances at once,
     local), ray_actors, ray_address, progress, and per-row settings: sandbox, max_iterations,
     max_output_tokens, max_usd, max_tokens, max_seconds (each per row), window_tokens,
     base_overflow ("fail" or "truncate"), exec_timeout, price_as.

@@ -10,7 +10,9 @@ rows compare), and returns the answer with usage, turns, sub-calls, latency and 
 - `codeact-subcalls`: the same with `llm_query` / `llm_query_batched` from its code;
 - `summary`: reads the context part by part, keeping compacted notes, then answers from the notes;
 - `rlm`: a recursive language model (sub-calls to `sub_model`);
-- `rlm-nosub`: the same REPL without sub-calls (`max_depth=0`).
+- `rlm-nosub`: the same REPL without sub-calls (`max_depth=0`);
+- `rlm-tips`: `rlm` with the task family's strategy tips in the root's system prompt;
+- `rlm-subtools`: `rlm` whose sub-models can call a BM25 search over the task's documents.
 """
 
 from __future__ import annotations
@@ -25,7 +27,17 @@ from recursa.budget import Budget
 from recursa.tasks.base import Task
 from recursa.usage import Usage
 
-METHODS = ("base", "codeact", "codeact-bm25", "codeact-subcalls", "summary", "rlm", "rlm-nosub")
+METHODS = (
+    "base",
+    "codeact",
+    "codeact-bm25",
+    "codeact-subcalls",
+    "summary",
+    "rlm",
+    "rlm-nosub",
+    "rlm-tips",
+    "rlm-subtools",
+)
 _IMPLEMENTATIONS = {
     "base": ("recursa.methods.base_model", "BaseModel", {}),
     "codeact": ("recursa.methods.codeact", "CodeAct", {"search": False, "subcalls": False}),
@@ -34,6 +46,8 @@ _IMPLEMENTATIONS = {
     "summary": ("recursa.methods.summary", "SummaryAgent", {}),
     "rlm": ("recursa.methods.rlm_method", "RLMMethod", {"subcalls": True}),
     "rlm-nosub": ("recursa.methods.rlm_method", "RLMMethod", {"subcalls": False}),
+    "rlm-tips": ("recursa.methods.rlm_method", "RLMMethod", {"subcalls": True, "tips": True}),
+    "rlm-subtools": ("recursa.methods.rlm_method", "RLMMethod", {"subcalls": True, "sub_tools": True}),
 }
 # Input windows (tokens) of model families, for cutting a context to fit; exact names first.
 _WINDOWS = (

@@ -3,14 +3,14 @@
 Unlike an RLM, CodeAct keeps the context in its prompt (cut to the model's window, with a note)
 and its code environment does not hold it. `codeact-bm25` adds `search(query, k)` over the whole
 context, answered on the host by a BM25 index (`bm25s`); `codeact-subcalls` adds `llm_query` and
-`llm_query_batched` to the code. The REPL is the same hardened sandbox an RLM uses; the search
-tool reaches the host through the sandbox's call-back channel.
+`llm_query_batched` to the code. The REPL is the same hardened sandbox an RLM uses; `search` is a
+host tool (`recursa.tools.host_tool`) the REPL calls over the request channel, as in an RLM.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,20 +29,12 @@ from recursa.methods.prompts import (
     context_block,
     task_block,
 )
-from recursa.methods.search import BM25Index
+from recursa.methods.search import passage_search
 from recursa.methods.session import BaselineRun
 from recursa.sandbox.base import CallbackError, ExecResult, Sandbox
 from recursa.tasks.base import Task
+from recursa.tools.runner import ToolFailure
 
-SEARCH_MODEL = "recursa-bm25/search"  # the call-back name the REPL's search() uses
-_SEARCH_STUB = f'''
-import json as _json
-
-
-def search(query, k=5):
-    """The k passages of the whole text that best match `query` (BM25)."""
-    return _json.loads(llm_query(_json.dumps({{"query": str(query), "k": int(k)}}), model={SEARCH_MODEL!r}))
-'''
 _PLACEHOLDER = "(CodeAct keeps the text in its prompt; the code environment does not have it.)"
 _NO_CODE = (
     "Your reply had no ```repl code block and no final answer. Write code in a ```repl block, or "
@@ -57,7 +49,8 @@ class CodeAct:
     subcalls: bool = False
 
     async def run(self, task: Task, settings: MethodSettings) -> MethodResult:
-        index = BM25Index.from_context(task.context) if self.search else None
+        # Indexing a large context takes a while: off the event loop, so other rows run on.
+        host_tools = [await asyncio.to_thread(passage_search, task.context)] if self.search else []
         text, _cut = fit_to_window(context_text(task.context), settings.window(), reserve=40_000)
         tools = (
             [TOOL_PYTHON]
@@ -68,18 +61,18 @@ class CodeAct:
             {"role": "system", "content": CODEACT_SYSTEM.format(tools="\n".join(tools))},
             {"role": "user", "content": context_block(text) + "\n\n" + task_block(task.question)},
         ]
-        async with BaselineRun(settings, self.name, task.question) as run:
+        async with BaselineRun(settings, self.name, task.question, tools=host_tools) as run:
             assert run.tree is not None
             sandbox = run.tree.new_sandbox()
             try:
-                await sandbox.start(self._handler(run, index))
+                await sandbox.start(self._handler(run))
                 payload = build_payload(_PLACEHOLDER)
                 try:
                     await sandbox.load_context(payload)
                 finally:
                     payload.close()
-                if index is not None:
-                    await sandbox.execute(_SEARCH_STUB, timeout=settings.exec_timeout)
+                if run.config.tools:
+                    await sandbox.define([t.to_worker() for t in run.config.tools])
                 return await self._loop(run, sandbox, messages, settings)
             except (BudgetExceeded, LMError) as exc:
                 return run.call_failed(exc, "the prompt")
@@ -117,15 +110,12 @@ class CodeAct:
             "", stop_reason="max_iterations", error=f"no answer after {settings.max_iterations} steps"
         )
 
-    def _handler(self, run: BaselineRun, index: Any) -> Any:
+    def _handler(self, run: BaselineRun) -> Any:
         subcalls = self.subcalls
 
         async def handle(fn: str, args: dict[str, Any]) -> Any:
-            if fn == "llm_query" and args.get("model") == SEARCH_MODEL and index is not None:
-                request = json.loads(str(args.get("prompt", "{}")))
-                hits = index.search(str(request.get("query", "")), int(request.get("k", 5)))
-                run.emit("tool", name="search", query=request.get("query"), hits=len(hits))
-                return json.dumps(hits)
+            if fn == "tool":
+                return await _host_tool(run, args)
             if not subcalls or fn not in ("llm_query", "llm_query_batched"):
                 raise CallbackError("SubcallError", f"{fn} is not available to this agent")
             prompts = [args.get("prompt")] if fn == "llm_query" else list(args.get("prompts") or [])
@@ -144,6 +134,25 @@ class CodeAct:
             return answers[0] if fn == "llm_query" else list(answers)
 
         return handle
+
+
+async def _host_tool(run: BaselineRun, args: dict[str, Any]) -> Any:
+    """A REPL call of a host tool (`search`), on the run's tool runner; failures reach the code."""
+    assert run.tree is not None
+    name = str(args.get("name"))
+    call_args, call_kwargs = args.get("args") or [], args.get("kwargs") or {}
+    if not isinstance(call_args, list) or not isinstance(call_kwargs, dict):
+        raise CallbackError("TypeError", f"{name}: malformed tool call from the REPL")
+    started = time.perf_counter()
+    try:
+        value = await run.tree.tool_runner.call(name, call_args, call_kwargs)
+    except ToolFailure as exc:
+        run.emit("tool_call", tool=name, where="host", caller="repl", error=str(exc))
+        raise CallbackError("ToolError", str(exc)) from None
+    hits = len(value) if isinstance(value, list) else None
+    duration = round(time.perf_counter() - started, 6)
+    run.emit("tool_call", tool=name, where="host", caller="repl", hits=hits, duration_s=duration, error=None)
+    return value
 
 
 def require_bm25() -> None:

@@ -1,89 +1,34 @@
-"""`rlm` and `rlm-nosub`: the recursive language model itself, with or without sub-calls.
+"""`rlm`, `rlm-nosub`, `rlm-tips`, `rlm-subtools`: the recursive language model itself.
 
-Tasks that ship REPL tools (evidence-spans: `list_papers`, `search`, ...) get them defined in the
-REPL before the first turn, and the question carries their description. The tools are plain
-Python over `context`, so they run inside the sandbox like the model's own code.
+- `rlm`: sub-calls to the sub-model (`max_depth=1`), as in the paper;
+- `rlm-nosub`: the same REPL without sub-calls (`max_depth=0`);
+- `rlm-tips`: `rlm` with the task family's strategy text (`Family.tips`) in the root's prompt;
+- `rlm-subtools`: `rlm` whose sub-models may call `search_documents`, a BM25 search over the
+  task's documents that runs in the host (`RLM(sub_tools=...)`); the root never sees its output.
+
+Tasks that ship REPL tools (evidence-spans: `list_papers`, `search`, ...) pass them as
+`RLM(tools=...)`: the engine defines them in the REPL and describes them in the root's prompt.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from recursa.budget import Budget
-from recursa.context import ContextPayload, build_payload
-from recursa.loop.engine import RunEngine
-from recursa.loop.tree import CallTree, new_id
 from recursa.methods.base import MethodResult, MethodSettings
-from recursa.result import RLMResult
 from recursa.rlm import RLM
-from recursa.sandbox.base import CallHandler, ExecResult, FinalAnswer, Sandbox
-from recursa.tasks.base import Task
-
-
-class _ToolSandbox:
-    """A sandbox that defines a task's tools right after the context is loaded."""
-
-    def __init__(self, inner: Sandbox, tools: str, timeout: float) -> None:
-        self.inner = inner
-        self.tools = tools
-        self.timeout = timeout
-        self.name = inner.name
-        self.isolation = inner.isolation
-
-    async def start(self, handler: CallHandler) -> None:
-        await self.inner.start(handler)
-        self.isolation = self.inner.isolation
-
-    async def load_context(self, payload: ContextPayload) -> None:
-        await self.inner.load_context(payload)
-        await self.inner.execute(self.tools, timeout=self.timeout)
-
-    async def execute(self, code: str, timeout: float) -> ExecResult:
-        return await self.inner.execute(code, timeout=timeout)
-
-    async def get_variable(self, name: str) -> FinalAnswer | None:
-        return await self.inner.get_variable(name)
-
-    async def variable_names(self) -> list[str]:
-        return await self.inner.variable_names()
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-
-@dataclass
-class _ToolTree(CallTree):
-    tools: str = field(default="")
-
-    def new_sandbox(self) -> Sandbox:
-        sandbox = super().new_sandbox()
-        self.live_sandboxes.discard(sandbox)
-        wrapped: Any = _ToolSandbox(sandbox, self.tools, self.config.exec_timeout)
-        self.live_sandboxes.add(wrapped)
-        return wrapped  # type: ignore[no-any-return]
-
-
-async def run_with_tools(rlm: RLM, question: str, context: Any, tools: str) -> RLMResult:
-    """`rlm.arun(question, context)` with `tools` (Python source) run in every REPL first."""
-    payload = await asyncio.to_thread(build_payload, context)
-    run_id = new_id("run")
-    tree = _ToolTree.create(rlm.config, rlm.prices, run_id)
-    tree.tools = tools
-    try:
-        engine = RunEngine(tree, rlm.prices, question=question, payload=payload, run_id=run_id)
-        return await engine.run()
-    finally:
-        await asyncio.shield(tree.aclose())
-        payload.close()
+from recursa.tasks.base import Task, get_family
 
 
 @dataclass
 class RLMMethod:
     name: str = "rlm"
     subcalls: bool = True
+    tips: bool = False  # add the family's tips to the root's system prompt
+    sub_tools: bool = False  # give sub-models a BM25 search over the task's documents
 
     async def run(self, task: Task, settings: MethodSettings) -> MethodResult:
         sub_calls = 0
@@ -96,6 +41,13 @@ class RLMMethod:
             if user_listener is not None:
                 user_listener(event)
 
+        started = time.perf_counter()  # building the search index counts: the method pays for it
+        sub_tools: list[Any] = []
+        if self.sub_tools:
+            from recursa.methods.search import document_search
+
+            # Indexing a large collection takes a while: off the event loop, so other rows run on.
+            sub_tools.append(await asyncio.to_thread(document_search, task.context))
         rlm = RLM(
             settings.model,
             sub_model=settings.sub_model,
@@ -112,13 +64,11 @@ class RLMMethod:
             max_output_tokens=settings.max_output_tokens,
             prices=settings.prices,
             on_event=listen,
+            tools=task.tools,
+            sub_tools=sub_tools,
         )
-        question = task.question + (f"\n\n{task.tools_doc}" if task.tools and task.tools_doc else "")
-        started = time.perf_counter()
-        if task.tools:
-            result = await run_with_tools(rlm, question, task.context, task.tools)
-        else:
-            result = await rlm.arun(question, task.context)
+        tips = get_family(task.family).tips if self.tips else None
+        result = await rlm.arun(task.question, task.context, tips=tips or None)
         return MethodResult(
             answer=result.answer,
             usage=result.usage,

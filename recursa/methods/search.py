@@ -1,12 +1,20 @@
-"""BM25 over a context's passages, for `codeact-bm25` (the `bm25s` package, an optional extra)."""
+"""BM25 over a context's passages or documents (the `bm25s` package, an optional extra): the
+`search` of `codeact-bm25` and the sub-model tool `search_documents` of `rlm-subtools`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from recursa.errors import ConfigError
+from recursa.tools.spec import host_tool
 
 PASSAGE_CHARS = 2_000
+# `search_documents` returns whole documents up to this size (longer ones are cut into parts of
+# about this size), so a hit carries the title and alias lines that say what the document is about.
+DOCUMENT_CHARS = 12_000
+# Hits per call at most: a sub-model reads every hit in its window.
+MAX_DOCUMENT_HITS = 10
 
 
 def passages_of(context: Any, size: int = PASSAGE_CHARS) -> list[str]:
@@ -37,7 +45,9 @@ class BM25Index:
         try:
             import bm25s
         except ImportError:
-            raise ConfigError("codeact-bm25 needs the bm25s package: pip install 'recursa[bench]'") from None
+            raise ConfigError(
+                "BM25 search (codeact-bm25, rlm-subtools) needs the bm25s package: pip install 'recursa[bench]'"
+            ) from None
         self._bm25s = bm25s
         self.passages = passages or [""]
         tokens = bm25s.tokenize(self.passages, stopwords="en", show_progress=False)
@@ -55,3 +65,28 @@ class BM25Index:
             return []
         found, scores = self._retriever.retrieve(tokens, k=k, show_progress=False)
         return [self.passages[int(i)] for i, score in zip(found[0], scores[0], strict=True) if score > 0]
+
+
+def document_search(context: Any) -> Callable[..., list[str]]:
+    """A host tool for `RLM(sub_tools=[...])`: BM25 over the documents of `context`."""
+    index = BM25Index(passages_of(context, DOCUMENT_CHARS))
+
+    def search_documents(query: str, k: int = 4) -> list[str]:
+        """Search the document collection (BM25, keyword match). Returns the texts of the k
+        documents that best match `query` (at most 10), best first. Put names, years and
+        distinctive words from the question in the query."""
+        return index.search(str(query), max(1, min(int(k), MAX_DOCUMENT_HITS)))
+
+    return search_documents
+
+
+def passage_search(context: Any) -> Callable[..., list[str]]:
+    """A host REPL tool for `codeact-bm25`: BM25 over passages of the whole context."""
+    index = BM25Index.from_context(context)
+
+    @host_tool
+    def search(query: str, k: int = 5) -> list[str]:
+        """The k passages of the whole text that best match `query` (BM25)."""
+        return index.search(str(query), int(k))
+
+    return search

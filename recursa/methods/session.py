@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from recursa.config import RLMConfig
@@ -13,6 +14,7 @@ from recursa.lm.base import CallMeta, Message
 from recursa.lm.prices import PriceBook
 from recursa.loop.tree import CallTree, new_id
 from recursa.methods.base import MethodResult, MethodSettings
+from recursa.tools.spec import make_tools
 from recursa.trace.writer import fold
 from recursa.usage import Usage
 
@@ -20,7 +22,9 @@ from recursa.usage import Usage
 class BaselineRun:
     """Async context manager: `async with BaselineRun(settings, "base", question) as run: ...`."""
 
-    def __init__(self, settings: MethodSettings, method: str, question: str) -> None:
+    def __init__(
+        self, settings: MethodSettings, method: str, question: str, tools: Sequence[Callable[..., Any]] = ()
+    ) -> None:
         self.settings = settings
         self.method = method
         self.question = question
@@ -40,6 +44,7 @@ class BaselineRun:
             max_output_tokens=settings.max_output_tokens,
             prices=settings.prices,
             on_event=settings.on_event,
+            tools=make_tools(list(tools)),  # host tools run on the tree's ToolRunner, as in an RLM
         )
         self.config.validate()
         self.prices = PriceBook(settings.prices)

@@ -33,11 +33,10 @@ class Task:
     gold: str
     meta: dict[str, Any] = field(default_factory=dict)
     hidden: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
-    # REPL helpers some families ship (evidence-spans: list_papers, search, ...): Python source that
-    # defines them over `context`, and the lines that tell a model how to call them. Methods with a
-    # REPL run `tools` before the first turn and add `tools_doc` to the question.
-    tools: str = field(default="", repr=False, compare=False)
-    tools_doc: str = field(default="", repr=False, compare=False)
+    # REPL tools some families ship (evidence-spans: list_papers, search, ...): functions for
+    # `RLM(tools=...)`, self-contained so they run in the sandbox over `context`. Their signatures
+    # and docstrings reach the root's prompt.
+    tools: tuple[Callable[..., Any], ...] = field(default=(), repr=False, compare=False)
 
     def score(self, answer: str) -> float:
         """The family's score for `answer`, in [0, 1]."""
@@ -73,6 +72,9 @@ class Family:
     description: str = ""
     solver: Solver | None = None
     metrics: Metrics | None = None
+    # Strategy text for this kind of task (short, in our own words), added to the root's system
+    # prompt by the `rlm-tips` method or `rlm.run(..., tips=family.tips)`.
+    tips: str = ""
 
 
 _FAMILIES: dict[str, Family] = {}

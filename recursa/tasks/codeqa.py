@@ -257,6 +257,15 @@ def solve_codeqa(task: Task) -> str:
     return f"The correct answer is ({letter})"
 
 
+# Strategy for the root (rlm-tips): what works on this family, in our words.
+TIPS = (
+    "The answer is what the code really computes. Start from the module and function named in the "
+    "question, follow its imports to the files they name (the same function name is defined "
+    "differently in unrelated modules, and constants are shadowed in other config files), read only "
+    "those pieces, work out the value, and pick the option that equals it."
+)
+
+
 register_family(
     Family(
         name=FAMILY,
@@ -265,5 +274,6 @@ register_family(
         knobs=DEFAULT_KNOBS,
         description="four-option questions over a generated repository whose answers span several files",
         solver=solve_codeqa,
+        tips=TIPS,
     )
 )

@@ -8,8 +8,8 @@ reporting a result ("We plan to evaluate Varnet on Qorsa-12k in future work."). 
 JSON list of {"paper_id", "text"} objects (or one sentence per line); each text is located in its
 paper and the located character spans are compared with the gold spans: F1 over characters.
 
-REPL tools (`Task.tools`, pure Python over `context`): `list_papers()`, `search(query, k=10)`,
-`extract_section(paper_id, section)`, `get_paper_abstract(paper_id)`.
+REPL tools (`Task.tools`, sandbox tools over `context`, in `evidence_tools`): `list_papers()`,
+`search(query, k=10)`, `extract_section(paper_id, section)`, `get_paper_abstract(paper_id)`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ import re
 from typing import Any
 
 from recursa.tasks.base import Family, Task, context_chars, register_family, seeded_rng, task_id
+from recursa.tasks.evidence_tools import TOOLS
 from recursa.tasks.names import unique_words
+from recursa.tools.spec import make_tools
 
 FAMILY = "evidence-spans"
 SECTIONS = ("Introduction", "Methods", "Results", "Discussion")
@@ -58,62 +60,8 @@ QUESTION_FORM = (
 )
 _QUESTION_RE = re.compile(r"reports a measured result of the method (\S+) on the dataset (\S+)\. Sentences")
 
-TOOLS_SOURCE = r'''
-import re as _re_tools
-
-
-def list_papers():
-    """[(paper_id, title)] for every paper in the context."""
-    out = []
-    for pid, text in context.items():
-        first = text.split("\n", 1)[0]
-        out.append((pid, first.removeprefix("Title: ")))
-    return out
-
-
-def _sections(text):
-    parts, name, buf = {}, "Title", []
-    for line in text.split("\n"):
-        if line.startswith("## "):
-            parts[name] = "\n".join(buf).strip()
-            name, buf = line[3:].strip(), []
-        else:
-            buf.append(line)
-    parts[name] = "\n".join(buf).strip()
-    return parts
-
-
-def extract_section(paper_id, section):
-    """The text of one section ("Abstract", "Introduction", "Methods", "Results", "Discussion")."""
-    return _sections(context[paper_id]).get(section, "")
-
-
-def get_paper_abstract(paper_id):
-    return extract_section(paper_id, "Abstract")
-
-
-def search(query, k=10):
-    """Sentences sharing the most words with `query`: [(paper_id, section, sentence)], best first."""
-    words = set(w.lower() for w in _re_tools.findall(r"[\w.-]+", query))
-    scored = []
-    for pid, text in context.items():
-        for section, body in _sections(text).items():
-            for sentence in _re_tools.split(r"(?<=[.!?])\s+", body):
-                overlap = len(words & set(w.lower() for w in _re_tools.findall(r"[\w.-]+", sentence)))
-                if overlap:
-                    scored.append((-overlap, pid, section, sentence.strip()))
-    scored.sort()
-    return [(pid, section, sentence) for _, pid, section, sentence in scored[:k]]
-'''
-TOOLS_DOC = (
-    "The REPL also defines these helpers over `context` (a dict of paper id -> paper text):\n"
-    "- `list_papers() -> list[tuple[str, str]]`: (paper_id, title) for every paper.\n"
-    "- `search(query, k=10) -> list[tuple[str, str, str]]`: (paper_id, section, sentence) sharing the "
-    "most words with the query.\n"
-    '- `extract_section(paper_id, section) -> str`: one section ("Abstract", "Introduction", '
-    '"Methods", "Results", "Discussion").\n'
-    "- `get_paper_abstract(paper_id) -> str`."
-)
+# The REPL tools as one source text (what the sandbox runs to define them), for use outside an RLM.
+TOOLS_SOURCE = "\n\n".join(tool.source for tool in make_tools(list(TOOLS)))
 
 
 def _value(rng: Any, metric: str) -> str:
@@ -215,8 +163,7 @@ def generate_evidence(size_chars: int, seed: int, *, n_papers: int | None, n_gol
             "gold_spans": spans,
             "knobs": knobs,
         },
-        tools=TOOLS_SOURCE,
-        tools_doc=TOOLS_DOC,
+        tools=TOOLS,
     )
 
 
@@ -360,6 +307,15 @@ def result_sentences(text: str) -> list[tuple[str, str, str]]:
     return out
 
 
+# Strategy for the root (rlm-tips): what works on this family, in our words.
+TIPS = (
+    "Use the REPL helpers (search, list_papers, extract_section) to narrow to the papers that name both "
+    "the method and the dataset, have sub-models pick the sentences that report a measured result of "
+    "exactly that pair (not variants, other pairs or plans), keep only sentences found verbatim in "
+    "their paper, and return the JSON list with FINAL_VAR."
+)
+
+
 register_family(
     Family(
         name=FAMILY,
@@ -369,5 +325,6 @@ register_family(
         description="exact evidence sentences across many generated papers, character-span F1 (SkyRL-like)",
         solver=solve_evidence,
         metrics=evidence_metrics,
+        tips=TIPS,
     )
 )

@@ -324,6 +324,15 @@ def solve_multihop(task: Task) -> str:
     return "Exact Answer: " + world.follow(task.hidden["start"], chain.relations)
 
 
+# Strategy for the root (rlm-tips): what works on this family, in our words.
+TIPS = (
+    "Work one hop at a time. First find the single entity that has both properties the question "
+    "starts from (other entities share one of them): ask sub-models over groups of documents, then "
+    "check the candidate's own document. For each hop, read the document about the entity found so "
+    'far. Names may appear under an alias listed on a document\'s "Also known as" line.'
+)
+
+
 register_family(
     Family(
         name=FAMILY,
@@ -332,5 +341,6 @@ register_family(
         knobs=DEFAULT_KNOBS,
         description="2-4 hop questions over 10-5,000 generated documents with hard negatives (BrowseComp-Plus-like)",
         solver=solve_multihop,
+        tips=TIPS,
     )
 )

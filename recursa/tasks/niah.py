@@ -253,6 +253,15 @@ def solve_niah(task: Task) -> str:
     return find_needle(text, key) or "NONE"
 
 
+# Strategy for the root (rlm-tips): what works on this family, in our words.
+TIPS = (
+    "The answer is one short fact stated once, in a fixed sentence, somewhere in the context; "
+    "other keys have similar sentences. Find it with code first (a regex or substring search for the "
+    "key named in the question), print the text around each hit, and check that the key matches "
+    "exactly. Read pieces with sub-models only if code finds nothing."
+)
+
+
 register_family(
     Family(
         name=FAMILY,
@@ -261,5 +270,6 @@ register_family(
         knobs=DEFAULT_KNOBS,
         description="one needle (a 7-digit magic number for a key) in generated prose; O(1)",
         solver=solve_niah,
+        tips=TIPS,
     )
 )

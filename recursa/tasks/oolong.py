@@ -541,6 +541,15 @@ def solve_oolong(task: Task) -> str:
     return answer_rows(query, rows)
 
 
+# Strategy for the root (rlm-tips): what works on this family, in our words.
+TIPS = (
+    "Every record needs a semantic judgement that keywords get wrong, so classify every record with "
+    "batched sub-calls (a few hundred records per prompt, one label per numbered line back), keep the "
+    "labels in a list next to each record's user and date, and do all counting and comparing in code. "
+    "Never estimate from a sample or ask a sub-model for the counts."
+)
+
+
 register_family(
     Family(
         name=FAMILY,
@@ -549,5 +558,6 @@ register_family(
         knobs=DEFAULT_KNOBS,
         description="OOLONG-style counting over semantically labelled lines (trec_coarse labels); O(n)",
         solver=solve_oolong,
+        tips=TIPS,
     )
 )

@@ -265,6 +265,15 @@ def solve_pairs(task: Task) -> str:
     return format_pairs(pairs_for(spec, rows))
 
 
+# Strategy for the root (rlm-tips): what works on this family, in our words.
+TIPS = (
+    "Label every record with batched sub-calls first and keep (user, date, label) rows in a variable; "
+    "then decide each user's eligibility and build the pairs in code, exactly as the query's "
+    "conditions say (strict before/after, conditions that hold vacuously). Never ask a sub-model to "
+    "list pairs. The pair list can be long: return it with FINAL_VAR."
+)
+
+
 register_family(
     Family(
         name=FAMILY,
@@ -273,5 +282,6 @@ register_family(
         knobs=DEFAULT_KNOBS,
         description="the paper's 20 OOLONG-Pairs queries (and generated ones) over OOLONG lines; O(n^2)",
         solver=solve_pairs,
+        tips=TIPS,
     )
 )

@@ -201,6 +201,14 @@ def solve_copy(task: Task) -> str:
     return task.context[start : task.context.index(f"\n<<<END {block_id}>>>", start)]
 
 
+# Strategy for the root (rlm-tips): what works on this family, in our words.
+TIPS = (
+    "The answer must match the marked block character for character and may be far longer than any "
+    "model's output. Locate the markers with code, slice the block into a variable, check its length, "
+    "and answer with FINAL_VAR on that variable; never retype it or pass it through a model."
+)
+
+
 register_family(
     Family(
         name=FAMILY,
@@ -210,5 +218,6 @@ register_family(
         description="copy one marked block exactly (content type, target and fragment length knobs); long outputs",
         solver=solve_copy,
         metrics=copy_metrics,
+        tips=TIPS,
     )
 )

@@ -3,22 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from recursa.errors import ConfigError, LMError
-from recursa.lm.base import LMRequest, LMResponse, Message
+from recursa.lm.base import LMRequest, LMResponse, Message, ToolCall
 from recursa.lm.scripted import get_policy, parse_knobs
+from recursa.lm.scripted.tool_use import ToolTurn, tool_turn
+from recursa.lm.tool_format import has_tool_messages
 from recursa.testing.tokens import count_message_tokens, count_tokens
 
 # Above this many prompt characters a policy's regex and labelling work would stall the event loop
 # (base-llm reads a whole 10 MB context): run it on a worker thread instead.
 THREAD_THRESHOLD_CHARS = 200_000
 
+T = TypeVar("T")
+
 
 class ScriptedClient:
     """An offline model: `model` is a policy name with optional knobs, e.g. "gpt5-like:fault=loop".
 
     Free (provider cost 0.0) and deterministic; usage follows `recursa.testing.tokens`, the same
-    count the fake server reports. `latency_s` (or the knob `latency=` in the model name) adds a fixed
+    count the fake server reports. Offered tools, a model may call a search tool before answering
+    (see `recursa.lm.scripted.tool_use`). `latency_s` (or the knob `latency=` in the model name) adds a fixed
     delay per call without blocking the event loop.
     """
 
@@ -48,16 +56,34 @@ class ScriptedClient:
         messages: list[Message] = request.messages
         if self.latency_s > 0:
             await asyncio.sleep(self.latency_s)
-        size = sum(len(m.get("content", "")) for m in messages)
+        size = sum(len(m.get("content") or "") for m in messages)
+        # Offered tools, or reading tool results: the tool-using habits wrap the policy.
+        uses_tools = bool(request.tools) or has_tool_messages(messages)
         try:
-            if size > THREAD_THRESHOLD_CHARS:
-                text = await asyncio.to_thread(self._policy, messages)
+            if uses_tools:
+                turn = await self._maybe_threaded(size, tool_turn, self._policy, messages, request.tools)
             else:
-                text = self._policy(messages)
+                turn = ToolTurn(await self._maybe_threaded(size, self._policy, messages))
         except LMError:
             raise  # e.g. ContextLengthError: a policy's simulated window, reported as a provider would
         except Exception as exc:  # a policy bug must surface as a model failure, not crash the loop
             raise LMError(f"scripted model {self.model!r} failed: {type(exc).__name__}: {exc}") from exc
+        if turn.calls:
+            # Ids unique within the chat: the number of this tool turn, then the call's place in it.
+            turn_no = 1 + sum(1 for m in messages if m.get("role") == "assistant" and m.get("tool_calls"))
+            calls = [ToolCall(f"call_{turn_no}_{i}", name, args) for i, (name, args) in enumerate(turn.calls)]
+            wire = json.dumps([{"name": c.name, "arguments": c.arguments} for c in calls])
+            return LMResponse(
+                text=turn.text,
+                input_tokens=_input_tokens(messages),
+                output_tokens=count_tokens(turn.text) + count_tokens(wire),
+                cached_tokens=0,
+                provider_cost_usd=0.0,
+                model=self.model,
+                finish_reason="tool_calls",
+                tool_calls=calls,
+            )
+        text = turn.text
         finish = "stop"
         limit = request.max_output_tokens
         if limit and count_tokens(text) > limit:
@@ -66,7 +92,7 @@ class ScriptedClient:
             finish = "length"
         return LMResponse(
             text=text,
-            input_tokens=count_message_tokens(messages),
+            input_tokens=_input_tokens(messages),
             output_tokens=count_tokens(text),
             cached_tokens=0,
             provider_cost_usd=0.0,
@@ -74,5 +100,18 @@ class ScriptedClient:
             finish_reason=finish,
         )
 
+    async def _maybe_threaded(self, size: int, fn: Callable[..., T], *args: Any) -> T:
+        if size > THREAD_THRESHOLD_CHARS:
+            return await asyncio.to_thread(fn, *args)
+        return fn(*args)
+
     async def aclose(self) -> None:
         return None
+
+
+def _input_tokens(messages: list[Message]) -> int:
+    """The prompt's tokens, counting the tool calls of earlier turns as a provider would."""
+    calls = [m["tool_calls"] for m in messages if m.get("tool_calls")]
+    return count_message_tokens(messages) + sum(
+        count_tokens(json.dumps(c, ensure_ascii=False)) for c in calls
+    )

@@ -17,6 +17,9 @@ _STEP_RE = re.compile(r"^# step: ([\w-]+)", re.MULTILINE)
 _RESULT_RE = re.compile(r"^RESULT: (.*)$", re.MULTILINE)
 # The engine's last call after the final turn ("... No more code will run ..."), or any nudge like it.
 SOLVING_STEPS = ("solve", "fallback")
+# The system prompt's line about tools that only sub-models call, and the names in it.
+_SUB_TOOLS_RE = re.compile(r"can use these tools themselves: (.+)")
+_TOOL_NAME_RE = re.compile(r"`(\w+)\(")
 _LAST_CALL_RE = re.compile(r"no more code will run|reply now with your final answer", re.IGNORECASE)
 
 
@@ -54,6 +57,12 @@ class Conversation:
     @property
     def has_subcalls(self) -> bool:
         return "No model calls are available" not in self.system
+
+    @property
+    def sub_model_tools(self) -> list[str]:
+        """Names of the tools sub-models may call (RLM(sub_tools=...)), as the system prompt lists them."""
+        line = _SUB_TOOLS_RE.search(self.system)
+        return _TOOL_NAME_RE.findall(line.group(1)) if line else []
 
     @property
     def answer_dict_only(self) -> bool:

@@ -1,5 +1,6 @@
 """Multi-hop documents: find the anchor with sub-calls over document groups, then follow each hop
-to the documents about the entity found so far (located by title and alias lines, in code)."""
+to the documents about the entity found so far (located by title and alias lines, in code). When
+sub-models have a search tool of their own, ask them the anchor and each hop without any text."""
 
 from __future__ import annotations
 
@@ -93,6 +94,29 @@ for relation, ask in HOPS:
     current = nxt
 """
 
+# Sub-models search for themselves: the root hands them questions, never documents, so its own
+# window and the sub-calls' prompts stay small however many documents there are.
+_DELEGATE = """
+ANCHOR_Q = __ANCHOR_Q__
+HOPS = __HOPS__
+LOOK_UP = " Look it up in the document collection; reply with the name only, or NONE if you cannot find it."
+
+
+def clean(reply):
+    text = str(reply).strip().splitlines()[0].strip() if str(reply).strip() else ""
+    return "" if not text or text.upper().startswith("NONE") else text.strip(" .")
+
+
+current = clean(llm_query(ANCHOR_Q)) or None
+print("anchor from a sub-model that searched:", current)
+for relation, ask in HOPS:
+    if current is None:
+        break
+    reply = llm_query(ask.format(X=current) + LOOK_UP)
+    print(f"{relation}: {current} -> {clean(reply) or None}")
+    current = clean(reply) or None
+"""
+
 _RESULT = """
 result = f"Exact Answer: {current}" if current else "Exact Answer: unknown"
 print("RESULT:", result)
@@ -113,6 +137,8 @@ def _code(chain: Chain, style: str, settings: Settings) -> str:
     hops = [(r, SUB_QUESTIONS[r]) for r in chain.relations]
     if style == "none":
         code = header("solve", _PRELUDE, _NONE, _RESULT)
+    elif style == "delegate":
+        code = header("solve", _DELEGATE, _RESULT)
     else:
         anchor = _ANCHOR_PER_ITEM if style == "per-item" else _ANCHOR_BATCHED
         code = header("solve", WINDOWS, CHUNKS, _PRELUDE, anchor, _HOPS_MODEL, _RESULT)
@@ -127,4 +153,6 @@ def _code(chain: Chain, style: str, settings: Settings) -> str:
     )
 
 
-MULTIHOP = register_strategy(Strategy("multihop-docs", parse_question, _code, answer_in_prose=True))
+MULTIHOP = register_strategy(
+    Strategy("multihop-docs", parse_question, _code, answer_in_prose=True, delegates=True)
+)

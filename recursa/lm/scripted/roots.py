@@ -87,6 +87,9 @@ def _reply(persona: str, settings: Settings, conv: Conversation) -> str:
         return reply
     if step == "solve":
         strategy, spec = choose(question)
+        searches = any("search" in name.lower() for name in conv.sub_model_tools)
+        if strategy.delegates and searches and style in ("batched", "per-item"):
+            style = "delegate"  # sub-models can search for themselves: ask them, do not hand them text
         return (
             _solve_prose(strategy.name, style, settings) + "\n\n" + repl(strategy.code(spec, style, settings))
         )
@@ -100,6 +103,11 @@ def _reply(persona: str, settings: Settings, conv: Conversation) -> str:
 
 
 def _solve_prose(family: str, style: str, settings: Settings) -> str:
+    if style == "delegate":
+        return (
+            "Sub-models can search the documents with their own tools, so I'll ask them one question "
+            "at a time (the starting entity, then each hop) without handing them any text."
+        )
     if family == "niah":
         how = {
             "batched": "and confirm it with one sub-call on the text around it",

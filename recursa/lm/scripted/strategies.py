@@ -6,7 +6,9 @@ styles, which are the personas' habits:
 - "batched": a few large `llm_query_batched` calls (the paper's GPT-5 behaviour);
 - "per-item": one `llm_query` per line or chunk in a plain loop (the over-calling Qwen3-Coder);
 - "none": code alone, regexes and keyword rules, no model calls;
-- "recursive": chunks handed to child RLMs with `rlm_query_batched`.
+- "recursive": chunks handed to child RLMs with `rlm_query_batched`;
+- "delegate": when the system prompt says sub-models have tools of their own (a search over the
+  documents), questions go to sub-models without the text; only strategies with `delegates` do it.
 
 The code must print a last line `RESULT: <answer>` and leave the answer in the variable `result`.
 A new task family adds a module with a `Strategy` and calls `register_strategy`.
@@ -20,7 +22,7 @@ from typing import Any
 
 from recursa.lm.scripted.knobs import Settings
 
-STYLES = ("batched", "per-item", "none", "recursive")
+STYLES = ("batched", "per-item", "none", "recursive", "delegate")
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,7 @@ class Strategy:
     match: Callable[[str], Any | None]  # question -> a spec, or None if not this family's question
     code: Callable[[Any, str, Settings], str]  # (spec, style, settings) -> code of the solving step
     answer_in_prose: bool = False  # short answers (a number) go back as a prose FINAL(value)
+    delegates: bool = False  # has a "delegate" style for sub-models that search for themselves
 
 
 _STRATEGIES: list[Strategy] = []
