@@ -8,9 +8,12 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recursa.errors import ConfigError, RecursaError
+
+if TYPE_CHECKING:
+    from recursa.rlm import RLM
 
 DEFAULT_MODEL = "openai/gpt-5-mini"
 
@@ -20,14 +23,20 @@ class _Progress:
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled and sys.stderr.isatty()
+        self._status: Any = None
+        self._reset()
+
+    def _reset(self) -> None:
         self.turns = 0
         self.calls = 0
         self.tokens = 0
         self.usd = 0.0
         self.children = 0
-        self._status: Any = None
+        self.root: dict[str, dict[str, Any]] = {}  # the root run's run_start and run_end events
 
     def __enter__(self) -> _Progress:
+        # Entered once per question by `recursa chat`, so each question counts from zero.
+        self._reset()
         if self.enabled:
             from rich.console import Console
 
@@ -38,6 +47,7 @@ class _Progress:
     def __exit__(self, *exc: object) -> None:
         if self._status is not None:
             self._status.__exit__(None, None, None)
+            self._status = None
 
     def __call__(self, event: dict[str, Any]) -> None:
         kind = event["type"]
@@ -49,6 +59,8 @@ class _Progress:
             self.usd += event["usage"]["cost_usd"]
         elif kind == "run_start" and event.get("depth", 0) > 0:
             self.children += 1
+        if kind in ("run_start", "run_end") and event.get("depth", 0) == 0:
+            self.root[kind] = event  # what an interrupted `recursa run` reports
         if self._status is not None:
             self._status.update(
                 f"turn {self.turns} · {self.calls} LM calls · {self.tokens:,} tokens · ${self.usd:.4f}"
@@ -91,6 +103,11 @@ def _parser() -> argparse.ArgumentParser:
     _add_model_options(run)
     run.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
+    chat = sub.add_parser("chat", help="ask several questions over one context, one per line (a session)")
+    chat.add_argument("--context", required=True, help="a text file or a folder of text files")
+    _add_model_options(chat)
+    chat.add_argument("--json", action="store_true", help="print each result as one JSON line")
+
     demo = sub.add_parser("demo", help="an offline end-to-end run with a scripted model (no key needed)")
     demo.add_argument("--family", default="oolong")
     demo.add_argument("--size", type=int, default=1_200_000, help="context size in characters")
@@ -118,26 +135,35 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
+def _rlm_from_args(args: argparse.Namespace, on_event: Callable[[dict[str, Any]], None]) -> RLM:
+    """The RLM that the options of `_add_model_options` describe."""
     from recursa import RLM, Budget
 
+    return RLM(
+        args.model,
+        sub_model=args.sub_model,
+        base_url=args.base_url,
+        max_depth=args.max_depth,
+        max_iterations=args.max_iterations,
+        budget=Budget(max_usd=args.max_usd, max_tokens=args.max_tokens, max_seconds=args.max_seconds),
+        sandbox=args.sandbox,
+        trace_dir=args.trace_dir,
+        on_event=on_event,
+    )
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
     if args.context == "-":
         context: Any = sys.stdin.read()
     else:
         context = Path(args.context).expanduser()
     with _Progress(not args.json) as progress:
-        rlm = RLM(
-            args.model,
-            sub_model=args.sub_model,
-            base_url=args.base_url,
-            max_depth=args.max_depth,
-            max_iterations=args.max_iterations,
-            budget=Budget(max_usd=args.max_usd, max_tokens=args.max_tokens, max_seconds=args.max_seconds),
-            sandbox=args.sandbox,
-            trace_dir=args.trace_dir,
-            on_event=progress,
-        )
-        result = rlm.run(args.question, context)
+        try:
+            result = _rlm_from_args(args, progress).run(args.question, context)
+        except KeyboardInterrupt:
+            result = None
+    if result is None:
+        return _report_interrupted(args, progress)
     if args.json:
         print(json.dumps(result.to_dict(), ensure_ascii=False))
     else:
@@ -152,6 +178,59 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if result.error:
             print(f"stopped early: {result.error}", file=sys.stderr)
     return 0 if result.stop_reason in ("final", "max_iterations") else 3
+
+
+def _report_interrupted(args: argparse.Namespace, progress: _Progress) -> int:
+    """Ctrl-C during `recursa run`. By now the run is cancelled: its REPL processes are gone and
+    its trace ends with run_end. Say what it had done, any partial answer, and where the trace is."""
+    from recursa.trace import default_trace_dir
+
+    start, end = progress.root.get("run_start"), progress.root.get("run_end", {})
+    trace: Path | None = None
+    if start is not None:
+        folder = Path(args.trace_dir).expanduser() if args.trace_dir else default_trace_dir()
+        trace = next(iter(folder.glob(f"*-{start['run_id']}.jsonl")), None)
+    answer = end.get("answer") or ""
+    usage = end.get("usage") or {}
+    if args.json:
+        summary = {
+            "answer": answer,
+            "stop_reason": "cancelled",
+            "iterations": end.get("iterations", progress.turns),
+            "usage": usage or None,
+            "trace_path": str(trace) if trace else None,
+            "run_id": start["run_id"] if start else None,
+            "error": "interrupted (Ctrl-C)",
+            "answer_protocol": end.get("answer_protocol"),
+        }
+        print(json.dumps(summary, ensure_ascii=False))
+    elif start is not None:
+        if answer:
+            print(answer)
+        print(
+            f"\n[cancelled] {end.get('iterations', progress.turns)} turns · "
+            f"{usage.get('llm_calls', progress.calls)} LM calls · "
+            f"${usage.get('cost_usd', progress.usd):.4f} · trace: {trace or 'not written'}",
+            file=sys.stderr,
+        )
+    what = " (the answer above is partial)" if answer and not args.json else ""
+    print(f"recursa: interrupted; the run was stopped{what}", file=sys.stderr)
+    return 130
+
+
+def _cmd_chat(args: argparse.Namespace) -> int:
+    from recursa.cli_chat import Chat
+
+    if args.context == "-":
+        raise ConfigError(
+            "recursa chat reads its questions from stdin, so the context cannot come from there too; "
+            "save it to a file and pass --context FILE"
+        )
+    context = Path(args.context).expanduser()
+    if not context.exists():
+        raise ConfigError(f"no context file or folder at {args.context!r}; check the path")
+    progress = _Progress(not args.json)
+    return Chat(_rlm_from_args(args, progress), context, as_json=args.json, progress=progress).run()
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -199,7 +278,7 @@ def _add_bench_parser(sub: Any) -> None:
     bench.add_argument(
         "--method",
         default="base,rlm",
-        help="base,codeact,codeact-bm25,codeact-subcalls,summary,rlm,rlm-nosub",
+        help="base,codeact,codeact-bm25,codeact-subcalls,summary,rlm,rlm-nosub,rlm-tips,rlm-subtools",
     )
     bench.add_argument("--model", default=os.environ.get("RECURSA_MODEL", "scripted/gpt5-like"))
     bench.add_argument("--sub-model", default=os.environ.get("RECURSA_SUB_MODEL"))
@@ -288,6 +367,7 @@ def _cmd_serving(args: argparse.Namespace) -> int:
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": _cmd_run,
+    "chat": _cmd_chat,
     "demo": _cmd_demo,
     "bench": _cmd_bench,
     "export": _cmd_export,

@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
+from typing import Any
 
 import uvicorn
 
@@ -48,6 +49,7 @@ from recursa.testing.latency import (
     simulate,
 )
 from recursa.testing.prefix_cache import PrefixCache
+from recursa.testing.tool_replies import ToolCallReply, offered_tools
 
 __all__ = [
     "FakeServer",
@@ -65,7 +67,8 @@ __all__ = [
     "main",
 ]
 
-Responder = Callable[[str, list[dict[str, str]]], str | Awaitable[str]]
+# A reply is text, or a ToolCallReply for function calling (see recursa/testing/tool_replies.py).
+Responder = Callable[[str, list[dict[str, Any]]], str | ToolCallReply | Awaitable[str | ToolCallReply]]
 _START_TIMEOUT_S = 10.0
 
 
@@ -105,8 +108,12 @@ class ScriptedResponder:
 
         return [f"scripted/{name}" for name in policy_names()]
 
-    def __call__(self, model: str, messages: list[dict[str, str]]) -> str:
-        return self._policy(model)(messages)
+    def __call__(self, model: str, messages: list[dict[str, Any]]) -> str | ToolCallReply:
+        from recursa.lm.scripted.tool_use import tool_turn
+
+        # The same function-calling habits as the in-process scripted client, over HTTP.
+        turn = tool_turn(self._policy(model), messages, offered_tools())
+        return ToolCallReply(turn.calls, text=turn.text) if turn.calls else turn.text
 
 
 class _QuickServer(uvicorn.Server):
