@@ -214,9 +214,8 @@ class RunEngine:
         sandbox, problems = await self._open_sandbox()
         self._sandbox = sandbox
         result.isolation = dict(sandbox.isolation)
-        settings_depth = self.config.max_depth - self.depth
         settings = PromptSettings(
-            max_depth=settings_depth,
+            max_depth=self.config.max_depth - self.depth,
             max_output_chars=self.config.max_output_chars,
             sub_model_chars=self.config.sub_model_chars,
             tools_text=tools_text(
@@ -262,9 +261,9 @@ class RunEngine:
         await self._last_call(result, messages, sent)
 
     def _remember(self, message: Message, messages: list[Message]) -> None:
+        """Append to the live history (which compaction may shorten) and to the full one."""
         messages.append(message)
-        if messages is not self._history:
-            self._history.append(message)
+        self._history.append(message)
 
     async def _compact(self, messages: list[Message], turn: int) -> list[Message]:
         """Replace older turns with the root's own summary; the full history goes to `root_history`."""

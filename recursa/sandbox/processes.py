@@ -251,6 +251,10 @@ class LocalProcess(WorkerProcess):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.group, signal.SIGKILL)
         await _poll(self._root_exited, 5.0)
+        if self._worker is not None:
+            # Below a keeper or bwrap the worker dies a moment after the process we started (by its
+            # parent-death signal, or with its pid namespace): the close returns once it is gone.
+            await _poll(self._worker.exited, 1.0)
         self._reap()
 
     def kill_now(self) -> None:

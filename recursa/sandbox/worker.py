@@ -1224,16 +1224,29 @@ def _load_by_path(name: str, path: str) -> Any:
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    """SIGKILL this process when its parent exits, even if it is stuck in C code (Linux only)."""
+def _die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Get `sig` (SIGKILL: even if stuck in C code) when the parent exits (Linux only)."""
     if not sys.platform.startswith("linux"):
         return
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def _kill_own_group(*_args: object) -> None:
+    """The keeper's end when the host is gone: SIGKILL its process group, itself included.
+
+    The group holds the worker, its snapshots and whatever the cells forked; those last ask for no
+    parent-death signal, and would otherwise outlive the host (seccomp keeps them in the group)."""
+    if os.getpgrp() == os.getpid():
+        try:
+            os.killpg(os.getpid(), signal.SIGKILL)
+        except OSError:
+            pass
+    os.kill(os.getpid(), signal.SIGKILL)  # not a group leader: the others die with their parents
 
 
 _PR_SET_CHILD_SUBREAPER = 36
@@ -1265,6 +1278,13 @@ def _split_off_keeper(channel_fd: int) -> None:
         return
     os.close(channel_fd)  # only the worker speaks to the host
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a group-wide Ctrl-C is for the worker
+    # The keeper only waits, so it can take the host's death as a signal it handles (SIGTERM, not
+    # the SIGKILL it asked for in main()) and take the whole group along.
+    host = os.getppid()
+    signal.signal(signal.SIGTERM, _kill_own_group)
+    _die_with_parent(signal.SIGTERM)
+    if os.getppid() != host:
+        _kill_own_group()  # the host died before the new request took effect
     while True:
         try:
             pid, status = os.wait()

@@ -30,6 +30,11 @@ class RunNode:
     def stop_reason(self) -> str | None:
         return self.end.get("stop_reason") if self.end else None
 
+    @property
+    def complete(self) -> bool:
+        """False for a run whose run_end was never written: its process died (or it is still going)."""
+        return self.end is not None
+
     def of_type(self, event_type: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e["type"] == event_type]
 
@@ -47,30 +52,55 @@ class Trace:
     runs: dict[str, RunNode]
     roots: list[RunNode]
     truncated: bool = False  # the last line was cut off (the writer crashed mid-line)
+    # Runs that started but have no run_end (their host was killed, or they are still running), in
+    # the order they started.
+    incomplete_runs: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what was skipped or is missing, and why
 
     @property
     def root(self) -> RunNode:
         return self.roots[0]
+
+    @property
+    def complete(self) -> bool:
+        """True when every run that started has ended and nothing was cut off."""
+        return not self.truncated and not self.incomplete_runs
 
 
 def load(path: str | Path) -> Trace:
     """Parse a trace file. Tolerates a cut-off last line, as a crashed run can leave."""
     path = Path(path)
     events: list[dict[str, Any]] = []
-    truncated = False
+    notes: list[str] = []
+    unreadable: list[int] = []  # line numbers that are not JSON
+    last = 0  # the last line with any text
     # errors="replace": a crash can cut the last line inside a multi-byte character, and that must
     # not make the events before it unreadable.
     with open(path, encoding="utf-8", errors="replace") as fh:
-        for line in fh:
+        for number, line in enumerate(fh, 1):
             if not line.strip():
                 continue
+            last = number
             try:
                 event = json.loads(line)
             except json.JSONDecodeError:
-                truncated = True
+                unreadable.append(number)
                 continue
             if isinstance(event, dict) and isinstance(event.get("type"), str):
                 events.append(event)  # anything else is not an event of ours: skip it, do not crash
+            else:
+                notes.append(f"line {number} is JSON but not a trace event; skipped")
+    # Events are written one whole line at a time (writer.py), so only the last line can be cut off:
+    # a process killed mid-write. Bad lines elsewhere were damaged some other way.
+    truncated = bool(unreadable) and unreadable[-1] == last
+    for number in unreadable:
+        if number == last:
+            notes.append(
+                f"line {number}, the last, is cut off (the writer stopped mid-line: its process was "
+                "killed or crashed); skipped"
+            )
+        else:
+            notes.append(f"line {number} is not valid JSON; skipped")
     runs: dict[str, RunNode] = {}
     roots: list[RunNode] = []
     for event in events:
@@ -89,4 +119,9 @@ def load(path: str | Path) -> Trace:
             f"{path} holds no run_start event: it is not a recursa trace, or the run was cut off before "
             "its first event was written; pass a .jsonl file from a run's trace_path."
         )
-    return Trace(path, events, runs, roots, truncated)
+    incomplete = [run_id for run_id, node in runs.items() if node.end is None]
+    for run_id in incomplete:
+        notes.append(
+            f"run {run_id} has no run_end: it did not finish (its process was killed, or it is still running)"
+        )
+    return Trace(path, events, runs, roots, truncated, incomplete, notes)

@@ -56,8 +56,11 @@ class TraceWriter:
         self._file = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            # Line-buffered: every event reaches the OS as soon as it is written.
-            self._file = open(path, "a", encoding="utf-8", buffering=1)
+            # Line-buffered: every event reaches the OS as soon as it is written, so a host that is
+            # killed leaves every event before that moment on disk (at most the last line is cut).
+            # backslashreplace: a lone surrogate (a model reply can carry one as a JSON escape) is
+            # written as its JSON escape instead of failing the write, and with it the run.
+            self._file = open(path, "a", encoding="utf-8", errors="backslashreplace", buffering=1)
 
     def emit(self, event_type: str, **fields: Any) -> dict[str, Any]:
         with self._lock:
