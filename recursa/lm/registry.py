@@ -57,7 +57,7 @@ def make_client(
         return AnthropicClient(model, base_url=base_url, api_key=api_key, timeout=timeout, retry=policy)
     from recursa.lm.scripted.client import ScriptedClient
 
-    return ScriptedClient(model)
+    return ScriptedClient(model, timeout=timeout)
 
 
 def check_base_url(base_url: object) -> None:

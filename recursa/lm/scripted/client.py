@@ -32,9 +32,10 @@ class ScriptedClient:
 
     provider = "scripted"
 
-    def __init__(self, model: str, *, latency_s: float = 0.0) -> None:
+    def __init__(self, model: str, *, latency_s: float = 0.0, timeout: float | None = None) -> None:
         self.model = model.removeprefix("scripted/")
         self.latency_s = latency_s
+        self.timeout = timeout  # RLM(request_timeout=...): a slower scripted reply times out like a real one
         name, _, knob_text = self.model.partition(":")
         knobs = parse_knobs(knob_text)
         if "latency" in knobs:
@@ -54,6 +55,13 @@ class ScriptedClient:
 
     async def complete(self, request: LMRequest) -> LMResponse:
         messages: list[Message] = request.messages
+        if self.timeout is not None and self.latency_s > self.timeout:
+            await asyncio.sleep(self.timeout)
+            raise LMError(
+                f"scripted/{self.model} timed out waiting for the answer after {self.timeout:g} s; raise "
+                "RLM(request_timeout=...) for slow models",
+                retryable=True,
+            )
         if self.latency_s > 0:
             await asyncio.sleep(self.latency_s)
         size = sum(len(m.get("content") or "") for m in messages)
