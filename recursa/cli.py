@@ -103,7 +103,13 @@ def _parser() -> argparse.ArgumentParser:
     _add_model_options(run)
     run.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
-    chat = sub.add_parser("chat", help="ask several questions over one context, one per line (a session)")
+    chat = sub.add_parser(
+        "chat",
+        help="ask several questions over one context, one per line (a session)",
+        description="Questions from stdin, one per line, over one context in one REPL (variables and "
+        "earlier answers carry over). Budget caps apply to each question. Ends at end of input, "
+        "'exit', 'quit' or Ctrl-C.",
+    )
     chat.add_argument("--context", required=True, help="a text file or a folder of text files")
     _add_model_options(chat)
     chat.add_argument("--json", action="store_true", help="print each result as one JSON line")

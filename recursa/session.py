@@ -113,6 +113,13 @@ class Session:
             )
             return result
 
+    async def astart(self) -> None:
+        """Load the context and start the REPL now (otherwise the first question does), so a bad
+        context is reported before anyone types a question."""
+        if self._closed:
+            raise ConfigError("this session is closed; open a new one with rlm.session(context).")
+        await self._open()
+
     async def _open(self) -> tuple[CallTree, Sandbox, ContextPayload]:
         """Load the context and start the REPL on the first question."""
         if self._tree is not None and self._sandbox is not None and self._payload is not None:
@@ -146,6 +153,10 @@ class Session:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def start(self) -> None:
+        """The blocking form of `astart`."""
+        self._blocking(self.astart())
+
     def ask(self, question: str, *, tips: str | None = None, answer_schema: Any = None) -> RLMResult:
         return self._blocking(self.aask(question, tips=tips, answer_schema=answer_schema))
 
@@ -161,6 +172,7 @@ class Session:
             return
         try:
             self._blocking(self.aclose())
+            self._blocking(_cancel_leftovers())
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             if self._thread is not None:
@@ -184,3 +196,13 @@ class Session:
         except KeyboardInterrupt:
             future.cancel()
             raise
+
+
+async def _cancel_leftovers() -> None:
+    """Cancel what is still scheduled on a blocking session's private loop before it stops, so no
+    task is destroyed while pending (e.g. a sandbox's process guard)."""
+    current = asyncio.current_task()
+    leftovers = [t for t in asyncio.all_tasks() if t is not current]
+    for task in leftovers:
+        task.cancel()
+    await asyncio.gather(*leftovers, return_exceptions=True)

@@ -1,5 +1,6 @@
 """Chat completions answered by RLM runs: the JSON response, the SSE stream, and cancellation when
-the client goes away."""
+the client goes away. A request that names a session waits for that session to be free, then for
+a run slot (recursa.serve.sessions)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from recursa.errors import RecursaError
 from recursa.result import RLMResult
 from recursa.serve.request import ApiError, ChatRequest
 from recursa.serve.runs import LiveRun, RunSpec
+from recursa.serve.sessions import SessionStore
 from recursa.serve.settings import ServeSettings
 from recursa.serve.sources import check_path, fetch_url
 from recursa.serve.steps import StepRenderer
@@ -24,6 +26,7 @@ from recursa.serve.steps import StepRenderer
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
+SESSION_HEADER = "x-recursa-session"
 HEARTBEAT_S = 10.0  # an SSE comment this often keeps proxies from closing an idle stream
 _CONTENT_PIECE = 64_000  # a FINAL_VAR answer of many MB goes out in pieces of this many characters
 
@@ -47,10 +50,22 @@ class ChatService:
         self.active: dict[int, LiveRun] = {}
         self.served = 0
         self.cancelled = 0
+        self.sessions = SessionStore(settings)
 
     # -- setting a run up ----------------------------------------------------------------------
     async def prepare(self, req: ChatRequest) -> LiveRun:
         """Resolve the context and build the run; every problem here is an HTTP error."""
+        if req.session is not None:
+            return await self.sessions.prepare(req, self.resolve_context)
+        context = await self.resolve_context(req)
+        spec = RunSpec(req.question, context, req.max_depth, req.max_iterations, req.budget)
+        try:
+            return LiveRun(self.settings, spec)
+        except (RecursaError, ValueError) as exc:
+            raise ApiError(400, f"cannot start the run: {exc}", code="invalid_run_settings") from None
+
+    async def resolve_context(self, req: ChatRequest) -> Any:
+        """The request's context, with a server path checked and a URL fetched."""
         context: Any = req.context
         if req.context_path is not None:
             context = Path(check_path(req.context_path, self.settings.context_roots))
@@ -67,21 +82,26 @@ class ChatService:
                 max_bytes=self.settings.max_context_bytes,
                 timeout_s=self.settings.url_timeout_s,
             )
-        spec = RunSpec(req.question, context, req.max_depth, req.max_iterations, req.budget)
-        try:
-            return LiveRun(self.settings, spec)
-        except (RecursaError, ValueError) as exc:
-            raise ApiError(400, f"cannot start the run: {exc}", code="invalid_run_settings") from None
+        return context
 
-    async def acquire(self, gone: asyncio.Future[None]) -> None:
-        """Wait for a run slot, unless the client leaves first."""
-        slot = asyncio.ensure_future(self.slots.acquire())
-        done, _ = await asyncio.wait({slot, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if slot not in done:
-            # asyncio.Semaphore hands a slot granted in the same instant on to the next waiter.
-            slot.cancel()
-            raise ClientGone
-        slot.result()
+    async def acquire(self, run: LiveRun, gone: asyncio.Future[None]) -> None:
+        """Wait for the run's session to be free (if it has one), then for a run slot, unless the
+        client leaves first. The session comes first so queued questions hold no run slot."""
+        handle = run.session
+        if handle is not None:
+            handle.users += 1  # a session somebody waits for does not expire
+            try:
+                await _race(handle.lock.acquire(), handle.lock.release, gone)
+            except BaseException:
+                handle.users -= 1
+                raise
+            self.sessions.admitted(run)
+        try:
+            await _race(self.slots.acquire(), self.slots.release, gone)
+        except BaseException:
+            if handle is not None:
+                self.sessions.release(run)
+            raise
 
     def track(self, run: LiveRun) -> None:
         self.active[id(run)] = run
@@ -92,14 +112,20 @@ class ChatService:
             await run.cancel()
         self.active.pop(id(run), None)
         self.slots.release()
+        if run.session is not None:
+            self.sessions.release(run)
         self.served += 1
+
+    async def aclose(self) -> None:
+        """Server shutdown: close every session (reaping their REPLs)."""
+        await self.sessions.aclose()
 
     # -- non-streaming -------------------------------------------------------------------------
     async def complete(self, req: ChatRequest, run: LiveRun, receive: Receive) -> dict[str, Any]:
         gone = asyncio.ensure_future(wait_disconnect(receive))
         acquired = False
         try:
-            await self.acquire(gone)
+            await self.acquire(run, gone)
             acquired = True
             self.track(run)
             run.start()
@@ -111,13 +137,17 @@ class ChatService:
             gone.cancel()
             if acquired:
                 await self.finish(run, cancelled=run.task is not None and not run.task.done())
+        if run.task.cancelled():
+            raise _closed_under(run)
         try:
             result = run.task.result()
         except RecursaError as exc:
-            raise ApiError(400, f"the run could not start: {exc}", code="run_failed") from None
+            raise ApiError(
+                400, f"the run could not start: {_session_note(run, exc)}", code="run_failed"
+            ) from None
         if result.stop_reason == "error" and not result.answer:
             raise ApiError(502, f"the run failed: {result.error}", type="server_error", code="run_failed")
-        return completion_body(_new_id(), req.model, result)
+        return completion_body(_new_id(), req.model, result, req.session)
 
     # -- streaming -----------------------------------------------------------------------------
     def stream(self, req: ChatRequest, run: LiveRun) -> SSERun:
@@ -135,7 +165,34 @@ def usage_body(result: RLMResult) -> dict[str, Any]:
     }
 
 
-def run_summary(result: RLMResult) -> dict[str, Any]:
+async def _race(acquire: Awaitable[Any], release: Callable[[], None], gone: asyncio.Future[None]) -> None:
+    """Await `acquire` unless the client leaves first (`gone`): then raise ClientGone, giving back
+    (with `release`) whatever was acquired in the same instant."""
+    task = asyncio.ensure_future(acquire)
+    done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    if task in done:
+        task.result()
+        return
+    task.cancel()
+    await asyncio.wait({task})
+    if not task.cancelled() and task.exception() is None:
+        release()
+    raise ClientGone
+
+
+def _closed_under(run: LiveRun) -> ApiError:
+    # Only a session's run is cancelled while its client still waits: DELETE closed the session.
+    name = run.session.id if run.session is not None else "?"
+    return ApiError(409, f"session {name!r} was closed while this question ran", code="session_closed")
+
+
+def _session_note(run: LiveRun, exc: Exception) -> str:
+    if run.session is None:
+        return str(exc)
+    return f"{exc} (session {run.session.id!r} is closed; open a new one)"
+
+
+def run_summary(result: RLMResult, session: str | None = None) -> dict[str, Any]:
     return {
         "run_id": result.run_id,
         "stop_reason": result.stop_reason,
@@ -146,6 +203,7 @@ def run_summary(result: RLMResult) -> dict[str, Any]:
         "answer_protocol": result.answer_protocol,
         "error": result.error,
         "trace": result.trace_path.name if result.trace_path else None,
+        **({"session": session} if session is not None else {}),
     }
 
 
@@ -154,7 +212,9 @@ def finish_reason(result: RLMResult) -> str:
     return "length" if result.stop_reason in ("budget", "timeout") else "stop"
 
 
-def completion_body(completion_id: str, model: str, result: RLMResult) -> dict[str, Any]:
+def completion_body(
+    completion_id: str, model: str, result: RLMResult, session: str | None = None
+) -> dict[str, Any]:
     return {
         "id": completion_id,
         "object": "chat.completion",
@@ -169,7 +229,7 @@ def completion_body(completion_id: str, model: str, result: RLMResult) -> dict[s
             }
         ],
         "usage": usage_body(result),
-        "recursa": run_summary(result),
+        "recursa": run_summary(result, session),
     }
 
 
@@ -224,18 +284,23 @@ class SSERun(Response):
                     (b"content-type", b"text/event-stream; charset=utf-8"),
                     (b"cache-control", b"no-cache"),
                     (b"x-accel-buffering", b"no"),
+                    *([(SESSION_HEADER.encode(), self.req.session.encode())] if self.req.session else []),
                 ],
             }
         )
         acquired = False
         try:
             await emit(self._chunk({"role": "assistant", "content": ""}))
-            await self.service.acquire(gone)
-            acquired = True
-            self.service.track(self.run)
-            self.run.start()
-            await self._pump(emit, gone)
-            await self._result(emit)
+            try:
+                await self.service.acquire(self.run, gone)
+            except ApiError as exc:  # the session closed while this request waited for it
+                await self._error(emit, exc.message, exc.type, exc.code)
+            else:
+                acquired = True
+                self.service.track(self.run)
+                self.run.start()
+                await self._pump(emit, gone)
+                await self._result(emit)
             await emit(b"data: [DONE]\n\n")
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except ClientGone:
@@ -273,10 +338,15 @@ class SSERun(Response):
 
     async def _result(self, emit: Callable[[bytes], Awaitable[None]]) -> None:
         assert self.run.task is not None
+        if self.run.task.cancelled():
+            closed = _closed_under(self.run)
+            await self._error(emit, closed.message, closed.type, closed.code)
+            return
         try:
             result = self.run.task.result()
         except (RecursaError, ValueError) as exc:
-            await self._error(emit, f"the run could not start: {exc}", "invalid_request_error", "run_failed")
+            message = f"the run could not start: {_session_note(self.run, exc)}"
+            await self._error(emit, message, "invalid_request_error", "run_failed")
             return
         except Exception as exc:
             await self._error(emit, f"the run failed: {type(exc).__name__}", "server_error", "run_failed")
@@ -288,11 +358,16 @@ class SSERun(Response):
         for start in range(0, len(answer), _CONTENT_PIECE):
             await emit(self._chunk({"content": answer[start : start + _CONTENT_PIECE]}))
         await emit(
-            self._chunk({}, finish_reason(result), usage=usage_body(result), recursa=run_summary(result))
+            self._chunk(
+                {},
+                finish_reason(result),
+                usage=usage_body(result),
+                recursa=run_summary(result, self.req.session),
+            )
         )
 
     async def _error(
-        self, emit: Callable[[bytes], Awaitable[None]], message: str, kind: str, code: str
+        self, emit: Callable[[bytes], Awaitable[None]], message: str, kind: str, code: str | None
     ) -> None:
         body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
         await emit(b"data: " + json.dumps(body).encode() + b"\n\n")

@@ -29,6 +29,19 @@ def add_parsers(sub: Any, add_model_options: Callable[[argparse.ArgumentParser],
     _add_access_options(serve)
     serve.add_argument("--allow-urls", action="store_true", help="let requests name a context URL to fetch")
     serve.add_argument("--max-runs", type=int, default=64, help="runs at once; later requests wait")
+    serve.add_argument(
+        "--max-sessions",
+        type=int,
+        default=32,
+        help="sessions open at once, each with its REPL (more: 429); 0 turns sessions off",
+    )
+    serve.add_argument(
+        "--session-ttl",
+        type=float,
+        default=900.0,
+        metavar="SECONDS",
+        help="an idle session is closed after this long (default: 900)",
+    )
 
     mcp = sub.add_parser("mcp", help="a Model Context Protocol server (stdio, or --http)")
     add_model_options(mcp)
@@ -118,6 +131,10 @@ def _serve(args: argparse.Namespace) -> int:
     settings.served_model_name = args.served_model_name
     settings.allow_context_urls = args.allow_urls
     settings.max_runs = args.max_runs
+    settings.max_sessions = args.max_sessions
+    settings.session_ttl_s = args.session_ttl
+    if settings.max_sessions < 0 or not settings.session_ttl_s > 0:
+        raise ConfigError("--max-sessions must be >= 0 and --session-ttl a positive number of seconds")
     _check_model(settings)
     if args.host not in LOOPBACK and not settings.api_key:
         print(

@@ -1,5 +1,5 @@
 """An RLM as an OpenAI-compatible model: `POST /v1/chat/completions` (JSON or SSE), `GET /v1/models`,
-`GET /health`.
+`GET /health`, and sessions (`GET /v1/recursa/sessions`, `DELETE /v1/recursa/sessions/{id}`).
 
     app = create_app(ServeSettings(model="openai/gpt-5-mini", sub_model="openai/gpt-5-nano"))
     uvicorn.run(app, host="127.0.0.1", port=8000)     # or: recursa serve --model ...
@@ -14,6 +14,8 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -21,7 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from recursa.serve.chat import ChatService, ClientGone
+from recursa.serve.chat import SESSION_HEADER, ChatService, ClientGone
 from recursa.serve.request import ApiError, bad, bearer_token, key_matches, parse_chat_request, read_capped
 from recursa.serve.settings import ServeSettings
 
@@ -33,7 +35,13 @@ _PARSE_IN_THREAD_BYTES = 1_000_000
 
 def create_app(settings: ServeSettings) -> FastAPI:
     service = ChatService(settings)
-    app = FastAPI(title="recursa", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await service.aclose()  # open sessions hold REPL processes: reap them on the way out
+
+    app = FastAPI(title="recursa", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.service = service
     started = int(time.time())
 
@@ -84,6 +92,7 @@ def create_app(settings: ServeSettings) -> FastAPI:
             "active_runs": len(service.active),
             "served": service.served,
             "cancelled": service.cancelled,
+            "sessions": len(service.sessions.open),
         }
 
     def model_card(name: str) -> dict[str, Any]:
@@ -109,7 +118,23 @@ def create_app(settings: ServeSettings) -> FastAPI:
         run = await service.prepare(req)
         if req.stream:
             return service.stream(req, run)
-        return JSONResponse(await service.complete(req, run, request.receive))
+        headers = {SESSION_HEADER: req.session} if req.session else None
+        return JSONResponse(await service.complete(req, run, request.receive), headers=headers)
+
+    @app.get("/v1/recursa/sessions")
+    async def sessions(request: Request) -> dict[str, Any]:
+        authorize(request)
+        service.sessions.expire()
+        return {"object": "list", "data": [h.describe() for h in service.sessions.open.values()]}
+
+    @app.delete("/v1/recursa/sessions/{session_id}")
+    async def close_session(session_id: str, request: Request) -> dict[str, Any]:
+        authorize(request)
+        if not await service.sessions.close(session_id):
+            raise ApiError(
+                404, f"no open session {session_id!r} (it may have expired)", code="session_not_found"
+            )
+        return {"id": session_id, "object": "recursa.session", "deleted": True}
 
     return app
 

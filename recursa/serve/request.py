@@ -6,7 +6,8 @@ The rules (documented in the README):
 - with nothing else to be the context, or a "question" longer than `max_question_chars`, the whole
   last user message becomes the context and the RLM carries out its request (`RLM.completion`);
 - `extra_body={"recursa": {...}}` may name the question, an inline context, a server-side
-  `context_path` or a `context_url`, and per-request `max_depth`, `max_iterations` and budget caps.
+  `context_path` or a `context_url`, per-request `max_depth`, `max_iterations` and budget caps, and
+  a `session` id (recursa.serve.sessions decides what a later request of a session means).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,8 +34,11 @@ RECURSA_KEYS = (
     "max_depth",
     "max_iterations",
     "budget",
+    "session",
     *BUDGET_KEYS,
 )
+SETTING_KEYS = frozenset(("max_depth", "max_iterations", "budget", *BUDGET_KEYS))
+_SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 class ApiError(Exception):
@@ -104,6 +109,13 @@ class ChatRequest:
     max_iterations: int = 30
     budget: Budget = field(default_factory=Budget)
     completion_mode: bool = False  # the question is PROMPT_AS_CONTEXT_QUESTION
+    # For sessions: what the client asked and where the context came from, before the rules above
+    # turned them into `question` and `context`.
+    session: str | None = None
+    asked: str = ""  # recursa.question, else the last user message's text
+    explicit: str | None = None  # "context", "context_path" or "context_url" when one was given
+    docs: list[tuple[str, str]] = field(default_factory=list)  # (role or "file", "[header]\n text")
+    sent: frozenset[str] = frozenset()  # the recursa option names the request gave
 
 
 def parse_chat_request(body: Any, settings: ServeSettings) -> ChatRequest:
@@ -135,7 +147,8 @@ def parse_chat_request(body: Any, settings: ServeSettings) -> ChatRequest:
         raise bad(f"unknown recursa option(s) {unknown}; known: {', '.join(RECURSA_KEYS)}", "recursa")
 
     messages = _messages(body.get("messages"))
-    req = ChatRequest(model=model, question="", stream=stream)
+    req = ChatRequest(model=model, question="", stream=stream, sent=frozenset(extra))
+    req.session = _session_id(extra.get("session"))
     _apply_settings(req, extra, settings)
     _apply_context(req, messages, extra, settings)
     return req
@@ -239,9 +252,11 @@ def _apply_context(
         assert last_user is not None
         req.question = messages[last_user].text
         others = [m for i, m in enumerate(messages) if i != last_user]
+    req.asked = req.question
 
     if explicit:
         key = explicit[0]
+        req.explicit = key
         value = extra[key]
         if key == "context":
             if not _context_value_ok(value):
@@ -258,8 +273,10 @@ def _apply_context(
         return
 
     # Each document keeps a header ("[role]" or "[file: name]") unless it is the only one.
-    docs = [(m.text, f"[{m.role}]\n{m.text}") for m in others if m.text]
-    docs += [(text, f"[file: {name}]\n{text}") for m in messages for name, text in m.files]
+    pieces = [(m.role, m.text, f"[{m.role}]\n{m.text}") for m in others if m.text]
+    pieces += [("file", text, f"[file: {name}]\n{text}") for m in messages for name, text in m.files]
+    req.docs = [(kind, header) for kind, _, header in pieces]
+    docs = [(text, header) for _, text, header in pieces]
     if not docs or len(req.question) > settings.max_question_chars:
         # Nothing else to read (or the "question" is itself a document): the whole request is the
         # context and the RLM carries it out, as RLM.completion does.
@@ -270,6 +287,18 @@ def _apply_context(
     if not docs:
         raise bad("the request is empty: send a user message with the question (and context)", "messages")
     req.context = docs[0][0] if len(docs) == 1 else [header for _, header in docs]
+
+
+def _session_id(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _SESSION_ID.fullmatch(value):
+        raise bad(
+            "recursa.session must be an id of 1 to 128 letters, digits and . _ : - "
+            "(pick a random one, e.g. a UUID, and send it with every question of the session)",
+            "recursa.session",
+        )
+    return value
 
 
 def _context_value_ok(value: Any) -> bool:

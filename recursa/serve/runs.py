@@ -2,20 +2,26 @@
 
 Both servers (OpenAI-compatible HTTP and MCP) use this, so cancelling a run always goes through
 the same path: the task is cancelled, the engine records `stop_reason="cancelled"`, and
-`RLM.arun` reaps every REPL process of the tree before `LiveRun.cancel()` returns.
+`RLM.arun` reaps every REPL process of the tree before `LiveRun.cancel()` returns. A run that is
+one question of a server session asks that session instead; a cancelled question leaves the
+session's REPL running for the next one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recursa.budget import Budget
 from recursa.result import RLMResult
 from recursa.rlm import RLM
 from recursa.serve.settings import ServeSettings
+
+if TYPE_CHECKING:
+    from recursa.serve.sessions import ServedSession
 
 _DONE: dict[str, Any] = {"type": "__done__"}
 
@@ -29,12 +35,34 @@ class RunSpec:
     budget: Budget = field(default_factory=Budget)
 
 
-class LiveRun:
-    """Build with `LiveRun(settings, spec)` inside the event loop; `start()`; read `events()`."""
+def build_rlm(settings: ServeSettings, spec: RunSpec, on_event: Callable[[dict[str, Any]], None]) -> RLM:
+    """The RLM for one request (or one session): the operator's settings, the request's limits."""
+    return RLM(
+        settings.model,
+        sub_model=settings.sub_model,
+        base_url=settings.base_url,
+        api_key=settings.upstream_api_key,
+        max_depth=spec.max_depth,
+        max_iterations=spec.max_iterations,
+        budget=spec.budget,
+        sandbox=settings.sandbox,
+        trace_dir=settings.trace_dir,
+        trace=settings.trace,
+        on_event=on_event,
+        **settings.rlm_options,
+    )
 
-    def __init__(self, settings: ServeSettings, spec: RunSpec) -> None:
+
+class LiveRun:
+    """Build with `LiveRun(settings, spec)` inside the event loop; `start()`; read `events()`.
+
+    With `session`, the run is the next question of that session (`spec.context` is unused).
+    """
+
+    def __init__(self, settings: ServeSettings, spec: RunSpec, session: ServedSession | None = None) -> None:
         self.settings = settings
         self.spec = spec
+        self.session = session
         self.loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
@@ -43,20 +71,7 @@ class LiveRun:
         self._finished = False
         # Built now so a bad setting (unknown model, missing price for max_usd) fails the request
         # before any answer bytes are sent.
-        self.rlm = RLM(
-            settings.model,
-            sub_model=settings.sub_model,
-            base_url=settings.base_url,
-            api_key=settings.upstream_api_key,
-            max_depth=spec.max_depth,
-            max_iterations=spec.max_iterations,
-            budget=spec.budget,
-            sandbox=settings.sandbox,
-            trace_dir=settings.trace_dir,
-            trace=settings.trace,
-            on_event=self._on_event,
-            **settings.rlm_options,
-        )
+        self.rlm = session.rlm if session is not None else build_rlm(settings, spec, self._on_event)
 
     def _on_event(self, event: dict[str, Any]) -> None:
         if self.run_id is None and event.get("type") == "run_start" and not event.get("parent_run_id"):
@@ -75,6 +90,8 @@ class LiveRun:
 
     async def _run(self) -> RLMResult:
         try:
+            if self.session is not None:
+                return await self.session.ask(self.spec.question, self._on_event)
             return await self.rlm.arun(self.spec.question, self.spec.context)
         finally:
             self.queue.put_nowait(_DONE)

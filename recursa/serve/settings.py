@@ -43,6 +43,9 @@ class ServeSettings:
     max_depth_limit: int = 3
     max_iterations_limit: int = 100
     max_question_chars: int = 50_000  # a longer "question" is treated as context
+    # Sessions (`extra_body={"recursa": {"session": id}}`): each open one keeps a REPL process.
+    max_sessions: int = 32  # open at once; 0 turns sessions off
+    session_ttl_s: float = 900.0  # an idle session is closed after this long
     rlm_options: dict[str, Any] = field(default_factory=dict)  # any other RLM(...) keyword
     on_event: EventCallback | None = None  # also gets every event of every run (e.g. OpenTelemetry)
 
@@ -52,6 +55,10 @@ class ServeSettings:
             self.trace_dir = Path(self.trace_dir)
         if self.max_runs < 1:
             raise ConfigError("max_runs must be >= 1")
+        if self.max_sessions < 0:
+            raise ConfigError("max_sessions must be >= 0 (0 turns sessions off)")
+        if not self.session_ttl_s > 0:
+            raise ConfigError("session_ttl_s must be a positive number of seconds")
         if self.max_depth > self.max_depth_limit:
             self.max_depth_limit = self.max_depth
 

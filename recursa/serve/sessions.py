@@ -1,0 +1,293 @@
+"""Server sessions: several chat requests answered over one context, in one REPL that keeps its
+variables between them (recursa.session.Session behind an id the client picks).
+
+A client opts in with `extra_body={"recursa": {"session": "<id>"}}`:
+- the first request with a new id opens the session: its context (from the messages or a
+  `recursa.context*` option) and its limits (`max_depth`, `max_iterations`, budget) are the
+  session's for good; each question gets a fresh budget with those caps;
+- a later request with that id is the next question: its last user message (or
+  `recursa.question`) is asked over the session's context, which it need not send again. If it
+  does send one, it must be the same: the same `recursa.context*` value, or messages that repeat
+  the first request's context messages with only user and assistant turns around them (a chat
+  client replaying its conversation). Anything else, or different limits, is a 400;
+- requests on one session run one at a time, in arrival order; a session idle for
+  `session_ttl_s` is closed and its REPL reaped, as are all of them at shutdown; at most
+  `max_sessions` are open (429 past that); `DELETE /v1/recursa/sessions/{id}` closes one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from recursa.errors import RecursaError
+from recursa.result import RLMResult
+from recursa.serve.request import SETTING_KEYS, ApiError, ChatRequest, bad
+from recursa.serve.runs import LiveRun, RunSpec, build_rlm
+from recursa.serve.settings import EventCallback, ServeSettings
+from recursa.serve.sources import check_path
+
+ContextKey = tuple[str, Any]  # ("inline", value) | ("path", resolved path) | ("url", url)
+_CONVERSATION = ("user", "assistant")
+
+
+class ServedSession:
+    """One open session: its RLM and Session, and what its later requests are checked against."""
+
+    def __init__(
+        self,
+        session_id: str,
+        settings: ServeSettings,
+        spec: RunSpec,
+        key: ContextKey,
+        docs: list[tuple[str, str]] | None,
+    ) -> None:
+        self.id = session_id
+        self.settings = settings
+        self.limits = (spec.max_depth, spec.max_iterations, spec.budget)
+        self.key = key
+        # Fingerprints of the messages that made the context; None when a recursa option named it.
+        self.docs = docs
+        self._listener: EventCallback | None = None
+        self.rlm = build_rlm(settings, spec, self._relay)
+        self.session = self.rlm.session(spec.context)
+        self.lock = asyncio.Lock()  # held by a request from admission to finish
+        self.users = 0  # requests holding or waiting for the lock: a used session never expires
+        self.current: LiveRun | None = None
+        self.last_used = time.monotonic()
+        self.closed = False
+        self.broken = False
+
+    def _relay(self, event: dict[str, Any]) -> None:
+        # The session's RLM lives longer than any request: its events go to the current one.
+        if self._listener is not None:
+            self._listener(event)
+        elif self.settings.on_event is not None:
+            self.settings.on_event(event)
+
+    async def ask(self, question: str, listener: EventCallback) -> RLMResult:
+        self._listener = listener
+        try:
+            return await self.session.aask(question)
+        except asyncio.CancelledError:
+            raise  # a cancelled question leaves the REPL as it was; the session goes on
+        except Exception:
+            # A question that raises instead of stopping (context that cannot load, a REPL that
+            # cannot start) leaves nothing to go on with; the service closes the session.
+            self.broken = True
+            raise
+        finally:
+            self._listener = None
+
+    def idle_s(self) -> float:
+        return time.monotonic() - self.last_used
+
+    async def shut(self) -> None:
+        """Close now: cancel a question in progress, then reap the REPL."""
+        self.closed = True
+        if self.current is not None:
+            await self.current.cancel()
+        await self.session.aclose()
+
+    def describe(self) -> dict[str, Any]:
+        trace = self.session.trace_path
+        return {
+            "id": self.id,
+            "object": "recursa.session",
+            "questions": len(self.session.history),
+            "busy": self.users > 0,
+            "idle_s": round(0.0 if self.users else self.idle_s(), 3),
+            "trace": trace.name if trace else None,
+        }
+
+
+class SessionStore:
+    """The open sessions of one server, their expiry and their closing."""
+
+    def __init__(self, settings: ServeSettings) -> None:
+        self.settings = settings
+        self.open: dict[str, ServedSession] = {}
+        self._reaper: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+
+    # -- requests ------------------------------------------------------------------------------
+    async def prepare(self, req: ChatRequest, resolve: Callable[[ChatRequest], Awaitable[Any]]) -> LiveRun:
+        """The run for a request that names a session: the session's first question or its next."""
+        assert req.session is not None
+        if self.settings.max_sessions == 0:
+            raise ApiError(
+                403,
+                "sessions are turned off on this server (its operator set --max-sessions 0); "
+                "send the request without recursa.session",
+                param="recursa.session",
+                code="sessions_disabled",
+            )
+        handle = self.find(req.session)
+        if handle is None:
+            self._check_room()
+            context = await resolve(req)
+            handle = self.find(req.session)  # another request may have opened it meanwhile
+            if handle is None:
+                handle = self._open(req, context)
+                return self._run(handle, req.question)
+        return self._run(handle, self._next_question(handle, req))
+
+    def _run(self, handle: ServedSession, question: str) -> LiveRun:
+        handle.last_used = time.monotonic()
+        max_depth, max_iterations, budget = handle.limits
+        return LiveRun(self.settings, RunSpec(question, None, max_depth, max_iterations, budget), handle)
+
+    def _open(self, req: ChatRequest, context: Any) -> ServedSession:
+        assert req.session is not None
+        self._check_room()
+        docs = None
+        if req.explicit is None:
+            made_of = list(req.docs)
+            if req.completion_mode and req.asked:
+                made_of.append(("user", f"[user]\n{req.asked}"))  # the request itself became the context
+            docs = _fingerprints(made_of)
+        spec = RunSpec(req.question, context, req.max_depth, req.max_iterations, req.budget)
+        key = self._key(req)
+        try:
+            handle = ServedSession(req.session, self.settings, spec, key, docs)
+        except (RecursaError, ValueError) as exc:
+            raise ApiError(400, f"cannot start the session: {exc}", code="invalid_run_settings") from None
+        self.open[req.session] = handle
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.create_task(self._reap(), name="recursa-session-reaper")
+        return handle
+
+    def _check_room(self) -> None:
+        if len(self.open) >= self.settings.max_sessions:
+            raise ApiError(
+                429,
+                f"this server already has {len(self.open)} open sessions, its limit; close one with "
+                "DELETE /v1/recursa/sessions/{id}, wait for idle ones to expire "
+                f"({self.settings.session_ttl_s:g} s), or send the request without recursa.session",
+                type="rate_limit_error",
+                param="recursa.session",
+                code="too_many_sessions",
+            )
+
+    def _key(self, req: ChatRequest) -> ContextKey:
+        if req.explicit == "context_path":
+            assert req.context_path is not None
+            return ("path", str(check_path(req.context_path, self.settings.context_roots)))
+        if req.explicit == "context_url":
+            return ("url", req.context_url)
+        return ("inline", req.context)
+
+    def _next_question(self, handle: ServedSession, req: ChatRequest) -> str:
+        """A later request's question, once its context and limits are checked against the session's."""
+        if not req.asked.strip():
+            raise bad("the question is empty: the last user message (or recursa.question) is the question")
+        if req.explicit is not None:
+            same = self._key(req) == handle.key
+        elif handle.docs is None or not req.docs:
+            same = True  # nothing re-sent (messages beside a recursa.context* option never counted)
+        else:
+            same = _replays(handle.docs, _fingerprints(req.docs))
+        if not same:
+            raise bad(
+                f"session {handle.id!r} keeps the context of its first request, and this request sends "
+                "a different one. Send later questions of a session without context (or with exactly "
+                "the same), or open a new session (a new id) for the new context.",
+                "recursa.session",
+                "session_context_mismatch",
+            )
+        if req.sent & SETTING_KEYS and (req.max_depth, req.max_iterations, req.budget) != handle.limits:
+            raise bad(
+                f"session {handle.id!r} keeps the max_depth, max_iterations and budget of its first "
+                "request; send the same values (or none), or open a new session to change them",
+                "recursa.session",
+                "session_settings_mismatch",
+            )
+        return req.asked
+
+    def find(self, session_id: str) -> ServedSession | None:
+        self.expire()
+        return self.open.get(session_id)
+
+    # -- admission (the chat service holds a session's lock around each of its runs) -----------
+    def admitted(self, run: LiveRun) -> None:
+        """The run holds its session's lock: it may go ahead unless the session closed meanwhile."""
+        handle = run.session
+        assert handle is not None
+        if handle.closed:
+            self.release(run)
+            raise ApiError(
+                404,
+                f"session {handle.id!r} was closed while this request waited for it",
+                param="recursa.session",
+                code="session_closed",
+            )
+        handle.current = run
+
+    def release(self, run: LiveRun) -> None:
+        handle = run.session
+        assert handle is not None
+        handle.current = None
+        handle.users -= 1
+        handle.last_used = time.monotonic()
+        handle.lock.release()
+        if handle.broken and self.open.get(handle.id) is handle:
+            del self.open[handle.id]
+            self._close_later(handle)
+
+    # -- closing -------------------------------------------------------------------------------
+    def expire(self) -> None:
+        ttl = self.settings.session_ttl_s
+        for sid, handle in list(self.open.items()):
+            if handle.users == 0 and handle.idle_s() > ttl:
+                del self.open[sid]
+                self._close_later(handle)
+
+    def _close_later(self, handle: ServedSession) -> None:
+        handle.closed = True
+        task = asyncio.create_task(handle.shut(), name=f"recursa-session-close-{handle.id}")
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def close(self, session_id: str) -> bool:
+        handle = self.open.pop(session_id, None)
+        if handle is None:
+            return False
+        await handle.shut()
+        return True
+
+    async def _reap(self) -> None:
+        # Checked a few times per TTL, so a session outlives its TTL by at most a quarter of it.
+        interval = min(max(self.settings.session_ttl_s / 4, 0.05), 30.0)
+        while self.open:
+            await asyncio.sleep(interval)
+            self.expire()
+
+    async def aclose(self) -> None:
+        """Close every session (server shutdown)."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        handles, self.open = list(self.open.values()), {}
+        await asyncio.gather(*(h.shut() for h in handles), *self._closing, return_exceptions=True)
+
+
+def _replays(session_docs: list[tuple[str, str]], docs: list[tuple[str, str]]) -> bool:
+    """True when `docs` hold the session's documents in order, with nothing around them but user
+    and assistant turns (a chat client sending its conversation so far)."""
+    matched = 0
+    for doc in docs:
+        if matched < len(session_docs) and doc == session_docs[matched]:
+            matched += 1
+        elif doc[0] not in _CONVERSATION:
+            return False
+    return matched == len(session_docs)
+
+
+def _fingerprints(docs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    # A session keeps digests, not a second copy of every document it was opened with.
+    return [(kind, hashlib.blake2b(text.encode("utf-8", "surrogatepass")).hexdigest()) for kind, text in docs]
