@@ -148,14 +148,14 @@ class ModelGateway:
                     raise BudgetExceeded("max_seconds", "LM call refused: the run's time budget is used up.")
                 response = await self._attempts(request, state)
         except TimeoutError:
-            self.ledger.release(state.reservation)
+            self._drop(state)
             error = "LM call stopped: the run's time budget ran out while it was queued or in flight."
             self.trace.emit("lm_call", **base_event, error=error, latency_s=_since(started), **state.fields())
             raise BudgetExceeded("max_seconds", error) from None
         except BaseException as exc:
             # Attempts that may have been billed are already counted (state.billed); the rest were
             # not billed. A cancelled attempt may have been, but nothing tells us what it used.
-            self.ledger.release(state.reservation)
+            self._drop(state)
             if isinstance(exc, (LMError, BudgetExceeded)):
                 self.trace.emit(
                     "lm_call", **base_event, error=str(exc), latency_s=_since(started), **state.fields()
@@ -193,9 +193,11 @@ class ModelGateway:
         client = self.client(state.spec)
         while True:
             state.attempts += 1
+            state.sending = True  # until complete() returns or raises: a cancellation now may be billed
             try:
                 response = await client.complete(request)
             except LMError as err:
+                state.sending = False
                 if isinstance(err, BilledFailure) and err.usage is not None:
                     state.billed.add(self._count(state, err.usage)[0])
                 if not err.retryable:
@@ -210,6 +212,7 @@ class ModelGateway:
                 state.errors.append(fold(str(err), RETRY_ERROR_TRACE_CHARS))
                 await asyncio.sleep(policy.delay(state.attempts, err.retry_after))
                 continue
+            state.sending = False
             response.attempts = state.attempts
             return response
 
@@ -228,11 +231,28 @@ class ModelGateway:
             cost_usd=cost or 0.0,
             llm_calls=1,
         )
-        self.ledger.settle(state.reservation, usage.total_tokens, usage.cost_usd)
+        tokens, usd = usage.total_tokens, usage.cost_usd
+        if counted.estimated:
+            # An estimate can fall short of the bill (a reply cut off mid-way is billed for output
+            # we never saw): the budget keeps the attempt's whole reservation, so caps hold for
+            # what the provider charges. Usage still reports the estimate.
+            tokens = max(tokens, state.reservation.tokens)
+            usd = max(usd, state.reservation.usd)
+        self.ledger.settle(state.reservation, tokens, usd)
         for scope in state.scopes:
             scope.record(state.spec, usage)
         state.estimated = state.estimated or counted.estimated
         return usage, cost is not None
+
+    def _drop(self, state: _CallState) -> None:
+        """End a call that got no answer. An attempt cut off while the provider had it (the
+        deadline, a cancelled REPL cell) may still be billed in full, and nothing says how much:
+        the budget keeps its whole reservation, so a later call cannot spend money the provider
+        may already have charged. Anything else was never sent, or was billed and counted."""
+        if state.sending:
+            self.ledger.settle(state.reservation, state.reservation.tokens, state.reservation.usd)
+        else:
+            self.ledger.release(state.reservation)
 
     def _reserve_retry(self, state: _CallState, err: LMError) -> Reservation:
         try:
@@ -256,6 +276,7 @@ class _CallState:
     billed: ModelUsage = field(default_factory=ModelUsage)  # failed attempts that were counted
     estimated: bool = False
     errors: list[str] = field(default_factory=list)  # the failures that were retried
+    sending: bool = False  # an attempt is with the provider right now
 
     def fields(self) -> dict[str, Any]:
         out: dict[str, Any] = {"attempts": self.attempts}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import shutil
 import socket
@@ -149,7 +150,16 @@ class WorkerHost:
         if self._worker is not None or self._handler is not None:
             raise SandboxError("the sandbox is already started")
         self._handler = handler
-        self._worker = await self._new_worker()
+        try:
+            self._worker = await self._new_worker()
+        except OSError as exc:
+            if exc.errno != errno.EMFILE:
+                raise
+            raise SandboxError(
+                "cannot start a REPL process: this process has too many open files (each running RLM "
+                "holds a few sockets and pipes). Raise the limit, e.g. `ulimit -n 65536` in the shell "
+                "or resource.setrlimit(resource.RLIMIT_NOFILE, ...), or run fewer RLMs at once."
+            ) from None
 
     async def _new_worker(self) -> Connection:
         conn = await self._spawn()
