@@ -9,7 +9,7 @@ import anthropic
 from recursa.lm.base import LMRequest, LMResponse, Message
 from recursa.lm.billing import AttemptUsage, BilledFailure
 from recursa.lm.retry import RetryPolicy, public_url
-from recursa.lm.sdk_call import Endpoint, call_sdk, resolve_credentials
+from recursa.lm.sdk_call import Endpoint, call_sdk, resolve_credentials, shared_tls_context
 from recursa.lm.tool_format import (
     anthropic_messages,
     anthropic_tool_calls,
@@ -87,7 +87,11 @@ class AnthropicClient:
         self._secret = creds.secret
         self._timeout = anthropic.Timeout(timeout, connect=min(timeout, _CONNECT_TIMEOUT))
         self._client = anthropic.AsyncAnthropic(
-            api_key=creds.key, base_url=base_url, timeout=self._timeout, max_retries=0
+            api_key=creds.key,
+            base_url=base_url,
+            timeout=self._timeout,
+            max_retries=0,
+            http_client=anthropic.DefaultAsyncHttpxClient(verify=shared_tls_context()),
         )
         self.base_url = public_url(str(self._client.base_url))
         self._endpoint = Endpoint(anthropic, self.provider, model, self.base_url, ENV_VAR, self._secret)

@@ -9,7 +9,7 @@ import openai
 from recursa.lm.base import LMRequest, LMResponse
 from recursa.lm.billing import AttemptUsage, BilledFailure
 from recursa.lm.retry import RetryPolicy, public_url
-from recursa.lm.sdk_call import Endpoint, call_sdk, resolve_credentials
+from recursa.lm.sdk_call import Endpoint, call_sdk, resolve_credentials, shared_tls_context
 from recursa.lm.tool_format import has_tool_messages, openai_messages, openai_tool_calls, openai_tools
 
 ENV_VAR = "OPENAI_API_KEY"
@@ -173,6 +173,6 @@ def _http_client() -> Any:
     try:
         import aiohttp  # noqa: F401
 
-        return openai.DefaultAioHttpClient()
+        return openai.DefaultAioHttpClient(verify=shared_tls_context())
     except ImportError:
         return None
