@@ -11,20 +11,16 @@ One `HostHardening` per `SubprocessSandbox`. Per worker process it
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
-import py_compile
 import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 from recursa.errors import SandboxError
 from recursa.sandbox.bwrap import bwrap_command, find_bwrap, inner_pid, namespace_ids
+from recursa.sandbox.bytecode import worker_files
 from recursa.sandbox.guard import ProcessGuard, data_usage, set_data_limit
 from recursa.sandbox.policy import Hardening, describe, unconfined
-from recursa.sandbox.protocol import WORKER_PATH
-
-HARDENING_PATH = WORKER_PATH.with_name("hardening.py")
 
 
 class HostHardening:
@@ -64,9 +60,7 @@ class HostHardening:
             return []
         # Folders the user allowed must exist inside the namespace too, not only pass Landlock.
         allowed = [os.path.abspath(p) for p in self.options.allow_read] if self.options is not None else []
-        return bwrap_command(
-            path, self.python, [str(WORKER_PATH), str(HARDENING_PATH), *_bytecode()], scratch, allowed
-        )
+        return bwrap_command(path, self.python, worker_files(), scratch, allowed)
 
     def python_flags(self) -> list[str]:
         """-S unless packages are allowed: site-packages' .pth files (code run at every start, often
@@ -188,19 +182,6 @@ class HostHardening:
         if self.guard is not None:
             self.guard.stop()
             self.guard = None
-
-
-def _bytecode() -> list[str]:
-    """hardening.py's cached bytecode, written once if missing, so workers skip compiling it (~5 ms).
-
-    The worker loads the file by path; the loader finds the cache next to it, also inside bwrap
-    when the cache file is bound too. Best effort: a read-only install just compiles each time.
-    """
-    cached = importlib.util.cache_from_source(str(HARDENING_PATH))
-    if not os.path.exists(cached):
-        with contextlib.suppress(OSError, py_compile.PyCompileError):
-            py_compile.compile(str(HARDENING_PATH), cfile=cached, doraise=True)
-    return [cached] if os.path.exists(cached) else []
 
 
 def not_started() -> dict[str, Any]:
