@@ -88,6 +88,24 @@ def test_prefix_cache_counts_leading_full_blocks() -> None:
     assert cache.hit_ratio == pytest.approx((160 + (total - 1) // 16 * 16) / (164 + 2 * total))
 
 
+def test_a_reply_is_cached_for_the_next_turn_that_carries_it() -> None:
+    # SYSTEM is 160 tokens of content + 4 role tokens; the reply is 96 tokens + 4 role tokens.
+    cache = PrefixCache(capacity_blocks=1000)
+    prompt = [{"role": "system", "content": SYSTEM}]
+    reply = "r" * 384
+    assert cache.lookup_and_store(prompt) == (0, 164)
+    cache.store_generated(prompt, reply)
+    turn2 = [*prompt, {"role": "assistant", "content": reply}, {"role": "user", "content": "u" * 64}]
+    total = count_message_tokens(turn2)
+    assert total == 164 + 100 + 20
+    # prompt + reply = 264 tokens = 16 full blocks, all stored when the reply finished
+    assert cache.lookup_and_store(turn2) == (16 * BLOCK_TOKENS, total)
+    # without the reply's blocks only the prompt's 10 full blocks would have hit
+    fresh = PrefixCache(capacity_blocks=1000)
+    fresh.lookup_and_store(prompt)
+    assert fresh.lookup_and_store(turn2) == (10 * BLOCK_TOKENS, total)
+
+
 def test_prefix_blocks_chain_on_their_parent() -> None:
     a = [{"role": "user", "content": "a" * 64 + "b" * 64}]
     b = [{"role": "user", "content": "c" * 64 + "b" * 64}]

@@ -61,8 +61,9 @@ class Server:
         with urlopen(f"{self.root}/ledger") as r:
             return json.load(r)
 
-    def reset(self) -> None:
-        with urlopen(Request(f"{self.root}/ledger/reset", method="POST")) as r:
+    def reset(self, keep_cache: bool = False) -> None:
+        query = "?keep_cache=true" if keep_cache else ""
+        with urlopen(Request(f"{self.root}/ledger/reset{query}", method="POST")) as r:
             r.read()
 
     def __enter__(self) -> Server:
@@ -83,9 +84,9 @@ class Bench:
         self.smoke = args.smoke
 
     def side(
-        self, srv: Server, engine: str, question: str, timeout: float = 900, **opts: Any
+        self, srv: Server, engine: str, question: str, timeout: float = 900, warm: bool = False, **opts: Any
     ) -> dict[str, Any]:
-        srv.reset()
+        srv.reset(keep_cache=warm)
         cmd = [self.python[engine], str(HERE / "side.py"), "--engine", engine, "--base-url", srv.base_url]
         cmd += ["--question", question]
         for key, value in opts.items():
@@ -324,23 +325,40 @@ def case_memory(bench: Bench) -> None:
 def case_cache(bench: Bench) -> None:
     turns = 4 if bench.smoke else 10
     print(f"## prefix cache: root prompts over a {turns}-turn run (vllm-small profile, 16-token blocks)\n")
-    head = ["engine", "root prompt tokens", "cached", "hit ratio (all turns)", "hit ratio (turns 2+)"]
+    head = [
+        "engine",
+        "server",
+        "root prompt tokens",
+        "cached",
+        "hit ratio (all turns)",
+        "hit ratio (turns 2+)",
+    ]
     rows = []
-    with Server("vllm-small") as srv:
-        for engine in bench.engines:
-            r = bench.side(srv, engine, f"Step. BENCH[turns:{turns}]", context_mb=1)
-            roots = sorted(
-                (x for x in r.get("ledger", []) if x["model"] == "bench-root"), key=lambda x: x["received_at"]
-            )
-            if r.get("answer") != "done" or not roots:
-                rows.append([engine, f"failed: {r.get('error') or r.get('answer')}"[:120], "", "", ""])
-                continue
-            prompt = sum(x["prompt_tokens"] for x in roots)
-            cached = sum(x["cached_tokens"] for x in roots)
-            later = roots[1:]
-            ratio2 = sum(x["cached_tokens"] for x in later) / max(1, sum(x["prompt_tokens"] for x in later))
-            rows.append([engine, f"{prompt:,}", f"{cached:,}", f"{cached / prompt:.1%}", f"{ratio2:.1%}"])
+    for engine in bench.engines:
+        for warm in (False, True):
+            with Server("vllm-small") as srv:
+                if warm:  # another run of the same engine and model before: what a serving deployment sees
+                    bench.side(srv, engine, "Step. BENCH[turns:2]", context_mb=1)
+                r = bench.side(srv, engine, f"Step. BENCH[turns:{turns}]", context_mb=1, warm=warm)
+            rows.append([engine, "warm" if warm else "cold", *_cache_cells(r)])
     _table(head, rows)
+    print(
+        "cold: a fresh server, so turn 1 cannot hit; warm: one earlier run (another question) on the same "
+        "server, whose system prompt is cached.\n"
+    )
+
+
+def _cache_cells(r: dict[str, Any]) -> list[str]:
+    roots = sorted(
+        (x for x in r.get("ledger", []) if x["model"] == "bench-root"), key=lambda x: x["received_at"]
+    )
+    if r.get("answer") != "done" or not roots:
+        return [f"failed: {r.get('error') or r.get('answer')}"[:120], "", "", ""]
+    prompt = sum(x["prompt_tokens"] for x in roots)
+    cached = sum(x["cached_tokens"] for x in roots)
+    later = roots[1:]
+    ratio2 = sum(x["cached_tokens"] for x in later) / max(1, sum(x["prompt_tokens"] for x in later))
+    return [f"{prompt:,}", f"{cached:,}", f"{cached / prompt:.1%}", f"{ratio2:.1%}"]
 
 
 CASES: dict[str, Callable[[Bench], None]] = {

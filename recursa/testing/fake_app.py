@@ -488,6 +488,7 @@ async def _handle(server: FakeServer, request: Request, api: Api, rec: RequestRe
         if truncated:
             reply = reply[: max_tokens * 4]  # type: ignore[operator]  # 4 chars/token: exactly max_tokens
         rec.reply, rec.completion_tokens, rec.status = reply, count_tokens(reply), 200
+        server.cache.store_generated(messages, reply)
         rec.cost_usd = server.profile.cost(rec.prompt_tokens, rec.cached_tokens, rec.completion_tokens)
         if stream:
             if fault is not None and fault.kind == "no_usage":
@@ -588,8 +589,8 @@ def build_app(server: FakeServer) -> FastAPI:
         return JSONResponse([_record_json(r) for r in server.ledger.snapshot()])
 
     @app.post("/ledger/reset")
-    async def ledger_reset() -> Response:
-        server.reset()
+    async def ledger_reset(keep_cache: bool = False) -> Response:
+        server.reset(keep_cache=keep_cache)
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")

@@ -302,11 +302,12 @@ class FakeServer:
                 out[rec.model] = out.get(rec.model, 0.0) + rec.cost_usd
         return out
 
-    def reset(self) -> None:
+    def reset(self, *, keep_cache: bool = False) -> None:
         """Forget the ledger (records, request indices for fault plans, max_in_flight), the prefix
-        cache, and the counts of a `FaultSchedule`."""
+        cache (unless `keep_cache`: to measure a warm server), and the counts of a `FaultSchedule`."""
         self.ledger.reset()
-        self.cache.clear()
+        if not keep_cache:
+            self.cache.clear()
         restart = getattr(self.faults, "reset", None)
         if callable(restart):
             restart()

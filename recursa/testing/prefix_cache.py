@@ -5,7 +5,8 @@ A prompt is a token sequence: per message four marker tokens for its role, then 
 full blocks of 16; a block's key is the hash of its parent's key and its own tokens, so a block hits
 only when everything before it matched too. A lookup counts the leading blocks already cached (never
 the whole prompt: like vLLM, at least the last token is computed), then stores every full block,
-evicting the least recently used when over capacity.
+evicting the least recently used when over capacity. When a reply is done, the blocks it filled
+are stored too (`store_generated`), so the next turn of a conversation hits on the previous reply.
 """
 
 from __future__ import annotations
@@ -86,6 +87,25 @@ class PrefixCache:
             cached = hits * BLOCK_TOKENS
             self.cached_tokens += cached
             return cached, total
+
+    def store_generated(self, messages: list[Message], reply: str) -> None:
+        """Remember the blocks the reply filled, as vLLM does once decode completes a block.
+
+        The sequence is the prompt, the assistant's role tokens and the reply: exactly how the next
+        turn's prompt starts when it carries this reply, so a root's history hits there too.
+        """
+        if self.capacity_blocks <= 0 or not reply:
+            return
+        keys, _ = block_keys([*messages, {"role": "assistant", "content": reply}])
+        with self._lock:
+            for key in keys:
+                if key in self._blocks:
+                    self._blocks.move_to_end(key)
+                else:
+                    self._blocks[key] = None
+            while len(self._blocks) > self.capacity_blocks:
+                self._blocks.popitem(last=False)
+                self.evictions += 1
 
     @property
     def hit_ratio(self) -> float:
