@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recursa import RLM, Budget
+from recursa.sandbox.proc import processes
 
 ROOT_MODEL = "load-root"
 SUB_MODEL = "load-sub"
@@ -101,17 +102,7 @@ def rss_mb() -> float:
 def _process_table() -> dict[int, tuple[int, int]]:
     """pid -> (parent pid, session id) of every process, from /proc (Linux). Zombies included: a
     child the host never reaped is a leak too."""
-    table: dict[int, tuple[int, int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        table[int(name)] = (int(fields[1]), int(fields[3]))
-    return table
+    return {pid: (int(fields[1]), int(fields[3])) for pid, fields in processes()}
 
 
 def descendants(table: dict[int, tuple[int, int]] | None = None) -> set[int]:

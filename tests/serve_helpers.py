@@ -3,7 +3,6 @@ to see the process tree (to check that sandboxes are reaped)."""
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import Callable
@@ -11,6 +10,7 @@ from collections.abc import Callable
 from recursa.lm.base import Message
 from recursa.lm.scripted import policy_names, register
 from recursa.lm.scripted.conversation import is_rlm_conversation
+from recursa.sandbox.proc import descendants  # noqa: F401  (re-exported for the serve tests)
 
 from .helpers import max_overlap  # noqa: F401  (re-exported for the serve tests)
 
@@ -51,29 +51,6 @@ def install_test_root() -> str:
     if TEST_ROOT not in policy_names():
         register(TEST_ROOT)(lambda: _policy)
     return f"scripted/{TEST_ROOT}"
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below `pid` (zombies included: an unreaped worker still counts)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    out: set[int] = set()
-    stack = [pid]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            if child not in out:
-                out.add(child)
-                stack.append(child)
-    return out
 
 
 def wait_until(check: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:

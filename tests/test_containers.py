@@ -34,6 +34,7 @@ from recursa.sandbox import (
     make_sandbox,
 )
 from recursa.sandbox.containers import _docker_info_ok
+from recursa.sandbox.proc import running as _alive
 from recursa.sandbox.stdio import BOOTSTRAP, worker_argv, worker_source
 
 C_LOOP = "sum(range(10**13))"
@@ -48,14 +49,6 @@ class Host:
         if fn == "llm_query_batched":
             return [f"echo:{p}" for p in args["prompts"]]
         return f"echo:{args.get('prompt')}"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 async def _exercise(sb: Any, host: Host) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from recursa import RLM, Budget
+from recursa.sandbox.proc import running as _running
 from recursa.tasks import generate
 from recursa.trace import Redactor, TraceWriter, load
 
@@ -29,15 +30,6 @@ KEY_ENV = {"OPENAI_API_KEY": "test-key-0123456789"}
 LATE_S = 1.0
 
 # -- processes -----------------------------------------------------------------------------------
-
-
-def _running(pid: int) -> bool:
-    """True while `pid` runs; a zombie (dead, waiting to be reaped by whoever adopted it) is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def _still_running(pids: Iterable[int], within: float) -> set[int]:

@@ -19,6 +19,7 @@ from recursa.context import build_payload
 from recursa.errors import BudgetExceeded, ConfigError, SandboxError
 from recursa.sandbox import InProcessSandbox, Sandbox, SubprocessSandbox, make_sandbox
 from recursa.sandbox.base import CallbackError
+from recursa.sandbox.proc import running as _pid_exists
 from recursa.sandbox.protocol import WORKER_PATH, FrameDecoder, encode_frame
 
 
@@ -519,15 +520,6 @@ def test_frames_are_json_only() -> None:
 
 def _isdir(path: str) -> bool:
     return os.path.isdir(path)
-
-
-def _pid_exists(pid: int) -> bool:
-    """True while `pid` runs (a zombie waiting for its parent to reap it counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def _wait_gone(pid: int) -> bool:

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from recursa.errors import ConfigError
+from recursa.sandbox.proc import running as _alive
 from recursa.trace import load
 
 from .test_rlm_openai import code, make_rlm
@@ -115,14 +116,6 @@ def test_a_small_window_compacts_older_turns_and_keeps_them_in_root_history(serv
     events = load(result.trace_path).events
     compacts = [e for e in events if e["type"] == "compact"]
     assert compacts and compacts[0]["compacted_messages"] >= 1
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def _wait_gone(pid: int, timeout: float = 5.0) -> bool:

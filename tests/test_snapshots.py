@@ -18,6 +18,7 @@ import pytest
 
 from recursa.context import build_payload
 from recursa.sandbox import SubprocessSandbox
+from recursa.sandbox.proc import running as _alive
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork snapshots need Linux")
 
@@ -48,15 +49,6 @@ async def sandbox(host: Host) -> AsyncIterator[SubprocessSandbox]:
     await sb.start(host)
     yield sb
     await sb.close()
-
-
-def _alive(pid: int) -> bool:
-    """Running or sleeping, not a zombie waiting for its reaper."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
 
 
 def _stat(pid: int) -> list[str]:

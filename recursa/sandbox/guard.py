@@ -26,6 +26,8 @@ import weakref
 from collections.abc import Callable, Collection, Iterator
 from typing import ClassVar
 
+from recursa.sandbox.proc import processes
+
 ZOMBIE_FACTOR = 8  # zombies allowed per allowed process before the whole group is killed
 POLL_S = 0.05  # how often the system's thread count is read
 
@@ -62,21 +64,8 @@ def count_groups(pgids: Collection[int]) -> dict[int, tuple[int, int]]:
 
 def _processes() -> Iterator[tuple[int, int, str]]:
     """(pid, process group, state) of every process in /proc."""
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                data = fh.read()
-        except OSError:
-            continue
-        fields = data[data.rfind(b")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp ...
-        if len(fields) > 2:
-            yield int(name), int(fields[2]), fields[0].decode()
+    for pid, fields in processes():
+        yield pid, int(fields[2]), fields[0].decode()
 
 
 class ProcessGuard:

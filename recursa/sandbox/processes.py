@@ -37,6 +37,8 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any
 
+from recursa.sandbox.proc import processes, stat_fields
+
 
 class WorkerProcess:
     """How to stop one worker process. The base class knows nothing (a remote process)."""
@@ -95,22 +97,7 @@ def _describe_status(status: int) -> str:
 
 def group_members(pgid: int) -> list[tuple[int, int, str]]:
     """(pid, ppid, state) of the processes in group `pgid`, read from /proc (Linux)."""
-    out: list[tuple[int, int, str]] = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return out
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2 and int(fields[2]) == pgid:
-            out.append((int(name), int(fields[1]), fields[0].decode()))
-    return out
+    return [(pid, int(f[1]), f[0].decode()) for pid, f in processes() if int(f[2]) == pgid]
 
 
 class _Pid:
@@ -163,13 +150,9 @@ class _Pid:
         While it is a zombie /proc shows it; once reaped, Linux 6.15+ keeps it on the pidfd
         (PIDFD_GET_INFO). Else None (the keeper's log line says it then; see host.py).
         """
-        try:
-            with open(f"/proc/{self.pid}/stat", "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()
-            if fields[0] == b"Z" and len(fields) >= 50:
-                return int(fields[49])  # field 52 of stat: exit_code, as waitpid reports it
-        except (OSError, IndexError, ValueError):
-            pass
+        fields = stat_fields(self.pid)
+        if fields is not None and fields[0] == b"Z" and len(fields) >= 50:
+            return int(fields[49])  # field 52 of stat: exit_code, as waitpid reports it
         if self.fd < 0:
             return None
         info = bytearray(64)
@@ -291,12 +274,8 @@ class LocalProcess(WorkerProcess):
     def _in_session(self, pid: int) -> int | None:
         """`pid` if it is a process of the session we started (seccomp keeps sandboxed code from
         leaving it, and nothing can join it from outside), else None."""
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            return None
-        return pid if len(fields) > 3 and int(fields[3]) == self.group and pid != self.proc.pid else None
+        fields = stat_fields(pid)
+        return pid if fields is not None and int(fields[3]) == self.group and pid != self.proc.pid else None
 
     def adopt(self, restored: dict[str, Any]) -> WorkerProcess:
         pid = restored.get("pid")

@@ -76,14 +76,7 @@ class PrefixCache:
                 if key not in self._blocks:
                     break
                 hits += 1
-            for key in keys:
-                if key in self._blocks:
-                    self._blocks.move_to_end(key)
-                else:
-                    self._blocks[key] = None
-            while len(self._blocks) > self.capacity_blocks:
-                self._blocks.popitem(last=False)
-                self.evictions += 1
+            self._store(keys)
             cached = hits * BLOCK_TOKENS
             self.cached_tokens += cached
             return cached, total
@@ -98,14 +91,18 @@ class PrefixCache:
             return
         keys, _ = block_keys([*messages, {"role": "assistant", "content": reply}])
         with self._lock:
-            for key in keys:
-                if key in self._blocks:
-                    self._blocks.move_to_end(key)
-                else:
-                    self._blocks[key] = None
-            while len(self._blocks) > self.capacity_blocks:
-                self._blocks.popitem(last=False)
-                self.evictions += 1
+            self._store(keys)
+
+    def _store(self, keys: list[int]) -> None:
+        """Mark `keys` most recently used (adding the new ones), evicting beyond capacity. Lock held."""
+        for key in keys:
+            if key in self._blocks:
+                self._blocks.move_to_end(key)
+            else:
+                self._blocks[key] = None
+        while len(self._blocks) > self.capacity_blocks:
+            self._blocks.popitem(last=False)
+            self.evictions += 1
 
     @property
     def hit_ratio(self) -> float:
