@@ -211,6 +211,25 @@ async def test_cancelling_a_run_reaps_every_repl_of_its_tree_and_ends_every_trac
     assert {run.stop_reason for run in trace.runs.values()} == {"cancelled"}
 
 
+@pytest.mark.parametrize("after_s", [0.0, 0.002, 0.01, 0.03])
+async def test_a_run_cancelled_while_its_repl_is_starting_leaves_no_process(server, script, tmp_path, after_s):
+    # The REPL starts while the first model call is in flight, its Popen in a worker thread: a
+    # cancellation at any point of that start must still stop the process it started.
+    script.root("root-model", code("FINAL(1)"))
+    server.latency_s = 0.5  # the first model call is still out when the cancellation comes
+    rlm = make_rlm(server, tmp_path)
+    before = descendants(os.getpid())
+    task = asyncio.create_task(rlm.arun("q", "ctx"))
+    await asyncio.sleep(after_s)
+    await _cancel(task)
+    for _ in range(100):  # up to 2 s, with the event loop free to run any clean-up callbacks
+        if not descendants(os.getpid()) - before:
+            break
+        await asyncio.sleep(0.02)
+    left = {p for p in descendants(os.getpid()) - before if _running(p)}
+    assert not left, f"processes left after a cancelled start: {left}"
+
+
 async def test_cancelling_a_run_stops_its_in_flight_model_calls(server, script, tmp_path):
     def respond(model: str, messages: list[dict[str, Any]]) -> str:
         if model == "root-model":

@@ -116,6 +116,11 @@ def test_a_small_window_compacts_older_turns_and_keeps_them_in_root_history(serv
     events = load(result.trace_path).events
     compacts = [e for e in events if e["type"] == "compact"]
     assert compacts and compacts[0]["compacted_messages"] >= 1
+    from recursa.trace.viewer import build_view
+
+    view = build_view(result.trace_path)
+    assert any(n["k"] == "compact" for n in view["nodes"])
+    assert not any("unknown types" in w for w in view["warnings"])
 
 
 def _wait_gone(pid: int, timeout: float = 5.0) -> bool:

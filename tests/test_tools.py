@@ -390,3 +390,16 @@ def test_the_same_function_may_be_a_repl_tool_and_a_sub_tool_but_names_must_not_
     lookup_other.__name__ = "lookup"
     with pytest.raises(ConfigError, match="two different functions are named 'lookup'"):
         make_rlm(server, tmp_path, tools=[lookup], sub_tools=[lookup_other])
+
+
+def test_the_trace_viewer_shows_tool_calls_under_the_cell_that_made_them(server, tmp_path):
+    from recursa.trace.viewer import build_view
+
+    use(server, code("row = lookup('alice')\nprint(row)"), "FINAL(done)")
+    result = make_rlm(server, tmp_path, tools=[lookup]).run("q", "ctx")
+    view = build_view(result.trace_path)
+    nodes = view["nodes"]
+    tools = [n for n in nodes if n["k"] == "tool"]
+    assert [n["l"] for n in tools] == ["tool lookup · from repl"]
+    assert nodes[tools[0]["p"]]["k"] == "exec"
+    assert not any("unknown types" in w for w in view["warnings"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from dataclasses import dataclass
@@ -211,9 +212,26 @@ class RunEngine:
         return [*own, *(t for t in self.config.sub_tools if t.name not in names)]
 
     async def _loop(self, result: RLMResult) -> None:
-        sandbox, problems = await self._open_sandbox()
+        # The REPL starts (process, hardening, context load, tools) while the first model call is in
+        # flight: that call needs only the context's metadata. A child RLM among twenty starting at
+        # once, or a 1 GB context, no longer delays the first request.
+        opening = asyncio.create_task(self._open_sandbox(), name=f"recursa-open-{self.run_id}")
+        try:
+            await self._turns(result, opening)
+        finally:
+            if not opening.done():
+                opening.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await opening  # so run() finds the half-started REPL in self._sandbox and closes it
+
+    async def _repl(self, result: RLMResult, opening: asyncio.Task[tuple[Sandbox, list[str]]]) -> list[str]:
+        """The REPL, once the first reply needs it; its set-up problems, to tell the model."""
+        sandbox, problems = await opening
         self._sandbox = sandbox
         result.isolation = dict(sandbox.isolation)
+        return problems
+
+    async def _turns(self, result: RLMResult, opening: asyncio.Task[tuple[Sandbox, list[str]]]) -> None:
         settings = PromptSettings(
             max_depth=self.config.max_depth - self.depth,
             max_output_chars=self.config.max_output_chars,
@@ -227,7 +245,7 @@ class RunEngine:
         if self.options.tips:
             system += "\n\nTips for this task:\n" + self.options.tips.strip()
         first = first_message(self.question, self.payload.info)
-        extra = [*self.options.intro, *problems]
+        extra = list(self.options.intro)
         if self.options.answer_check is not None:
             extra.append(self.options.answer_check.instructions())
         if extra:
@@ -247,7 +265,10 @@ class RunEngine:
             reply = await self._root_call(messages, messages[sent:], "root")
             sent = len(messages) + 1
             self._remember({"role": "assistant", "content": reply}, messages)
+            problems = await self._repl(result, opening) if turn == 1 else []
             outcome = await self._act(parse_reply(reply), turn)
+            if problems:
+                outcome.feedback = "\n".join(problems) + "\n\n" + (outcome.feedback or NO_CODE_MESSAGE)
             if outcome.final is not None:
                 feedback = self._check_answer(result, outcome.final)
                 if feedback is None:

@@ -11,14 +11,17 @@ snapshots that keep state when a cell has to be killed, restarts) lives in `host
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from recursa.errors import SandboxError
@@ -125,31 +128,39 @@ class SubprocessSandbox(WorkerHost):
         with tempfile.TemporaryFile(prefix="recursa-worker-log-") as log_file:
             log = os.dup(log_file.fileno())  # a raw fd: the finalizer can close it from anywhere
         self._cleanup.fds.add(log)
+        # Popen (vfork + exec) itself takes 0.3 ms, but vfork holds the caller until the child execs,
+        # and on a busy machine (20 children starting at once) that wait grew to ~14 ms per worker:
+        # in a thread it no longer stalls the event loop. asyncio's subprocess API would add a child
+        # watcher and pipe transports we do not want.
+        launch = _Launch(
+            functools.partial(
+                subprocess.Popen,
+                self._command(theirs.fileno()),
+                pass_fds=(theirs.fileno(),),
+                cwd=self.scratch_dir,
+                env=self._env(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,  # its own process group: one killpg stops everything it started
+            ),
+            (theirs, ours),
+            log,
+        )
         try:
-            # Popen (vfork + exec) itself takes 0.3 ms, but vfork holds the caller until the child
-            # execs, and on a busy machine (20 children starting at once) that wait grew to ~14 ms
-            # per worker: in a thread it no longer stalls the event loop. asyncio's subprocess API
-            # would add a child watcher and pipe transports we do not want.
-            proc = await asyncio.to_thread(
-                functools.partial(
-                    subprocess.Popen,
-                    self._command(theirs.fileno()),
-                    pass_fds=(theirs.fileno(),),
-                    cwd=self.scratch_dir,
-                    env=self._env(),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=log,
-                    start_new_session=True,  # its own process group: one killpg stops everything it started
-                )
-            )
+            proc = await asyncio.to_thread(launch.run)
+        except asyncio.CancelledError:
+            self._cleanup.fds.discard(log)
+            launch.abandon()
+            raise
         except OSError as exc:
             ours.close()
             self._cleanup.fds.discard(log)
             os.close(log)
             raise SandboxError(f"cannot start the REPL worker with {self.python!r}: {exc}") from None
         finally:
-            theirs.close()
+            if not launch.abandoned:
+                theirs.close()
         worker = Connection(FrameSocket(ours), self._handler, LocalProcess(proc), log_fd=log)
         self._cleanup.process = worker.process
         try:
@@ -196,3 +207,54 @@ class SubprocessSandbox(WorkerHost):
     async def _send_context(self, worker: Connection, spec: ContextSpec) -> None:
         await super()._send_context(worker, spec)
         self._hardening.after_context(self.isolation)  # the data-size limit: context + headroom
+
+
+class _Launch:
+    """One Popen in a worker thread that a cancelled start can abandon at any moment.
+
+    Whoever comes second (the thread finishing Popen, or the caller giving up) stops the process
+    and closes the channel and log, so a run cancelled mid-start leaves nothing behind, whether or
+    not its event loop keeps running.
+    """
+
+    def __init__(
+        self, popen: Callable[[], subprocess.Popen[bytes]], sockets: tuple[socket.socket, ...], log: int
+    ):
+        self._popen = popen
+        self._sockets = sockets
+        self._log = log
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self.abandoned = False
+
+    def run(self) -> subprocess.Popen[bytes]:
+        try:
+            proc = self._popen()
+        except BaseException:
+            with self._lock:
+                if self.abandoned:
+                    self._discard(None)
+            raise
+        with self._lock:
+            if not self.abandoned:
+                self._proc = proc
+                return proc
+        self._discard(proc)
+        return proc
+
+    def abandon(self) -> None:
+        with self._lock:
+            self.abandoned = True
+            proc = self._proc
+        if proc is not None:  # Popen had returned: the thread left the clean-up to us
+            threading.Thread(target=self._discard, args=(proc,), name="recursa-reap", daemon=True).start()
+
+    def _discard(self, proc: subprocess.Popen[bytes] | None) -> None:
+        for sock in self._sockets:
+            sock.close()
+        with contextlib.suppress(OSError):
+            os.close(self._log)
+        if proc is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -24,7 +24,17 @@ VIEW_VERSION = 1
 SUPPORTED_FORMAT = 1
 # Sub-call rows per run on the timeline: beyond this many calls at once, bars share rows.
 MAX_LANES = 256
-KNOWN_TYPES = {"run_start", "sandbox", "turn", "lm_call", "exec", "run_end"}
+KNOWN_TYPES = {
+    "run_start",
+    "sandbox",
+    "turn",
+    "lm_call",
+    "exec",
+    "run_end",
+    "tool_call",
+    "compact",
+    "warning",
+}
 
 
 class TraceFormatError(ValueError):
@@ -35,7 +45,7 @@ class TraceFormatError(ValueError):
 class _Node:
     id: int
     parent: int
-    kind: str  # run | turn | call | sub | exec
+    kind: str  # run | turn | call | sub | exec | tool | compact
     label: str
     t0: float
     t1: float | None
@@ -260,6 +270,54 @@ class _Builder:
             node.status = "error"
         if is_sub:
             state.pending.append(node.id)
+
+    def _tool_call(self, e: dict[str, Any]) -> None:
+        """A host tool call, from REPL code or a sub-model; like a sub-call, it joins the cell after it."""
+        state = self._state(e)
+        if state is None:
+            return
+        end = self.t(e)
+        start = max(0.0, end - _num(e.get("duration_s")))
+        caller = str(e.get("caller") or "repl")
+        detail = {
+            k: e.get(k)
+            for k in ("tool", "caller", "where", "arguments", "result", "duration_s", "error")
+            if e.get(k) is not None
+        }
+        node = self.add(
+            self._anchor(state),
+            "tool",
+            f"tool {e.get('tool')} · from {caller}",
+            start,
+            end,
+            state.index,
+            **detail,
+        )
+        if e.get("error"):
+            node.status = "error"
+        state.pending.append(node.id)
+
+    def _compact(self, e: dict[str, Any]) -> None:
+        state = self._state(e)
+        if state is None:
+            return
+        at = self.t(e)
+        count = int(_num(e.get("compacted_messages")))
+        detail = {k: e.get(k) for k in ("turn", "compacted_messages", "summary") if e.get(k) is not None}
+        self.add(
+            self._anchor(state),
+            "compact",
+            f"history compacted · {count} messages",
+            at,
+            at,
+            state.index,
+            **detail,
+        )
+
+    def _warning(self, e: dict[str, Any]) -> None:
+        state = self._state(e)
+        if state is not None:
+            self.nodes[state.node].detail.setdefault("warnings", []).append(str(e.get("message")))
 
     def _exec(self, e: dict[str, Any]) -> None:
         state = self._state(e)

@@ -5,7 +5,7 @@
 (function () {
   const ROW_H = 22;
   const FOLD_CHARS = 2000;
-  const KIND_LABEL = { run: "run", turn: "turn", call: "call", sub: "sub", exec: "repl" };
+  const KIND_LABEL = { run: "run", turn: "turn", call: "call", sub: "sub", exec: "repl", tool: "tool", compact: "compact" };
   const $ = (id) => document.getElementById(id);
   const t0 = performance.now();
 
