@@ -57,101 +57,49 @@ class RLMConfig:
     def validate(self) -> None:
         """Raise ConfigError for the first setting that cannot work, naming it and a value that would."""
 
-        def is_int(value: Any) -> bool:
-            return isinstance(value, int) and not isinstance(value, bool)
-
-        def is_number(value: Any) -> bool:  # NaN is a float but no limit: it compares False with all
-            return (is_int(value) or isinstance(value, float)) and value == value
-
-        # (option, its value, acceptable?, what it must be, a value that works)
+        # option -> (smallest value, a value that works); ints, except the seconds below
+        minimums: dict[str, tuple[int, str]] = {
+            "max_depth": (0, "1"),
+            "max_iterations": (1, "30"),
+            "max_output_chars": (200, "20_000"),
+            "max_concurrency": (1, "64"),
+            "max_parallel_children": (1, "32"),
+            "max_output_tokens": (1, "16_384"),
+            "sub_model_chars": (1, "500_000"),
+            "max_retries": (0, "4"),
+            "max_run_retries": (0, "200"),
+            "sub_tool_rounds": (1, "8"),
+        }
         numbers: list[tuple[str, Any, bool, str, str]] = [
-            ("max_depth", self.max_depth, is_int(self.max_depth) and self.max_depth >= 0, "an int >= 0", "1"),
             (
-                "max_iterations",
-                self.max_iterations,
-                is_int(self.max_iterations) and self.max_iterations >= 1,
-                "an int >= 1",
-                "30",
-            ),
+                name,
+                getattr(self, name),
+                _is_int(getattr(self, name)) and getattr(self, name) >= low,
+                f"an int >= {low}",
+                ex,
+            )
+            for name, (low, ex) in minimums.items()
+        ]
+        numbers += [
             (
-                "exec_timeout",
-                self.exec_timeout,
-                is_number(self.exec_timeout) and self.exec_timeout > 0,
+                name,
+                getattr(self, name),
+                _is_number(getattr(self, name)) and getattr(self, name) > 0,
                 "a number of seconds > 0",
-                "120",
-            ),
-            (
-                "max_output_chars",
-                self.max_output_chars,
-                is_int(self.max_output_chars) and self.max_output_chars >= 200,
-                "an int >= 200",
-                "20_000",
-            ),
-            (
-                "max_concurrency",
-                self.max_concurrency,
-                is_int(self.max_concurrency) and self.max_concurrency >= 1,
-                "an int >= 1",
-                "64",
-            ),
-            (
-                "max_parallel_children",
-                self.max_parallel_children,
-                is_int(self.max_parallel_children) and self.max_parallel_children >= 1,
-                "an int >= 1",
-                "32",
-            ),
-            (
-                "max_output_tokens",
-                self.max_output_tokens,
-                is_int(self.max_output_tokens) and self.max_output_tokens >= 1,
-                "an int >= 1",
-                "16_384",
-            ),
-            (
-                "sub_model_chars",
-                self.sub_model_chars,
-                is_int(self.sub_model_chars) and self.sub_model_chars >= 1,
-                "an int >= 1",
-                "500_000",
-            ),
-            (
-                "request_timeout",
-                self.request_timeout,
-                is_number(self.request_timeout) and self.request_timeout > 0,
-                "a number of seconds > 0",
-                "600",
-            ),
-            (
-                "max_retries",
-                self.max_retries,
-                is_int(self.max_retries) and self.max_retries >= 0,
-                "an int >= 0",
-                "4",
-            ),
-            (
-                "max_run_retries",
-                self.max_run_retries,
-                is_int(self.max_run_retries) and self.max_run_retries >= 0,
-                "an int >= 0",
-                "200",
-            ),
-            (
-                "sub_tool_rounds",
-                self.sub_tool_rounds,
-                is_int(self.sub_tool_rounds) and self.sub_tool_rounds >= 1,
-                "an int >= 1",
-                "8",
-            ),
+                ex,
+            )
+            for name, ex in (("exec_timeout", "120"), ("request_timeout", "600"))
+        ]
+        window = self.root_window_tokens
+        numbers.append(
             (
                 "root_window_tokens",
-                self.root_window_tokens,
-                self.root_window_tokens is None
-                or (is_int(self.root_window_tokens) and self.root_window_tokens >= 1_000),
+                window,
+                window is None or (_is_int(window) and window >= 1_000),
                 "None (no compaction) or an int of at least 1000",
                 "None",
-            ),
-        ]
+            )
+        )
         for name, value, ok, what, example in numbers:
             if not ok:
                 raise ConfigError(f"RLM({name}={value!r}): {name} must be {what}; e.g. {name}={example}.")
@@ -175,7 +123,7 @@ class RLMConfig:
         limits = self.per_model_concurrency
         if limits is not None and (
             not isinstance(limits, dict)
-            or any(not isinstance(k, str) or not is_int(v) or v < 1 for k, v in limits.items())
+            or any(not isinstance(k, str) or not _is_int(v) or v < 1 for k, v in limits.items())
         ):
             raise ConfigError(
                 f"RLM(per_model_concurrency={limits!r}): give a dict of model name to an int >= 1, "
@@ -183,7 +131,7 @@ class RLMConfig:
             )
         for key, price in (self.prices or {}).items():
             rates = price if isinstance(price, dict) else getattr(price, "__dict__", {})
-            bad = {k: v for k, v in rates.items() if v is not None and (not is_number(v) or v < 0)}
+            bad = {k: v for k, v in rates.items() if v is not None and (not _is_number(v) or v < 0)}
             if bad:
                 raise ConfigError(
                     f"RLM(prices=...): the price of {key!r} has {bad}; rates are USD per million tokens, "
@@ -250,3 +198,12 @@ class RLMConfig:
     def model_for_depth(self, depth: int) -> str:
         """The root model of a run at `depth`: the sub-model serves every call below the top."""
         return self.model if depth == 0 else self.sub_model
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    # NaN is a float but no limit: it compares False with everything, so it would never refuse.
+    return (_is_int(value) or isinstance(value, float)) and value == value
