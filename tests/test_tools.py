@@ -403,3 +403,24 @@ def test_the_trace_viewer_shows_tool_calls_under_the_cell_that_made_them(server,
     assert [n["l"] for n in tools] == ["tool lookup · from repl"]
     assert nodes[tools[0]["p"]]["k"] == "exec"
     assert not any("unknown types" in w for w in view["warnings"])
+
+
+async def test_a_cancelled_run_hands_its_partial_result_to_whoever_cancelled_it(server, tmp_path):
+    use(server, code("answer['content'] = 'so far: 3'"), code("import time\ntime.sleep(30)"))
+    first_cell_done = asyncio.Event()
+
+    def on_event(event: dict) -> None:
+        if event["type"] == "exec":
+            first_cell_done.set()
+
+    rlm = make_rlm(server, tmp_path, on_event=on_event)
+    task = asyncio.create_task(rlm.arun("q", "ctx"))
+    await asyncio.wait_for(first_cell_done.wait(), 30)
+    await asyncio.sleep(0.2)  # turn 2's cell is sleeping now
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError) as caught:
+        await task
+    partial = caught.value.partial_result
+    assert partial.stop_reason == "cancelled"
+    assert partial.answer == "so far: 3" and partial.answer_protocol == "partial"
+    assert partial.usage.llm_calls == 2 and partial.trace_path is not None

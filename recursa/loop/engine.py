@@ -165,6 +165,10 @@ class RunEngine:
                 pending = pending or exc
         self._finish(result, started)
         if pending is not None:
+            if isinstance(pending, asyncio.CancelledError):
+                # Whoever cancelled arun() can still read what the run had: stop reason "cancelled",
+                # usage so far, a partial answer if the code set one, the trace path.
+                pending.partial_result = result  # type: ignore[attr-defined]
             raise pending
         return result
 
