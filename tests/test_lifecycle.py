@@ -212,7 +212,9 @@ async def test_cancelling_a_run_reaps_every_repl_of_its_tree_and_ends_every_trac
 
 
 @pytest.mark.parametrize("after_s", [0.0, 0.002, 0.01, 0.03])
-async def test_a_run_cancelled_while_its_repl_is_starting_leaves_no_process(server, script, tmp_path, after_s):
+async def test_a_run_cancelled_while_its_repl_is_starting_leaves_no_process(
+    server, script, tmp_path, after_s
+):
     # The REPL starts while the first model call is in flight, its Popen in a worker thread: a
     # cancellation at any point of that start must still stop the process it started.
     script.root("root-model", code("FINAL(1)"))
