@@ -484,11 +484,13 @@ def test_a_streaming_client_that_disconnects_cancels_the_run_and_its_sandbox_is_
         ) as resp,
     ):
         assert resp.status_code == 200
-        for line in resp.iter_lines():
+        lines = resp.iter_lines()  # kept referenced: a collected iterator would close the stream now
+        for line in lines:
             if "turn 1" in line:
                 break
-        # The run is in its 60 s sleep inside the REPL process now.
-        assert descendants(os.getpid()) - baseline, "no sandbox process was running"
+        # The REPL starts while the first model call is out: wait until it runs the 60 s sleep, then
+        # leaving the block disconnects the client mid-run.
+        wait_until(lambda: bool(descendants(os.getpid()) - baseline), what="the sandbox to start")
     _assert_cancelled_and_reaped(srv, baseline, before)
 
 
