@@ -196,12 +196,13 @@ async def test_cancelling_a_run_reaps_every_repl_of_its_tree_and_ends_every_trac
     script.root(
         "root-model", code("r = rlm_query_batched(['a', 'b', 'c'], contexts=['x', 'y', 'z'])\nFINAL(r)")
     )
-    script.root("sub-model", code("sum(range(10**13))"))  # children stuck in C code
+    # Children: a first cell that finishes (so their REPLs are surely up), then one stuck in C code.
+    script.root("sub-model", code("x = 1"), code("sum(range(10**13))"))
     events = Events()
     rlm = make_rlm(server, tmp_path, max_depth=2, exec_timeout=100, on_event=events)
     async with Tracked() as procs:
         task = asyncio.create_task(rlm.arun("q", "ctx"))
-        await events.wait("lm_call", 3, depth=1, purpose="root")  # every child's code is running
+        await events.wait("lm_call", 6, depth=1, purpose="root")  # every child's second cell is running
         took = await _cancel(task)
     assert took < LATE_S, took
     procs.assert_reaped()

@@ -156,7 +156,10 @@ async def test_a_cancelled_call_cancels_the_run_and_reaps_its_sandbox(tmp_path):
 
                 group.start_soon(call)
                 await first_turn.wait()
-                assert descendants(os.getpid()) - baseline  # the REPL is running the loop
+                # The REPL starts while the first model call is out: wait until it runs the loop.
+                await anyio.to_thread.run_sync(
+                    lambda: wait_until(lambda: bool(descendants(os.getpid()) - baseline), what="the REPL")
+                )
                 group.cancel_scope.cancel()
             # Still inside the session: the cancellation itself, not a closed session, stops the run.
             await anyio.to_thread.run_sync(
