@@ -30,10 +30,22 @@ class _PromptServer(uvicorn.Server):
 
 
 class BackgroundServer:
-    def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        app: Any,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        lifespan: str = "auto",
+        access_log: bool = True,
+        name: str = "recursa-server",
+    ) -> None:
         self.app = app
         self.host = host
         self.requested_port = port
+        self.lifespan = lifespan
+        self.access_log = access_log
+        self.name = name
         self.port = 0
         self._server: _PromptServer | None = None
         self._thread: threading.Thread | None = None
@@ -62,7 +74,8 @@ class BackgroundServer:
             port=self.port,
             log_level="warning",
             log_config=None,  # never reconfigure the host's logging
-            lifespan="auto",
+            access_log=self.access_log,
+            lifespan=self.lifespan,
             timeout_graceful_shutdown=2,
         )
         server = _PromptServer(config)
@@ -76,7 +89,7 @@ class BackgroundServer:
             finally:
                 sock.close()
 
-        self._thread = threading.Thread(target=serve, name=f"recursa-server-{self.port}", daemon=True)
+        self._thread = threading.Thread(target=serve, name=f"{self.name}-{self.port}", daemon=True)
         self._thread.start()
         deadline = _START_TIMEOUT_S
         step = 0.01
@@ -87,6 +100,10 @@ class BackgroundServer:
             self.stop()
             raise RuntimeError(f"the server did not start: {self._error!r}")
         return self
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     def stop(self) -> None:
         if self._server is not None:

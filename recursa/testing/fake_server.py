@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import sys
 import threading
 import time
@@ -25,8 +24,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-import uvicorn
-
+from recursa.serve.background import BackgroundServer
 from recursa.testing.fake_app import build_app
 from recursa.testing.fake_state import (
     Fault,
@@ -69,7 +67,6 @@ __all__ = [
 
 # A reply is text, or a ToolCallReply for function calling (see recursa/testing/tool_replies.py).
 Responder = Callable[[str, list[dict[str, Any]]], str | ToolCallReply | Awaitable[str | ToolCallReply]]
-_START_TIMEOUT_S = 10.0
 
 
 class ScriptedResponder:
@@ -114,16 +111,6 @@ class ScriptedResponder:
         # The same function-calling habits as the in-process scripted client, over HTTP.
         turn = tool_turn(self._policy(model), messages, offered_tools())
         return ToolCallReply(turn.calls, text=turn.text) if turn.calls else turn.text
-
-
-class _QuickServer(uvicorn.Server):
-    """uvicorn's server, polling for shutdown every 20 ms instead of 100 ms so stop() is quick."""
-
-    async def main_loop(self) -> None:
-        counter = 0
-        while not await self.on_tick(counter):
-            counter = (counter + 1) % 864_000
-            await asyncio.sleep(0.02)
 
 
 class FakeServer:
@@ -210,9 +197,7 @@ class FakeServer:
         self.ledger = Ledger()
         self.gate = SlotGate(slots)
         self._port: int | None = None
-        self._server: _QuickServer | None = None
-        self._thread: threading.Thread | None = None
-        self._thread_error: BaseException | None = None
+        self._background: BackgroundServer | None = None
 
     @property
     def profile(self) -> LatencyProfile:
@@ -334,7 +319,7 @@ class FakeServer:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._background is not None and self._background.running
 
     @property
     def port(self) -> int:
@@ -356,64 +341,26 @@ class FakeServer:
         """Serve in a daemon thread with its own event loop; returns once requests are answered."""
         if self.running:
             return self
-        # Binding here (not inside uvicorn) gives the real port at once and surfaces a busy port as
-        # an OSError in the caller's thread.
-        # proto must say TCP explicitly: asyncio only turns Nagle off (TCP_NODELAY) on sockets whose
-        # proto is IPPROTO_TCP, and with Nagle on every streamed chunk waits ~40 ms for a delayed ACK.
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("127.0.0.1", self._requested_port))
-            sock.listen(2048)
-        except OSError:
-            sock.close()
-            raise
-        self._port = sock.getsockname()[1]
         self.gate = SlotGate(self._slots)  # futures of a previous run's loop must not leak in
-        config = uvicorn.Config(
+        background = BackgroundServer(
             build_app(self),
-            host="127.0.0.1",
-            port=self._port,
-            log_level="warning",
-            log_config=None,  # never reconfigure the host's logging
-            access_log=False,
+            port=self._requested_port,
             lifespan="off",
-            timeout_graceful_shutdown=2,
+            access_log=False,
+            name="recursa-fake-server",
         )
-        server = _QuickServer(config)
-        self._server, self._thread_error = server, None
-        self._thread = threading.Thread(
-            target=self._serve, args=(server, sock), name=f"recursa-fake-server:{self._port}", daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        while not server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                error = self._thread_error
-                self.stop()
-                raise RuntimeError(f"the fake server did not start: {error!r}") from error
-            time.sleep(0.002)
-        return self
-
-    def _serve(self, server: _QuickServer, sock: socket.socket) -> None:
         try:
-            asyncio.run(server.serve(sockets=[sock]))
-        except BaseException as exc:  # uvicorn reports startup failures as SystemExit
-            self._thread_error = exc
-        finally:
-            sock.close()
+            background.start()
+        except RuntimeError as exc:
+            raise RuntimeError(f"the fake server did not start: {exc}") from exc
+        self._background, self._port = background, background.port
+        return self
 
     def stop(self) -> None:
         """Shut down and join the server thread. Safe to call twice or before start()."""
-        server, thread = self._server, self._thread
-        if thread is None or server is None:
-            return
-        server.should_exit = True
-        thread.join(timeout=3.0)
-        if thread.is_alive():  # a request that will not finish: stop waiting for it
-            server.force_exit = True
-            thread.join(timeout=3.0)
-        self._server = self._thread = None
+        background, self._background = self._background, None
+        if background is not None:
+            background.stop()
 
     def __enter__(self) -> FakeServer:
         return self.start()
