@@ -25,6 +25,7 @@ from recursa.serve.request import ApiError, bearer_token, key_matches
 from recursa.serve.runs import LiveRun, RunSpec
 from recursa.serve.settings import ServeSettings
 from recursa.serve.sources import check_path
+from recursa.serve.steps import CellTally
 
 TOOL_NAME = "recursa_answer"
 TOOL_DESCRIPTION = (
@@ -54,8 +55,7 @@ class _TurnProgress:
     def __init__(self, max_iterations: int) -> None:
         self.total = max_iterations
         self.root: str | None = None
-        self.sub_calls = 0
-        self.children = 0
+        self.tally = CellTally()
         self.last_exec = ""
 
     def message(self, event: dict[str, Any]) -> tuple[int, str] | None:
@@ -64,22 +64,14 @@ class _TurnProgress:
             if self.root is None:
                 self.root = event.get("run_id")
             else:
-                self.children += 1
+                self.tally.children += 1
             return None
         if event.get("run_id") != self.root:
             return None
-        if kind == "lm_call" and event.get("purpose") == "sub" and "usage" in event:
-            self.sub_calls += 1
+        if kind == "lm_call" and event.get("purpose") == "sub":
+            self.tally.sub_call(event)
         elif kind == "exec":
-            bits = [f"{float(event.get('duration_s') or 0):.2f} s"]
-            if self.sub_calls:
-                bits.append(f"{self.sub_calls} sub-calls")
-            if self.children:
-                bits.append(f"{self.children} child runs")
-            if event.get("error"):
-                bits.append("an error")
-            self.last_exec = "last code: " + ", ".join(bits)
-            self.sub_calls = self.children = 0
+            self.last_exec = "last code: " + ", ".join(self.tally.close(event, error_chars=80))
         elif kind == "turn":
             turn = int(event.get("turn") or 0)
             text = f"turn {turn} of at most {self.total}"

@@ -22,15 +22,45 @@ def _one_line(text: str | None, limit: int = 160) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
+class CellTally:
+    """What the root's current cell set off (sub-calls, their tokens, refusals, child runs), summed
+    until its exec event, then summarised in a few words: shared by the SSE steps and MCP progress."""
+
+    def __init__(self) -> None:
+        self.sub_calls = self.sub_tokens = self.refused = self.children = 0
+
+    def sub_call(self, event: dict[str, Any]) -> None:
+        if event.get("refused") or event.get("error"):
+            self.refused += 1
+        else:
+            self.sub_calls += 1
+            usage = event.get("usage") or {}
+            self.sub_tokens += int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0))
+
+    def close(self, exec_event: dict[str, Any], *, error_chars: int = 200) -> list[str]:
+        """The notes for one finished cell (duration first); the tally starts again."""
+        notes: list[str] = [f"{float(exec_event.get('duration_s') or 0):.2f} s"]
+        if self.sub_calls:
+            plural = "s" if self.sub_calls != 1 else ""
+            notes.append(f"{self.sub_calls} sub-call{plural}, {self.sub_tokens:,} tokens")
+        if self.refused:
+            notes.append(f"{self.refused} sub-calls refused or failed")
+        if self.children:
+            notes.append(f"{self.children} child run{'s' if self.children != 1 else ''}")
+        if exec_event.get("timed_out"):
+            notes.append("timed out")
+        if exec_event.get("error"):
+            notes.append(f"error: {_one_line(exec_event.get('error'), error_chars)}")
+        self.sub_calls = self.sub_tokens = self.refused = self.children = 0
+        return notes
+
+
 class StepRenderer:
     def __init__(self, *, reply_chars: int = 6_000, output_chars: int = 2_000) -> None:
         self.reply_chars = reply_chars
         self.output_chars = output_chars
         self.root_run: str | None = None
-        self._sub_calls = 0
-        self._sub_tokens = 0
-        self._refused = 0
-        self._children = 0
+        self.tally = CellTally()
 
     def render(self, event: dict[str, Any]) -> str:
         kind = event.get("type")
@@ -42,7 +72,7 @@ class StepRenderer:
                 total = info.get("total_chars") if isinstance(info, dict) else None
                 size = f" over {total:,} characters of context" if isinstance(total, int) else ""
                 return f"Starting a recursive run with {event.get('model')}{size}.\n"
-            self._children += 1
+            self.tally.children += 1
             depth = int(event.get("depth") or 1)
             return f"{'  ' * depth}↳ child run (depth {depth}): {_one_line(event.get('question'))}\n"
         if kind == "run_end" and run_id != self.root_run:
@@ -66,29 +96,12 @@ class StepRenderer:
             if event.get("error"):
                 return f"[model call failed: {_one_line(event.get('error'), 300)}]\n"
             return _clip(event.get("response"), self.reply_chars).rstrip() + "\n"
-        if event.get("refused") or event.get("error"):
-            self._refused += 1
-        else:
-            self._sub_calls += 1
-            usage = event.get("usage") or {}
-            self._sub_tokens += int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0))
+        self.tally.sub_call(event)
         return ""
 
     def _exec(self, event: dict[str, Any]) -> str:
         output = (event.get("stdout") or "") + (event.get("stderr") or "")
-        notes: list[str] = [f"{float(event.get('duration_s') or 0):.2f} s"]
-        if self._sub_calls:
-            plural = "s" if self._sub_calls != 1 else ""
-            notes.append(f"{self._sub_calls} sub-call{plural}, {self._sub_tokens:,} tokens")
-        if self._refused:
-            notes.append(f"{self._refused} sub-calls refused or failed")
-        if self._children:
-            notes.append(f"{self._children} child run{'s' if self._children != 1 else ''}")
-        if event.get("timed_out"):
-            notes.append("timed out")
-        if event.get("error"):
-            notes.append(f"error: {_one_line(event.get('error'), 200)}")
-        self._sub_calls = self._sub_tokens = self._refused = self._children = 0
+        notes = self.tally.close(event)
         body = _clip(output, self.output_chars).rstrip()
         shown = f"```output\n{body}\n```\n" if body else ""
         return f"REPL ({', '.join(notes)}):\n{shown}"
