@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 
@@ -20,3 +21,12 @@ def max_overlap(intervals: Iterable[tuple[float, float]]) -> int:
 def request_overlap(records: Iterable[Any]) -> int:
     """How many fake-server requests were generating at once, from their recorded times."""
     return max_overlap((r.started_at, r.finished_at) for r in records)
+
+
+def wait_until(check: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
+    """Poll until `check()` holds; fail with `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for: {what}")
+        time.sleep(0.02)

@@ -4,15 +4,13 @@ to see the process tree (to check that sandboxes are reaped)."""
 from __future__ import annotations
 
 import re
-import time
-from collections.abc import Callable
 
 from recursa.lm.base import Message
 from recursa.lm.scripted import policy_names, register
 from recursa.lm.scripted.conversation import is_rlm_conversation
 from recursa.sandbox.proc import descendants  # noqa: F401  (re-exported for the serve tests)
 
-from .helpers import max_overlap  # noqa: F401  (re-exported for the serve tests)
+from .helpers import max_overlap, wait_until  # noqa: F401  (re-exported for the serve tests)
 
 TEST_ROOT = "serve-test"
 _QUESTION = re.compile(r"<question>[ \t]*\n(.*?)\n[ \t]*</question>", re.DOTALL)
@@ -51,12 +49,3 @@ def install_test_root() -> str:
     if TEST_ROOT not in policy_names():
         register(TEST_ROOT)(lambda: _policy)
     return f"scripted/{TEST_ROOT}"
-
-
-def wait_until(check: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
-    """Poll until `check()` holds; fail with `what` after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for: {what}")
-        time.sleep(0.02)

@@ -22,6 +22,7 @@ from recursa.sandbox.proc import running as _running
 from recursa.tasks import generate
 from recursa.trace import Redactor, TraceWriter, load
 
+from .helpers import wait_until
 from .serve_helpers import descendants
 from .test_rlm_openai import code, make_rlm
 
@@ -40,13 +41,6 @@ def _still_running(pids: Iterable[int], within: float) -> set[int]:
         time.sleep(0.01)
         left = {p for p in left if _running(p)}
     return left
-
-
-def _wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 class Tracked:
@@ -245,7 +239,7 @@ async def test_cancelling_a_run_stops_its_in_flight_model_calls(server, script, 
     rlm = make_rlm(server, tmp_path)
     async with Tracked() as procs:
         task = asyncio.create_task(rlm.arun("q", "ctx"))
-        await asyncio.to_thread(_wait_for, lambda: len(server.requests) >= 6, 10.0, "the five sub-calls")
+        await asyncio.to_thread(wait_until, lambda: len(server.requests) >= 6, 10.0, "the five sub-calls")
         took = await _cancel(task)
     assert took < LATE_S, took  # nobody waited for the five calls
     procs.assert_reaped()
@@ -316,7 +310,7 @@ def test_ctrl_c_in_recursa_run_prints_the_partial_answer_and_trace_and_exits_130
         "--trace-dir", str(traces), env=KEY_ENV,
     )  # fmt: skip
     try:
-        _wait_for(lambda: len(server.requests) >= 2 or proc.poll() is not None, 30.0, "the second turn")
+        wait_until(lambda: len(server.requests) >= 2 or proc.poll() is not None, 30.0, "the second turn")
         workers = descendants(proc.pid)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=20)
@@ -344,7 +338,7 @@ def test_ctrl_c_with_json_prints_one_object_naming_the_trace(tmp_path):
     try:
         # fault=loop: the first code block spins; it has started once its turn is in the trace.
         started = lambda: any(e["type"] == "lm_call" for e in _events_in(tmp_path))  # noqa: E731
-        _wait_for(lambda: started() or proc.poll() is not None, 30.0, "the first turn")
+        wait_until(lambda: started() or proc.poll() is not None, 30.0, "the first turn")
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=20)
     finally:
@@ -364,7 +358,7 @@ def test_ctrl_c_with_json_prints_one_object_naming_the_trace(tmp_path):
 def _kill_host_when(proc: subprocess.Popen[str], ready: Callable[[], bool]) -> set[int]:
     """SIGKILL the host once `ready()`; return the processes that were running below it."""
     try:
-        _wait_for(lambda: ready() or proc.poll() is not None, 30.0, "the run to get going")
+        wait_until(lambda: ready() or proc.poll() is not None, 30.0, "the run to get going")
         assert proc.poll() is None, proc.communicate()[1]
         below = descendants(proc.pid)
         proc.kill()

@@ -11,6 +11,7 @@ from recursa.errors import ConfigError
 from recursa.sandbox.proc import running as _alive
 from recursa.trace import load
 
+from .helpers import wait_until
 from .test_rlm_openai import code, make_rlm
 
 
@@ -71,7 +72,7 @@ def test_a_session_reaps_its_repl_on_close(server, tmp_path):
         s.ask("p")
         pid = s._sandbox.pid  # the host's view (inside bwrap the worker has its own pid namespace)
         assert pid is not None and _alive(pid)
-    assert not _wait_gone(pid)
+    wait_until(lambda: not _alive(pid), 5.0, "the session's REPL to be reaped")
 
 
 def test_a_failed_question_does_not_end_the_session(server, tmp_path):
@@ -121,15 +122,3 @@ def test_a_small_window_compacts_older_turns_and_keeps_them_in_root_history(serv
     view = build_view(result.trace_path)
     assert any(n["k"] == "compact" for n in view["nodes"])
     assert not any("unknown types" in w for w in view["warnings"])
-
-
-def _wait_gone(pid: int, timeout: float = 5.0) -> bool:
-    """True if `pid` is still alive after `timeout`."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            return False
-        time.sleep(0.02)
-    return True
