@@ -58,7 +58,12 @@ async def test_stdio_server_answers_over_a_path_with_progress_per_turn(needle, t
     progress = Progress()
     async with Client(params, read_timeout_seconds=60) as client:
         tools = (await client.list_tools()).tools
-        assert [t.name for t in tools] == [TOOL_NAME]
+        assert [t.name for t in tools] == [
+            TOOL_NAME,
+            "recursa_session_open",
+            "recursa_session_ask",
+            "recursa_session_close",
+        ]
         assert {"question", "context_path", "context_text"} <= set(tools[0].input_schema["properties"])
         result = await client.call_tool(
             TOOL_NAME, {"question": task.question, "context_path": str(path)}, progress_callback=progress
@@ -167,3 +172,30 @@ async def test_a_cancelled_call_cancels_the_run_and_reaps_its_sandbox(tmp_path):
             )
     (trace,) = tmp_path.glob("*.jsonl")
     assert load(trace).root.stop_reason == "cancelled"
+
+
+async def test_mcp_sessions_answer_several_questions_in_one_repl(tmp_path):
+    from tests.serve_helpers import descendants, install_test_root, wait_until
+
+    model = install_test_root()  # "RUN: code ||| code" questions run their code, one block per turn
+    settings = ServeSettings(model=model, sub_model=SUB, trace_dir=tmp_path)
+    server = build_mcp_server(settings)
+    app = server.streamable_http_app(streamable_http_path="/mcp")
+    with BackgroundServer(app) as http:
+        baseline = descendants(os.getpid())
+        async with Client(http.url + "/mcp") as client:
+            opened = await client.call_tool("recursa_session_open", {"context_text": "alpha beta"})
+            assert not opened.is_error, opened.content
+            sid = opened.structured_content["session"]
+            assert descendants(os.getpid()) - baseline  # the REPL is up before the first question
+            ask = {"session": sid, "question": "RUN: words = context.split()"}
+            first = await client.call_tool("recursa_session_ask", ask)
+            assert not first.is_error and first.structured_content["stop_reason"] == "final"
+            ask = {"session": sid, "question": "RUN: FINAL(f'{words[1]}|{len(history)}')"}
+            second = await client.call_tool("recursa_session_ask", ask)
+            assert second.structured_content["answer"] == "beta|1"  # variables and history carried over
+            closed = await client.call_tool("recursa_session_close", {"session": sid})
+            assert closed.structured_content["result"] is True
+            gone = await client.call_tool("recursa_session_ask", {"session": sid, "question": "RUN: x = 1"})
+            assert gone.is_error and "no open session" in gone.content[0].text
+        wait_until(lambda: not (descendants(os.getpid()) - baseline), what="the session's REPL reaped")

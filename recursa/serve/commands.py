@@ -8,9 +8,12 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recursa.errors import ConfigError
+
+if TYPE_CHECKING:
+    from recursa.serve.settings import ServeSettings
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -29,19 +32,7 @@ def add_parsers(sub: Any, add_model_options: Callable[[argparse.ArgumentParser],
     _add_access_options(serve)
     serve.add_argument("--allow-urls", action="store_true", help="let requests name a context URL to fetch")
     serve.add_argument("--max-runs", type=int, default=64, help="runs at once; later requests wait")
-    serve.add_argument(
-        "--max-sessions",
-        type=int,
-        default=32,
-        help="sessions open at once, each with its REPL (more: 429); 0 turns sessions off",
-    )
-    serve.add_argument(
-        "--session-ttl",
-        type=float,
-        default=900.0,
-        metavar="SECONDS",
-        help="an idle session is closed after this long (default: 900)",
-    )
+    _add_session_options(serve)
 
     mcp = sub.add_parser("mcp", help="a Model Context Protocol server (stdio, or --http)")
     add_model_options(mcp)
@@ -55,6 +46,7 @@ def add_parsers(sub: Any, add_model_options: Callable[[argparse.ArgumentParser],
         help="with --http: clients must send it as a bearer key",
     )
     _add_access_options(mcp)
+    _add_session_options(mcp)
 
     view = sub.add_parser("view", help="a trace viewer in the browser")
     view.add_argument("trace", help="a trace file (.jsonl), e.g. a result's trace_path")
@@ -62,6 +54,29 @@ def add_parsers(sub: Any, add_model_options: Callable[[argparse.ArgumentParser],
     view.add_argument("--host", default="127.0.0.1")
     view.add_argument("--html", metavar="OUT", help="write a standalone HTML file instead of serving")
     view.add_argument("--no-browser", action="store_true", help="do not open a browser")
+
+
+def _add_session_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--max-sessions",
+        type=int,
+        default=32,
+        help="sessions open at once, each with its REPL (more: refused); 0 turns sessions off",
+    )
+    p.add_argument(
+        "--session-ttl",
+        type=float,
+        default=900.0,
+        metavar="SECONDS",
+        help="an idle session is closed after this long (default: 900)",
+    )
+
+
+def _apply_session_options(settings: ServeSettings, args: argparse.Namespace) -> None:
+    settings.max_sessions = args.max_sessions
+    settings.session_ttl_s = args.session_ttl
+    if settings.max_sessions < 0 or not settings.session_ttl_s > 0:
+        raise ConfigError("--max-sessions must be >= 0 and --session-ttl a positive number of seconds")
 
 
 def _add_access_options(p: argparse.ArgumentParser) -> None:
@@ -131,10 +146,7 @@ def _serve(args: argparse.Namespace) -> int:
     settings.served_model_name = args.served_model_name
     settings.allow_context_urls = args.allow_urls
     settings.max_runs = args.max_runs
-    settings.max_sessions = args.max_sessions
-    settings.session_ttl_s = args.session_ttl
-    if settings.max_sessions < 0 or not settings.session_ttl_s > 0:
-        raise ConfigError("--max-sessions must be >= 0 and --session-ttl a positive number of seconds")
+    _apply_session_options(settings, args)
     _check_model(settings)
     if args.host not in LOOPBACK and not settings.api_key:
         print(
@@ -160,6 +172,7 @@ def _mcp(args: argparse.Namespace) -> int:
     # default; over HTTP nothing is, unless --allow-path says so.
     roots = args.allow_path if args.allow_path is not None else ([] if args.http else [os.getcwd()])
     settings = _settings(args, roots)
+    _apply_session_options(settings, args)
     _check_model(settings)
     server = build_mcp_server(settings)
     if not args.http:

@@ -21,8 +21,10 @@ from pydantic import BaseModel
 
 from recursa.budget import Budget
 from recursa.errors import RecursaError
+from recursa.loop.tree import new_id
 from recursa.serve.request import ApiError, bearer_token, key_matches
 from recursa.serve.runs import LiveRun, RunSpec
+from recursa.serve.sessions import SessionStore
 from recursa.serve.settings import ServeSettings
 from recursa.serve.sources import check_path
 from recursa.serve.steps import CellTally
@@ -47,6 +49,19 @@ class Answer(BaseModel):
     duration_s: float
     error: str | None = None
     trace_path: str | None = None
+
+
+class SessionInfo(BaseModel):
+    session: str
+    idle_ttl_s: float
+    trace_path: str | None = None
+
+
+SESSION_OPEN_DESCRIPTION = (
+    "Open a session over a context (context_path or context_text): the context is loaded once into a "
+    "REPL that keeps its variables, and recursa_session_ask answers question after question over it "
+    "(earlier questions and answers are in the REPL as `history`). Close it with recursa_session_close."
+)
 
 
 class _TurnProgress:
@@ -101,36 +116,109 @@ def build_mcp_server(settings: ServeSettings, *, name: str = "recursa") -> MCPSe
         """See TOOL_DESCRIPTION."""
         if not question.strip():
             raise ToolError("question is empty")
-        if (context_path is None) == (context_text is None):
-            raise ToolError("give exactly one of context_path (a file or folder) or context_text")
-        context: Any = context_text
-        if context_path is not None:
-            try:
-                context = check_path(context_path, settings.context_roots)
-            except ApiError as exc:
-                raise ToolError(exc.message) from None
-        elif not context_text:
-            raise ToolError("context_text is empty")
-        depth = settings.max_depth if max_depth is None else max_depth
-        iterations = settings.max_iterations if max_iterations is None else max_iterations
-        if not 0 <= depth <= settings.max_depth_limit:
-            raise ToolError(f"max_depth must be from 0 to {settings.max_depth_limit}")
-        if not 1 <= iterations <= settings.max_iterations_limit:
-            raise ToolError(f"max_iterations must be from 1 to {settings.max_iterations_limit}")
-        budget = settings.budget
-        if max_usd is not None:
-            if max_usd < 0:
-                raise ToolError("max_usd must be >= 0")
-            cap = max_usd if budget.max_usd is None else min(max_usd, budget.max_usd)
-            budget = Budget(cap, budget.max_tokens, budget.max_seconds, budget.max_llm_calls)
+        spec = _spec(settings, question, context_path, context_text, max_depth, max_iterations, max_usd)
         try:
-            run = LiveRun(settings, RunSpec(question, context, depth, iterations, budget))
+            run = LiveRun(settings, spec)
         except (RecursaError, ValueError) as exc:
             raise ToolError(f"cannot start the run: {exc}") from None
-        return await _drive(run, ctx, iterations)
+        return await _drive(run, ctx, spec.max_iterations)
+
+    sessions = SessionStore(settings)
+
+    async def recursa_session_open(
+        context_path: str | None = None,
+        context_text: str | None = None,
+        max_depth: int | None = None,
+        max_iterations: int | None = None,
+        max_usd: float | None = None,
+    ) -> SessionInfo:
+        """Load a context once into a REPL kept for several questions; returns the session id."""
+        if settings.max_sessions == 0:
+            raise ToolError("sessions are turned off on this server (--max-sessions 0); use recursa_answer")
+        spec = _spec(settings, "(session)", context_path, context_text, max_depth, max_iterations, max_usd)
+        session_id = new_id("mcp")
+        key = ("path", str(spec.context)) if context_path is not None else ("inline", None)
+        try:
+            handle = sessions.create(session_id, spec, key)
+            await handle.session.astart()
+        except ApiError as exc:
+            raise ToolError(exc.message) from None
+        except RecursaError as exc:
+            await sessions.close(session_id)
+            raise ToolError(f"cannot open the session: {exc}") from None
+        trace = handle.session.trace_path
+        return SessionInfo(
+            session=session_id, idle_ttl_s=settings.session_ttl_s, trace_path=str(trace) if trace else None
+        )
+
+    async def recursa_session_ask(session: str, question: str, ctx: Context) -> Answer:
+        """Answer one more question in an open session: same REPL, variables and context as before."""
+        if not question.strip():
+            raise ToolError("question is empty")
+        handle = sessions.find(session)
+        if handle is None:
+            raise ToolError(
+                f"no open session {session!r}: open one with recursa_session_open (sessions close after "
+                f"{settings.session_ttl_s:g} s idle)"
+            )
+        max_depth, max_iterations, budget = handle.limits
+        run = LiveRun(settings, RunSpec(question, None, max_depth, max_iterations, budget), handle)
+        handle.users += 1  # waited for: it does not expire
+        await handle.lock.acquire()
+        try:
+            sessions.admitted(run)
+        except ApiError as exc:
+            raise ToolError(exc.message) from None
+        try:
+            return await _drive(run, ctx, max_iterations)
+        finally:
+            sessions.release(run)
+
+    async def recursa_session_close(session: str) -> bool:
+        """Close a session and stop its REPL; False if no such session is open."""
+        return await sessions.close(session)
 
     server.add_tool(recursa_answer, name=TOOL_NAME, description=TOOL_DESCRIPTION)
+    server.add_tool(recursa_session_open, name="recursa_session_open", description=SESSION_OPEN_DESCRIPTION)
+    server.add_tool(recursa_session_ask, name="recursa_session_ask")
+    server.add_tool(recursa_session_close, name="recursa_session_close")
+    server.recursa_sessions = sessions  # type: ignore[attr-defined]  (closed by whoever runs the server)
     return server
+
+
+def _spec(
+    settings: ServeSettings,
+    question: str,
+    context_path: str | None,
+    context_text: str | None,
+    max_depth: int | None,
+    max_iterations: int | None,
+    max_usd: float | None,
+) -> RunSpec:
+    """A run's context and limits from tool arguments, checked against the operator's settings."""
+    if (context_path is None) == (context_text is None):
+        raise ToolError("give exactly one of context_path (a file or folder) or context_text")
+    context: Any = context_text
+    if context_path is not None:
+        try:
+            context = check_path(context_path, settings.context_roots)
+        except ApiError as exc:
+            raise ToolError(exc.message) from None
+    elif not context_text:
+        raise ToolError("context_text is empty")
+    depth = settings.max_depth if max_depth is None else max_depth
+    iterations = settings.max_iterations if max_iterations is None else max_iterations
+    if not 0 <= depth <= settings.max_depth_limit:
+        raise ToolError(f"max_depth must be from 0 to {settings.max_depth_limit}")
+    if not 1 <= iterations <= settings.max_iterations_limit:
+        raise ToolError(f"max_iterations must be from 1 to {settings.max_iterations_limit}")
+    budget = settings.budget
+    if max_usd is not None:
+        if max_usd < 0:
+            raise ToolError("max_usd must be >= 0")
+        cap = max_usd if budget.max_usd is None else min(max_usd, budget.max_usd)
+        budget = Budget(cap, budget.max_tokens, budget.max_seconds, budget.max_llm_calls)
+    return RunSpec(question, context, depth, iterations, budget)
 
 
 async def _drive(run: LiveRun, ctx: Context, max_iterations: int) -> Answer:

@@ -151,12 +151,18 @@ class SessionStore:
                 made_of.append(("user", f"[user]\n{req.asked}"))  # the request itself became the context
             docs = _fingerprints(made_of)
         spec = RunSpec(req.question, context, req.max_depth, req.max_iterations, req.budget)
-        key = self._key(req)
+        return self.create(req.session, spec, self._key(req), docs)
+
+    def create(
+        self, session_id: str, spec: RunSpec, key: ContextKey, docs: list[tuple[str, str]] | None = None
+    ) -> ServedSession:
+        """Open a session under `session_id` (the chat API and the MCP tools both come here)."""
+        self._check_room()
         try:
-            handle = ServedSession(req.session, self.settings, spec, key, docs)
+            handle = ServedSession(session_id, self.settings, spec, key, docs)
         except (RecursaError, ValueError) as exc:
             raise ApiError(400, f"cannot start the session: {exc}", code="invalid_run_settings") from None
-        self.open[req.session] = handle
+        self.open[session_id] = handle
         if self._reaper is None or self._reaper.done():
             self._reaper = asyncio.create_task(self._reap(), name="recursa-session-reaper")
         return handle
