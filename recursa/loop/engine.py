@@ -235,7 +235,8 @@ class RunEngine:
         result.isolation = dict(sandbox.isolation)
         return problems
 
-    async def _turns(self, result: RLMResult, opening: asyncio.Task[tuple[Sandbox, list[str]]]) -> None:
+    def _opening_messages(self) -> list[Message]:
+        """The system prompt (template, tools, tips) and the first message (question, context facts)."""
         settings = PromptSettings(
             max_depth=self.config.max_depth - self.depth,
             max_output_chars=self.config.max_output_chars,
@@ -254,10 +255,10 @@ class RunEngine:
             extra.append(self.options.answer_check.instructions())
         if extra:
             first += "\n\n" + "\n\n".join(extra)
-        messages: list[Message] = [
-            {"role": "system", "content": system},
-            {"role": "user", "content": first},
-        ]
+        return [{"role": "system", "content": system}, {"role": "user", "content": first}]
+
+    async def _turns(self, result: RLMResult, opening: asyncio.Task[tuple[Sandbox, list[str]]]) -> None:
+        messages = self._opening_messages()
         self._history = list(messages)
         sent = 0  # messages already stored in the trace: each is written once, not per turn
         for turn in range(1, self.config.max_iterations + 1):
