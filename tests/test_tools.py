@@ -424,3 +424,26 @@ async def test_a_cancelled_run_hands_its_partial_result_to_whoever_cancelled_it(
     assert partial.stop_reason == "cancelled"
     assert partial.answer == "so far: 3" and partial.answer_protocol == "partial"
     assert partial.usage.llm_calls == 2 and partial.trace_path is not None
+
+
+def test_host_tool_calls_become_execute_tool_spans(server, tmp_path):
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import StatusCode
+
+    from recursa.trace.otel import OtelListener
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    use(server, code("lookup('alice')\ntry:\n    raises(1)\nexcept ToolError:\n    pass"), "FINAL(done)")
+    listener = OtelListener(tracer_provider=provider)
+    make_rlm(server, tmp_path, tools=[lookup, raises], on_event=listener).run("q", "ctx")
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    ok, failed = spans["execute_tool lookup"], spans["execute_tool raises"]
+    assert ok.attributes["gen_ai.tool.name"] == "lookup" and ok.attributes["recursa.tool.caller"] == "repl"
+    assert failed.status.status_code == StatusCode.ERROR
+    run_span = next(s for s in spans.values() if s.attributes.get("gen_ai.operation.name") == "invoke_agent")
+    assert ok.parent.span_id == run_span.context.span_id

@@ -235,6 +235,40 @@ class OtelListener:
             span.set_status(Status(StatusCode.ERROR, str(e.get("error") or "timed out")[:500]))
         span.end(end_time=_ns(end))
 
+    def _on_tool_call(self, e: dict[str, Any]) -> None:
+        """A user tool run in the host (from REPL code or a sub-model): its own execute_tool span."""
+        run_id = str(e.get("run_id"))
+        parent = self._runs.get(run_id)
+        if parent is None:
+            return
+        end = _num(e.get("ts"))
+        name = str(e.get("tool") or "tool")
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": name,
+            "gen_ai.tool.type": "function",
+            "gen_ai.conversation.id": self._roots.get(run_id, run_id),
+            "recursa.tool.caller": str(e.get("caller") or "repl"),
+        }
+        if self.capture:
+            for key, attribute in (
+                ("arguments", "gen_ai.tool.call.arguments"),
+                ("result", "gen_ai.tool.call.result"),
+            ):
+                if e.get(key) is not None:
+                    attributes[attribute] = str(e[key])[:_CONTENT_CHARS]
+        span = self.tracer.start_span(
+            f"execute_tool {name}",
+            context=trace.set_span_in_context(parent),
+            kind=SpanKind.INTERNAL,
+            attributes=attributes,
+            start_time=_ns(end - _num(e.get("duration_s"))),
+        )
+        if e.get("error"):
+            span.set_attribute("error.type", "tool_error")
+            span.set_status(Status(StatusCode.ERROR, str(e["error"])[:500]))
+        span.end(end_time=_ns(end))
+
 
 def _messages_json(messages: list[dict[str, Any]]) -> str:
     """GenAI semconv message shape: [{"role", "parts": [{"type": "text", "content"}]}]."""
