@@ -118,24 +118,33 @@ class Session:
         context is reported before anyone types a question."""
         if self._closed:
             raise ConfigError("this session is closed; open a new one with rlm.session(context).")
-        await self._open()
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            await self._open()
 
     async def _open(self) -> tuple[CallTree, Sandbox, ContextPayload]:
         """Load the context and start the REPL on the first question."""
         if self._tree is not None and self._sandbox is not None and self._payload is not None:
             return self._tree, self._sandbox, self._payload
-        self._payload = await load_payload(self.context)
-        self._tree = CallTree.create(self.rlm.config, self.rlm.prices, self.session_id)
-        sandbox = self._tree.new_sandbox()
-        self._sandbox = sandbox
-        await sandbox.start(self._relay)
-        await sandbox.load_context(self._payload)
-        tools = self.rlm.config.tools
-        if tools:
-            problems = await sandbox.define([t.to_worker() for t in tools])
-            if problems:
-                self._tree.trace.emit("warning", run_id=self.session_id, message="; ".join(problems))
-        return self._tree, sandbox, self._payload
+        payload = await load_payload(self.context)
+        tree = CallTree.create(self.rlm.config, self.rlm.prices, self.session_id)
+        try:
+            sandbox = tree.new_sandbox()
+            await sandbox.start(self._relay)
+            await sandbox.load_context(payload)
+            tools = self.rlm.config.tools
+            if tools:
+                problems = await sandbox.define([t.to_worker() for t in tools])
+                if problems:
+                    tree.trace.emit("warning", run_id=self.session_id, message="; ".join(problems))
+        except BaseException:
+            # Nothing half-open is kept: the next question (or astart) tries again from the start.
+            await asyncio.shield(tree.aclose())
+            payload.close()
+            raise
+        self._payload, self._tree, self._sandbox = payload, tree, sandbox
+        return tree, sandbox, payload
 
     async def aclose(self) -> None:
         if self._closed:
