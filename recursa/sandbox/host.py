@@ -22,6 +22,7 @@ import errno
 import os
 import shutil
 import socket
+import tempfile
 import time
 import weakref
 from collections.abc import Callable
@@ -201,6 +202,23 @@ class WorkerHost:
             await self._send_context(self._worker, self._context)
         if self._definitions:
             await self._send_definitions(self._worker, list(self._definitions.values()))
+
+    def _new_log(self) -> int:
+        """An unnamed file for a new worker's stderr, as a raw fd the finalizer can close anywhere."""
+        with tempfile.TemporaryFile(prefix="recursa-worker-log-") as log_file:
+            fd = os.dup(log_file.fileno())
+        self._cleanup.fds.add(fd)
+        return fd
+
+    async def _failed_start(
+        self, worker: Connection, exc: BaseException, who: str
+    ) -> tuple[SandboxError, str]:
+        """Kill a worker that did not come up and release its log: the error to raise, and its log tail."""
+        await worker.kill()
+        tail = worker.log_tail()
+        self._release_log(worker)
+        why = "did not start in time" if isinstance(exc, TimeoutError) else f"failed to start ({exc})"
+        return SandboxError(f"{who} {why}" + (f":\n{tail}" if tail else "")), tail
 
     def _release_log(self, conn: Connection) -> None:
         fd = conn.take_log()

@@ -20,7 +20,6 @@ import importlib
 import io
 import os
 import shlex
-import tempfile
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -173,9 +172,7 @@ class RemoteSandbox(WorkerHost):
         if not self._created:
             await self._create()
             self._created = True
-        with tempfile.TemporaryFile(prefix="recursa-worker-log-") as log_file:
-            log_fd = os.dup(log_file.fileno())
-        self._cleanup.fds.add(log_fd)
+        log_fd = self._new_log()
 
         def log(data: bytes | str) -> None:
             with contextlib.suppress(OSError):

@@ -17,7 +17,6 @@ import json
 import os
 import socket
 import subprocess
-import tempfile
 from collections.abc import Sequence
 from functools import cache
 from typing import Any
@@ -72,11 +71,8 @@ async def boot_worker(host: WorkerHost, worker: Connection, who: str = "the REPL
         await worker.chan.send_encoded(worker_source())
         ready = await asyncio.wait_for(asyncio.shield(worker.ready), host.start_timeout)
     except (TimeoutError, WorkerGone, OSError) as exc:
-        await worker.kill()
-        tail = worker.log_tail()
-        host._release_log(worker)
-        why = "did not start in time" if isinstance(exc, TimeoutError) else f"failed to start ({exc})"
-        raise SandboxError(f"{who} {why}" + (f":\n{tail}" if tail else "")) from None
+        error, _ = await host._failed_start(worker, exc, who)
+        raise error from None
     return ready
 
 
@@ -129,9 +125,7 @@ class StdioSandbox(WorkerHost):
     async def _spawn(self) -> Connection:
         assert self._handler is not None
         ours, theirs = socket.socketpair()  # one socket is both the command's stdin and its stdout
-        with tempfile.TemporaryFile(prefix="recursa-worker-log-") as log_file:
-            log = os.dup(log_file.fileno())
-        self._cleanup.fds.add(log)
+        log = self._new_log()
         argv = self.command()
         try:
             proc = subprocess.Popen(  # noqa: ASYNC220  (returns at once; see subprocess.py)

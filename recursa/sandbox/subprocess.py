@@ -125,9 +125,7 @@ class SubprocessSandbox(WorkerHost):
     async def _spawn(self) -> Connection:
         assert self._handler is not None and self.scratch_dir is not None
         ours, theirs = socket.socketpair()
-        with tempfile.TemporaryFile(prefix="recursa-worker-log-") as log_file:
-            log = os.dup(log_file.fileno())  # a raw fd: the finalizer can close it from anywhere
-        self._cleanup.fds.add(log)
+        log = self._new_log()
         # Popen (vfork + exec) itself takes 0.3 ms, but vfork holds the caller until the child execs,
         # and on a busy machine (20 children starting at once) that wait grew to ~14 ms per worker:
         # in a thread it no longer stalls the event loop. asyncio's subprocess API would add a child
@@ -166,13 +164,10 @@ class SubprocessSandbox(WorkerHost):
         try:
             ready = await asyncio.wait_for(asyncio.shield(worker.ready), self.start_timeout)
         except (TimeoutError, WorkerGone) as exc:
-            await worker.kill()
-            tail = worker.log_tail()
-            self._release_log(worker)
+            error, tail = await self._failed_start(worker, exc, "the REPL worker")
             if isinstance(exc, WorkerGone) and self._hardening.start_failed(tail):
                 return await self._spawn()  # bwrap cannot run here: the same worker without it
-            why = "did not start in time" if isinstance(exc, TimeoutError) else f"failed to start ({exc})"
-            raise SandboxError(f"the REPL worker {why}" + (f":\n{tail}" if tail else "")) from None
+            raise error from None
         worker.process.signal_pid, self.isolation = self._hardening.ready(
             proc.pid, ready, lambda: worker.alive, self._note_sink()
         )
