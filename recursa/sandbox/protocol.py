@@ -22,29 +22,17 @@ from typing import Any
 
 from recursa.sandbox.base import ExecResult, FinalAnswer
 
+# The wire format has one definition, in the worker (which must stay a standalone stdlib script);
+# the host encodes with the same functions and refuses frames over the same limit.
+from recursa.sandbox.worker import MAX_FRAME_BYTES, encode_frame, encode_line
+
 WORKER_PATH = Path(__file__).with_name("worker.py")
-MAX_FRAME_BYTES = 1 << 30  # same limit as the worker: a corrupt length must not allocate the machine
 _RECV_CHUNK = 256 * 1024
 _PAYLOAD_CHUNK = 4 * 1024 * 1024
 
 
 class ProtocolError(Exception):
     """The worker sent something that is not a valid frame; the channel cannot be trusted any more."""
-
-
-def encode_frame(obj: dict[str, Any]) -> bytes:
-    data = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
-    if len(data) > MAX_FRAME_BYTES:
-        raise ValueError(f"message of {len(data):,} bytes is over the {MAX_FRAME_BYTES:,}-byte channel limit")
-    return len(data).to_bytes(4, "big") + data
-
-
-def encode_line(obj: dict[str, Any]) -> bytes:
-    """A frame as one line of ASCII JSON (lone surrogates travel as \\u escapes)."""
-    data = json.dumps(obj, ensure_ascii=True, separators=(",", ":")).encode("ascii")
-    if len(data) > MAX_FRAME_BYTES:
-        raise ValueError(f"message of {len(data):,} bytes is over the {MAX_FRAME_BYTES:,}-byte channel limit")
-    return data + b"\n"
 
 
 def _check_frame(obj: Any) -> dict[str, Any]:
