@@ -498,3 +498,30 @@ def test_load_reads_a_cut_trace_and_marks_what_is_missing(tmp_path):
     assert len(trace.events) == len(whole.events)
     assert any("line 2 is not valid JSON" in n for n in trace.notes)
     assert any("line 3 is JSON but not a trace event" in n for n in trace.notes)
+
+
+@pytest.mark.parametrize("order", ["abandon_after_popen", "abandon_before_popen_returns"])
+def test_an_abandoned_launch_stops_the_process_it_started(order):
+    # The hand-off behind a cancelled REPL start: whichever side comes second kills the process.
+    import signal
+    import socket
+    import subprocess
+
+    from recursa.sandbox.subprocess import _Launch
+
+    ours, theirs = socket.socketpair()
+    log = os.open(os.devnull, os.O_WRONLY)
+    started: list[subprocess.Popen[bytes]] = []
+
+    def popen() -> subprocess.Popen[bytes]:
+        if order == "abandon_before_popen_returns":
+            launch.abandon()  # the caller gives up while Popen is still running
+        started.append(subprocess.Popen(["sleep", "30"], start_new_session=True))
+        return started[0]
+
+    launch = _Launch(popen, (ours, theirs), log)
+    launch.run()
+    if order == "abandon_after_popen":
+        launch.abandon()
+    assert started[0].wait(timeout=5) == -signal.SIGKILL
+    assert ours.fileno() == -1 and theirs.fileno() == -1  # the channel is closed too
