@@ -447,3 +447,19 @@ def test_host_tool_calls_become_execute_tool_spans(server, tmp_path):
     assert failed.status.status_code == StatusCode.ERROR
     run_span = next(s for s in spans.values() if s.attributes.get("gen_ai.operation.name") == "invoke_agent")
     assert ok.parent.span_id == run_span.context.span_id
+
+
+def test_an_answer_that_never_fits_the_schema_ends_with_the_reason(server, tmp_path):
+    from pydantic import BaseModel
+
+    class Count(BaseModel):
+        n: int
+
+    use(server, code("FINAL({'n': 'many'})"), "FINAL(still many)")
+    result = make_rlm(server, tmp_path, max_iterations=1).run("q", "ctx", answer_schema=Count)
+    assert result.stop_reason == "max_iterations"
+    assert result.answer == "still many"
+    assert result.error is not None
+    assert result.error.startswith(
+        "the last answer does not match answer_schema: (the value): Input should be"
+    )

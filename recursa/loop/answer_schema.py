@@ -43,29 +43,33 @@ class AnswerCheck:
             f"list and return it with FINAL_VAR, or give it as JSON text):\n{self.json_schema}"
         )
 
-    def check(self, final: FinalAnswer) -> tuple[Any, str | None]:
-        """(the validated value, None), or (None, a message telling the model what to fix)."""
+    def check(self, final: FinalAnswer) -> tuple[Any, list[str]]:
+        """(the validated value, []), or (None, what failed: one "field: reason" per problem)."""
         value = final.value
         try:
             if isinstance(value, str):
                 try:
-                    return self.adapter.validate_json(value), None
+                    return self.adapter.validate_json(value), []
                 except ValidationError:
-                    return self.adapter.validate_python(value), None
-            return self.adapter.validate_python(value), None
+                    return self.adapter.validate_python(value), []
+            return self.adapter.validate_python(value), []
         except ValidationError as exc:
-            problems = [
-                f"- {'.'.join(str(p) for p in err['loc']) or '(the value)'}: {err['msg']}"
+            errors = [
+                f"{'.'.join(str(p) for p in err['loc']) or '(the value)'}: {err['msg']}"
                 for err in exc.errors()[:_SHOWN_ERRORS]
             ]
-            more = exc.error_count() - len(problems)
+            more = exc.error_count() - len(errors)
             if more > 0:
-                problems.append(f"- ... and {more} more")
-            return None, (
-                "Your answer does not match the required schema, so it was not accepted:\n"
-                + "\n".join(problems)
-                + f"\nThe schema again: {self.json_schema}\nFix the value and answer again."
-            )
+                errors.append(f"... and {more} more")
+            return None, errors
+
+    def feedback(self, errors: list[str]) -> str:
+        """What the model is told when its answer does not fit."""
+        return (
+            "Your answer does not match the required schema, so it was not accepted:\n"
+            + "\n".join(f"- {e}" for e in errors)
+            + f"\nThe schema again: {self.json_schema}\nFix the value and answer again."
+        )
 
     def render(self, value: Any) -> str:
         """The validated value as the result's text: JSON, so it parses back the same."""

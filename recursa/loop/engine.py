@@ -275,10 +275,11 @@ class RunEngine:
             if problems:
                 outcome.feedback = "\n".join(problems) + "\n\n" + (outcome.feedback or NO_CODE_MESSAGE)
             if outcome.final is not None:
-                feedback = self._check_answer(result, outcome.final)
-                if feedback is None:
+                errors = self._check_answer(result, outcome.final)
+                if not errors:
                     return
-                outcome.feedback = feedback
+                assert self.options.answer_check is not None
+                outcome.feedback = self.options.answer_check.feedback(errors)
             feedback = outcome.feedback or NO_CODE_MESSAGE
             left = self.config.max_iterations - turn
             if 0 < left <= 3:
@@ -347,23 +348,22 @@ class RunEngine:
         if final is None:
             text = reply.strip()
             final = FinalAnswer(text=text, value=text, protocol="forced")
-        problem = self._check_answer(result, final)
-        if problem is not None:  # out of turns: hand back what came, and say it does not fit
+        errors = self._check_answer(result, final)
+        if errors:  # out of turns: hand back what came, and say it does not fit
             self._accept(result, final)
-            result.error = "the last answer does not match answer_schema: " + problem.split("\n", 2)[1]
+            result.error = "the last answer does not match answer_schema: " + errors[0]
         result.stop_reason = "max_iterations"
 
-    def _check_answer(self, result: RLMResult, final: FinalAnswer) -> str | None:
-        """Accept `final` (None), or say why it does not fit the answer schema."""
+    def _check_answer(self, result: RLMResult, final: FinalAnswer) -> list[str]:
+        """Accept `final` ([]), or say what does not fit the answer schema."""
         check = self.options.answer_check
         if check is None:
             self._accept(result, final)
-            return None
-        value, problem = check.check(final)
-        if problem is not None:
-            return problem
-        self._accept(result, FinalAnswer(check.render(value), value, final.protocol, final.var_name))
-        return None
+            return []
+        value, errors = check.check(final)
+        if not errors:
+            self._accept(result, FinalAnswer(check.render(value), value, final.protocol, final.var_name))
+        return errors
 
     def _accept(self, result: RLMResult, final: FinalAnswer) -> None:
         result.answer = final.text
