@@ -860,9 +860,7 @@ class Repl:
         def tool(*args: Any, **kwargs: Any) -> Any:
             try:
                 return call("tool", {"name": name, "args": list(args), "kwargs": kwargs})
-            except (TypeError, ValueError) as exc:
-                if "JSON" not in str(exc) and "channel" not in str(exc):
-                    raise
+            except (TypeError, ValueError) as exc:  # only encoding the request raises these here
                 raise TypeError(
                     f"{name}: its arguments go to the host as JSON, and this one cannot ({exc}); pass str, "
                     "numbers, bools, None, lists or dicts"
