@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +20,7 @@ from recursa.context import build_payload
 from recursa.errors import SandboxError
 from recursa.sandbox import Hardening, InProcessSandbox, SubprocessSandbox, make_sandbox
 from recursa.sandbox import hardening as hmod
-from recursa.sandbox.bwrap import find_bwrap
+from recursa.sandbox.bwrap import bwrap_command, find_bwrap
 from recursa.sandbox.guard import group_members, threads_total
 from recursa.sandbox.hardened import HostHardening
 from recursa.sandbox.policy import describe
@@ -429,3 +431,20 @@ def test_group_members_and_thread_total() -> None:
     members = dict(group_members(os.getpgid(0)))
     assert os.getpid() in members and members[os.getpid()] in "RS"
     assert threads_total() >= 1
+
+
+def test_bwrap_command_probes_the_system_once_but_user_folders_every_time(tmp_path: Path) -> None:
+    later = tmp_path / "data"
+    first = bwrap_command("/usr/bin/bwrap", sys.executable, [], str(tmp_path / "s1"), [str(later)])
+    later.mkdir()
+    second = bwrap_command("/usr/bin/bwrap", sys.executable, [], str(tmp_path / "s2"), [str(later)])
+    assert str(later) not in first and second[second.index(str(later)) - 1] == "--ro-bind"
+    assert second[-6:] == [
+        "--bind",
+        str(tmp_path / "s2"),
+        str(tmp_path / "s2"),
+        "--chdir",
+        str(tmp_path / "s2"),
+        "--",
+    ]
+    assert first[: first.index("--bind")] == second[: second.index(str(later)) - 1]

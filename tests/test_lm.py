@@ -456,6 +456,21 @@ async def test_text_usage_and_headers_reach_the_server(provider: str, echo_serve
     assert out.model == "model-x" and out.finish_reason in ("stop", "end_turn")
     assert rec.rlm_headers == {"x-rlm-call-id": "c-42", "x-rlm-parent-id": "p-7", "x-rlm-depth": "2"}
     assert rec.messages[0] == {"role": "system", "content": "be brief"} and rec.max_tokens == 64
+    # The SDKs' platform telemetry is left out (CPU per call, see sdk_call.lean_headers); their
+    # own retry bookkeeping still goes out.
+    telemetry = ("lang", "package-version", "os", "arch", "runtime", "runtime-version", "async")
+    assert not [name for name in telemetry if f"x-stainless-{name}" in rec.headers]
+    assert rec.headers.get("x-stainless-retry-count") == "0"
+
+
+async def test_user_default_headers_still_reach_the_server(echo_server: FakeServer) -> None:
+    client = openai_client(echo_server, "model-x", default_headers={"X-Team": "search"})
+    try:
+        await client.complete(request("ping"))
+    finally:
+        await client.aclose()
+    (rec,) = echo_server.requests
+    assert rec.headers["x-team"] == "search" and "x-stainless-lang" not in rec.headers
 
 
 @BOTH

@@ -563,3 +563,35 @@ async def test_large_pieces_load_exactly_ascii_and_not():
             payload.close()
         finally:
             await sandbox.close()
+
+
+async def test_worker_starts_are_limited_to_two_per_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Starting workers is CPU-bound: more at once than two per CPU would only starve the host."""
+    from recursa.sandbox import subprocess as local
+    from recursa.sandbox.host import WorkerHost
+
+    monkeypatch.setattr(local.os, "sched_getaffinity", lambda pid: {0})  # one CPU: two slots
+    starting = peak = 0
+    real = WorkerHost._new_worker
+
+    async def counted(self: WorkerHost) -> Any:
+        nonlocal starting, peak
+        starting += 1
+        peak = max(peak, starting)
+        try:
+            return await real(self)
+        finally:
+            starting -= 1
+
+    monkeypatch.setattr(WorkerHost, "_new_worker", counted)
+    boxes = [SubprocessSandbox(hardening=False, snapshots=False) for _ in range(5)]
+
+    async def handler(fn: str, args: dict[str, Any]) -> Any:
+        return None
+
+    try:
+        await asyncio.gather(*(box.start(handler) for box in boxes))
+        results = await asyncio.gather(*(box.execute("print(6 * 7)", 5) for box in boxes))
+    finally:
+        await asyncio.gather(*(box.close() for box in boxes))
+    assert peak == 2 and [r.stdout.strip() for r in results] == ["42"] * 5

@@ -9,7 +9,7 @@ import anthropic
 from recursa.lm.base import LMRequest, LMResponse, Message
 from recursa.lm.billing import AttemptUsage, BilledFailure
 from recursa.lm.retry import RetryPolicy, public_url
-from recursa.lm.sdk_call import Endpoint, call_sdk, resolve_credentials, shared_tls_context
+from recursa.lm.sdk_call import Endpoint, call_sdk, lean_headers, resolve_credentials, shared_tls_context
 from recursa.lm.tool_format import (
     anthropic_messages,
     anthropic_tool_calls,
@@ -91,6 +91,7 @@ class AnthropicClient:
             base_url=base_url,
             timeout=self._timeout,
             max_retries=0,
+            default_headers=lean_headers(anthropic),
             http_client=anthropic.DefaultAsyncHttpxClient(verify=shared_tls_context()),
         )
         self.base_url = public_url(str(self._client.base_url))

@@ -9,7 +9,7 @@ import openai
 from recursa.lm.base import LMRequest, LMResponse
 from recursa.lm.billing import AttemptUsage, BilledFailure
 from recursa.lm.retry import RetryPolicy, public_url
-from recursa.lm.sdk_call import Endpoint, call_sdk, resolve_credentials, shared_tls_context
+from recursa.lm.sdk_call import Endpoint, call_sdk, lean_headers, resolve_credentials, shared_tls_context
 from recursa.lm.tool_format import has_tool_messages, openai_messages, openai_tool_calls, openai_tools
 
 ENV_VAR = "OPENAI_API_KEY"
@@ -54,7 +54,7 @@ class OpenAIClient:
             "timeout": openai.Timeout(timeout, connect=min(timeout, _CONNECT_TIMEOUT)),
             # Our own retry loop (RetryPolicy) replaces the SDK's so every provider behaves the same.
             "max_retries": 0,
-            "default_headers": default_headers,
+            "default_headers": lean_headers(openai, default_headers),
         }
         self._client: openai.AsyncOpenAI | None = None
         self.base_url = public_url(effective_url or "https://api.openai.com/v1")

@@ -13,6 +13,7 @@ host pid, which `inner_pid` finds.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sys
@@ -65,6 +66,22 @@ def bwrap_command(
     extra_read: Sequence[str] = (),
 ) -> list[str]:
     """The bwrap argument list that runs `python` with the worker files and `scratch` visible."""
+    fixed, bound = _system_arguments(bwrap, python, tuple(worker_files))
+    cmd, binds = list(fixed), list(bound)
+    for path in extra_read:  # the user's folders are looked at every time: they may appear later
+        if os.path.exists(path) and not _covered(path, binds):
+            binds.append(path)
+            cmd.extend(["--ro-bind", path, path])
+    return [*cmd, "--bind", scratch, scratch, "--chdir", scratch, "--"]
+
+
+@functools.lru_cache(maxsize=32)
+def _system_arguments(
+    bwrap: str, python: str, worker_files: tuple[str, ...]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(arguments, bound paths) for the interpreter, system files and worker files, probed once:
+    the probes are some 30 system calls, made on the event loop for every worker, and on a busy
+    host each one waits for the GIL again."""
     cmd = [
         bwrap,
         "--unshare-all",  # user (if possible), ipc, pid, net, uts, cgroup (if possible)
@@ -101,12 +118,11 @@ def bwrap_command(
     for link in _ROOT_LINKS:
         if not os.path.islink(link) and os.path.isdir(link):
             ro(link)
-    for path in (*_SYSTEM_FILES, *extra_read):
+    for path in _SYSTEM_FILES:
         ro(os.path.realpath(path) if path.startswith("/etc/localtime") else path)
     for path in worker_files:
         ro(os.path.abspath(path))
-    cmd.extend(["--bind", scratch, scratch, "--chdir", scratch, "--"])
-    return cmd
+    return tuple(cmd), tuple(binds)
 
 
 def _children(pid: int) -> list[int]:

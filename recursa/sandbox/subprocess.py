@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -86,7 +87,8 @@ class SubprocessSandbox(WorkerHost):
         if self.scratch_dir is None:
             self.scratch_dir = tempfile.mkdtemp(prefix="recursa-repl-", dir=self.scratch_root)
             self._cleanup.scratch = self.scratch_dir
-        return await super()._new_worker()
+        async with _start_slots():
+            return await super()._new_worker()
 
     def _command(self, fd: int) -> list[str]:
         """The worker's command line: the one place a wrapper (bwrap, a container) slots in."""
@@ -202,6 +204,26 @@ class SubprocessSandbox(WorkerHost):
     async def _send_context(self, worker: Connection, spec: ContextSpec) -> None:
         await super()._send_context(worker, spec)
         self._hardening.after_context(self.isolation)  # the data-size limit: context + headroom
+
+
+_SLOTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+def _start_slots() -> asyncio.Semaphore:
+    """At most two worker starts per CPU at a time, per event loop.
+
+    A start is CPU-bound (bwrap, an interpreter, imports, hardening: ~50 ms of CPU), so starting many
+    more at once than there are CPUs finishes none sooner; it only takes the CPU from everything else
+    in this process. And badly so: each worker runs in a session of its own, so the kernel's
+    autogroup scheduling shares the CPU equally between the host and every starting worker. With 20
+    children starting at once on 2 CPUs, the event loop's thread waited 185 ms for a CPU while they
+    started; 66 ms with this limit (docs/benchmarks.md, "Depth 2").
+    """
+    loop = asyncio.get_running_loop()
+    slots = _SLOTS.get(loop)
+    if slots is None:
+        slots = _SLOTS[loop] = asyncio.Semaphore(2 * len(os.sched_getaffinity(0)))
+    return slots
 
 
 class _Launch:
