@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import functools
 import hashlib
 import os
 import stat
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,9 @@ from typing import Any
 
 from recursa.errors import ContextError
 
-_CHUNK_CHARS = 8 * 1024 * 1024
+# Encoded piece by piece: the host's transient copy is a few of these (a slice, its bytes, the
+# previous chunk being hashed), 6 MB at this size; 2-8 M chars encode a GB equally fast (0.67 s).
+_CHUNK_CHARS = 2 * 1024 * 1024
 PREFIX_CHARS = 300
 
 
@@ -58,6 +61,11 @@ class ContextPayload:
     byte_lengths: list[int]  # one per piece (a single piece for "str")
     keys: list[str]
     info: ContextInfo
+    # Encodes the same context again, for a sandbox that lets the REPL free the buffer as it reads it
+    # (then restarts the REPL from a fresh one). None for a context read from a file: rereading it
+    # might give other bytes, so that buffer is kept instead.
+    rebuild: Callable[[], ContextPayload] | None = field(default=None, repr=False)
+    released: bool = False  # the REPL freed the bytes while loading them: build it again to reuse
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -66,6 +74,8 @@ class ContextPayload:
 
     def read_bytes(self) -> bytes:
         """The whole buffer (for adapters that stream it, e.g. containers, or the in-process REPL)."""
+        if self.released:
+            raise ValueError("this context payload was released into a REPL; build it again")
         return os.pread(self.fd, self.size_bytes, 0) if self.size_bytes else b""
 
     def __del__(self) -> None:  # a payload dropped without close() must not leak its memfd
@@ -231,6 +241,25 @@ def _pieces_payload(kind: str, pieces: Iterable[tuple[str, str]], skipped: list[
 
 def build_payload(context: Any) -> ContextPayload:
     """Encode a user context. Raises `ContextError` with the fix in the message."""
+    payload = _encode(context)
+    if not isinstance(context, Path):
+        # The caller's own object, not a copy: encoding it again costs no memory until needed.
+        payload.rebuild = functools.partial(_encode_again, context, payload.info.sha256)
+    return payload
+
+
+def _encode_again(context: Any, sha256: str) -> ContextPayload:
+    payload = _encode(context)
+    if payload.info.sha256 != sha256:
+        payload.close()
+        raise ContextError(
+            "the context object changed after the run started, so the REPL cannot load it again "
+            "after a restart; pass a copy (e.g. list(pieces)) if you keep changing the original."
+        )
+    return payload
+
+
+def _encode(context: Any) -> ContextPayload:
     skipped: list[str] = []
     if isinstance(context, Path):
         if not context.exists():

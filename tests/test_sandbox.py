@@ -595,3 +595,58 @@ async def test_worker_starts_are_limited_to_two_per_cpu(monkeypatch: pytest.Monk
     finally:
         await asyncio.gather(*(box.close() for box in boxes))
     assert peak == 2 and [r.stdout.strip() for r in results] == ["42"] * 5
+
+
+# -- the context buffer is freed as the worker reads it -------------------------------------------
+
+
+async def test_context_buffer_is_freed_while_loading_and_rebuilt_for_a_restart(host: Host) -> None:
+    text = "0123456789" * 3_000_000  # 30 MB: two read windows
+    payload = build_payload(text)
+    sb = SubprocessSandbox(snapshots=False)  # no snapshot: a dead worker restarts from scratch
+    other = SubprocessSandbox(snapshots=False)
+    await sb.start(host)
+    await other.start(host)
+    try:
+        assert os.fstat(payload.fd).st_blocks > 0
+        await sb.load_context(payload)
+        # The memfd's pages are gone (holes punched as the worker read them): one copy, not two.
+        # A partly covered last page may stay.
+        assert payload.released and os.fstat(payload.fd).st_blocks * 512 <= 8192
+        with pytest.raises(SandboxError, match="build it again"):
+            await other.load_context(payload)
+        r = await run(sb, "import os\nos._exit(3)")
+        assert r.restarted
+        r = await run(sb, "len(context), context[-4:]")
+        assert r.stdout == "(30000000, '6789')\n" and not r.restarted
+    finally:
+        await sb.close()
+        await other.close()
+        payload.close()
+
+
+async def test_a_context_changed_after_loading_is_not_reloaded_silently(host: Host) -> None:
+    pieces = ["alpha", "beta"]
+    sb = SubprocessSandbox(snapshots=False)
+    await sb.start(host)
+    try:
+        await sb.load_context(build_payload(pieces))
+        pieces.append("gamma")  # the caller changes its object during the run
+        with pytest.raises(SandboxError, match="changed after the run started"):
+            await run(sb, "import os\nos._exit(3)")
+    finally:
+        await sb.close()
+
+
+async def test_a_context_read_from_a_file_keeps_its_buffer(host: Host, tmp_path: Any) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text("from a file")
+    payload = build_payload(path)
+    sb = SubprocessSandbox()
+    await sb.start(host)
+    try:
+        await sb.load_context(payload)
+        assert not payload.released and payload.read_bytes() == b"from a file"
+    finally:
+        await sb.close()
+        payload.close()

@@ -27,6 +27,43 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def meminfo_mb() -> dict[str, float]:
+    with open("/proc/meminfo") as f:
+        return {line.split(":")[0]: int(line.split()[1]) / 1024 for line in f}
+
+
+class MemoryPeaks(threading.Thread):
+    """Samples /proc/meminfo every few ms and keeps the peaks, above the values at the start, of
+    shared memory (Shmem: where a memfd's pages are counted; no RSS shows a memfd nobody maps) and
+    of the machine's memory in use apart from file caches (anonymous + shared + kernel). The second
+    is what the run needs at once: one atomic reading, so a fork snapshot's shared pages or a buffer
+    shrinking while the REPL's copy grows are never counted twice (as a sum of per-process
+    samples would), at the price of counting whatever else the machine does meanwhile."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.running = True
+        self.start_values = self._sample()
+        self.peaks = dict(self.start_values)
+
+    @staticmethod
+    def _sample() -> dict[str, float]:
+        m = meminfo_mb()
+        used = m["MemTotal"] - m["MemFree"] - m["Buffers"] - (m["Cached"] - m["Shmem"])
+        return {"shmem": m["Shmem"], "in_use": used}
+
+    def run(self) -> None:
+        while self.running:
+            for key, value in self._sample().items():
+                self.peaks[key] = max(self.peaks[key], value)
+            time.sleep(0.002)
+
+    def stop(self) -> dict[str, float]:
+        self.running = False
+        self.join()
+        return {key: max(0.0, self.peaks[key] - self.start_values[key]) for key in self.peaks}
+
+
 def child_pids() -> list[int]:
     pids: list[int] = []
     for task in Path("/proc/self/task").iterdir():
@@ -98,6 +135,8 @@ def main() -> None:
     baseline_mb = rss_mb()
     threads_before = {t.ident for t in threading.enumerate()}
     out: dict[str, Any] = {"engine": args.engine}
+    memory = MemoryPeaks()
+    memory.start()
     with tempfile.TemporaryDirectory() as trace_dir:
         started = time.perf_counter()
         try:
@@ -125,6 +164,7 @@ def main() -> None:
         left_children=len(child_pids()),
         context_mb=len(context) / 2**20,
         host_peak_above_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - baseline_mb,
+        sampled_peaks_mb=memory.stop(),
         children_peak_mb=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
     )
     print(json.dumps(out), flush=True)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from recursa.context import ContextPayload
-from recursa.errors import SandboxError
+from recursa.errors import ContextError, SandboxError
 from recursa.sandbox.base import CallHandler, ExecResult, FinalAnswer
 from recursa.sandbox.connection import Connection, WorkerGone
 from recursa.sandbox.processes import WorkerProcess
@@ -49,6 +49,10 @@ class ContextSpec:
     char_lengths: list[int]  # equal to byte_lengths for ASCII pieces, which load without a copy
     keys: list[str]
     path: str | None = None  # where an adapter put the bytes for a "path" transfer
+    # Set when the worker frees the memfd's pages as it reads them (fd transfer of an in-memory
+    # context): the host then keeps no copy (fd is -1 after the load) and encodes the context again
+    # for a restarted worker. The context is then in memory once, not twice, for the whole run.
+    rebuild: Callable[[], ContextPayload] | None = None
 
 
 class Cleanup:
@@ -347,10 +351,11 @@ class WorkerHost:
     # -- context ---------------------------------------------------------------------------------
 
     async def load_context(self, payload: ContextPayload) -> None:
-        if payload.fd < 0:
-            raise SandboxError("the context payload is closed; build it again")
+        if payload.fd < 0 or payload.released:
+            raise SandboxError("the context payload is closed or was released into a REPL; build it again")
         async with self._lock:
             worker = await self._live_worker()
+            release = self.context_transfer == "fd" and payload.rebuild is not None
             spec = ContextSpec(
                 os.dup(payload.fd),
                 payload.kind,
@@ -358,13 +363,21 @@ class WorkerHost:
                 list(payload.byte_lengths),
                 list(payload.info.chunk_lengths),
                 list(payload.keys),
+                rebuild=payload.rebuild if release else None,
             )
             self._cleanup.fds.add(spec.fd)
             if self._context is not None:
-                self._cleanup.fds.discard(self._context.fd)
-                os.close(self._context.fd)
+                self._drop_context_fd(self._context)
             self._context = spec
+            if release:
+                payload.released = True  # the worker frees the bytes it has read, for every holder
             await self._send_context(worker, spec)
+
+    def _drop_context_fd(self, spec: ContextSpec) -> None:
+        if spec.fd >= 0:
+            self._cleanup.fds.discard(spec.fd)
+            os.close(spec.fd)
+            spec.fd = -1
 
     async def _send_context(self, worker: Connection, spec: ContextSpec) -> None:
         frame: dict[str, Any] = {
@@ -375,11 +388,18 @@ class WorkerHost:
             "char_lengths": spec.char_lengths,
             "keys": spec.keys,
             "transfer": self.context_transfer,
+            "release": spec.rebuild is not None,
         }
+        fresh: ContextPayload | None = None
+        if spec.fd < 0 and spec.rebuild is not None:  # released at an earlier load: encode it again
+            try:
+                fresh = await asyncio.to_thread(spec.rebuild)
+            except ContextError as exc:
+                raise SandboxError(f"cannot reload the context into the restarted REPL: {exc}") from None
         worker.snapshot_sid = None  # the worker drops its snapshot before loading; a new one follows
         try:
             if self.context_transfer == "fd":
-                fut = await worker.request(frame, fd=spec.fd)
+                fut = await worker.request(frame, fd=fresh.fd if fresh is not None else spec.fd)
             elif self.context_transfer == "inline":
                 fut = await worker.request(frame, payload=(spec.fd, spec.size))
             else:
@@ -389,6 +409,11 @@ class WorkerHost:
             reply = await fut
         except WorkerGone as exc:
             raise SandboxError(f"the REPL process died while loading the context ({exc}).") from None
+        finally:
+            if fresh is not None:
+                fresh.close()
+            if spec.rebuild is not None:
+                self._drop_context_fd(spec)  # its pages are freed (or being freed) by the worker
         if reply.get("error"):
             raise SandboxError(f"the REPL could not load the context: {reply['error']}")
 

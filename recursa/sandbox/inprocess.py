@@ -137,6 +137,8 @@ class InProcessSandbox:
         return self._thread
 
     async def load_context(self, payload: ContextPayload) -> None:
+        if payload.fd < 0 or payload.released:
+            raise SandboxError("the context payload is closed or was released into a REPL; build it again")
         async with self._lock:
             thread = self._live()
             if self._context_fd >= 0:

@@ -955,21 +955,28 @@ _WINDOW = 16 * 1024 * 1024
 
 
 class ContextSource:
-    """Random-access reads of the context bytes: from an fd (memfd) or an in-memory buffer."""
+    """Random-access reads of the context bytes: from an fd (memfd) or an in-memory buffer.
 
-    def __init__(self, fd: int = -1, buffer: Any = None) -> None:
+    With `release` (the host keeps no copy of the buffer) every range read from the fd is freed at
+    once (a hole punched into the memfd), so the context is never in memory twice: the str being
+    built grows as the buffer shrinks, window by window.
+    """
+
+    def __init__(self, fd: int = -1, buffer: Any = None, release: bool = False) -> None:
         self.fd = fd
         self.buffer = buffer
+        self.release = release and fd >= 0
 
     def read(self, size: int, pos: int) -> bytes:
         if self.buffer is not None:
             return bytes(self.buffer[pos : pos + size])
         chunks = []
         while size > 0:
-            data = os.pread(self.fd, min(size, 1 << 30), pos)
+            data = os.pread(self.fd, min(size, _RELEASE_STEP if self.release else 1 << 30), pos)
             if not data:
                 raise EOFError("the context buffer is shorter than announced")
             chunks.append(data)
+            self._free(pos, len(data))
             size -= len(data)
             pos += len(data)
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
@@ -978,12 +985,17 @@ class ContextSource:
         if self.buffer is not None:
             target[:] = self.buffer[pos : pos + len(target)]
             return
-        done = 0
+        done, step = 0, _RELEASE_STEP if self.release else 1 << 30
         while done < len(target):
-            got = os.preadv(self.fd, [target[done : done + (1 << 30)]], pos + done)
+            got = os.preadv(self.fd, [target[done : done + step]], pos + done)
             if got <= 0:
                 raise EOFError("the context buffer is shorter than announced")
+            self._free(pos + done, got)
             done += got
+
+    def _free(self, pos: int, size: int) -> None:
+        if self.release and not _punch_hole(self.fd, pos, size):
+            self.release = False  # not supported here: the host's copy goes when the load is done
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -992,6 +1004,29 @@ class ContextSource:
         if self.buffer is not None and hasattr(self.buffer, "close"):
             self.buffer.close()
         self.buffer = None
+
+
+# Read, then freed, this much at a time: the most the context is ever in memory twice.
+_RELEASE_STEP = 4 * 1024 * 1024
+_FALLOC_FL_KEEP_SIZE = 1
+_FALLOC_FL_PUNCH_HOLE = 2
+_fallocate: Any = None
+
+
+def _punch_hole(fd: int, pos: int, size: int) -> bool:
+    """Free the pages of bytes [pos, pos + size) of a memfd (Linux fallocate); False if unsupported."""
+    global _fallocate
+    if _fallocate is None:
+        try:
+            import ctypes
+
+            _fallocate = ctypes.CDLL(None, use_errno=True).fallocate
+            _fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+        except (ImportError, OSError, AttributeError):
+            _fallocate = False
+    if not _fallocate:
+        return False
+    return _fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, pos, size) == 0
 
 
 def decode_pieces(source: ContextSource, byte_lengths: list[int], char_lengths: list[int]) -> list[str]:
@@ -1546,7 +1581,7 @@ def _handle(repl: Repl, msg: dict[str, Any]) -> dict[str, Any] | None:
         elif transfer == "path":
             source = ContextSource(fd=os.open(str(msg.get("path")), os.O_RDONLY | os.O_CLOEXEC))
         else:
-            source = ContextSource(fd=int(msg["_fd"]))
+            source = ContextSource(fd=int(msg["_fd"]), release=bool(msg.get("release")))
         try:
             info = repl.load_context(
                 str(msg.get("kind")),
