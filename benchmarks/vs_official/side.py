@@ -133,10 +133,10 @@ def main() -> None:
         import rlm  # noqa: F401
     context = "abcdefghij" * max(1, int(args.context_mb * 2**20) // 10)
     baseline_mb = rss_mb()
-    threads_before = {t.ident for t in threading.enumerate()}
     out: dict[str, Any] = {"engine": args.engine}
     memory = MemoryPeaks()
     memory.start()
+    threads_before = {t.ident for t in threading.enumerate()}  # the sampler is not the run's
     with tempfile.TemporaryDirectory() as trace_dir:
         started = time.perf_counter()
         try:
