@@ -1,8 +1,10 @@
 """Peak memory and trace size against context size.
 
 For each size: peak RSS of the host process and of the REPL worker above their baselines (the
-host's baseline is taken after the context string exists: it is the user's own object), divided
-by the context size; and the trace file's size.
+host's baseline is taken after the context string exists: it is the user's own object), the peak
+of the machine's shared memory (where the context's memfd is counted: no RSS shows it), the sum
+over the context size; and the trace file's size. The sum adds three peaks that need not happen
+at once (the buffer shrinks as the worker's copy grows), so it is an upper bound.
 
     python benchmarks/memory.py [--sizes-mb 10,100,500] [--kind str|list]
 """
@@ -47,6 +49,17 @@ import recursa.lm.scripted as s
 @register("mem-root")
 def _factory():
     return lambda messages: "```repl\n" + code + "\n```"
+import threading, time
+def shmem():
+    for line in open("/proc/meminfo"):
+        if line.startswith("Shmem:"):
+            return int(line.split()[1]) * 1024
+shm = {"base": shmem(), "peak": 0, "on": True}
+def sample():
+    while shm["on"]:
+        shm["peak"] = max(shm["peak"], shmem() - shm["base"])
+        time.sleep(0.002)
+threading.Thread(target=sample, daemon=True).start()
 base = rss()
 # reset the host's high-water mark so the peak is measured from here (Linux >= 4.0)
 open("/proc/self/clear_refs", "w").write("5")
@@ -54,7 +67,8 @@ rlm = RLM("scripted/mem-root", trace_dir=tmp)
 r = rlm.run("q", context)
 worker_peak = int(r.answer) * 1024
 host_peak = hwm()
-print(json.dumps({"host_extra": host_peak - base, "worker_peak": worker_peak,
+shm["on"] = False
+print(json.dumps({"host_extra": host_peak - base, "worker_peak": worker_peak, "buffer_peak": shm["peak"],
                   "trace_bytes": os.path.getsize(r.trace_path), "chars": sum(map(len, context)) if kind != "str" else len(context)}))
 """
 
@@ -80,7 +94,9 @@ def main() -> None:
     args = ap.parse_args()
     wbase = worker_baseline()
     print(f"context kind: {args.kind}; worker baseline RSS {wbase / 2**20:.1f} MB")
-    print(f"{'MB':>6} {'host +MB':>9} {'worker +MB':>11} {'total/ctx':>10} {'trace KB':>9}")
+    print(
+        f"{'MB':>6} {'host +MB':>9} {'buffer +MB':>11} {'worker +MB':>11} {'total/ctx':>10} {'trace KB':>9}"
+    )
     for mb in (int(x) for x in args.sizes_mb.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
             out = subprocess.run(
@@ -91,10 +107,10 @@ def main() -> None:
                 continue
             row = json.loads(out.stdout)
         chars = row["chars"]
-        host, worker = row["host_extra"], row["worker_peak"] - wbase
+        host, buffer, worker = row["host_extra"], row["buffer_peak"], row["worker_peak"] - wbase
         print(
-            f"{chars / 2**20:>6.0f} {host / 2**20:>9.1f} {worker / 2**20:>11.1f} "
-            f"{(host + worker) / chars:>10.2f} {row['trace_bytes'] / 1024:>9.1f}"
+            f"{chars / 2**20:>6.0f} {host / 2**20:>9.1f} {buffer / 2**20:>11.1f} {worker / 2**20:>11.1f} "
+            f"{(host + buffer + worker) / chars:>10.2f} {row['trace_bytes'] / 1024:>9.1f}"
         )
         gc.collect()
 

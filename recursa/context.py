@@ -1,8 +1,10 @@
 """Turn what the user passed as a context into one UTF-8 buffer the REPL process maps once.
 
 The buffer lives in a memfd (an anonymous in-memory file; a deleted temp file off Linux). The
-worker maps it and decodes each piece straight out of the mapping, so a 1 GB context costs one
-copy in the worker and no copy per turn. The root model never sees the buffer, only `ContextInfo`.
+local worker reads each piece straight into its own str and frees the buffer's pages as it goes
+(`ContextPayload.rebuild` encodes the context again should a restarted worker need it), so a 1 GB
+context is in memory once, not twice, and costs no copy per turn. The root model never sees the
+buffer, only `ContextInfo`.
 """
 
 from __future__ import annotations
