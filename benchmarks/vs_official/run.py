@@ -275,8 +275,8 @@ def case_memory(bench: Bench) -> None:
     print(
         "host + / worker +: peak RSS above the same engine's run with a 1 KB context; buffer +: peak\n"
         "shared memory (/proc/meminfo Shmem, where a memfd is counted) above the start; peak at once:\n"
-        "the machine's memory in use apart from file caches (sampled every few ms) at its peak above\n"
-        "the start, minus the same for the 1 KB run (the target's measure).\n"
+        "the peak, sampled every few ms, of host RSS + shared memory + the largest child process's RSS,\n"
+        "above the start, minus the same for the 1 KB run (the target's measure).\n"
     )
     head = [
         "context",
@@ -332,7 +332,7 @@ def case_memory(bench: Bench) -> None:
                 if engine == "recursa":
                     worker = max(0.0, r["children_peak_mb"] - idle[engine].get("children_peak_mb", 0.0))
                 peaks, idle_peaks = r.get("sampled_peaks_mb", {}), idle[engine].get("sampled_peaks_mb", {})
-                at_once = max(0.0, peaks.get("in_use", 0.0) - idle_peaks.get("in_use", 0.0))
+                at_once = max(0.0, peaks.get("at_once", 0.0) - idle_peaks.get("at_once", 0.0))
                 rows.append(
                     [
                         f"{mb:g} MB",

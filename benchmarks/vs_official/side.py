@@ -27,18 +27,42 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def meminfo_mb() -> dict[str, float]:
+def shmem_mb() -> float:
+    """Shared memory in use on the machine (/proc/meminfo Shmem): where a memfd's pages are counted.
+    No process's RSS shows a memfd it does not map, so without this a buffer would go unmeasured."""
     with open("/proc/meminfo") as f:
-        return {line.split(":")[0]: int(line.split()[1]) / 1024 for line in f}
+        for line in f:
+            if line.startswith("Shmem:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _rss_of(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _descendants(pid: int) -> list[int]:
+    found, queue = [], [pid]
+    while queue:
+        for task in Path(f"/proc/{queue.pop()}/task").glob("*"):
+            try:
+                kids = [int(p) for p in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            found += kids
+            queue += kids
+    return found
 
 
 class MemoryPeaks(threading.Thread):
-    """Samples /proc/meminfo every few ms and keeps the peaks, above the values at the start, of
-    shared memory (Shmem: where a memfd's pages are counted; no RSS shows a memfd nobody maps) and
-    of the machine's memory in use apart from file caches (anonymous + shared + kernel). The second
-    is what the run needs at once: one atomic reading, so a fork snapshot's shared pages or a buffer
-    shrinking while the REPL's copy grows are never counted twice (as a sum of per-process
-    samples would), at the price of counting whatever else the machine does meanwhile."""
+    """Samples every few ms: this process's RSS, the machine's shared memory (a memfd's pages) and
+    the RSS of the largest process below this one (the REPL worker; its fork snapshots and helpers
+    share or hold little, so summing them would count the worker's pages twice). Keeps the peak of
+    the buffer and of the three together: what the run holds at once."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
@@ -48,9 +72,9 @@ class MemoryPeaks(threading.Thread):
 
     @staticmethod
     def _sample() -> dict[str, float]:
-        m = meminfo_mb()
-        used = m["MemTotal"] - m["MemFree"] - m["Buffers"] - (m["Cached"] - m["Shmem"])
-        return {"shmem": m["Shmem"], "in_use": used}
+        host, shm = rss_mb(), shmem_mb()
+        worker = max((_rss_of(p) for p in _descendants(os.getpid())), default=0.0)
+        return {"shmem": shm, "at_once": host + shm + worker}
 
     def run(self) -> None:
         while self.running:
