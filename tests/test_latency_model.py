@@ -241,32 +241,30 @@ def test_cli_profile_serves_metrics() -> None:
         proc.wait(timeout=10)
 
 
-def test_side_by_side_benchmark_smoke() -> None:
-    """The benchmark script at tiny sizes, recursa side only (the official package is not installed in CI)."""
+def _side_by_side_smoke(case: str) -> str:
+    """One case of the benchmark script at tiny sizes, recursa side only (the official package is
+    not installed in CI); its printed tables."""
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "vs_official" / "run.py"
     out = subprocess.run(
-        [sys.executable, str(script), "cache", "--smoke", "--engines", "recursa"],
+        [sys.executable, str(script), case, "--smoke", "--engines", "recursa"],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    row = next(line for line in out.stdout.splitlines() if line.startswith("| recursa"))
+    return out.stdout
+
+
+def test_side_by_side_benchmark_smoke() -> None:
+    row = next(line for line in _side_by_side_smoke("cache").splitlines() if line.startswith("| recursa"))
     later = float(row.split("|")[-2].strip().rstrip("%"))
     assert later >= 90.0, row  # append-only root history: later turns hit the prefix cache
 
 
 def test_memory_benchmark_smoke_counts_the_context_buffer() -> None:
     """The memory case at 1 MB: the context's buffer (a memfd, in no process's RSS) is measured."""
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "vs_official" / "run.py"
-    out = subprocess.run(
-        [sys.executable, str(script), "memory", "--smoke", "--engines", "recursa"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    row = next(line for line in out.stdout.splitlines() if line.startswith("| 1 MB | recursa"))
+    tables = _side_by_side_smoke("memory")
+    row = next(line for line in tables.splitlines() if line.startswith("| 1 MB | recursa"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[3].endswith("MB") and float(cells[3].split()[0]) >= 1, row  # buffer +
     assert float(cells[6].rstrip("x")) >= 0 and int(cells[7].replace(",", "")) < 50_000, row
