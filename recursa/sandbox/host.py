@@ -371,7 +371,13 @@ class WorkerHost:
             self._context = spec
             if release:
                 payload.released = True  # the worker frees the bytes it has read, for every holder
-            await self._send_context(worker, spec)
+            try:
+                await self._send_context(worker, spec)
+            finally:
+                if release:
+                    # No holder left either, where the kernel cannot punch holes: the buffer goes
+                    # once the worker closes its descriptor.
+                    payload.close()
 
     def _drop_context_fd(self, spec: ContextSpec) -> None:
         if spec.fd >= 0:

@@ -995,7 +995,7 @@ class ContextSource:
 
     def _free(self, pos: int, size: int) -> None:
         if self.release and not _punch_hole(self.fd, pos, size):
-            self.release = False  # not supported here: the host's copy goes when the load is done
+            self.release = False  # not supported here: the buffer goes when the load is done
 
     def close(self) -> None:
         if self.fd >= 0:
