@@ -117,11 +117,16 @@ def _fmt(x: float | None, unit: str = "s", digits: int = 3) -> str:
     return "-" if x is None else f"{x:.{digits}f} {unit}".strip()
 
 
+def _failure(r: dict[str, Any]) -> str:
+    return f"failed: {r.get('error') or r.get('answer')}"[:120]
+
+
 def _table(head: list[str], rows: list[list[str]]) -> None:
+    """A Markdown table; short rows (a failed case) are padded with empty cells."""
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for row in rows:
-        print("| " + " | ".join(row) + " |")
+        print("| " + " | ".join(row + [""] * (len(head) - len(row))) + " |")
     print(flush=True)
 
 
@@ -137,7 +142,7 @@ def _timed_row(
         r = bench.side(srv, engine, question, **opts)
         got = _elapsed(r)
         if got is None:
-            cells[engine] = f"failed: {r.get('error') or r.get('answer')}"[:120]
+            cells[engine] = _failure(r)
             continue
         count, secs[engine] = got
         note = "" if count == n else f" ({count}/{n} answers)"
@@ -238,19 +243,7 @@ def case_overhead(bench: Bench) -> None:
                 r = bench.side(srv, engine, f"Step. BENCH[turns:{turns}]", context_mb=mb, no_trace=1)
                 st = _turn_stats(r)
                 if st is None or r.get("answer") != "done":
-                    rows.append(
-                        [
-                            f"{mb:g} MB",
-                            engine,
-                            f"failed: {r.get('error') or r.get('answer')}"[:120],
-                            "",
-                            "",
-                            "",
-                            "",
-                            "",
-                            "",
-                        ]
-                    )
+                    rows.append([f"{mb:g} MB", engine, _failure(r)])
                     continue
                 quiet = _fmt(st["quiet_ms"], "ms", 1) + (" (threads left)" if r["left_threads"] else "")
                 trace = "JSONL" if engine == "recursa" else "off (default)"
@@ -300,31 +293,13 @@ def case_memory(bench: Bench) -> None:
                         [
                             f"{mb:g} MB",
                             engine,
-                            "not run: its trajectory log copies the context into every line (~2x the context per turn)",
-                            "",
-                            "",
-                            "",
-                            "",
-                            "",
-                            "",
+                            "not run: its trajectory log copies the context into every line (~2x per turn)",
                         ]
                     )
                     continue
                 r = bench.side(srv, engine, f"Step. BENCH[turns:{turns}]", context_mb=mb)
                 if r.get("answer") != "done":
-                    rows.append(
-                        [
-                            f"{mb:g} MB",
-                            engine,
-                            f"failed: {r.get('error') or r.get('answer')}"[:120],
-                            "",
-                            "",
-                            "",
-                            "",
-                            "",
-                            "",
-                        ]
-                    )
+                    rows.append([f"{mb:g} MB", engine, _failure(r)])
                     continue
                 host = max(0.0, r["host_peak_above_mb"] - idle[engine].get("host_peak_above_mb", 0.0))
                 # The official REPL runs in-process (its children are short helper processes).
@@ -379,7 +354,7 @@ def _cache_cells(r: dict[str, Any]) -> list[str]:
         (x for x in r.get("ledger", []) if x["model"] == "bench-root"), key=lambda x: x["received_at"]
     )
     if r.get("answer") != "done" or not roots:
-        return [f"failed: {r.get('error') or r.get('answer')}"[:120], "", "", ""]
+        return [_failure(r)]
     prompt = sum(x["prompt_tokens"] for x in roots)
     cached = sum(x["cached_tokens"] for x in roots)
     later = roots[1:]

@@ -80,6 +80,23 @@ class MethodSettings:
     prices: dict[str, Any] | None = None
     on_event: Any = None  # a callable receiving every trace event (progress bars)
 
+    def engine_options(self) -> dict[str, Any]:
+        """The settings a method running the RLM engine passes on as they are (`RLM` and
+        `RLMConfig` take the same names)."""
+        return {
+            "base_url": self.base_url,
+            "api_key": self.api_key,
+            "max_iterations": self.max_iterations,
+            "budget": self.budget,
+            "sandbox": self.sandbox,
+            "exec_timeout": self.exec_timeout,
+            "max_concurrency": self.max_concurrency,
+            "max_retries": self.max_retries,
+            "trace_dir": self.trace_dir,
+            "max_output_tokens": self.max_output_tokens,
+            "prices": self.prices,
+        }
+
     def window(self) -> int | None:
         if self.window_tokens:
             return self.window_tokens

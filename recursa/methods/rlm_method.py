@@ -17,7 +17,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from recursa.budget import Budget
 from recursa.methods.base import MethodResult, MethodSettings
 from recursa.rlm import RLM
 from recursa.tasks.base import Task, get_family
@@ -51,18 +50,8 @@ class RLMMethod:
         rlm = RLM(
             settings.model,
             sub_model=settings.sub_model,
-            base_url=settings.base_url,
-            api_key=settings.api_key,
             max_depth=1 if self.subcalls else 0,
-            max_iterations=settings.max_iterations,
-            budget=settings.budget if isinstance(settings.budget, Budget) else Budget(),
-            sandbox=settings.sandbox,
-            exec_timeout=settings.exec_timeout,
-            max_concurrency=settings.max_concurrency,
-            max_retries=settings.max_retries,
-            trace_dir=settings.trace_dir,
-            max_output_tokens=settings.max_output_tokens,
-            prices=settings.prices,
+            **settings.engine_options(),
             on_event=listen,
             tools=task.tools,
             sub_tools=sub_tools,

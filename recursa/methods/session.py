@@ -31,18 +31,8 @@ class BaselineRun:
         self.config = RLMConfig(
             model=settings.model,
             sub_model=settings.sub_model or settings.model,
-            base_url=settings.base_url,
-            api_key=settings.api_key,
             max_depth=1,
-            max_iterations=settings.max_iterations,
-            budget=settings.budget,
-            sandbox=settings.sandbox,
-            exec_timeout=settings.exec_timeout,
-            max_concurrency=settings.max_concurrency,
-            max_retries=settings.max_retries,
-            trace_dir=settings.trace_dir,
-            max_output_tokens=settings.max_output_tokens,
-            prices=settings.prices,
+            **settings.engine_options(),
             on_event=settings.on_event,
             tools=make_tools(list(tools)),  # host tools run on the tree's ToolRunner, as in an RLM
         )
