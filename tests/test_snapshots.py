@@ -18,6 +18,7 @@ import pytest
 
 from recursa.context import build_payload
 from recursa.sandbox import SubprocessSandbox
+from recursa.sandbox.proc import processes, stat_fields
 from recursa.sandbox.proc import running as _alive
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork snapshots need Linux")
@@ -52,35 +53,18 @@ async def sandbox(host: Host) -> AsyncIterator[SubprocessSandbox]:
 
 
 def _stat(pid: int) -> list[str]:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()
+    fields = stat_fields(pid)
+    assert fields is not None, f"process {pid} is gone"
+    return [f.decode() for f in fields]
 
 
 def _children(pid: int) -> list[tuple[int, str]]:
     """(pid, state) of the processes whose parent is `pid`."""
-    out = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                fields = _stat(int(name))
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            if int(fields[1]) == pid:
-                out.append((int(name), fields[0]))
-    return out
+    return [(child, f[0].decode()) for child, f in processes() if int(f[1]) == pid]
 
 
 def _live_group(pgid: int) -> list[int]:
-    out = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                fields = _stat(int(name))
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                out.append(int(name))
-    return out
+    return [member for member, f in processes() if int(f[2]) == pgid and f[0] != b"Z"]
 
 
 def _wait_until(predicate: Any, timeout: float = 3.0) -> bool:
