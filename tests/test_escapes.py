@@ -26,6 +26,7 @@ from recursa import RLM, Budget
 from recursa.sandbox import Hardening
 from recursa.sandbox.bwrap import find_bwrap
 from recursa.sandbox.hardening import landlock_abi
+from recursa.sandbox.proc import processes
 from tests.helpers import request_overlap
 from tests.test_rlm_openai import code, make_rlm, subs
 
@@ -336,18 +337,14 @@ def _ours(tmp_path) -> list[int]:
     """Running processes of this test's sandboxes (their command lines name its scratch root)."""
     mark = str(tmp_path).encode()
     found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
+    for pid, fields in processes():
         try:
-            with open(f"/proc/{name}/cmdline", "rb") as fh:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
                 cmdline = fh.read()
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                stat = fh.read()
         except OSError:
             continue
-        if mark in cmdline and stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] != b"Z":
-            found.append(int(name))
+        if mark in cmdline and fields[0] != b"Z":
+            found.append(pid)
     return found
 
 
