@@ -17,9 +17,12 @@ from recursa.lm.prices import PriceBook
 from recursa.lm.retry import RetryBudget, RetryPolicy
 from recursa.sandbox import make_sandbox
 from recursa.sandbox.base import Sandbox
+from recursa.sandbox.forkserver import ForkServer
 from recursa.tools.runner import ToolRunner
 from recursa.trace.redact import Redactor
 from recursa.trace.writer import TraceWriter, default_trace_dir
+
+_FORKING_SANDBOXES = ("auto", "subprocess")
 
 
 def new_id(prefix: str) -> str:
@@ -36,6 +39,7 @@ class CallTree:
     live_sandboxes: set[Sandbox] = field(default_factory=set)
     _child_slots: dict[int, asyncio.Semaphore] = field(default_factory=dict)
     _closing: dict[Sandbox, asyncio.Future[None]] = field(default_factory=dict)  # closes under way
+    fork_server: ForkServer | None = None  # forks the REPLs of a tree with child RLMs (new_sandbox)
 
     @classmethod
     def create(cls, config: RLMConfig, prices: PriceBook, root_run_id: str) -> CallTree:
@@ -78,6 +82,17 @@ class CallTree:
 
     def new_sandbox(self) -> Sandbox:
         options = {"max_output_chars": self.config.max_output_chars, **(self.config.sandbox_options or {})}
+        if (
+            self.config.max_depth >= 2
+            and self.config.sandbox in _FORKING_SANDBOXES
+            and "fork_server" not in options
+        ):
+            # Child RLMs start REPLs in bursts (rlm_query_batched): fork them from one warm zygote
+            # (sandbox/forkserver.py) rather than start each anew. sandbox_options={"fork_server":
+            # None} turns that off; a ForkServer of your own shares one zygote across trees.
+            if self.fork_server is None:
+                self.fork_server = ForkServer()
+            options["fork_server"] = self.fork_server
         try:
             sandbox = make_sandbox(self.config.sandbox, **options)
         except TypeError as exc:  # an option the sandbox does not take
@@ -105,6 +120,9 @@ class CallTree:
         a batch of stuck children costs the time of one kill, so a run ends soon after its deadline."""
         sandboxes = {*self.live_sandboxes, *self._closing}
         outcomes = await asyncio.gather(*(self.release_sandbox(s) for s in sandboxes), return_exceptions=True)
+        if self.fork_server is not None:
+            await self.fork_server.close()  # after the sandboxes: its workers end with it
+            self.fork_server = None
         try:
             await self.gateway.aclose()
         finally:

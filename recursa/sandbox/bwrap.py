@@ -64,10 +64,17 @@ def bwrap_command(
     worker_files: Sequence[str],
     scratch: str,
     extra_read: Sequence[str] = (),
+    keep_caps: Sequence[str] = (),
 ) -> list[str]:
-    """The bwrap argument list that runs `python` with the worker files and `scratch` visible."""
+    """The bwrap argument list that runs `python` with the worker files and `scratch` visible.
+
+    `keep_caps`: capabilities (of the new user namespace only) to keep instead of dropping all;
+    a zygote keeps what its children need to make namespaces of their own (zygote.py)."""
     fixed, bound = _system_arguments(bwrap, python, tuple(worker_files))
     cmd, binds = list(fixed), list(bound)
+    if keep_caps:
+        at = cmd.index("--cap-drop")
+        cmd[at : at + 2] = [arg for cap in keep_caps for arg in ("--cap-add", cap)]
     for path in extra_read:  # the user's folders are looked at every time: they may appear later
         if os.path.exists(path) and not _covered(path, binds):
             binds.append(path)

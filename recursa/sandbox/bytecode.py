@@ -17,6 +17,8 @@ from pathlib import Path
 from recursa.sandbox.protocol import WORKER_PATH
 
 HARDENING_PATH = WORKER_PATH.with_name("hardening.py")
+ZYGOTE_PATH = WORKER_PATH.with_name("zygote.py")
+_WORKER_SIDE = (WORKER_PATH, HARDENING_PATH, ZYGOTE_PATH)
 _HEADER = 16  # magic, flags, source mtime, source size
 
 
@@ -36,8 +38,8 @@ def worker_entry() -> str:
 
 def worker_files() -> list[str]:
     """Every file a worker reads to start (what a bwrap namespace must show it)."""
-    files = [os.fspath(WORKER_PATH), os.fspath(HARDENING_PATH)]
-    return files + [c for c in map(cached_bytecode, (WORKER_PATH, HARDENING_PATH)) if c is not None]
+    files = [os.fspath(path) for path in _WORKER_SIDE]
+    return files + [c for c in map(cached_bytecode, _WORKER_SIDE) if c is not None]
 
 
 def _fresh(source: Path, cached: str) -> bool:

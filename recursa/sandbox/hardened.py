@@ -11,16 +11,21 @@ One `HostHardening` per `SubprocessSandbox`. Per worker process it
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from recursa.errors import SandboxError
 from recursa.sandbox.bwrap import bwrap_command, find_bwrap, inner_pid, namespace_ids
 from recursa.sandbox.bytecode import worker_files
 from recursa.sandbox.guard import ProcessGuard, data_usage, set_data_limit
+from recursa.sandbox.hardening import landlock_abi
 from recursa.sandbox.policy import Hardening, describe, unconfined
+
+_SCOPED_ABI = 6  # Landlock's first ABI with signal and abstract-socket scoping
+_kernel_landlock_abi = functools.lru_cache(maxsize=1)(landlock_abi)
 
 
 class HostHardening:
@@ -52,7 +57,7 @@ class HostHardening:
             return find_bwrap()
         return None
 
-    def prefix(self, scratch: str) -> list[str]:
+    def prefix(self, scratch: str, keep_caps: Sequence[str] = ()) -> list[str]:
         """The wrapper in front of the worker's command line: bwrap's arguments, or nothing."""
         path = self._bwrap_path()
         self.using_bwrap = path is not None
@@ -60,7 +65,25 @@ class HostHardening:
             return []
         # Folders the user allowed must exist inside the namespace too, not only pass Landlock.
         allowed = [os.path.abspath(p) for p in self.options.allow_read] if self.options is not None else []
-        return bwrap_command(path, self.python, worker_files(), scratch, allowed)
+        return bwrap_command(path, self.python, worker_files(), scratch, allowed, keep_caps)
+
+    def why_not_forked(self) -> str | None:
+        """None if workers may come from a zygote (forkserver.py), else why not: forked workers
+        share bwrap's pid namespace, so only Landlock's signal scoping (ABI 6) and seccomp keep
+        them apart, and both must be on and supported."""
+        opts = self.options
+        if opts is None:
+            return "hardening is off"
+        if self._bwrap_path() is None:
+            return "bwrap is not used"
+        if not (opts.landlock and opts.seccomp):
+            return "Landlock or seccomp is turned off"
+        abi = _kernel_landlock_abi()
+        if opts.landlock_max_abi is not None:
+            abi = min(abi, opts.landlock_max_abi)
+        return (
+            None if abi >= _SCOPED_ABI else f"Landlock ABI {abi} has no signal scoping (needs {_SCOPED_ABI})"
+        )
 
     def python_flags(self) -> list[str]:
         """-S unless packages are allowed: site-packages' .pth files (code run at every start, often

@@ -7,6 +7,8 @@ The shared host (`host.py`) never touches a process directly: an adapter gives i
   session id. The worker is that process, or below it: with fork snapshots a keeper sits in between
   (worker.py, `_split_off_keeper`), and bwrap may wrap both. SIGINT goes to the worker, SIGKILL to
   the whole group; the process this host started is reaped here.
+- `ForkedProcess`: the same for a worker forked by a zygote (zygote.py), which is not our child:
+  watched through a pidfd, reaped by the kernel for the zygote.
 - `AdoptedProcess`: a snapshot that took over. It is not our child, so it is watched and signalled
   through a pidfd; it stays in the original process group, so killing the group still stops all.
 - `ShadowProcess`: a snapshot that took over where the host cannot find its pid: interrupts go
@@ -179,14 +181,17 @@ class LocalProcess(WorkerProcess):
 
     def __init__(self, proc: subprocess.Popen[bytes]) -> None:
         self.proc = proc
-        self.group = proc.pid
+        self._set_root(proc.pid)
+
+    def _set_root(self, pid: int) -> None:
+        self.root_pid = self.group = pid  # the process this host started leads the group
         # The worker's own host pid: the same, unless a keeper or a wrapper (bwrap) sits in between
         # (the adapter sets it from the worker's `ready` frame, then calls found_worker()).
-        self.signal_pid = proc.pid
+        self.signal_pid = pid
         self.same_pidns = True  # False when the worker reported pids from another namespace
         # Set by an adapter that can map a pid from the worker's namespace to ours (bwrap.inner_pid).
         self.resolve_pid: Callable[[int], int | None] | None = None
-        self._root = _Pid(proc.pid)
+        self._root = _Pid(pid)
         self._worker: _Pid | None = None
         self._on_exit: Callable[[], None] | None = None
         self._killed = False
@@ -201,7 +206,7 @@ class LocalProcess(WorkerProcess):
 
     def found_worker(self) -> None:
         """The worker is `signal_pid`, below the process we started: watch it too."""
-        if self.signal_pid != self.proc.pid and self._worker is None:
+        if self.signal_pid != self.root_pid and self._worker is None:
             with contextlib.suppress(ProcessLookupError):
                 self._worker = _Pid(self.signal_pid)
                 if self._on_exit is not None:
@@ -221,7 +226,7 @@ class LocalProcess(WorkerProcess):
     def interrupt(self) -> None:
         if self._worker is not None:
             self._worker.signal(signal.SIGINT)
-        elif self.proc.returncode is None:
+        elif not self._root_exited():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.signal_pid, signal.SIGINT)
 
@@ -275,7 +280,7 @@ class LocalProcess(WorkerProcess):
         """`pid` if it is a process of the session we started (seccomp keeps sandboxed code from
         leaving it, and nothing can join it from outside), else None."""
         fields = stat_fields(pid)
-        return pid if fields is not None and int(fields[3]) == self.group and pid != self.proc.pid else None
+        return pid if fields is not None and int(fields[3]) == self.group and pid != self.root_pid else None
 
     def adopt(self, restored: dict[str, Any]) -> WorkerProcess:
         pid = restored.get("pid")
@@ -295,6 +300,52 @@ class LocalProcess(WorkerProcess):
             self._killed = True
             self._reap()
         return adopted
+
+
+class ForkedProcess(LocalProcess):
+    """A worker a zygote forked (zygote.py): the leader of a session of its own, like a process this
+    host started, but not our child. The zygote's kernel-side reaping takes its exit status, so it
+    is watched through a pidfd, and its group is signalled only while a member is certainly alive
+    (once the leader is reaped and the group empty, the number may be reused)."""
+
+    def __init__(self, pid: int) -> None:
+        self._set_root(pid)  # raises ProcessLookupError if it is already gone
+
+    def _root_exited(self) -> bool:
+        return self._root.exited()
+
+    def _kill_group(self) -> None:
+        if not self._root.exited() or group_members(self.group):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.group, signal.SIGKILL)
+
+    async def kill(self) -> None:
+        if self._killed:
+            return
+        self._killed = True
+        self._kill_group()
+        await _poll(self._root.exited, 5.0)
+        if self._worker is not None:
+            await _poll(self._worker.exited, 1.0)
+        self._reap()
+
+    def kill_now(self) -> None:
+        if not self._killed:
+            self._kill_group()
+        self._killed = True
+        self._reap()
+
+    def _reap(self) -> None:
+        self._root.close()
+        if self._worker is not None:
+            self._worker.close()
+
+    def describe_exit(self) -> str:
+        watched = self._worker if self._worker is not None else self._root
+        if not watched.exited():
+            return "it stopped answering"
+        status = watched.status()
+        return _describe_status(status) if status is not None else "it exited"
 
 
 class AdoptedProcess(WorkerProcess):
@@ -370,7 +421,7 @@ class AdoptedProcess(WorkerProcess):
     def kill_strays(self, keep: int) -> int:
         if not self.sweep:
             return 0
-        return _kill_group_except(self.group, keep, spare={self.root.proc.pid})
+        return _kill_group_except(self.group, keep, spare={self.root.root_pid})
 
 
 class ShadowProcess(WorkerProcess):

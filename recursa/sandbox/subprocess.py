@@ -29,10 +29,11 @@ from recursa.errors import SandboxError
 from recursa.sandbox.bwrap import inner_pid
 from recursa.sandbox.bytecode import worker_entry
 from recursa.sandbox.connection import Connection, WorkerGone
+from recursa.sandbox.forkserver import ZYGOTE_CAPS, ForkServer, ZygoteGone, ZygoteRecipe
 from recursa.sandbox.hardened import HostHardening, not_started
 from recursa.sandbox.host import ContextSpec, WorkerHost
 from recursa.sandbox.policy import Hardening
-from recursa.sandbox.processes import LocalProcess
+from recursa.sandbox.processes import ForkedProcess, LocalProcess
 from recursa.sandbox.protocol import FrameSocket
 
 
@@ -56,11 +57,14 @@ class SubprocessSandbox(WorkerHost):
         bwrap: bool | None = False,
         snapshots: bool = True,
         restore_timeout: float = 2.0,
+        fork_server: ForkServer | None = None,
     ) -> None:
         """`hardening`: True (defaults), a `Hardening` with other limits, or False (a plain process
         with a scrubbed environment). `bwrap`: True to require bubblewrap namespaces, None to use
         them when bwrap is installed and works, False not to (see bwrap.py). `snapshots`: fork a
-        snapshot before each cell so that a cell that must be killed costs only its own changes."""
+        snapshot before each cell so that a cell that must be killed costs only its own changes.
+        `fork_server`: fork the worker from that server's warm zygote where it is as safe as a
+        separate start (bwrap, Landlock ABI 6+, seccomp; see forkserver.py), else start it anew."""
         super().__init__(
             start_timeout=start_timeout,
             grace_s=grace_s,
@@ -80,22 +84,54 @@ class SubprocessSandbox(WorkerHost):
         # What is enforced, from the worker's own report (see policy.describe); set at each start.
         self.isolation: dict[str, Any] = not_started()
         self.scratch_dir: str | None = None
+        self.fork_server = fork_server
+        self._zygote_root: str | None = None  # set while this sandbox's workers come from a zygote
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def _new_worker(self) -> Connection:
         if self.scratch_dir is None:
-            self.scratch_dir = tempfile.mkdtemp(prefix="recursa-repl-", dir=self.scratch_root)
+            self._zygote_root = await self._zygote()
+            parent = self._zygote_root or self.scratch_root
+            self.scratch_dir = tempfile.mkdtemp(prefix="recursa-repl-", dir=parent)
             self._cleanup.scratch = self.scratch_dir
         async with _start_slots():
             return await super()._new_worker()
 
-    def _command(self, fd: int) -> list[str]:
-        """The worker's command line: the one place a wrapper (bwrap, a container) slots in."""
-        assert self.scratch_dir is not None
-        config = {**self.config, **self._hardening.config(self.scratch_dir)}
+    async def _zygote(self) -> str | None:
+        """The folder of the fork server's zygote, if this sandbox's workers may come from it."""
+        if self.fork_server is None or self._hardening.why_not_forked() is not None:
+            return None
+        recipe = ZygoteRecipe(
+            key=(
+                self.python,
+                self._hardening.options,
+                self._hardening.want_bwrap,
+                self.env_allow,
+                self.scratch_root,
+            ),
+            scratch_root=self.scratch_root,
+            command=lambda fd, root: self._command(fd, zygote_root=root),
+            env=self._env,
+            start_timeout=self.start_timeout,
+        )
+        return await self.fork_server.zygote_for(recipe)
+
+    def _command(self, fd: int, *, zygote_root: str | None = None) -> list[str]:
+        """The worker's command line (or a zygote's, in `zygote_root`): the one place a wrapper
+        (bwrap, a container) slots in."""
+        assert self.scratch_dir is not None or zygote_root is not None
+        if zygote_root is not None:
+            prefix, role = self._hardening.prefix(zygote_root, ZYGOTE_CAPS), ["--zygote", str(fd)]
+        else:
+            assert self.scratch_dir is not None
+            config = {**self.config, **self._hardening.config(self.scratch_dir)}
+            prefix, role = (
+                self._hardening.prefix(self.scratch_dir),
+                ["--fd", str(fd), "--config", json.dumps(config)],
+            )
         return [
-            *self._hardening.prefix(self.scratch_dir),
+            *prefix,
             self.python,
             "-I",  # isolated: no user site, no PYTHON* variables, no cwd on sys.path
             *self._hardening.python_flags(),
@@ -103,20 +139,18 @@ class SubprocessSandbox(WorkerHost):
             "-X",
             "utf8",
             worker_entry(),
-            "--fd",
-            str(fd),
-            "--config",
-            json.dumps(config),
+            *role,
         ]
 
-    def _env(self) -> dict[str, str]:
-        assert self.scratch_dir is not None
+    def _env(self, home: str | None = None) -> dict[str, str]:
+        home = home or self.scratch_dir
+        assert home is not None
         env = {
             "PATH": os.environ.get("PATH", os.defpath),
             "LANG": "C.UTF-8",
             "LC_ALL": "C.UTF-8",
-            "HOME": self.scratch_dir,
-            "TMPDIR": self.scratch_dir,
+            "HOME": home,
+            "TMPDIR": home,
             "PYTHONIOENCODING": "utf-8",
         }
         for name in self.env_allow:
@@ -125,6 +159,43 @@ class SubprocessSandbox(WorkerHost):
         return env
 
     async def _spawn(self) -> Connection:
+        if self._zygote_root is not None and self.fork_server is not None:
+            forked = await self._spawn_forked(self.fork_server)
+            if forked is not None:
+                return forked
+            self._zygote_root = None  # the zygote is gone: this sandbox starts its workers anew
+        return await self._spawn_started()
+
+    async def _spawn_forked(self, server: ForkServer) -> Connection | None:
+        """A worker forked by the zygote, or None if the zygote cannot (then start one anew)."""
+        assert self._handler is not None and self.scratch_dir is not None
+        config = {**self.config, **self._hardening.config(self.scratch_dir)}
+        request = {"env": self._env(), "cwd": self.scratch_dir, "config": config}
+        ours, theirs = socket.socketpair()
+        log = self._new_log()
+        try:
+            pid = await server.fork(theirs.fileno(), log, request)
+            process = ForkedProcess(pid)
+        except (ZygoteGone, ProcessLookupError):
+            ours.close()
+            self._cleanup.fds.discard(log)
+            os.close(log)
+            return None
+        finally:
+            theirs.close()
+        self._hardening.using_bwrap = True  # a zygote runs only under bwrap (why_not_forked)
+        worker = Connection(FrameSocket(ours), self._handler, process, log_fd=log)
+        self._cleanup.process = worker.process
+        try:
+            ready = await asyncio.wait_for(asyncio.shield(worker.ready), self.start_timeout)
+        except (TimeoutError, WorkerGone) as exc:
+            error, _tail = await self._failed_start(worker, exc, "the forked REPL worker")
+            raise error from None
+        self._worker_ready(worker, pid, ready, same_pidns=False)
+        self.isolation["forked"] = True
+        return worker
+
+    async def _spawn_started(self) -> Connection:
         assert self._handler is not None and self.scratch_dir is not None
         ours, theirs = socket.socketpair()
         log = self._new_log()
@@ -168,19 +239,27 @@ class SubprocessSandbox(WorkerHost):
         except (TimeoutError, WorkerGone) as exc:
             error, tail = await self._failed_start(worker, exc, "the REPL worker")
             if isinstance(exc, WorkerGone) and self._hardening.start_failed(tail):
-                return await self._spawn()  # bwrap cannot run here: the same worker without it
+                return await self._spawn_started()  # bwrap cannot run here: the same worker without it
             raise error from None
-        worker.process.signal_pid, self.isolation = self._hardening.ready(
-            proc.pid, ready, lambda: worker.alive, self._note_sink()
-        )
-        self._locate_worker(worker.process, ready)
+        self._worker_ready(worker, proc.pid, ready)
         return worker
 
-    def _locate_worker(self, process: LocalProcess, ready: dict[str, Any]) -> None:
+    def _worker_ready(
+        self, worker: Connection, root: int, ready: dict[str, Any], same_pidns: bool | None = None
+    ) -> None:
+        assert isinstance(worker.process, LocalProcess)
+        worker.process.signal_pid, self.isolation = self._hardening.ready(
+            root, ready, lambda: worker.alive, self._note_sink()
+        )
+        self._locate_worker(worker.process, ready, same_pidns)
+
+    def _locate_worker(self, process: LocalProcess, ready: dict[str, Any], same_pidns: bool | None) -> None:
         """With snapshots a keeper sits between the process we started and the worker (worker.py,
-        `_split_off_keeper`): find the worker's host pid, and keep the process guard off the keeper."""
-        pid, ppid, root = ready.get("pid"), ready.get("ppid"), process.proc.pid
-        process.same_pidns = root in (pid, ppid)  # else its pids come from a namespace (bwrap)
+        `_split_off_keeper`): find the worker's host pid, and keep the process guard off the keeper.
+        `same_pidns`: whether the worker's pids are ours, if known (else guessed from its report)."""
+        pid, ppid, root = ready.get("pid"), ready.get("ppid"), process.root_pid
+        # Unless told, its pids come from a namespace (bwrap) when neither is the process we started.
+        process.same_pidns = root in (pid, ppid) if same_pidns is None else same_pidns
         if process.same_pidns:
             if isinstance(pid, int):
                 process.signal_pid = self._hardening.worker_pid = pid

@@ -55,7 +55,7 @@ from collections.abc import Callable
 # typing is for annotations alone, and ast waits for the first cell (7 ms of CPU, incl. contextlib).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, NoReturn
 
 MAX_FRAME_BYTES = 1 << 30  # refuse larger frames both ways: a bad length must not allocate the machine
 _RECV_CHUNK = 256 * 1024
@@ -1187,10 +1187,8 @@ def harden(config: dict[str, Any]) -> dict[str, Any]:
         _site_builtins()
     spec = config.get("hardening")
     if isinstance(spec, dict):
-        path = os.path.join(_source_dir(), HARDENING_FILE)
         try:
-            module = _load_by_path("recursa_sandbox_hardening", path)
-            return dict(module.apply(spec))
+            return dict(_hardening_module().apply(spec))
         except Exception as exc:  # never claim a lockdown that did not happen; say why instead
             applied = _no_core_dumps()
             applied.update(requested=True, error=f"{type(exc).__name__}: {exc}")
@@ -1199,6 +1197,17 @@ def harden(config: dict[str, Any]) -> dict[str, Any]:
             ]
             return applied
     return _no_core_dumps()
+
+
+_loaded: dict[str, Any] = {}
+
+
+def _hardening_module() -> Any:
+    """hardening.py, loaded once (a zygote loads it before it forks workers)."""
+    if HARDENING_FILE not in _loaded:
+        path = os.path.join(_source_dir(), HARDENING_FILE)
+        _loaded[HARDENING_FILE] = _load_by_path("recursa_sandbox_hardening", path)
+    return _loaded[HARDENING_FILE]
 
 
 def _site_builtins() -> None:
@@ -1560,6 +1569,9 @@ class Server:
 def serve(
     transport: SocketTransport | StdioTransport, config: dict[str, Any], *, lines: bool = False
 ) -> None:
+    import faulthandler
+
+    faulthandler.enable()  # a segfault leaves a Python traceback in the worker log
     Server(transport, lines=lines).run(config)
 
 
@@ -1623,21 +1635,25 @@ def _internal_error(msg: dict[str, Any], exc: Exception) -> dict[str, Any] | Non
     return None
 
 
-_USAGE = "usage: worker.py (--fd N | --stdio [--lines]) [--config JSON]"
+_USAGE = "usage: worker.py (--fd N | --stdio [--lines] | --zygote N) [--config JSON]"
 
 
 def parse_args(argv: list[str]) -> tuple[int | None, dict[str, Any]]:
     """(--fd value or None for --stdio, config). Hand-rolled: argparse costs milliseconds at startup.
 
-    --lines (with --stdio) is reported in the config as "_lines": True.
+    --lines (with --stdio) is reported in the config as "_lines": True; --zygote N (N: a control
+    socket, see zygote.py) as the fd N and "_zygote": True.
     """
     fd: int | None = None
-    stdio = lines = False
+    stdio = lines = zygote = False
     config: Any = {}
     args = iter(argv)
     for arg in args:
-        if arg == "--fd":
+        if arg in ("--fd", "--zygote"):
+            if fd is not None:
+                raise SystemExit(f"give one of --fd and --zygote; {_USAGE}")
             fd = int(next(args, "-1"))
+            zygote = arg == "--zygote"
         elif arg == "--stdio":
             stdio = True
         elif arg == "--lines":
@@ -1647,14 +1663,19 @@ def parse_args(argv: list[str]) -> tuple[int | None, dict[str, Any]]:
         else:
             raise SystemExit(f"unknown argument {arg!r}; {_USAGE}")
     if stdio == (fd is not None) or (fd is not None and fd < 0):
-        raise SystemExit(f"give exactly one of --fd N and --stdio; {_USAGE}")
+        raise SystemExit(f"give exactly one of --fd N, --zygote N and --stdio; {_USAGE}")
     if not isinstance(config, dict):
         raise SystemExit("--config must be a JSON object")
     if lines:
         if not stdio:
             raise SystemExit(f"--lines goes with --stdio; {_USAGE}")
         config["_lines"] = True
+    if zygote:
+        config["_zygote"] = True
     return fd, config
+
+
+ZYGOTE_FILE = "zygote.py"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -1664,9 +1685,10 @@ def main(argv: list[str] | None = None) -> None:
     _die_with_parent()  # a worker stuck in C code would otherwise outlive a host that was killed
     if os.getppid() != parent:
         os._exit(0)  # the parent died before the request took effect
-    if config.pop("keeper", False) and fd is not None:
-        _split_off_keeper(fd)
-    transport: SocketTransport | StdioTransport
+    if config.pop("_zygote", False) and fd is not None:
+        _preload()
+        zygote = _load_by_path("recursa_sandbox_zygote", os.path.join(_source_dir(), ZYGOTE_FILE))
+        zygote.serve(fd, _start)
     if fd is None:
         # Keep private copies of the pipes, then point fds 0/1 away from them so stray writes to
         # fd 1 (a C extension, a child process) cannot corrupt the frame stream.
@@ -1675,14 +1697,31 @@ def main(argv: list[str] | None = None) -> None:
         os.dup2(null, 0)
         os.close(null)
         os.dup2(2, 1)
-        transport = StdioTransport(rfd, wfd)
+        serve(StdioTransport(rfd, wfd), config, lines=lines)
     else:
-        os.set_inheritable(fd, False)  # children of generated code must not hold the channel
-        transport = SocketTransport(socket.socket(fileno=fd))
-    import faulthandler
+        _start(fd, config)
 
-    faulthandler.enable()  # a segfault leaves a Python traceback in the worker log
-    serve(transport, config, lines=lines)
+
+def _start(fd: int, config: dict[str, Any]) -> NoReturn:
+    """Serve the host on the socket `fd`: a worker started afresh, or one a zygote just forked."""
+    if config.pop("keeper", False):
+        _split_off_keeper(fd)
+    os.set_inheritable(fd, False)  # children of generated code must not hold the channel
+    serve(SocketTransport(socket.socket(fileno=fd)), config)
+    os._exit(0)
+
+
+def _preload() -> None:
+    """What a worker otherwise imports on its first cell or while hardening: a zygote does it once
+    for all the workers it forks."""
+    import ast  # noqa: F401
+    import faulthandler  # noqa: F401
+    import importlib.util  # noqa: F401
+    import resource  # noqa: F401
+    import site  # noqa: F401
+    import traceback  # noqa: F401
+
+    _hardening_module()
 
 
 if __name__ == "__main__":

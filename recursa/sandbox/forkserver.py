@@ -1,0 +1,208 @@
+"""The host's side of a zygote: one warm worker in a bwrap namespace that forks REPL workers.
+
+Starting a hardened worker from nothing costs ~40 ms of CPU (bwrap, an interpreter, imports). A
+call tree with twenty child RLMs pays that twenty times at once, and on two cores the last child
+waits half a second for its REPL. A `ForkServer` starts one zygote (worker.py --zygote, see
+zygote.py for what each forked worker does to shut itself off from its siblings) and then hands
+out workers forked from it in a few ms each.
+
+A `ForkServer` has no settings of its own: the first `SubprocessSandbox` that asks for a worker
+starts the zygote with its own (interpreter, hardening, bwrap, environment, scratch root), and a
+later sandbox whose settings differ starts its workers the usual way. It is used only where forked
+workers are isolated from each other as well as separate starts are: bwrap, Landlock with signal
+scoping (ABI 6+), seccomp. Anything else, or a zygote that fails, falls back to a separate start.
+
+Closing it ends the zygote and every worker it forked (they die with their parent): a call tree
+closes its sandboxes first (recursa/loop/tree.py). Blocking work runs in a thread under one lock,
+so sandboxes on several event loops may share one fork server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import weakref
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+from recursa.sandbox.bwrap import inner_pid
+
+# What the zygote keeps of bwrap's user namespace for its children's first steps (zygote.py).
+ZYGOTE_CAPS = ("CAP_SYS_ADMIN", "CAP_SETPCAP")
+
+
+class ZygoteGone(OSError):
+    """The zygote cannot fork a worker (it exited, or answered with an error)."""
+
+
+@dataclass(frozen=True)
+class ZygoteRecipe:
+    """How to start a zygote: what a sandbox knows, handed to the fork server."""
+
+    key: Hashable  # the settings that must match for a sandbox to use this zygote
+    scratch_root: str | None
+    command: Callable[[int, str], list[str]]  # (control fd, zygote root) -> argv
+    env: Callable[[str], dict[str, str]]  # zygote root -> environment
+    start_timeout: float
+
+
+class ForkServer:
+    """Forks REPL workers from one warm zygote; share one among the sandboxes of a call tree."""
+
+    def __init__(self) -> None:
+        self._slot = _Slot()
+        self._key: Hashable = None
+        self.unavailable: str | None = None  # why this fork server gives no workers, once it is known
+        self.forks = 0  # workers forked so far (for tests and benchmarks)
+        weakref.finalize(self, self._slot.stop)  # a fork server dropped without close()
+
+    async def zygote_for(self, recipe: ZygoteRecipe) -> str | None:
+        """Start the zygote if needed: its folder (for the sandbox's scratch directory) if it serves
+        sandboxes with this recipe's settings, else None (start the worker the usual way)."""
+        zygote = self._slot.zygote
+        if self._slot.closed or self.unavailable is not None:
+            return None
+        if zygote is None:
+            return await asyncio.to_thread(self._start, recipe)
+        return zygote.root if self._key == recipe.key and zygote.alive() else None
+
+    def _start(self, recipe: ZygoteRecipe) -> str | None:
+        with self._slot.lock:
+            if self._slot.zygote is None and self.unavailable is None and not self._slot.closed:
+                try:
+                    self._slot.zygote = _Zygote.start(recipe)
+                    self._key = recipe.key
+                except ZygoteGone as exc:
+                    self.unavailable = str(exc)
+            zygote = self._slot.zygote
+        return zygote.root if zygote is not None and self._key == recipe.key else None
+
+    async def fork(self, channel: int, log: int, request: dict[str, Any]) -> int:
+        """Fork a worker that serves the socket `channel` and writes to `log`: its host pid.
+
+        Raises ZygoteGone (and gives no more workers) if the zygote cannot. The thread works on
+        copies of the descriptors, so a caller cancelled meanwhile may close its own at once."""
+        fds = [os.dup(channel), os.dup(log)]
+        return await asyncio.to_thread(self._fork, fds, request)
+
+    def _fork(self, fds: list[int], request: dict[str, Any]) -> int:
+        try:
+            with self._slot.lock:
+                zygote = self._slot.zygote
+                if zygote is None or self._slot.closed:
+                    raise ZygoteGone("the fork server is not running")
+                try:
+                    pid = zygote.fork(fds, request)
+                except ZygoteGone as exc:
+                    self._slot.zygote = None
+                    self.unavailable = str(exc)
+                    zygote.stop()
+                    raise
+                self.forks += 1
+                return pid
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    async def close(self) -> None:
+        """End the zygote (and every worker it forked) and remove its folder. Idempotent."""
+        await asyncio.to_thread(self._slot.stop)
+
+
+class _Slot:
+    """The running zygote, if any, and the lock around it (what the finalizer needs, without the
+    fork server itself)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.zygote: _Zygote | None = None
+        self.closed = False
+
+    def stop(self) -> None:
+        with self.lock:
+            self.closed = True
+            zygote, self.zygote = self.zygote, None
+        if zygote is not None:
+            zygote.stop()
+
+
+class _Zygote:
+    """A running zygote: its process (bwrap, when used), control socket, host pid and folder."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], control: socket.socket, pid: int, root: str) -> None:
+        self.proc = proc
+        self.control = control
+        self.pid = pid  # the zygote's own host pid (under bwrap, below bwrap and its init)
+        self.root = root
+
+    @classmethod
+    def start(cls, recipe: ZygoteRecipe) -> _Zygote:
+        root = tempfile.mkdtemp(prefix="recursa-zygote-", dir=recipe.scratch_root)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with tempfile.TemporaryFile(prefix="recursa-zygote-log-") as log:
+            try:
+                proc = subprocess.Popen(
+                    recipe.command(theirs.fileno(), root),
+                    pass_fds=(theirs.fileno(),),
+                    cwd=root,
+                    env=recipe.env(root),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                ours.close()
+                shutil.rmtree(root, ignore_errors=True)
+                raise ZygoteGone(f"cannot start the zygote: {exc}") from None
+            finally:
+                theirs.close()
+            ours.settimeout(recipe.start_timeout)
+            try:
+                hello = json.loads(ours.recv(4096) or b"{}")
+                ns_pid = int(hello["pid"])
+            except (OSError, ValueError, KeyError, TypeError):
+                log.seek(0)
+                tail = log.read()[-500:].decode("utf-8", "replace").strip()
+                cls(proc, ours, proc.pid, root).stop()
+                raise ZygoteGone(f"the zygote did not start ({tail or 'no output'})") from None
+        pid = proc.pid if ns_pid == proc.pid else inner_pid(proc.pid, ns_pid)
+        zygote = cls(proc, ours, pid or proc.pid, root)
+        if pid is None:
+            zygote.stop()
+            raise ZygoteGone("the zygote's pid inside bwrap was not found")
+        return zygote
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def fork(self, fds: list[int], request: dict[str, Any]) -> int:
+        try:
+            socket.send_fds(self.control, [json.dumps(request).encode()], fds)
+            reply = json.loads(self.control.recv(4096) or b'{"error": "the zygote exited"}')
+        except (OSError, ValueError) as exc:
+            raise ZygoteGone(f"the zygote stopped answering: {exc}") from None
+        if "error" in reply:
+            raise ZygoteGone(f"the zygote could not fork a worker: {reply['error']}")
+        ns_pid = int(reply["pid"])
+        pid = ns_pid if self.pid == self.proc.pid else inner_pid(self.pid, ns_pid)
+        if pid is None:
+            raise ZygoteGone(f"the forked worker {ns_pid} is not among the zygote's children")
+        return pid
+
+    def stop(self) -> None:
+        self.control.close()  # end of file: the zygote exits, its workers with it
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5.0)
+        shutil.rmtree(self.root, ignore_errors=True)

@@ -1,0 +1,169 @@
+"""The fork server inside the sandbox (the zygote): a warm worker that forks REPL workers on request.
+
+Standard library only; worker.py loads it by path (`worker.py --zygote FD`), like hardening.py.
+A worker started from scratch pays ~40 ms of CPU (bwrap, an interpreter, imports); twenty child
+RLMs starting at once on two cores wait half a second for the last one. The zygote pays that once:
+it imports everything a worker needs, then forks one worker per request, a few ms each.
+
+The zygote itself runs only this loop, never generated code, and keeps two capabilities of bwrap's
+user namespace (CAP_SYS_ADMIN, CAP_SETPCAP; none outside it) for what each child does first:
+  - a session of its own (its pid is its group: the host's killpg stops only this worker's tree);
+  - its own mount and IPC namespaces, with a fresh /dev/shm, so siblings share no files, no POSIX
+    semaphores and no System V IPC;
+  - every capability dropped (bounding set included) and checked, before any other step;
+  - then the ordinary worker start: keeper, Landlock (its own scratch directory only, signals and
+    abstract sockets scoped to its own domain), seccomp. The host uses a zygote only where the
+    kernel has Landlock's scoping (ABI 6), which is what keeps siblings from signalling each other
+    in the pid namespace they share; ptrace and /proc are closed to them as to any worker.
+
+Control socket (SOCK_SEQPACKET; one JSON object per message):
+  zygote -> host, once: {"op": "hello", "pid": its pid in the namespace}
+  host -> zygote: {"env": {...}, "cwd": scratch dir, "config": worker config} + fds [channel, log]
+  zygote -> host: {"pid": the child's pid in the namespace} or {"error": text}
+End of file on the control socket (the host closed it, or is gone) ends the zygote.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any, NoReturn
+
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWIPC = 0x08000000
+_MS_REC = 1 << 14
+_MS_PRIVATE = 1 << 18
+_MS_NOSUID = 1 << 1
+_MS_NODEV = 1 << 2
+_PR_CAPBSET_DROP = 24
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+_PR_SET_PDEATHSIG = 1
+_CAP_VERSION_3 = 0x20080522
+_CAPSET = {"x86_64": 126, "aarch64": 91}
+# Landlock lets a worker write its scratch directory and /dev/shm (multiprocessing's semaphores),
+# so /dev/shm must be its own; bwrap's /tmp holds the scratch directories and stays as it is.
+_PRIVATE_MOUNTS = ("/dev/shm",)
+
+
+def serve(control_fd: int, start_worker: Callable[[int, dict[str, Any]], NoReturn]) -> NoReturn:
+    """Answer fork requests until the host closes the control socket. Never returns."""
+    control = socket.socket(fileno=control_fd)
+    os.set_inheritable(control_fd, False)
+    # Children are reaped by the kernel; the host watches them through pidfds, not through us.
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # interrupts are for workers, not for their parent
+    control.send(json.dumps({"op": "hello", "pid": os.getpid()}).encode())
+    while True:
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(control, 1 << 20, 2)
+        except InterruptedError:
+            continue
+        if not data:
+            os._exit(0)
+        try:
+            request = json.loads(data)
+            if len(fds) != 2:
+                raise ValueError(f"expected a channel and a log descriptor, got {len(fds)}")
+            pid = os.fork()
+        except Exception as exc:  # a bad request or no memory for a fork: say so, keep serving
+            for fd in fds:
+                os.close(fd)
+            control.send(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
+            continue
+        if pid == 0:
+            control.close()
+            _child(request, fds[0], fds[1], start_worker)
+        for fd in fds:
+            os.close(fd)
+        control.send(json.dumps({"pid": pid}).encode())
+
+
+def _child(
+    request: dict[str, Any], channel: int, log: int, start_worker: Callable[[int, dict[str, Any]], NoReturn]
+) -> NoReturn:
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    try:
+        zygote = os.getppid()
+        _set_death_signal()
+        if os.getppid() != zygote:
+            os._exit(0)
+        os.setsid()
+        _private_namespaces()
+        _drop_capabilities()
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the keeper waits for its children
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.chdir(str(request["cwd"]))
+        os.environ.clear()
+        os.environ.update({str(k): str(v) for k, v in dict(request["env"]).items()})
+        config = dict(request["config"])
+    except BaseException as exc:
+        os.write(2, f"[recursa zygote] cannot prepare a worker: {type(exc).__name__}: {exc}\n".encode())
+        os._exit(70)
+    start_worker(channel, config)
+
+
+def _libc() -> Any:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    return libc
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
+
+
+def _set_death_signal() -> None:
+    _check(_libc().prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0), "prctl(PDEATHSIG)")
+
+
+def _private_namespaces() -> None:
+    """A mount and an IPC namespace of this worker's own, with an empty /dev/shm."""
+    libc = _libc()
+    _check(libc.unshare(_CLONE_NEWNS | _CLONE_NEWIPC), "unshare(mount, ipc)")
+    _check(libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "making mounts private")
+    for path in _PRIVATE_MOUNTS:
+        if os.path.isdir(path):
+            _check(
+                libc.mount(b"tmpfs", path.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"mode=1777"),
+                f"mount tmpfs on {path}",
+            )
+
+
+def _drop_capabilities() -> None:
+    """Empty every capability set, the bounding set first; refuse to go on if any is left."""
+    libc = _libc()
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as fh:
+            last = int(fh.read().strip())
+    except (OSError, ValueError):
+        last = 63
+    for cap in range(last + 1):
+        libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)
+    libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()
+    libc.syscall.restype = ctypes.c_long
+    _check(
+        libc.syscall(ctypes.c_long(_CAPSET[os.uname().machine]), ctypes.byref(header), ctypes.byref(data)),
+        "capset",
+    )
+    with open("/proc/self/status") as fh:
+        left = {
+            line.split(":")[0]: int(line.split()[1], 16)
+            for line in fh
+            if line.startswith(("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"))
+        }
+    if any(left.values()) or len(left) < 5:
+        raise PermissionError(f"capabilities left after dropping them all: {left}")
