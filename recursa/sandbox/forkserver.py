@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -65,15 +66,32 @@ class ForkServer:
         self.forks = 0  # workers forked so far (for tests and benchmarks)
         weakref.finalize(self, self._slot.stop)  # a fork server dropped without close()
 
+    @property
+    def root(self) -> str | None:
+        """The folder of the zygote's scratch directories, while it runs."""
+        zygote = self._slot.zygote
+        return zygote.root if zygote is not None else None
+
     async def zygote_for(self, recipe: ZygoteRecipe) -> str | None:
         """Start the zygote if needed: its folder (for the sandbox's scratch directory) if it serves
         sandboxes with this recipe's settings, else None (start the worker the usual way)."""
-        zygote = self._slot.zygote
         if self._slot.closed or self.unavailable is not None:
             return None
+        zygote = self._slot.zygote
         if zygote is None:
             return await asyncio.to_thread(self._start, recipe)
-        return zygote.root if self._key == recipe.key and zygote.alive() else None
+        if not zygote.alive():
+            await asyncio.to_thread(self._retire, zygote, "the zygote exited")
+            return None
+        return zygote.root if self._key == recipe.key else None
+
+    def _retire(self, zygote: _Zygote, why: str) -> None:
+        """A zygote that failed gives no more workers: stop it; later sandboxes start theirs anew."""
+        with self._slot.lock:
+            if self._slot.zygote is zygote:
+                self._slot.zygote = None
+                self.unavailable = why
+        zygote.stop()
 
     def _start(self, recipe: ZygoteRecipe) -> str | None:
         with self._slot.lock:
@@ -103,12 +121,12 @@ class ForkServer:
                 try:
                     pid = zygote.fork(fds, request)
                 except ZygoteGone as exc:
-                    self._slot.zygote = None
-                    self.unavailable = str(exc)
-                    zygote.stop()
-                    raise
-                self.forks += 1
-                return pid
+                    failed = exc
+                else:
+                    self.forks += 1
+                    return pid
+            self._retire(zygote, str(failed))
+            raise failed
         finally:
             for fd in fds:
                 os.close(fd)
@@ -200,9 +218,18 @@ class _Zygote:
         return pid
 
     def stop(self) -> None:
+        try:
+            watch = os.pidfd_open(self.pid)  # the zygote, not bwrap: it is not our child
+        except OSError:
+            watch = -1
         self.control.close()  # end of file: the zygote exits, its workers with it
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            os.killpg(self.proc.pid, signal.SIGKILL)  # bwrap; the namespace ends with it
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5.0)
+        if watch >= 0:  # returns once the zygote is gone, not merely bwrap
+            poller = select.poll()
+            poller.register(watch, select.POLLIN)
+            poller.poll(5000)
+            os.close(watch)
         shutil.rmtree(self.root, ignore_errors=True)

@@ -1,0 +1,198 @@
+"""Workers forked from a zygote (sandbox/forkserver.py, sandbox/zygote.py): they work like workers
+started anew, and siblings cannot reach each other although they share bwrap's pid namespace."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from recursa import RLM
+from recursa.sandbox import Hardening, SubprocessSandbox
+from recursa.sandbox import hardening as hmod
+from recursa.sandbox.bwrap import find_bwrap
+from recursa.sandbox.forkserver import ForkServer
+from recursa.sandbox.worker import parse_args
+
+pytestmark = [
+    pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap (bwrap) is not installed"),
+    pytest.mark.skipif(hmod.landlock_abi() < 6, reason="needs Landlock ABI >= 6 (Linux 6.12+)"),
+]
+
+
+async def echo(fn: str, args: dict[str, Any]) -> Any:
+    return f"echo:{args.get('prompt')}"
+
+
+async def forked(server: ForkServer, **kw: Any) -> SubprocessSandbox:
+    sb = SubprocessSandbox(bwrap=True, fork_server=server, **kw)
+    await sb.start(echo)
+    return sb
+
+
+async def out(sb: SubprocessSandbox, src: str, timeout: float = 10.0) -> str:
+    r = await sb.execute(src, timeout)
+    return r.stdout + (r.error or "")
+
+
+def alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
+
+
+async def test_forked_workers_run_cells_fully_hardened_each_in_its_own_scratch() -> None:
+    server = ForkServer()
+    a = await forked(server)
+    b = await forked(server)
+    try:
+        assert server.forks == 2 and server.unavailable is None
+        for sb in (a, b):
+            iso = sb.isolation
+            assert iso["forked"] and iso["level"] == "hardened+namespaces", iso
+            assert iso["seccomp"] and iso["signals"] == "landlock" and iso["capabilities_dropped"]
+            assert sb._hardening.last_report["capabilities"]["bounding"] == "0000000000000000"
+            assert sb.scratch_dir is not None and Path(sb.scratch_dir).parent == Path(server.root or "")
+        assert a.scratch_dir != b.scratch_dir
+        assert (
+            await out(a, "import os\nprint(os.getcwd(), os.environ['HOME'])")
+            == f"{a.scratch_dir} {a.scratch_dir}\n"
+        )
+        assert await out(a, "llm_query('hi')") == "'echo:hi'\n"
+        assert "PermissionError" in await out(a, "import socket\nsocket.socket()")  # seccomp
+    finally:
+        await a.close()
+        await b.close()
+        await server.close()
+
+
+async def test_siblings_share_no_files_no_shm_no_ipc_and_cannot_signal_each_other() -> None:
+    server = ForkServer()
+    a = await forked(server)
+    b = await forked(server)
+    try:
+        a_pid = int(await out(a, "import os\nprint(os.getpid())"))
+        await out(a, "open('mine.txt', 'w').write('secret')\nopen('/dev/shm/sem.x', 'w').write('1')")
+        assert await out(a, "print(open('mine.txt').read())") == "secret\n"
+        reach = f"open({os.path.join(a.scratch_dir or '', 'mine.txt')!r}).read()"
+        assert "PermissionError" in await out(b, reach)  # Landlock: only its own scratch directory
+        assert await out(b, "import os\nos.listdir('/dev/shm')") == "[]\n"  # a /dev/shm of its own
+        # The pid is there (one pid namespace), but Landlock's signal scoping refuses the signal.
+        assert "PermissionError" in await out(b, f"import os, signal\nos.kill({a_pid}, signal.SIGKILL)")
+        await out(b, "import os\nos.kill(-1, 9)")  # everything it may signal: its own snapshot at most
+        assert await out(a, "print('still here')") == "still here\n"
+        zygote = server._slot.zygote
+        assert zygote is not None and alive(zygote.pid)
+        # System V IPC: a segment made in one is not there in the other (own IPC namespaces).
+        shm = "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nprint(libc.shmget(4242, 4096, {flags}) >= 0)"
+        assert await out(a, shm.format(flags=0o1600)) == "True\n"  # IPC_CREAT | 0600
+        assert await out(b, shm.format(flags=0o600)) == "False\n"
+        # Each killable on its own: closing one leaves the other working.
+        pid = a._worker.process.pid if a._worker else -1
+        await a.close()
+        assert not alive(pid)
+        assert await out(b, "1 + 1") == "2\n"
+    finally:
+        await a.close()
+        await b.close()
+        await server.close()
+
+
+async def test_a_forked_worker_survives_timeouts_with_its_state() -> None:
+    server = ForkServer()
+    sb = await forked(server, snapshots=True, grace_s=0.5)
+    try:
+        await sb.execute("kept = 41", 5)
+        r = await sb.execute("while True:\n    pass", 0.3)
+        assert r.timed_out and "KeyboardInterrupt" in (r.error or "")
+        r = await sb.execute("sum(range(10**13))", 0.3)  # C code: only a kill stops it
+        assert r.timed_out
+        assert await out(sb, "kept + 1") == "42\n"
+    finally:
+        await sb.close()
+        await server.close()
+
+
+async def test_closing_the_server_ends_the_zygote_and_removes_its_folder() -> None:
+    server = ForkServer()
+    sb = await forked(server)
+    zygote = server._slot.zygote
+    assert zygote is not None and alive(zygote.pid) and server.root is not None
+    root = Path(server.root)
+    await sb.close()
+    await server.close()
+    assert not alive(zygote.pid) and not root.exists()
+    later = SubprocessSandbox(bwrap=True, fork_server=server)
+    await later.start(echo)
+    try:
+        assert not later.isolation.get("forked") and await out(later, "1") == "1\n"  # started anew
+    finally:
+        await later.close()
+
+
+async def test_a_dead_zygote_means_workers_start_anew() -> None:
+    server = ForkServer()
+    first = await forked(server)
+    zygote = server._slot.zygote
+    assert zygote is not None
+    os.kill(zygote.pid, 9)
+    await asyncio.sleep(0.1)
+    second = await forked(server)
+    try:
+        assert not second.isolation.get("forked") and await out(second, "2 * 3") == "6\n"
+        assert server.unavailable is not None
+    finally:
+        await first.close()
+        await second.close()
+        await server.close()
+
+
+async def test_only_sandboxes_with_the_zygotes_settings_and_full_isolation_are_forked() -> None:
+    server = ForkServer()
+    a = await forked(server)
+    other = await forked(server, hardening=Hardening(max_open_files=64))  # settings differ
+    no_scope = SubprocessSandbox(bwrap=True, hardening=Hardening(landlock_max_abi=5), fork_server=server)
+    try:
+        assert a.isolation["forked"] and not other.isolation.get("forked")
+        assert "signal scoping" in (no_scope._hardening.why_not_forked() or "")
+        assert "hardening is off" in (SubprocessSandbox(hardening=False)._hardening.why_not_forked() or "")
+        assert server.forks == 1
+    finally:
+        await a.close()
+        await other.close()
+        await server.close()
+
+
+async def test_a_tree_with_child_rlms_forks_their_repls_and_ends_the_zygote(server, script, tmp_path) -> None:
+    script.root("root-model", code("r = rlm_query_batched(['a', 'b'], contexts=['x', 'y'])\nFINAL_VAR('r')"))
+    script.root("sub-model", code("FINAL(context)"))
+
+    def tree_rlm(**kw: Any) -> RLM:
+        return RLM(
+            "openai/root-model",
+            sub_model="openai/sub-model",
+            base_url=server.base_url,
+            api_key="test-key-0123456789",
+            max_depth=2,
+            trace_dir=tmp_path,
+            **kw,
+        )
+
+    before = set(Path(tempfile.gettempdir()).glob("recursa-zygote-*"))
+    result = await tree_rlm().arun("q", "ctx")
+    assert result.value == ["x", "y"] and result.isolation.get("forked") is True, result.error
+    assert set(Path(tempfile.gettempdir()).glob("recursa-zygote-*")) == before  # ended with the tree
+    plain = await tree_rlm(sandbox_options={"fork_server": None}).arun("q", "ctx")
+    assert plain.value == ["x", "y"] and not plain.isolation.get("forked")
+
+
+def code(src: str) -> str:
+    return f"```repl\n{src}\n```"
+
+
+def test_the_worker_takes_a_zygote_control_socket() -> None:
+    assert parse_args(["--zygote", "5"]) == (5, {"_zygote": True})
+    with pytest.raises(SystemExit, match="one of --fd and --zygote"):
+        parse_args(["--zygote", "5", "--fd", "6"])
