@@ -12,7 +12,9 @@ Order matters: read what needs /proc first, then set rlimits, then no_new_privs,
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import functools
 import os
 import resource
 import signal
@@ -233,6 +235,7 @@ def _arg(i: int, high: bool = False) -> int:
     return 16 + 8 * i + (4 if high else 0)  # struct seccomp_data: nr, arch, ip, args[6] (little-endian)
 
 
+@functools.lru_cache(maxsize=4)
 def seccomp_filter(machine: str, *, own_pid: int, own_pgid: int, restrict_signals: bool) -> bytes:
     """The classic-BPF program for `machine`; raises KeyError for machines we have no table for."""
     col, audit_arch = _ARCH[machine]
@@ -462,13 +465,14 @@ class _Rules:
         self.added = 0
         self.failed: list[str] = []
 
-    def add(self, path: str, rights: int) -> None:
+    def add(self, path: str, rights: int, is_dir: bool | None = None) -> None:
         try:
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
         except OSError:
             return
         try:
-            is_dir = stat.S_ISDIR(os.fstat(fd).st_mode)
+            if is_dir is None:
+                is_dir = stat.S_ISDIR(os.fstat(fd).st_mode)
             allowed = rights & self.handled & (~0 if is_dir else _FS_FILE_RIGHTS)
             attr = _PathBeneath(allowed, fd)
             rc = self.libc.syscall(
@@ -485,21 +489,50 @@ class _Rules:
         finally:
             os.close(fd)
 
-    def add_read_tree(self, path: str, hidden: list[str]) -> None:
-        """Read access beneath `path`, except the files of folders in `hidden` (recursively split)."""
-        inside = [h for h in hidden if _is_under(h, path)]
-        if not inside:
-            self.add(path, _FS_READ_FILE | _FS_READ_DIR)
-            return
-        if any(h == path for h in inside):
-            return
-        self.add(path, _FS_READ_DIR)  # listing is needed (import finders); file reads go child by child
-        try:
-            names = os.listdir(path)
-        except OSError:
-            return
-        for name in names:
-            self.add_read_tree(os.path.join(path, name), inside)
+
+def _plan_read_tree(path: str, hidden: list[str], out: list[tuple[str, int, bool]]) -> None:
+    """(path, rights, is a folder) for read access beneath `path`, except the files of folders in
+    `hidden` (the folder is split child by child down to them)."""
+    try:
+        is_dir = stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError:
+        return
+    inside = [h for h in hidden if _is_under(h, path)]
+    if not inside:
+        out.append((path, _FS_READ_FILE | _FS_READ_DIR, is_dir))
+        return
+    if any(h == path for h in inside):
+        return
+    out.append((path, _FS_READ_DIR, is_dir))  # listing is needed (import finders)
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return
+    for name in names:
+        _plan_read_tree(os.path.join(path, name), inside, out)
+
+
+_read_plans: dict[tuple[Any, ...], tuple[list[str], list[str], list[tuple[str, int, bool]]]] = {}
+
+
+def _read_plan(spec: dict[str, Any]) -> tuple[list[str], list[str], list[tuple[str, int, bool]]]:
+    """(read roots, hidden folders, read rules) for `spec`, worked out once per process: a zygote
+    (zygote.py) does it before it forks, so its workers only hand the rules to the kernel."""
+    key = (tuple(map(str, spec.get("read_only", []))), bool(spec.get("allow_site_packages")))
+    if key not in _read_plans:
+        roots, hidden = _read_paths(spec)
+        rules: list[tuple[str, int, bool]] = []
+        for root in roots:
+            _plan_read_tree(root, hidden, rules)
+        _read_plans[key] = (roots, hidden, rules)
+    return _read_plans[key]
+
+
+def prepare(spec: dict[str, Any]) -> None:
+    """What `apply(spec)` would work out that is the same for every worker: do it now, once."""
+    _read_plan(spec)
+    with contextlib.suppress(KeyError):  # a machine without a table: apply() says so
+        seccomp_filter(os.uname().machine, own_pid=0, own_pgid=0, restrict_signals=False)
 
 
 def _read_paths(spec: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -573,9 +606,9 @@ def _apply_landlock(
         return False
     try:
         rules = _Rules(libc, sysnr, int(ruleset), handled)
-        roots, hidden = _read_paths(spec)
-        for root in roots:
-            rules.add_read_tree(root, hidden)
+        roots, hidden, planned = _read_plan(spec)
+        for path, rights, is_dir in planned:
+            rules.add(path, rights, is_dir)
         everything = handled & ~(_FS_EXECUTE | _FS_MAKE_CHAR | _FS_MAKE_BLOCK | _FS_IOCTL_DEV)
         for path in spec.get("read_write", []):
             rules.add(str(path), everything)
@@ -618,9 +651,9 @@ def _apply_seccomp(
     libc: Any, sysnr: dict[str, int], machine: str, restrict_signals: bool, report: _Report
 ) -> bool:
     try:
-        program = seccomp_filter(
-            machine, own_pid=os.getpid(), own_pgid=os.getpgrp(), restrict_signals=restrict_signals
-        )
+        # Without the signal rules the program names no pid: the same one for every worker, built once.
+        pid, pgid = (os.getpid(), os.getpgrp()) if restrict_signals else (0, 0)
+        program = seccomp_filter(machine, own_pid=pid, own_pgid=pgid, restrict_signals=restrict_signals)
     except KeyError:
         report.warn(f"no seccomp syscall table for {machine}: seccomp not applied")
         return False

@@ -1688,7 +1688,7 @@ def main(argv: list[str] | None = None) -> None:
     if config.pop("_zygote", False) and fd is not None:
         _preload()
         zygote = _load_by_path("recursa_sandbox_zygote", os.path.join(_source_dir(), ZYGOTE_FILE))
-        zygote.serve(fd, _start)
+        zygote.serve(fd, _start, _prepare)
     if fd is None:
         # Keep private copies of the pipes, then point fds 0/1 away from them so stray writes to
         # fd 1 (a C extension, a child process) cannot corrupt the frame stream.
@@ -1709,6 +1709,14 @@ def _start(fd: int, config: dict[str, Any]) -> NoReturn:
     os.set_inheritable(fd, False)  # children of generated code must not hold the channel
     serve(SocketTransport(socket.socket(fileno=fd)), config)
     os._exit(0)
+
+
+def _prepare(config: dict[str, Any]) -> None:
+    """In a zygote, before it forks a worker with `config`: the hardening work every such worker
+    would repeat (the Landlock rule walk, the seccomp program), done once for all of them."""
+    spec = config.get("hardening")
+    if isinstance(spec, dict):
+        _hardening_module().prepare(spec)
 
 
 def _preload() -> None:

@@ -54,8 +54,16 @@ _CAPSET = {"x86_64": 126, "aarch64": 91}
 _PRIVATE_MOUNTS = ("/dev/shm",)
 
 
-def serve(control_fd: int, start_worker: Callable[[int, dict[str, Any]], NoReturn]) -> NoReturn:
-    """Answer fork requests until the host closes the control socket. Never returns."""
+def serve(
+    control_fd: int,
+    start_worker: Callable[[int, dict[str, Any]], NoReturn],
+    prepare: Callable[[dict[str, Any]], None],
+) -> NoReturn:
+    """Answer fork requests until the host closes the control socket. Never returns.
+
+    `prepare(config)` runs here before each fork (work every worker with that config would repeat,
+    kept in this process so that the children inherit it); `start_worker` runs in the child."""
+    _libc()  # loaded once, here, for every child's first steps
     control = socket.socket(fileno=control_fd)
     os.set_inheritable(control_fd, False)
     # Children are reaped by the kernel; the host watches them through pidfds, not through us.
@@ -76,6 +84,7 @@ def serve(control_fd: int, start_worker: Callable[[int, dict[str, Any]], NoRetur
             request = json.loads(data)
             if len(fds) != 2:
                 raise ValueError(f"expected a channel and a log descriptor, got {len(fds)}")
+            prepare(dict(request["config"]))
             pid = os.fork()
         except Exception as exc:  # a bad request or no memory for a fork: say so, keep serving
             for fd in fds:
@@ -116,11 +125,23 @@ def _child(
     start_worker(channel, config)
 
 
+_loaded: list[Any] = []
+
+
 def _libc() -> Any:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    return libc
+    if not _loaded:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mount.argtypes = [
+            ctypes.c_char_p,
+            ctypes.c_char_p,
+            ctypes.c_char_p,
+            ctypes.c_ulong,
+            ctypes.c_char_p,
+        ]
+        libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+        libc.syscall.restype = ctypes.c_long
+        _loaded.append(libc)
+    return _loaded[0]
 
 
 def _check(rc: int, what: str) -> None:
@@ -158,7 +179,6 @@ def _drop_capabilities() -> None:
     libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
     data = (ctypes.c_uint32 * 6)()
-    libc.syscall.restype = ctypes.c_long
     _check(
         libc.syscall(ctypes.c_long(_CAPSET[os.uname().machine]), ctypes.byref(header), ctypes.byref(data)),
         "capset",
