@@ -151,6 +151,10 @@ async def test_a_dead_zygote_means_workers_start_anew() -> None:
     try:
         assert not second.isolation.get("forked") and await out(second, "2 * 3") == "6\n"
         assert server.unavailable is not None
+        # The first one's worker died with the zygote: it comes back, started anew.
+        r = await first.execute("1 + 1", 10)
+        assert r.stdout == "2\n" or r.restarted, r
+        assert await out(first, "3 + 3") == "6\n" and not first.isolation.get("forked")
     finally:
         await first.close()
         await second.close()

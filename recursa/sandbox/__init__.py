@@ -5,6 +5,9 @@ and inside bubblewrap namespaces where bwrap is installed; `"subprocess"` is the
 bwrap. `"inprocess"` runs the REPL in a host thread without any isolation (debugging only, and it
 says so with a warning). Every sandbox's `isolation` says what is actually enforced.
 
+A `ForkServer` forks workers from one warm zygote inside bwrap (forkserver.py): call trees with
+child RLMs use one, so that a burst of children does not start a burst of interpreters.
+
 The same worker also runs in a container (`"docker"`, `"podman"`: containers.py) or in a remote
 sandbox (`"modal"`, `"e2b"`: remote.py, optional extras), over its stdin and stdout.
 """
@@ -17,6 +20,7 @@ from typing import Any
 from recursa.errors import ConfigError
 from recursa.sandbox.base import CallbackError, CallHandler, ExecResult, FinalAnswer, Sandbox
 from recursa.sandbox.containers import ContainerSandbox
+from recursa.sandbox.forkserver import ForkServer
 from recursa.sandbox.inprocess import InProcessSandbox
 from recursa.sandbox.policy import Hardening
 from recursa.sandbox.remote import E2BSandbox, ModalSandbox
@@ -33,6 +37,7 @@ __all__ = [
     "E2BSandbox",
     "ExecResult",
     "FinalAnswer",
+    "ForkServer",
     "Hardening",
     "InProcessSandbox",
     "ModalSandbox",

@@ -164,6 +164,7 @@ class SubprocessSandbox(WorkerHost):
             if forked is not None:
                 return forked
             self._zygote_root = None  # the zygote is gone: this sandbox starts its workers anew
+            os.makedirs(self.scratch_dir or "", exist_ok=True)  # a retired zygote takes its folder along
         return await self._spawn_started()
 
     async def _spawn_forked(self, server: ForkServer) -> Connection | None:
@@ -176,11 +177,13 @@ class SubprocessSandbox(WorkerHost):
         try:
             pid = await server.fork(theirs.fileno(), log, request)
             process = ForkedProcess(pid)
-        except (ZygoteGone, ProcessLookupError):
+        except BaseException as exc:  # also a cancelled start: a worker forked anyway sees EOF, exits
             ours.close()
             self._cleanup.fds.discard(log)
             os.close(log)
-            return None
+            if isinstance(exc, (ZygoteGone, ProcessLookupError)):
+                return None
+            raise
         finally:
             theirs.close()
         self._hardening.using_bwrap = True  # a zygote runs only under bwrap (why_not_forked)
