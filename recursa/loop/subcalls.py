@@ -12,7 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from recursa.context import build_payload
+from recursa.context import load_payload
 from recursa.errors import BudgetExceeded, ContextError, ContextLengthError, LMError
 from recursa.lm.base import CallMeta, LMResponse, Message
 from recursa.lm.registry import parse_model
@@ -202,7 +202,7 @@ class SubcallHandler:
             return await self._one_llm(text, None)
         question = prompt if context is not None else PROMPT_AS_CONTEXT_QUESTION
         try:
-            payload = await asyncio.to_thread(build_payload, context if context is not None else prompt)
+            payload = await load_payload(context if context is not None else prompt)
         except ContextError as exc:
             raise CallbackError("ValueError", f"rlm_query: {exc}") from None
         result = await run.spawn_child(question, payload)

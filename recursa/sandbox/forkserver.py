@@ -13,8 +13,8 @@ workers are isolated from each other as well as separate starts are: bwrap, Land
 scoping (ABI 6+), seccomp. Anything else, or a zygote that fails, falls back to a separate start.
 
 Closing it ends the zygote and every worker it forked (they die with their parent): a call tree
-closes its sandboxes first (recursa/loop/tree.py). Blocking work runs in a thread under one lock,
-so sandboxes on several event loops may share one fork server.
+closes its sandboxes first (recursa/loop/tree.py). A fork server serves one event loop, the first
+that uses it; sandboxes on another loop start their workers anew.
 """
 
 from __future__ import annotations
@@ -62,6 +62,8 @@ class ForkServer:
     def __init__(self) -> None:
         self._slot = _Slot()
         self._key: Hashable = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the event loop it serves (the first)
+        self._turn: asyncio.Lock | None = None  # one request at a time on the control socket
         self.unavailable: str | None = None  # why this fork server gives no workers, once it is known
         self.forks = 0  # workers forked so far (for tests and benchmarks)
         weakref.finalize(self, self._slot.stop)  # a fork server dropped without close()
@@ -74,8 +76,12 @@ class ForkServer:
 
     async def zygote_for(self, recipe: ZygoteRecipe) -> str | None:
         """Start the zygote if needed: its folder (for the sandbox's scratch directory) if it serves
-        sandboxes with this recipe's settings, else None (start the worker the usual way)."""
-        if self._slot.closed or self.unavailable is not None:
+        sandboxes with this recipe's settings, else None (start the worker the usual way). A fork
+        server serves the event loop that first asked; sandboxes on other loops start anew."""
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop, self._turn = loop, asyncio.Lock()
+        if self._slot.closed or self.unavailable is not None or loop is not self._loop:
             return None
         zygote = self._slot.zygote
         if zygote is None:
@@ -104,29 +110,30 @@ class ForkServer:
             zygote = self._slot.zygote
         return zygote.root if zygote is not None and self._key == recipe.key else None
 
-    async def fork(self, channel: int, log: int, request: dict[str, Any]) -> int:
+    async def fork(self, channel: int, log: int, request: dict[str, Any], timeout: float) -> int:
         """Fork a worker that serves the socket `channel` and writes to `log`: its host pid.
 
-        Raises ZygoteGone (and gives no more workers) if the zygote cannot. The thread works on
-        copies of the descriptors, so a caller cancelled meanwhile may close its own at once."""
+        Raises ZygoteGone (and gives no more workers) if the zygote cannot. The exchange with the
+        zygote runs to its end even if the caller is cancelled, on copies of the descriptors, so
+        the next request never reads this one's reply; a worker forked for a caller that gave up
+        finds its channel closed and exits."""
         fds = [os.dup(channel), os.dup(log)]
-        return await asyncio.to_thread(self._fork, fds, request)
+        return await asyncio.shield(asyncio.ensure_future(self._exchange(fds, request, timeout)))
 
-    def _fork(self, fds: list[int], request: dict[str, Any]) -> int:
+    async def _exchange(self, fds: list[int], request: dict[str, Any], timeout: float) -> int:
+        assert self._turn is not None
         try:
-            with self._slot.lock:
+            async with self._turn:
                 zygote = self._slot.zygote
                 if zygote is None or self._slot.closed:
                     raise ZygoteGone("the fork server is not running")
                 try:
-                    pid = zygote.fork(fds, request)
+                    pid = await zygote.fork(fds, request, timeout)
                 except ZygoteGone as exc:
-                    failed = exc
-                else:
-                    self.forks += 1
-                    return pid
-            self._retire(zygote, str(failed))
-            raise failed
+                    await asyncio.to_thread(self._retire, zygote, str(exc))
+                    raise
+                self.forks += 1
+                return pid
         finally:
             for fd in fds:
                 os.close(fd)
@@ -194,6 +201,7 @@ class _Zygote:
                 cls(proc, ours, proc.pid, root).stop()
                 raise ZygoteGone(f"the zygote did not start ({tail or 'no output'})") from None
         pid = proc.pid if ns_pid == proc.pid else inner_pid(proc.pid, ns_pid)
+        ours.setblocking(False)  # from now on it is read on the event loop
         zygote = cls(proc, ours, pid or proc.pid, root)
         if pid is None:
             zygote.stop()
@@ -203,12 +211,17 @@ class _Zygote:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def fork(self, fds: list[int], request: dict[str, Any]) -> int:
+    async def fork(self, fds: list[int], request: dict[str, Any], timeout: float) -> int:
+        """One request and its reply, on the event loop. (In a thread, every fork handed the GIL
+        back and forth with the loop, which slowed a burst of twenty children; docs/benchmarks.md.)"""
+        loop = asyncio.get_running_loop()
         try:
+            # A non-blocking send that cannot block: one small message is ever in flight.
             socket.send_fds(self.control, [json.dumps(request).encode()], fds)
-            reply = json.loads(self.control.recv(4096) or b'{"error": "the zygote exited"}')
-        except (OSError, ValueError) as exc:
-            raise ZygoteGone(f"the zygote stopped answering: {exc}") from None
+            data = await asyncio.wait_for(loop.sock_recv(self.control, 4096), timeout)
+            reply = json.loads(data or b'{"error": "the zygote exited"}')
+        except (OSError, ValueError, TimeoutError) as exc:
+            raise ZygoteGone(f"the zygote stopped answering: {exc or type(exc).__name__}") from None
         if "error" in reply:
             raise ZygoteGone(f"the zygote could not fork a worker: {reply['error']}")
         ns_pid = int(reply["pid"])

@@ -175,7 +175,7 @@ class SubprocessSandbox(WorkerHost):
         ours, theirs = socket.socketpair()
         log = self._new_log()
         try:
-            pid = await server.fork(theirs.fileno(), log, request)
+            pid = await server.fork(theirs.fileno(), log, request, self.start_timeout)
             process = ForkedProcess(pid)
         except BaseException as exc:  # also a cancelled start: a worker forked anyway sees EOF, exits
             ours.close()
