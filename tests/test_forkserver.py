@@ -161,6 +161,24 @@ async def test_a_dead_zygote_means_workers_start_anew() -> None:
         await server.close()
 
 
+async def test_a_worker_the_zygote_cannot_prepare_is_started_anew_and_forks_stop() -> None:
+    server = ForkServer()
+    first = await forked(server)
+    assert server.root is not None
+    broken = SubprocessSandbox(bwrap=True, fork_server=server)
+    broken.scratch_dir = os.path.join(server.root, "not-there")  # the forked child cannot chdir
+    broken._zygote_root = server.root
+    await broken.start(echo)
+    try:
+        assert not broken.isolation.get("forked") and await out(broken, "5 * 5") == "25\n"
+        assert "cannot prepare a worker" in (server.unavailable or ""), server.unavailable
+        assert await out(first, "7 * 7") == "49\n"  # its forked sibling is untouched
+    finally:
+        await first.close()
+        await broken.close()
+        await server.close()
+
+
 async def test_only_sandboxes_with_the_zygotes_settings_and_full_isolation_are_forked() -> None:
     server = ForkServer()
     a = await forked(server)

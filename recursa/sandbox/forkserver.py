@@ -91,6 +91,12 @@ class ForkServer:
             return None
         return zygote.root if self._key == recipe.key else None
 
+    def retire(self, why: str) -> None:
+        """Fork no more workers (a forked one failed to start), and say why. The zygote keeps
+        running until close(): the workers it forked die with it, and they are fine."""
+        if self.unavailable is None:
+            self.unavailable = why
+
     def _retire(self, zygote: _Zygote, why: str) -> None:
         """A zygote that failed gives no more workers: stop it; later sandboxes start theirs anew."""
         with self._slot.lock:
@@ -125,8 +131,8 @@ class ForkServer:
         try:
             async with self._turn:
                 zygote = self._slot.zygote
-                if zygote is None or self._slot.closed:
-                    raise ZygoteGone("the fork server is not running")
+                if zygote is None or self._slot.closed or self.unavailable is not None:
+                    raise ZygoteGone(self.unavailable or "the fork server is not running")
                 try:
                     pid = await zygote.fork(fds, request, timeout)
                 except ZygoteGone as exc:

@@ -407,13 +407,8 @@ def _cap_line(field: str) -> str | None:
     return None
 
 
-def _drop_capabilities(libc: Any, sysnr: dict[str, int], report: _Report) -> None:
-    """Empty the bounding, ambient, effective, permitted and inheritable sets.
-
-    Matters when the host runs as root: without CAP_SYS_RESOURCE the rlimits above cannot be raised
-    again, without CAP_DAC_OVERRIDE file modes count, without CAP_KILL signals need a matching uid.
-    """
-    before = _cap_line("CapEff")
+def _empty_capability_sets(libc: Any, sysnr: dict[str, int]) -> int:
+    """Drop the bounding set, clear the ambient one, set the rest to nothing; capset's return code."""
     try:
         with open("/proc/sys/kernel/cap_last_cap") as fh:
             last = int(fh.read().strip())
@@ -424,7 +419,26 @@ def _drop_capabilities(libc: Any, sysnr: dict[str, int], report: _Report) -> Non
     libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
     data = (ctypes.c_uint32 * 6)()
-    rc = libc.syscall(ctypes.c_long(sysnr["capset"]), ctypes.byref(header), ctypes.byref(data))
+    return int(libc.syscall(ctypes.c_long(sysnr["capset"]), ctypes.byref(header), ctypes.byref(data)))
+
+
+def drop_all_capabilities() -> None:
+    """Empty every capability set, or raise: for a process that must not go on holding any (a
+    zygote's child, which starts with what the zygote kept of bwrap's user namespace)."""
+    rc = _empty_capability_sets(_libc(), _SYS[os.uname().machine])
+    left = {name: _cap_line(name) for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}
+    if rc != 0 or any(value is None or int(value, 16) for value in left.values()):
+        raise PermissionError(f"capabilities left after dropping them all: {left}")
+
+
+def _drop_capabilities(libc: Any, sysnr: dict[str, int], report: _Report) -> None:
+    """Empty the bounding, ambient, effective, permitted and inheritable sets.
+
+    Matters when the host runs as root: without CAP_SYS_RESOURCE the rlimits above cannot be raised
+    again, without CAP_DAC_OVERRIDE file modes count, without CAP_KILL signals need a matching uid.
+    """
+    before = _cap_line("CapEff")
+    rc = _empty_capability_sets(libc, sysnr)
     after = _cap_line("CapEff")
     bounding = _cap_line("CapBnd")
     report.data["capabilities"] = {

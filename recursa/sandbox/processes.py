@@ -234,10 +234,7 @@ class LocalProcess(WorkerProcess):
         if self._killed:
             return
         self._killed = True
-        # Kill the group before reaping: while the leader is unreaped its pid (= the group id)
-        # cannot be reused, so killpg can never hit an unrelated process.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.group, signal.SIGKILL)
+        self._kill_group()
         await _poll(self._root_exited, 5.0)
         if self._worker is not None:
             # Below a keeper or bwrap the worker dies a moment after the process we started (by its
@@ -246,16 +243,25 @@ class LocalProcess(WorkerProcess):
         self._reap()
 
     def kill_now(self) -> None:
-        if not self._killed and self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.group, signal.SIGKILL)
+        if not self._killed:
+            self._kill_group()
         self._killed = True
         self._reap()
+
+    def _kill_group(self) -> None:
+        # Only before reaping: while the leader is unreaped its pid (= the group id) cannot be
+        # reused, so killpg can never hit an unrelated process.
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.group, signal.SIGKILL)
 
     def _reap(self) -> None:
         self._root.close()
         if self._worker is not None:
             self._worker.close()
+        self._wait_root()
+
+    def _wait_root(self) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=2.0)
 
@@ -319,26 +325,8 @@ class ForkedProcess(LocalProcess):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.group, signal.SIGKILL)
 
-    async def kill(self) -> None:
-        if self._killed:
-            return
-        self._killed = True
-        self._kill_group()
-        await _poll(self._root.exited, 5.0)
-        if self._worker is not None:
-            await _poll(self._worker.exited, 1.0)
-        self._reap()
-
-    def kill_now(self) -> None:
-        if not self._killed:
-            self._kill_group()
-        self._killed = True
-        self._reap()
-
-    def _reap(self) -> None:
-        self._root.close()
-        if self._worker is not None:
-            self._worker.close()
+    def _wait_root(self) -> None:
+        pass  # the zygote's kernel-side reaping does it
 
     def describe_exit(self) -> str:
         watched = self._worker if self._worker is not None else self._root

@@ -192,8 +192,11 @@ class SubprocessSandbox(WorkerHost):
         try:
             ready = await asyncio.wait_for(asyncio.shield(worker.ready), self.start_timeout)
         except (TimeoutError, WorkerGone) as exc:
-            error, _tail = await self._failed_start(worker, exc, "the forked REPL worker")
-            raise error from None
+            # What fails one forked worker (the kernel refusing a step, say) fails them all: no
+            # more forks, and this worker is started anew.
+            error, tail = await self._failed_start(worker, exc, "the forked REPL worker")
+            server.retire(f"{error} {tail}".strip())
+            return None
         self._worker_ready(worker, pid, ready, same_pidns=False)
         self.isolation["forked"] = True
         return worker

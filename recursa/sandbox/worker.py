@@ -1688,7 +1688,7 @@ def main(argv: list[str] | None = None) -> None:
     if config.pop("_zygote", False) and fd is not None:
         _preload()
         zygote = _load_by_path("recursa_sandbox_zygote", os.path.join(_source_dir(), ZYGOTE_FILE))
-        zygote.serve(fd, _start, _prepare)
+        zygote.serve(fd, _start, _prepare, _hardening_module().drop_all_capabilities)
     if fd is None:
         # Keep private copies of the pipes, then point fds 0/1 away from them so stray writes to
         # fd 1 (a C extension, a child process) cannot corrupt the frame stream.

@@ -43,12 +43,7 @@ _MS_REC = 1 << 14
 _MS_PRIVATE = 1 << 18
 _MS_NOSUID = 1 << 1
 _MS_NODEV = 1 << 2
-_PR_CAPBSET_DROP = 24
-_PR_CAP_AMBIENT = 47
-_PR_CAP_AMBIENT_CLEAR_ALL = 4
 _PR_SET_PDEATHSIG = 1
-_CAP_VERSION_3 = 0x20080522
-_CAPSET = {"x86_64": 126, "aarch64": 91}
 # Landlock lets a worker write its scratch directory and /dev/shm (multiprocessing's semaphores),
 # so /dev/shm must be its own; bwrap's /tmp holds the scratch directories and stays as it is.
 _PRIVATE_MOUNTS = ("/dev/shm",)
@@ -58,11 +53,13 @@ def serve(
     control_fd: int,
     start_worker: Callable[[int, dict[str, Any]], NoReturn],
     prepare: Callable[[dict[str, Any]], None],
+    drop_capabilities: Callable[[], None],
 ) -> NoReturn:
     """Answer fork requests until the host closes the control socket. Never returns.
 
     `prepare(config)` runs here before each fork (work every worker with that config would repeat,
-    kept in this process so that the children inherit it); `start_worker` runs in the child."""
+    kept in this process so that the children inherit it); in the child, `drop_capabilities()`
+    (which raises if any is left) and then `start_worker(channel, config)`."""
     _libc()  # loaded once, here, for every child's first steps
     control = socket.socket(fileno=control_fd)
     os.set_inheritable(control_fd, False)
@@ -93,14 +90,18 @@ def serve(
             continue
         if pid == 0:
             control.close()
-            _child(request, fds[0], fds[1], start_worker)
+            _child(request, fds[0], fds[1], start_worker, drop_capabilities)
         for fd in fds:
             os.close(fd)
         control.send(json.dumps({"pid": pid}).encode())
 
 
 def _child(
-    request: dict[str, Any], channel: int, log: int, start_worker: Callable[[int, dict[str, Any]], NoReturn]
+    request: dict[str, Any],
+    channel: int,
+    log: int,
+    start_worker: Callable[[int, dict[str, Any]], NoReturn],
+    drop_capabilities: Callable[[], None],
 ) -> NoReturn:
     os.dup2(log, 1)
     os.dup2(log, 2)
@@ -112,7 +113,7 @@ def _child(
             os._exit(0)
         os.setsid()
         _private_namespaces()
-        _drop_capabilities()
+        drop_capabilities()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the keeper waits for its children
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.chdir(str(request["cwd"]))
@@ -164,30 +165,3 @@ def _private_namespaces() -> None:
                 libc.mount(b"tmpfs", path.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"mode=1777"),
                 f"mount tmpfs on {path}",
             )
-
-
-def _drop_capabilities() -> None:
-    """Empty every capability set, the bounding set first; refuse to go on if any is left."""
-    libc = _libc()
-    try:
-        with open("/proc/sys/kernel/cap_last_cap") as fh:
-            last = int(fh.read().strip())
-    except (OSError, ValueError):
-        last = 63
-    for cap in range(last + 1):
-        libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)
-    libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
-    header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
-    data = (ctypes.c_uint32 * 6)()
-    _check(
-        libc.syscall(ctypes.c_long(_CAPSET[os.uname().machine]), ctypes.byref(header), ctypes.byref(data)),
-        "capset",
-    )
-    with open("/proc/self/status") as fh:
-        left = {
-            line.split(":")[0]: int(line.split()[1], 16)
-            for line in fh
-            if line.startswith(("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"))
-        }
-    if any(left.values()) or len(left) < 5:
-        raise PermissionError(f"capabilities left after dropping them all: {left}")
