@@ -16,6 +16,8 @@ from recursa.sandbox import Hardening, SubprocessSandbox
 from recursa.sandbox import hardening as hmod
 from recursa.sandbox.bwrap import find_bwrap
 from recursa.sandbox.forkserver import ForkServer
+from recursa.sandbox.proc import stat_fields
+from recursa.sandbox.subprocess import _sibling_gap
 from recursa.sandbox.worker import parse_args
 
 pytestmark = [
@@ -40,7 +42,8 @@ async def out(sb: SubprocessSandbox, src: str, timeout: float = 10.0) -> str:
 
 
 def alive(pid: int) -> bool:
-    return os.path.exists(f"/proc/{pid}")
+    fields = stat_fields(pid)
+    return fields is not None and fields[0] != b"Z"  # a zombie has exited: only its entry is left
 
 
 def alive_path(path: str) -> bool:
@@ -177,6 +180,18 @@ async def test_a_worker_the_zygote_cannot_prepare_is_started_anew_and_forks_stop
         await first.close()
         await broken.close()
         await server.close()
+
+
+def test_a_forked_worker_must_report_every_layer_that_keeps_siblings_apart() -> None:
+    full = {
+        "seccomp": True,
+        "landlock_scopes": ["abstract_unix_socket", "signal"],
+        "capabilities_dropped": True,
+    }
+    assert _sibling_gap(full) is None
+    assert _sibling_gap({**full, "seccomp": False}) == "no seccomp filter"
+    assert _sibling_gap({**full, "landlock_scopes": []}) == "no Landlock signal scoping"
+    assert _sibling_gap({**full, "capabilities_dropped": False}) == "capabilities left"
 
 
 async def test_only_sandboxes_with_the_zygotes_settings_and_full_isolation_are_forked() -> None:

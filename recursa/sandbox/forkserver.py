@@ -42,7 +42,11 @@ ZYGOTE_CAPS = ("CAP_SYS_ADMIN", "CAP_SETPCAP")
 
 
 class ZygoteGone(OSError):
-    """The zygote cannot fork a worker (it exited, or answered with an error)."""
+    """The zygote cannot fork a worker: it exited or stopped answering."""
+
+
+class ForkRefused(ZygoteGone):
+    """The zygote is alive but could not fork this worker (it said why)."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,9 @@ class ForkServer:
                     raise ZygoteGone(self.unavailable or "the fork server is not running")
                 try:
                     pid = await zygote.fork(fds, request, timeout)
+                except ForkRefused as exc:
+                    self.retire(str(exc))  # its workers so far are fine: they keep running
+                    raise
                 except ZygoteGone as exc:
                     await asyncio.to_thread(self._retire, zygote, str(exc))
                     raise
@@ -229,7 +236,7 @@ class _Zygote:
         except (OSError, ValueError, TimeoutError) as exc:
             raise ZygoteGone(f"the zygote stopped answering: {exc or type(exc).__name__}") from None
         if "error" in reply:
-            raise ZygoteGone(f"the zygote could not fork a worker: {reply['error']}")
+            raise ForkRefused(f"the zygote could not fork a worker: {reply['error']}")
         ns_pid = int(reply["pid"])
         pid = ns_pid if self.pid == self.proc.pid else inner_pid(self.pid, ns_pid)
         if pid is None:

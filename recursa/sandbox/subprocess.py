@@ -198,6 +198,11 @@ class SubprocessSandbox(WorkerHost):
             server.retire(f"{error} {tail}".strip())
             return None
         self._worker_ready(worker, pid, ready, same_pidns=False)
+        gap = _sibling_gap(self.isolation)
+        if gap is not None:  # its own report, not our assumption, decides: no forks without these
+            error, _tail = await self._failed_start(worker, SandboxError(gap), "the forked REPL worker")
+            server.retire(str(error))
+            return None
         self.isolation["forked"] = True
         return worker
 
@@ -289,6 +294,17 @@ class SubprocessSandbox(WorkerHost):
     async def _send_context(self, worker: Connection, spec: ContextSpec) -> None:
         await super()._send_context(worker, spec)
         self._hardening.after_context(self.isolation)  # the data-size limit: context + headroom
+
+
+def _sibling_gap(isolation: dict[str, Any]) -> str | None:
+    """What a forked worker's report lacks of what keeps it apart from its siblings, if anything."""
+    if not isolation.get("seccomp"):
+        return "no seccomp filter"
+    if "signal" not in isolation.get("landlock_scopes", []):
+        return "no Landlock signal scoping"
+    if not isolation.get("capabilities_dropped"):
+        return "capabilities left"
+    return None
 
 
 _SLOTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()

@@ -2,8 +2,9 @@
 
 Standard library only; worker.py loads it by path (`worker.py --zygote FD`), like hardening.py.
 A worker started from scratch pays ~40 ms of CPU (bwrap, an interpreter, imports); twenty child
-RLMs starting at once on two cores wait half a second for the last one. The zygote pays that once:
-it imports everything a worker needs, then forks one worker per request, a few ms each.
+RLMs starting at once on two cores wait over half a second for the last one. The zygote pays that
+once: it imports everything a worker needs, works out the hardening rules, then forks one worker
+per request (~11 ms of CPU each, hardening included; docs/benchmarks.md).
 
 The zygote itself runs only this loop, never generated code, and keeps two capabilities of bwrap's
 user namespace (CAP_SYS_ADMIN, CAP_SETPCAP; none outside it) for what each child does first:
@@ -140,7 +141,6 @@ def _libc() -> Any:
             ctypes.c_char_p,
         ]
         libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-        libc.syscall.restype = ctypes.c_long
         _loaded.append(libc)
     return _loaded[0]
 
