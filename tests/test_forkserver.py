@@ -46,7 +46,7 @@ def alive(pid: int) -> bool:
     return fields is not None and fields[0] != b"Z"  # a zombie has exited: only its entry is left
 
 
-def alive_path(path: str) -> bool:
+def exists(path: str) -> bool:
     return os.path.exists(path)
 
 
@@ -134,7 +134,7 @@ async def test_closing_the_server_ends_the_zygote_and_removes_its_folder() -> No
     root = server.root
     await sb.close()
     await server.close()
-    assert not alive(zygote.pid) and not alive_path(root)
+    assert not alive(zygote.pid) and not exists(root)
     later = SubprocessSandbox(bwrap=True, fork_server=server)
     await later.start(echo)
     try:
