@@ -16,7 +16,7 @@ from recursa.sandbox import Hardening, SubprocessSandbox
 from recursa.sandbox import hardening as hmod
 from recursa.sandbox.bwrap import find_bwrap
 from recursa.sandbox.forkserver import ForkServer
-from recursa.sandbox.proc import stat_fields
+from recursa.sandbox.proc import running as alive  # a zombie counts as gone
 from recursa.sandbox.subprocess import _sibling_gap
 from recursa.sandbox.worker import parse_args
 
@@ -39,11 +39,6 @@ async def forked(server: ForkServer, **kw: Any) -> SubprocessSandbox:
 async def out(sb: SubprocessSandbox, src: str, timeout: float = 10.0) -> str:
     r = await sb.execute(src, timeout)
     return r.stdout + (r.error or "")
-
-
-def alive(pid: int) -> bool:
-    fields = stat_fields(pid)
-    return fields is not None and fields[0] != b"Z"  # a zombie has exited: only its entry is left
 
 
 def exists(path: str) -> bool:

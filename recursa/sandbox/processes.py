@@ -167,6 +167,12 @@ class _Pid:
             return None
         return int(struct.unpack_from("i", info, 60)[0])
 
+    def describe_exit(self) -> str:
+        if not self.exited():
+            return "it stopped answering"
+        status = self.status()
+        return _describe_status(status) if status is not None else "it exited"
+
     def close(self) -> None:
         self.unwatch()
         if self.fd >= 0:
@@ -267,10 +273,7 @@ class LocalProcess(WorkerProcess):
 
     def describe_exit(self) -> str:
         if self._worker is not None:
-            if not self._worker.exited():
-                return "it stopped answering"
-            status = self._worker.status()
-            return _describe_status(status) if status is not None else "it exited"
+            return self._worker.describe_exit()
         code = self.proc.returncode
         if code is None:  # not reaped yet: peek at the status
             try:
@@ -329,11 +332,7 @@ class ForkedProcess(LocalProcess):
         pass  # the zygote's kernel-side reaping does it
 
     def describe_exit(self) -> str:
-        watched = self._worker if self._worker is not None else self._root
-        if not watched.exited():
-            return "it stopped answering"
-        status = watched.status()
-        return _describe_status(status) if status is not None else "it exited"
+        return (self._worker or self._root).describe_exit()
 
 
 class AdoptedProcess(WorkerProcess):
@@ -391,10 +390,7 @@ class AdoptedProcess(WorkerProcess):
         self.root.kill_now()
 
     def describe_exit(self) -> str:
-        if not self.exited():
-            return "it stopped answering"
-        status = self._proc.status()
-        return _describe_status(status) if status is not None else "it exited"
+        return self._proc.describe_exit()
 
     def adopt(self, restored: dict[str, Any]) -> WorkerProcess:
         pid = restored.get("pid")

@@ -189,18 +189,20 @@ class SubprocessSandbox(WorkerHost):
         self._hardening.using_bwrap = True  # a zygote runs only under bwrap (why_not_forked)
         worker = Connection(FrameSocket(ours), self._handler, process, log_fd=log)
         self._cleanup.process = worker.process
+        failure: BaseException | None = None
         try:
             ready = await asyncio.wait_for(asyncio.shield(worker.ready), self.start_timeout)
         except (TimeoutError, WorkerGone) as exc:
-            # What fails one forked worker (the kernel refusing a step, say) fails them all: no
-            # more forks, and this worker is started anew.
-            error, tail = await self._failed_start(worker, exc, "the forked REPL worker")
-            server.retire(f"{error} {tail}".strip())
-            return None
-        self._worker_ready(worker, pid, ready, same_pidns=False)
-        gap = _sibling_gap(self.isolation)
-        if gap is not None:  # its own report, not our assumption, decides: no forks without these
-            error, _tail = await self._failed_start(worker, SandboxError(gap), "the forked REPL worker")
+            failure = exc
+        else:
+            self._worker_ready(worker, pid, ready, same_pidns=False)
+            # Its own report, not our assumption, decides: no forked worker without these layers.
+            gap = _sibling_gap(self.isolation)
+            failure = SandboxError(gap) if gap is not None else None
+        if failure is not None:
+            # What fails one forked worker (the kernel refusing a step, say) would fail them all:
+            # no more forks, and this worker is started anew.
+            error, _tail = await self._failed_start(worker, failure, "the forked REPL worker")
             server.retire(str(error))
             return None
         self.isolation["forked"] = True
