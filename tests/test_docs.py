@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 PAGES = sorted([README, *DOCS.rglob("*.md")])
-SETUP = ['pip install -e . && recursa demo', 'pip install -e ".[dev]" && python -m pytest -q']
+SETUP = ["pip install -e . && recursa demo", 'pip install -e ".[dev]" && python -m pytest -q']
 
 
 def test_readme_is_one_screen_and_starts_with_the_two_setup_commands() -> None:
