@@ -110,7 +110,7 @@ class Sampler(threading.Thread):
 def child(size: int, kind: str) -> None:
     """One run in this (fresh) process; prints one JSON line."""
     from recursa import RLM
-    from recursa.lm.scripted import register
+    from recursa.scripted import register
 
     @register("bench-mem")
     def _factory():  # two cells that touch the context, then the answer
