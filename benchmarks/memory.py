@@ -1,6 +1,6 @@
 """Peak memory and trace size against context size.
 
-Each size runs in a fresh process, which samples every 2 ms, at the same instant: its own memory,
+Each size runs in a fresh process, which samples every few ms, at the same instant: its own memory,
 the pages held by the context's memfd (every `/memfd:` file open in this process or its children,
 counted once, from its allocated blocks) and the memory of every process below it (the REPL worker,
 its fork snapshots, bwrap). Memory is the proportional set size without shared memory (a page
@@ -40,6 +40,14 @@ def _pss(pid: int | str) -> int:
     except (OSError, ValueError, IndexError):
         pass
     return total
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
 
 
 def _descendants(pid: int) -> list[int]:
@@ -90,7 +98,8 @@ class Sampler(threading.Thread):
     @staticmethod
     def sample() -> dict[str, int]:
         me = os.getpid()
-        kids = _descendants(me)
+        # A child between vfork and exec shares this process's memory and reports all of it.
+        kids = [p for p in _descendants(me) if _cmdline(p) != _cmdline(me)]
         worker = sum(_pss(p) for p in kids)
         host, memfd = _pss(me), _memfd_bytes([me, *kids])
         return {"host": host, "memfd": memfd, "worker": worker, "at_once": host + memfd + worker}
