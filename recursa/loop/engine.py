@@ -127,6 +127,7 @@ class RunEngine:
             iterations=0,
             trace_path=trace.path,
             run_id=self.run_id,
+            skipped_files=list(self.payload.info.skipped_files),
         )
         # Raised again once the REPL is closed and run_end is written: every run that started ends
         # in the trace, whether it was cancelled, hit a bug, or is cancelled while closing.
