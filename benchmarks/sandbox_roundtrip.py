@@ -43,7 +43,7 @@ async def main() -> None:
         sizes = [200 * MB] + ([1000 * MB] if args.big else [])
         for size in sizes:
             encoded, loaded = await context_load(make, size)
-            put(f"context {size // MB} MB: build_payload (host), median of 3", kind, ms(encoded))
+            put(f"context {size // MB} MB: build_payload (host)", kind, ms(encoded))
             put(f"context {size // MB} MB: load_context, median of 3", kind, ms(loaded))
 
     table.print()

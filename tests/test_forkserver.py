@@ -1,4 +1,4 @@
-"""Workers forked from a zygote (sandbox/forkserver.py, sandbox/zygote.py): they work like workers
+"""Workers forked from a zygote (sandbox/forkserver.py, sandbox/worker/zygote.py): they work like workers
 started anew, and siblings cannot reach each other although they share bwrap's pid namespace."""
 
 from __future__ import annotations
