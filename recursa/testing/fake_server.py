@@ -20,11 +20,11 @@ import asyncio
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-from recursa.serve.background import BackgroundServer
+from recursa.asgi.background import BackgroundServer
 from recursa.testing.fake_app import build_app
 from recursa.testing.fake_state import (
     Fault,
@@ -37,6 +37,7 @@ from recursa.testing.fake_state import (
     SlotGate,
     UnknownModelError,
 )
+from recursa.testing.host import Responder
 from recursa.testing.latency import (
     PROFILES,
     LatencyProfile,
@@ -64,9 +65,6 @@ __all__ = [
     "VirtualClock",
     "main",
 ]
-
-# A reply is text, or a ToolCallReply for function calling (see recursa/testing/tool_replies.py).
-Responder = Callable[[str, list[dict[str, Any]]], str | ToolCallReply | Awaitable[str | ToolCallReply]]
 
 
 class ScriptedResponder:
