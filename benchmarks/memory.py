@@ -43,9 +43,9 @@ def on_event(e):
     pass
 # Peak of the worker is read from inside the run: the generated code reports its own VmHWM.
 code = "import os\nhwm=[l for l in open('/proc/self/status') if l.startswith('VmHWM')][0]\nFINAL(hwm.split()[1])"
-from recursa.lm.scripted import register
+from recursa.scripted import register
 os.environ["RECURSA_MEM_CODE"] = code
-import recursa.lm.scripted as s
+import recursa.scripted as s
 @register("mem-root")
 def _factory():
     return lambda messages: "```repl\n" + code + "\n```"

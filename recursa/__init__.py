@@ -15,6 +15,7 @@ from recursa.errors import (
     RecursaError,
     SandboxError,
 )
+from recursa.lm.registry import register_provider
 from recursa.result import RLMResult
 from recursa.rlm import RLM
 from recursa.session import Session
@@ -22,6 +23,9 @@ from recursa.tools import host_tool
 from recursa.usage import ModelUsage, Usage
 
 __version__ = "0.1.0"
+
+# The offline models live beside lm, not inside it: lm knows them only through its registry.
+register_provider("scripted", "recursa.scripted.client:scripted_provider")
 
 __all__ = [
     "RLM",

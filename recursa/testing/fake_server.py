@@ -84,7 +84,7 @@ class ScriptedResponder:
             policy = self._policies.get(model)
             if policy is None:
                 # Imported here: the policy package is optional for users of custom responders.
-                from recursa.lm.scripted import get_policy
+                from recursa.scripted import get_policy
 
                 try:
                     policy = get_policy(model.removeprefix("scripted/"))
@@ -101,12 +101,12 @@ class ScriptedResponder:
         return True
 
     def model_names(self) -> list[str]:
-        from recursa.lm.scripted import policy_names
+        from recursa.scripted import policy_names
 
         return [f"scripted/{name}" for name in policy_names()]
 
     def __call__(self, model: str, messages: list[dict[str, Any]]) -> str | ToolCallReply:
-        from recursa.lm.scripted.tool_use import tool_turn
+        from recursa.scripted.tool_use import tool_turn
 
         # The same function-calling habits as the in-process scripted client, over HTTP.
         turn = tool_turn(self._policy(model), messages, offered_tools())

@@ -18,13 +18,13 @@ Knobs (after a colon: "gpt5-like:fault=syntax+loop,noise=0.1"):
 from __future__ import annotations
 
 from recursa.lm.base import Message
-from recursa.lm.scripted import Knobs, Policy, register
-from recursa.lm.scripted.agents import agent_reply
-from recursa.lm.scripted.base_llm import base_llm_policy, check_window
-from recursa.lm.scripted.conversation import is_rlm_conversation, prompt_text
-from recursa.lm.scripted.knobs import BASE_KNOBS, ORACLE_KNOBS, ROOT_KNOBS, Settings, parse_settings
-from recursa.lm.scripted.oracle import answer_prompt
-from recursa.lm.scripted.roots import make_root
+from recursa.scripted.agents import agent_reply
+from recursa.scripted.base_llm import base_llm_policy, check_window
+from recursa.scripted.conversation import is_rlm_conversation, prompt_text
+from recursa.scripted.knobs import BASE_KNOBS, ORACLE_KNOBS, ROOT_KNOBS, Settings, parse_settings
+from recursa.scripted.oracle import answer_prompt
+from recursa.scripted.policy import Knobs, Policy, PolicyFactory
+from recursa.scripted.roots import make_root
 
 
 def _dual(root: Policy, settings: Settings) -> Policy:
@@ -43,26 +43,20 @@ def _dual(root: Policy, settings: Settings) -> Policy:
     return policy
 
 
-def _root_factory(persona: str) -> None:
+def _root_factory(persona: str) -> PolicyFactory:
     def factory(knobs: Knobs) -> Policy:
         settings = parse_settings(knobs, ROOT_KNOBS, persona)
         return _dual(make_root(persona, settings), settings)
 
-    register(persona)(factory)
+    return factory
 
 
-for _persona in ("gpt5-like", "qwen-coder-like", "no-subcalls"):
-    _root_factory(_persona)
-
-
-@register("oracle")
 def oracle(knobs: Knobs) -> Policy:
     settings = parse_settings(knobs, ORACLE_KNOBS, "oracle")
     # A child RLM run by the oracle solves like gpt5-like; its own sub-calls carry the noise.
     return _dual(make_root("gpt5-like", Settings(seed=settings.seed)), settings)
 
 
-@register("base-llm")
 def base_llm(knobs: Knobs) -> Policy:
     settings = parse_settings(knobs, BASE_KNOBS, "base-llm")
 
@@ -71,3 +65,11 @@ def base_llm(knobs: Knobs) -> Policy:
         return reply if reply is not None else base_llm_policy(messages, settings)
 
     return policy
+
+
+# The built-in models by name (the part after "scripted/"); `recursa.scripted.register` adds more.
+BUILTIN: dict[str, PolicyFactory] = {
+    **{persona: _root_factory(persona) for persona in ("gpt5-like", "qwen-coder-like", "no-subcalls")},
+    "oracle": oracle,
+    "base-llm": base_llm,
+}

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from recursa.lm.scripted.conversation import fill
-from recursa.lm.scripted.knobs import Settings
-from recursa.lm.scripted.strategies import Strategy, header, register_strategy
+from recursa.scripted.conversation import fill
+from recursa.scripted.knobs import Settings
+from recursa.scripted.strategy import Strategy, header
 from recursa.tasks import codeqa
 
 _PRELUDE = """
@@ -68,4 +68,4 @@ def _code(spec: tuple[Any, ...], style: str, settings: Settings) -> str:
     return fill(header("solve", _PRELUDE, body, _RESULT), question=question, entry=module, choices=choices)
 
 
-CODEQA = register_strategy(Strategy("codeqa", _match, _code, answer_in_prose=True))
+CODEQA = Strategy("codeqa", _match, _code, answer_in_prose=True)

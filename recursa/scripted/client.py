@@ -9,9 +9,10 @@ from typing import Any, TypeVar
 
 from recursa.errors import ConfigError, LMError
 from recursa.lm.base import LMRequest, LMResponse, Message, ToolCall
-from recursa.lm.scripted import get_policy, parse_knobs
-from recursa.lm.scripted.tool_use import ToolTurn, tool_turn
 from recursa.lm.tool_format import has_tool_messages
+from recursa.scripted.catalog import get_policy
+from recursa.scripted.policy import parse_knobs
+from recursa.scripted.tool_use import ToolTurn, tool_turn
 from recursa.testing.tokens import count_message_tokens, count_tokens
 
 # Above this many prompt characters a policy's regex and labelling work would stall the event loop
@@ -26,7 +27,7 @@ class ScriptedClient:
 
     Free (provider cost 0.0) and deterministic; usage follows `recursa.testing.tokens`, the same
     count the fake server reports. Offered tools, a model may call a search tool before answering
-    (see `recursa.lm.scripted.tool_use`). `latency_s` (or the knob `latency=` in the model name) adds a fixed
+    (see `recursa.scripted.tool_use`). `latency_s` (or the knob `latency=` in the model name) adds a fixed
     delay per call without blocking the event loop.
     """
 
@@ -123,3 +124,16 @@ def _input_tokens(messages: list[Message]) -> int:
     return count_message_tokens(messages) + sum(
         count_tokens(json.dumps(c, ensure_ascii=False)) for c in calls
     )
+
+
+def scripted_provider(
+    model: str,
+    *,
+    base_url: str | None = None,
+    api_key: str | None = None,
+    timeout: float | None = None,
+    retry: object = None,
+) -> ScriptedClient:
+    """The provider "scripted" as `recursa.lm.register_provider` calls it: an offline model needs no
+    server, key or retries, so those arguments are accepted and unused."""
+    return ScriptedClient(model, timeout=timeout)

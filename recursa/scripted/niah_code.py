@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from recursa.lm.scripted.conversation import fill
-from recursa.lm.scripted.knobs import Settings
-from recursa.lm.scripted.strategies import AS_TEXT, WINDOWS, Strategy, header, register_strategy
+from recursa.scripted.conversation import fill
+from recursa.scripted.knobs import Settings
+from recursa.scripted.strategy import AS_TEXT, WINDOWS, Strategy, header
 from recursa.tasks import niah
 
 _PRELUDE = """
@@ -83,4 +83,4 @@ def _match(question: str) -> tuple[str, str] | None:
     return (key, question) if key else None
 
 
-NIAH = register_strategy(Strategy("niah", _match, _code, answer_in_prose=True))
+NIAH = Strategy("niah", _match, _code, answer_in_prose=True)

@@ -1,4 +1,4 @@
-"""How a scripted root solves a question: one strategy per task family, generic map-reduce last.
+"""A strategy: how a scripted root recognises one task family's questions and writes the code.
 
 A strategy recognises its questions and writes the REPL code of the solving step in one of four
 styles, which are the personas' habits:
@@ -11,7 +11,7 @@ styles, which are the personas' habits:
   documents), questions go to sub-models without the text; only strategies with `delegates` do it.
 
 The code must print a last line `RESULT: <answer>` and leave the answer in the variable `result`.
-A new task family adds a module with a `Strategy` and calls `register_strategy`.
+A new task family adds a module with a `Strategy` and lists it in `recursa.scripted.strategies`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from recursa.lm.scripted.knobs import Settings
+from recursa.scripted.knobs import Settings
 
 STYLES = ("batched", "per-item", "none", "recursive", "delegate")
 
@@ -32,38 +32,6 @@ class Strategy:
     code: Callable[[Any, str, Settings], str]  # (spec, style, settings) -> code of the solving step
     answer_in_prose: bool = False  # short answers (a number) go back as a prose FINAL(value)
     delegates: bool = False  # has a "delegate" style for sub-models that search for themselves
-
-
-_STRATEGIES: list[Strategy] = []
-
-
-def register_strategy(strategy: Strategy) -> Strategy:
-    _STRATEGIES.insert(0, strategy)  # later registrations win over the built-ins
-    return strategy
-
-
-def choose(question: str) -> tuple[Strategy, Any]:
-    """The first strategy that recognises `question`, else the generic map-reduce."""
-    _load_builtin()
-    for strategy in _STRATEGIES:
-        spec = strategy.match(question)
-        if spec is not None:
-            return strategy, spec
-    from recursa.lm.scripted.generic_code import GENERIC
-
-    return GENERIC, GENERIC.match(question)
-
-
-def _load_builtin() -> None:
-    from recursa.lm.scripted import (  # noqa: F401  (they register)
-        codeqa_code,
-        copy_code,
-        evidence_code,
-        multihop_code,
-        niah_code,
-        oolong_code,
-        pairs_code,
-    )
 
 
 # Helpers pasted into the code the roots write; plain Python, since the sandbox has only the stdlib.

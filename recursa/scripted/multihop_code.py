@@ -4,9 +4,9 @@ sub-models have a search tool of their own, ask them the anchor and each hop wit
 
 from __future__ import annotations
 
-from recursa.lm.scripted.conversation import fill
-from recursa.lm.scripted.knobs import Settings
-from recursa.lm.scripted.strategies import CHUNKS, WINDOWS, Strategy, header, register_strategy
+from recursa.scripted.conversation import fill
+from recursa.scripted.knobs import Settings
+from recursa.scripted.strategy import CHUNKS, WINDOWS, Strategy, header
 from recursa.tasks.multihop_facts import NAME, SUB_QUESTIONS, Chain, parse_question
 
 _PRELUDE = """
@@ -153,6 +153,4 @@ def _code(chain: Chain, style: str, settings: Settings) -> str:
     )
 
 
-MULTIHOP = register_strategy(
-    Strategy("multihop-docs", parse_question, _code, answer_in_prose=True, delegates=True)
-)
+MULTIHOP = Strategy("multihop-docs", parse_question, _code, answer_in_prose=True, delegates=True)

@@ -15,11 +15,11 @@ only that).
 from __future__ import annotations
 
 from recursa.lm.base import Message
-from recursa.lm.scripted import Policy
-from recursa.lm.scripted.conversation import Conversation, read, repl
-from recursa.lm.scripted.generic_code import GENERIC
-from recursa.lm.scripted.knobs import Settings
-from recursa.lm.scripted.strategies import choose
+from recursa.scripted.conversation import Conversation, read, repl
+from recursa.scripted.generic_code import GENERIC
+from recursa.scripted.knobs import Settings
+from recursa.scripted.policy import Policy
+from recursa.scripted.strategies import choose
 
 PERSONA_STYLES = {"gpt5-like": "batched", "qwen-coder-like": "per-item", "no-subcalls": "none"}
 

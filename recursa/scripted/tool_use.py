@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recursa.lm.base import Message
-from recursa.lm.scripted import Policy
-from recursa.lm.scripted.conversation import is_rlm_conversation
+from recursa.scripted.conversation import is_rlm_conversation
+from recursa.scripted.policy import Policy
 
 # A prompt longer than this carries material of its own: the model reads it instead of searching.
 LOOKUP_PROMPT_CHARS = 1_500

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from recursa.lm.scripted.conversation import fill
-from recursa.lm.scripted.heuristics import HEURISTIC_SOURCE
-from recursa.lm.scripted.knobs import Settings
-from recursa.lm.scripted.oolong_code import _BATCHED, _NONE, _PER_ITEM, _PRELUDE
-from recursa.lm.scripted.strategies import AS_TEXT, Strategy, header, register_strategy
+from recursa.scripted.conversation import fill
+from recursa.scripted.heuristics import HEURISTIC_SOURCE
+from recursa.scripted.knobs import Settings
+from recursa.scripted.oolong_code import _BATCHED, _NONE, _PER_ITEM, _PRELUDE
+from recursa.scripted.strategy import AS_TEXT, Strategy, header
 from recursa.tasks.oolong import LABELS
 from recursa.tasks.oolong_pairs import parse_query
 from recursa.tasks.pairs_logic import PAIRS_SOURCE
@@ -47,4 +47,4 @@ def _code(spec: dict[str, Any], style: str, settings: Settings) -> str:
     return fill(code, labels=list(LABELS), batch=settings.batch, spec=spec)
 
 
-PAIRS = register_strategy(Strategy("oolong-pairs", parse_query, _code))
+PAIRS = Strategy("oolong-pairs", parse_query, _code)

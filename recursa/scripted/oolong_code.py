@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from recursa.lm.scripted.conversation import fill
-from recursa.lm.scripted.heuristics import HEURISTIC_SOURCE
-from recursa.lm.scripted.knobs import Settings
-from recursa.lm.scripted.strategies import AS_TEXT, Strategy, header, register_strategy
+from recursa.scripted.conversation import fill
+from recursa.scripted.heuristics import HEURISTIC_SOURCE
+from recursa.scripted.knobs import Settings
+from recursa.scripted.strategy import AS_TEXT, Strategy, header
 from recursa.tasks import oolong
 from recursa.tasks.oolong import LABELS, OolongQuery
 
@@ -221,4 +221,4 @@ def _code(query: OolongQuery, style: str, settings: Settings) -> str:
     )
 
 
-OOLONG = register_strategy(Strategy("oolong", oolong.parse_question, _code))
+OOLONG = Strategy("oolong", oolong.parse_question, _code)

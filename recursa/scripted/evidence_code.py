@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from recursa.lm.scripted.conversation import fill
-from recursa.lm.scripted.knobs import Settings
-from recursa.lm.scripted.strategies import Strategy, header, register_strategy
+from recursa.scripted.conversation import fill
+from recursa.scripted.knobs import Settings
+from recursa.scripted.strategy import Strategy, header
 from recursa.tasks import evidence_spans
 
 _PRELUDE = """
@@ -75,4 +75,4 @@ def _code(spec: tuple[Any, ...], style: str, settings: Settings) -> str:
     return fill(header("solve", _PRELUDE, body, _RESULT), question=question, pair=pair, chunk=settings.chunk)
 
 
-EVIDENCE = register_strategy(Strategy("evidence-spans", _match, _code))
+EVIDENCE = Strategy("evidence-spans", _match, _code)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 
-from recursa.lm.scripted.conversation import fill
-from recursa.lm.scripted.knobs import Settings
-from recursa.lm.scripted.strategies import AS_TEXT, Strategy, header, register_strategy
+from recursa.scripted.conversation import fill
+from recursa.scripted.knobs import Settings
+from recursa.scripted.strategy import AS_TEXT, Strategy, header
 
 _MARKERS = re.compile(r"between the markers <<<BEGIN (\w+)>>> and <<<END \1>>>")
 
@@ -40,4 +40,4 @@ def _match(question: str) -> str | None:
     return m.group(1) if m else None
 
 
-COPY = register_strategy(Strategy("verbatim-copy", _match, _code))
+COPY = Strategy("verbatim-copy", _match, _code)

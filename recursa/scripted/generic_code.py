@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from recursa.lm.scripted.conversation import fill
-from recursa.lm.scripted.knobs import Settings
-from recursa.lm.scripted.strategies import AS_TEXT, CHUNKS, WINDOWS, Strategy, header
+from recursa.scripted.conversation import fill
+from recursa.scripted.knobs import Settings
+from recursa.scripted.strategy import AS_TEXT, CHUNKS, WINDOWS, Strategy, header
 
 # rlm_query(prompt) without a context makes the prompt the child's context and asks this.
 PROMPT_AS_CONTEXT = "The context holds a complete request from a user"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from recursa.lm.scripted import Knobs
+from recursa.scripted.policy import Knobs
 
 FAULTS = ("syntax", "loop", "bigprint", "wrong-final")
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 import hashlib
 import re
 
-from recursa.lm.scripted.heuristics import guess_label
-from recursa.lm.scripted.knobs import Settings
-from recursa.lm.scripted.readers import oracle_answer
+from recursa.scripted.heuristics import guess_label
+from recursa.scripted.knobs import Settings
+from recursa.scripted.readers import oracle_answer
 from recursa.tasks import niah, oolong
 from recursa.tasks.oolong import LABELS
 
