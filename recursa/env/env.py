@@ -26,7 +26,7 @@ from recursa.config import RLMConfig
 from recursa.context import load_payload
 from recursa.env.callback import CallbackClient, SubCall
 from recursa.env.episode import Episode, Scorer
-from recursa.env.shared import EnvError, PerLoop, PrivateLoop, ReplQuota
+from recursa.env.shared import EnvError, PerLoop, Prepaid, PrivateLoop, ReplQuota
 from recursa.errors import ConfigError
 from recursa.lm.base import LMClient
 from recursa.lm.prices import ModelPrice, PriceBook
@@ -94,13 +94,18 @@ class RLMEnv:
         fork: bool = True,
     ) -> None:
         if sub_call is not None and not callable(sub_call):
-            raise ConfigError("RLMEnv(sub_call=...) takes an async function (messages, depth, parent_id) -> str.")
+            raise ConfigError(
+                "RLMEnv(sub_call=...) takes an async function (messages, depth, parent_id) -> str."
+            )
         if sub_model is None and sub_call is None and max_depth > 0:
             raise ConfigError(
                 "RLMEnv: sub-calls need a model: pass sub_model='openai/<served name>' with base_url=..., "
                 "or sub_call=<async fn(messages, depth, parent_id) -> str>, or max_depth=0 (code only)."
             )
-        for name, value, low in (("max_reply_chars", max_reply_chars, 1), ("max_live_repls", max_live_repls, 1)):
+        for name, value, low in (
+            ("max_reply_chars", max_reply_chars, 1),
+            ("max_live_repls", max_live_repls, 1),
+        ):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ConfigError(f"RLMEnv({name}={value!r}): {name} must be an int >= {low}.")
         sub = sub_model or DEFAULT_POLICY
@@ -141,7 +146,9 @@ class RLMEnv:
                 str(exc).replace("RLM(", "RLMEnv(").replace("max_iterations", "max_turns")
             ) from None
         if sandbox not in SANDBOX_KINDS:
-            raise ConfigError(f"RLMEnv: unknown sandbox {sandbox!r}; choose one of: {', '.join(SANDBOX_KINDS)}")
+            raise ConfigError(
+                f"RLMEnv: unknown sandbox {sandbox!r}; choose one of: {', '.join(SANDBOX_KINDS)}"
+            )
         parse_model(self.config.model)
         self.prices = PriceBook(prices)
         self.sub_call = sub_call
@@ -184,24 +191,30 @@ class RLMEnv:
             raise EnvError("the question is empty: pass the question to answer as a non-empty str.")
         if scorer is not None and not callable(scorer):
             raise EnvError("scorer= takes a function answer -> float (e.g. task.score).")
-        if self.quota.live >= self.quota.limit:
-            self.quota.take()  # raises the error that says what to do
-        payload = await load_payload(context)
+        quota = Prepaid(self.quota)  # raises the error that says what to do when none is left
+        try:
+            payload = await load_payload(context)
+        except BaseException:
+            quota.refund()
+            raise
         run_id = new_id("run")
         events: list[dict[str, Any]] = []
         config = self._episode_config(events)
         tree = CallTree.create(config, self.prices, run_id)
-        tree.repl_quota = self.quota
+        tree.repl_quota = quota
         try:
             self._share(tree)
             options = RunOptions(tips=tips if tips is not None else self.config.tips)
-            engine = RunEngine(tree, self.prices, question=question, payload=payload, run_id=run_id, options=options)
+            engine = RunEngine(
+                tree, self.prices, question=question, payload=payload, run_id=run_id, options=options
+            )
             engine.begin()
         except BaseException:
             await tree.aclose()
             payload.close()
+            quota.refund()
             raise
-        episode = Episode(self, engine, payload, events, task_id=task_id, scorer=scorer)
+        episode = Episode(self, engine, payload, quota, events, task_id=task_id, scorer=scorer)
         self._episodes.add(episode)
         return episode
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from recursa.context import ContextPayload
 from recursa.env.rollouts import Rollouts, episode_rows
-from recursa.env.shared import EnvError
+from recursa.env.shared import EnvError, Prepaid
 from recursa.lm.base import LMResponse, Message
 from recursa.loop.engine import RunEngine
 from recursa.result import RLMResult
@@ -39,6 +39,7 @@ class Episode:
         env: RLMEnv,
         engine: RunEngine,
         payload: ContextPayload,
+        quota: Prepaid,
         events: list[dict[str, Any]],
         *,
         task_id: str | None,
@@ -54,7 +55,8 @@ class Episode:
         self._loop = asyncio.get_running_loop()
         self._stepping = False
         self._closed = False
-        self._reaper = weakref.finalize(self, _reap, engine, payload)
+        self._quota = quota
+        self._reaper = weakref.finalize(self, _reap, engine, payload, quota)
 
     def __repr__(self) -> str:
         state = f"done, {self.stop_reason}" if self.done else f"turn {self._engine.turn}"
@@ -211,7 +213,9 @@ class Episode:
         if not self.env._private.owns(self._loop):
             if inspect.iscoroutine(coro):
                 coro.close()
-            raise EnvError(f"this episode came from `await env.start(...)`: use `await episode.{what[:-5]}(...)`")
+            raise EnvError(
+                f"this episode came from `await env.start(...)`: use `await episode.{what[:-5]}(...)`"
+            )
         return await coro
 
     def _response(self, reply: Any) -> LMResponse:
@@ -252,6 +256,7 @@ class Episode:
         try:
             await self._engine.finish()
         finally:
+            self._quota.refund()  # when the REPL never started
             self.env._forget(self)
         if self._scorer is not None and self.reward is None:
             self.reward = await self._score()
@@ -275,7 +280,8 @@ def _count(given: Any, chars: int) -> int:
     return max(1, chars // _CHARS_PER_TOKEN)
 
 
-def _reap(engine: RunEngine, payload: ContextPayload) -> None:
+def _reap(engine: RunEngine, payload: ContextPayload, quota: Prepaid) -> None:
     """The finalizer of an episode (also at interpreter exit): stop what is still running."""
     engine.abandon("the episode was dropped without close(): reaped by its finalizer")
+    quota.refund()
     payload.close()

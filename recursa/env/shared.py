@@ -50,6 +50,34 @@ class ReplQuota:
             self.live = max(0, self.live - 1)
 
 
+class Prepaid:
+    """One episode's share of the quota: the root's REPL slot is taken when the episode starts (its
+    REPL starts in the background), so a burst of starts cannot overshoot the bound."""
+
+    def __init__(self, quota: ReplQuota) -> None:
+        quota.take()
+        self.quota = quota
+        self._prepaid = True
+        self._lock = threading.Lock()
+
+    def take(self) -> None:
+        with self._lock:
+            if self._prepaid:
+                self._prepaid = False
+                return
+        self.quota.take()
+
+    def give(self) -> None:
+        self.quota.give()
+
+    def refund(self) -> None:
+        """The episode ended before its REPL started: hand back the slot taken for it."""
+        with self._lock:
+            prepaid, self._prepaid = self._prepaid, False
+        if prepaid:
+            self.quota.give()
+
+
 @dataclass
 class LoopResources:
     clients: dict[str, LMClient] = field(default_factory=dict)
