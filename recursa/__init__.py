@@ -6,6 +6,7 @@ result = rlm.run("Which user asked the most location questions?", context=text)
 """
 
 from recursa.budget import Budget
+from recursa.confined import ConfinedPath
 from recursa.errors import (
     BudgetExceeded,
     ConfigError,
@@ -32,6 +33,7 @@ __all__ = [
     "Budget",
     "BudgetExceeded",
     "ConfigError",
+    "ConfinedPath",
     "ContextError",
     "ContextLengthError",
     "LMError",

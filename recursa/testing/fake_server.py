@@ -20,7 +20,7 @@ import asyncio
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -37,6 +37,7 @@ from recursa.testing.fake_state import (
     SlotGate,
     UnknownModelError,
 )
+from recursa.testing.host import Responder
 from recursa.testing.latency import (
     PROFILES,
     LatencyProfile,
@@ -64,9 +65,6 @@ __all__ = [
     "VirtualClock",
     "main",
 ]
-
-# A reply is text, or a ToolCallReply for function calling (see recursa/testing/tool_replies.py).
-Responder = Callable[[str, list[dict[str, Any]]], str | ToolCallReply | Awaitable[str | ToolCallReply]]
 
 
 class ScriptedResponder:
