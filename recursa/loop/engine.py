@@ -453,9 +453,12 @@ class RunEngine:
             text = reply.strip()
             final = FinalAnswer(text=text, value=text, protocol="forced")
         errors = self._check_answer(result, final)
-        if errors:  # out of turns: hand back what came, and say it does not fit
+        if errors:
+            # Out of turns with an answer that does not fit: its text is kept for the user to see, but
+            # no value, so code reading result.value never gets an unvalidated object.
             self._accept(result, final)
-            result.error = "the last answer does not match answer_schema: " + errors[0]
+            result.value = None
+            result.error = "the last answer does not match answer_schema: " + "; ".join(errors)
         result.stop_reason = "max_iterations"
         self.done = True
 

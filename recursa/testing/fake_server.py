@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-from recursa.serve.background import BackgroundServer
+from recursa.asgi.background import BackgroundServer
 from recursa.testing.fake_app import build_app
 from recursa.testing.fake_state import (
     Fault,
