@@ -49,7 +49,7 @@ class Connection:
         self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self.calls: dict[int, asyncio.Task[None]] = {}
         self.dead_reason: str | None = None
-        # The snapshot the worker keeps ready (see worker.py), as it last reported it.
+        # The snapshot the worker keeps ready (see worker/snapshots.py), as it last reported it.
         self.control: socket.socket | None = None  # our end of its control socket
         self.snapshot_sid: int | None = None
         self.snapshot_pid: int | None = None  # in the worker's pid namespace
