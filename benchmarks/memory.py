@@ -1,118 +1,188 @@
 """Peak memory and trace size against context size.
 
-For each size: peak RSS of the host process and of the REPL worker above their baselines (the
-host's baseline is taken after the context string exists: it is the user's own object), the peak
-of the machine's shared memory (where the context's memfd is counted: no RSS shows it), the sum
-over the context size; and the trace file's size. The sum adds three peaks that need not happen
-at once (the buffer shrinks as the worker's copy grows), so it is an upper bound.
+Each size runs in a fresh process, which samples every few ms, at the same instant: its own memory,
+the pages held by the context's memfd (every `/memfd:` file open in this process or its children,
+counted once, from its allocated blocks) and the memory of every process below it (the REPL worker,
+its fork snapshots, bwrap). Memory is the proportional set size without shared memory (a page
+shared by n processes counts 1/n in each), so a snapshot adds only the pages it has copied. "at
+once" is the peak of the three together, above the start, minus the same for a run with a 1 KB
+context (the interpreter and lazily imported modules are not the context's cost). Counting the memfd itself rather than the
+machine's `Shmem` keeps other processes' shared memory out of the figure on a busy machine.
 
-    python benchmarks/memory.py [--sizes-mb 10,100,500] [--kind str|list]
+    python benchmarks/memory.py [--sizes-mb 10,100,1000] [--kind str|list] [--repeat 1]
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
+import json
+import os
 import subprocess
 import sys
 import tempfile
-
-CHILD = r"""
-import json, os, sys, resource
+import threading
+import time
 from pathlib import Path
-size, kind, tmp = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 
-def hwm(pid="self"):
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-def rss(pid="self"):
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-
-from recursa import RLM
-line = "Date: Jan 01, 2020 || User: 12345 || Instance: what is the capital of some country?\n"
-if kind == "str":
-    context = line * (size // len(line))
-else:
-    context = [line * 100] * (size // (len(line) * 100))
-    context = [s[:-1] + str(i) for i, s in enumerate(context)]  # distinct objects, like real data
-peaks = {}
-def on_event(e):
-    pass
-# Peak of the worker is read from inside the run: the generated code reports its own VmHWM.
-code = "import os\nhwm=[l for l in open('/proc/self/status') if l.startswith('VmHWM')][0]\nFINAL(hwm.split()[1])"
-from recursa.lm.scripted import register
-os.environ["RECURSA_MEM_CODE"] = code
-import recursa.lm.scripted as s
-@register("mem-root")
-def _factory():
-    return lambda messages: "```repl\n" + code + "\n```"
-import threading, time
-def shmem():
-    for line in open("/proc/meminfo"):
-        if line.startswith("Shmem:"):
-            return int(line.split()[1]) * 1024
-shm = {"base": shmem(), "peak": 0, "on": True}
-def sample():
-    while shm["on"]:
-        shm["peak"] = max(shm["peak"], shmem() - shm["base"])
-        time.sleep(0.002)
-threading.Thread(target=sample, daemon=True).start()
-base = rss()
-# reset the host's high-water mark so the peak is measured from here (Linux >= 4.0)
-open("/proc/self/clear_refs", "w").write("5")
-rlm = RLM("scripted/mem-root", trace_dir=tmp)
-r = rlm.run("q", context)
-worker_peak = int(r.answer) * 1024
-host_peak = hwm()
-shm["on"] = False
-print(json.dumps({"host_extra": host_peak - base, "worker_peak": worker_peak, "buffer_peak": shm["peak"],
-                  "trace_bytes": os.path.getsize(r.trace_path), "chars": sum(map(len, context)) if kind != "str" else len(context)}))
-"""
+LINE = "Date: Jan 01, 2020 || User: 12345 || Instance: what is the capital of some country?\n"
 
 
-def worker_baseline() -> int:
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD, "1000", "str", tempfile.mkdtemp()],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    import json
+def _pss(pid: int | str) -> int:
+    """Proportional set size without shared memory: a page shared by n processes counts 1/n in
+    each, so a fork (a snapshot, or a child between fork and exec) adds only what it copies, and
+    a memfd a process maps is left to the memfd's own count."""
+    total = 0
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith(("Pss_Anon:", "Pss_File:")):
+                    total += int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return total
 
-    return json.loads(out.stdout)["worker_peak"]
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _descendants(pid: int) -> list[int]:
+    found, queue = [], [pid]
+    while queue:
+        for task in Path(f"/proc/{queue.pop()}/task").glob("*"):
+            try:
+                kids = [int(p) for p in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            found += kids
+            queue += kids
+    return found
+
+
+def _memfd_bytes(pids: list[int]) -> int:
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            path = f"/proc/{pid}/fd/{fd}"
+            try:
+                if not os.readlink(path).startswith("/memfd:"):
+                    continue
+                st = os.stat(path)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+    return total
+
+
+class Sampler(threading.Thread):
+    """Peaks of the host's memory, the context memfd, the REPL processes', and of the three at the
+    same instant."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.running = True
+        self.start_values = self.sample()
+        self.peaks = dict(self.start_values)
+
+    @staticmethod
+    def sample() -> dict[str, int]:
+        me = os.getpid()
+        # A child between vfork and exec shares this process's memory and reports all of it.
+        kids = [p for p in _descendants(me) if _cmdline(p) != _cmdline(me)]
+        worker = sum(_pss(p) for p in kids)
+        host, memfd = _pss(me), _memfd_bytes([me, *kids])
+        return {"host": host, "memfd": memfd, "worker": worker, "at_once": host + memfd + worker}
+
+    def run(self) -> None:
+        while self.running:
+            for key, value in self.sample().items():
+                self.peaks[key] = max(self.peaks[key], value)
+            time.sleep(0.002)
+
+    def stop(self) -> dict[str, int]:
+        self.running = False
+        self.join()
+        return {key: self.peaks[key] - self.start_values[key] for key in self.peaks}
+
+
+def child(size: int, kind: str) -> None:
+    """One run in this (fresh) process; prints one JSON line."""
+    from recursa import RLM
+    from recursa.scripted import register
+
+    @register("bench-mem")
+    def _factory():  # two cells that touch the context, then the answer
+        def policy(messages: list[dict]) -> str:
+            done = sum(1 for m in messages if m["role"] == "assistant")
+            if done < 2:
+                return "```repl\nprint(len(context))\n```"
+            return "FINAL(done)"
+
+        return policy
+
+    if kind == "str":
+        context: str | list[str] = LINE * max(1, size // len(LINE))
+        chars = len(context)
+    else:
+        pieces = [LINE * 100] * max(1, size // (len(LINE) * 100))
+        context = [s[:-1] + str(i) for i, s in enumerate(pieces)]  # distinct objects, like real data
+        chars = sum(map(len, context))
+    sampler = Sampler()
+    sampler.start()
+    with tempfile.TemporaryDirectory() as tmp:
+        result = RLM("scripted/bench-mem", trace_dir=tmp, max_iterations=5).run("q", context)
+        peaks = sampler.stop()
+        if result.answer != "done":
+            sys.exit(f"the run did not finish: {result.stop_reason}: {str(result.answer)[:200]}")
+        trace_bytes = os.path.getsize(result.trace_path)
+    print(json.dumps({"chars": chars, "trace_bytes": trace_bytes, **peaks}), flush=True)
+
+
+def run_child(size: int, kind: str) -> dict[str, int]:
+    cmd = [sys.executable, __file__, "--child", str(size), "--kind", kind]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if done.returncode:
+        raise SystemExit(f"memory run of {size:,} bytes failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
-    import json
-
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes-mb", default="10,100,500")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes-mb", default="10,100,1000")
     ap.add_argument("--kind", default="str", choices=["str", "list"])
+    ap.add_argument("--repeat", type=int, default=1, help="runs per size (each row is one run)")
+    ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    wbase = worker_baseline()
-    print(f"context kind: {args.kind}; worker baseline RSS {wbase / 2**20:.1f} MB")
-    print(
-        f"{'MB':>6} {'host +MB':>9} {'buffer +MB':>11} {'worker +MB':>11} {'total/ctx':>10} {'trace KB':>9}"
-    )
-    for mb in (int(x) for x in args.sizes_mb.split(",")):
-        with tempfile.TemporaryDirectory() as tmp:
-            out = subprocess.run(
-                [sys.executable, "-c", CHILD, str(mb * 2**20), args.kind, tmp], capture_output=True, text=True
+    if args.child is not None:
+        child(args.child, args.kind)
+        return
+    idle = run_child(1000, args.kind)
+    mb = 2**20
+    print(f"context kind: {args.kind}; figures above a run with a 1 KB context; 3 root turns\n")
+    print("| context | host + | memfd peak | worker + | at once | at once / context | trace |")
+    print("|---|---|---|---|---|---|---|")
+    for size in (int(x) for x in args.sizes_mb.split(",")):
+        for _ in range(args.repeat):
+            row = run_child(size * mb, args.kind)
+            host, worker = row["host"] - idle["host"], row["worker"] - idle["worker"]
+            at_once = row["at_once"] - idle["at_once"]
+            print(
+                f"| {row['chars'] / mb:.0f} MB | {host / mb:.0f} MB | {row['memfd'] / mb:.0f} MB "
+                f"| {worker / mb:.0f} MB | {at_once / mb:.0f} MB | {at_once / row['chars']:.2f}x "
+                f"| {row['trace_bytes'] / 1024:.1f} KB |",
+                flush=True,
             )
-            if out.returncode:
-                print(out.stderr[-2000:])
-                continue
-            row = json.loads(out.stdout)
-        chars = row["chars"]
-        host, buffer, worker = row["host_extra"], row["buffer_peak"], row["worker_peak"] - wbase
-        print(
-            f"{chars / 2**20:>6.0f} {host / 2**20:>9.1f} {buffer / 2**20:>11.1f} {worker / 2**20:>11.1f} "
-            f"{(host + buffer + worker) / chars:>10.2f} {row['trace_bytes'] / 1024:>9.1f}"
-        )
-        gc.collect()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Fork snapshots: what they cost per exec, and how fast a killed cell's state comes back.
 
-    python benchmarks/sandbox_snapshots.py [--big] [--repeat N]
+    python benchmarks/sandbox_snapshots.py [--big] [--repeat N] [--sizes-mb 200]
 
 For a 200 MB context (and 1 GB with --big), ASCII and not: the exec round trip of `pass` with and
 without snapshots, back to back (the difference is the snapshot's cost per exec: killing the
@@ -97,9 +97,10 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--big", action="store_true", help="also 1 GB contexts")
     parser.add_argument("--repeat", type=int, default=50)
+    parser.add_argument("--sizes-mb", default="200", help="context sizes (MB); --big adds 1000")
     args = parser.parse_args()
     print(f"transparent huge pages: {thp_setting()}")
-    sizes = [200 * MB] + ([1000 * MB] if args.big else [])
+    sizes = [int(x) * MB for x in args.sizes_mb.split(",")] + ([1000 * MB] if args.big else [])
     for size in sizes:
         for label, unit in (
             ("ASCII", "The quick brown fox jumps over the lazy dog. "),

@@ -15,7 +15,7 @@ import threading
 import time
 
 from recursa import RLM
-from recursa.lm.scripted import register
+from recursa.scripted import register
 from recursa.trace import load
 
 TURNS = 20

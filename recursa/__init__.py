@@ -6,6 +6,7 @@ result = rlm.run("Which user asked the most location questions?", context=text)
 """
 
 from recursa.budget import Budget
+from recursa.confined import ConfinedPath
 from recursa.errors import (
     BudgetExceeded,
     ConfigError,
@@ -15,6 +16,7 @@ from recursa.errors import (
     RecursaError,
     SandboxError,
 )
+from recursa.lm.registry import register_provider
 from recursa.result import RLMResult
 from recursa.rlm import RLM
 from recursa.session import Session
@@ -23,11 +25,15 @@ from recursa.usage import ModelUsage, Usage
 
 __version__ = "0.1.0"
 
+# The offline models live beside lm, not inside it: lm knows them only through its registry.
+register_provider("scripted", "recursa.scripted.client:scripted_provider")
+
 __all__ = [
     "RLM",
     "Budget",
     "BudgetExceeded",
     "ConfigError",
+    "ConfinedPath",
     "ContextError",
     "ContextLengthError",
     "LMError",

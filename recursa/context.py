@@ -14,7 +14,6 @@ import codecs
 import functools
 import hashlib
 import os
-import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recursa.confined import ConfinedPath, read_context_path
 from recursa.errors import ContextError
 
 # Encoded piece by piece: the host's transient copy is a few of these (a slice, its bytes, the
@@ -50,6 +50,7 @@ class ContextInfo:
             "n_chunks": len(self.chunk_lengths),
             "sha256": self.sha256,
             "prefix": self.prefix,
+            **({"skipped_files": self.skipped_files[:100]} if self.skipped_files else {}),
         }
 
 
@@ -149,16 +150,6 @@ def _write_text(writer: _Writer, text: str) -> int:
     return writer.size - before
 
 
-def _decode_utf8(data: bytes, where: str) -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ContextError(
-            f"{where} is not valid UTF-8 (byte {exc.start}: {exc.reason}). "
-            "Decode it yourself (e.g. data.decode('latin-1')) and pass a str."
-        ) from None
-
-
 def _validated_bytes_len(data: bytes) -> int:
     """Characters in UTF-8 `data`, validating it chunk by chunk instead of decoding it whole."""
     decoder = codecs.getincrementaldecoder("utf-8")()
@@ -174,27 +165,6 @@ def _validated_bytes_len(data: bytes) -> int:
             "Decode them yourself (e.g. data.decode('latin-1')) and pass a str."
         ) from None
     return chars
-
-
-def _read_directory(root: Path) -> tuple[dict[str, str], list[str]]:
-    files: dict[str, str] = {}
-    skipped: list[str] = []
-    # .git and friends: not what a user means by "the documents in this folder"
-    paths = [
-        p
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
-    ]
-    _check_readable_size(root, total=sum(_size(p) for p in paths))
-    for path in paths:
-        rel = path.relative_to(root).as_posix()
-        try:
-            files[rel] = path.read_bytes().decode("utf-8")
-        except UnicodeDecodeError:
-            skipped.append(rel)
-        except OSError as exc:
-            skipped.append(f"{rel} ({exc.strerror})")
-    return files, skipped
 
 
 def _pieces_payload(kind: str, pieces: Iterable[tuple[str, str]], skipped: list[str]) -> ContextPayload:
@@ -244,7 +214,7 @@ def _pieces_payload(kind: str, pieces: Iterable[tuple[str, str]], skipped: list[
 def build_payload(context: Any) -> ContextPayload:
     """Encode a user context. Raises `ContextError` with the fix in the message."""
     payload = _encode(context)
-    if not isinstance(context, Path):
+    if not isinstance(context, (Path, ConfinedPath)):
         # The caller's own object, not a copy: encoding it again costs no memory until needed.
         payload.rebuild = functools.partial(_encode_again, context, payload.info.sha256)
     return payload
@@ -263,25 +233,8 @@ def _encode_again(context: Any, sha256: str) -> ContextPayload:
 
 def _encode(context: Any) -> ContextPayload:
     skipped: list[str] = []
-    if isinstance(context, Path):
-        if not context.exists():
-            raise ContextError(f"context path {str(context)!r} does not exist; check the path.")
-        if context.is_dir():
-            files, skipped = _read_directory(context)
-            if not files:
-                raise ContextError(
-                    f"context directory {str(context)!r} holds no UTF-8 text files"
-                    + (f" (skipped {len(skipped)} undecodable)" if skipped else "")
-                    + "; point --context at a folder of text files."
-                )
-            context = files
-        else:
-            _check_readable_size(context)
-            try:
-                raw = context.read_bytes()
-            except OSError as exc:
-                raise ContextError(f"cannot read context file {str(context)!r}: {exc.strerror}.") from None
-            context = _decode_utf8(raw, f"context file {str(context)!r}")
+    if isinstance(context, (Path, ConfinedPath)):
+        context, skipped = read_context_path(context)
     if _blank(context):
         raise ContextError(_EMPTY if not context else _BLANK)
     if isinstance(context, (bytes, bytearray, memoryview)):
@@ -352,60 +305,6 @@ def _encodable(text: str) -> str:
         return text.encode("utf-8", "replace").decode("utf-8")
 
 
-def _available_memory() -> int | None:
-    """Bytes of memory free for new allocations (Linux MemAvailable), or None when unknown."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0  # unreadable: _read_directory lists it as skipped
-
-
-def _human(n: int) -> str:
-    size = float(n)
-    for unit in ("bytes", "KB", "MB", "GB", "TB"):
-        if size < 1024 or unit == "TB":
-            return f"{size:,.0f} {unit}" if unit == "bytes" else f"{size:,.1f} {unit}"
-        size /= 1024
-    return f"{n} bytes"
-
-
-def _check_readable_size(path: Path, total: int | None = None) -> None:
-    """Refuse before reading what can never fit: a device (/dev/zero never ends) or more bytes than
-    there is free memory (a context is held in memory whole; reading it would end in the OOM killer)."""
-    where = f"context path {str(path)!r}"
-    try:
-        st = path.stat()
-    except OSError as exc:
-        raise ContextError(f"cannot read {where}: {exc.strerror}.") from None
-    if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
-        raise ContextError(
-            f"{where} is a device, not a text file; pass a file or a folder of text files "
-            "(on the command line, --context - reads standard input)."
-        )
-    size = st.st_size if total is None else total
-    free = _available_memory()
-    if free is not None and size > free:
-        raise ContextError(
-            f"{where} is {_human(size)}, more than the {_human(free)} of free memory, and a context is "
-            "held in memory whole. Pass a smaller context (split the file, or filter it to the part the "
-            "question is about), or run where more memory is free."
-        )
-
-
 # Contexts above this size are encoded off the event loop so other runs in the process keep going.
 _ENCODE_IN_THREAD_CHARS = 4_000_000
 
@@ -418,7 +317,7 @@ async def load_payload(context: Any) -> ContextPayload:
 
 
 def _is_large(context: Any) -> bool:
-    if isinstance(context, Path):
+    if isinstance(context, (Path, ConfinedPath)):
         return True
     if isinstance(context, (str, bytes, bytearray)):
         return len(context) > _ENCODE_IN_THREAD_CHARS

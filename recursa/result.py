@@ -24,6 +24,9 @@ class RLMResult:
     error: str | None = None  # why the run stopped early, for "budget", "timeout" and "error"
     answer_protocol: str | None = None  # "FINAL" | "FINAL_VAR" | "answer" | "forced" | "partial"
     isolation: dict[str, Any] = field(default_factory=dict)  # what the sandbox enforced
+    # Files of a folder context that were left out, each with the reason ("x.bin (not UTF-8 text)",
+    # "key (a symbolic link leading outside the allowed folder)").
+    skipped_files: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         return self.answer
@@ -40,4 +43,5 @@ class RLMResult:
             "error": self.error,
             "answer_protocol": self.answer_protocol,
             "isolation": self.isolation,
+            "skipped_files": self.skipped_files,
         }

@@ -127,7 +127,8 @@ class RLM:
     async def arun(
         self, question: str, context: Any, *, tips: str | None = None, answer_schema: Any = None
     ) -> RLMResult:
-        """Answer `question` over `context` (str, list[str], dict[str, str], UTF-8 bytes or a Path).
+        """Answer `question` over `context` (str, list[str], dict[str, str], UTF-8 bytes, a Path, or a
+        ConfinedPath). A folder is read without following links out of it (`result.skipped_files`).
 
         `tips`: task strategy added to the root's prompt for this run (default: `RLM(tips=...)`).
         `answer_schema`: a pydantic model (or any type pydantic validates); the final value must fit

@@ -12,18 +12,30 @@ import concurrent.futures
 import threading
 from collections.abc import Coroutine
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from recursa.config import RLMConfig
 from recursa.context import ContextPayload, load_payload
 from recursa.errors import ConfigError
+from recursa.lm.prices import PriceBook
 from recursa.loop.engine import RunEngine
+from recursa.loop.options import RunOptions
 from recursa.loop.subcalls import SubcallHandler
 from recursa.loop.tree import CallTree, new_id
 from recursa.result import RLMResult
 from recursa.sandbox.base import CallbackError, Sandbox
 
-if TYPE_CHECKING:
-    from recursa.rlm import RLM
+
+class SessionOwner(Protocol):
+    """What a session needs from the `RLM` that opens it: the checked configuration, the price
+    book, and the per-question checks. A protocol, so `recursa.rlm` imports this module and not
+    the other way round."""
+
+    config: RLMConfig
+    prices: PriceBook
+
+    def run_options(self, question: str, *, tips: str | None, answer_schema: Any) -> RunOptions: ...
+
 
 _HISTORY_NOTE = (
     "This is question {n} of a session over the same context. The REPL is the one you used for the "
@@ -53,7 +65,7 @@ class Session:
     answers one question at a time.
     """
 
-    def __init__(self, rlm: RLM, context: Any) -> None:
+    def __init__(self, rlm: SessionOwner, context: Any) -> None:
         self.rlm = rlm
         self.context = context
         self.session_id = new_id("session")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 
 from recursa.lm.base import Message
-from recursa.lm.scripted import policy_names, register
-from recursa.lm.scripted.conversation import is_rlm_conversation
 from recursa.sandbox.proc import descendants  # noqa: F401  (re-exported for the serve tests)
+from recursa.scripted import policy_names, register
+from recursa.scripted.conversation import is_rlm_conversation
 
 from .helpers import max_overlap, wait_until  # noqa: F401  (re-exported for the serve tests)
 

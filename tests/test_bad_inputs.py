@@ -31,7 +31,7 @@ import recursa.errors
 from recursa import RLM, Budget
 from recursa.bench.sizes import BenchError
 from recursa.lm.base import Message
-from recursa.lm.scripted import register
+from recursa.scripted import register
 from recursa.trace import load
 from recursa.train.errors import ExportError
 

@@ -32,7 +32,7 @@ def test_path_file_and_directory(tmp_path: Path):
     (tmp_path / ".git" / "HEAD").write_text("ref")
     p = build_payload(tmp_path)
     assert p.kind == "dict" and p.keys == ["a.txt", "sub/b.md"]
-    assert p.info.skipped_files == ["bin.dat"]
+    assert p.info.skipped_files == ["bin.dat (not UTF-8 text)"]
     assert build_payload(tmp_path / "a.txt").info.total_chars == 5
 
 

@@ -337,7 +337,7 @@ def test_unknown_model_is_404() -> None:
 
 
 def test_default_responder_uses_scripted_policies(monkeypatch: pytest.MonkeyPatch) -> None:
-    import recursa.lm.scripted as scripted
+    from recursa.scripted import catalog
 
     made: list[str] = []
 
@@ -345,8 +345,7 @@ def test_default_responder_uses_scripted_policies(monkeypatch: pytest.MonkeyPatc
         made.append("policy")
         return lambda messages: f"policy saw {len(messages)} messages"
 
-    monkeypatch.setattr(scripted, "_load_builtin", lambda: None)
-    monkeypatch.setitem(scripted._POLICIES, "fake-echo", factory)
+    monkeypatch.setitem(catalog._POLICIES, "fake-echo", factory)
     with FakeServer() as srv:
         assert isinstance(srv.responder, ScriptedResponder)
         with openai.OpenAI(base_url=srv.base_url, api_key="k", max_retries=0) as client:

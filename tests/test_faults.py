@@ -299,7 +299,7 @@ async def test_a_stream_cut_mid_way_surfaces_as_an_error_in_both_sdks() -> None:
 
 
 def test_the_served_stream_survives_an_upstream_reply_cut_mid_body(server, script, faults, tmp_path):
-    from recursa.serve.background import BackgroundServer
+    from recursa.asgi.background import BackgroundServer
     from recursa.serve.openai_server import create_app
     from recursa.serve.settings import ServeSettings
 

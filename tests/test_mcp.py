@@ -13,7 +13,7 @@ pytest.importorskip("mcp")
 import httpx
 from mcp import Client, StdioServerParameters
 
-from recursa.serve.background import BackgroundServer
+from recursa.asgi.background import BackgroundServer
 from recursa.serve.mcp_server import TOOL_NAME, build_mcp_server, with_bearer_key
 from recursa.serve.settings import ServeSettings
 from recursa.tasks import generate

@@ -12,10 +12,10 @@ import asyncio
 
 import pytest
 
-from recursa.lm.scripted.knobs import Settings
-from recursa.lm.scripted.oracle import label_for
 from recursa.methods import METHODS, MethodSettings, get_method
 from recursa.methods.base import model_window
+from recursa.scripted.knobs import Settings
+from recursa.scripted.oracle import label_for
 from recursa.tasks import families, generate
 from recursa.trace import load
 

@@ -20,9 +20,10 @@ import pytest
 
 from recursa.errors import ConfigError
 from recursa.lm.base import CallMeta, LMClient, LMRequest
-from recursa.lm.scripted import _POLICIES, get_policy, policy_names
-from recursa.lm.scripted.client import ScriptedClient
-from recursa.lm.scripted.conversation import read
+from recursa.scripted import get_policy, policy_names
+from recursa.scripted.catalog import _POLICIES
+from recursa.scripted.client import ScriptedClient
+from recursa.scripted.conversation import read
 from recursa.tasks import Task, generate
 from recursa.tasks.oolong import LABELS, QUESTION_KINDS
 from recursa.testing.tokens import count_message_tokens, count_tokens

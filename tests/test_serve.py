@@ -22,8 +22,8 @@ import httpx
 import openai
 
 from recursa import Budget
+from recursa.asgi.background import BackgroundServer
 from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION
-from recursa.serve.background import BackgroundServer
 from recursa.serve.openai_server import create_app
 from recursa.serve.request import ApiError, parse_chat_request
 from recursa.serve.settings import ServeSettings

@@ -18,7 +18,7 @@ pytest.importorskip("fastapi")
 import httpx
 import openai
 
-from recursa.serve.background import BackgroundServer
+from recursa.asgi.background import BackgroundServer
 from recursa.serve.openai_server import create_app
 from recursa.serve.settings import ServeSettings
 from tests.serve_helpers import descendants, install_test_root, max_overlap, wait_until

@@ -15,11 +15,11 @@ import pytest
 import recursa.bench as bench
 from recursa import RLM
 from recursa.lm.base import CallMeta, LMRequest, LMResponse, Message
-from recursa.lm.scripted import get_policy
-from recursa.lm.scripted.client import ScriptedClient
-from recursa.lm.scripted.tool_use import tool_turn
 from recursa.methods import MethodSettings, get_method
 from recursa.methods.search import document_search
+from recursa.scripted import get_policy
+from recursa.scripted.client import ScriptedClient
+from recursa.scripted.tool_use import tool_turn
 from recursa.tasks import generate
 from recursa.testing.tool_replies import ToolCallReply, offered_tools
 from recursa.tools.spec import make_sub_tools

@@ -20,7 +20,7 @@ import pytest
 
 from recursa import RLM
 from recursa.cli import main
-from recursa.lm.scripted import get_policy
+from recursa.scripted import get_policy
 from recursa.tasks import generate
 from recursa.testing.fake_server import ScriptedResponder
 from recursa.trace import RunNode, load

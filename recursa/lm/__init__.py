@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from recursa.lm.base import CallMeta, LMClient, LMRequest, LMResponse, Message, estimate_tokens_upper
 from recursa.lm.limiter import Limiter
 from recursa.lm.prices import ModelPrice, PriceBook
-from recursa.lm.registry import PROVIDERS, make_client, parse_model
+from recursa.lm.registry import make_client, parse_model, providers, register_provider
 from recursa.lm.retry import RetryPolicy, call_with_retries
 
 if TYPE_CHECKING:
@@ -15,7 +15,6 @@ if TYPE_CHECKING:
     from recursa.lm.openai_client import OpenAIClient
 
 __all__ = [
-    "PROVIDERS",
     "AnthropicClient",
     "CallMeta",
     "LMClient",
@@ -31,6 +30,8 @@ __all__ = [
     "estimate_tokens_upper",
     "make_client",
     "parse_model",
+    "providers",
+    "register_provider",
 ]
 
 _LAZY = {

@@ -2,13 +2,33 @@
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from recursa.errors import ConfigError
 from recursa.lm.base import LMClient
 from recursa.lm.retry import RetryPolicy
 
-PROVIDERS = ("openai", "anthropic", "scripted")
+# A provider's factory: (model, *, base_url, api_key, timeout, retry) -> LMClient. Given as
+# "module:attribute", it is imported on first use, so using one provider never imports the others'
+# SDKs. Packages above lm add theirs with `register_provider` (recursa registers "scripted").
+ProviderFactory = Callable[..., LMClient]
+_FACTORIES: dict[str, str | ProviderFactory] = {
+    "openai": "recursa.lm.openai_client:OpenAIClient",
+    "anthropic": "recursa.lm.anthropic_client:AnthropicClient",
+}
+
+
+def register_provider(name: str, factory: str | ProviderFactory) -> None:
+    """Serve "name/<model>" specs with `factory` (a callable or a "module:attribute" path)."""
+    _FACTORIES[name.strip().lower()] = factory
+
+
+def providers() -> tuple[str, ...]:
+    """The provider names `make_client` accepts, in the order they were registered."""
+    return tuple(_FACTORIES)
+
 
 _FORM = (
     "expected 'provider/model', e.g. 'openai/gpt-5-mini', 'anthropic/claude-sonnet-4-5', "
@@ -19,14 +39,14 @@ _FORM = (
 def parse_model(spec: str) -> tuple[str, str]:
     """Split "provider/model" at the first slash; the model name may contain more slashes."""
     if not isinstance(spec, str) or "/" not in spec:
-        raise ConfigError(f"model {spec!r} names no provider: {_FORM}. Providers: {', '.join(PROVIDERS)}.")
+        raise ConfigError(f"model {spec!r} names no provider: {_FORM}. Providers: {', '.join(providers())}.")
     provider, model = spec.split("/", 1)
     provider = provider.strip().lower()
     model = model.strip()
-    if provider not in PROVIDERS:
+    if provider not in _FACTORIES:
         raise ConfigError(
             f"unknown provider {provider!r} in model {spec!r}; valid providers: "
-            f"{', '.join(PROVIDERS)} ({_FORM})"
+            f"{', '.join(providers())} ({_FORM})"
         )
     if not model:
         raise ConfigError(f"model {spec!r} has an empty model name: {_FORM}")
@@ -46,18 +66,11 @@ def make_client(
     if base_url:  # an empty value (e.g. RECURSA_BASE_URL='') means none, as the SDKs take it
         check_base_url(base_url)
     policy = retry or RetryPolicy()
-    # Imported here so that using one provider never requires importing the others' SDKs.
-    if provider == "openai":
-        from recursa.lm.openai_client import OpenAIClient
-
-        return OpenAIClient(model, base_url=base_url, api_key=api_key, timeout=timeout, retry=policy)
-    if provider == "anthropic":
-        from recursa.lm.anthropic_client import AnthropicClient
-
-        return AnthropicClient(model, base_url=base_url, api_key=api_key, timeout=timeout, retry=policy)
-    from recursa.lm.scripted.client import ScriptedClient
-
-    return ScriptedClient(model, timeout=timeout)
+    factory = _FACTORIES[provider]
+    if isinstance(factory, str):
+        module, _, attribute = factory.partition(":")
+        factory = getattr(importlib.import_module(module), attribute)
+    return factory(model, base_url=base_url, api_key=api_key, timeout=timeout, retry=policy)
 
 
 def check_base_url(base_url: object) -> None:

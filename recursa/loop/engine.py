@@ -15,7 +15,7 @@ from recursa.lm.prices import PriceBook
 from recursa.loop.compaction import WindowTracker, compacted_history, split_for_compaction, summary_prompt
 from recursa.loop.options import RunOptions
 from recursa.loop.output import render_turn
-from recursa.loop.parse import ParsedReply, parse_reply
+from recursa.loop.parse import ParsedReply, is_identifier, parse_reply
 from recursa.loop.prompts import PromptSettings, first_message, system_prompt, template_for, tools_text
 from recursa.loop.subcalls import SubcallHandler
 from recursa.loop.tree import CallTree, new_id
@@ -30,7 +30,9 @@ _TRACE_OUTPUT_CHARS = 20_000
 
 NO_CODE_MESSAGE = (
     "Your reply had no ```repl code block and no final answer, so nothing ran. Write code in a "
-    "block that starts with ```repl and ends with ```, or answer with FINAL(...) / FINAL_VAR(name)."
+    "block that starts with ```repl and ends with ``` on a line of its own. When you have the answer, "
+    "write it on a line of its own as FINAL(your answer), with the parentheses, or FINAL_VAR(name) "
+    "for a variable you already assigned in the REPL."
 )
 LAST_CALL_MESSAGE = (
     "You have used all {n} turns. No more code will run. Reply now with your final answer on a line "
@@ -127,6 +129,7 @@ class RunEngine:
             iterations=0,
             trace_path=trace.path,
             run_id=self.run_id,
+            skipped_files=list(self.payload.info.skipped_files),
         )
         # Raised again once the REPL is closed and run_end is written: every run that started ends
         # in the trace, whether it was cancelled, hit a bug, or is cancelled while closing.
@@ -349,9 +352,12 @@ class RunEngine:
             text = reply.strip()
             final = FinalAnswer(text=text, value=text, protocol="forced")
         errors = self._check_answer(result, final)
-        if errors:  # out of turns: hand back what came, and say it does not fit
+        if errors:
+            # Out of turns with an answer that does not fit: its text is kept for the user to see, but
+            # no value, so code reading result.value never gets an unvalidated object.
             self._accept(result, final)
-            result.error = "the last answer does not match answer_schema: " + errors[0]
+            result.value = None
+            result.error = "the last answer does not match answer_schema: " + "; ".join(errors)
         result.stop_reason = "max_iterations"
 
     def _check_answer(self, result: RLMResult, final: FinalAnswer) -> list[str]:
@@ -373,12 +379,17 @@ class RunEngine:
 
     # -- one reply -----------------------------------------------------------------------------
     async def _act(self, parsed: ParsedReply, turn: int) -> _Outcome:
+        outcome = await self._run_reply(parsed, turn)
+        if parsed.notes and outcome.final is None:
+            outcome.feedback = (outcome.feedback or NO_CODE_MESSAGE) + "".join(
+                f"\n\n[note] {note}" for note in parsed.notes
+            )
+        return outcome
+
+    async def _run_reply(self, parsed: ParsedReply, turn: int) -> _Outcome:
         if not parsed.code_blocks:
             if parsed.prose_final is None:
-                hint = NO_CODE_MESSAGE
-                if parsed.unlabeled_blocks:
-                    hint += " (Your reply had a code fence without the `repl` tag; it did not run.)"
-                return _Outcome(None, hint)
+                return _Outcome(None, NO_CODE_MESSAGE + _fence_hint(parsed))
             final = await self._resolve_prose_final(parsed)
             if final is not None:
                 return _Outcome(final, None)
@@ -416,16 +427,24 @@ class RunEngine:
             feedback += (
                 f"\n\n[note] Your reply also wrote {parsed.prose_final.protocol}(...) next to code whose "
                 "output you had not seen, so it was not accepted. If the output above confirms it, "
-                "give the answer again in your next reply."
+                "give the answer again in your next reply, with no code beside it."
             )
         return _Outcome(None, feedback)
 
     async def _resolve_prose_final(self, parsed: ParsedReply) -> FinalAnswer | None:
         prose = parsed.prose_final
         assert prose is not None
-        if prose.protocol == "FINAL":
-            return FinalAnswer(text=prose.text, value=prose.text, protocol="FINAL")
         assert self._sandbox is not None
+        if prose.protocol == "FINAL":
+            # "FINAL result" (no parentheses) naming a variable the code made means that variable.
+            if prose.loose and is_identifier(prose.text):
+                found = await self._sandbox.get_variable(prose.text)
+                if found is not None:
+                    found.protocol, found.var_name = "FINAL_VAR", prose.text
+                    return found
+            return FinalAnswer(text=prose.text, value=prose.text, protocol="FINAL")
+        if not is_identifier(prose.text):
+            return None
         final = await self._sandbox.get_variable(prose.text)
         if final is not None:
             final.protocol, final.var_name = "FINAL_VAR", prose.text
@@ -433,9 +452,28 @@ class RunEngine:
 
     async def _missing_variable_message(self, name: str) -> str:
         assert self._sandbox is not None
+        if not is_identifier(name):
+            return (
+                f"FINAL_VAR({name}) is not an answer: FINAL_VAR takes the name of a variable, not an "
+                f"expression. Assign the value to a variable in a ```repl block first (answer_text = "
+                f"{name}), then write FINAL_VAR(answer_text) in your next reply."
+            )
         names = await self._sandbox.variable_names()
         listed = ", ".join(names[:30]) if names else "none yet"
         return (
             f"FINAL_VAR({name}) names no variable in the REPL (defined: {listed}). Assign the answer "
             f"to a variable in a ```repl block first, or write FINAL(your answer) for literal text."
         )
+
+
+def _fence_hint(parsed: ParsedReply) -> str:
+    """Why fenced code in the reply did not run, when it had some."""
+    if not parsed.unlabeled_blocks:
+        return ""
+    tags = sorted({f"```{t}" for t in parsed.other_tags if t})
+    bare = sum(1 for t in parsed.other_tags if not t)
+    kinds = ", ".join([*tags, *(["a bare ```"] if bare else [])])
+    return (
+        f" (Your reply had {parsed.unlabeled_blocks} fenced block(s) ({kinds}) that did not run: only "
+        "blocks opened with ```repl or ```python run.)"
+    )

@@ -137,7 +137,8 @@ def first_message(question: str, info: ContextInfo) -> str:
         lines.append(_chunk_summary(info))
     if info.skipped_files:
         lines.append(
-            f"{len(info.skipped_files)} file(s) of the folder were not UTF-8 text and are not in it."
+            f"{len(info.skipped_files)} file(s) of the folder were left out (not UTF-8 text, links "
+            "leading outside the folder, or unreadable) and are not in it."
         )
     lines += [
         f"Its first {len(info.prefix):,} characters, as a preview only:",

@@ -10,21 +10,22 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from recursa.context import load_payload
+from recursa.context import ContextPayload, load_payload
 from recursa.errors import BudgetExceeded, ContextError, ContextLengthError, LMError
 from recursa.lm.base import CallMeta, LMResponse, Message
+from recursa.lm.prices import PriceBook
 from recursa.lm.registry import parse_model
+from recursa.loop.tree import CallTree
+from recursa.result import RLMResult
 from recursa.sandbox.base import CallbackError
 from recursa.tools.calling import call_with_tools
 from recursa.tools.runner import ToolFailure
+from recursa.usage import Usage
 
 # Failures of the call itself (not of how it was called): what subcall_errors="return" turns into text.
 _CALL_FAILURES = frozenset({"SubcallError", "BudgetExceeded"})
-
-if TYPE_CHECKING:
-    from recursa.loop.engine import RunEngine
 
 # What a child run is asked when rlm_query gets no separate context: the prompt is the context.
 PROMPT_AS_CONTEXT_QUESTION = (
@@ -32,8 +33,25 @@ PROMPT_AS_CONTEXT_QUESTION = (
 )
 
 
+class CallingRun(Protocol):
+    """What a sub-call needs from the run whose code makes it (`RunEngine` is the one there is).
+
+    A protocol rather than the engine itself, so the engine can import this module and not the
+    other way round."""
+
+    tree: CallTree
+    prices: PriceBook
+    depth: int
+    run_id: str
+    usage_scopes: list[Usage]
+
+    def new_call_id(self) -> str: ...
+
+    async def spawn_child(self, question: str, payload: ContextPayload) -> RLMResult: ...
+
+
 class SubcallHandler:
-    def __init__(self, run: RunEngine) -> None:
+    def __init__(self, run: CallingRun) -> None:
         self.run = run
         self.config = run.tree.config
 

@@ -112,7 +112,7 @@ def model_window(spec: str) -> int | None:
             text = m.group(1)
             scale = 1_000 if text.endswith("k") else 1_000_000 if text.endswith("m") else 1
             return int(float(text.rstrip("km")) * scale)
-        from recursa.lm.scripted.knobs import DEFAULT_WINDOW
+        from recursa.scripted.knobs import DEFAULT_WINDOW
 
         return DEFAULT_WINDOW
     for pattern, tokens in _WINDOWS:

@@ -9,7 +9,6 @@ import json
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 from starlette.responses import Response
@@ -68,7 +67,7 @@ class ChatService:
         """The request's context, with a server path checked and a URL fetched."""
         context: Any = req.context
         if req.context_path is not None:
-            context = Path(check_path(req.context_path, self.settings.context_roots))
+            context = check_path(req.context_path, self.settings.context_roots)
         elif req.context_url is not None:
             if not self.settings.allow_context_urls:
                 raise ApiError(
@@ -203,6 +202,7 @@ def run_summary(result: RLMResult, session: str | None = None) -> dict[str, Any]
         "answer_protocol": result.answer_protocol,
         "error": result.error,
         "trace": result.trace_path.name if result.trace_path else None,
+        **({"skipped_files": result.skipped_files} if result.skipped_files else {}),
         **({"session": session} if session is not None else {}),
     }
 

@@ -49,6 +49,7 @@ class Answer(BaseModel):
     duration_s: float
     error: str | None = None
     trace_path: str | None = None
+    skipped_files: list[str] = []  # files of a context folder left out, each with the reason
 
 
 class SessionInfo(BaseModel):
@@ -258,6 +259,7 @@ async def _drive(run: LiveRun, ctx: Context, max_iterations: int) -> Answer:
         duration_s=round(result.duration_s, 4),
         error=result.error,
         trace_path=str(result.trace_path) if result.trace_path else None,
+        skipped_files=result.skipped_files,
     )
 
 

@@ -13,15 +13,12 @@ import asyncio
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from recursa.budget import Budget
 from recursa.result import RLMResult
 from recursa.rlm import RLM
-from recursa.serve.settings import ServeSettings
-
-if TYPE_CHECKING:
-    from recursa.serve.sessions import ServedSession
+from recursa.serve.settings import EventCallback, ServeSettings
 
 _DONE: dict[str, Any] = {"type": "__done__"}
 
@@ -53,13 +50,22 @@ def build_rlm(settings: ServeSettings, spec: RunSpec, on_event: Callable[[dict[s
     )
 
 
+class AskingSession(Protocol):
+    """A server session a run can be one question of (`ServedSession` is the one there is); a
+    protocol, so `recursa.serve.sessions` imports this module and not the other way round."""
+
+    rlm: RLM
+
+    async def ask(self, question: str, listener: EventCallback) -> RLMResult: ...
+
+
 class LiveRun:
     """Build with `LiveRun(settings, spec)` inside the event loop; `start()`; read `events()`.
 
     With `session`, the run is the next question of that session (`spec.context` is unused).
     """
 
-    def __init__(self, settings: ServeSettings, spec: RunSpec, session: ServedSession | None = None) -> None:
+    def __init__(self, settings: ServeSettings, spec: RunSpec, session: AskingSession | None = None) -> None:
         self.settings = settings
         self.spec = spec
         self.session = session

@@ -4,17 +4,19 @@ clear HTTP error rather than a failed run."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import httpx
 
+from recursa.confined import ConfinedPath
 from recursa.serve.request import ApiError, read_capped
 
 _MAX_REDIRECTS = 5
 
 
-def check_path(raw: str, roots: tuple[Path, ...], *, flag: str = "--allow-path") -> Path:
-    """The resolved path if it is inside an allowed root, exists and is readable."""
+def check_path(raw: str, roots: tuple[Path, ...], *, flag: str = "--allow-path") -> ConfinedPath:
+    """The path, resolved, as a ConfinedPath under the allowed root it is in, if it exists and is
+    readable. The check is for a clear error now; the run reads it again without leaving the root."""
     if not roots:
         raise ApiError(
             403,
@@ -28,7 +30,8 @@ def check_path(raw: str, roots: tuple[Path, ...], *, flag: str = "--allow-path")
     except (OSError, RuntimeError):
         resolved = path
     # Resolving first means a symlink inside an allowed folder cannot lead out of it.
-    if not any(resolved == root or resolved.is_relative_to(root) for root in roots):
+    inside = [root for root in roots if resolved == root or resolved.is_relative_to(root)]
+    if not inside:
         raise ApiError(
             403,
             f"context path {raw!r} is outside the folders this server may read",
@@ -50,7 +53,8 @@ def check_path(raw: str, roots: tuple[Path, ...], *, flag: str = "--allow-path")
             param="recursa.context_path",
             code="context_not_readable",
         )
-    return resolved
+    root = max(inside, key=lambda r: len(r.parts))
+    return ConfinedPath(root, PurePosixPath(resolved.relative_to(root).as_posix()))
 
 
 async def fetch_url(url: str, *, max_bytes: int, timeout_s: float) -> bytes:

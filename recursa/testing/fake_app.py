@@ -8,22 +8,20 @@ the reply and its token accounting, and the response in either API's JSON (or SS
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import inspect
 import json
-import socket
-import struct
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import AsyncIterator
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from fastapi.responses import JSONResponse, Response
 
+from recursa.testing.asgi_responses import Dropped, SlotStream, one_part
 from recursa.testing.fake_state import Fault, RequestRecord, UnknownModelError, resolve_fault
+from recursa.testing.host import FakeHost
 from recursa.testing.metrics import render_metrics
 from recursa.testing.tokens import count_message_tokens, count_tokens, tokens_for_chars
 from recursa.testing.tool_replies import (
@@ -34,9 +32,6 @@ from recursa.testing.tool_replies import (
     set_offered,
     tool_messages,
 )
-
-if TYPE_CHECKING:
-    from recursa.testing.fake_server import FakeServer
 
 Api = Literal["openai", "anthropic"]
 CHAT_PATH = "/v1/chat/completions"
@@ -191,98 +186,6 @@ def _anthropic_message(rec: RequestRecord, mid: str, content: list[Any], stop: s
     }
 
 
-class _SlotStream(StreamingResponse):
-    """A streaming response that gives its concurrency slot back however the stream ends.
-
-    The slot is taken before the response exists (so a full queue can still answer 429), and a
-    generator's own `finally` does not run if the client vanishes before the first chunk, so the
-    release hangs on the ASGI call itself, which Starlette always makes.
-    """
-
-    def __init__(self, content: AsyncIterator[bytes], release: Callable[[], None]) -> None:
-        super().__init__(content, media_type="text/event-stream", headers={"cache-control": "no-cache"})
-        self._release = release
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._release()
-
-
-def _transport(receive: Receive) -> asyncio.BaseTransport | None:
-    """The TCP transport under this request. ASGI has no message for "drop the connection", so the
-    fake reaches under it: uvicorn's `receive` is a bound method of its per-request cycle object,
-    which holds the transport."""
-    transport = getattr(getattr(receive, "__self__", None), "transport", None)
-    return transport if isinstance(transport, asyncio.BaseTransport) else None
-
-
-async def _drop(receive: Receive, *, reset: bool) -> None:
-    transport = _transport(receive)
-    if transport is None:  # another ASGI server: the best it can do is an unfinished response
-        raise ConnectionAbortedError("injected fault: the fake server cannot drop this connection")
-    if reset:
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            # A zero linger time makes the close send RST rather than FIN: a real connection reset.
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        transport.abort()
-    else:
-        transport.close()
-    # uvicorn logs an unfinished response as an error unless it has seen the connection go first.
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(receive(), 1.0)
-
-
-class _Dropped(Response):
-    """A response that breaks the connection: `parts=None` resets it before any byte is sent;
-    otherwise the status line, `headers` and the first `after_bytes` bytes of `parts` go out and
-    then the connection closes (a body or an SSE stream that stops mid-way)."""
-
-    def __init__(
-        self,
-        parts: AsyncIterator[bytes] | None,
-        *,
-        headers: list[tuple[bytes, bytes]] | None = None,
-        after_bytes: int = 0,
-        release: Callable[[], None] | None = None,
-    ) -> None:
-        super().__init__(status_code=200)
-        self._parts = parts
-        self._head = headers or []
-        self._after = after_bytes
-        self._release = release
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            if self._parts is None:
-                await _drop(receive, reset=True)
-                return
-            await send({"type": "http.response.start", "status": 200, "headers": self._head})
-            left = self._after
-            try:
-                async for chunk in self._parts:
-                    piece = chunk[:left]
-                    if piece:
-                        await send({"type": "http.response.body", "body": piece, "more_body": True})
-                        left -= len(piece)
-                    if left <= 0:
-                        break
-            finally:
-                aclose = getattr(self._parts, "aclose", None)
-                if aclose is not None:
-                    await aclose()
-            await _drop(receive, reset=False)
-        finally:
-            if self._release is not None:
-                self._release()
-
-
-async def _one_part(data: bytes) -> AsyncIterator[bytes]:
-    yield data
-
-
 def _shaped(api: Api, rec: RequestRecord, body: dict[str, Any], fault: Fault | None) -> Response:
     """A JSON reply, or the broken form of it a body fault asks for."""
     kind = fault.kind if fault is not None else None
@@ -301,7 +204,7 @@ def _shaped(api: Api, rec: RequestRecord, body: dict[str, Any], fault: Fault | N
     after = min(fault.after_bytes, len(raw) - 1)  # never the whole body: then nothing would be cut
     rec.error = f"injected fault: connection closed after {after} of {len(raw)} body bytes"
     head = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
-    return _Dropped(_one_part(raw), headers=head, after_bytes=after)
+    return Dropped(one_part(raw), headers=head, after_bytes=after)
 
 
 def _context_message(api: Api, tokens: int, limit: int) -> str:
@@ -313,18 +216,18 @@ def _context_message(api: Api, tokens: int, limit: int) -> str:
     return f"prompt is too long: {tokens} tokens > {limit} maximum"
 
 
-async def _pause(server: FakeServer, seconds: float) -> None:
+async def _pause(server: FakeHost, seconds: float) -> None:
     # Virtual-clock servers never sleep: simulate() assigns the times afterwards.
     if seconds > 0 and not server.virtual:
         await asyncio.sleep(seconds)
 
 
-async def _first_token(server: FakeServer, rec: RequestRecord) -> None:
+async def _first_token(server: FakeHost, rec: RequestRecord) -> None:
     await _pause(server, server.profile.ttft(rec.prompt_tokens - rec.cached_tokens))
     rec.first_token_at = time.perf_counter()
 
 
-async def _decode(server: FakeServer, reply: str) -> AsyncIterator[str]:
+async def _decode(server: FakeHost, reply: str) -> AsyncIterator[str]:
     """The reply in small pieces, each after the decode time of the tokens it completes."""
     profile = server.profile
     done = 0
@@ -344,7 +247,7 @@ def _sse(payload: dict[str, Any], event: str | None = None) -> bytes:
 
 
 async def _openai_stream(
-    server: FakeServer, rec: RequestRecord, truncated: bool, include_usage: bool
+    server: FakeHost, rec: RequestRecord, truncated: bool, include_usage: bool
 ) -> AsyncIterator[bytes]:
     cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
 
@@ -372,7 +275,7 @@ async def _openai_stream(
     yield b"data: [DONE]\n\n"
 
 
-async def _anthropic_stream(server: FakeServer, rec: RequestRecord, truncated: bool) -> AsyncIterator[bytes]:
+async def _anthropic_stream(server: FakeHost, rec: RequestRecord, truncated: bool) -> AsyncIterator[bytes]:
     start = _anthropic_message(rec, f"msg_{uuid.uuid4().hex[:24]}", [], None)
     start["usage"] = {**start["usage"], "output_tokens": 0}
     await _first_token(server, rec)
@@ -390,7 +293,7 @@ async def _anthropic_stream(server: FakeServer, rec: RequestRecord, truncated: b
     yield _sse({"type": "message_stop"}, "message_stop")
 
 
-async def _reply(server: FakeServer, model: str, messages: list[dict[str, Any]]) -> str | ToolCallReply:
+async def _reply(server: FakeHost, model: str, messages: list[dict[str, Any]]) -> str | ToolCallReply:
     out = server.responder(model, messages)
     if inspect.isawaitable(out):
         out = await out
@@ -399,7 +302,7 @@ async def _reply(server: FakeServer, model: str, messages: list[dict[str, Any]])
     return out
 
 
-async def handle(server: FakeServer, request: Request, api: Api) -> Response:
+async def handle(server: FakeHost, request: Request, api: Api) -> Response:
     """One model request, start to finish; every outcome lands in the ledger."""
     rec = server.ledger.open(request.url.path, _safe_headers(request))
     try:
@@ -409,7 +312,7 @@ async def handle(server: FakeServer, request: Request, api: Api) -> Response:
         return _reject(rec, _error(api, 500, message), message)
 
 
-async def _handle(server: FakeServer, request: Request, api: Api, rec: RequestRecord) -> Response:
+async def _handle(server: FakeHost, request: Request, api: Api, rec: RequestRecord) -> Response:
     raw = await request.body()
     if server.api_key is not None and not _authorised(request, server.api_key):
         message = "Incorrect API key provided." if api == "openai" else "invalid x-api-key"
@@ -442,7 +345,7 @@ async def _handle(server: FakeServer, request: Request, api: Api, rec: RequestRe
         if fault.kind == "reset":
             rec.error = "injected fault: connection reset before the response"
             rec.started_at = rec.finished_at = time.perf_counter()
-            return _Dropped(None)
+            return Dropped(None)
     limit = server.max_context_tokens
     if limit is not None and rec.prompt_tokens > limit:
         message = _context_message(api, rec.prompt_tokens, limit)
@@ -501,9 +404,9 @@ async def _handle(server: FakeServer, request: Request, api: Api, rec: RequestRe
             if fault is not None and fault.kind == "cut":
                 rec.error = f"injected fault: stream closed after {fault.after_bytes} bytes"
                 head = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
-                response = _Dropped(body, headers=head, after_bytes=fault.after_bytes, release=release)
+                response = Dropped(body, headers=head, after_bytes=fault.after_bytes, release=release)
             else:
-                response = _SlotStream(body, release)
+                response = SlotStream(body, release)
             handed_off = True  # the stream owns the slot now and gives it back when it ends
             return response
         await _first_token(server, rec)
@@ -528,7 +431,7 @@ async def _handle(server: FakeServer, request: Request, api: Api, rec: RequestRe
             release()
 
 
-def _models_body(server: FakeServer) -> dict[str, Any]:
+def _models_body(server: FakeHost) -> dict[str, Any]:
     # One listing both SDKs can read: OpenAI's {object, data[id, object, owned_by]} and
     # Anthropic's {data[type, id, display_name, created_at], has_more, first_id, last_id}.
     names = server.model_names()
@@ -565,7 +468,7 @@ def _record_json(rec: RequestRecord) -> dict[str, Any]:
     }
 
 
-def build_app(server: FakeServer) -> FastAPI:
+def build_app(server: FakeHost) -> FastAPI:
     app = FastAPI(title="recursa fake model server", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.post(CHAT_PATH)

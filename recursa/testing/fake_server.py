@@ -20,11 +20,11 @@ import asyncio
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-from recursa.serve.background import BackgroundServer
+from recursa.asgi.background import BackgroundServer
 from recursa.testing.fake_app import build_app
 from recursa.testing.fake_state import (
     Fault,
@@ -37,6 +37,7 @@ from recursa.testing.fake_state import (
     SlotGate,
     UnknownModelError,
 )
+from recursa.testing.host import Responder
 from recursa.testing.latency import (
     PROFILES,
     LatencyProfile,
@@ -65,9 +66,6 @@ __all__ = [
     "main",
 ]
 
-# A reply is text, or a ToolCallReply for function calling (see recursa/testing/tool_replies.py).
-Responder = Callable[[str, list[dict[str, Any]]], str | ToolCallReply | Awaitable[str | ToolCallReply]]
-
 
 class ScriptedResponder:
     """The default responder: the scripted policy named by the model ("scripted/<name>" or "<name>").
@@ -84,7 +82,7 @@ class ScriptedResponder:
             policy = self._policies.get(model)
             if policy is None:
                 # Imported here: the policy package is optional for users of custom responders.
-                from recursa.lm.scripted import get_policy
+                from recursa.scripted import get_policy
 
                 try:
                     policy = get_policy(model.removeprefix("scripted/"))
@@ -101,12 +99,12 @@ class ScriptedResponder:
         return True
 
     def model_names(self) -> list[str]:
-        from recursa.lm.scripted import policy_names
+        from recursa.scripted import policy_names
 
         return [f"scripted/{name}" for name in policy_names()]
 
     def __call__(self, model: str, messages: list[dict[str, Any]]) -> str | ToolCallReply:
-        from recursa.lm.scripted.tool_use import tool_turn
+        from recursa.scripted.tool_use import tool_turn
 
         # The same function-calling habits as the in-process scripted client, over HTTP.
         turn = tool_turn(self._policy(model), messages, offered_tools())

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from recursa.testing.fake_server import FakeServer
+from recursa.testing.host import FakeHost
 
 
 def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def render_metrics(server: FakeServer) -> str:
+def render_metrics(server: FakeHost) -> str:
     records = server.ledger.snapshot()
     by_status: dict[tuple[str, int], int] = {}
     per_model: dict[str, list[float]] = {}  # prompt, cached, completion, cost, ttft sum, ttft count

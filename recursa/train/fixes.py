@@ -24,14 +24,12 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from recursa.loop.parse import find_prose_final
+from recursa.loop.parse import RUNNABLE_TAGS, find_prose_final
 
 FIX_FINAL_FOR_VAR = "FINAL(name) of a REPL variable rewritten as FINAL_VAR(name)"
 FIX_FINAL_VAR_OF_VALUE = "FINAL_VAR of a value instead of a variable name rewritten"
 FIX_ANSWER_IN_CODE = "final answer written inside a code block moved out of it"
 DROP_PLAN = "turns whose final answer is a plan (dropped)"
-
-RUNNABLE_TAGS = frozenset({"repl", "python", "py", "python3"})  # what the engine runs (loop/parse.py)
 
 _FENCE = re.compile(r"```[ \t]*([\w+-]*)[ \t]*\n(.*?)(?:\n[ \t]*```|\Z)", re.DOTALL)
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

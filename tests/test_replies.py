@@ -1,0 +1,100 @@
+"""The corpus of root-model replies under tests/replies/: how real models of each family write, and
+what recursa must make of it. Every case goes through `parse_reply`; cases with a `run` section also
+go through a whole run, with the REPL, against the fake server.
+
+A case (JSON; any text may be a list of lines, joined with newlines):
+  id, family, covers   what it is and which defect or bug class it guards
+  reply                the root's reply
+  blocks               the code blocks that run, in order
+  final                null, or {"protocol", "text", "loose"}: the answer written in prose
+  not_run              tags of the fences that do not run ("" for a bare fence); default none
+  notes                how many notes the reader leaves for the model; default 0
+  run                  optional: context, then (the root's later replies), sub (the sub-model's reply),
+                       max_iterations, executed (every block run, in order), answer, protocol,
+                       stop_reason, value (when it differs from answer), feedback (texts the
+                       message after the first reply must contain)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from recursa import RLM
+from recursa.loop.parse import parse_reply
+from recursa.trace import load
+
+CORPUS = Path(__file__).parent / "replies"
+ROOT, SUB = "openai/root-model", "openai/sub-model"
+
+
+def _text(value: Any) -> Any:
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return "\n".join(value)
+    return value
+
+
+def _cases() -> list[Any]:
+    cases = []
+    for path in sorted(CORPUS.glob("*.json")):
+        for case in json.loads(path.read_text(encoding="utf-8")):
+            cases.append(pytest.param(case, id=f"{path.stem}:{case['id']}"))
+    return cases
+
+
+CASES = _cases()
+
+
+def test_the_corpus_is_large_and_ids_are_unique():
+    ids = [c.values[0]["id"] for c in CASES]
+    assert len(ids) >= 60
+    assert len(set(ids)) == len(ids)
+    families = {c.values[0]["family"] for c in CASES}
+    assert {"gpt", "claude", "qwen", "gemini", "small"} <= families
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_reply(case, request):
+    parsed = parse_reply(_text(case["reply"]))
+    assert parsed.code_blocks == [_text(b) for b in case["blocks"]]
+    final = case["final"]
+    if final is None:
+        assert parsed.prose_final is None
+    else:
+        assert parsed.prose_final is not None
+        assert parsed.prose_final.protocol == final["protocol"]
+        assert parsed.prose_final.text == _text(final["text"])
+        assert parsed.prose_final.loose == final.get("loose", False)
+    assert sorted(parsed.other_tags) == sorted(case.get("not_run", []))
+    assert len(parsed.notes) == case.get("notes", 0), parsed.notes
+    if case.get("run"):
+        _run(case, request.getfixturevalue("server"), request.getfixturevalue("script"), request)
+
+
+def _run(case: dict[str, Any], server: Any, script: Any, request: Any) -> None:
+    spec = case["run"]
+    tmp_path = request.getfixturevalue("tmp_path")
+    replies = [_text(case["reply"]), *(_text(r) for r in spec.get("then", []))]
+    script.root("root-model", *replies)
+    script.sub("sub-model", lambda prompt: spec.get("sub", "sub answer"))
+    rlm = RLM(
+        ROOT,
+        sub_model=SUB,
+        base_url=server.base_url,
+        api_key="test-key-0123456789",
+        trace_dir=tmp_path,
+        max_iterations=spec.get("max_iterations", 4),
+    )
+    result = rlm.run(spec.get("question", "What is the answer?"), _text(spec.get("context", "ctx")))
+    assert result.stop_reason == spec.get("stop_reason", "final"), result.error
+    assert result.answer == _text(spec["answer"])
+    if "value" in spec:
+        assert result.value == spec["value"]
+    assert result.answer_protocol == spec["protocol"]
+    executed = [e["code"] for e in load(result.trace_path).events if e["type"] == "exec"]
+    assert executed == [_text(b) for b in spec["executed"]]
+    for text in spec.get("feedback", []):
+        assert text in server.requests[1].messages[-1]["content"]
