@@ -68,7 +68,7 @@ class Connection:
         self._call_done = asyncio.Event()
         self.refused = 0  # frames answered or dropped without reaching the handler
         self.dead_reason: str | None = None
-        # The snapshot the worker keeps ready (see worker.py), as it last reported it.
+        # The snapshot the worker keeps ready (see worker/snapshots.py), as it last reported it.
         self.control: socket.socket | None = None  # our end of its control socket
         self.snapshot_sid: int | None = None
         self.snapshot_pid: int | None = None  # in the worker's pid namespace

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from recursa.sandbox.worker import MAX_FRAME_BYTES
+from recursa.sandbox.worker.wire import MAX_FRAME_BYTES
 
 # A frame is parsed on the event loop only below both limits: worst case about 15 ms of parsing for
 # the values and about 1 ms per MB of text. Above them the REPL gets an error naming the limit.

@@ -1,6 +1,6 @@
 """Host side of the worker channel: frame encoding and asyncio channels to one worker.
 
-The wire format is defined in `worker.py` (the worker is stdlib-only and cannot import this
+The wire format is defined in `worker/wire.py` (the worker is stdlib-only and cannot import this
 module, so the few lines of framing exist on both sides). Frames are a 4-byte big-endian length and
 a UTF-8 JSON object, or (`lines`, for remote sandboxes whose SDKs carry text) one line of ASCII
 JSON each. The host only ever parses JSON from the worker: nothing is unpickled.
@@ -30,9 +30,11 @@ from recursa.sandbox.frames import (
 
 # The wire format has one definition, in the worker (which must stay a standalone stdlib script);
 # the host encodes with the same functions. What it accepts from a worker is bounded in frames.py.
-from recursa.sandbox.worker import encode_frame, encode_line
+from recursa.sandbox.worker.wire import encode_frame, encode_line
 
-WORKER_PATH = Path(__file__).with_name("worker.py")
+# The worker's folder (a package the worker process loads on its own: worker/start.py) and entry script.
+WORKER_DIR = Path(__file__).with_name("worker")
+WORKER_PATH = WORKER_DIR / "start.py"
 _RECV_CHUNK = 256 * 1024
 _PAYLOAD_CHUNK = 4 * 1024 * 1024
 # A remote SDK pushes output as it comes: past this much not yet taken by the host, the worker is
