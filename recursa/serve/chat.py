@@ -16,6 +16,7 @@ from starlette.responses import Response
 from recursa.errors import RecursaError
 from recursa.result import RLMResult
 from recursa.serve.fields import AnswerShape
+from recursa.serve.observe import Metrics
 from recursa.serve.request import ApiError, ChatRequest
 from recursa.serve.runs import LiveRun, RunSpec
 from recursa.serve.sessions import SessionStore
@@ -44,8 +45,9 @@ async def wait_disconnect(receive: Receive) -> None:
 
 
 class ChatService:
-    def __init__(self, settings: ServeSettings) -> None:
+    def __init__(self, settings: ServeSettings, metrics: Metrics | None = None) -> None:
         self.settings = settings
+        self.metrics = metrics
         self.slots = asyncio.Semaphore(settings.max_runs)
         self.active: dict[int, LiveRun] = {}
         self.served = 0
@@ -107,12 +109,17 @@ class ChatService:
 
     def track(self, run: LiveRun) -> None:
         self.active[id(run)] = run
+        if self.metrics is not None:
+            self.metrics.run_started()
 
     async def finish(self, run: LiveRun, cancelled: bool) -> None:
         if cancelled:
             self.cancelled += 1
             await run.cancel()
-        self.active.pop(id(run), None)
+        if self.active.pop(id(run), None) is not None and self.metrics is not None:
+            task = run.task
+            ok = task is not None and task.done() and not task.cancelled() and task.exception() is None
+            self.metrics.run_finished(task.result() if ok and task is not None else None)
         self.slots.release()
         if run.session is not None:
             self.sessions.release(run)
