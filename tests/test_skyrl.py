@@ -44,7 +44,9 @@ async def rollout(server: FakeServer, extras: dict, prompt: list[dict]) -> tuple
 
 
 async def test_an_episode_as_skyrls_generator_runs_it(server: FakeServer, script, tmp_path: Path) -> None:
-    script.root("policy", code("word = context.split()[-1]\nprint(llm_query('spell ' + word))"), "FINAL(heron)")
+    script.root(
+        "policy", code("word = context.split()[-1]\nprint(llm_query('spell ' + word))"), "FINAL(heron)"
+    )
     prompts: list[list[str]] = []
 
     def lm_callback(batch: list[str]) -> list[str]:
@@ -68,8 +70,10 @@ async def test_an_episode_as_skyrls_generator_runs_it(server: FakeServer, script
     metrics = env.get_metrics()
     assert metrics["turns_used"] == 2 and metrics["final_answer"] == "heron" and metrics["reward"] == 1.0
     rows = env.rollouts()
-    assert [r["step"] for r in rows] == [0, 1] and rows[-1]["reward"] == 1.0 and rows[0]["task_id"] == "heron-1"
-    assert Path(last["metadata"]["trace_path"]).exists()
+    assert (
+        [r["step"] for r in rows] == [0, 1] and rows[-1]["reward"] == 1.0 and rows[0]["task_id"] == "heron-1"
+    )
+    assert await asyncio.to_thread(Path(last["metadata"]["trace_path"]).is_file)
 
 
 async def test_turn_budget_and_family_reward(server: FakeServer, script, tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from recursa.config import RLMConfig
 from recursa.context import load_payload
 from recursa.env.callback import CallbackClient, SubCall
 from recursa.env.episode import Episode, Scorer
-from recursa.env.shared import EnvError, PerLoop, Prepaid, PrivateLoop, ReplQuota
+from recursa.env.shared import EnvError, EpisodeHost, PerLoop, Prepaid, PrivateLoop, ReplQuota
 from recursa.errors import ConfigError
 from recursa.lm.base import LMClient
 from recursa.lm.prices import ModelPrice, PriceBook
@@ -218,7 +218,8 @@ class RLMEnv:
             payload.close()
             quota.refund()
             raise
-        episode = Episode(self, engine, payload, quota, events, task_id=task_id, scorer=scorer)
+        host = EpisodeHost(self._private, self.max_reply_chars, self._forget)
+        episode = Episode(host, engine, payload, quota, events, task_id=task_id, scorer=scorer)
         self._episodes.add(episode)
         return episode
 

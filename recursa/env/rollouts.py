@@ -9,13 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from recursa.trace.reader import run_tree
 from recursa.train.rl import Trajectory, grpo_advantages, trajectory_rows
 
-if TYPE_CHECKING:
-    from recursa.env.episode import Episode
+
+class Rolled(Protocol):
+    """A finished episode (recursa.env.episode.Episode)."""
+
+    reward: float | None
+    task_id: str | None
+
+    def rollouts(self, **kwargs: Any) -> list[dict[str, Any]]: ...
 
 
 @dataclass(frozen=True)
@@ -49,7 +55,7 @@ def episode_rows(
 
 
 def group_rollouts(
-    episodes: Sequence[Episode],
+    episodes: Sequence[Rolled],
     rewards: Sequence[float] | None = None,
     *,
     group_id: str | None = None,

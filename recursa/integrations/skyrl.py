@@ -60,7 +60,9 @@ class RecursaRLMEnv(BaseTextEnv):
 
     def init(self, prompt: ConversationType) -> tuple[ConversationType, dict[str, Any]]:
         if not isinstance(prompt, list) or not all(isinstance(m, dict) for m in prompt):
-            raise ConfigError("RecursaRLMEnv.init(prompt): prompt must be a list of {'role', 'content'} messages")
+            raise ConfigError(
+                "RecursaRLMEnv.init(prompt): prompt must be a list of {'role', 'content'} messages"
+            )
         text = "\n".join(str(m.get("content") or "") for m in prompt if m.get("content"))
         context = _context(self.extras)
         question = text if context is not None else PROMPT_AS_CONTEXT_QUESTION
