@@ -15,13 +15,23 @@ from recursa.trace.reader import run_tree
 from recursa.train.rl import Trajectory, grpo_advantages, trajectory_rows
 
 
-class Rolled(Protocol):
-    """A finished episode (recursa.env.episode.Episode)."""
+class FinishedEpisode(Protocol):
+    """An episode as `group_rollouts` reads it (`recursa.env.Episode` is the one there is); a
+    protocol, so the episode module imports this one and not the other way round."""
 
     reward: float | None
     task_id: str | None
 
-    def rollouts(self, **kwargs: Any) -> list[dict[str, Any]]: ...
+    def rollouts(
+        self,
+        *,
+        reward: float | None = None,
+        advantage: float = 0.0,
+        group_id: str | None = None,
+        group_size: int = 1,
+        child_weight: str = "inherit",
+        include_subcalls: bool = False,
+    ) -> list[dict[str, Any]]: ...
 
 
 @dataclass(frozen=True)
@@ -55,7 +65,7 @@ def episode_rows(
 
 
 def group_rollouts(
-    episodes: Sequence[Rolled],
+    episodes: Sequence[FinishedEpisode],
     rewards: Sequence[float] | None = None,
     *,
     group_id: str | None = None,
