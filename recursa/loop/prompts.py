@@ -9,11 +9,11 @@ from importlib import resources
 from pathlib import Path
 from string import Template
 
+from recursa.config import BUILTIN_TEMPLATES
 from recursa.context import ContextInfo
 from recursa.errors import ConfigError
 from recursa.tools.spec import Tool
 
-BUILTIN_TEMPLATES = ("default", "qwen", "answer-dict")
 # Chunk lengths are listed one by one up to this many; beyond, the root gets a summary instead.
 _LISTED_CHUNKS = 40
 
