@@ -13,18 +13,26 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from recursa.context import ContextPayload
 from recursa.env.rollouts import Rollouts, episode_rows
-from recursa.env.shared import EnvError, Prepaid
+from recursa.env.shared import EnvError, Prepaid, PrivateLoop
 from recursa.lm.base import LMResponse, Message
 from recursa.loop.engine import RunEngine
 from recursa.result import RLMResult
 from recursa.usage import Usage
 
-if TYPE_CHECKING:
-    from recursa.env.env import RLMEnv
+
+class EpisodeOwner(Protocol):
+    """What an episode needs from the `RLMEnv` that started it; a protocol, so the env module
+    imports this one and not the other way round."""
+
+    max_reply_chars: int
+    _private: PrivateLoop
+
+    def _forget(self, episode: Episode) -> None: ...
+
 
 Scorer = Callable[[str], float | Awaitable[float]]
 _TOKEN_FIELDS = ("token_ids", "logprobs", "prompt_token_ids")
@@ -36,7 +44,7 @@ class Episode:
 
     def __init__(
         self,
-        env: RLMEnv,
+        env: EpisodeOwner,
         engine: RunEngine,
         payload: ContextPayload,
         quota: Prepaid,

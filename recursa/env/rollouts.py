@@ -9,13 +9,29 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from recursa.trace.reader import run_tree
 from recursa.train.rl import Trajectory, grpo_advantages, trajectory_rows
 
-if TYPE_CHECKING:
-    from recursa.env.episode import Episode
+
+class FinishedEpisode(Protocol):
+    """An episode as `group_rollouts` reads it (`recursa.env.Episode` is the one there is); a
+    protocol, so the episode module imports this one and not the other way round."""
+
+    reward: float | None
+    task_id: str | None
+
+    def rollouts(
+        self,
+        *,
+        reward: float | None = None,
+        advantage: float = 0.0,
+        group_id: str | None = None,
+        group_size: int = 1,
+        child_weight: str = "inherit",
+        include_subcalls: bool = False,
+    ) -> list[dict[str, Any]]: ...
 
 
 @dataclass(frozen=True)
@@ -49,7 +65,7 @@ def episode_rows(
 
 
 def group_rollouts(
-    episodes: Sequence[Episode],
+    episodes: Sequence[FinishedEpisode],
     rewards: Sequence[float] | None = None,
     *,
     group_id: str | None = None,
