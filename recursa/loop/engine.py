@@ -323,6 +323,7 @@ class RunEngine:
             tools_text=tools_text(
                 self.tools(), self.config.sub_tools if self.config.max_depth > self.depth else []
             ),
+            models=tuple(self.config.subcall_models()) if self.config.allowed_models else (),
         )
         template = template_for(self.model, self.config.prompt)
         system = system_prompt(template, self.payload.info, settings)
