@@ -9,11 +9,11 @@ from importlib import resources
 from pathlib import Path
 from string import Template
 
+from recursa.config import BUILTIN_TEMPLATES
 from recursa.context import ContextInfo
 from recursa.errors import ConfigError
 from recursa.tools.spec import Tool
 
-BUILTIN_TEMPLATES = ("default", "qwen", "answer-dict")
 # Chunk lengths are listed one by one up to this many; beyond, the root gets a summary instead.
 _LISTED_CHUNKS = 40
 
@@ -24,6 +24,8 @@ class PromptSettings:
     max_output_chars: int
     sub_model_chars: int
     tools_text: str = ""
+    # Named to the model only when the RLM lists extra models (RLM(allowed_models=...)).
+    models: tuple[str, ...] = ()
 
 
 def template_for(model: str, override: str | Path | None = None) -> str:
@@ -91,6 +93,10 @@ def _subcall_tools(s: PromptSettings) -> str:
         "- `llm_query_batched(prompts, model=None) -> list[str]` (also `llm_batch`): many prompts at "
         "once, answered in parallel and returned in order. Much faster than a loop of llm_query.",
     ]
+    if len(s.models) > 1:
+        lines.append(
+            f"- `model=` may name one of: {', '.join(s.models)}; the default (None) is {s.models[0]}."
+        )
     if s.max_depth >= 2:
         lines += [
             "- `rlm_query(prompt, context=None) -> str`: hands a sub-question to a child that works "

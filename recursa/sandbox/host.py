@@ -128,6 +128,11 @@ class WorkerHost:
         """A snapshot has just replaced the worker (`conn.pid` is its host pid where visible)."""
 
     # -- lifecycle -------------------------------------------------------------------------------
+    def kill_now(self) -> None:
+        """Kill the worker at once without an event loop (an abandoned run's finalizer); close() is
+        the orderly way."""
+        self._closed = True
+        self._finalizer()
 
     @property
     def pid(self) -> int | None:
