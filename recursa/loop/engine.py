@@ -13,10 +13,18 @@ from recursa.errors import BudgetExceeded, LMError, RecursaError
 from recursa.lm.base import CallMeta, LMResponse, Message
 from recursa.lm.prices import PriceBook
 from recursa.loop.compaction import WindowTracker, compacted_history, split_for_compaction, summary_prompt
+from recursa.loop.importable import modules_line
 from recursa.loop.options import RunOptions
 from recursa.loop.output import render_turn
 from recursa.loop.parse import ParsedReply, is_identifier, parse_reply
-from recursa.loop.prompts import PromptSettings, first_message, system_prompt, template_for, tools_text
+from recursa.loop.prompts import (
+    PromptSettings,
+    first_message,
+    prompt_variant,
+    system_prompt,
+    template_for,
+    tools_text,
+)
 from recursa.loop.subcalls import SubcallHandler
 from recursa.loop.tree import CallTree, new_id
 from recursa.result import RLMResult
@@ -25,6 +33,8 @@ from recursa.tools.spec import Tool
 from recursa.trace.writer import TRACE_FORMAT, fold
 from recursa.usage import Usage
 
+# The question repeated in each feedback message is cut to this many characters.
+_REMINDER_CHARS = 500
 # Outputs shown in the trace are folded: the root saw at most max_output_chars of them anyway.
 _TRACE_OUTPUT_CHARS = 20_000
 
@@ -71,6 +81,8 @@ class RunEngine:
         self.usage = Usage()
         self.usage_scopes = [self.usage, *(parent_scopes or [])]
         self.model = self.config.model_for_depth(depth)
+        # Which built-in prompt (or template file) this run's root gets; in the result and trace.
+        self.prompt_variant = prompt_variant(self.model, self.config.prompt)
         self._call_ids = itertools.count(1)
         self.options = options or RunOptions()
         self._sandbox: Sandbox | None = None
@@ -113,6 +125,7 @@ class RunEngine:
             question=fold(self.question),
             model=self.model,
             sub_model=self.config.sub_model,
+            prompt_variant=self.prompt_variant,
             context=self.payload.info.to_trace(),
             config={
                 "max_depth": self.config.max_depth,
@@ -130,6 +143,7 @@ class RunEngine:
             trace_path=trace.path,
             run_id=self.run_id,
             skipped_files=list(self.payload.info.skipped_files),
+            prompt_variant=self.prompt_variant,
         )
         # Raised again once the REPL is closed and run_end is written: every run that started ends
         # in the trace, whether it was cancelled, hit a bug, or is cancelled while closing.
@@ -247,6 +261,7 @@ class RunEngine:
             tools_text=tools_text(
                 self.tools(), self.config.sub_tools if self.config.max_depth > self.depth else []
             ),
+            modules=modules_line(self.config.sandbox, self.config.sandbox_options),
         )
         template = template_for(self.model, self.config.prompt)
         system = system_prompt(template, self.payload.info, settings)
@@ -287,8 +302,16 @@ class RunEngine:
             left = self.config.max_iterations - turn
             if 0 < left <= 3:
                 feedback += f"\n\n[{left} turn{'s' if left > 1 else ''} left]"
-            self._remember({"role": "user", "content": feedback}, messages)
+            self._remember({"role": "user", "content": feedback + self._reminder()}, messages)
         await self._last_call(result, messages, sent)
+
+    def _reminder(self) -> str:
+        """The question again, at the end of every feedback message: after many turns of output,
+        models otherwise answer a question of their own (a long question is cut)."""
+        question = " ".join(self.question.split())
+        if len(question) > _REMINDER_CHARS:
+            question = question[: _REMINDER_CHARS - 5].rstrip() + " ..."
+        return f"\n\n(The question you are answering: {question})"
 
     def _remember(self, message: Message, messages: list[Message]) -> None:
         """Append to the live history (which compaction may shorten) and to the full one."""
@@ -341,7 +364,11 @@ class RunEngine:
     async def _last_call(self, result: RLMResult, messages: list[Message], sent: int) -> None:
         """Out of turns: one more call that may only answer."""
         self._remember(
-            {"role": "user", "content": LAST_CALL_MESSAGE.format(n=self.config.max_iterations)}, messages
+            {
+                "role": "user",
+                "content": LAST_CALL_MESSAGE.format(n=self.config.max_iterations) + self._reminder(),
+            },
+            messages,
         )
         reply = await self._root_call(messages, messages[sent:], "final")
         parsed = parse_reply(reply)
