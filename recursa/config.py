@@ -13,6 +13,9 @@ from recursa.lm.prices import ModelPrice
 
 DEFAULT_MAX_OUTPUT_TOKENS = 16_384
 SAMPLING_ROLES = ("root", "child", "sub")
+# The prompt templates shipped with the loop (files in recursa/loop/prompts/): the names RLM(prompt=) takes.
+# "qwen", "small" and "claude" are the default prompt with a family's advice added (loop/prompts.py).
+BUILTIN_TEMPLATES = ("default", "qwen", "small", "claude", "answer-dict")
 
 
 @dataclass
@@ -149,9 +152,6 @@ class RLMConfig:
                 "trace files (it is created if missing), or trace=False for no trace."
             )
         if self.prompt is not None:
-            # Imported here: the loop imports this module, so a top-level import would be circular.
-            from recursa.loop.prompts import BUILTIN_TEMPLATES
-
             name = str(self.prompt)
             if name not in BUILTIN_TEMPLATES and not Path(name).is_file():
                 raise ConfigError(

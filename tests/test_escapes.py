@@ -25,8 +25,8 @@ import recursa.loop.tree as tree_module
 from recursa import RLM, Budget
 from recursa.sandbox import Hardening
 from recursa.sandbox.bwrap import find_bwrap
-from recursa.sandbox.hardening import landlock_abi
 from recursa.sandbox.proc import processes
+from recursa.sandbox.worker.landlock import landlock_abi
 from tests.helpers import request_overlap
 from tests.test_rlm_openai import code, make_rlm, subs
 

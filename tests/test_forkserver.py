@@ -1,4 +1,4 @@
-"""Workers forked from a zygote (sandbox/forkserver.py, sandbox/zygote.py): they work like workers
+"""Workers forked from a zygote (sandbox/forkserver.py, sandbox/worker/zygote.py): they work like workers
 started anew, and siblings cannot reach each other although they share bwrap's pid namespace."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import pytest
 
 from recursa import RLM
 from recursa.sandbox import Hardening, SubprocessSandbox
-from recursa.sandbox import hardening as hmod
 from recursa.sandbox.bwrap import find_bwrap
 from recursa.sandbox.forkserver import ForkServer
 from recursa.sandbox.proc import running as alive  # a zombie counts as gone
 from recursa.sandbox.subprocess import _sibling_gap
-from recursa.sandbox.worker import parse_args
+from recursa.sandbox.worker import landlock as hmod
+from recursa.sandbox.worker.server import parse_args
 
 pytestmark = [
     pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap (bwrap) is not installed"),

@@ -8,10 +8,10 @@ import pytest
 
 from recursa import RLM
 from recursa.context import ContextInfo, build_payload
+from recursa.lm.tokens import count_tokens
 from recursa.loop.importable import modules_line
 from recursa.loop.prompts import PromptSettings, family_for, first_message, system_prompt, template_for
 from recursa.sandbox import Hardening
-from recursa.testing.tokens import count_tokens
 from recursa.trace import load
 
 

@@ -143,7 +143,7 @@ async def test_runtime_error_traceback_is_trimmed_to_repl(sandbox: Sandbox) -> N
     assert r.error.endswith("NameError: name 'undefined_name' is not defined")
     assert 'File "<repl>", line 5, in <module>' in r.error
     assert "return undefined_name" in r.error  # the source line of the failing frame
-    assert "worker.py" not in r.error and "inprocess.py" not in r.error
+    assert "sandbox/worker" not in r.error and "inprocess.py" not in r.error
     assert r.error in r.stderr
 
 
@@ -371,7 +371,7 @@ async def test_worker_dying_between_cells_is_noticed(proc_sandbox: SubprocessSan
     pid = proc_sandbox.pid
     assert pid is not None
     os.kill(pid, 9)
-    # The worker is the keeper's child, not ours (see worker.py): wait until the keeper reaped it
+    # The worker is the keeper's child, not ours (see worker/keeper.py): wait until the keeper reaped it
     # (a zombie leader whose threads are still exiting does not count as exited yet).
     await asyncio.to_thread(_wait_until_gone, pid, 2.0)
     r = await run(proc_sandbox, "1 + 1")
@@ -505,11 +505,15 @@ def test_worker_stdio_mode_with_inline_context() -> None:
 
 
 def test_worker_is_standalone_stdlib() -> None:
-    tree = ast.parse(WORKER_PATH.read_text())
-    modules = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    modules |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    assert modules - {"__future__"} <= set(sys.stdlib_module_names)
-    assert "pickle" not in modules and "marshal" not in modules
+    files = sorted(WORKER_PATH.parent.glob("*.py"))
+    assert len(files) > 5 and all(len(f.read_text().splitlines()) <= 600 for f in files)
+    for path in files:
+        tree = ast.parse(path.read_text())
+        imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+        modules = {a.name.split(".")[0] for n in imports if isinstance(n, ast.Import) for a in n.names}
+        modules |= {n.module.split(".")[0] for n in imports if isinstance(n, ast.ImportFrom) and n.level == 0}
+        assert modules - {"__future__"} <= set(sys.stdlib_module_names), path.name
+        assert "pickle" not in modules and "marshal" not in modules, path.name
 
 
 def test_frames_are_json_only() -> None:

@@ -10,6 +10,7 @@ from importlib import resources
 from pathlib import Path
 from string import Template
 
+from recursa.config import BUILTIN_TEMPLATES
 from recursa.context import ContextInfo
 from recursa.errors import ConfigError
 from recursa.tools.spec import Tool
@@ -17,7 +18,6 @@ from recursa.tools.spec import Tool
 # Built-in prompts: "default" and its per-family variants (the default text plus a few lines of
 # advice from prompts/families/), and "answer-dict" (answers only through the `answer` dict).
 FAMILY_VARIANTS = ("qwen", "small", "claude")
-BUILTIN_TEMPLATES = ("default", *FAMILY_VARIANTS, "answer-dict")
 # Piece lengths of a list or dict context are listed one by one within this many characters of the
 # first message; beyond, the root gets the first ones and a summary.
 _LENGTHS_CHARS = 400

@@ -69,7 +69,7 @@ def bwrap_command(
     """The bwrap argument list that runs `python` with the worker files and `scratch` visible.
 
     `keep_caps`: capabilities (of the new user namespace only) to keep instead of dropping all;
-    a zygote keeps what its children need to make namespaces of their own (zygote.py)."""
+    a zygote keeps what its children need to make namespaces of their own (worker/zygote.py)."""
     fixed, bound = _system_arguments(bwrap, python, tuple(worker_files))
     cmd, binds = list(fixed), list(bound)
     if keep_caps:

@@ -21,8 +21,8 @@ from recursa.errors import SandboxError
 from recursa.sandbox.bwrap import bwrap_command, find_bwrap, inner_pid, namespace_ids
 from recursa.sandbox.bytecode import worker_files
 from recursa.sandbox.guard import ProcessGuard, data_usage, set_data_limit
-from recursa.sandbox.hardening import landlock_abi
 from recursa.sandbox.policy import Hardening, describe, unconfined
+from recursa.sandbox.worker.landlock import landlock_abi
 
 _SCOPED_ABI = 6  # Landlock's first ABI with signal and abstract-socket scoping
 _kernel_landlock_abi = functools.lru_cache(maxsize=1)(landlock_abi)

@@ -24,7 +24,9 @@ class Settings:
     batch: int = 150  # instance lines per classification sub-prompt
     chunk: int = 50_000  # characters of text per sub-prompt
     recurse: bool = False  # hand chunks to child RLMs (rlm_query_batched) instead of plain sub-calls
-    window: int = DEFAULT_WINDOW  # prompt tokens accepted (testing.tokens count); beyond: ContextLengthError
+    window: int = (
+        DEFAULT_WINDOW  # prompt tokens accepted (recursa.lm.tokens count); beyond: ContextLengthError
+    )
     # How many prompt tokens a model reading raw context in its own window attends to fully; past
     # that, facts are noticed with probability (attention / prompt tokens) ** 0.5 (context rot).
     attention: int = 32_000

@@ -123,7 +123,7 @@ def _settings(args: argparse.Namespace, roots: list[str]) -> Any:
 
 def _check_model(settings: Any) -> None:
     """Fail at start-up, not on the first request, for a bad model name, key or price."""
-    from recursa import RLM
+    from recursa.rlm import RLM
 
     RLM(
         settings.model,

@@ -1,6 +1,6 @@
 """The fork server inside the sandbox (the zygote): a warm worker that forks REPL workers on request.
 
-Standard library only; worker.py loads it by path (`worker.py --zygote FD`), like hardening.py.
+Standard library only; server.py imports it for `start.py --zygote FD`, before the hardening.
 A worker started from scratch pays ~40 ms of CPU (bwrap, an interpreter, imports); twenty child
 RLMs starting at once on two cores wait over half a second for the last one. The zygote pays that
 once: it imports everything a worker needs, works out the hardening rules, then forks one worker
