@@ -56,6 +56,8 @@ class RLMConfig:
     sub_tool_rounds: int = 8
     tips: str | None = None
     root_window_tokens: int | None = None
+    # Models generated code may name in llm_query(model=...), besides model and sub_model (issue 16).
+    allowed_models: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
         """Raise ConfigError for the first setting that cannot work, naming it and a value that would."""
@@ -110,6 +112,13 @@ class RLMConfig:
             raise ConfigError(
                 f"RLM(subcall_errors={self.subcall_errors!r}): subcall_errors must be 'raise' (an exception "
                 "in the REPL) or 'return' (an '[error] ...' str)."
+            )
+        if not isinstance(self.allowed_models, list) or not all(
+            isinstance(m, str) for m in self.allowed_models
+        ):
+            raise ConfigError(
+                "RLM(allowed_models=...) takes a list of model names that generated code may pass to "
+                "llm_query(model=...), e.g. allowed_models=['openai/gpt-5-nano']."
             )
         if not isinstance(self.budget, Budget):
             raise ConfigError("RLM(budget=...) takes a recursa.Budget(max_usd=..., max_tokens=..., ...).")
@@ -194,6 +203,10 @@ class RLMConfig:
                         f"RLM(sandbox_options=...): sandbox {self.sandbox!r} takes no option "
                         f"{', '.join(map(repr, unknown))}; its options: {', '.join(accepted)}."
                     )
+
+    def subcall_models(self) -> list[str]:
+        """The models llm_query(model=...) may use: the sub-model first, then the rest configured."""
+        return list(dict.fromkeys([self.sub_model, self.model, *self.allowed_models]))
 
     def model_for_depth(self, depth: int) -> str:
         """The root model of a run at `depth`: the sub-model serves every call below the top."""

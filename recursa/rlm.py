@@ -68,6 +68,7 @@ class RLM:
         sub_tool_rounds: int = 8,
         tips: str | None = None,
         root_window_tokens: int | None = None,
+        allowed_models: Sequence[str] = (),
     ) -> None:
         self.config = RLMConfig(
             model=model,
@@ -103,11 +104,14 @@ class RLM:
             sub_tool_rounds=sub_tool_rounds,
             tips=tips,
             root_window_tokens=root_window_tokens,
+            allowed_models=list(allowed_models)
+            if isinstance(allowed_models, (list, tuple))
+            else allowed_models,  # type: ignore[arg-type]
         )
         self.config.validate()
         _check_tool_names(self.config.tools, self.config.sub_tools)
         self.prices = PriceBook(prices)
-        for spec in {self.config.model, self.config.sub_model}:
+        for spec in self.config.subcall_models():
             provider, name = parse_model(spec)
             # Building a client checks the provider and the key now rather than mid-run.
             make_client(spec, base_url=base_url, api_key=api_key)

@@ -173,11 +173,13 @@ def test_sub_model_and_model_override_and_headers(server, script, tmp_path):
     script.root("root-model", code("FINAL(llm_query('hi') + llm_query('hi', model='other-model'))"))
     script.sub("sub-model", lambda p: "S")
     script.sub("other-model", lambda p: "O")
-    result = make_rlm(server, tmp_path).run("q", "ctx")
+    result = make_rlm(server, tmp_path, allowed_models=["openai/other-model"]).run("q", "ctx")
     assert result.answer == "SO"
     assert not any(k.startswith("x-rlm-") for k in subs(server)[0].headers)  # attribution is opt-in
     server.reset()
-    result = make_rlm(server, tmp_path, call_headers=True).run("q", "ctx")
+    result = make_rlm(server, tmp_path, call_headers=True, allowed_models=["openai/other-model"]).run(
+        "q", "ctx"
+    )
     sub = subs(server)[0]
     assert sub.headers["x-rlm-depth"] == "1"
     assert sub.headers["x-rlm-parent-id"] == result.run_id

@@ -26,7 +26,7 @@ from recursa.config import RLMConfig
 from recursa.context import load_payload
 from recursa.env.callback import CallbackClient, SubCall
 from recursa.env.episode import Episode, Scorer
-from recursa.env.shared import EnvError, PerLoop, Prepaid, PrivateLoop, ReplQuota
+from recursa.env.shared import EnvError, EpisodeHost, PerLoop, Prepaid, PrivateLoop, ReplQuota
 from recursa.errors import ConfigError
 from recursa.lm.base import LMClient
 from recursa.lm.prices import ModelPrice, PriceBook
@@ -184,9 +184,13 @@ class RLMEnv:
         task_id: str | None = None,
         scorer: Scorer | None = None,
         tips: str | None = None,
+        sub_call: SubCall | None = None,
     ) -> Episode:
         """A new episode: `episode.messages` is what the policy continues. The REPL starts (and the
-        context loads) while the trainer generates the first reply."""
+        context loads) while the trainer generates the first reply. `scorer(answer) -> float` gives
+        `episode.reward`; `sub_call` serves this episode's sub-calls instead of the environment's."""
+        if sub_call is not None and not callable(sub_call):
+            raise EnvError("sub_call= takes an async function (messages, depth, parent_id) -> str.")
         if not isinstance(question, str) or not question.strip():
             raise EnvError("the question is empty: pass the question to answer as a non-empty str.")
         if scorer is not None and not callable(scorer):
@@ -203,7 +207,7 @@ class RLMEnv:
         tree = CallTree.create(config, self.prices, run_id)
         tree.repl_quota = quota
         try:
-            self._share(tree)
+            self._share(tree, sub_call)
             options = RunOptions(tips=tips if tips is not None else self.config.tips)
             engine = RunEngine(
                 tree, self.prices, question=question, payload=payload, run_id=run_id, options=options
@@ -214,7 +218,8 @@ class RLMEnv:
             payload.close()
             quota.refund()
             raise
-        episode = Episode(self, engine, payload, quota, events, task_id=task_id, scorer=scorer)
+        host = EpisodeHost(self._private, self.max_reply_chars, self._forget)
+        episode = Episode(host, engine, payload, quota, events, task_id=task_id, scorer=scorer)
         self._episodes.add(episode)
         return episode
 
@@ -245,9 +250,12 @@ class RLMEnv:
             options["fork_server"] = resources.fork_server
         return dataclasses.replace(self.config, on_event=collect, sandbox_options=options or None)
 
-    def _share(self, tree: CallTree) -> None:
+    def _share(self, tree: CallTree, sub_call: SubCall | None) -> None:
         """One client per model for every episode on this loop: one connection pool."""
         resources = self._shared.here()
+        if sub_call is not None:
+            tree.gateway.share({}, catch_all=CallbackClient(sub_call))
+            return
         if self.sub_call is not None:
             client = resources.clients.get("sub_call")
             if client is None:

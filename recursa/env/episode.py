@@ -13,26 +13,15 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from recursa.context import ContextPayload
 from recursa.env.rollouts import Rollouts, episode_rows
-from recursa.env.shared import EnvError, Prepaid, PrivateLoop
+from recursa.env.shared import EnvError, EpisodeHost, Prepaid
 from recursa.lm.base import LMResponse, Message
 from recursa.loop.engine import RunEngine
 from recursa.result import RLMResult
 from recursa.usage import Usage
-
-
-class EpisodeOwner(Protocol):
-    """What an episode needs from the `RLMEnv` that started it; a protocol, so the env module
-    imports this one and not the other way round."""
-
-    max_reply_chars: int
-    _private: PrivateLoop
-
-    def _forget(self, episode: Episode) -> None: ...
-
 
 Scorer = Callable[[str], float | Awaitable[float]]
 _TOKEN_FIELDS = ("token_ids", "logprobs", "prompt_token_ids")
@@ -44,7 +33,7 @@ class Episode:
 
     def __init__(
         self,
-        env: EpisodeOwner,
+        host: EpisodeHost,
         engine: RunEngine,
         payload: ContextPayload,
         quota: Prepaid,
@@ -53,7 +42,7 @@ class Episode:
         task_id: str | None,
         scorer: Scorer | None,
     ) -> None:
-        self.env = env
+        self._host = host
         self.task_id = task_id
         self.reward: float | None = None
         self.step_times: list[float] = []  # the engine's time per step (code run included), seconds
@@ -142,7 +131,7 @@ class Episode:
 
     def step_sync(self, reply: Any) -> list[Message]:
         """The blocking form of `step`, for episodes from `env.start_sync`."""
-        return self.env._private.run(self._on_private("step_sync", self.step(reply)))
+        return self._host.private.run(self._on_private("step_sync", self.step(reply)))
 
     async def close(self) -> None:
         """End the episode: an unfinished one stops as "cancelled"; the REPL is reaped, the trace
@@ -159,11 +148,11 @@ class Episode:
                 self._engine.cancel("the episode was closed before it finished")
             await self._end()
         finally:
-            self.env._forget(self)
+            self._host.forget(self)
             self._reaper()  # the context buffer; the engine is finished, so nothing else is left
 
     def close_sync(self) -> None:
-        self.env._private.run(self._on_private("close_sync", self.close()))
+        self._host.private.run(self._on_private("close_sync", self.close()))
 
     async def __aenter__(self) -> Episode:
         return self
@@ -213,12 +202,12 @@ class Episode:
             raise EnvError("a step of this episode is already running: await it before the next one")
 
     def _wrong_loop(self, what: str) -> str:
-        if self.env._private.owns(self._loop):
+        if self._host.private.owns(self._loop):
             return f"this episode came from env.start_sync(...): use episode.{what}_sync(...)"
         return f"this episode belongs to another event loop: call {what}() from the loop that started it"
 
     async def _on_private(self, what: str, coro: Awaitable[Any]) -> Any:
-        if not self.env._private.owns(self._loop):
+        if not self._host.private.owns(self._loop):
             if inspect.iscoroutine(coro):
                 coro.close()
             raise EnvError(
@@ -239,7 +228,7 @@ class Episode:
                 f"the reply is {type(reply).__name__}; pass the policy's reply text as a str (or a dict "
                 "with the text under 'content')"
             )
-        limit = self.env.max_reply_chars
+        limit = self._host.max_reply_chars
         if len(reply) > limit:
             raise EnvError(
                 f"the reply has {len(reply):,} characters, over RLMEnv(max_reply_chars={limit:,}); cap the "
@@ -265,7 +254,7 @@ class Episode:
             await self._engine.finish()
         finally:
             self._quota.refund()  # when the REPL never started
-            self.env._forget(self)
+            self._host.forget(self)
         if self._scorer is not None and self.reward is None:
             self.reward = await self._score()
 

@@ -12,7 +12,7 @@ import asyncio
 import concurrent.futures
 import threading
 import weakref
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -112,6 +112,15 @@ class PerLoop:
             await client.aclose()
         if found.fork_server is not None:
             await found.fork_server.close()
+
+
+@dataclass
+class EpisodeHost:
+    """What an episode needs of its environment (so episode.py does not import env.py)."""
+
+    private: PrivateLoop
+    max_reply_chars: int
+    forget: Callable[[Any], None]  # an episode that ended leaves the environment's open set
 
 
 class PrivateLoop:

@@ -338,6 +338,7 @@ class RunEngine:
                 self.tools(), self.config.sub_tools if self.config.max_depth > self.depth else []
             ),
             modules=modules_line(self.config.sandbox, self.config.sandbox_options),
+            models=tuple(self.config.subcall_models()) if self.config.allowed_models else (),
         )
         template = template_for(self.model, self.config.prompt)
         system = system_prompt(template, self.payload.info, settings)

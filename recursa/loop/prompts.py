@@ -33,6 +33,8 @@ class PromptSettings:
     sub_model_chars: int
     tools_text: str = ""
     modules: str = ""  # what code can import (loop/importable.py); empty: not stated
+    # Named to the model only when the RLM lists extra models (RLM(allowed_models=...)).
+    models: tuple[str, ...] = ()
 
 
 def prompt_variant(model: str, override: str | Path | None = None) -> str:
@@ -131,6 +133,10 @@ def _subcall_tools(s: PromptSettings) -> str:
         "- `llm_query_batched(prompts, model=None) -> list[str]` (also `llm_batch`): many prompts at "
         "once, answered in parallel and returned in order. Much faster than a loop of llm_query.",
     ]
+    if len(s.models) > 1:
+        lines.append(
+            f"- `model=` may name one of: {', '.join(s.models)}; the default (None) is {s.models[0]}."
+        )
     if s.max_depth >= 2:
         lines += [
             "- `rlm_query(prompt, context=None) -> str`: hands a sub-question to a child that works "
