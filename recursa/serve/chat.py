@@ -19,8 +19,9 @@ from recursa.serve.request import ApiError, ChatRequest
 from recursa.serve.runs import LiveRun, RunSpec
 from recursa.serve.sessions import SessionStore
 from recursa.serve.settings import ServeSettings
-from recursa.serve.sources import check_path, fetch_url
+from recursa.serve.sources import check_path
 from recursa.serve.steps import StepRenderer
+from recursa.serve.urls import fetch_url
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -80,6 +81,7 @@ class ChatService:
                 req.context_url,
                 max_bytes=self.settings.max_context_bytes,
                 timeout_s=self.settings.url_timeout_s,
+                allow_private=self.settings.allow_private_urls,
             )
         return context
 

@@ -31,6 +31,11 @@ def add_parsers(sub: Any, add_model_options: Callable[[argparse.ArgumentParser],
     serve.add_argument("--served-model-name", default="recursa", help="the model name clients ask for")
     _add_access_options(serve)
     serve.add_argument("--allow-urls", action="store_true", help="let requests name a context URL to fetch")
+    serve.add_argument(
+        "--allow-private-urls",
+        action="store_true",
+        help="with --allow-urls: also fetch loopback, private, link-local and other non-public addresses",
+    )
     serve.add_argument("--max-runs", type=int, default=64, help="runs at once; later requests wait")
     _add_session_options(serve)
 
@@ -145,6 +150,7 @@ def _serve(args: argparse.Namespace) -> int:
     settings = _settings(args, args.allow_path or [])
     settings.served_model_name = args.served_model_name
     settings.allow_context_urls = args.allow_urls
+    settings.allow_private_urls = args.allow_private_urls
     settings.max_runs = args.max_runs
     _apply_session_options(settings, args)
     _check_model(settings)

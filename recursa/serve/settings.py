@@ -37,6 +37,8 @@ class ServeSettings:
     trace: bool = True
     context_roots: tuple[Path, ...] = ()
     allow_context_urls: bool = False
+    # Context URLs reach only public addresses unless this is set (recursa.serve.urls).
+    allow_private_urls: bool = False
     max_context_bytes: int = 2 * 1024**3
     url_timeout_s: float = 60.0
     max_runs: int = 64  # runs at once; later requests wait for a slot
