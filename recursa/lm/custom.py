@@ -22,6 +22,7 @@ from typing import Any
 from recursa.errors import ConfigError, LMError
 from recursa.lm.base import LMClient, LMRequest, LMResponse
 from recursa.lm.billing import estimate_prompt_tokens, estimate_text_tokens
+from recursa.lm.prices import PriceBook
 
 CLIENT_PROVIDER = "client"
 # Sync clients run in threads of their own pool: the loop's default pool has a handful of threads
@@ -56,7 +57,9 @@ class ForeignClient:
             if self._is_async:
                 result = await self._complete(request)
             else:
-                result = await asyncio.get_running_loop().run_in_executor(self._threads(), self._complete, request)
+                result = await asyncio.get_running_loop().run_in_executor(
+                    self._threads(), self._complete, request
+                )
                 if inspect.isawaitable(result):  # a plain def that hands back a coroutine
                     result = await result
         except LMError:
@@ -67,7 +70,9 @@ class ForeignClient:
 
     def _threads(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(_SYNC_THREADS, thread_name_prefix="recursa-client")
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                _SYNC_THREADS, thread_name_prefix="recursa-client"
+            )
             weakref.finalize(self, self._pool.shutdown, wait=False)
         return self._pool
 
@@ -114,3 +119,39 @@ def wrap_client(target: Any, argument: str) -> ForeignClient:
             "LMRequest)` (async or not) that returns the reply text or an LMResponse. See docs/clients.md."
         )
     return ForeignClient(target, client_name(target))
+
+
+class ClientSet:
+    """The client objects one RLM was given, by the spec each goes by."""
+
+    def __init__(self) -> None:
+        self.clients: dict[str, ForeignClient] = {}
+
+    def spec(self, value: Any, argument: str) -> str:
+        """`value` as a model spec: a str as it is, a client object as `client/<name>` (its own)."""
+        if isinstance(value, str):
+            return value
+        for spec, client in self.clients.items():
+            if client.target is value:
+                return spec
+        client = wrap_client(value, argument)
+        spec, n = client.spec, 2
+        while spec in self.clients:  # two objects that give the same name
+            spec, n = f"{client.spec}-{n}", n + 1
+        client.spec, client.model = spec, spec.split("/", 1)[1]
+        self.clients[spec] = client
+        return spec
+
+    def alias_prices(self, prices: PriceBook) -> None:
+        """A client whose `provider` and `model` name a model with a known price is charged that
+        price, unless RLM(prices=...) gives one for its spec."""
+        for spec, client in self.clients.items():
+            provider = getattr(client.target, "provider", None)
+            model = getattr(client.target, "model", None)
+            if not (isinstance(provider, str) and isinstance(model, str)) or prices.known(
+                CLIENT_PROVIDER, client.model
+            ):
+                continue
+            price = prices.price(provider.strip().lower(), model.strip())
+            if price is not None:
+                prices.overrides[spec] = price
