@@ -316,15 +316,14 @@ class RunEngine:
 
     def _opening_messages(self) -> list[Message]:
         """The system prompt (template, tools, tips) and the first message (question, context facts)."""
+        c = self.config
         settings = PromptSettings(
-            max_depth=self.config.max_depth - self.depth,
-            max_output_chars=self.config.max_output_chars,
-            sub_model_chars=self.config.sub_model_chars,
-            tools_text=tools_text(
-                self.tools(), self.config.sub_tools if self.config.max_depth > self.depth else []
-            ),
-            modules=modules_line(self.config.sandbox, self.config.sandbox_options),
-            models=tuple(self.config.subcall_models()) if self.config.allowed_models else (),
+            max_depth=c.max_depth - self.depth,
+            max_output_chars=c.max_output_chars,
+            sub_model_chars=c.sub_model_chars,
+            tools_text=tools_text(self.tools(), c.sub_tools if c.max_depth > self.depth else []),
+            modules=modules_line(c.sandbox, c.sandbox_options),
+            models=tuple(c.subcall_models()) if c.allowed_models else (),
         )
         template = template_for(self.model, self.config.prompt)
         system = system_prompt(template, self.payload.info, settings)
