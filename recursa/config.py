@@ -14,7 +14,8 @@ from recursa.lm.prices import ModelPrice
 DEFAULT_MAX_OUTPUT_TOKENS = 16_384
 SAMPLING_ROLES = ("root", "child", "sub")
 # The prompt templates shipped with the loop (files in recursa/loop/prompts/): the names RLM(prompt=) takes.
-BUILTIN_TEMPLATES = ("default", "qwen", "answer-dict")
+# "qwen", "small" and "claude" are the default prompt with a family's advice added (loop/prompts.py).
+BUILTIN_TEMPLATES = ("default", "qwen", "small", "claude", "answer-dict")
 
 
 @dataclass

@@ -120,6 +120,13 @@ def test_seccomp_program_decisions(machine: str) -> None:
     assert run_bpf(prog, nr("setpriority"), arch, (0, 0, 19)) == ALLOW
     assert run_bpf(prog, nr("setpriority"), arch, (0, 1234, 19)) == EPERM
     assert run_bpf(prog, nr("kill"), arch, (1234, 9)) == ALLOW  # Landlock's signal scope decides
+    for name in ("memfd_create", "memfd_secret", "shmget", "msgget", "mq_open"):  # memory no rlimit counts
+        assert run_bpf(prog, nr(name), arch) == EPERM, name
+    mmap = nr("mmap")
+    assert run_bpf(prog, mmap, arch, (0, 1 << 30, 3, 0x22)) == ALLOW  # private anonymous: RLIMIT_DATA
+    assert run_bpf(prog, mmap, arch, (0, 1 << 30, 3, 0x21)) == EPERM  # shared anonymous
+    assert run_bpf(prog, mmap, arch, (0, 1 << 30, 3, 0x23)) == EPERM  # MAP_SHARED_VALIDATE
+    assert run_bpf(prog, mmap, arch, (0, 4096, 3, 0x01, 5)) == ALLOW  # a shared file mapping
     if machine == "x86_64":
         assert run_bpf(prog, 0x40000000 | 41, arch) == EPERM  # x32 socket()
 

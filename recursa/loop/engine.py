@@ -13,10 +13,18 @@ from recursa.errors import BudgetExceeded, LMError, RecursaError
 from recursa.lm.base import CallMeta, LMResponse, Message
 from recursa.lm.prices import PriceBook
 from recursa.loop.compaction import WindowTracker, compacted_history, split_for_compaction, summary_prompt
+from recursa.loop.importable import modules_line
 from recursa.loop.options import RunOptions
 from recursa.loop.output import render_turn
 from recursa.loop.parse import ParsedReply, is_identifier, parse_reply
-from recursa.loop.prompts import PromptSettings, first_message, system_prompt, template_for, tools_text
+from recursa.loop.prompts import (
+    PromptSettings,
+    first_message,
+    prompt_variant,
+    system_prompt,
+    template_for,
+    tools_text,
+)
 from recursa.loop.subcalls import SubcallHandler
 from recursa.loop.tree import CallTree, new_id
 from recursa.result import RLMResult
@@ -25,6 +33,8 @@ from recursa.tools.spec import Tool
 from recursa.trace.writer import TRACE_FORMAT, fold
 from recursa.usage import Usage
 
+# The question repeated in each feedback message is cut to this many characters.
+_REMINDER_CHARS = 500
 # Outputs shown in the trace are folded: the root saw at most max_output_chars of them anyway.
 _TRACE_OUTPUT_CHARS = 20_000
 
@@ -75,6 +85,8 @@ class RunEngine:
         self.usage = Usage()
         self.usage_scopes = [self.usage, *(parent_scopes or [])]
         self.model = self.config.model_for_depth(depth)
+        # Which built-in prompt (or template file) this run's root gets; in the result and trace.
+        self.prompt_variant = prompt_variant(self.model, self.config.prompt)
         self._call_ids = itertools.count(1)
         self.options = options or RunOptions()
         self._sandbox: Sandbox | None = None
@@ -145,6 +157,7 @@ class RunEngine:
             question=fold(self.question),
             model=self.model,
             sub_model=self.config.sub_model,
+            prompt_variant=self.prompt_variant,
             context=self.payload.info.to_trace(),
             config={
                 "max_depth": self.config.max_depth,
@@ -162,6 +175,7 @@ class RunEngine:
             trace_path=trace.path,
             run_id=self.run_id,
             skipped_files=list(self.payload.info.skipped_files),
+            prompt_variant=self.prompt_variant,
         )
         self._opening = asyncio.create_task(self._open_sandbox(), name=f"recursa-open-{self.run_id}")
         self.messages = self._opening_messages()
@@ -323,6 +337,7 @@ class RunEngine:
             tools_text=tools_text(
                 self.tools(), self.config.sub_tools if self.config.max_depth > self.depth else []
             ),
+            modules=modules_line(self.config.sandbox, self.config.sandbox_options),
             models=tuple(self.config.subcall_models()) if self.config.allowed_models else (),
         )
         template = template_for(self.model, self.config.prompt)
@@ -365,11 +380,10 @@ class RunEngine:
         left = self.config.max_iterations - self.turn
         if 0 < left <= 3:
             feedback += f"\n\n[{left} turn{'s' if left > 1 else ''} left]"
-        self._remember({"role": "user", "content": feedback})
+        self._remember({"role": "user", "content": feedback + self._reminder()})
         if left == 0:  # out of turns: the next reply may only answer
-            self._remember(
-                {"role": "user", "content": LAST_CALL_MESSAGE.format(n=self.config.max_iterations)}
-            )
+            last = LAST_CALL_MESSAGE.format(n=self.config.max_iterations)
+            self._remember({"role": "user", "content": last + self._reminder()})
 
     async def _reply(self, given: LMResponse | None, purpose: str) -> str:
         """The root's next reply: from the root model, or the one given (recorded as the model's)."""
@@ -392,6 +406,14 @@ class RunEngine:
             text = given.text
         self._sent = len(self.messages) + 1  # every message up to this reply is in the trace
         return text
+
+    def _reminder(self) -> str:
+        """The question again, at the end of every feedback message: after many turns of output,
+        models otherwise answer a question of their own (a long question is cut)."""
+        question = " ".join(self.question.split())
+        if len(question) > _REMINDER_CHARS:
+            question = question[: _REMINDER_CHARS - 5].rstrip() + " ..."
+        return f"\n\n(The question you are answering: {question})"
 
     def _remember(self, message: Message) -> None:
         """Append to the live history (which compaction may shorten) and to the full one."""

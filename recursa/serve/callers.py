@@ -18,7 +18,8 @@ from __future__ import annotations
 import hashlib
 import secrets
 
-from recursa.serve.request import ApiError, Caller, bearer_token, key_matches
+from recursa.serve.api_error import ApiError
+from recursa.serve.request import Caller, bearer_token, key_matches
 from recursa.serve.settings import ServeSettings
 
 CLIENT_HEADER = "x-recursa-client"

@@ -53,6 +53,14 @@ def add_parsers(sub: Any, add_model_options: Callable[[argparse.ArgumentParser],
     _add_access_options(mcp)
     _add_session_options(mcp)
 
+    acp = sub.add_parser(
+        "acp",
+        help="an Agent Client Protocol agent on stdin/stdout (for editors such as Zed, and verifiers)",
+        description="Speaks ACP over stdio: each prompt is one RLM run; embedded text resources are the "
+        "context, otherwise the prompt's text is. Needs the acp extra: pip install 'recursa[acp]'.",
+    )
+    add_model_options(acp)
+
     view = sub.add_parser("view", help="a trace viewer in the browser")
     view.add_argument("trace", help="a trace file (.jsonl), e.g. a result's trace_path")
     view.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free port)")
@@ -102,7 +110,7 @@ def _add_access_options(p: argparse.ArgumentParser) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    return {"serve": _serve, "mcp": _mcp, "view": _view}[args.command](args)
+    return {"serve": _serve, "mcp": _mcp, "acp": _acp, "view": _view}[args.command](args)
 
 
 def _settings(args: argparse.Namespace, roots: list[str]) -> Any:
@@ -113,7 +121,7 @@ def _settings(args: argparse.Namespace, roots: list[str]) -> Any:
         if not Path(root).expanduser().is_dir():
             raise ConfigError(f"--allow-path {root!r} is not a folder")
     on_event = None
-    if args.otel:
+    if getattr(args, "otel", False):
         from recursa.trace.otel import OtelListener
 
         on_event = OtelListener()
@@ -219,6 +227,18 @@ def _mcp(args: argparse.Namespace) -> int:
     app = with_bearer_key(server.streamable_http_app(streamable_http_path=args.path, host=args.host), keys)
     print(f"recursa mcp: streamable HTTP at http://{args.host}:{args.port}{args.path}", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def _acp(args: argparse.Namespace) -> int:
+    try:
+        from recursa.serve.acp_agent import serve_stdio
+    except ImportError:
+        raise ConfigError('recursa acp needs the acp extra: pip install "recursa[acp]"') from None
+    settings = _settings(args, [])
+    import asyncio
+
+    asyncio.run(serve_stdio(settings))
     return 0
 
 

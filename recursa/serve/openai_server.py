@@ -23,19 +23,29 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from recursa.errors import ConfigError
 from recursa.serve.callers import CLIENT_HEADER, identify
 from recursa.serve.chat import SESSION_HEADER, ChatService, ClientGone
+from recursa.serve.observe import RUN_STATE_KEY, Metrics, ObserveMiddleware
 from recursa.serve.request import ApiError, Caller, bad, parse_chat_request, read_capped
 from recursa.serve.settings import ServeSettings
 
 log = logging.getLogger("recursa.serve")
+
+# APIs of OpenAI's that an RLM does not answer, and what a client should use instead.
+_OTHER_APIS = ("/v1/responses", "/v1/completions", "/v1/embeddings")
+_OTHER_API_HELP = (
+    "this server answers the Chat Completions API only (POST /v1/chat/completions); point the client "
+    "at that API (OpenAI Agents SDK: OpenAIChatCompletionsModel, or set_default_openai_api('chat_completions'))"
+)
 
 # Bodies above this size are parsed on a worker thread so other requests keep being served.
 _PARSE_IN_THREAD_BYTES = 1_000_000
 
 
 def create_app(settings: ServeSettings) -> FastAPI:
-    service = ChatService(settings)
+    metrics = _metrics(settings)
+    service = ChatService(settings, metrics)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -44,6 +54,7 @@ def create_app(settings: ServeSettings) -> FastAPI:
 
     app = FastAPI(title="recursa", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.service = service
+    app.add_middleware(ObserveMiddleware, log=settings.access_log, metrics=metrics)
     started = int(time.time())
 
     @app.exception_handler(ApiError)
@@ -56,10 +67,12 @@ def create_app(settings: ServeSettings) -> FastAPI:
         return Response(status_code=499)  # nobody is listening; nginx's code for "client closed"
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = {404: "no such endpoint", 405: "method not allowed here"}.get(
             exc.status_code, str(exc.detail)
         )
+        if exc.status_code == 404 and request.url.path.rstrip("/") in _OTHER_APIS:
+            message = _OTHER_API_HELP
         return JSONResponse(ApiError(exc.status_code, message).body(), status_code=exc.status_code)
 
     @app.exception_handler(RequestValidationError)
@@ -109,10 +122,19 @@ def create_app(settings: ServeSettings) -> FastAPI:
         req = parse_chat_request(body, settings)
         req.caller = caller
         run = await service.prepare(req)
+        setattr(request.state, RUN_STATE_KEY, run)  # the access log names its run
         if req.stream:
             return service.stream(req, run)
         headers = {SESSION_HEADER: req.session} if req.session else None
         return JSONResponse(await service.complete(req, run, request.receive), headers=headers)
+
+    if metrics is not None:
+
+        @app.get("/metrics")
+        async def prometheus(request: Request) -> Response:
+            authorize(request)  # runs, tokens and spend are the operator's business
+            body, content_type = metrics.render()
+            return Response(body, media_type=content_type)
 
     @app.get("/v1/recursa/sessions")
     async def sessions(request: Request) -> dict[str, Any]:
@@ -131,6 +153,18 @@ def create_app(settings: ServeSettings) -> FastAPI:
         return {"id": session_id, "object": "recursa.session", "deleted": True}
 
     return app
+
+
+def _metrics(settings: ServeSettings) -> Metrics | None:
+    if not settings.metrics:
+        return None
+    try:
+        return Metrics()
+    except ImportError:
+        raise ConfigError(
+            'the /metrics endpoint needs prometheus-client: pip install "recursa[server]", '
+            "or pass ServeSettings(metrics=False)"
+        ) from None
 
 
 async def _read_json(request: Request, max_bytes: int) -> Any:

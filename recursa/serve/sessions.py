@@ -54,6 +54,7 @@ class ServedSession:
         self.id = session_id
         self.settings = settings
         self.limits = (spec.max_depth, spec.max_iterations, spec.budget)
+        self.sampling = dict(spec.root_sampling)  # the root model's sampling options, for good
         self.key = key
         # Fingerprints of the messages that made the context; None when a recursa option named it.
         self.docs = docs
@@ -74,10 +75,12 @@ class ServedSession:
         elif self.settings.on_event is not None:
             self.settings.on_event(event)
 
-    async def ask(self, question: str, listener: EventCallback) -> RLMResult:
+    async def ask(
+        self, question: str, listener: EventCallback, *, tips: str | None = None, answer_schema: Any = None
+    ) -> RLMResult:
         self._listener = listener
         try:
-            return await self.session.aask(question)
+            return await self.session.aask(question, tips=tips, answer_schema=answer_schema)
         except asyncio.CancelledError:
             raise  # a cancelled question leaves the REPL as it was; the session goes on
         except Exception:
@@ -150,13 +153,16 @@ class SessionStore:
             handle = self.find(caller.owner, req.session)  # another request may have opened it meanwhile
             if handle is None:
                 handle = self._open(req, context)
-                return self._run(handle, req.question)
-        return self._run(handle, self._next_question(handle, req))
+                return self._run(handle, req.question, req)
+        return self._run(handle, self._next_question(handle, req), req)
 
-    def _run(self, handle: ServedSession, question: str) -> LiveRun:
+    def _run(self, handle: ServedSession, question: str, req: ChatRequest | None = None) -> LiveRun:
         handle.last_used = time.monotonic()
         max_depth, max_iterations, budget = handle.limits
-        return LiveRun(self.settings, RunSpec(question, None, max_depth, max_iterations, budget), handle)
+        spec = RunSpec(question, None, max_depth, max_iterations, budget)
+        if req is not None:  # the answer's shape is per question; sampling is the session's
+            spec.answer_schema, spec.tips = req.shape.schema, req.shape.tips()
+        return LiveRun(self.settings, spec, handle)
 
     def _open(self, req: ChatRequest, context: Any) -> ServedSession:
         assert req.session is not None
@@ -168,6 +174,7 @@ class SessionStore:
                 made_of.append(("user", f"[user]\n{req.asked}"))  # the request itself became the context
             docs = _fingerprints(made_of)
         spec = RunSpec(req.question, context, req.max_depth, req.max_iterations, req.budget)
+        spec.root_sampling = dict(req.shape.sampling)
         return self.create(req.caller.owner, req.session, spec, self._key(req), docs)
 
     def create(
@@ -231,6 +238,14 @@ class SessionStore:
             raise bad(
                 f"session {handle.id!r} keeps the max_depth, max_iterations and budget of its first "
                 "request; send the same values (or none), or open a new session to change them",
+                "recursa.session",
+                "session_settings_mismatch",
+            )
+        if req.shape.sampling and req.shape.sampling != handle.sampling:
+            raise bad(
+                f"session {handle.id!r} keeps the sampling fields of its first request "
+                f"({', '.join(sorted(handle.sampling)) or 'none'}); send the same values (or none), or open "
+                "a new session to change them",
                 "recursa.session",
                 "session_settings_mismatch",
             )

@@ -52,6 +52,8 @@ class ServeSettings:
     session_ttl_s: float = 900.0  # an idle session is closed after this long
     rlm_options: dict[str, Any] = field(default_factory=dict)  # any other RLM(...) keyword
     on_event: EventCallback | None = None  # also gets every event of every run (e.g. OpenTelemetry)
+    access_log: bool = True  # a line per request on the `recursa.serve.access` logger (INFO)
+    metrics: bool = True  # Prometheus metrics at GET /metrics (needs prometheus-client)
 
     def __post_init__(self) -> None:
         self.context_roots = tuple(Path(p).expanduser().resolve() for p in self.context_roots)

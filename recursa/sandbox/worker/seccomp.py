@@ -22,6 +22,7 @@ _F_SETOWN, _F_SETSIG, _F_SETOWN_EX = 8, 10, 15
 # clone() flags that create namespaces (CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET).
 _CLONE_NS_MASK = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 _X32_SYSCALL_BIT = 0x40000000
+_MAP_SHARED, _MAP_ANONYMOUS = 0x01, 0x20  # MAP_SHARED_VALIDATE (0x03) has the same low bit
 
 # Syscall numbers, x86_64 then aarch64 (asm-generic). None: the call does not exist there.
 _NR: dict[str, tuple[int | None, int | None]] = {
@@ -92,6 +93,11 @@ _NR: dict[str, tuple[int | None, int | None]] = {
     "modify_ldt": (154, None),
     "uselib": (134, None),
     "_sysctl": (156, None),
+    "memfd_create": (319, 279),
+    "memfd_secret": (447, 447),
+    "shmget": (29, 194),
+    "msgget": (68, 186),
+    "mq_open": (240, 180),
     # checked by argument, or ENOSYS
     "clone": (56, 220),
     "clone3": (435, 435),
@@ -111,6 +117,7 @@ _NR: dict[str, tuple[int | None, int | None]] = {
     "rt_tgsigqueueinfo": (297, 240),
     "pidfd_send_signal": (424, 424),
     "fcntl": (72, 25),
+    "mmap": (9, 222),
 }
 _ARCH = {"x86_64": (0, 0xC000003E), "aarch64": (1, 0xC00000B7)}
 
@@ -123,7 +130,10 @@ _DENY = (
     "kexec_load kexec_file_load keyctl add_key request_key perf_event_open userfaultfd init_module "
     "finit_module delete_module open_by_handle_at name_to_handle_at fanotify_init setsid setpgid setrlimit "
     "swapon swapoff reboot acct quotactl syslog lookup_dcookie settimeofday clock_settime adjtimex "
-    "clock_adjtime sethostname setdomainname vhangup iopl ioperm modify_ldt uselib _sysctl"
+    "clock_adjtime sethostname setdomainname vhangup iopl ioperm modify_ldt uselib _sysctl "
+    # Memory no rlimit counts: shared memory lives on when the process that made it dies, and
+    # RLIMIT_DATA sees only private pages. (/dev/shm files are a tmpfs with a size: bwrap.py.)
+    "memfd_create memfd_secret shmget msgget mq_open"
 ).split()
 # Calls that may only target the caller itself (argument index of the pid; 0 means "self").
 _SELF_ONLY = {
@@ -210,6 +220,13 @@ def seccomp_filter(machine: str, *, own_pid: int, own_pgid: int, restrict_signal
     a.jeq(_AF_UNIX, 0, 1)
     a.ret(_RET_ALLOW)
     a.ret(deny)
+    # mmap(): shared anonymous memory (mmap.mmap(-1, n)) is not counted by RLIMIT_DATA; private is.
+    a.jeq(nr("mmap"), 0, 5)  # type: ignore[arg-type]
+    a.ld(_arg(3))
+    a.jset(_MAP_ANONYMOUS, 0, 2)
+    a.jset(_MAP_SHARED, 0, 1)
+    a.ret(deny)
+    a.ret(_RET_ALLOW)
     # prlimit64(): reading our own limits only. Same-uid processes could otherwise lower the host's.
     a.jeq(nr("prlimit64"), 0, 8)  # type: ignore[arg-type]
     a.ld(_arg(0))
