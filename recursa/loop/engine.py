@@ -13,6 +13,7 @@ from recursa.errors import BudgetExceeded, LMError, RecursaError
 from recursa.lm.base import CallMeta, LMResponse, Message
 from recursa.lm.prices import PriceBook
 from recursa.loop.compaction import WindowTracker, compacted_history, split_for_compaction, summary_prompt
+from recursa.loop.feedback import EMPTY_REPLY_MESSAGE, LAST_CALL_MESSAGE, NO_CODE_MESSAGE, fence_hint
 from recursa.loop.importable import modules_line
 from recursa.loop.options import RunOptions
 from recursa.loop.output import render_turn
@@ -37,21 +38,6 @@ from recursa.usage import Usage
 _REMINDER_CHARS = 500
 # Outputs shown in the trace are folded: the root saw at most max_output_chars of them anyway.
 _TRACE_OUTPUT_CHARS = 20_000
-
-NO_CODE_MESSAGE = (
-    "Your reply had no ```repl code block and no final answer, so nothing ran. Write code in a "
-    "block that starts with ```repl and ends with ``` on a line of its own. When you have the answer, "
-    "write it on a line of its own as FINAL(your answer), with the parentheses, or FINAL_VAR(name) "
-    "for a variable you already assigned in the REPL."
-)
-EMPTY_REPLY_MESSAGE = (
-    "Your reply was empty, so nothing ran. Write code in a ```repl block, or answer with FINAL(...) / "
-    "FINAL_VAR(name)."
-)
-LAST_CALL_MESSAGE = (
-    "You have used all {n} turns. No more code will run. Reply now with your final answer on a line "
-    "of its own: FINAL(your answer), or FINAL_VAR(variable_name) for a value already in the REPL."
-)
 
 
 @dataclass
@@ -513,7 +499,7 @@ class RunEngine:
     async def _run_reply(self, parsed: ParsedReply, turn: int) -> _Outcome:
         if not parsed.code_blocks:
             if parsed.prose_final is None:
-                return _Outcome(None, NO_CODE_MESSAGE + _fence_hint(parsed))
+                return _Outcome(None, NO_CODE_MESSAGE + fence_hint(parsed))
             final = await self._resolve_prose_final(parsed)
             if final is not None:
                 return _Outcome(final, None)
@@ -588,16 +574,3 @@ class RunEngine:
             f"FINAL_VAR({name}) names no variable in the REPL (defined: {listed}). Assign the answer "
             f"to a variable in a ```repl block first, or write FINAL(your answer) for literal text."
         )
-
-
-def _fence_hint(parsed: ParsedReply) -> str:
-    """Why fenced code in the reply did not run, when it had some."""
-    if not parsed.unlabeled_blocks:
-        return ""
-    tags = sorted({f"```{t}" for t in parsed.other_tags if t})
-    bare = sum(1 for t in parsed.other_tags if not t)
-    kinds = ", ".join([*tags, *(["a bare ```"] if bare else [])])
-    return (
-        f" (Your reply had {parsed.unlabeled_blocks} fenced block(s) ({kinds}) that did not run: only "
-        "blocks opened with ```repl or ```python run.)"
-    )

@@ -94,6 +94,12 @@ def _apply_session_options(settings: ServeSettings, args: argparse.Namespace) ->
 
 def _add_access_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
+        "--api-keys-file",
+        metavar="FILE",
+        help="one client per line, `NAME KEY`: each key is a caller of its own, whose sessions no other "
+        "client can list, join or close (with --api-key or instead of it)",
+    )
+    p.add_argument(
         "--allow-path",
         action="append",
         default=None,
@@ -120,6 +126,7 @@ def _settings(args: argparse.Namespace, roots: list[str]) -> Any:
 
         on_event = OtelListener()
     return ServeSettings(
+        api_keys=_read_api_keys(args.api_keys_file) if args.api_keys_file else {},
         model=args.model,
         sub_model=args.sub_model,
         base_url=args.base_url,
@@ -132,6 +139,28 @@ def _settings(args: argparse.Namespace, roots: list[str]) -> Any:
         api_key=getattr(args, "api_key", None),
         on_event=on_event,
     )
+
+
+def _read_api_keys(path: str) -> dict[str, str]:
+    """`NAME KEY` per line (blank lines and # comments skipped); keys stay out of argv and `ps`."""
+    try:
+        lines = Path(path).expanduser().read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--api-keys-file {path!r} cannot be read: {exc}") from None
+    keys: dict[str, str] = {}
+    for number, line in enumerate(lines, 1):
+        fields = line.split()
+        if not fields or fields[0].startswith("#"):
+            continue
+        if len(fields) != 2 or fields[0] in keys:
+            raise ConfigError(
+                f"--api-keys-file {path!r} line {number}: expected `NAME KEY` with a name used once "
+                "(one client per line)"
+            )
+        keys[fields[0]] = fields[1]
+    if not keys:
+        raise ConfigError(f"--api-keys-file {path!r} names no client; write one `NAME KEY` per line")
+    return keys
 
 
 def _check_model(settings: Any) -> None:
@@ -162,7 +191,7 @@ def _serve(args: argparse.Namespace) -> int:
     settings.max_runs = args.max_runs
     _apply_session_options(settings, args)
     _check_model(settings)
-    if args.host not in LOOPBACK and not settings.api_key:
+    if args.host not in LOOPBACK and not settings.api_key and not settings.api_keys:
         print(
             f"recursa serve: warning: listening on {args.host} without --api-key; anyone who can reach "
             "this port can spend your model budget",
@@ -194,9 +223,8 @@ def _mcp(args: argparse.Namespace) -> int:
         return 0
     import uvicorn
 
-    app = with_bearer_key(
-        server.streamable_http_app(streamable_http_path=args.path, host=args.host), args.api_key
-    )
+    keys = [k for k in (settings.api_key, *settings.api_keys.values()) if k]
+    app = with_bearer_key(server.streamable_http_app(streamable_http_path=args.path, host=args.host), keys)
     print(f"recursa mcp: streamable HTTP at http://{args.host}:{args.port}{args.path}", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
