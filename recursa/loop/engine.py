@@ -252,9 +252,9 @@ class RunEngine:
         if not self.done:
             self.cancel(why)
         self._finished = True
-        if not self._opening.done():
-            with contextlib.suppress(RuntimeError):  # its loop may be closed already
-                self._opening.cancel()
+        if not self._opening.done():  # a finalizer may run on any thread: cancel on the task's own loop
+            with contextlib.suppress(RuntimeError):  # that loop may be closed already
+                self._opening.get_loop().call_soon_threadsafe(self._opening.cancel)
         self._finish(self.result, self._started)
         self.tree.abandon()
 
