@@ -14,7 +14,8 @@ from recursa.lm.prices import ModelPrice
 DEFAULT_MAX_OUTPUT_TOKENS = 16_384
 SAMPLING_ROLES = ("root", "child", "sub")
 # The prompt templates shipped with the loop (files in recursa/loop/prompts/): the names RLM(prompt=) takes.
-BUILTIN_TEMPLATES = ("default", "qwen", "answer-dict")
+# "qwen", "small" and "claude" are the default prompt with a family's advice added (loop/prompts.py).
+BUILTIN_TEMPLATES = ("default", "qwen", "small", "claude", "answer-dict")
 
 
 @dataclass
@@ -57,6 +58,9 @@ class RLMConfig:
     root_window_tokens: int | None = None
     # Models generated code may name in llm_query(model=...), besides model and sub_model (issue 16).
     allowed_models: list[str] = field(default_factory=list)
+    # LM client objects given in place of model names (lm/custom.py), by the "client/<name>" spec
+    # that stands for each in model, sub_model and allowed_models.
+    clients: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def validate(self) -> None:
         """Raise ConfigError for the first setting that cannot work, naming it and a value that would."""

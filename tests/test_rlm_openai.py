@@ -101,7 +101,8 @@ def test_root_sees_metadata_only_and_truncated_output(server, script, tmp_path):
     assert f"{len(context):,} characters" in first[1]["content"]
     feedback = server.requests[1].messages[-1]["content"]
     assert len(feedback) < 2_500 and "characters omitted" in feedback
-    assert feedback.rstrip().endswith("tail")
+    output, reminder = feedback.split("\n\n(The question you are answering: ")
+    assert output.rstrip().endswith("tail") and reminder == "q)"
 
 
 def test_no_code_and_errors_become_messages_for_the_next_turn(server, script, tmp_path):

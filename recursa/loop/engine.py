@@ -13,10 +13,19 @@ from recursa.errors import BudgetExceeded, LMError, RecursaError
 from recursa.lm.base import CallMeta, LMResponse, Message
 from recursa.lm.prices import PriceBook
 from recursa.loop.compaction import WindowTracker, compacted_history, split_for_compaction, summary_prompt
+from recursa.loop.feedback import EMPTY_REPLY_MESSAGE, LAST_CALL_MESSAGE, NO_CODE_MESSAGE, fence_hint
+from recursa.loop.importable import modules_line
 from recursa.loop.options import RunOptions
 from recursa.loop.output import render_turn
 from recursa.loop.parse import ParsedReply, is_identifier, parse_reply
-from recursa.loop.prompts import PromptSettings, first_message, system_prompt, template_for, tools_text
+from recursa.loop.prompts import (
+    PromptSettings,
+    first_message,
+    prompt_variant,
+    system_prompt,
+    template_for,
+    tools_text,
+)
 from recursa.loop.subcalls import SubcallHandler
 from recursa.loop.tree import CallTree, new_id
 from recursa.result import RLMResult
@@ -25,23 +34,10 @@ from recursa.tools.spec import Tool
 from recursa.trace.writer import TRACE_FORMAT, fold
 from recursa.usage import Usage
 
+# The question repeated in each feedback message is cut to this many characters.
+_REMINDER_CHARS = 500
 # Outputs shown in the trace are folded: the root saw at most max_output_chars of them anyway.
 _TRACE_OUTPUT_CHARS = 20_000
-
-NO_CODE_MESSAGE = (
-    "Your reply had no ```repl code block and no final answer, so nothing ran. Write code in a "
-    "block that starts with ```repl and ends with ``` on a line of its own. When you have the answer, "
-    "write it on a line of its own as FINAL(your answer), with the parentheses, or FINAL_VAR(name) "
-    "for a variable you already assigned in the REPL."
-)
-EMPTY_REPLY_MESSAGE = (
-    "Your reply was empty, so nothing ran. Write code in a ```repl block, or answer with FINAL(...) / "
-    "FINAL_VAR(name)."
-)
-LAST_CALL_MESSAGE = (
-    "You have used all {n} turns. No more code will run. Reply now with your final answer on a line "
-    "of its own: FINAL(your answer), or FINAL_VAR(variable_name) for a value already in the REPL."
-)
 
 
 @dataclass
@@ -75,6 +71,8 @@ class RunEngine:
         self.usage = Usage()
         self.usage_scopes = [self.usage, *(parent_scopes or [])]
         self.model = self.config.model_for_depth(depth)
+        # Which built-in prompt (or template file) this run's root gets; in the result and trace.
+        self.prompt_variant = prompt_variant(self.model, self.config.prompt)
         self._call_ids = itertools.count(1)
         self.options = options or RunOptions()
         self._sandbox: Sandbox | None = None
@@ -145,6 +143,7 @@ class RunEngine:
             question=fold(self.question),
             model=self.model,
             sub_model=self.config.sub_model,
+            prompt_variant=self.prompt_variant,
             context=self.payload.info.to_trace(),
             config={
                 "max_depth": self.config.max_depth,
@@ -162,6 +161,7 @@ class RunEngine:
             trace_path=trace.path,
             run_id=self.run_id,
             skipped_files=list(self.payload.info.skipped_files),
+            prompt_variant=self.prompt_variant,
         )
         self._opening = asyncio.create_task(self._open_sandbox(), name=f"recursa-open-{self.run_id}")
         self.messages = self._opening_messages()
@@ -195,25 +195,20 @@ class RunEngine:
             self.result.error = why
 
     def _fail(self, exc: BaseException) -> None:
-        result = self.result
-        self.done = True
+        """Why the run stopped; a cancellation or a bug is kept for finish() to raise again."""
+        r, self.done = self.result, True
         if isinstance(exc, TimeoutError):
-            result.stop_reason = "timeout"
-            result.error = f"the run's time budget of {self.config.budget.max_seconds:g} s ran out"
+            seconds = self.config.budget.max_seconds
+            r.stop_reason, r.error = "timeout", f"the run's time budget of {seconds:g} s ran out"
         elif isinstance(exc, BudgetExceeded):
-            result.stop_reason = "timeout" if exc.limit == "max_seconds" else "budget"
-            result.error = str(exc)
+            r.stop_reason, r.error = ("timeout" if exc.limit == "max_seconds" else "budget"), str(exc)
         elif isinstance(exc, LMError):
-            result.stop_reason = "error"
-            result.error = f"the root model call failed: {exc}"
+            r.stop_reason, r.error = "error", f"the root model call failed: {exc}"
         elif isinstance(exc, asyncio.CancelledError):
-            result.stop_reason = "cancelled"
-            result.error = "the run was cancelled"
-            self._pending = exc
-        else:  # a sandbox that cannot start, a bug: still a complete trace
-            result.stop_reason = "error"
-            result.error = str(exc) if isinstance(exc, RecursaError) else f"{type(exc).__name__}: {exc}"
-            self._pending = exc
+            r.stop_reason, r.error, self._pending = "cancelled", "the run was cancelled", exc
+        else:
+            r.stop_reason, self._pending = "error", exc
+            r.error = str(exc) if isinstance(exc, RecursaError) else f"{type(exc).__name__}: {exc}"
 
     async def finish(self) -> RLMResult:
         """Close the REPL and write run_end (once). Raises again what stopped the run if that was a
@@ -316,14 +311,14 @@ class RunEngine:
 
     def _opening_messages(self) -> list[Message]:
         """The system prompt (template, tools, tips) and the first message (question, context facts)."""
+        c = self.config
         settings = PromptSettings(
-            max_depth=self.config.max_depth - self.depth,
-            max_output_chars=self.config.max_output_chars,
-            sub_model_chars=self.config.sub_model_chars,
-            tools_text=tools_text(
-                self.tools(), self.config.sub_tools if self.config.max_depth > self.depth else []
-            ),
-            models=tuple(self.config.subcall_models()) if self.config.allowed_models else (),
+            max_depth=c.max_depth - self.depth,
+            max_output_chars=c.max_output_chars,
+            sub_model_chars=c.sub_model_chars,
+            tools_text=tools_text(self.tools(), c.sub_tools if c.max_depth > self.depth else []),
+            modules=modules_line(c.sandbox, c.sandbox_options),
+            models=tuple(c.subcall_models()) if c.allowed_models else (),
         )
         template = template_for(self.model, self.config.prompt)
         system = system_prompt(template, self.payload.info, settings)
@@ -365,11 +360,10 @@ class RunEngine:
         left = self.config.max_iterations - self.turn
         if 0 < left <= 3:
             feedback += f"\n\n[{left} turn{'s' if left > 1 else ''} left]"
-        self._remember({"role": "user", "content": feedback})
+        self._remember({"role": "user", "content": feedback + self._reminder()})
         if left == 0:  # out of turns: the next reply may only answer
-            self._remember(
-                {"role": "user", "content": LAST_CALL_MESSAGE.format(n=self.config.max_iterations)}
-            )
+            last = LAST_CALL_MESSAGE.format(n=self.config.max_iterations)
+            self._remember({"role": "user", "content": last + self._reminder()})
 
     async def _reply(self, given: LMResponse | None, purpose: str) -> str:
         """The root's next reply: from the root model, or the one given (recorded as the model's)."""
@@ -392,6 +386,14 @@ class RunEngine:
             text = given.text
         self._sent = len(self.messages) + 1  # every message up to this reply is in the trace
         return text
+
+    def _reminder(self) -> str:
+        """The question again, at the end of every feedback message: after many turns of output,
+        models otherwise answer a question of their own (a long question is cut)."""
+        question = " ".join(self.question.split())
+        if len(question) > _REMINDER_CHARS:
+            question = question[: _REMINDER_CHARS - 5].rstrip() + " ..."
+        return f"\n\n(The question you are answering: {question})"
 
     def _remember(self, message: Message) -> None:
         """Append to the live history (which compaction may shorten) and to the full one."""
@@ -492,7 +494,7 @@ class RunEngine:
     async def _run_reply(self, parsed: ParsedReply, turn: int) -> _Outcome:
         if not parsed.code_blocks:
             if parsed.prose_final is None:
-                return _Outcome(None, NO_CODE_MESSAGE + _fence_hint(parsed))
+                return _Outcome(None, NO_CODE_MESSAGE + fence_hint(parsed))
             final = await self._resolve_prose_final(parsed)
             if final is not None:
                 return _Outcome(final, None)
@@ -567,16 +569,3 @@ class RunEngine:
             f"FINAL_VAR({name}) names no variable in the REPL (defined: {listed}). Assign the answer "
             f"to a variable in a ```repl block first, or write FINAL(your answer) for literal text."
         )
-
-
-def _fence_hint(parsed: ParsedReply) -> str:
-    """Why fenced code in the reply did not run, when it had some."""
-    if not parsed.unlabeled_blocks:
-        return ""
-    tags = sorted({f"```{t}" for t in parsed.other_tags if t})
-    bare = sum(1 for t in parsed.other_tags if not t)
-    kinds = ", ".join([*tags, *(["a bare ```"] if bare else [])])
-    return (
-        f" (Your reply had {parsed.unlabeled_blocks} fenced block(s) ({kinds}) that did not run: only "
-        "blocks opened with ```repl or ```python run.)"
-    )

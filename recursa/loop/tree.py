@@ -67,6 +67,8 @@ class CallTree:
             sampling={role: dict(opts) for role, opts in (config.sampling or {}).items()},
         )
         gateway = ModelGateway(ledger=ledger, limiter=limiter, prices=prices, trace=trace, settings=settings)
+        if config.clients:
+            gateway.share(config.clients)  # the user's own client objects: used, never closed here
         host_tools = [t for t in [*config.tools, *config.sub_tools] if t.where == "host"]
         unique = list({id(t.fn): t for t in host_tools}.values())
         return cls(config, ledger, gateway, trace, ToolRunner.of(unique))
