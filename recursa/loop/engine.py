@@ -195,25 +195,20 @@ class RunEngine:
             self.result.error = why
 
     def _fail(self, exc: BaseException) -> None:
-        result = self.result
-        self.done = True
+        """Why the run stopped; a cancellation or a bug is kept for finish() to raise again."""
+        r, self.done = self.result, True
         if isinstance(exc, TimeoutError):
-            result.stop_reason = "timeout"
-            result.error = f"the run's time budget of {self.config.budget.max_seconds:g} s ran out"
+            seconds = self.config.budget.max_seconds
+            r.stop_reason, r.error = "timeout", f"the run's time budget of {seconds:g} s ran out"
         elif isinstance(exc, BudgetExceeded):
-            result.stop_reason = "timeout" if exc.limit == "max_seconds" else "budget"
-            result.error = str(exc)
+            r.stop_reason, r.error = ("timeout" if exc.limit == "max_seconds" else "budget"), str(exc)
         elif isinstance(exc, LMError):
-            result.stop_reason = "error"
-            result.error = f"the root model call failed: {exc}"
+            r.stop_reason, r.error = "error", f"the root model call failed: {exc}"
         elif isinstance(exc, asyncio.CancelledError):
-            result.stop_reason = "cancelled"
-            result.error = "the run was cancelled"
-            self._pending = exc
-        else:  # a sandbox that cannot start, a bug: still a complete trace
-            result.stop_reason = "error"
-            result.error = str(exc) if isinstance(exc, RecursaError) else f"{type(exc).__name__}: {exc}"
-            self._pending = exc
+            r.stop_reason, r.error, self._pending = "cancelled", "the run was cancelled", exc
+        else:
+            r.stop_reason, self._pending = "error", exc
+            r.error = str(exc) if isinstance(exc, RecursaError) else f"{type(exc).__name__}: {exc}"
 
     async def finish(self) -> RLMResult:
         """Close the REPL and write run_end (once). Raises again what stopped the run if that was a
