@@ -126,7 +126,6 @@ def _settings(args: argparse.Namespace, roots: list[str]) -> Any:
 
         on_event = OtelListener()
     return ServeSettings(
-        # `recursa acp` has no clients to admit (its client is the process that started it).
         api_keys=_read_api_keys(args.api_keys_file) if getattr(args, "api_keys_file", None) else {},
         model=args.model,
         sub_model=args.sub_model,
