@@ -223,9 +223,16 @@ class RunEngine:
         # flight: that call needs only the context's metadata. A child RLM among twenty starting at
         # once, or a 1 GB context, no longer delays the first request.
         opening = asyncio.create_task(self._open_sandbox(), name=f"recursa-open-{self.run_id}")
+        # The sub-model's client too (SDK and HTTP imports, ~0.1 s in a fresh process): a first
+        # batch of sub-calls would otherwise pay for it inside its first requests.
+        warming = None
+        if self.config.max_depth > self.depth:
+            warming = asyncio.create_task(self.tree.gateway.warm(self.config.sub_model))
         try:
             await self._turns(result, opening)
         finally:
+            if warming is not None and not warming.done():
+                warming.cancel()
             if not opening.done():
                 opening.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
