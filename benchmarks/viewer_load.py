@@ -66,7 +66,7 @@ def main() -> None:
             page = browser.new_page(viewport={"width": 1400, "height": 900})
             t = time.perf_counter()
             page.goto(html.as_uri())
-            page.wait_for_function("window.__recursaViewer && window.__recursaViewer.ready", timeout=120_000)
+            page.wait_for_selector("body[data-ready='1']", state="attached", timeout=120_000)
             wall = time.perf_counter() - t
             state = page.evaluate("window.__recursaViewer")
             print(

@@ -22,8 +22,7 @@ from recursa.rlm import RLM
 from recursa.session import Session
 from recursa.tools import host_tool
 from recursa.usage import ModelUsage, Usage
-
-__version__ = "0.1.0"
+from recursa.version import __version__
 
 # The offline models live beside lm, not inside it: lm knows them only through its registry.
 register_provider("scripted", "recursa.scripted.client:scripted_provider")

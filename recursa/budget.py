@@ -122,6 +122,13 @@ class Ledger:
             self.spent_usd += usd
             self.calls += 1
 
+    def charge(self, tokens: int, usd: float) -> None:
+        """Count a call made outside the tree (a trainer's own turn): spent, never refused."""
+        with self._lock:
+            self.spent_tokens += tokens
+            self.spent_usd += usd
+            self.calls += 1
+
     def release(self, reservation: Reservation) -> None:
         """Drop a reservation for a call that was never billed (refused or failed before sending)."""
         with self._lock:

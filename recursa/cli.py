@@ -389,6 +389,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "export": _cmd_export,
     "serve": _cmd_serving,
     "mcp": _cmd_serving,
+    "acp": _cmd_serving,
     "view": _cmd_serving,
 }
 

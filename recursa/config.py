@@ -13,6 +13,9 @@ from recursa.lm.prices import ModelPrice
 
 DEFAULT_MAX_OUTPUT_TOKENS = 16_384
 SAMPLING_ROLES = ("root", "child", "sub")
+# The prompt templates shipped with the loop (files in recursa/loop/prompts/): the names RLM(prompt=) takes.
+# "qwen", "small" and "claude" are the default prompt with a family's advice added (loop/prompts.py).
+BUILTIN_TEMPLATES = ("default", "qwen", "small", "claude", "answer-dict")
 
 
 @dataclass
@@ -53,6 +56,11 @@ class RLMConfig:
     sub_tool_rounds: int = 8
     tips: str | None = None
     root_window_tokens: int | None = None
+    # Models generated code may name in llm_query(model=...), besides model and sub_model (issue 16).
+    allowed_models: list[str] = field(default_factory=list)
+    # LM client objects given in place of model names (lm/custom.py), by the "client/<name>" spec
+    # that stands for each in model, sub_model and allowed_models.
+    clients: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def validate(self) -> None:
         """Raise ConfigError for the first setting that cannot work, naming it and a value that would."""
@@ -108,6 +116,13 @@ class RLMConfig:
                 f"RLM(subcall_errors={self.subcall_errors!r}): subcall_errors must be 'raise' (an exception "
                 "in the REPL) or 'return' (an '[error] ...' str)."
             )
+        if not isinstance(self.allowed_models, list) or not all(
+            isinstance(m, str) for m in self.allowed_models
+        ):
+            raise ConfigError(
+                "RLM(allowed_models=...) takes a list of model names that generated code may pass to "
+                "llm_query(model=...), e.g. allowed_models=['openai/gpt-5-nano']."
+            )
         if not isinstance(self.budget, Budget):
             raise ConfigError("RLM(budget=...) takes a recursa.Budget(max_usd=..., max_tokens=..., ...).")
         sampling = self.sampling or {}
@@ -149,9 +164,6 @@ class RLMConfig:
                 "trace files (it is created if missing), or trace=False for no trace."
             )
         if self.prompt is not None:
-            # Imported here: the loop imports this module, so a top-level import would be circular.
-            from recursa.loop.prompts import BUILTIN_TEMPLATES
-
             name = str(self.prompt)
             if name not in BUILTIN_TEMPLATES and not Path(name).is_file():
                 raise ConfigError(
@@ -194,6 +206,10 @@ class RLMConfig:
                         f"RLM(sandbox_options=...): sandbox {self.sandbox!r} takes no option "
                         f"{', '.join(map(repr, unknown))}; its options: {', '.join(accepted)}."
                     )
+
+    def subcall_models(self) -> list[str]:
+        """The models llm_query(model=...) may use: the sub-model first, then the rest configured."""
+        return list(dict.fromkeys([self.sub_model, self.model, *self.allowed_models]))
 
     def model_for_depth(self, depth: int) -> str:
         """The root model of a run at `depth`: the sub-model serves every call below the top."""

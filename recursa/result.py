@@ -27,6 +27,9 @@ class RLMResult:
     # Files of a folder context that were left out, each with the reason ("x.bin (not UTF-8 text)",
     # "key (a symbolic link leading outside the allowed folder)").
     skipped_files: list[str] = field(default_factory=list)
+    # The root prompt used: "default", a family variant ("qwen", "small", "claude"), "answer-dict",
+    # or the template file given as RLM(prompt=...).
+    prompt_variant: str | None = None
 
     def __str__(self) -> str:
         return self.answer
@@ -44,4 +47,5 @@ class RLMResult:
             "answer_protocol": self.answer_protocol,
             "isolation": self.isolation,
             "skipped_files": self.skipped_files,
+            "prompt_variant": self.prompt_variant,
         }

@@ -25,8 +25,8 @@ import recursa.loop.tree as tree_module
 from recursa import RLM, Budget
 from recursa.sandbox import Hardening
 from recursa.sandbox.bwrap import find_bwrap
-from recursa.sandbox.hardening import landlock_abi
 from recursa.sandbox.proc import processes
+from recursa.sandbox.worker.landlock import landlock_abi
 from tests.helpers import request_overlap
 from tests.test_rlm_openai import code, make_rlm, subs
 
@@ -381,6 +381,99 @@ def test_memory_bomb(server, script, tmp_path, kind, limits):
     data = result.isolation["rlimits"]["data"]
     assert data is not None and data < (512 << 20) + (200 << 20)
     assert_next_turn_ok(result)
+
+
+# Each attempt asks for 1 GiB (the data limit is 256 MiB) and reports how far it got.
+MEMORY_ATTEMPTS = (
+    "import mmap, os\n"
+    "MB = b'x' * (1 << 20)\n"
+    "def attempt(name, fn):\n"
+    "    try:\n"
+    "        print(name, 'GOT', fn(), 'MiB')\n"
+    "    except (OSError, MemoryError, ValueError) as e:\n"
+    "        print(name, 'blocked:', type(e).__name__, getattr(e, 'errno', ''))\n"
+    "def shared_anonymous():\n"
+    "    m = mmap.mmap(-1, 1 << 30)\n"
+    "    for i in range(0, len(m), 4096):\n"
+    "        m[i] = 1\n"
+    "    return len(m) >> 20\n"
+    "def memfd():\n"
+    "    fd = os.memfd_create('hog')\n"
+    "    for _ in range(1024):\n"
+    "        os.write(fd, MB)\n"
+    "    return 1024\n"
+    "def fill(path):\n"
+    "    with open(path, 'wb') as f:\n"
+    "        for n in range(1024):\n"
+    "            try:\n"
+    "                f.write(MB)\n"
+    "                f.flush()\n"
+    "            except OSError as e:\n"
+    "                print(path, 'stopped at', n, 'MiB:', e.strerror)\n"
+    "                raise\n"
+    "    return 1024\n"
+    "attempt('shared_anonymous', shared_anonymous)\n"
+    "attempt('memfd', memfd)\n"
+    "attempt('dev_shm', lambda: fill('/dev/shm/hog'))\n"
+    "attempt('scratch', lambda: fill('hog') + fill('hog2'))\n"
+)
+
+
+def host_shm_has(name: str) -> bool:
+    return os.path.exists(os.path.join("/dev/shm", name))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_shared_memory_and_tmpfs_that_the_data_limit_does_not_count(server, script, tmp_path, kind, limits):
+    # RLIMIT_DATA counts private pages only: shared anonymous memory, memfd and tmpfs files are
+    # memory the host pays for. seccomp refuses the first two; tmpfs mounts have a size.
+    limits(
+        memory_limit_bytes=256 << 20,
+        max_shm_bytes=32 << 20,
+        max_scratch_bytes=48 << 20,
+        max_file_bytes=64 << 20,
+    )
+    result, feedback = attack(server, script, tmp_path, MEMORY_ATTEMPTS, kind)
+    assert "shared_anonymous blocked: PermissionError" in feedback, feedback
+    assert "memfd blocked: PermissionError" in feedback
+    if kind == "auto" and find_bwrap() is not None:
+        assert "/dev/shm/hog stopped at 32 MiB" in feedback  # ENOSPC: the private tmpfs is full
+        assert "hog stopped at 48 MiB" in feedback and "scratch blocked" in feedback
+        assert result.isolation["memory"]["tmpfs_bytes"] == {"/dev/shm": 32 << 20, "scratch": 48 << 20}
+    else:
+        assert "dev_shm blocked: PermissionError" in feedback  # Landlock: no /dev/shm without bwrap
+    assert "GOT" not in feedback.replace("scratch GOT", "")
+    assert not host_shm_has("hog")  # nothing reached the host's /dev/shm
+    assert "seccomp (shared memory)" in result.isolation["memory"]["mechanisms"]
+    assert_next_turn_ok(result)
+
+
+@pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap (bwrap) is not installed")
+async def test_a_forked_repl_gets_the_same_tmpfs_sizes(tmp_path):
+    from recursa.sandbox import SubprocessSandbox
+    from recursa.sandbox.forkserver import ForkServer
+
+    async def handler(fn: str, args: dict[str, Any]) -> Any:
+        return None
+
+    fork_server = ForkServer()
+    sb = SubprocessSandbox(
+        bwrap=True,
+        fork_server=fork_server,
+        hardening=Hardening(max_shm_bytes=16 << 20, max_scratch_bytes=24 << 20),
+    )
+    try:
+        await sb.start(handler)
+        assert sb.isolation.get("forked"), sb.isolation
+        result = await sb.execute(MEMORY_ATTEMPTS, 60)
+        out = result.stdout
+        assert "/dev/shm/hog stopped at 16 MiB" in out and "hog stopped at 24 MiB" in out, out
+        assert "shared_anonymous blocked" in out and "memfd blocked" in out
+        assert (await sb.execute("print('alive')", 10)).stdout == "alive\n"
+        assert not host_shm_has("hog")
+    finally:
+        await sb.close()
+        await fork_server.close()
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -17,8 +17,8 @@ import openai
 import pytest
 
 from recursa.lm.base import CallMeta
+from recursa.lm.tokens import count_message_tokens, count_tokens
 from recursa.testing.fake_server import FakeServer, Fault, ScriptedResponder, UnknownModelError
-from recursa.testing.tokens import count_message_tokens, count_tokens
 
 from .helpers import request_overlap
 

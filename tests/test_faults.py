@@ -19,8 +19,8 @@ import recursa.loop.tree as tree_module
 from recursa import RLM, Budget
 from recursa.lm.base import estimate_tokens_upper
 from recursa.lm.retry import RetryPolicy
+from recursa.lm.tokens import count_tokens
 from recursa.testing.fake_server import FakeServer, Fault, FaultRule, FaultSchedule
-from recursa.testing.tokens import count_tokens
 
 KEY = "sk-faults-test-0123456789abcdef"
 PROVIDERS = ("openai", "anthropic")
@@ -299,7 +299,7 @@ async def test_a_stream_cut_mid_way_surfaces_as_an_error_in_both_sdks() -> None:
 
 
 def test_the_served_stream_survives_an_upstream_reply_cut_mid_body(server, script, faults, tmp_path):
-    from recursa.serve.background import BackgroundServer
+    from recursa.asgi.background import BackgroundServer
     from recursa.serve.openai_server import create_app
     from recursa.serve.settings import ServeSettings
 
@@ -372,7 +372,7 @@ def test_fault_constructors_and_plan_entries() -> None:
 def test_estimates_match_the_fake_servers_count() -> None:
     # The billing estimate and the fake's token count use one ratio, so tests can compare exactly.
     from recursa.lm.billing import estimate_prompt_tokens
-    from recursa.testing.tokens import count_message_tokens
+    from recursa.lm.tokens import count_message_tokens
 
     messages = [{"role": "system", "content": "s" * 101}, {"role": "user", "content": "héllo " * 9}]
     assert estimate_prompt_tokens(messages) == count_message_tokens(messages) == 26 + 4 + 14 + 4

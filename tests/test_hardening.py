@@ -19,11 +19,12 @@ import pytest
 from recursa.context import build_payload
 from recursa.errors import SandboxError
 from recursa.sandbox import Hardening, InProcessSandbox, SubprocessSandbox, make_sandbox
-from recursa.sandbox import hardening as hmod
 from recursa.sandbox.bwrap import bwrap_command, find_bwrap
 from recursa.sandbox.guard import group_members, threads_total
 from recursa.sandbox.hardened import HostHardening
 from recursa.sandbox.policy import describe
+from recursa.sandbox.worker import landlock as hmod
+from recursa.sandbox.worker import seccomp
 
 linux_only = pytest.mark.skipif(hmod.landlock_abi() < 6, reason="needs Landlock ABI >= 6 (Linux 6.12+)")
 needs_bwrap = pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap (bwrap) is not installed")
@@ -90,13 +91,13 @@ def run_bpf(program: bytes, nr: int, arch: int, args: tuple[int, ...] = ()) -> i
 
 @pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
 def test_seccomp_program_decisions(machine: str) -> None:
-    prog = hmod.seccomp_filter(machine, own_pid=100, own_pgid=100, restrict_signals=False)
+    prog = seccomp.seccomp_filter(machine, own_pid=100, own_pgid=100, restrict_signals=False)
     assert len(prog) % 8 == 0 and len(prog) // 8 < 4096
     arch = X86 if machine == "x86_64" else ARM
     col = 0 if machine == "x86_64" else 1
 
     def nr(name: str) -> int:
-        n = hmod._NR[name][col]
+        n = seccomp._NR[name][col]
         assert n is not None
         return n
 
@@ -119,12 +120,19 @@ def test_seccomp_program_decisions(machine: str) -> None:
     assert run_bpf(prog, nr("setpriority"), arch, (0, 0, 19)) == ALLOW
     assert run_bpf(prog, nr("setpriority"), arch, (0, 1234, 19)) == EPERM
     assert run_bpf(prog, nr("kill"), arch, (1234, 9)) == ALLOW  # Landlock's signal scope decides
+    for name in ("memfd_create", "memfd_secret", "shmget", "msgget", "mq_open"):  # memory no rlimit counts
+        assert run_bpf(prog, nr(name), arch) == EPERM, name
+    mmap = nr("mmap")
+    assert run_bpf(prog, mmap, arch, (0, 1 << 30, 3, 0x22)) == ALLOW  # private anonymous: RLIMIT_DATA
+    assert run_bpf(prog, mmap, arch, (0, 1 << 30, 3, 0x21)) == EPERM  # shared anonymous
+    assert run_bpf(prog, mmap, arch, (0, 1 << 30, 3, 0x23)) == EPERM  # MAP_SHARED_VALIDATE
+    assert run_bpf(prog, mmap, arch, (0, 4096, 3, 0x01, 5)) == ALLOW  # a shared file mapping
     if machine == "x86_64":
         assert run_bpf(prog, 0x40000000 | 41, arch) == EPERM  # x32 socket()
 
 
 def test_seccomp_restricts_signals_when_landlock_cannot() -> None:
-    prog = hmod.seccomp_filter("x86_64", own_pid=100, own_pgid=100, restrict_signals=True)
+    prog = seccomp.seccomp_filter("x86_64", own_pid=100, own_pgid=100, restrict_signals=True)
     kill, tgkill, fcntl = 62, 234, 72
     assert run_bpf(prog, kill, X86, (100, 2)) == ALLOW
     assert run_bpf(prog, kill, X86, (0, 2)) == ALLOW
@@ -138,7 +146,7 @@ def test_seccomp_restricts_signals_when_landlock_cannot() -> None:
 
 def test_no_table_for_other_machines() -> None:
     with pytest.raises(KeyError):
-        hmod.seccomp_filter("riscv64", own_pid=1, own_pgid=1, restrict_signals=False)
+        seccomp.seccomp_filter("riscv64", own_pid=1, own_pgid=1, restrict_signals=False)
 
 
 # -- honest reporting ----------------------------------------------------------------------------
@@ -175,10 +183,10 @@ def test_levels_follow_what_was_verified() -> None:
 
 
 def test_a_worker_that_cannot_load_hardening_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    from recursa.sandbox import worker
+    from recursa.sandbox.worker import server
 
-    monkeypatch.setattr(worker, "HARDENING_FILE", "no-such-hardening.py")
-    report = worker.harden({"hardening": {"read_write": ["/nonexistent"]}})
+    monkeypatch.setattr(server, "HARDENING_MODULE", "no_such_hardening")
+    report = server.harden({"hardening": {"read_write": ["/nonexistent"]}})
     assert report["requested"] and "error" in report
     isolation = describe(report, bwrap=False, process_limit=None)
     assert isolation["level"] == "partial" and not isolation["landlock"] and not isolation["seccomp"]

@@ -15,10 +15,10 @@ import httpx
 import openai
 import pytest
 
+from recursa.lm.tokens import count_message_tokens
 from recursa.testing.fake_server import FakeServer, VirtualClock
 from recursa.testing.latency import PROFILES, LatencyProfile, SimRequest, get_profile, simulate
 from recursa.testing.prefix_cache import BLOCK_TOKENS, PrefixCache, block_keys
-from recursa.testing.tokens import count_message_tokens
 
 SYSTEM = "s" * 640  # 160 content tokens + 4 role tokens = 164 tokens: 10 full blocks and 4 over
 

@@ -425,7 +425,7 @@ def test_a_killed_host_takes_what_the_repl_code_forked_along(server, script, tmp
 
 def _is_worker(cmdline: str) -> bool:
     # The worker runs from its cached bytecode when it can (recursa/sandbox/bytecode.py).
-    return "worker.py" in cmdline or "worker.cpython-" in cmdline
+    return "sandbox/worker/" in cmdline
 
 
 def _cmdline(pid: int) -> str:

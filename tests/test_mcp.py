@@ -12,8 +12,9 @@ import pytest
 pytest.importorskip("mcp")
 import httpx
 from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
 
-from recursa.serve.background import BackgroundServer
+from recursa.asgi.background import BackgroundServer
 from recursa.serve.mcp_server import TOOL_NAME, build_mcp_server, with_bearer_key
 from recursa.serve.settings import ServeSettings
 from recursa.tasks import generate
@@ -56,7 +57,9 @@ async def test_stdio_server_answers_over_a_path_with_progress_per_turn(needle, t
         ],
     )
     progress = Progress()
-    async with Client(params, read_timeout_seconds=60) as client:
+    # A transport, not the parameters: Client takes stdio parameters only from mcp 2.3 on, and the
+    # server side also runs on 2.0 (the version verifiers pins).
+    async with Client(stdio_client(params), read_timeout_seconds=60) as client:
         tools = (await client.list_tools()).tools
         assert [t.name for t in tools] == [
             TOOL_NAME,

@@ -14,7 +14,7 @@ import pytest
 
 from recursa.methods import METHODS, MethodSettings, get_method
 from recursa.methods.base import model_window
-from recursa.scripted.knobs import Settings
+from recursa.scripted.knobs import DEFAULT_WINDOW, Settings
 from recursa.scripted.oracle import label_for
 from recursa.tasks import families, generate
 from recursa.trace import load
@@ -62,6 +62,8 @@ def test_base_llm_fails_cleanly_past_its_window_and_reads_within_it(tmp_path) ->
     assert (
         model_window("scripted/base-llm:window=4000") == 4000 and model_window("openai/gpt-5-mini") == 272_000
     )
+    # The baselines fit a scripted model's context to the window the scripted model enforces.
+    assert model_window("scripted/base-llm") == DEFAULT_WINDOW
 
 
 def test_no_subcalls_loses_on_low_cue_oolong_and_on_pairs(tmp_path) -> None:

@@ -101,7 +101,8 @@ def test_root_sees_metadata_only_and_truncated_output(server, script, tmp_path):
     assert f"{len(context):,} characters" in first[1]["content"]
     feedback = server.requests[1].messages[-1]["content"]
     assert len(feedback) < 2_500 and "characters omitted" in feedback
-    assert feedback.rstrip().endswith("tail")
+    output, reminder = feedback.split("\n\n(The question you are answering: ")
+    assert output.rstrip().endswith("tail") and reminder == "q)"
 
 
 def test_no_code_and_errors_become_messages_for_the_next_turn(server, script, tmp_path):
@@ -172,11 +173,13 @@ def test_sub_model_and_model_override_and_headers(server, script, tmp_path):
     script.root("root-model", code("FINAL(llm_query('hi') + llm_query('hi', model='other-model'))"))
     script.sub("sub-model", lambda p: "S")
     script.sub("other-model", lambda p: "O")
-    result = make_rlm(server, tmp_path).run("q", "ctx")
+    result = make_rlm(server, tmp_path, allowed_models=["openai/other-model"]).run("q", "ctx")
     assert result.answer == "SO"
     assert not any(k.startswith("x-rlm-") for k in subs(server)[0].headers)  # attribution is opt-in
     server.reset()
-    result = make_rlm(server, tmp_path, call_headers=True).run("q", "ctx")
+    result = make_rlm(server, tmp_path, call_headers=True, allowed_models=["openai/other-model"]).run(
+        "q", "ctx"
+    )
     sub = subs(server)[0]
     assert sub.headers["x-rlm-depth"] == "1"
     assert sub.headers["x-rlm-parent-id"] == result.run_id

@@ -143,12 +143,12 @@ async def test_runtime_error_traceback_is_trimmed_to_repl(sandbox: Sandbox) -> N
     assert r.error.endswith("NameError: name 'undefined_name' is not defined")
     assert 'File "<repl>", line 5, in <module>' in r.error
     assert "return undefined_name" in r.error  # the source line of the failing frame
-    assert "worker.py" not in r.error and "inprocess.py" not in r.error
+    assert "sandbox/worker" not in r.error and "inprocess.py" not in r.error
     assert r.error in r.stderr
 
 
 async def test_reserved_names_are_restored(sandbox: Sandbox, host: Host) -> None:
-    r = await run(sandbox, "context = 'mine'\nllm_query = None\ndel FINAL\nanswer = 5")
+    r = await run(sandbox, "context = 'mine'\nllm_query = None\ndel FINAL\ndel answer")
     assert set(r.restored_names) == {"context", "llm_query", "FINAL", "answer"}
     assert any("restored" in n and "llm_query" in n for n in r.notes)
     r = await run(sandbox, "print(context, answer)\nllm_query('again')")
@@ -156,6 +156,28 @@ async def test_reserved_names_are_restored(sandbox: Sandbox, host: Host) -> None
     assert r.restored_names == []
     r = await run(sandbox, "FINAL('ok')")
     assert r.final is not None and r.final.text == "ok"
+
+
+async def test_answer_bound_to_a_value_of_the_models_own_is_kept(sandbox: Sandbox) -> None:
+    # The paper's prompt writes `answer = llm_query(...)`; FINAL_VAR must return that value, not the
+    # protocol dict restored over it.
+    r = await run(sandbox, "answer = 42")
+    assert r.restored_names == [] and any('FINAL_VAR("answer")' in n for n in r.notes)
+    assert "answer" in await sandbox.variable_names()
+    r = await run(sandbox, "print(answer + 1)")
+    assert r.stdout == "43\n" and r.notes == []
+    found = await sandbox.get_variable("answer")
+    assert found is not None and (found.value, found.text) == (42, "42")
+    r = await run(sandbox, "FINAL_VAR(answer)")
+    assert r.final is not None and r.final.value == 42
+    r = await run(sandbox, "FINAL_VAR('answer')")
+    assert r.final is not None and (r.final.value, r.final.var_name) == (42, "answer")
+    r = await run(sandbox, "del answer")  # the protocol comes back once the name is free
+    assert r.restored_names == ["answer"] and "answer" not in await sandbox.variable_names()
+    r = await run(sandbox, "answer['content'] = 'dict again'\nanswer['ready'] = True")
+    assert r.final is not None and (r.final.protocol, r.final.text) == ("answer", "dict again")
+    r = await run(sandbox, "answer = {'content': 'adopted', 'ready': True}")  # a protocol-shaped dict
+    assert r.final is not None and (r.final.protocol, r.final.text) == ("answer", "adopted")
 
 
 # -- answers ------------------------------------------------------------------------------------
@@ -371,7 +393,7 @@ async def test_worker_dying_between_cells_is_noticed(proc_sandbox: SubprocessSan
     pid = proc_sandbox.pid
     assert pid is not None
     os.kill(pid, 9)
-    # The worker is the keeper's child, not ours (see worker.py): wait until the keeper reaped it
+    # The worker is the keeper's child, not ours (see worker/keeper.py): wait until the keeper reaped it
     # (a zombie leader whose threads are still exiting does not count as exited yet).
     await asyncio.to_thread(_wait_until_gone, pid, 2.0)
     r = await run(proc_sandbox, "1 + 1")
@@ -505,11 +527,15 @@ def test_worker_stdio_mode_with_inline_context() -> None:
 
 
 def test_worker_is_standalone_stdlib() -> None:
-    tree = ast.parse(WORKER_PATH.read_text())
-    modules = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    modules |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    assert modules - {"__future__"} <= set(sys.stdlib_module_names)
-    assert "pickle" not in modules and "marshal" not in modules
+    files = sorted(WORKER_PATH.parent.glob("*.py"))
+    assert len(files) > 5 and all(len(f.read_text().splitlines()) <= 600 for f in files)
+    for path in files:
+        tree = ast.parse(path.read_text())
+        imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+        modules = {a.name.split(".")[0] for n in imports if isinstance(n, ast.Import) for a in n.names}
+        modules |= {n.module.split(".")[0] for n in imports if isinstance(n, ast.ImportFrom) and n.level == 0}
+        assert modules - {"__future__"} <= set(sys.stdlib_module_names), path.name
+        assert "pickle" not in modules and "marshal" not in modules, path.name
 
 
 def test_frames_are_json_only() -> None:

@@ -20,13 +20,13 @@ import pytest
 
 from recursa.errors import ConfigError
 from recursa.lm.base import CallMeta, LMClient, LMRequest
+from recursa.lm.tokens import count_message_tokens, count_tokens
 from recursa.scripted import get_policy, policy_names
 from recursa.scripted.catalog import _POLICIES
 from recursa.scripted.client import ScriptedClient
 from recursa.scripted.conversation import read
 from recursa.tasks import Task, generate
 from recursa.tasks.oolong import LABELS, QUESTION_KINDS
-from recursa.testing.tokens import count_message_tokens, count_tokens
 
 _FENCE = re.compile(r"```repl[ \t]*\n(.*?)\n```", re.DOTALL)
 _PROSE_FINAL_VAR = re.compile(r"^FINAL_VAR\(\s*[\"']?(\w+)[\"']?\s*\)", re.MULTILINE)

@@ -22,8 +22,8 @@ import httpx
 import openai
 
 from recursa import Budget
+from recursa.asgi.background import BackgroundServer
 from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION
-from recursa.serve.background import BackgroundServer
 from recursa.serve.openai_server import create_app
 from recursa.serve.request import ApiError, parse_chat_request
 from recursa.serve.settings import ServeSettings
@@ -59,6 +59,7 @@ def srv(tmp_path_factory, files) -> Iterator[BackgroundServer]:
         api_key=KEY,
         context_roots=(files,),
         allow_context_urls=True,
+        allow_private_urls=True,  # the test's web server is on 127.0.0.1
         budget=Budget(max_llm_calls=50),
     )
     with BackgroundServer(create_app(settings)) as server:

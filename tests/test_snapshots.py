@@ -313,7 +313,7 @@ async def test_a_forged_restored_pid_never_aims_the_hosts_signals_elsewhere(
     # Code may rewrite the worker's own functions; the snapshot inherits them. Claim to be the host.
     forge = (
         "import sys\n"
-        "W = sys.modules['__main__']\n"
+        "W = sys.modules['recursa_worker.snapshots']\n"
         "real = W.Snapshots._take_over\n"
         "def forged(self, parent, fds):\n"
         "    transport, info = real(self, parent, fds)\n"
@@ -337,7 +337,7 @@ def test_huge_page_join_builds_canonical_strs() -> None:
     memory can be advised for huge pages, which keeps fork snapshots cheap); it must equal "".join."""
     import random
 
-    from recursa.sandbox.worker import _join_in_huge_pages
+    from recursa.sandbox.worker.context import _join_in_huge_pages
 
     rnd = random.Random(3)
     alphabets = [(32, 127), (128, 256), (256, 0xD800), (0xE000, 0x10000), (0x10000, 0x110000)]

@@ -463,3 +463,20 @@ def test_an_answer_that_never_fits_the_schema_ends_with_the_reason(server, tmp_p
     assert result.error.startswith(
         "the last answer does not match answer_schema: (the value): Input should be"
     )
+    assert result.value is None
+
+
+def test_an_answer_that_never_fits_has_no_value_and_the_error_names_every_failed_field(server, tmp_path):
+    from pydantic import BaseModel
+
+    class Person(BaseModel):
+        name: str
+        age: int
+
+    use(server, code("p = {'name': 5}"), "FINAL_VAR(p)")
+    result = make_rlm(server, tmp_path, max_iterations=1).run("q", "ctx", answer_schema=Person)
+    assert result.stop_reason == "max_iterations"
+    assert result.value is None
+    assert result.answer == "{'name': 5}"
+    assert "name: Input should be a valid string" in result.error
+    assert "age: Field required" in result.error

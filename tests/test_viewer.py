@@ -237,7 +237,7 @@ def test_embedded_data_cannot_close_the_script_element(tmp_path):
     path = synthetic_trace(tmp_path / "t.jsonl", subs=5, children=0, turns=1)
     path.write_text(path.read_text().replace("Synthetic question", "</script><script>alert(1)</script>"))
     html = render_html(build_view(path))
-    assert "</script><script>alert(1)" not in html and "<\\/script><script>alert(1)" in html
+    assert "</script><script>alert(1)" not in html and "\\u003c/script\\u003e\\u003cscript" in html
 
 
 def test_server_serves_the_page_and_rereads_a_growing_trace(tmp_path, deep_trace):
@@ -279,7 +279,7 @@ def _open(browser, url: str, width: int = 1400, height: int = 900):
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.goto(url)
-    page.wait_for_function("window.__recursaViewer && window.__recursaViewer.ready", timeout=30_000)
+    page.wait_for_selector("body[data-ready='1']", state="attached", timeout=30_000)
     return page, errors
 
 
@@ -331,12 +331,14 @@ def test_page_shows_the_tree_details_search_and_timeline(browser, deep_trace, tm
 
     # search narrows the tree to matches and their ancestors
     page.fill("#search", "FINAL_VAR")
-    page.wait_for_function("document.getElementById('search-count').textContent.includes('found')")
+    page.wait_for_selector("#search-count:has-text('found')")
     assert page.locator(".row.match").count() >= 1
     page.press("#search", "Enter")
     assert "FINAL_VAR" in page.text_content("#detail")
     page.fill("#search", "")
-    page.wait_for_function("document.getElementById('search-count').textContent === ''")
+    from playwright.sync_api import expect
+
+    expect(page.locator("#search-count")).to_have_text("")
 
     assert _painted_pixels(page) > 500  # the timeline is drawn
     assert not errors
@@ -368,7 +370,7 @@ def test_ten_thousand_nodes_stay_responsive(browser, tmp_path):
     # a search over every node's text finds one needle among 10,000
     t = time.perf_counter()
     page.fill("#search", "needle-run_root-3-777 ")
-    page.wait_for_function("document.getElementById('search-count').textContent.includes('found')")
+    page.wait_for_selector("#search-count:has-text('found')")
     search_s = time.perf_counter() - t
     assert page.text_content("#search-count").startswith("1 found")
     page.press("#search", "Enter")
@@ -390,7 +392,7 @@ def test_live_view_follows_a_growing_trace(browser, tmp_path):
         assert "running" in page.text_content("#summary")
         with path.open("a") as fh:
             fh.write(full[-1] + "\n")
-        page.wait_for_function("document.getElementById('live').hidden === true", timeout=15_000)
+        page.wait_for_selector("#live", state="hidden", timeout=15_000)
         assert "final" in page.text_content("#summary")
         assert not errors
         _shot(page, tmp_path, "viewer-narrow.png")

@@ -72,8 +72,19 @@ class ModelGateway:
         self.trace = trace
         self.settings = settings
         self._clients: dict[str, LMClient] = {}
+        self._shared: dict[str, LMClient] = {}  # owned elsewhere: used here, never closed here
+        self._catch_all: LMClient | None = None
+
+    def share(self, clients: dict[str, LMClient], *, catch_all: LMClient | None = None) -> None:
+        """Use clients owned elsewhere (an RL environment's, one connection pool for many trees);
+        `catch_all` serves every model not named (a trainer's sub_call function)."""
+        self._shared.update(clients)
+        self._catch_all = catch_all
 
     def client(self, spec: str) -> LMClient:
+        shared = self._shared.get(spec) or self._catch_all
+        if shared is not None:
+            return shared
         if spec not in self._clients:
             s = self.settings
             self._clients[spec] = make_client(
@@ -90,6 +101,7 @@ class ModelGateway:
                 await warm()
 
     async def aclose(self) -> None:
+        # Shared clients stay open: their owner closes them once every tree is done.
         clients, self._clients = list(self._clients.values()), {}
         for client in clients:
             await client.aclose()
@@ -195,6 +207,55 @@ class ModelGateway:
             **_token_fields(response),
         )
         return response
+
+    def record(
+        self,
+        spec: str,
+        messages: list[Message],
+        response: LMResponse,
+        *,
+        meta: CallMeta,
+        run_id: str,
+        usage_scopes: list[Usage],
+        trace_messages: list[Message],
+        latency_s: float = 0.0,
+    ) -> None:
+        """A reply made outside the gateway (a trainer generating the root's turns with its own
+        engine): counted in the ledger and usage, never refused, and traced as any lm_call is."""
+        provider, model = parse_model(spec)
+        del messages  # the trace keeps only the new messages, as for any root call
+        usage = ModelUsage(
+            input_tokens=response.input_tokens,
+            output_tokens=response.output_tokens,
+            cached_tokens=response.cached_tokens,
+            cost_usd=response.provider_cost_usd
+            or self.prices.cost(
+                provider, model, response.input_tokens, response.output_tokens, response.cached_tokens
+            )
+            or 0.0,
+            llm_calls=1,
+        )
+        self.ledger.charge(usage.total_tokens, usage.cost_usd)
+        for scope in usage_scopes:
+            scope.record(spec, usage)
+        self.trace.emit(
+            "lm_call",
+            run_id=run_id,
+            call_id=meta.call_id,
+            parent_id=meta.parent_id,
+            depth=meta.depth,
+            purpose=meta.purpose,
+            model=spec,
+            new_messages=trace_messages,
+            response=fold(response.text, REPLY_TRACE_CHARS),
+            usage=usage.to_dict(),
+            cost_known=True,
+            latency_s=round(latency_s, 6),
+            finish_reason=response.finish_reason,
+            attempts=1,
+            external=True,
+            **_token_fields(response),
+        )
 
     async def _attempts(self, request: LMRequest, state: _CallState) -> LMResponse:
         """Try until an answer, a final error, or no retries left (per call or per run)."""

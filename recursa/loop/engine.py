@@ -13,10 +13,19 @@ from recursa.errors import BudgetExceeded, LMError, RecursaError
 from recursa.lm.base import CallMeta, LMResponse, Message
 from recursa.lm.prices import PriceBook
 from recursa.loop.compaction import WindowTracker, compacted_history, split_for_compaction, summary_prompt
+from recursa.loop.feedback import EMPTY_REPLY_MESSAGE, LAST_CALL_MESSAGE, NO_CODE_MESSAGE, fence_hint
+from recursa.loop.importable import modules_line
 from recursa.loop.options import RunOptions
 from recursa.loop.output import render_turn
 from recursa.loop.parse import ParsedReply, is_identifier, parse_reply
-from recursa.loop.prompts import PromptSettings, first_message, system_prompt, template_for, tools_text
+from recursa.loop.prompts import (
+    PromptSettings,
+    first_message,
+    prompt_variant,
+    system_prompt,
+    template_for,
+    tools_text,
+)
 from recursa.loop.subcalls import SubcallHandler
 from recursa.loop.tree import CallTree, new_id
 from recursa.result import RLMResult
@@ -25,19 +34,10 @@ from recursa.tools.spec import Tool
 from recursa.trace.writer import TRACE_FORMAT, fold
 from recursa.usage import Usage
 
+# The question repeated in each feedback message is cut to this many characters.
+_REMINDER_CHARS = 500
 # Outputs shown in the trace are folded: the root saw at most max_output_chars of them anyway.
 _TRACE_OUTPUT_CHARS = 20_000
-
-NO_CODE_MESSAGE = (
-    "Your reply had no ```repl code block and no final answer, so nothing ran. Write code in a "
-    "block that starts with ```repl and ends with ``` on a line of its own. When you have the answer, "
-    "write it on a line of its own as FINAL(your answer), with the parentheses, or FINAL_VAR(name) "
-    "for a variable you already assigned in the REPL."
-)
-LAST_CALL_MESSAGE = (
-    "You have used all {n} turns. No more code will run. Reply now with your final answer on a line "
-    "of its own: FINAL(your answer), or FINAL_VAR(variable_name) for a value already in the REPL."
-)
 
 
 @dataclass
@@ -71,6 +71,8 @@ class RunEngine:
         self.usage = Usage()
         self.usage_scopes = [self.usage, *(parent_scopes or [])]
         self.model = self.config.model_for_depth(depth)
+        # Which built-in prompt (or template file) this run's root gets; in the result and trace.
+        self.prompt_variant = prompt_variant(self.model, self.config.prompt)
         self._call_ids = itertools.count(1)
         self.options = options or RunOptions()
         self._sandbox: Sandbox | None = None
@@ -79,6 +81,25 @@ class RunEngine:
             WindowTracker(self.config.root_window_tokens) if self.config.root_window_tokens else None
         )
         self._history: list[Message] = []  # every root message, also after compactions
+        # The stepping state (begin, step, finish): recursa.env steps a run with a trainer's replies.
+        self.messages: list[Message] = []  # what the root sees next (compaction may shorten it)
+        self.turn = 0
+        self.done = False
+        self.result: RLMResult = RLMResult(
+            answer="",
+            value=None,
+            usage=self.usage,
+            stop_reason="error",
+            iterations=0,
+            trace_path=tree.trace.path,
+            run_id=self.run_id,
+        )
+        self._sent = 0  # messages already stored in the trace: each is written once, not per turn
+        self._started = time.perf_counter()
+        self._opening: asyncio.Task[tuple[Sandbox, list[str]]] | None = None
+        self._warming: asyncio.Task[None] | None = None
+        self._pending: BaseException | None = None  # raised by finish(): a cancellation or a bug
+        self._finished = False
 
     def new_call_id(self) -> str:
         return f"{self.run_id}.c{next(self._call_ids)}"
@@ -100,9 +121,19 @@ class RunEngine:
         finally:
             payload.close()
 
-    # -- the loop ------------------------------------------------------------------------------
+    # -- the loop: RLM.run drives it here; recursa.env steps it with a trainer's replies ---------
     async def run(self) -> RLMResult:
-        started = time.perf_counter()
+        self.begin()
+        while not self.done:
+            await self.step()
+        return await self.finish()
+
+    def begin(self) -> None:
+        """Start the run: run_start in the trace, the opening messages in `messages`, and the REPL
+        starting (process, hardening, context load, tools) while the first reply is generated: that
+        reply needs only the context's metadata. A child among twenty starting at once, or a 1 GB
+        context, no longer delays the first request."""
+        self._started = time.perf_counter()
         trace = self.tree.trace
         trace.emit(
             "run_start",
@@ -113,6 +144,7 @@ class RunEngine:
             question=fold(self.question),
             model=self.model,
             sub_model=self.config.sub_model,
+            prompt_variant=self.prompt_variant,
             context=self.payload.info.to_trace(),
             config={
                 "max_depth": self.config.max_depth,
@@ -121,7 +153,7 @@ class RunEngine:
                 "budget": vars(self.config.budget),
             },
         )
-        result = RLMResult(
+        self.result = RLMResult(
             answer="",
             value=None,
             usage=self.usage,
@@ -130,31 +162,75 @@ class RunEngine:
             trace_path=trace.path,
             run_id=self.run_id,
             skipped_files=list(self.payload.info.skipped_files),
+            prompt_variant=self.prompt_variant,
         )
-        # Raised again once the REPL is closed and run_end is written: every run that started ends
-        # in the trace, whether it was cancelled, hit a bug, or is cancelled while closing.
-        pending: BaseException | None = None
+        self._opening = asyncio.create_task(self._open_sandbox(), name=f"recursa-open-{self.run_id}")
+        if self.config.max_depth > self.depth:
+            # The sub-model's client too (SDK and HTTP imports, ~0.14 s in a fresh process), while
+            # the first root call is out: a first batch of sub-calls would otherwise wait for it.
+            self._warming = asyncio.create_task(self.tree.gateway.warm(self.config.sub_model))
+        self.messages = self._opening_messages()
+        self._history = list(self.messages)
+
+    async def step(self, reply: LMResponse | None = None) -> list[Message]:
+        """One turn: the root's reply (asked of the root model when `reply` is None; else the one
+        given, e.g. a trainer's), its code run, the feedback appended. Returns the messages appended,
+        the reply first. What stops the run (an answer, a budget, an error) sets `done`; a
+        cancellation or a bug is raised again by `finish()`, once the REPL is closed."""
+        if self.done:
+            raise RecursaError(
+                f"run {self.run_id} has ended ({self.result.stop_reason}); it takes no more turns"
+            )
+        before = len(self._history)
         try:
-            deadline = self.tree.ledger.deadline
-            async with asyncio.timeout_at(deadline):
-                await self._loop(result)
-        except TimeoutError:
-            result.stop_reason = "timeout"
-            result.error = f"the run's time budget of {self.config.budget.max_seconds:g} s ran out"
-        except BudgetExceeded as exc:
-            result.stop_reason = "timeout" if exc.limit == "max_seconds" else "budget"
-            result.error = str(exc)
-        except LMError as exc:
-            result.stop_reason = "error"
-            result.error = f"the root model call failed: {exc}"
-        except asyncio.CancelledError as exc:
-            result.stop_reason = "cancelled"
-            result.error = "the run was cancelled"
-            pending = exc
-        except Exception as exc:  # a sandbox that cannot start, a bug: still a complete trace
-            result.stop_reason = "error"
-            result.error = str(exc) if isinstance(exc, RecursaError) else f"{type(exc).__name__}: {exc}"
-            pending = exc
+            async with asyncio.timeout_at(self.tree.ledger.deadline):
+                if self.turn < self.config.max_iterations:
+                    await self._turn(reply)
+                else:
+                    await self._last_call(reply)
+        except (Exception, asyncio.CancelledError) as exc:
+            self._fail(exc)
+        return self._history[before:]
+
+    def cancel(self, why: str) -> None:
+        """Stop the run between turns (its owner gave up on it); `finish()` then closes it."""
+        if not self.done:
+            self.done = True
+            self.result.stop_reason = "cancelled"
+            self.result.error = why
+
+    def _fail(self, exc: BaseException) -> None:
+        """Why the run stopped; a cancellation or a bug is kept for finish() to raise again."""
+        r, self.done = self.result, True
+        if isinstance(exc, TimeoutError):
+            seconds = self.config.budget.max_seconds
+            r.stop_reason, r.error = "timeout", f"the run's time budget of {seconds:g} s ran out"
+        elif isinstance(exc, BudgetExceeded):
+            r.stop_reason, r.error = ("timeout" if exc.limit == "max_seconds" else "budget"), str(exc)
+        elif isinstance(exc, LMError):
+            r.stop_reason, r.error = "error", f"the root model call failed: {exc}"
+        elif isinstance(exc, asyncio.CancelledError):
+            r.stop_reason, r.error, self._pending = "cancelled", "the run was cancelled", exc
+        else:
+            r.stop_reason, self._pending = "error", exc
+            r.error = str(exc) if isinstance(exc, RecursaError) else f"{type(exc).__name__}: {exc}"
+
+    async def finish(self) -> RLMResult:
+        """Close the REPL and write run_end (once). Raises again what stopped the run if that was a
+        cancellation or a bug: every run that started ends in the trace, whatever stopped it."""
+        result = self.result
+        if self._finished:
+            return result
+        self._finished = self.done = True
+        pending = self._pending
+        if self._warming is not None and not self._warming.done():
+            self._warming.cancel()
+        opening = self._opening
+        if opening is not None:
+            if not opening.done():
+                opening.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await opening  # so the half-started REPL is in self._sandbox and gets closed
         if self._sandbox is not None and self.options.sandbox is None:  # a session's REPL lives on
             sandbox, self._sandbox = self._sandbox, None
             try:
@@ -166,7 +242,7 @@ class RunEngine:
                 pending = pending or exc
             except Exception as exc:
                 pending = pending or exc
-        self._finish(result, started)
+        self._finish(result, self._started)
         if pending is not None:
             if isinstance(pending, asyncio.CancelledError):
                 # Whoever cancelled arun() can still read what the run had: stop reason "cancelled",
@@ -174,6 +250,23 @@ class RunEngine:
                 pending.partial_result = result  # type: ignore[attr-defined]
             raise pending
         return result
+
+    def abandon(self, why: str) -> None:
+        """End the run without an event loop (the finalizer of an episode nobody closed, or
+        interpreter exit): run_end in the trace, every REPL process of the tree killed now."""
+        if self._finished or self._opening is None:
+            return
+        if not self.done:
+            self.cancel(why)
+        self._finished = True
+        if self._warming is not None and not self._warming.done():
+            with contextlib.suppress(RuntimeError):  # its loop may be closed already
+                self._warming.cancel()
+        if not self._opening.done():
+            with contextlib.suppress(RuntimeError):  # its loop may be closed already
+                self._opening.cancel()
+        self._finish(self.result, self._started)
+        self.tree.abandon()
 
     def _finish(self, result: RLMResult, started: float) -> None:
         if result.stop_reason not in ("final", "max_iterations") and not result.answer and self._partial:
@@ -218,42 +311,24 @@ class RunEngine:
         names = {t.name for t in own}
         return [*own, *(t for t in self.config.sub_tools if t.name not in names)]
 
-    async def _loop(self, result: RLMResult) -> None:
-        # The REPL starts (process, hardening, context load, tools) while the first model call is in
-        # flight: that call needs only the context's metadata. A child RLM among twenty starting at
-        # once, or a 1 GB context, no longer delays the first request.
-        opening = asyncio.create_task(self._open_sandbox(), name=f"recursa-open-{self.run_id}")
-        # The sub-model's client too (SDK and HTTP imports, ~0.1 s in a fresh process): a first
-        # batch of sub-calls would otherwise pay for it inside its first requests.
-        warming = None
-        if self.config.max_depth > self.depth:
-            warming = asyncio.create_task(self.tree.gateway.warm(self.config.sub_model))
-        try:
-            await self._turns(result, opening)
-        finally:
-            if warming is not None and not warming.done():
-                warming.cancel()
-            if not opening.done():
-                opening.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await opening  # so run() finds the half-started REPL in self._sandbox and closes it
-
-    async def _repl(self, result: RLMResult, opening: asyncio.Task[tuple[Sandbox, list[str]]]) -> list[str]:
+    async def _repl(self) -> list[str]:
         """The REPL, once the first reply needs it; its set-up problems, to tell the model."""
-        sandbox, problems = await opening
+        assert self._opening is not None
+        sandbox, problems = await self._opening
         self._sandbox = sandbox
-        result.isolation = dict(sandbox.isolation)
+        self.result.isolation = dict(sandbox.isolation)
         return problems
 
     def _opening_messages(self) -> list[Message]:
         """The system prompt (template, tools, tips) and the first message (question, context facts)."""
+        c = self.config
         settings = PromptSettings(
-            max_depth=self.config.max_depth - self.depth,
-            max_output_chars=self.config.max_output_chars,
-            sub_model_chars=self.config.sub_model_chars,
-            tools_text=tools_text(
-                self.tools(), self.config.sub_tools if self.config.max_depth > self.depth else []
-            ),
+            max_depth=c.max_depth - self.depth,
+            max_output_chars=c.max_output_chars,
+            sub_model_chars=c.sub_model_chars,
+            tools_text=tools_text(self.tools(), c.sub_tools if c.max_depth > self.depth else []),
+            modules=modules_line(c.sandbox, c.sandbox_options),
+            models=tuple(c.subcall_models()) if c.allowed_models else (),
         )
         template = template_for(self.model, self.config.prompt)
         system = system_prompt(template, self.payload.info, settings)
@@ -267,39 +342,72 @@ class RunEngine:
             first += "\n\n" + "\n\n".join(extra)
         return [{"role": "system", "content": system}, {"role": "user", "content": first}]
 
-    async def _turns(self, result: RLMResult, opening: asyncio.Task[tuple[Sandbox, list[str]]]) -> None:
-        messages = self._opening_messages()
-        self._history = list(messages)
-        sent = 0  # messages already stored in the trace: each is written once, not per turn
-        for turn in range(1, self.config.max_iterations + 1):
-            result.iterations = turn
-            self.tree.trace.emit("turn", run_id=self.run_id, turn=turn)
-            if self._window is not None and self._window.needs_compaction(messages):
-                messages = await self._compact(messages, turn)
-                sent = len(messages)
-            reply = await self._root_call(messages, messages[sent:], "root")
-            sent = len(messages) + 1
-            self._remember({"role": "assistant", "content": reply}, messages)
-            problems = await self._repl(result, opening) if turn == 1 else []
-            outcome = await self._act(parse_reply(reply), turn)
-            if problems:
-                outcome.feedback = "\n".join(problems) + "\n\n" + (outcome.feedback or NO_CODE_MESSAGE)
-            if outcome.final is not None:
-                errors = self._check_answer(result, outcome.final)
-                if not errors:
-                    return
-                assert self.options.answer_check is not None
-                outcome.feedback = self.options.answer_check.feedback(errors)
-            feedback = outcome.feedback or NO_CODE_MESSAGE
-            left = self.config.max_iterations - turn
-            if 0 < left <= 3:
-                feedback += f"\n\n[{left} turn{'s' if left > 1 else ''} left]"
-            self._remember({"role": "user", "content": feedback}, messages)
-        await self._last_call(result, messages, sent)
+    async def _turn(self, given: LMResponse | None) -> None:
+        self.turn += 1
+        result = self.result
+        result.iterations = self.turn
+        self.tree.trace.emit("turn", run_id=self.run_id, turn=self.turn)
+        if given is None and self._window is not None and self._window.needs_compaction(self.messages):
+            self.messages = await self._compact(self.messages, self.turn)
+            self._sent = len(self.messages)
+        reply = await self._reply(given, "root")
+        self._remember({"role": "assistant", "content": reply})
+        problems = await self._repl() if self.turn == 1 else []
+        if reply.strip():
+            outcome = await self._act(parse_reply(reply), self.turn)
+        else:
+            outcome = _Outcome(None, EMPTY_REPLY_MESSAGE)
+        if problems:
+            outcome.feedback = "\n".join(problems) + "\n\n" + (outcome.feedback or NO_CODE_MESSAGE)
+        if outcome.final is not None:
+            errors = self._check_answer(result, outcome.final)
+            if not errors:
+                self.done = True
+                return
+            assert self.options.answer_check is not None
+            outcome.feedback = self.options.answer_check.feedback(errors)
+        feedback = outcome.feedback or NO_CODE_MESSAGE
+        left = self.config.max_iterations - self.turn
+        if 0 < left <= 3:
+            feedback += f"\n\n[{left} turn{'s' if left > 1 else ''} left]"
+        self._remember({"role": "user", "content": feedback + self._reminder()})
+        if left == 0:  # out of turns: the next reply may only answer
+            last = LAST_CALL_MESSAGE.format(n=self.config.max_iterations)
+            self._remember({"role": "user", "content": last + self._reminder()})
 
-    def _remember(self, message: Message, messages: list[Message]) -> None:
+    async def _reply(self, given: LMResponse | None, purpose: str) -> str:
+        """The root's next reply: from the root model, or the one given (recorded as the model's)."""
+        new = self.messages[self._sent :]
+        if given is None:
+            text = await self._root_call(self.messages, new, purpose)
+        else:
+            meta = CallMeta(
+                call_id=self.new_call_id(), parent_id=self.parent_run_id, depth=self.depth, purpose=purpose
+            )
+            self.tree.gateway.record(
+                self.model,
+                self.messages,
+                given,
+                meta=meta,
+                run_id=self.run_id,
+                usage_scopes=self.usage_scopes,
+                trace_messages=new,
+            )
+            text = given.text
+        self._sent = len(self.messages) + 1  # every message up to this reply is in the trace
+        return text
+
+    def _reminder(self) -> str:
+        """The question again, at the end of every feedback message: after many turns of output,
+        models otherwise answer a question of their own (a long question is cut)."""
+        question = " ".join(self.question.split())
+        if len(question) > _REMINDER_CHARS:
+            question = question[: _REMINDER_CHARS - 5].rstrip() + " ..."
+        return f"\n\n(The question you are answering: {question})"
+
+    def _remember(self, message: Message) -> None:
         """Append to the live history (which compaction may shorten) and to the full one."""
-        messages.append(message)
+        self.messages.append(message)
         self._history.append(message)
 
     async def _compact(self, messages: list[Message], turn: int) -> list[Message]:
@@ -345,12 +453,11 @@ class RunEngine:
         )
         return response
 
-    async def _last_call(self, result: RLMResult, messages: list[Message], sent: int) -> None:
-        """Out of turns: one more call that may only answer."""
-        self._remember(
-            {"role": "user", "content": LAST_CALL_MESSAGE.format(n=self.config.max_iterations)}, messages
-        )
-        reply = await self._root_call(messages, messages[sent:], "final")
+    async def _last_call(self, given: LMResponse | None) -> None:
+        """Out of turns: one more reply, which may only answer."""
+        result = self.result
+        reply = await self._reply(given, "final")
+        self._remember({"role": "assistant", "content": reply})
         parsed = parse_reply(reply)
         final: FinalAnswer | None = None
         if parsed.prose_final is not None:
@@ -359,10 +466,14 @@ class RunEngine:
             text = reply.strip()
             final = FinalAnswer(text=text, value=text, protocol="forced")
         errors = self._check_answer(result, final)
-        if errors:  # out of turns: hand back what came, and say it does not fit
+        if errors:
+            # Out of turns with an answer that does not fit: its text is kept for the user to see, but
+            # no value, so code reading result.value never gets an unvalidated object.
             self._accept(result, final)
-            result.error = "the last answer does not match answer_schema: " + errors[0]
+            result.value = None
+            result.error = "the last answer does not match answer_schema: " + "; ".join(errors)
         result.stop_reason = "max_iterations"
+        self.done = True
 
     def _check_answer(self, result: RLMResult, final: FinalAnswer) -> list[str]:
         """Accept `final` ([]), or say what does not fit the answer schema."""
@@ -393,7 +504,7 @@ class RunEngine:
     async def _run_reply(self, parsed: ParsedReply, turn: int) -> _Outcome:
         if not parsed.code_blocks:
             if parsed.prose_final is None:
-                return _Outcome(None, NO_CODE_MESSAGE + _fence_hint(parsed))
+                return _Outcome(None, NO_CODE_MESSAGE + fence_hint(parsed))
             final = await self._resolve_prose_final(parsed)
             if final is not None:
                 return _Outcome(final, None)
@@ -468,16 +579,3 @@ class RunEngine:
             f"FINAL_VAR({name}) names no variable in the REPL (defined: {listed}). Assign the answer "
             f"to a variable in a ```repl block first, or write FINAL(your answer) for literal text."
         )
-
-
-def _fence_hint(parsed: ParsedReply) -> str:
-    """Why fenced code in the reply did not run, when it had some."""
-    if not parsed.unlabeled_blocks:
-        return ""
-    tags = sorted({f"```{t}" for t in parsed.other_tags if t})
-    bare = sum(1 for t in parsed.other_tags if not t)
-    kinds = ", ".join([*tags, *(["a bare ```"] if bare else [])])
-    return (
-        f" (Your reply had {parsed.unlabeled_blocks} fenced block(s) ({kinds}) that did not run: only "
-        "blocks opened with ```repl or ```python run.)"
-    )

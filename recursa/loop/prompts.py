@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -9,13 +10,20 @@ from importlib import resources
 from pathlib import Path
 from string import Template
 
+from recursa.config import BUILTIN_TEMPLATES
 from recursa.context import ContextInfo
 from recursa.errors import ConfigError
 from recursa.tools.spec import Tool
 
-BUILTIN_TEMPLATES = ("default", "qwen", "answer-dict")
-# Chunk lengths are listed one by one up to this many; beyond, the root gets a summary instead.
-_LISTED_CHUNKS = 40
+# Built-in prompts: "default" and its per-family variants (the default text plus a few lines of
+# advice from prompts/families/), and "answer-dict" (answers only through the `answer` dict).
+FAMILY_VARIANTS = ("qwen", "small", "claude")
+# Piece lengths of a list or dict context are listed one by one within this many characters of the
+# first message; beyond, the root gets the first ones and a summary.
+_LENGTHS_CHARS = 400
+# A parameter count in a model name ("qwen3-8b", "llama-3.1-8b-instruct"; not the "a3b" of a MoE).
+_SIZE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)b(?![a-z0-9])", re.IGNORECASE)
+_SMALL_MAX_BILLIONS = 14.0
 
 
 @dataclass(frozen=True)
@@ -24,38 +32,72 @@ class PromptSettings:
     max_output_chars: int
     sub_model_chars: int
     tools_text: str = ""
+    modules: str = ""  # what code can import (loop/importable.py); empty: not stated
+    # Named to the model only when the RLM lists extra models (RLM(allowed_models=...)).
+    models: tuple[str, ...] = ()
+
+
+def prompt_variant(model: str, override: str | Path | None = None) -> str:
+    """The prompt a run uses: `override` (a built-in name, or a file path as given), else the built-in
+    variant for the model's family."""
+    if override is not None:
+        return str(override)
+    return family_for(model)
+
+
+def family_for(model: str) -> str:
+    """The built-in variant for a model name. Families differ in known ways: Qwen roots over-call
+    sub-models unless told to batch (the paper's Qwen3-Coder finding), small models (up to about 14B
+    parameters) need batching spelt out and short steps, and Claude models tend to write a code
+    block's output themselves and answer from it in the same reply."""
+    name = model.lower()
+    if "claude" in name or name.startswith("anthropic/"):
+        return "claude"
+    size = _SIZE.search(name)
+    if size is not None and float(size.group(1)) <= _SMALL_MAX_BILLIONS:
+        return "small"
+    if "qwen" in name or "coder-like" in name:
+        return "qwen"
+    return "default"
 
 
 def template_for(model: str, override: str | Path | None = None) -> str:
     """The template text: `override` (a built-in name or a file path), else chosen by model family."""
-    if override is not None:
-        name = str(override)
-        if name in BUILTIN_TEMPLATES:
-            return _builtin(name)
-        path = Path(name)
-        if not path.is_file():
-            raise ConfigError(
-                f"prompt {name!r} is neither a built-in template ({', '.join(BUILTIN_TEMPLATES)}) "
-                "nor a readable file; pass one of those names or a path to a template file."
-            )
-        return path.read_text(encoding="utf-8")
-    # Qwen-family roots over-call sub-models unless told to batch (the paper's Qwen3-Coder finding).
-    if "qwen" in model.lower() or "coder-like" in model.lower():
-        return _builtin("qwen")
-    return _builtin("default")
+    name = prompt_variant(model, override)
+    if name in BUILTIN_TEMPLATES:
+        return _builtin(name)
+    path = Path(name)
+    if not path.is_file():
+        raise ConfigError(
+            f"prompt {name!r} is neither a built-in template ({', '.join(BUILTIN_TEMPLATES)}) "
+            "nor a readable file; pass one of those names or a path to a template file."
+        )
+    return path.read_text(encoding="utf-8")
 
 
 def _builtin(name: str) -> str:
-    return resources.files("recursa.loop").joinpath("prompts", f"{name}.md").read_text(encoding="utf-8")
+    if name in FAMILY_VARIANTS:
+        return Template(_read("default.md")).safe_substitute(family_notes=_read(f"families/{name}.md"))
+    return _read(f"{name}.md")
+
+
+def _read(name: str) -> str:
+    return resources.files("recursa.loop").joinpath("prompts", *name.split("/")).read_text(encoding="utf-8")
 
 
 def system_prompt(template: str, info: ContextInfo, settings: PromptSettings) -> str:
+    # Family notes (already in the template) name the batch size in terms of the sub-model's reach:
+    # the paper's Qwen prompt says 200K characters for a 500K-character sub-model.
     return Template(template).safe_substitute(
         max_output_chars=f"{settings.max_output_chars:,}",
         context_type=_type_phrase(info),
         subcall_tools=_subcall_tools(settings),
         subcall_strategy=_subcall_strategy(settings),
         user_tools=settings.tools_text,
+        modules=settings.modules or "Imports: the standard library.",
+        family_notes="",
+        example=_example(settings),
+        batch_chars=f"{max(settings.sub_model_chars * 2 // 5, 1_000):,}",
     )
 
 
@@ -91,6 +133,10 @@ def _subcall_tools(s: PromptSettings) -> str:
         "- `llm_query_batched(prompts, model=None) -> list[str]` (also `llm_batch`): many prompts at "
         "once, answered in parallel and returned in order. Much faster than a loop of llm_query.",
     ]
+    if len(s.models) > 1:
+        lines.append(
+            f"- `model=` may name one of: {', '.join(s.models)}; the default (None) is {s.models[0]}."
+        )
     if s.max_depth >= 2:
         lines += [
             "- `rlm_query(prompt, context=None) -> str`: hands a sub-question to a child that works "
@@ -113,14 +159,30 @@ def _subcall_strategy(s: PromptSettings) -> str:
     if s.max_depth <= 0:
         return ""
     per_call = max(s.sub_model_chars // 5, 1_000)
-    return (
-        "- For anything that needs understanding rather than matching, split the context into "
-        f"pieces of up to about {per_call:,} characters (or groups of about ten documents), ask a "
-        "sub-model about each with `llm_query_batched`, collect the answers in a list, and combine "
-        "them in code or with one more call.\n"
+    text = (
+        "- Use sub-calls freely for anything that needs understanding rather than matching "
+        "(classifying, extracting, judging, summarising): code finds and counts, models read. Split "
+        f"the context into pieces of up to about {per_call:,} characters (or groups of about ten "
+        "documents), ask a sub-model about each with `llm_query_batched`, collect the answers in a "
+        "list, and combine them in code or with one more call.\n"
         "- Tell each sub-model exactly what to return and in which format, so its answers are easy "
         "to parse."
     )
+    if s.max_depth >= 2:
+        text += (
+            "\n- `llm_query` answers a question about the text you give it in one reply: use it for "
+            "extraction, labels and summaries. `rlm_query` gives a sub-problem to a child with its own "
+            "REPL: use it when the piece is itself too large for one call or the sub-task needs "
+            "several steps of code."
+        )
+    return text
+
+
+def _example(s: PromptSettings) -> str:
+    """One short worked example: chunk, batched sub-calls, aggregate in a variable, FINAL_VAR."""
+    if s.max_depth <= 0:
+        return ""
+    return "\n" + _read("example.md")
 
 
 def first_message(question: str, info: ContextInfo) -> str:
@@ -146,26 +208,36 @@ def first_message(question: str, info: ContextInfo) -> str:
         info.prefix,
         "</preview>",
         "",
-        "You have not seen the context yet: start by exploring it with code.",
+        "You have not seen the context yet. Your first reply should be code that looks at it (its "
+        "size, structure and a sample); do not answer before you have seen what it prints.",
     ]
     return "\n".join(lines)
 
 
 def _chunk_summary(info: ContextInfo) -> str:
-    n = len(info.chunk_lengths)
-    noun = "elements" if info.type_name == "list" else "entries"
-    if n <= _LISTED_CHUNKS:
-        if info.type_name == "dict":
-            listed = ", ".join(f"{k!r}: {v:,}" for k, v in zip(info.keys, info.chunk_lengths, strict=True))
-        else:
-            listed = ", ".join(f"{v:,}" for v in info.chunk_lengths)
-        return f"It has {n} {noun}; their lengths in characters: {listed}."
+    """The length of each piece, as many as fit in the budget; beyond, the first ones and a summary."""
     lengths = info.chunk_lengths
-    first = ", ".join(f"{v:,}" for v in lengths[:10])
-    text = (
-        f"It has {n:,} {noun}; lengths in characters: min {min(lengths):,}, median "
-        f"{int(statistics.median(lengths)):,}, max {max(lengths):,}; the first ten: {first}."
-    )
+    n = len(lengths)
+    noun = "elements" if info.type_name == "list" else "entries"
     if info.type_name == "dict":
-        text += " First keys: " + ", ".join(repr(k) for k in info.keys[:10]) + "."
-    return text
+        items = [f"{_short_key(k)}: {v:,}" for k, v in zip(info.keys, lengths, strict=True)]
+    else:
+        items = [f"{v:,}" for v in lengths]
+    shown: list[str] = []
+    used = 0
+    for item in items:
+        used += len(item) + 2
+        if used > _LENGTHS_CHARS:
+            break
+        shown.append(item)
+    if len(shown) == n:
+        return f"It has {n} {noun}; their lengths in characters: {', '.join(shown)}."
+    return (
+        f"It has {n:,} {noun}; lengths in characters: min {min(lengths):,}, median "
+        f"{int(statistics.median(lengths)):,}, max {max(lengths):,}; the first {len(shown)}: "
+        f"{', '.join(shown)}, ..."
+    )
+
+
+def _short_key(key: str) -> str:
+    return repr(key if len(key) <= 40 else key[:37] + "...")

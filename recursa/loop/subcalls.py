@@ -110,6 +110,7 @@ class SubcallHandler:
     async def _llm_query_batched(self, args: dict[str, Any]) -> list[Any]:
         prompts = _list_arg(args, "prompts", "llm_query_batched")
         model = args.get("model")
+        self._resolve_model(model)  # a refused model fails the whole batch once, not every item
         for i, p in enumerate(prompts):
             if not isinstance(p, str):
                 raise CallbackError(
@@ -176,6 +177,15 @@ class SubcallHandler:
         if not isinstance(model, str) or not model:
             raise CallbackError("TypeError", "model= must be a model name such as 'openai/gpt-5-nano'")
         spec = model if "/" in model else f"{parse_model(self.config.sub_model)[0]}/{model}"
+        allowed = self.config.subcall_models()
+        if spec not in allowed:
+            # Generated code must not pick any model the keys can reach (cost, data routing): only
+            # those the RLM was configured with.
+            raise CallbackError(
+                "SubcallError",
+                f"model {model[:200]!r} is not available to this run; llm_query(model=...) may use: "
+                f"{', '.join(allowed)} (or leave model=None for {allowed[0]}).",
+            )
         try:
             provider, name = parse_model(spec)
         except ValueError as exc:

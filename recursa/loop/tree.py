@@ -7,6 +7,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from recursa.budget import Ledger
 from recursa.config import RLMConfig
@@ -40,6 +41,9 @@ class CallTree:
     _child_slots: dict[int, asyncio.Semaphore] = field(default_factory=dict)
     _closing: dict[Sandbox, asyncio.Future[None]] = field(default_factory=dict)  # closes under way
     fork_server: ForkServer | None = None  # forks the REPLs of a tree with child RLMs (new_sandbox)
+    # A bound on REPLs shared with other trees (recursa.env): take() before a REPL starts, raising
+    # an error that says what to do when none is left; give() once it is closed.
+    repl_quota: Any = None
 
     @classmethod
     def create(cls, config: RLMConfig, prices: PriceBook, root_run_id: str) -> CallTree:
@@ -63,6 +67,8 @@ class CallTree:
             sampling={role: dict(opts) for role, opts in (config.sampling or {}).items()},
         )
         gateway = ModelGateway(ledger=ledger, limiter=limiter, prices=prices, trace=trace, settings=settings)
+        if config.clients:
+            gateway.share(config.clients)  # the user's own client objects: used, never closed here
         host_tools = [t for t in [*config.tools, *config.sub_tools] if t.where == "host"]
         unique = list({id(t.fn): t for t in host_tools}.values())
         return cls(config, ledger, gateway, trace, ToolRunner.of(unique))
@@ -93,9 +99,13 @@ class CallTree:
             if self.fork_server is None:
                 self.fork_server = ForkServer()
             options["fork_server"] = self.fork_server
+        if self.repl_quota is not None:
+            self.repl_quota.take()
         try:
             sandbox = make_sandbox(self.config.sandbox, **options)
         except TypeError as exc:  # an option the sandbox does not take
+            if self.repl_quota is not None:
+                self.repl_quota.give()
             raise ConfigError(
                 f"RLM(sandbox_options=...) does not fit sandbox {self.config.sandbox!r}: {exc}. "
                 "See the sandbox's constructor (recursa.sandbox) for the options it accepts."
@@ -108,11 +118,25 @@ class CallTree:
         cannot cut it short (a half-closed REPL would keep running), and aclose() waits for it."""
         closing = self._closing.get(sandbox)
         if closing is None:
+            if sandbox in self.live_sandboxes and self.repl_quota is not None:
+                self.repl_quota.give()
             self.live_sandboxes.discard(sandbox)
             closing = asyncio.ensure_future(sandbox.close())
             self._closing[sandbox] = closing
             closing.add_done_callback(lambda _f: self._closing.pop(sandbox, None))
         await asyncio.shield(closing)
+
+    def abandon(self) -> None:
+        """Without an event loop (the finalizer of an abandoned episode, interpreter exit): kill
+        every REPL process now and close the trace. aclose() is the orderly way."""
+        for sandbox in list(self.live_sandboxes):
+            self.live_sandboxes.discard(sandbox)
+            if self.repl_quota is not None:
+                self.repl_quota.give()
+            kill_now = getattr(sandbox, "kill_now", None)
+            if kill_now is not None:
+                kill_now()
+        self.trace.close()
 
     async def aclose(self) -> None:
         """Reap every REPL process still alive (after a cancellation), wait for closes already

@@ -112,9 +112,7 @@ def model_window(spec: str) -> int | None:
             text = m.group(1)
             scale = 1_000 if text.endswith("k") else 1_000_000 if text.endswith("m") else 1
             return int(float(text.rstrip("km")) * scale)
-        from recursa.scripted.knobs import DEFAULT_WINDOW
-
-        return DEFAULT_WINDOW
+        name = "gpt-5"  # a scripted model takes GPT-5's window unless window= says otherwise
     for pattern, tokens in _WINDOWS:
         if re.search(pattern, name):
             return tokens

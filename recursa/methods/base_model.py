@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from recursa.errors import BudgetExceeded, LMError
+from recursa.lm.tokens import count_tokens
 from recursa.methods.base import MethodResult, MethodSettings, context_text
 from recursa.methods.prompts import BASE_SYSTEM, TRUNCATION_NOTE, context_block, task_block
 from recursa.methods.session import BaselineRun
 from recursa.tasks.base import Task
-from recursa.testing.tokens import count_tokens
 
 # Room left in the window for the system prompt, the question and the answer.
 _RESERVE_TOKENS = 20_000

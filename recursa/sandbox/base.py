@@ -13,6 +13,10 @@ from recursa.context import ContextPayload
 # code sees it as an exception of the same name with the same message.
 CallHandler = Callable[[str, dict[str, Any]], Awaitable[Any]]
 
+# Every function the REPL's call-backs name (user tools all go through "tool"). A call naming any
+# other came from code writing to the channel itself, and is answered without reaching the handler.
+HOST_FUNCTIONS = frozenset({"llm_query", "llm_query_batched", "rlm_query", "rlm_query_batched", "tool"})
+
 
 class CallbackError(Exception):
     """An error to raise inside the REPL, under `kind` (e.g. "BudgetExceeded")."""

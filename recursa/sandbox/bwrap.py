@@ -2,7 +2,8 @@
 
 Inside, the filesystem holds only what the interpreter needs, read-only (its prefix, the system's
 shared libraries, the two worker files), a private /tmp, a fresh /proc and a minimal /dev, plus the
-scratch directory read-write at its host path (so cwd, HOME and TMPDIR keep their values). The
+scratch directory read-write at its host path (so cwd, HOME and TMPDIR keep their values): a tmpfs
+of a fixed size there, or the host's folder itself. The
 worker's socketpair end is inherited: bwrap keeps file descriptors it is not told to close.
 
 bwrap itself stays in between as the parent of a small init (pid 1 of the namespace), which is the
@@ -65,13 +66,21 @@ def bwrap_command(
     scratch: str,
     extra_read: Sequence[str] = (),
     keep_caps: Sequence[str] = (),
+    *,
+    shm_bytes: int | None = None,
+    scratch_bytes: int | None = None,
 ) -> list[str]:
     """The bwrap argument list that runs `python` with the worker files and `scratch` visible.
 
     `keep_caps`: capabilities (of the new user namespace only) to keep instead of dropping all;
-    a zygote keeps what its children need to make namespaces of their own (zygote.py)."""
+    a zygote keeps what its children need to make namespaces of their own (worker/zygote.py).
+    `shm_bytes`: the size of the private /dev/shm and /tmp (tmpfs pages are memory no rlimit
+    counts). `scratch_bytes`: make `scratch` a tmpfs of that size instead of the host's folder, so
+    what the code writes there is bounded (and gone with the namespace)."""
     fixed, bound = _system_arguments(bwrap, python, tuple(worker_files))
     cmd, binds = list(fixed), list(bound)
+    if shm_bytes is not None:
+        cmd = _sized_tmpfs(cmd, shm_bytes)
     if keep_caps:
         at = cmd.index("--cap-drop")
         cmd[at : at + 2] = [arg for cap in keep_caps for arg in ("--cap-add", cap)]
@@ -79,7 +88,18 @@ def bwrap_command(
         if os.path.exists(path) and not _covered(path, binds):
             binds.append(path)
             cmd.extend(["--ro-bind", path, path])
+    if scratch_bytes is not None:
+        return [*cmd, "--size", str(scratch_bytes), "--tmpfs", scratch, "--chdir", scratch, "--"]
     return [*cmd, "--bind", scratch, scratch, "--chdir", scratch, "--"]
+
+
+def _sized_tmpfs(cmd: list[str], size: int) -> list[str]:
+    out: list[str] = []
+    for arg in cmd:
+        if arg == "--tmpfs":
+            out += ["--size", str(size)]
+        out.append(arg)
+    return out
 
 
 @functools.lru_cache(maxsize=32)

@@ -1,24 +1,23 @@
 """The worker's program files as cached bytecode, so a REPL process does not compile them at start.
 
-Compiling worker.py costs ~18 ms of CPU and hardening.py ~6 ms: a third of a worker's start, paid
-again by every child RLM. The host writes each file's .pyc next to it once (the usual __pycache__
-place) and starts the worker from it. Python runs a .pyc given as the script without checking it
-against its source, so freshness is checked here, against the header the compiler wrote.
+Compiling the worker's modules costs ~25 ms of CPU: a third of a worker's start, paid again by every
+child RLM. The host writes each file's .pyc next to it once (the usual __pycache__ place) and starts
+the worker from it: the entry script's .pyc is run as the script, and the worker's imports find the
+others' like any import does. Python runs a .pyc given as the script without checking it against its
+source, so freshness is checked here, against the header the compiler wrote.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import py_compile
 from pathlib import Path
 
-from recursa.sandbox.protocol import WORKER_PATH
+from recursa.sandbox.protocol import WORKER_DIR, WORKER_PATH
 
-HARDENING_PATH = WORKER_PATH.with_name("hardening.py")
-ZYGOTE_PATH = WORKER_PATH.with_name("zygote.py")
-_WORKER_SIDE = (WORKER_PATH, HARDENING_PATH, ZYGOTE_PATH)
 _HEADER = 16  # magic, flags, source mtime, source size
 
 
@@ -32,14 +31,22 @@ def cached_bytecode(source: Path) -> str | None:
 
 
 def worker_entry() -> str:
-    """What the worker's command line runs: its fresh bytecode, else its source."""
+    """What the worker's command line runs: its fresh bytecode, else its source. Every module of
+    the worker gets its bytecode cached on the way, so its imports do not compile either."""
+    for source in _worker_sources():
+        if source != WORKER_PATH:
+            cached_bytecode(source)
     return cached_bytecode(WORKER_PATH) or os.fspath(WORKER_PATH)
 
 
 def worker_files() -> list[str]:
-    """Every file a worker reads to start (what a bwrap namespace must show it)."""
-    files = [os.fspath(path) for path in _WORKER_SIDE]
-    return files + [c for c in map(cached_bytecode, _WORKER_SIDE) if c is not None]
+    """What a bwrap namespace must show a worker to start: the worker's folder, bytecode included."""
+    return [os.fspath(WORKER_DIR)]
+
+
+@functools.cache
+def _worker_sources() -> tuple[Path, ...]:
+    return tuple(sorted(WORKER_DIR.glob("*.py")))
 
 
 def _fresh(source: Path, cached: str) -> bool:

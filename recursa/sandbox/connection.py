@@ -14,14 +14,30 @@ import os
 import socket
 from typing import Any
 
-from recursa.sandbox.base import CallbackError, CallHandler
+from recursa.sandbox.base import HOST_FUNCTIONS, CallbackError, CallHandler
+from recursa.sandbox.frames import ProtocolError, RefusedFrame
 from recursa.sandbox.processes import WorkerProcess
-from recursa.sandbox.protocol import Channel, ProtocolError
+from recursa.sandbox.protocol import Channel
 
 _LOG_TAIL_CHARS = 2000
 # After the process is seen to exit, frames it sent just before may still be in the channel: let the
 # reader drain them, but do not wait for an end-of-file a forked grandchild could hold back forever.
 _EXIT_DRAIN_S = 0.2
+# Call-backs one worker may have in flight, and the bytes their frames took. At either bound the
+# channel is not read until a call finishes, so a worker writing calls faster than they are served
+# blocks on its own full socket instead of filling the host with tasks. (A batch is one call, and
+# every LM call also waits for the tree's limiter, so a legitimate REPL never comes near.)
+MAX_CALLS_IN_FLIGHT = 256
+MAX_CALL_BYTES_IN_FLIGHT = 256 << 20
+# Answers for what the worker asked about but the host refused to parse (frames.py).
+_REFUSED_CALL = (
+    "the call's arguments are too large to send to the host ({reason}); send less per call: split the "
+    "batch, or join many short strings into one"
+)
+_REFUSED_RESULT = (
+    "ValueError: the result was too large to send to the host ({reason}); keep it in a variable and "
+    "answer with something smaller"
+)
 
 
 class WorkerGone(Exception):
@@ -48,8 +64,11 @@ class Connection:
         self.ready: asyncio.Future[dict[str, Any]] = self.loop.create_future()
         self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self.calls: dict[int, asyncio.Task[None]] = {}
+        self._call_bytes = 0  # frame bytes of the calls in `calls`
+        self._call_done = asyncio.Event()
+        self.refused = 0  # frames answered or dropped without reaching the handler
         self.dead_reason: str | None = None
-        # The snapshot the worker keeps ready (see worker.py), as it last reported it.
+        # The snapshot the worker keeps ready (see worker/snapshots.py), as it last reported it.
         self.control: socket.socket | None = None  # our end of its control socket
         self.snapshot_sid: int | None = None
         self.snapshot_pid: int | None = None  # in the worker's pid namespace
@@ -80,8 +99,13 @@ class Connection:
     async def _read(self) -> None:
         reason = "the REPL process closed its channel"
         try:
-            async for frame in self.chan.frames():
-                self._dispatch(frame)
+            async for frame, size in self.chan.frames():
+                if isinstance(frame, RefusedFrame):
+                    await self._answer_refused(frame)
+                elif frame["op"] == "call":
+                    await self._take_call(frame, size)
+                else:
+                    self._dispatch(frame)
         except ProtocolError as exc:
             reason = f"the REPL process sent an invalid message ({exc})"
             self.process.kill_now()
@@ -92,15 +116,56 @@ class Connection:
             if not self.chan.sending:
                 self.chan.close()  # nothing more can arrive; a dropped sandbox leaves no open socket
 
+    async def _take_call(self, frame: dict[str, Any], size: int) -> None:
+        """Serve a call as a task once there is room for it; answer a bad one at once, without one."""
+        fid, fn, args = frame.get("id"), frame.get("fn"), frame.get("args")
+        if not isinstance(fid, int) or isinstance(fid, bool) or fid in self.calls:
+            # No id to answer to, or that of a call still running (its caller would get our answer).
+            self.refused += 1
+            return
+        if fn not in HOST_FUNCTIONS or not isinstance(args, dict):
+            self.refused += 1
+            what = f"unknown host function {fn!r}" if fn not in HOST_FUNCTIONS else "malformed call"
+            await self._send_quietly(_error_reply(fid, "SubcallError", f"{what} from the REPL"))
+            return
+        while self.calls and (
+            len(self.calls) >= MAX_CALLS_IN_FLIGHT or self._call_bytes + size > MAX_CALL_BYTES_IN_FLIGHT
+        ):
+            self._call_done.clear()
+            await self._call_done.wait()
+        if not self.alive:
+            return  # its tasks were cancelled; nobody is left to answer
+        task = self.loop.create_task(self._serve_call(fid, fn, args))
+        self.calls[fid] = task
+        self._call_bytes += size
+        task.add_done_callback(lambda _t, i=fid, n=size: self._call_finished(i, n))
+
+    def _call_finished(self, call_id: int, size: int) -> None:
+        self.calls.pop(call_id, None)
+        self._call_bytes -= size
+        self._call_done.set()
+
+    async def _answer_refused(self, frame: RefusedFrame) -> None:
+        """A frame too large to parse: its caller (or the request it answers) gets an error."""
+        self.refused += 1
+        if frame.id is None:
+            return
+        if frame.op == "call":
+            message = _REFUSED_CALL.format(reason=frame.reason)
+            await self._send_quietly(_error_reply(frame.id, "SubcallError", message))
+        elif frame.op in ("exec_done", "var", "vars", "defined", "context_loaded"):
+            self._dispatch(
+                {"op": frame.op, "id": frame.id, "error": _REFUSED_RESULT.format(reason=frame.reason)}
+            )
+
+    async def _send_quietly(self, reply: dict[str, Any]) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            await self.chan.send(reply)
+
     def _dispatch(self, frame: dict[str, Any]) -> None:
         op = frame["op"]
         fid = frame.get("id")
-        if op == "call":
-            if isinstance(fid, int):
-                task = self.loop.create_task(self._serve_call(fid, frame.get("fn"), frame.get("args")))
-                self.calls[fid] = task
-                task.add_done_callback(lambda _t, i=fid: self.calls.pop(i, None))
-        elif op == "cancel":
+        if op == "cancel":
             task = self.calls.get(fid) if isinstance(fid, int) else None
             if task is not None:
                 task.cancel()
@@ -130,10 +195,8 @@ class Connection:
             if fut is not None and not fut.done():
                 fut.set_result(frame)
 
-    async def _serve_call(self, call_id: int, fn: Any, args: Any) -> None:
+    async def _serve_call(self, call_id: int, fn: str, args: dict[str, Any]) -> None:
         try:
-            if not isinstance(fn, str) or not isinstance(args, dict):
-                raise CallbackError("SubcallError", "malformed call from the REPL")
             value = await self.handler(fn, args)
             # Encoding here turns a non-JSON (or oversized) result into an error reply, not a crash.
             data = self.chan.encode({"op": "reply", "id": call_id, "ok": True, "value": value})

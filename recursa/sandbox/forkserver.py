@@ -2,9 +2,9 @@
 
 Starting a hardened worker from nothing costs ~40 ms of CPU (bwrap, an interpreter, imports). A
 call tree with twenty child RLMs pays that twenty times at once, and on two cores the last child
-waits half a second for its REPL. A `ForkServer` starts one zygote (worker.py --zygote, see
-zygote.py for what each forked worker does to shut itself off from its siblings) and then hands
-out workers forked from it in a few ms each.
+waits half a second for its REPL. A `ForkServer` starts one zygote (worker/start.py --zygote, see
+worker/zygote.py for what each forked worker does to shut itself off from its siblings) and then
+hands out workers forked from it in a few ms each.
 
 A `ForkServer` has no settings of its own: the first `SubprocessSandbox` that asks for a worker
 starts the zygote with its own (interpreter, hardening, bwrap, environment, scratch root), and a
@@ -37,7 +37,7 @@ from typing import Any
 
 from recursa.sandbox.bwrap import inner_pid
 
-# What the zygote keeps of bwrap's user namespace for its children's first steps (zygote.py).
+# What the zygote keeps of bwrap's user namespace for its children's first steps (worker/zygote.py).
 ZYGOTE_CAPS = ("CAP_SYS_ADMIN", "CAP_SETPCAP")
 
 

@@ -21,8 +21,8 @@ from recursa.errors import SandboxError
 from recursa.sandbox.bwrap import bwrap_command, find_bwrap, inner_pid, namespace_ids
 from recursa.sandbox.bytecode import worker_files
 from recursa.sandbox.guard import ProcessGuard, data_usage, set_data_limit
-from recursa.sandbox.hardening import landlock_abi
 from recursa.sandbox.policy import Hardening, describe, unconfined
+from recursa.sandbox.worker.landlock import landlock_abi
 
 _SCOPED_ABI = 6  # Landlock's first ABI with signal and abstract-socket scoping
 _kernel_landlock_abi = functools.lru_cache(maxsize=1)(landlock_abi)
@@ -64,8 +64,19 @@ class HostHardening:
         if path is None:
             return []
         # Folders the user allowed must exist inside the namespace too, not only pass Landlock.
-        allowed = [os.path.abspath(p) for p in self.options.allow_read] if self.options is not None else []
-        return bwrap_command(path, self.python, worker_files(), scratch, allowed, keep_caps)
+        opts = self.options
+        allowed = [os.path.abspath(p) for p in opts.allow_read] if opts is not None else []
+        return bwrap_command(
+            path,
+            self.python,
+            worker_files(),
+            scratch,
+            allowed,
+            keep_caps,
+            shm_bytes=opts.max_shm_bytes if opts is not None else None,
+            # A zygote's folder holds its workers' scratch folders: each child mounts its own tmpfs.
+            scratch_bytes=opts.max_scratch_bytes if opts is not None and not keep_caps else None,
+        )
 
     def why_not_forked(self) -> str | None:
         """None if workers may come from a zygote (forkserver.py), else why not: forked workers
@@ -136,6 +147,7 @@ class HostHardening:
         self.worker_pid = pid
         limit = self.options.max_processes if self.options is not None else None
         isolation = describe(report, bwrap=self.using_bwrap, process_limit=limit)
+        isolation["memory"] = self._memory(isolation)
         if self.using_bwrap and pid == proc_pid:
             isolation["warnings"].append("the worker's pid inside bwrap was not found: timeouts kill it")
         if limit is not None:
@@ -167,6 +179,29 @@ class HostHardening:
                     stacklevel=4,
                 )
         return pid, isolation
+
+    def _memory(self, isolation: dict[str, Any]) -> dict[str, Any]:
+        """Which mechanisms bound the memory the REPL can make resident, and what they leave open."""
+        opts = self.options
+        if opts is None:
+            return {"mechanisms": [], "tmpfs_bytes": {}, "not_covered": ["hardening is off"]}
+        mechanisms = ["RLIMIT_DATA"]
+        not_covered = ["RLIMIT_DATA is per process: each process the code forks has its own"]
+        if isolation.get("seccomp"):
+            mechanisms.append("seccomp (shared memory)")
+        else:
+            not_covered.append("shared anonymous memory, memfd and System V shared memory (no seccomp)")
+        tmpfs: dict[str, int] = {}
+        if self.using_bwrap:
+            if opts.max_shm_bytes is not None:
+                tmpfs["/dev/shm"] = opts.max_shm_bytes
+            if opts.max_scratch_bytes is not None:
+                tmpfs["scratch"] = opts.max_scratch_bytes
+            if tmpfs:
+                mechanisms.append("tmpfs size")
+        if "scratch" not in tmpfs:
+            not_covered.append("the scratch folder is the host's: bounded per file (max_file_bytes) only")
+        return {"mechanisms": mechanisms, "tmpfs_bytes": tmpfs, "not_covered": not_covered}
 
     def takeover(self, pid: int | None, restored: dict[str, Any] | None, alive: Callable[[], bool]) -> None:
         """A fork snapshot replaced the worker: same process group, new pid and connection.

@@ -1,6 +1,6 @@
 """The host side of every worker-based sandbox: one implementation, many ways to start a worker.
 
-`WorkerHost` implements the Sandbox protocol on top of the worker protocol (worker.py): loading the
+`WorkerHost` implements the Sandbox protocol on top of the worker protocol (worker/): loading the
 context, running cells under a deadline, call-backs, answers, variables, restarts. An adapter only
 says how to start a worker (`_spawn`: a local process, a container, a remote sandbox), how its
 process is stopped (a `WorkerProcess`), and how the context reaches it (`context_transfer`).
@@ -8,7 +8,7 @@ process is stopped (a `WorkerProcess`), and how the context reaches it (`context
 Timeouts keep state. At the deadline the worker gets SIGINT: the cell stops with KeyboardInterrupt
 and every variable is kept. If it has not answered `grace_s` later (a C loop holding the GIL, code
 that swallows the interrupt), or if the worker dies during a cell, the snapshot the worker forked
-before the cell takes over (worker.py, "Snapshots"): the REPL is back in its state from before the
+before the cell takes over (worker/snapshots.py): the REPL is back in its state from before the
 cell in a few milliseconds. Only where no snapshot exists (snapshots off, a container or remote
 adapter, fork failed) is the worker replaced by a fresh one with the context loaded again, and then
 the variables are lost. The model is told which of these happened.
@@ -128,6 +128,11 @@ class WorkerHost:
         """A snapshot has just replaced the worker (`conn.pid` is its host pid where visible)."""
 
     # -- lifecycle -------------------------------------------------------------------------------
+    def kill_now(self) -> None:
+        """Kill the worker at once without an event loop (an abandoned run's finalizer); close() is
+        the orderly way."""
+        self._closed = True
+        self._finalizer()
 
     @property
     def pid(self) -> int | None:

@@ -30,7 +30,9 @@ from recursa.context import ContextPayload
 from recursa.errors import SandboxError
 from recursa.sandbox.base import CallbackError, CallHandler, ExecResult, FinalAnswer
 from recursa.sandbox.protocol import exec_result_from_wire, final_from_wire
-from recursa.sandbox.worker import ContextSource, RemoteError, Repl
+from recursa.sandbox.worker.context import ContextSource
+from recursa.sandbox.worker.errors import RemoteError
+from recursa.sandbox.worker.repl import Repl
 
 
 class _ReplThread:

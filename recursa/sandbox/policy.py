@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 GIB = 1 << 30
+MIB = 1 << 20
 
 # Namespaces that make the host's filesystem, processes and network absent: all needed for the top level.
 _KEY_NAMESPACES = {"mnt", "pid", "net"}
@@ -31,6 +32,11 @@ class Hardening:
     max_processes: processes the REPL may have at once (itself included). RLIMIT_NPROC counts every
         process of the user and root ignores it, so the host enforces this: past the limit it kills
         the extra processes and interrupts the running cell.
+    max_shm_bytes: the size of the REPL's private /dev/shm (and /tmp) under bwrap: files there are
+        memory that no rlimit counts. None: no size of ours (the kernel's default, half the RAM).
+    max_scratch_bytes: under bwrap the scratch folder (the REPL's cwd, HOME and TMPDIR) is a tmpfs
+        of this size, so files written there are bounded memory, gone with the REPL. None: the
+        host's folder itself (bounded per file only, by max_file_bytes).
     allow_read: extra paths the code may read (read-only), e.g. a data folder.
     allow_site_packages: let code import installed third-party packages (numpy, ...). Off by
         default: only the standard library is readable.
@@ -43,6 +49,8 @@ class Hardening:
     max_file_bytes: int | None = GIB
     max_open_files: int | None = 1024
     max_processes: int = 64
+    max_shm_bytes: int | None = 256 * MIB
+    max_scratch_bytes: int | None = GIB
     allow_read: tuple[str, ...] = ()
     allow_site_packages: bool = False
     landlock: bool = True
@@ -57,6 +65,8 @@ class Hardening:
             "memory_limit_bytes": self.memory_limit_bytes,
             "max_file_bytes": self.max_file_bytes,
             "max_open_files": self.max_open_files,
+            "shm_bytes": self.max_shm_bytes,
+            "scratch_bytes": self.max_scratch_bytes,
             "landlock": self.landlock,
             "landlock_max_abi": self.landlock_max_abi,
             "seccomp": self.seccomp,

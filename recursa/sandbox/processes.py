@@ -5,9 +5,9 @@ The shared host (`host.py`) never touches a process directly: an adapter gives i
 
 - `LocalProcess`: started by this host in a new session, so its pid is also its process group and
   session id. The worker is that process, or below it: with fork snapshots a keeper sits in between
-  (worker.py, `_split_off_keeper`), and bwrap may wrap both. SIGINT goes to the worker, SIGKILL to
+  (worker/keeper.py, `split_off_keeper`), and bwrap may wrap both. SIGINT goes to the worker, SIGKILL to
   the whole group; the process this host started is reaped here.
-- `ForkedProcess`: the same for a worker forked by a zygote (zygote.py), which is not our child:
+- `ForkedProcess`: the same for a worker forked by a zygote (worker/zygote.py), which is not our child:
   watched through a pidfd, reaped by the kernel for the zygote.
 - `AdoptedProcess`: a snapshot that took over. It is not our child, so it is watched and signalled
   through a pidfd; it stays in the original process group, so killing the group still stops all.
@@ -312,7 +312,7 @@ class LocalProcess(WorkerProcess):
 
 
 class ForkedProcess(LocalProcess):
-    """A worker a zygote forked (zygote.py): the leader of a session of its own, like a process this
+    """A worker a zygote forked (worker/zygote.py): the leader of a session of its own, like a process this
     host started, but not our child. The zygote's kernel-side reaping takes its exit status, so it
     is watched through a pidfd, and its group is signalled only while a member is certainly alive
     (once the leader is reaped and the group empty, the number may be reused)."""

@@ -1,6 +1,6 @@
 """Host side of the worker channel: frame encoding and asyncio channels to one worker.
 
-The wire format is defined in `worker.py` (the worker is stdlib-only and cannot import this
+The wire format is defined in `worker/wire.py` (the worker is stdlib-only and cannot import this
 module, so the few lines of framing exist on both sides). Frames are a 4-byte big-endian length and
 a UTF-8 JSON object, or (`lines`, for remote sandboxes whose SDKs carry text) one line of ASCII
 JSON each. The host only ever parses JSON from the worker: nothing is unpickled.
@@ -13,7 +13,6 @@ a remote SDK's output callback and writes through an async function.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -21,80 +20,29 @@ from pathlib import Path
 from typing import Any
 
 from recursa.sandbox.base import ExecResult, FinalAnswer
+from recursa.sandbox.frames import (
+    MAX_HOST_FRAME_BYTES,
+    FrameDecoder,
+    LineDecoder,
+    ProtocolError,
+    RefusedFrame,
+)
 
 # The wire format has one definition, in the worker (which must stay a standalone stdlib script);
-# the host encodes with the same functions and refuses frames over the same limit.
-from recursa.sandbox.worker import MAX_FRAME_BYTES, encode_frame, encode_line
+# the host encodes with the same functions. What it accepts from a worker is bounded in frames.py.
+from recursa.sandbox.worker.wire import encode_frame, encode_line
 
-WORKER_PATH = Path(__file__).with_name("worker.py")
+# The worker's folder (a package the worker process loads on its own: worker/start.py) and entry script.
+WORKER_DIR = Path(__file__).with_name("worker")
+WORKER_PATH = WORKER_DIR / "start.py"
 _RECV_CHUNK = 256 * 1024
 _PAYLOAD_CHUNK = 4 * 1024 * 1024
-
-
-class ProtocolError(Exception):
-    """The worker sent something that is not a valid frame; the channel cannot be trusted any more."""
-
-
-def _check_frame(obj: Any) -> dict[str, Any]:
-    if not isinstance(obj, dict) or not isinstance(obj.get("op"), str):
-        raise ProtocolError("frame is not a JSON object with an 'op'")
-    return obj
-
-
-class FrameDecoder:
-    """Incremental decoder: feed bytes as they arrive, get whole frames back."""
-
-    def __init__(self) -> None:
-        self._buf = bytearray()
-
-    def feed(self, data: bytes) -> list[dict[str, Any]]:
-        self._buf += data
-        frames: list[dict[str, Any]] = []
-        buf = self._buf
-        while len(buf) >= 4:
-            size = int.from_bytes(buf[:4], "big")
-            if size > MAX_FRAME_BYTES:
-                raise ProtocolError(f"frame of {size:,} bytes announced; the limit is {MAX_FRAME_BYTES:,}")
-            if len(buf) < 4 + size:
-                break
-            try:
-                # Decoded straight from the buffer: a multi-MB answer is not copied twice first.
-                with memoryview(buf) as view, view[4 : 4 + size] as body:
-                    text = str(body, "utf-8", "surrogatepass")
-                obj = json.loads(text)
-            except ValueError as exc:
-                raise ProtocolError(f"undecodable frame: {exc}") from None
-            del buf[: 4 + size]
-            frames.append(_check_frame(obj))
-        return frames
-
-
-class LineDecoder:
-    """Incremental decoder for line framing: one JSON object per line."""
-
-    def __init__(self) -> None:
-        self._buf = bytearray()
-
-    def feed(self, data: bytes) -> list[dict[str, Any]]:
-        frames: list[dict[str, Any]] = []
-        start = len(self._buf)
-        self._buf += data
-        while True:
-            end = self._buf.find(b"\n", start)
-            if end < 0:
-                break
-            line = bytes(self._buf[:end]).strip()
-            del self._buf[: end + 1]
-            start = 0
-            if not line:
-                continue
-            try:
-                frames.append(_check_frame(json.loads(line.decode("utf-8", "surrogatepass"))))
-            except ValueError as exc:
-                raise ProtocolError(f"undecodable line: {exc}") from None
-        if len(self._buf) > MAX_FRAME_BYTES:
-            raise ProtocolError(f"a line longer than {MAX_FRAME_BYTES:,} bytes")
-        return frames
+# A remote SDK pushes output as it comes: past this much not yet taken by the host, the worker is
+# flooding its channel and is stopped.
+_FEED_BACKLOG_BYTES = MAX_HOST_FRAME_BYTES + 8 * _RECV_CHUNK
+# How long one channel may keep the event loop between yields (frames are handed out one at a time,
+# so this is overrun by one frame's handling at most).
+_SLICE_S = 0.001
 
 
 class Channel:
@@ -123,7 +71,8 @@ class Channel:
         """A frame followed by `size` raw bytes read from `fd` (the context, sent inline)."""
         raise ProtocolError("this channel cannot carry raw bytes")
 
-    def frames(self) -> AsyncIterator[dict[str, Any]]:
+    def frames(self) -> AsyncIterator[tuple[dict[str, Any] | RefusedFrame, int]]:
+        """(frame, its size in bytes) as they arrive, one per event-loop iteration (limits: frames.py)."""
         raise NotImplementedError
 
     @property
@@ -190,18 +139,31 @@ class FrameSocket(Channel):
         finally:
             loop.remove_writer(fileno)
 
-    async def frames(self) -> AsyncIterator[dict[str, Any]]:
-        """Frames until the worker closes its end (or dies)."""
+    async def frames(self) -> AsyncIterator[tuple[dict[str, Any] | RefusedFrame, int]]:
+        """Frames until the worker closes its end (or dies).
+
+        Frames are taken one at a time and the socket is read only when no whole frame is left: a
+        flooding worker fills its own socket buffer and blocks instead of filling the host's memory.
+        sock_recv does not yield while data is waiting, so the loop is given back every _SLICE_S.
+        """
         loop = asyncio.get_running_loop()
+        decoder = self._decoder
+        slice_end = loop.time() + _SLICE_S
         while True:
-            try:
-                data = await loop.sock_recv(self.sock, _RECV_CHUNK)
-            except (ConnectionResetError, BrokenPipeError):
-                return
-            if not data:
-                return
-            for frame in self._decoder.feed(data):
-                yield frame
+            frame = decoder.next_frame()
+            if frame is None:
+                try:
+                    data = await loop.sock_recv(self.sock, _RECV_CHUNK)
+                except (ConnectionResetError, BrokenPipeError):
+                    return
+                if not data:
+                    return
+                decoder.push(data)
+                continue
+            yield frame, decoder.last_size
+            if loop.time() >= slice_end:
+                await asyncio.sleep(0)
+                slice_end = loop.time() + _SLICE_S
 
     @property
     def sending(self) -> bool:
@@ -220,22 +182,27 @@ class FeedChannel(Channel):
         self._write = write
         self._lock = asyncio.Lock()
         self._decoder = self.decoder()
-        self._queue: asyncio.Queue[dict[str, Any] | BaseException | None] = asyncio.Queue()
+        self._arrived = asyncio.Event()  # bytes fed since the reader last looked
+        self._unread = 0  # bytes fed and not yet decoded
+        self._eof = False
         self.closed = False
 
     def feed(self, data: bytes | str) -> None:
-        """Output from the worker (an SDK callback; str is encoded as UTF-8)."""
-        if self.closed:
+        """Output from the worker (an SDK callback; str is encoded as UTF-8).
+
+        The SDK pushes as fast as the worker writes, so nothing can be held back here: bytes are
+        only buffered (frames are parsed as the reader takes them), up to a bound.
+        """
+        if self.closed or self._eof:
             return
         raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
-        try:
-            for frame in self._decoder.feed(raw):
-                self._queue.put_nowait(frame)
-        except ProtocolError as exc:
-            self._queue.put_nowait(exc)
+        self._unread += len(raw)
+        self._decoder.push(raw)
+        self._arrived.set()
 
     def feed_eof(self) -> None:
-        self._queue.put_nowait(None)
+        self._eof = True
+        self._arrived.set()
 
     async def send_encoded(self, data: bytes) -> None:
         if self.closed:
@@ -243,14 +210,27 @@ class FeedChannel(Channel):
         async with self._lock:
             await self._write(data)
 
-    async def frames(self) -> AsyncIterator[dict[str, Any]]:
-        while True:
-            item = await self._queue.get()
-            if item is None:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+    async def frames(self) -> AsyncIterator[tuple[dict[str, Any] | RefusedFrame, int]]:
+        loop = asyncio.get_running_loop()
+        decoder = self._decoder
+        slice_end = loop.time() + _SLICE_S
+        while not self.closed:
+            if self._unread > _FEED_BACKLOG_BYTES:
+                raise ProtocolError(
+                    f"the worker sent over {_FEED_BACKLOG_BYTES:,} bytes the host has not read yet"
+                )
+            frame = decoder.next_frame()
+            if frame is None:
+                if self._eof:
+                    return
+                self._unread = 0  # every whole frame is taken; what is left is part of the next one
+                self._arrived.clear()
+                await self._arrived.wait()
+                continue
+            yield frame, decoder.last_size
+            if loop.time() >= slice_end:
+                await asyncio.sleep(0)
+                slice_end = loop.time() + _SLICE_S
 
     @property
     def sending(self) -> bool:
@@ -259,7 +239,7 @@ class FeedChannel(Channel):
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            self._queue.put_nowait(None)
+            self._arrived.set()
 
 
 def final_from_wire(data: Any) -> FinalAnswer | None:

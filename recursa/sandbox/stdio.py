@@ -2,7 +2,8 @@
 
 The worker program itself travels over the same stream, so nothing has to be installed or mounted
 where it runs: the command starts `python -I -u -c BOOTSTRAP N --stdio`, the bootstrap reads exactly
-N bytes (worker.py) from stdin and runs them, and the rest of the stream carries frames. This is
+N bytes (the worker program: its package's modules in one script, `worker_source()`) from stdin
+and runs them, and the rest of the stream carries frames. This is
 how containers (containers.py) and remote sandboxes (remote.py) run the same worker as the local
 sandbox. Over a stream there is no fd passing, so the context is sent inline and there are no fork
 snapshots: a cell that has to be killed costs the variables (the model is told).
@@ -25,7 +26,8 @@ from recursa.errors import SandboxError
 from recursa.sandbox.connection import Connection, WorkerGone
 from recursa.sandbox.host import WorkerHost
 from recursa.sandbox.processes import LocalProcess
-from recursa.sandbox.protocol import WORKER_PATH, FrameSocket
+from recursa.sandbox.protocol import WORKER_DIR, FrameSocket
+from recursa.sandbox.worker.start import PACKAGE
 
 # Reads exactly N bytes (never more: the frames follow) and runs them as the main module.
 BOOTSTRAP = (
@@ -45,9 +47,44 @@ BOOTSTRAP = (
 _LAUNCHER_ENV = ("DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CONTEXT", "CONTAINER_HOST", "XDG_RUNTIME_DIR")
 
 
+# After PACKAGE and SOURCES (module name -> source): serve those modules as the package start.py
+# loads from its folder, imported on first use like files, then run the worker's main loop.
+_BUNDLE_LOADER = """
+import sys
+from importlib.machinery import ModuleSpec
+
+
+class _Bundled:
+    def find_spec(self, name, path=None, target=None):
+        package, _, module = name.partition(".")
+        if package != PACKAGE or (module and module not in SOURCES):
+            return None
+        origin = "<recursa-worker/" + (module or "__init__") + ".py>"
+        return ModuleSpec(name, self, origin=origin, is_package=not module)
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        name = module.__name__.partition(".")[2]
+        if name:
+            exec(compile(SOURCES[name], module.__spec__.origin, "exec"), module.__dict__)
+
+
+sys.meta_path.insert(0, _Bundled())
+__import__(PACKAGE + ".server", fromlist=["_"]).main()
+"""
+
+
 @cache
 def worker_source() -> bytes:
-    return WORKER_PATH.read_bytes()
+    """The worker as one ASCII program: every module of its package, and the loader above."""
+    sources = {
+        path.stem: path.read_text(encoding="utf-8")
+        for path in sorted(WORKER_DIR.glob("*.py"))
+        if path.name not in ("start.py", "__init__.py")
+    }
+    return f"PACKAGE = {PACKAGE!r}\nSOURCES = {sources!a}\n{_BUNDLE_LOADER}".encode("ascii")
 
 
 def worker_argv(

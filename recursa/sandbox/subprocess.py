@@ -1,6 +1,6 @@
 """The local subprocess sandbox: one persistent worker process per RLM run.
 
-The worker (`worker.py`) runs in its own session and process group, in a private scratch directory,
+The worker (`worker/`) runs in its own session and process group, in a private scratch directory,
 with a scrubbed environment (no API keys). Host and worker speak length-prefixed JSON over a
 socketpair; the context travels once as a file descriptor and is mapped by the worker.
 
@@ -78,7 +78,7 @@ class SubprocessSandbox(WorkerHost):
         self.env_allow = tuple(env_allow)
         self.config: dict[str, Any] = dict(config or {})  # passed to the worker's harden()
         if snapshots:
-            self.config["keeper"] = True  # a parent for snapshots that outlive the worker (worker.py)
+            self.config["keeper"] = True  # a parent for snapshots that outlive the worker (worker/keeper.py)
         options = Hardening() if hardening is True else (hardening or None)
         self._hardening = HostHardening(options, bwrap, python)
         # What is enforced, from the worker's own report (see policy.describe); set at each start.
@@ -267,8 +267,8 @@ class SubprocessSandbox(WorkerHost):
         self._locate_worker(worker.process, ready, same_pidns)
 
     def _locate_worker(self, process: LocalProcess, ready: dict[str, Any], same_pidns: bool | None) -> None:
-        """With snapshots a keeper sits between the process we started and the worker (worker.py,
-        `_split_off_keeper`): find the worker's host pid, and keep the process guard off the keeper.
+        """With snapshots a keeper sits between the process we started and the worker (worker/keeper.py,
+        `split_off_keeper`): find the worker's host pid, and keep the process guard off the keeper.
         `same_pidns`: whether the worker's pids are ours, if known (else guessed from its report)."""
         pid, ppid, root = ready.get("pid"), ready.get("ppid"), process.root_pid
         # Unless told, its pids come from a namespace (bwrap) when neither is the process we started.

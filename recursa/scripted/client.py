@@ -9,11 +9,11 @@ from typing import Any, TypeVar
 
 from recursa.errors import ConfigError, LMError
 from recursa.lm.base import LMRequest, LMResponse, Message, ToolCall
+from recursa.lm.tokens import count_message_tokens, count_tokens
 from recursa.lm.tool_format import has_tool_messages
 from recursa.scripted.catalog import get_policy
 from recursa.scripted.policy import parse_knobs
 from recursa.scripted.tool_use import ToolTurn, tool_turn
-from recursa.testing.tokens import count_message_tokens, count_tokens
 
 # Above this many prompt characters a policy's regex and labelling work would stall the event loop
 # (base-llm reads a whole 10 MB context): run it on a worker thread instead.
@@ -25,7 +25,7 @@ T = TypeVar("T")
 class ScriptedClient:
     """An offline model: `model` is a policy name with optional knobs, e.g. "gpt5-like:fault=loop".
 
-    Free (provider cost 0.0) and deterministic; usage follows `recursa.testing.tokens`, the same
+    Free (provider cost 0.0) and deterministic; usage follows `recursa.lm.tokens`, the same
     count the fake server reports. Offered tools, a model may call a search tool before answering
     (see `recursa.scripted.tool_use`). `latency_s` (or the knob `latency=` in the model name) adds a fixed
     delay per call without blocking the event loop.

@@ -21,13 +21,13 @@ import json
 import re
 from collections.abc import Callable
 
+from recursa.lm.tokens import count_tokens
 from recursa.scripted.heuristics import guess_label
 from recursa.scripted.knobs import Settings
 from recursa.tasks import codeqa, evidence_spans, multihop_facts, oolong, oolong_pairs
 from recursa.tasks.code_eval import evaluate, files_in
 from recursa.tasks.multihop_facts import ANCHOR_RELATION, YEAR_OF, Chain, read_facts
 from recursa.tasks.pairs_logic import format_pairs, pairs_for
-from recursa.testing.tokens import count_tokens
 
 _TASK_RE = re.compile(r"<task>\s*\n(.*?)\n\s*</task>", re.DOTALL)
 _COPY_RE = re.compile(r"between the markers <<<BEGIN (\w+)>>> and <<<END \1>>>")

@@ -15,12 +15,15 @@ from starlette.responses import Response
 
 from recursa.errors import RecursaError
 from recursa.result import RLMResult
+from recursa.serve.fields import AnswerShape
+from recursa.serve.observe import Metrics
 from recursa.serve.request import ApiError, ChatRequest
 from recursa.serve.runs import LiveRun, RunSpec
 from recursa.serve.sessions import SessionStore
 from recursa.serve.settings import ServeSettings
-from recursa.serve.sources import check_path, fetch_url
+from recursa.serve.sources import check_path
 from recursa.serve.steps import StepRenderer
+from recursa.serve.urls import fetch_url
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -43,8 +46,9 @@ async def wait_disconnect(receive: Receive) -> None:
 
 
 class ChatService:
-    def __init__(self, settings: ServeSettings) -> None:
+    def __init__(self, settings: ServeSettings, metrics: Metrics | None = None) -> None:
         self.settings = settings
+        self.metrics = metrics
         self.slots = asyncio.Semaphore(settings.max_runs)
         self.active: dict[int, LiveRun] = {}
         self.served = 0
@@ -58,6 +62,8 @@ class ChatService:
             return await self.sessions.prepare(req, self.resolve_context)
         context = await self.resolve_context(req)
         spec = RunSpec(req.question, context, req.max_depth, req.max_iterations, req.budget)
+        spec.answer_schema, spec.tips = req.shape.schema, req.shape.tips()
+        spec.root_sampling = dict(req.shape.sampling)
         try:
             return LiveRun(self.settings, spec)
         except (RecursaError, ValueError) as exc:
@@ -80,6 +86,7 @@ class ChatService:
                 req.context_url,
                 max_bytes=self.settings.max_context_bytes,
                 timeout_s=self.settings.url_timeout_s,
+                allow_private=self.settings.allow_private_urls,
             )
         return context
 
@@ -104,12 +111,17 @@ class ChatService:
 
     def track(self, run: LiveRun) -> None:
         self.active[id(run)] = run
+        if self.metrics is not None:
+            self.metrics.run_started()
 
     async def finish(self, run: LiveRun, cancelled: bool) -> None:
         if cancelled:
             self.cancelled += 1
             await run.cancel()
-        self.active.pop(id(run), None)
+        if self.active.pop(id(run), None) is not None and self.metrics is not None:
+            task = run.task
+            ok = task is not None and task.done() and not task.cancelled() and task.exception() is None
+            self.metrics.run_finished(task.result() if ok and task is not None else None)
         self.slots.release()
         if run.session is not None:
             self.sessions.release(run)
@@ -146,7 +158,7 @@ class ChatService:
             ) from None
         if result.stop_reason == "error" and not result.answer:
             raise ApiError(502, f"the run failed: {result.error}", type="server_error", code="run_failed")
-        return completion_body(_new_id(), req.model, result, req.session)
+        return completion_body(_new_id(), req.model, result, req.session, req.shape)
 
     # -- streaming -----------------------------------------------------------------------------
     def stream(self, req: ChatRequest, run: LiveRun) -> SSERun:
@@ -207,14 +219,40 @@ def run_summary(result: RLMResult, session: str | None = None) -> dict[str, Any]
     }
 
 
-def finish_reason(result: RLMResult) -> str:
+def finish_reason(result: RLMResult, cut: bool = False, shape: AnswerShape | None = None) -> str:
     # Out of budget or time is the RLM's version of running out of output tokens.
-    return "length" if result.stop_reason in ("budget", "timeout") else "stop"
+    if cut or result.stop_reason in ("budget", "timeout"):
+        return "length"
+    return "tool_calls" if shape is not None and shape.kind == "tool" else "stop"
+
+
+def shaped_answer(result: RLMResult, shape: AnswerShape) -> tuple[str, bool]:
+    """The answer as the request asked for it (stop sequences, length limit), and whether the
+    length limit cut it."""
+    return shape.cut(result.answer)
+
+
+def tool_call(shape: AnswerShape, arguments: str) -> dict[str, Any]:
+    """A forced function's call: the RLM's answer is its arguments."""
+    return {
+        "id": f"call_{secrets.token_hex(12)}",
+        "type": "function",
+        "function": {"name": shape.tool_name, "arguments": arguments},
+    }
 
 
 def completion_body(
-    completion_id: str, model: str, result: RLMResult, session: str | None = None
+    completion_id: str,
+    model: str,
+    result: RLMResult,
+    session: str | None = None,
+    shape: AnswerShape | None = None,
 ) -> dict[str, Any]:
+    shape = shape or AnswerShape()
+    answer, cut = shaped_answer(result, shape)
+    message: dict[str, Any] = {"role": "assistant", "content": answer}
+    if shape.kind == "tool":
+        message = {"role": "assistant", "content": None, "tool_calls": [tool_call(shape, answer)]}
     return {
         "id": completion_id,
         "object": "chat.completion",
@@ -223,8 +261,8 @@ def completion_body(
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": result.answer},
-                "finish_reason": finish_reason(result),
+                "message": message,
+                "finish_reason": finish_reason(result, cut, shape),
                 "logprobs": None,
             }
         ],
@@ -354,13 +392,22 @@ class SSERun(Response):
         if result.stop_reason == "error" and not result.answer:
             await self._error(emit, f"the run failed: {result.error}", "server_error", "run_failed")
             return
-        answer = result.answer
+        shape = self.req.shape
+        answer, cut = shaped_answer(result, shape)
+        if shape.kind == "tool":
+            call = tool_call(shape, "")
+            await emit(self._chunk({"tool_calls": [{"index": 0, **call}]}))
         for start in range(0, len(answer), _CONTENT_PIECE):
-            await emit(self._chunk({"content": answer[start : start + _CONTENT_PIECE]}))
+            piece = answer[start : start + _CONTENT_PIECE]
+            if shape.kind == "tool":
+                delta = {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
+                await emit(self._chunk(delta))
+            else:
+                await emit(self._chunk({"content": piece}))
         await emit(
             self._chunk(
                 {},
-                finish_reason(result),
+                finish_reason(result, cut, shape),
                 usage=usage_body(result),
                 recursa=run_summary(result, self.req.session),
             )

@@ -31,6 +31,11 @@ def add_parsers(sub: Any, add_model_options: Callable[[argparse.ArgumentParser],
     serve.add_argument("--served-model-name", default="recursa", help="the model name clients ask for")
     _add_access_options(serve)
     serve.add_argument("--allow-urls", action="store_true", help="let requests name a context URL to fetch")
+    serve.add_argument(
+        "--allow-private-urls",
+        action="store_true",
+        help="with --allow-urls: also fetch loopback, private, link-local and other non-public addresses",
+    )
     serve.add_argument("--max-runs", type=int, default=64, help="runs at once; later requests wait")
     _add_session_options(serve)
 
@@ -47,6 +52,14 @@ def add_parsers(sub: Any, add_model_options: Callable[[argparse.ArgumentParser],
     )
     _add_access_options(mcp)
     _add_session_options(mcp)
+
+    acp = sub.add_parser(
+        "acp",
+        help="an Agent Client Protocol agent on stdin/stdout (for editors such as Zed, and verifiers)",
+        description="Speaks ACP over stdio: each prompt is one RLM run; embedded text resources are the "
+        "context, otherwise the prompt's text is. Needs the acp extra: pip install 'recursa[acp]'.",
+    )
+    add_model_options(acp)
 
     view = sub.add_parser("view", help="a trace viewer in the browser")
     view.add_argument("trace", help="a trace file (.jsonl), e.g. a result's trace_path")
@@ -81,6 +94,12 @@ def _apply_session_options(settings: ServeSettings, args: argparse.Namespace) ->
 
 def _add_access_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
+        "--api-keys-file",
+        metavar="FILE",
+        help="one client per line, `NAME KEY`: each key is a caller of its own, whose sessions no other "
+        "client can list, join or close (with --api-key or instead of it)",
+    )
+    p.add_argument(
         "--allow-path",
         action="append",
         default=None,
@@ -91,7 +110,7 @@ def _add_access_options(p: argparse.ArgumentParser) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    return {"serve": _serve, "mcp": _mcp, "view": _view}[args.command](args)
+    return {"serve": _serve, "mcp": _mcp, "acp": _acp, "view": _view}[args.command](args)
 
 
 def _settings(args: argparse.Namespace, roots: list[str]) -> Any:
@@ -102,11 +121,12 @@ def _settings(args: argparse.Namespace, roots: list[str]) -> Any:
         if not Path(root).expanduser().is_dir():
             raise ConfigError(f"--allow-path {root!r} is not a folder")
     on_event = None
-    if args.otel:
+    if getattr(args, "otel", False):
         from recursa.trace.otel import OtelListener
 
         on_event = OtelListener()
     return ServeSettings(
+        api_keys=_read_api_keys(args.api_keys_file) if getattr(args, "api_keys_file", None) else {},
         model=args.model,
         sub_model=args.sub_model,
         base_url=args.base_url,
@@ -121,9 +141,31 @@ def _settings(args: argparse.Namespace, roots: list[str]) -> Any:
     )
 
 
+def _read_api_keys(path: str) -> dict[str, str]:
+    """`NAME KEY` per line (blank lines and # comments skipped); keys stay out of argv and `ps`."""
+    try:
+        lines = Path(path).expanduser().read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--api-keys-file {path!r} cannot be read: {exc}") from None
+    keys: dict[str, str] = {}
+    for number, line in enumerate(lines, 1):
+        fields = line.split()
+        if not fields or fields[0].startswith("#"):
+            continue
+        if len(fields) != 2 or fields[0] in keys:
+            raise ConfigError(
+                f"--api-keys-file {path!r} line {number}: expected `NAME KEY` with a name used once "
+                "(one client per line)"
+            )
+        keys[fields[0]] = fields[1]
+    if not keys:
+        raise ConfigError(f"--api-keys-file {path!r} names no client; write one `NAME KEY` per line")
+    return keys
+
+
 def _check_model(settings: Any) -> None:
     """Fail at start-up, not on the first request, for a bad model name, key or price."""
-    from recursa import RLM
+    from recursa.rlm import RLM
 
     RLM(
         settings.model,
@@ -145,10 +187,11 @@ def _serve(args: argparse.Namespace) -> int:
     settings = _settings(args, args.allow_path or [])
     settings.served_model_name = args.served_model_name
     settings.allow_context_urls = args.allow_urls
+    settings.allow_private_urls = args.allow_private_urls
     settings.max_runs = args.max_runs
     _apply_session_options(settings, args)
     _check_model(settings)
-    if args.host not in LOOPBACK and not settings.api_key:
+    if args.host not in LOOPBACK and not settings.api_key and not settings.api_keys:
         print(
             f"recursa serve: warning: listening on {args.host} without --api-key; anyone who can reach "
             "this port can spend your model budget",
@@ -180,11 +223,22 @@ def _mcp(args: argparse.Namespace) -> int:
         return 0
     import uvicorn
 
-    app = with_bearer_key(
-        server.streamable_http_app(streamable_http_path=args.path, host=args.host), args.api_key
-    )
+    keys = [k for k in (settings.api_key, *settings.api_keys.values()) if k]
+    app = with_bearer_key(server.streamable_http_app(streamable_http_path=args.path, host=args.host), keys)
     print(f"recursa mcp: streamable HTTP at http://{args.host}:{args.port}{args.path}", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def _acp(args: argparse.Namespace) -> int:
+    try:
+        from recursa.serve.acp_agent import serve_stdio
+    except ImportError:
+        raise ConfigError('recursa acp needs the acp extra: pip install "recursa[acp]"') from None
+    settings = _settings(args, [])
+    import asyncio
+
+    asyncio.run(serve_stdio(settings))
     return 0
 
 

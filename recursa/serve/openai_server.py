@@ -23,18 +23,29 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from recursa.errors import ConfigError
+from recursa.serve.callers import CLIENT_HEADER, identify
 from recursa.serve.chat import SESSION_HEADER, ChatService, ClientGone
-from recursa.serve.request import ApiError, bad, bearer_token, key_matches, parse_chat_request, read_capped
+from recursa.serve.observe import RUN_STATE_KEY, Metrics, ObserveMiddleware
+from recursa.serve.request import ApiError, Caller, bad, parse_chat_request, read_capped
 from recursa.serve.settings import ServeSettings
 
 log = logging.getLogger("recursa.serve")
+
+# APIs of OpenAI's that an RLM does not answer, and what a client should use instead.
+_OTHER_APIS = ("/v1/responses", "/v1/completions", "/v1/embeddings")
+_OTHER_API_HELP = (
+    "this server answers the Chat Completions API only (POST /v1/chat/completions); point the client "
+    "at that API (OpenAI Agents SDK: OpenAIChatCompletionsModel, or set_default_openai_api('chat_completions'))"
+)
 
 # Bodies above this size are parsed on a worker thread so other requests keep being served.
 _PARSE_IN_THREAD_BYTES = 1_000_000
 
 
 def create_app(settings: ServeSettings) -> FastAPI:
-    service = ChatService(settings)
+    metrics = _metrics(settings)
+    service = ChatService(settings, metrics)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -43,6 +54,7 @@ def create_app(settings: ServeSettings) -> FastAPI:
 
     app = FastAPI(title="recursa", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.service = service
+    app.add_middleware(ObserveMiddleware, log=settings.access_log, metrics=metrics)
     started = int(time.time())
 
     @app.exception_handler(ApiError)
@@ -55,10 +67,12 @@ def create_app(settings: ServeSettings) -> FastAPI:
         return Response(status_code=499)  # nobody is listening; nginx's code for "client closed"
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = {404: "no such endpoint", 405: "method not allowed here"}.get(
             exc.status_code, str(exc.detail)
         )
+        if exc.status_code == 404 and request.url.path.rstrip("/") in _OTHER_APIS:
+            message = _OTHER_API_HELP
         return JSONResponse(ApiError(exc.status_code, message).body(), status_code=exc.status_code)
 
     @app.exception_handler(RequestValidationError)
@@ -71,18 +85,9 @@ def create_app(settings: ServeSettings) -> FastAPI:
         body = ApiError(500, f"internal server error ({type(exc).__name__})", type="server_error").body()
         return JSONResponse(body, status_code=500)
 
-    def authorize(request: Request) -> None:
-        if not settings.api_key:
-            return
-        token = bearer_token(request.headers.get("authorization", ""))
-        if token is None:
-            raise ApiError(
-                401,
-                "missing API key: send it as `Authorization: Bearer <key>`",
-                code="invalid_api_key",
-            )
-        if not key_matches(token, settings.api_key):
-            raise ApiError(401, "incorrect API key", code="invalid_api_key")
+    def authorize(request: Request) -> Caller:
+        headers = request.headers
+        return identify(settings, headers.get("authorization", ""), headers.get(CLIENT_HEADER))
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -112,31 +117,54 @@ def create_app(settings: ServeSettings) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
-        authorize(request)
+        caller = authorize(request)
         body = await _read_json(request, settings.max_context_bytes)
         req = parse_chat_request(body, settings)
+        req.caller = caller
         run = await service.prepare(req)
+        setattr(request.state, RUN_STATE_KEY, run)  # the access log names its run
         if req.stream:
             return service.stream(req, run)
         headers = {SESSION_HEADER: req.session} if req.session else None
         return JSONResponse(await service.complete(req, run, request.receive), headers=headers)
 
+    if metrics is not None:
+
+        @app.get("/metrics")
+        async def prometheus(request: Request) -> Response:
+            authorize(request)  # runs, tokens and spend are the operator's business
+            body, content_type = metrics.render()
+            return Response(body, media_type=content_type)
+
     @app.get("/v1/recursa/sessions")
     async def sessions(request: Request) -> dict[str, Any]:
-        authorize(request)
-        service.sessions.expire()
-        return {"object": "list", "data": [h.describe() for h in service.sessions.open.values()]}
+        caller = authorize(request)
+        # Under a key several people may share, an id is the only thing that guards a session.
+        owned = service.sessions.owned_by(caller.owner)
+        return {"object": "list", "data": [h.describe(with_id=caller.private) for h in owned]}
 
     @app.delete("/v1/recursa/sessions/{session_id}")
     async def close_session(session_id: str, request: Request) -> dict[str, Any]:
-        authorize(request)
-        if not await service.sessions.close(session_id):
+        caller = authorize(request)
+        if not await service.sessions.close(caller.owner, session_id):
             raise ApiError(
                 404, f"no open session {session_id!r} (it may have expired)", code="session_not_found"
             )
         return {"id": session_id, "object": "recursa.session", "deleted": True}
 
     return app
+
+
+def _metrics(settings: ServeSettings) -> Metrics | None:
+    if not settings.metrics:
+        return None
+    try:
+        return Metrics()
+    except ImportError:
+        raise ConfigError(
+            'the /metrics endpoint needs prometheus-client: pip install "recursa[server]", '
+            "or pass ServeSettings(metrics=False)"
+        ) from None
 
 
 async def _read_json(request: Request, max_bytes: int) -> Any:

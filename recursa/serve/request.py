@@ -22,6 +22,8 @@ from typing import Any
 
 from recursa.budget import Budget
 from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION
+from recursa.serve.api_error import ApiError, bad
+from recursa.serve.fields import AnswerShape, parse_shape
 from recursa.serve.settings import ServeSettings
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
@@ -39,29 +41,7 @@ RECURSA_KEYS = (
 )
 SETTING_KEYS = frozenset(("max_depth", "max_iterations", "budget", *BUDGET_KEYS))
 _SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-
-
-class ApiError(Exception):
-    """An error answered in OpenAI's format: {"error": {"message", "type", "param", "code"}}."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str = "invalid_request_error",
-        code: str | None = None,
-        param: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.code = code
-        self.param = param
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+NEW_SESSION = "new"  # recursa.session "new": the server picks an unguessable id and returns it
 
 
 def bearer_token(authorization: str) -> str | None:
@@ -93,8 +73,13 @@ async def read_capped(
     return b"".join(parts)
 
 
-def bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:
-    return ApiError(400, message, param=param, code=code)
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request (recursa.serve.callers decides): its sessions' namespace, and whether it
+    is one client's own identity or a key that several people may share."""
+
+    owner: str  # names and digests only, never a secret
+    private: bool
 
 
 @dataclass
@@ -116,6 +101,8 @@ class ChatRequest:
     explicit: str | None = None  # "context", "context_path" or "context_url" when one was given
     docs: list[tuple[str, str]] = field(default_factory=list)  # (role or "file", "[header]\n text")
     sent: frozenset[str] = frozenset()  # the recursa option names the request gave
+    caller: Caller = Caller("open", False)  # who sent it (the server sets it)
+    shape: AnswerShape = field(default_factory=AnswerShape)  # response_format, sampling, stop, ...
 
 
 def parse_chat_request(body: Any, settings: ServeSettings) -> ChatRequest:
@@ -135,7 +122,7 @@ def parse_chat_request(body: Any, settings: ServeSettings) -> ChatRequest:
         )
     n = body.get("n", 1)
     if n not in (None, 1):
-        raise bad("`n` must be 1: an RLM run gives one answer", "n")
+        raise bad("`n` must be 1: an RLM run gives one answer (send n requests for n answers)", "n")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise bad("`stream` must be true or false", "stream")
@@ -148,6 +135,7 @@ def parse_chat_request(body: Any, settings: ServeSettings) -> ChatRequest:
 
     messages = _messages(body.get("messages"))
     req = ChatRequest(model=model, question="", stream=stream, sent=frozenset(extra))
+    req.shape = parse_shape(body, _provider(settings.model))
     req.session = _session_id(extra.get("session"))
     _apply_settings(req, extra, settings)
     _apply_context(req, messages, extra, settings)
@@ -289,13 +277,19 @@ def _apply_context(
     req.context = docs[0][0] if len(docs) == 1 else [header for _, header in docs]
 
 
+def _provider(model: Any) -> str | None:
+    # A model given as a client object (not "provider/name") has no provider to check fields against.
+    return model.split("/", 1)[0].strip().lower() if isinstance(model, str) and "/" in model else None
+
+
 def _session_id(value: Any) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not _SESSION_ID.fullmatch(value):
         raise bad(
             "recursa.session must be an id of 1 to 128 letters, digits and . _ : - "
-            "(pick a random one, e.g. a UUID, and send it with every question of the session)",
+            '(send "new" and the server picks one, returned in recursa.session; or pick a random one, '
+            "e.g. a UUID4, and send it with every question of the session)",
             "recursa.session",
         )
     return value

@@ -30,10 +30,20 @@ class RunSpec:
     max_depth: int
     max_iterations: int
     budget: Budget = field(default_factory=Budget)
+    # From the request's standard fields (recursa.serve.fields): the answer's JSON Schema, what the
+    # root is told about the answer, and sampling options for the root model's own calls.
+    answer_schema: dict[str, Any] | None = None
+    tips: str | None = None
+    root_sampling: dict[str, Any] = field(default_factory=dict)
 
 
 def build_rlm(settings: ServeSettings, spec: RunSpec, on_event: Callable[[dict[str, Any]], None]) -> RLM:
     """The RLM for one request (or one session): the operator's settings, the request's limits."""
+    options = dict(settings.rlm_options)
+    if spec.root_sampling:
+        sampling = {role: dict(opts) for role, opts in (options.get("sampling") or {}).items()}
+        sampling["root"] = {**sampling.get("root", {}), **spec.root_sampling}
+        options["sampling"] = sampling
     return RLM(
         settings.model,
         sub_model=settings.sub_model,
@@ -46,7 +56,7 @@ def build_rlm(settings: ServeSettings, spec: RunSpec, on_event: Callable[[dict[s
         trace_dir=settings.trace_dir,
         trace=settings.trace,
         on_event=on_event,
-        **settings.rlm_options,
+        **options,
     )
 
 
@@ -56,7 +66,9 @@ class AskingSession(Protocol):
 
     rlm: RLM
 
-    async def ask(self, question: str, listener: EventCallback) -> RLMResult: ...
+    async def ask(
+        self, question: str, listener: EventCallback, *, tips: str | None = None, answer_schema: Any = None
+    ) -> RLMResult: ...
 
 
 class LiveRun:
@@ -96,9 +108,15 @@ class LiveRun:
 
     async def _run(self) -> RLMResult:
         try:
+            spec = self.spec
+            tips = _joined(self.settings.rlm_options.get("tips"), spec.tips)
             if self.session is not None:
-                return await self.session.ask(self.spec.question, self._on_event)
-            return await self.rlm.arun(self.spec.question, self.spec.context)
+                return await self.session.ask(
+                    spec.question, self._on_event, tips=tips, answer_schema=spec.answer_schema
+                )
+            return await self.rlm.arun(
+                spec.question, spec.context, tips=tips, answer_schema=spec.answer_schema
+            )
         finally:
             self.queue.put_nowait(_DONE)
 
@@ -124,3 +142,9 @@ class LiveRun:
         # wait() rather than `await task`: the run's CancelledError is its own, while a
         # cancellation of the caller must still propagate.
         await asyncio.wait({self.task})
+
+
+def _joined(*tips: str | None) -> str | None:
+    """The operator's tips and a request's (an answer-length limit), both kept."""
+    kept = [t.strip() for t in tips if t and t.strip()]
+    return "\n\n".join(kept) if kept else None

@@ -27,7 +27,9 @@ class ServeSettings:
     sub_model: str | None = None
     base_url: str | None = None
     upstream_api_key: str | None = field(default=None, repr=False)  # for the model provider
-    api_key: str | None = field(default=None, repr=False)  # the bearer key clients must send
+    api_key: str | None = field(default=None, repr=False)  # one bearer key, shared by its holders
+    # Client name -> that client's own bearer key: each is a caller of its own (recursa.serve.callers).
+    api_keys: dict[str, str] = field(default_factory=dict, repr=False)
     served_model_name: str = "recursa"
     max_depth: int = 1
     max_iterations: int = 30
@@ -37,6 +39,8 @@ class ServeSettings:
     trace: bool = True
     context_roots: tuple[Path, ...] = ()
     allow_context_urls: bool = False
+    # Context URLs reach only public addresses unless this is set (recursa.serve.urls).
+    allow_private_urls: bool = False
     max_context_bytes: int = 2 * 1024**3
     url_timeout_s: float = 60.0
     max_runs: int = 64  # runs at once; later requests wait for a slot
@@ -48,6 +52,8 @@ class ServeSettings:
     session_ttl_s: float = 900.0  # an idle session is closed after this long
     rlm_options: dict[str, Any] = field(default_factory=dict)  # any other RLM(...) keyword
     on_event: EventCallback | None = None  # also gets every event of every run (e.g. OpenTelemetry)
+    access_log: bool = True  # a line per request on the `recursa.serve.access` logger (INFO)
+    metrics: bool = True  # Prometheus metrics at GET /metrics (needs prometheus-client)
 
     def __post_init__(self) -> None:
         self.context_roots = tuple(Path(p).expanduser().resolve() for p in self.context_roots)
@@ -59,6 +65,13 @@ class ServeSettings:
             raise ConfigError("max_sessions must be >= 0 (0 turns sessions off)")
         if not self.session_ttl_s > 0:
             raise ConfigError("session_ttl_s must be a positive number of seconds")
+        keys = list(self.api_keys.values()) + ([self.api_key] if self.api_key else [])
+        if any(not isinstance(k, str) or not k for k in keys) or any(not n for n in self.api_keys):
+            raise ConfigError("api_keys must map client names to non-empty keys")
+        if len(set(keys)) != len(keys):
+            raise ConfigError(
+                "every client needs its own key: api_keys (and api_key) hold the same key twice"
+            )
         if self.max_depth > self.max_depth_limit:
             self.max_depth_limit = self.max_depth
 

@@ -1,17 +1,13 @@
-"""Contexts named by a server-side path or a URL, checked before a run starts so a bad one is a
-clear HTTP error rather than a failed run."""
+"""Contexts named by a server-side path, checked before a run starts so a bad one is a clear HTTP
+error rather than a failed run."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path, PurePosixPath
 
-import httpx
-
 from recursa.confined import ConfinedPath
-from recursa.serve.request import ApiError, read_capped
-
-_MAX_REDIRECTS = 5
+from recursa.serve.api_error import ApiError
 
 
 def check_path(raw: str, roots: tuple[Path, ...], *, flag: str = "--allow-path") -> ConfinedPath:
@@ -55,50 +51,3 @@ def check_path(raw: str, roots: tuple[Path, ...], *, flag: str = "--allow-path")
         )
     root = max(inside, key=lambda r: len(r.parts))
     return ConfinedPath(root, PurePosixPath(resolved.relative_to(root).as_posix()))
-
-
-async def fetch_url(url: str, *, max_bytes: int, timeout_s: float) -> bytes:
-    """GET a context over http(s), refusing bodies over `max_bytes` before holding them."""
-    if not url.startswith(("http://", "https://")):
-        raise ApiError(
-            400, "recursa.context_url must be an http:// or https:// URL", param="recursa.context_url"
-        )
-    try:
-        async with (
-            httpx.AsyncClient(
-                follow_redirects=True, max_redirects=_MAX_REDIRECTS, timeout=timeout_s
-            ) as client,
-            client.stream("GET", url) as response,
-        ):
-            if response.status_code >= 400:
-                raise ApiError(
-                    400,
-                    f"fetching recursa.context_url gave HTTP {response.status_code}",
-                    param="recursa.context_url",
-                    code="context_fetch_failed",
-                )
-            data = await read_capped(
-                response.headers.get("content-length"),
-                response.aiter_bytes(),
-                max_bytes,
-                _too_large(max_bytes),
-            )
-    except httpx.HTTPError as exc:
-        raise ApiError(
-            400,
-            f"could not fetch recursa.context_url: {type(exc).__name__}",
-            param="recursa.context_url",
-            code="context_fetch_failed",
-        ) from None
-    if not data:
-        raise ApiError(400, "recursa.context_url returned an empty body", param="recursa.context_url")
-    return data
-
-
-def _too_large(max_bytes: int) -> ApiError:
-    return ApiError(
-        413,
-        f"the context at recursa.context_url is larger than this server's limit of {max_bytes:,} bytes",
-        param="recursa.context_url",
-        code="context_too_large",
-    )

@@ -16,7 +16,7 @@ from recursa.tasks import (  # noqa: F401  (each module registers its family)
     oolong_pairs,
     verbatim_copy,
 )
-from recursa.tasks.base import Family, Task, families, generate, get_family, register_family
+from recursa.tasks.base import Family, Task, families, generate, get, get_family, register_family
 from recursa.tasks.scoring import contains_token, oolong_parse, oolong_score
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "contains_token",
     "families",
     "generate",
+    "get",
     "get_family",
     "oolong_parse",
     "oolong_score",

@@ -76,6 +76,10 @@ class Family:
     # prompt by the `rlm-tips` method or `rlm.run(..., tips=family.tips)`.
     tips: str = ""
 
+    def score(self, task: Task, answer: str) -> float:
+        """This family's score for `answer` to `task`, in [0, 1]: a reward for RL trainers."""
+        return self.scorer(task, answer)
+
 
 _FAMILIES: dict[str, Family] = {}
 
@@ -94,6 +98,11 @@ def get_family(name: str) -> Family:
         return _FAMILIES[name]
     except KeyError:
         raise ValueError(f"unknown task family {name!r}; known families: {', '.join(families())}") from None
+
+
+def get(name: str) -> Family:
+    """The family `name`, e.g. `get("oolong").score(task, answer)`; ValueError names the known ones."""
+    return get_family(name)
 
 
 def generate(family: str, size_chars: int, seed: int = 0, **knobs: Any) -> Task:

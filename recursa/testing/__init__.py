@@ -1,1 +1,2 @@
-"""Offline stand-ins for real models: a fake OpenAI/Anthropic-compatible server and its tokenizer."""
+"""Offline stand-ins for real models: a fake OpenAI/Anthropic-compatible server that serves the
+scripted models (or any responder) on 127.0.0.1."""

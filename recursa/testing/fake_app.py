@@ -19,11 +19,11 @@ from typing import Any, Literal
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from recursa.lm.tokens import count_message_tokens, count_tokens, tokens_for_chars
 from recursa.testing.asgi_responses import Dropped, SlotStream, one_part
 from recursa.testing.fake_state import Fault, RequestRecord, UnknownModelError, resolve_fault
 from recursa.testing.host import FakeHost
 from recursa.testing.metrics import render_metrics
-from recursa.testing.tokens import count_message_tokens, count_tokens, tokens_for_chars
 from recursa.testing.tool_replies import (
     ToolCallReply,
     anthropic_content,

@@ -4,7 +4,7 @@ Tests and benchmarks point the real `openai` / `anthropic` SDKs at it, so the wh
 (HTTP, retries, streaming, usage parsing) runs offline. It models what matters for an RLM engine:
 time to first token and decode speed, a fixed number of concurrency slots with a FIFO queue, 429s
 with Retry-After when the queue is full, context-length errors, injectable faults, and exact token
-usage (recursa.testing.tokens) recorded per request in a ledger tests can assert against.
+usage (recursa.lm.tokens) recorded per request in a ledger tests can assert against.
 
     with FakeServer(responder=lambda model, messages: "hi", latency_s=0.2) as srv:
         client = openai.OpenAI(base_url=srv.base_url, api_key="x")
@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-from recursa.serve.background import BackgroundServer
+from recursa.asgi.background import BackgroundServer
 from recursa.testing.fake_app import build_app
 from recursa.testing.fake_state import (
     Fault,

@@ -26,6 +26,8 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
+from recursa.version import __version__
+
 CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 _PROVIDERS = {"openai": "openai", "anthropic": "anthropic", "scripted": "recursa.scripted"}
 _CONTENT_CHARS = 20_000
@@ -55,8 +57,6 @@ class OtelListener:
         capture_content: bool | None = None,
         agent_name: str = "recursa",
     ) -> None:
-        from recursa import __version__
-
         self.tracer = trace.get_tracer("recursa", __version__, tracer_provider=tracer_provider)
         if capture_content is None:
             capture_content = os.environ.get(CAPTURE_ENV, "").strip().lower() in ("1", "true", "yes")

@@ -67,6 +67,25 @@ class Trace:
         return not self.truncated and not self.incomplete_runs
 
 
+def run_tree(events: list[dict[str, Any]]) -> tuple[dict[str, RunNode], list[RunNode]]:
+    """Runs by id and the root runs, from events in the order they were written (a file's, or
+    ones collected in memory by an `on_event` listener)."""
+    runs: dict[str, RunNode] = {}
+    roots: list[RunNode] = []
+    for event in events:
+        run_id = event.get("run_id")
+        if event["type"] == "run_start":
+            node = RunNode(run_id, event.get("parent_run_id"), event.get("depth", 0), event)
+            runs[run_id] = node
+            parent = runs.get(node.parent_run_id) if node.parent_run_id else None
+            (parent.children if parent else roots).append(node)
+        elif run_id in runs:
+            runs[run_id].events.append(event)
+            if event["type"] == "run_end":
+                runs[run_id].end = event
+    return runs, roots
+
+
 def load(path: str | Path) -> Trace:
     """Parse a trace file. Tolerates a cut-off last line, as a crashed run can leave."""
     path = Path(path)
@@ -101,19 +120,7 @@ def load(path: str | Path) -> Trace:
             )
         else:
             notes.append(f"line {number} is not valid JSON; skipped")
-    runs: dict[str, RunNode] = {}
-    roots: list[RunNode] = []
-    for event in events:
-        run_id = event.get("run_id")
-        if event["type"] == "run_start":
-            node = RunNode(run_id, event.get("parent_run_id"), event.get("depth", 0), event)
-            runs[run_id] = node
-            parent = runs.get(node.parent_run_id) if node.parent_run_id else None
-            (parent.children if parent else roots).append(node)
-        elif run_id in runs:
-            runs[run_id].events.append(event)
-            if event["type"] == "run_end":
-                runs[run_id].end = event
+    runs, roots = run_tree(events)
     if not roots:
         raise ValueError(
             f"{path} holds no run_start event: it is not a recursa trace, or the run was cut off before "

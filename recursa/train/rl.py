@@ -23,6 +23,7 @@ import hashlib
 import math
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -130,30 +131,60 @@ def rl_rows(
         if zero and drop_zero_variance:
             report.drop(DROP_ZERO_VARIANCE, run.path)
             continue
-        weights = child_weights(run.node, child_weight, count_subcalls=include_subcalls)
-        shared = {
-            "trajectory_id": run.run_id,
-            "trajectory_reward": value,
-            "advantage": a,
-            "group_id": key,
-            "group_size": size,
-            "group_zero_variance": zero,
-            "task_id": score.task_id,
-        }
-        before = len(rows)
-        for node in finished_nodes(run.node, report, run.path):
-            steps = [s for s in run_steps(node, report) if _complete(s, report, run.path)]
-            for i, step in enumerate(steps):
-                is_last = i == len(steps) - 1
-                reward = value if node is run.node and is_last else 0.0
-                rows.append(_row(step, node, shared, weights[node.run_id], is_last, reward))
-            if include_subcalls:
-                for step in sub_steps(node, report):
-                    rows.append(_row(step, node, shared, weights[f"{node.run_id}/sub"], True, 0.0))
-        if len(rows) > before:
+        shared = Trajectory(run.run_id, value, a, key, size, zero, score.task_id)
+        made = trajectory_rows(
+            run.node,
+            shared,
+            child_weight=child_weight,
+            include_subcalls=include_subcalls,
+            report=report,
+            where=run.path,
+        )
+        rows.extend(made)
+        if made:
             report.runs_used += 1
     report.rows = len(rows)
     return rows, report
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """What every row of one root run and its descendants shares."""
+
+    trajectory_id: str  # the root run's id
+    trajectory_reward: float
+    advantage: float = 0.0
+    group_id: str = "all"
+    group_size: int = 1
+    group_zero_variance: bool = True
+    task_id: str | None = None
+
+
+def trajectory_rows(
+    root: RunNode,
+    shared: Trajectory,
+    *,
+    child_weight: str = "inherit",
+    include_subcalls: bool = False,
+    report: ExportReport | None = None,
+    where: Path | None = None,
+) -> list[dict[str, Any]]:
+    """The rows of one root run and every finished descendant, each carrying the root's advantage
+    (the reward sits on the root's last step). Also what `recursa.env` episodes hand a trainer."""
+    report = report if report is not None else ExportReport("rl")
+    where = where if where is not None else Path("<memory>")
+    weights = child_weights(root, child_weight, count_subcalls=include_subcalls)
+    rows: list[dict[str, Any]] = []
+    for node in finished_nodes(root, report, where):
+        steps = [s for s in run_steps(node, report) if _complete(s, report, where)]
+        for i, step in enumerate(steps):
+            is_last = i == len(steps) - 1
+            reward = shared.trajectory_reward if node is root and is_last else 0.0
+            rows.append(_row(step, node, shared, weights[node.run_id], is_last, reward))
+        if include_subcalls:
+            for step in sub_steps(node, report):
+                rows.append(_row(step, node, shared, weights[f"{node.run_id}/sub"], True, 0.0))
+    return rows
 
 
 def _complete(step: Step, report: ExportReport, where: Path) -> bool:
@@ -174,12 +205,12 @@ def _group_key(run: TraceRun, score: Score, group_by: str) -> tuple[str, bool]:
 
 
 def _row(
-    step: Step, node: RunNode, shared: dict[str, Any], weight: float, is_last: bool, reward: float
+    step: Step, node: RunNode, shared: Trajectory, weight: float, is_last: bool, reward: float
 ) -> dict[str, Any]:
     return {
         "prompt": step.prompt,
         "response": step.response,
-        "trajectory_id": shared["trajectory_id"],
+        "trajectory_id": shared.trajectory_id,
         "run_id": node.run_id,
         "parent_run_id": node.parent_run_id,
         "step": step.index,
@@ -187,13 +218,13 @@ def _row(
         "is_last_step": is_last,
         "purpose": step.purpose,
         "reward": reward,
-        "trajectory_reward": shared["trajectory_reward"],
-        "advantage": shared["advantage"],
+        "trajectory_reward": shared.trajectory_reward,
+        "advantage": shared.advantage,
         "weight": weight,
-        "group_id": shared["group_id"],
-        "group_size": shared["group_size"],
-        "group_zero_variance": shared["group_zero_variance"],
-        "task_id": shared["task_id"],
+        "group_id": shared.group_id,
+        "group_size": shared.group_size,
+        "group_zero_variance": shared.group_zero_variance,
+        "task_id": shared.task_id,
         "model": step.model,
         "call_id": step.call_id,
         "temperature": _temperature(step),

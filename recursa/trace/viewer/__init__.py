@@ -7,6 +7,8 @@ and re-reads the trace on every poll, so a run that is still going can be watche
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import re
 import threading
@@ -25,16 +27,32 @@ def _asset(name: str) -> str:
     return resources.files("recursa.trace.viewer").joinpath("assets", name).read_text(encoding="utf-8")
 
 
+# JSON written into a <script> element: "</script" would end the element and "<!--<script" would
+# make the parser swallow the viewer's own script after it, so no "<" (nor ">" or "&") is left;
+# "\u003c" is the same JSON string.
+_SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
+
+
+def content_security_policy(js: str) -> str:
+    """Only the viewer's own script may run (by its hash): markup that ever got into the page from
+    a trace could not run script, load anything or send anything anywhere."""
+    digest = base64.b64encode(hashlib.sha256(js.encode("utf-8")).digest()).decode("ascii")
+    return (
+        f"default-src 'none'; script-src 'sha256-{digest}'; style-src 'unsafe-inline'; img-src data:; "
+        "connect-src 'self'; base-uri 'none'; form-action 'none'"
+    )
+
+
 def render_html(view: dict[str, Any] | None) -> str:
     """The viewer page; with `view`, the data is embedded and the page works offline from a file."""
     page = _asset("viewer.html")
     data = ""
     if view is not None:
-        # "</" inside a <script> element would end it early; "<\/" is the same JSON string.
-        data = json.dumps(view, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
-    parts = {"CSS": _asset("viewer.css"), "JS": _asset("viewer.js"), "DATA": data}
+        data = json.dumps(view, ensure_ascii=False, separators=(",", ":")).translate(_SCRIPT_SAFE)
+    js = _asset("viewer.js")
+    parts = {"CSS": _asset("viewer.css"), "JS": js, "DATA": data, "CSP": content_security_policy(js)}
     # One pass over the template only: text inside the parts is never taken for a placeholder.
-    return re.sub(r"/\*__(CSS|JS|DATA)__\*/", lambda m: parts[m.group(1)], page)
+    return re.sub(r"/\*__(CSS|JS|DATA|CSP)__\*/", lambda m: parts[m.group(1)], page)
 
 
 def export_html(trace: str | Path, out: str | Path) -> Path:
@@ -50,7 +68,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
-        if path in ("/", "/index.html"):
+        if not self.server.host_allowed(self.headers.get("Host", "")):
+            # DNS rebinding: a web page whose own name now points at 127.0.0.1 sends that name.
+            self._send(403, "text/plain; charset=utf-8", b"this viewer answers only to its own address")
+        elif path in ("/", "/index.html"):
             self._send(200, "text/html; charset=utf-8", self.server.page)
         elif path == "/trace.json":
             try:
@@ -67,6 +88,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Referrer-Policy", "no-referrer")
+        self.send_header("Content-Security-Policy", self.server.csp + "; frame-ancestors 'none'")
         self.end_headers()
         self.wfile.write(body)
 
@@ -81,8 +105,21 @@ class _Server(ThreadingHTTPServer):
         super().__init__(address, _Handler)
         self.trace = trace
         self.page = render_html(None).encode()
+        self.csp = content_security_policy(_asset("viewer.js"))
+        port = self.server_address[1]
+        bound = str(address[0])
+        # On a loopback address only the loopback names are this server; bound to another address
+        # the viewer is reachable by whatever names point there, so the Host is not checked.
+        self.hosts: set[str] | None = (
+            {f"{h}:{port}" for h in ("127.0.0.1", "localhost", "[::1]")}
+            if bound in ("127.0.0.1", "localhost", "::1")
+            else None
+        )
         self._cache: tuple[tuple[int, int], bytes] | None = None
         self._lock = threading.Lock()
+
+    def host_allowed(self, host: str) -> bool:
+        return self.hosts is None or host.lower() in self.hosts
 
     def view_json(self) -> bytes:
         """The view, rebuilt only when the file changed (a live run appends to it)."""

@@ -37,6 +37,11 @@ KNOWN_TYPES = {
 }
 
 
+# A run's status is a CSS class and a badge in the page: a trace is anyone's file, so anything
+# else becomes "unknown" (the stop_reason text itself is still shown, escaped, in the details).
+RUN_STATUSES = frozenset({"final", "max_iterations", "budget", "timeout", "error", "cancelled", "ok"})
+
+
 class TraceFormatError(ValueError):
     """The file is not a recursa trace (or nothing in it can be read)."""
 
@@ -365,7 +370,8 @@ class _Builder:
             self.nodes[state.turn].t1 = end
         node = self.nodes[state.node]
         node.t1 = end
-        node.status = str(e.get("stop_reason") or "ok")
+        reason = e.get("stop_reason") or "ok"
+        node.status = reason if reason in RUN_STATUSES else "unknown"
         node.detail.update(
             {
                 k: e.get(k)

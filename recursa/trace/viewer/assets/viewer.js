@@ -24,11 +24,17 @@
   let keep = null;       // matches and their ancestors, or null without a query
   let tl = { start: 0, end: 1, rowH: 12, byRow: [] };  // timeline viewport and hit-test index
 
+  // A trace is anyone's file: every value from it reaches the page through esc() (text and quoted
+  // attributes), cls() (class names) or a number helper below (numbers only, whatever it was given).
   const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
-  const int = (n) => (n || 0).toLocaleString("en-US");
-  const usd = (x) => (x ? "$" + (x < 0.01 ? x.toFixed(5) : x.toFixed(4)) : "$0");
+  const cls = (s) => String(s).replace(/[^A-Za-z0-9_-]/g, "");
+  const num = (x) => { const v = Number(x); return Number.isFinite(v) ? v : 0; };
+  const int = (n) => num(n).toLocaleString("en-US");
+  const usd = (x) => { x = num(x); return x ? "$" + (x < 0.01 ? x.toFixed(5) : x.toFixed(4)) : "$0"; };
+  const list = (x) => (Array.isArray(x) ? x : []);
   function secs(s) {
-    if (s == null || isNaN(s)) return "–";
+    if (s == null || isNaN(Number(s))) return "–";
+    s = Number(s);
     if (s < 1) return (s * 1000).toFixed(s < 0.01 ? 2 : 0) + " ms";
     if (s < 120) return s.toFixed(2) + " s";
     return (s / 60).toFixed(1) + " min";
@@ -91,11 +97,11 @@
       ["cost", usd(s.cost_usd)], ["duration", secs(s.duration_s)], ["model", (s.model || "") + (s.sub_model ? " → " + s.sub_model : "")],
     ];
     $("summary").innerHTML =
-      '<div class="q" title="click to unfold">' + '<span class="badge s-' + esc(s.stop_reason) + '">' + esc(s.stop_reason) + "</span> " +
+      '<div class="q" title="click to unfold">' + '<span class="badge s-' + cls(s.stop_reason) + '">' + esc(s.stop_reason) + "</span> " +
       esc(s.question || "") + "</div>" +
       stats.map(([k, v]) => '<span class="stat"><span class="muted">' + k + "</span> <b>" + esc(v) + "</b></span>").join("");
     $("summary").querySelector(".q").onclick = (e) => e.currentTarget.classList.toggle("open");
-    $("warnings").innerHTML = (V.warnings || []).map((w) => '<div class="warn">⚠ ' + esc(w) + "</div>").join("");
+    $("warnings").innerHTML = list(V.warnings).map((w) => '<div class="warn">⚠ ' + esc(w) + "</div>").join("");
   }
 
   // ---- the tree ---------------------------------------------------------------------------
@@ -130,11 +136,11 @@
       const i = visible[r], n = N[i];
       const hasKids = n.ch.length > 0;
       const open = keep ? true : expanded.has(i);
-      const cls = "row k-" + n.k + " s-" + n.s + (i === selected ? " sel" : "") + (matchSet && matchSet.has(i) ? " match" : "");
+      const classes = "row k-" + cls(n.k) + " s-" + cls(n.s) + (i === selected ? " sel" : "") + (matchSet && matchSet.has(i) ? " match" : "");
       const count = hasKids && !open ? ' <span class="muted">(' + int(n.ch.length) + ")</span>" : "";
-      html.push('<div class="' + cls + '" data-i="' + i + '" role="treeitem" style="padding-left:' + (4 + depthOf[i] * 16) + 'px">' +
+      html.push('<div class="' + classes + '" data-i="' + num(i) + '" role="treeitem" style="padding-left:' + (4 + depthOf[i] * 16) + 'px">' +
         '<span class="tog">' + (hasKids ? (open ? "▾" : "▸") : "") + "</span>" +
-        '<span class="kind">' + KIND_LABEL[n.k] + "</span>" +
+        '<span class="kind">' + esc(KIND_LABEL[n.k] || n.k) + "</span>" +
         '<span class="lbl">' + esc(n.l) + count + "</span>" +
         '<span class="met">' + metrics(n) + "</span></div>");
     }
@@ -183,7 +189,8 @@
   fold.store = {};
 
   function messagesHtml(msgs) {
-    return (msgs || []).map((m) => '<div class="msg"><div class="role">' + esc(m.role) + "</div>" + fold(m.content) + "</div>").join("");
+    return list(msgs).map((m) => (m && typeof m === "object" ? m : { role: "?", content: m }))
+      .map((m) => '<div class="msg"><div class="role">' + esc(m.role) + "</div>" + fold(m.content) + "</div>").join("");
   }
 
   function fullPrompt(i) {
@@ -193,7 +200,7 @@
     for (const n of N) {
       if (n.u !== run || n.k !== "call" || n.i > i) continue;
       const d = detail(n.i);
-      all.push(...(d.new_messages || []));
+      all.push(...list(d.new_messages));
       if (n.i !== i && d.response != null) all.push({ role: "assistant", content: d.response });
     }
     return all;
@@ -202,7 +209,7 @@
   function renderDetail(i) {
     const n = N[i], d = detail(i), h = [];
     fold.store = {};
-    h.push('<h2><span class="badge s-' + esc(n.s) + '">' + esc(n.s) + "</span> " + esc(n.l) + "</h2>");
+    h.push('<h2><span class="badge s-' + cls(n.s) + '">' + esc(n.s) + "</span> " + esc(n.l) + "</h2>");
     const m = [["kind", n.k], ["start", "+" + secs(n.a)], [n.k === "call" || n.k === "sub" ? "latency" : "duration", secs(n.b - n.a)]];
     if (d.model) m.push(["model", d.model]);
     if (n.ti || n.to) { m.push(["input tokens", int(n.ti)], ["output tokens", int(n.to)]); }
@@ -210,7 +217,7 @@
     if (n.ti || n.to || n.c) m.push(["cost", usd(n.c)]);
     if (d.call_id) m.push(["call id", d.call_id]);
     if (d.run_id) m.push(["run id", d.run_id]);
-    if (d.attempts > 1) m.push(["attempts", d.attempts]);
+    if (num(d.attempts) > 1) m.push(["attempts", d.attempts]);
     if (d.finish_reason) m.push(["finish", d.finish_reason]);
     if (d.iterations != null) m.push(["turns", d.iterations]);
     if (d.answer_protocol) m.push(["answered with", d.answer_protocol]);
@@ -225,7 +232,7 @@
       if (d.isolation) h.push("<h3>Sandbox</h3>" + fold(JSON.stringify(d.isolation, null, 1)));
     } else if (n.k === "call") {
       h.push("<h3>Prompt (new messages)</h3>" + messagesHtml(d.new_messages));
-      h.push('<div class="more"><button data-full="' + i + '">show the whole prompt</button></div><div id="full-prompt"></div>');
+      h.push('<div class="more"><button data-full="' + num(i) + '">show the whole prompt</button></div><div id="full-prompt"></div>');
       h.push("<h3>Reply</h3>" + fold(d.response, "code"));
     } else if (n.k === "sub") {
       h.push("<h3>Prompt" + (d.prompt_chars ? " (" + int(d.prompt_chars) + " characters)" : "") + "</h3>" + fold(d.prompt));
@@ -235,11 +242,11 @@
       h.push("<h3>Output</h3>" + fold(d.stdout));
       if (d.stderr) h.push("<h3>Errors</h3>" + fold(d.stderr, "err"));
       if (d.omitted_chars) h.push('<p class="muted">' + int(d.omitted_chars) + " characters of output were not shown to the model.</p>");
-      if (d.notes && d.notes.length) h.push("<h3>Notes</h3>" + fold(d.notes.join("\n")));
-      if (d.final) h.push("<h3>Final answer (" + esc(d.final.protocol) + ")</h3>" + fold(d.final.text));
+      if (d.notes && d.notes.length) h.push("<h3>Notes</h3>" + fold(Array.isArray(d.notes) ? d.notes.join("\n") : d.notes));
+      if (d.final && typeof d.final === "object") h.push("<h3>Final answer (" + esc(d.final.protocol) + ")</h3>" + fold(d.final.text));
     }
     if (n.ch.length && n.k !== "turn") {
-      const kids = n.ch.slice(0, 400).map((c) => '<a data-go="' + c + '">' + esc(N[c].l) + "</a>").join("");
+      const kids = n.ch.slice(0, 400).map((c) => '<a data-go="' + num(c) + '">' + esc(N[c].l) + "</a>").join("");
       h.push("<h3>Children</h3><div class=\"kids\">" + kids + (n.ch.length > 400 ? '<span class="muted">… ' + int(n.ch.length - 400) + " more</span>" : "") + "</div>");
     }
     $("detail").innerHTML = h.join("");

@@ -1,6 +1,6 @@
 """The fork server inside the sandbox (the zygote): a warm worker that forks REPL workers on request.
 
-Standard library only; worker.py loads it by path (`worker.py --zygote FD`), like hardening.py.
+Standard library only; server.py imports it for `start.py --zygote FD`, before the hardening.
 A worker started from scratch pays ~40 ms of CPU (bwrap, an interpreter, imports); twenty child
 RLMs starting at once on two cores wait over half a second for the last one. The zygote pays that
 once: it imports everything a worker needs, works out the hardening rules, then forks one worker
@@ -113,7 +113,8 @@ def _child(
         if os.getppid() != zygote:
             os._exit(0)
         os.setsid()
-        _private_namespaces()
+        spec = dict(request["config"]).get("hardening") or {}
+        _private_namespaces(str(request["cwd"]), spec.get("shm_bytes"), spec.get("scratch_bytes"))
         drop_capabilities()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the keeper waits for its children
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -154,14 +155,20 @@ def _set_death_signal() -> None:
     _check(_libc().prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0), "prctl(PDEATHSIG)")
 
 
-def _private_namespaces() -> None:
-    """A mount and an IPC namespace of this worker's own, with an empty /dev/shm."""
+def _private_namespaces(scratch: str, shm_bytes: int | None, scratch_bytes: int | None) -> None:
+    """A mount and an IPC namespace of this worker's own, with an empty /dev/shm (of `shm_bytes`)
+    and, with `scratch_bytes`, a tmpfs of that size as its scratch folder (tmpfs pages are memory
+    no rlimit counts: each gets a size)."""
     libc = _libc()
     _check(libc.unshare(_CLONE_NEWNS | _CLONE_NEWIPC), "unshare(mount, ipc)")
     _check(libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "making mounts private")
-    for path in _PRIVATE_MOUNTS:
+    mounts = [(path, "mode=1777", shm_bytes) for path in _PRIVATE_MOUNTS]
+    if scratch_bytes is not None:
+        mounts.append((scratch, "mode=0700", scratch_bytes))
+    for path, mode, size in mounts:
         if os.path.isdir(path):
+            options = mode if size is None else f"{mode},size={int(size)}"
             _check(
-                libc.mount(b"tmpfs", path.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"mode=1777"),
+                libc.mount(b"tmpfs", path.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, options.encode()),
                 f"mount tmpfs on {path}",
             )

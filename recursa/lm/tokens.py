@@ -1,7 +1,9 @@
-"""The token count our offline stand-ins (scripted models, fake server) report.
+"""A rough, deterministic token count: what the offline stand-ins (scripted models, fake server)
+report, and what the baselines use to fit a context into a window.
 
 Roughly what BPE tokenizers give for English (one token per ~4 characters), and deterministic so
-tests can compare the usage the engine adds up with what the server saw.
+tests can compare the usage the engine adds up with what the server saw. For a bound that holds
+for every tokenizer, see `recursa.lm.base.estimate_tokens_upper`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,87 @@
+"""A trainer's own function as the model behind sub-calls and child RLMs' turns.
+
+`RLMEnv(sub_call=fn)` routes every call below the root through `await fn(messages, depth, parent_id)`,
+so a trainer can generate the children's turns with its own inference engine and keep them as
+rollouts too. The function returns the reply text, or a dict with `text` and, when it knows them,
+`input_tokens`, `output_tokens`, `token_ids`, `logprobs` (kept in the trace for the exporters).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from recursa.errors import LMError
+from recursa.lm.base import LMRequest, LMResponse, Message
+
+SubCall = Callable[[list[Message], int, str | None], Awaitable[Any]]
+
+# Without counts from the trainer, usage is estimated at about four characters per token.
+_CHARS_PER_TOKEN = 4
+
+
+class CallbackClient:
+    """The LMClient protocol over a trainer's async function."""
+
+    provider = "callback"
+
+    def __init__(self, fn: SubCall, model: str = "sub_call") -> None:
+        self.fn = fn
+        self.model = model
+
+    async def complete(self, request: LMRequest) -> LMResponse:
+        meta = request.meta
+        messages = [dict(m) for m in request.messages]  # the trainer may keep or change its copy
+        try:
+            outcome = self.fn(messages, meta.depth, meta.parent_id)
+            if inspect.isawaitable(outcome):
+                outcome = await outcome
+        except LMError:
+            raise
+        except Exception as exc:  # the trainer's function failed: a failed call, as a server error is
+            raise LMError(f"sub_call raised {type(exc).__name__}: {exc}") from None
+        return _response(outcome, messages)
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _response(outcome: Any, messages: list[Message]) -> LMResponse:
+    extra: dict[str, Any] = {}
+    if isinstance(outcome, dict):
+        extra = outcome
+        outcome = outcome.get("text")
+    if not isinstance(outcome, str):
+        raise LMError(
+            f"sub_call returned {type(outcome).__name__}; it must return the reply as a str, or a dict "
+            "with a str under 'text'"
+        )
+    prompt_chars = sum(len(m.get("content") or "") for m in messages)
+    return LMResponse(
+        text=outcome,
+        input_tokens=_count(extra.get("input_tokens"), prompt_chars),
+        output_tokens=_count(extra.get("output_tokens"), len(outcome)),
+        token_ids=_ints(extra.get("token_ids")),
+        prompt_token_ids=_ints(extra.get("prompt_token_ids")),
+        logprobs=_floats(extra.get("logprobs")),
+        model=str(extra.get("model")) if extra.get("model") else None,
+    )
+
+
+def _count(given: Any, chars: int) -> int:
+    if isinstance(given, int) and not isinstance(given, bool) and given >= 0:
+        return given
+    return max(1, chars // _CHARS_PER_TOKEN)
+
+
+def _ints(value: Any) -> list[int] | None:
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return list(value)
+    return None
+
+
+def _floats(value: Any) -> list[float] | None:
+    if isinstance(value, list) and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value):
+        return [float(v) for v in value]
+    return None

@@ -1,0 +1,304 @@
+"""`RLMEnv`: an RLM as a reinforcement-learning environment. The trainer writes the root's turns.
+
+    env = RLMEnv(sub_model="openai/policy", base_url=POLICY_URL, max_depth=2, max_turns=10)
+    episode = await env.start(question, context, task_id="t1", scorer=task.score)
+    while not episode.done:
+        reply = my_trainer_generate(episode.messages)
+        obs = await episode.step(reply)
+    episode.answer, episode.reward, episode.rollouts()
+    await episode.close()
+
+Each episode is one root run of the engine `RLM.run` drives (recursa.loop.engine), stepped from
+outside: its own call tree, budget, sandbox and trace. What the episodes of one environment share
+is listed in shared.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from recursa.budget import Budget
+from recursa.config import RLMConfig
+from recursa.context import load_payload
+from recursa.env.callback import CallbackClient, SubCall
+from recursa.env.episode import Episode, Scorer
+from recursa.env.shared import EnvError, EpisodeHost, PerLoop, Prepaid, PrivateLoop, ReplQuota
+from recursa.errors import ConfigError
+from recursa.lm.base import LMClient
+from recursa.lm.prices import ModelPrice, PriceBook
+from recursa.lm.registry import make_client, parse_model
+from recursa.lm.retry import RetryPolicy
+from recursa.loop.engine import RunEngine
+from recursa.loop.options import RunOptions
+from recursa.loop.tree import CallTree, new_id
+from recursa.sandbox import SANDBOX_KINDS
+from recursa.sandbox.forkserver import ForkServer
+from recursa.tools.spec import make_sub_tools, make_tools
+
+_FORKING_SANDBOXES = ("auto", "subprocess")
+DEFAULT_POLICY = "openai/policy"
+
+
+class RLMEnv:
+    """Episodes of an RLM whose root turns a trainer generates; see the module docstring.
+
+    `sub_model` (with `base_url`, `api_key`): the OpenAI-compatible server behind `llm_query` and
+    child RLMs' turns, e.g. the policy's own server in shared-policy training; every call carries the
+    X-RLM-Call-Id / -Parent-Id / -Depth / -Run-Id headers. `sub_call`: instead, an async function
+    `fn(messages, depth, parent_id) -> str` the trainer answers those calls with. `model`: the root's
+    model name (chooses the prompt template; recorded in traces and rows), by default `sub_model`.
+    `max_turns`: code turns before the root is asked once more, for its answer only.
+    `max_reply_chars`: longer replies are refused (the trace keeps replies whole up to 100,000).
+    `max_live_repls`: REPL processes alive at once over all episodes (children included).
+    `fork`: fork REPLs from one warm zygote shared by the episodes (subprocess sandboxes only).
+    The other options are `RLM`'s.
+    """
+
+    def __init__(
+        self,
+        sub_model: str | None = None,
+        *,
+        model: str | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        sub_call: SubCall | None = None,
+        max_depth: int = 1,
+        budget: Budget | None = None,
+        max_turns: int = 10,
+        prompt: str | Path | None = None,
+        tools: Sequence[Callable[..., Any]] = (),
+        sub_tools: Sequence[Callable[..., Any]] = (),
+        tips: str | None = None,
+        sandbox: str = "auto",
+        sandbox_options: dict[str, Any] | None = None,
+        exec_timeout: float = 120.0,
+        max_output_chars: int = 20_000,
+        max_reply_chars: int = 100_000,
+        max_live_repls: int = 256,
+        max_concurrency: int = 64,
+        max_parallel_children: int = 32,
+        max_output_tokens: int = 16_384,
+        sub_model_chars: int = 500_000,
+        sampling: dict[str, dict[str, Any]] | None = None,
+        subcall_errors: str = "raise",
+        request_timeout: float = 600.0,
+        max_retries: int = 4,
+        prices: dict[str, ModelPrice | dict[str, float]] | None = None,
+        trace_dir: str | Path | None = None,
+        trace: bool = True,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+        fork: bool = True,
+    ) -> None:
+        if sub_call is not None and not callable(sub_call):
+            raise ConfigError(
+                "RLMEnv(sub_call=...) takes an async function (messages, depth, parent_id) -> str."
+            )
+        if sub_model is None and sub_call is None and max_depth > 0:
+            raise ConfigError(
+                "RLMEnv: sub-calls need a model: pass sub_model='openai/<served name>' with base_url=..., "
+                "or sub_call=<async fn(messages, depth, parent_id) -> str>, or max_depth=0 (code only)."
+            )
+        for name, value, low in (
+            ("max_reply_chars", max_reply_chars, 1),
+            ("max_live_repls", max_live_repls, 1),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ConfigError(f"RLMEnv({name}={value!r}): {name} must be an int >= {low}.")
+        sub = sub_model or DEFAULT_POLICY
+        self.config = RLMConfig(
+            model=model or sub,
+            sub_model=sub,
+            base_url=base_url,
+            api_key=api_key,
+            max_depth=max_depth,
+            max_iterations=max_turns,
+            budget=budget if budget is not None else Budget(),
+            sandbox=sandbox,
+            sandbox_options=dict(sandbox_options) if isinstance(sandbox_options, dict) else sandbox_options,
+            exec_timeout=exec_timeout,
+            max_output_chars=max_output_chars,
+            max_concurrency=max_concurrency,
+            max_parallel_children=max_parallel_children,
+            trace_dir=Path(trace_dir) if trace_dir is not None else None,
+            trace=trace,
+            prompt=prompt,
+            max_output_tokens=max_output_tokens,
+            sub_model_chars=sub_model_chars,
+            prices=prices,
+            request_timeout=request_timeout,
+            max_retries=max_retries,
+            on_event=on_event,
+            call_headers=True,  # trainers behind the base URL attribute calls by these headers
+            sampling=sampling,
+            subcall_errors=subcall_errors,
+            tools=make_tools(list(tools)),
+            sub_tools=make_sub_tools(list(sub_tools)),
+            tips=tips,
+        )
+        try:
+            self.config.validate()
+        except ConfigError as exc:  # the options are RLMEnv's here, and max_turns is max_iterations
+            raise ConfigError(
+                str(exc).replace("RLM(", "RLMEnv(").replace("max_iterations", "max_turns")
+            ) from None
+        if sandbox not in SANDBOX_KINDS:
+            raise ConfigError(
+                f"RLMEnv: unknown sandbox {sandbox!r}; choose one of: {', '.join(SANDBOX_KINDS)}"
+            )
+        parse_model(self.config.model)
+        self.prices = PriceBook(prices)
+        self.sub_call = sub_call
+        if sub_call is None and max_depth > 0:
+            make_client(sub, base_url=base_url, api_key=api_key)  # a missing key or bad URL fails now
+            provider, name = parse_model(sub)
+            if self.config.budget.max_usd is not None and not self.prices.known(provider, name):
+                raise ConfigError(
+                    f"RLMEnv: max_usd is set but no price is known for {sub!r}; give one with prices=..."
+                )
+        self.max_reply_chars = max_reply_chars
+        self.fork = fork and sandbox in _FORKING_SANDBOXES and "fork_server" not in (sandbox_options or {})
+        self.quota = ReplQuota(max_live_repls)
+        self._shared = PerLoop()
+        self._private = PrivateLoop()
+        # Open episodes, for aclose(); weak, so that a dropped episode is reaped by its finalizer.
+        self._episodes: weakref.WeakSet[Episode] = weakref.WeakSet()
+
+    def __repr__(self) -> str:
+        c = self.config
+        return f"RLMEnv(model={c.model!r}, sub_model={c.sub_model!r}, max_depth={c.max_depth})"
+
+    @property
+    def live_repls(self) -> int:
+        return self.quota.live
+
+    # -- episodes ------------------------------------------------------------------------------
+    async def start(
+        self,
+        question: str,
+        context: Any,
+        *,
+        task_id: str | None = None,
+        scorer: Scorer | None = None,
+        tips: str | None = None,
+        sub_call: SubCall | None = None,
+    ) -> Episode:
+        """A new episode: `episode.messages` is what the policy continues. The REPL starts (and the
+        context loads) while the trainer generates the first reply. `scorer(answer) -> float` gives
+        `episode.reward`; `sub_call` serves this episode's sub-calls instead of the environment's."""
+        if sub_call is not None and not callable(sub_call):
+            raise EnvError("sub_call= takes an async function (messages, depth, parent_id) -> str.")
+        if not isinstance(question, str) or not question.strip():
+            raise EnvError("the question is empty: pass the question to answer as a non-empty str.")
+        if scorer is not None and not callable(scorer):
+            raise EnvError("scorer= takes a function answer -> float (e.g. task.score).")
+        quota = Prepaid(self.quota)  # raises the error that says what to do when none is left
+        try:
+            payload = await load_payload(context)
+        except BaseException:
+            quota.refund()
+            raise
+        run_id = new_id("run")
+        events: list[dict[str, Any]] = []
+        config = self._episode_config(events)
+        tree = CallTree.create(config, self.prices, run_id)
+        tree.repl_quota = quota
+        try:
+            self._share(tree, sub_call)
+            options = RunOptions(tips=tips if tips is not None else self.config.tips)
+            engine = RunEngine(
+                tree, self.prices, question=question, payload=payload, run_id=run_id, options=options
+            )
+            engine.begin()
+        except BaseException:
+            await tree.aclose()
+            payload.close()
+            quota.refund()
+            raise
+        host = EpisodeHost(self._private, self.max_reply_chars, self._forget)
+        episode = Episode(host, engine, payload, quota, events, task_id=task_id, scorer=scorer)
+        self._episodes.add(episode)
+        return episode
+
+    def start_sync(self, question: str, context: Any, **kwargs: Any) -> Episode:
+        """The blocking form of `start`: the episode runs on the environment's private event loop;
+        step it with `step_sync` and close it with `close_sync`."""
+        return self._private.run(self.start(question, context, **kwargs))
+
+    async def start_task(self, task: Any, **kwargs: Any) -> Episode:
+        """An episode of a generated task (`recursa.tasks.generate(...)`), scored by its family."""
+        kwargs.setdefault("task_id", task.id)
+        kwargs.setdefault("scorer", task.score)
+        return await self.start(task.question, task.context, **kwargs)
+
+    def _episode_config(self, events: list[dict[str, Any]]) -> RLMConfig:
+        user = self.config.on_event
+
+        def collect(event: dict[str, Any]) -> None:
+            events.append(event)
+            if user is not None:
+                user(event)
+
+        options = dict(self.config.sandbox_options or {})
+        resources = self._shared.here()
+        if self.fork:
+            if resources.fork_server is None:
+                resources.fork_server = ForkServer()
+            options["fork_server"] = resources.fork_server
+        return dataclasses.replace(self.config, on_event=collect, sandbox_options=options or None)
+
+    def _share(self, tree: CallTree, sub_call: SubCall | None) -> None:
+        """One client per model for every episode on this loop: one connection pool."""
+        resources = self._shared.here()
+        if sub_call is not None:
+            tree.gateway.share({}, catch_all=CallbackClient(sub_call))
+            return
+        if self.sub_call is not None:
+            client = resources.clients.get("sub_call")
+            if client is None:
+                client = resources.clients["sub_call"] = CallbackClient(self.sub_call)
+            tree.gateway.share({}, catch_all=client)
+            return
+        spec = self.config.sub_model
+        if spec not in resources.clients and self.config.max_depth > 0:
+            c = self.config
+            resources.clients[spec] = make_client(
+                spec, base_url=c.base_url, api_key=c.api_key, timeout=c.request_timeout, retry=_ONE_ATTEMPT
+            )
+        shared: dict[str, LMClient] = {k: v for k, v in resources.clients.items() if k == spec}
+        tree.gateway.share(shared)
+
+    def _forget(self, episode: Episode) -> None:
+        self._episodes.discard(episode)
+
+    # -- closing -------------------------------------------------------------------------------
+    async def aclose(self) -> None:
+        """Close every open episode on this event loop, then the clients and fork server they shared."""
+        for episode in [e for e in self._episodes if e.loop_is_current()]:
+            await episode.close()
+        await self._shared.aclose_here()
+
+    def close(self) -> None:
+        """Close the episodes on the private loop (the blocking API) and stop that loop."""
+        if self._private.started:
+            self._private.run(self.aclose())
+        self._private.stop()
+
+    async def __aenter__(self) -> RLMEnv:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __enter__(self) -> RLMEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# The gateway retries; its clients try once (as ModelGateway.client makes them).
+_ONE_ATTEMPT = RetryPolicy(max_attempts=1)

@@ -1,0 +1,227 @@
+"""SkyRL-gym adapter: recursa's RLM as a `BaseTextEnv`, registered as "recursa-rlm".
+
+    import recursa.integrations.skyrl  # registers the id with skyrl_gym
+    env = skyrl_gym.make("recursa-rlm", env_config={}, extras=row_extras)
+    chat, metadata = env.init(prompt)          # system prompt, question and context facts
+    out = env.step(policy_output)              # {"observations", "reward", "done", "metadata"}
+    env.close()
+
+A drop-in replacement for SkyRL's own RLM environment: it takes the same knobs from `extras`
+(`max_turns`, `repl_timeout`, `lm_callback`, the context under `extra_info.context_text`,
+`reward_spec.ground_truth`) and adds a sandboxed REPL, budgets, traces and child RLMs. Extras of
+its own: `max_depth`, `sub_model` / `base_url` / `api_key` (an OpenAI-compatible server for the
+sub-calls), `sub_call` (an async function, as for `RLMEnv`), `budget` (a dict of `Budget` fields),
+`family` (a `recursa.tasks` family whose scorer gives the reward), `scorer` (answer -> float),
+`sandbox`, `trace_dir`, `max_live_repls`. SkyRL's `subcall_fn` is not used: `rlm_query` runs a
+recursa child RLM, whose turns go where the other sub-calls go.
+
+Episodes of environments with the same settings share one `RLMEnv` (its event loop thread, fork
+server and connection pool), so a generator's hundreds of environments cost one of each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from skyrl_gym import register as _register
+from skyrl_gym import registry as _registry
+from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType
+
+from recursa.budget import Budget
+from recursa.env import Episode, RLMEnv, SubCall
+from recursa.errors import ConfigError
+from recursa.lm.base import Message
+from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION
+from recursa.tasks import Task, get
+
+ENV_ID = "recursa-rlm"
+_SETTINGS = ("max_turns", "repl_timeout", "max_depth", "sub_model", "base_url", "api_key", "budget",
+             "sandbox", "trace_dir", "max_live_repls", "max_output_chars")  # fmt: skip
+
+_envs: dict[str, RLMEnv] = {}
+_envs_lock = threading.Lock()
+
+
+class RecursaRLMEnv(BaseTextEnv):
+    """One RLM episode per instance, as SkyRL's generator uses environments."""
+
+    def __init__(self, env_config: Any = None, extras: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.extras = dict(extras or {})
+        self.env_config = env_config
+        self.max_turns = int(self.extras.get("max_turns", 10))
+        self.episode: Episode | None = None
+        self._reward = 0.0
+        self._env = shared_env(self.extras)
+
+    def init(self, prompt: ConversationType) -> tuple[ConversationType, dict[str, Any]]:
+        if not isinstance(prompt, list) or not all(isinstance(m, dict) for m in prompt):
+            raise ConfigError(
+                "RecursaRLMEnv.init(prompt): prompt must be a list of {'role', 'content'} messages"
+            )
+        text = "\n".join(str(m.get("content") or "") for m in prompt if m.get("content"))
+        context = _context(self.extras)
+        question = text if context is not None else PROMPT_AS_CONTEXT_QUESTION
+        self.episode = self._env.start_sync(
+            question,
+            context if context is not None else text,
+            task_id=_task_id(self.extras),
+            scorer=_scorer(self.extras, question, context),
+            sub_call=_sub_call(self.extras),
+        )
+        return self.episode.messages, {"run_id": self.episode.run_id}
+
+    def step(self, action: str) -> BaseTextEnvStepOutput:
+        episode = self._live("step")
+        self.turns += 1
+        observations = episode.step_sync(action)
+        done = episode.done
+        if done:
+            self._reward = float(episode.reward or 0.0)
+        return BaseTextEnvStepOutput(
+            observations=observations,
+            reward=self._reward if done else 0.0,
+            done=done,
+            metadata={
+                "run_id": episode.run_id,
+                "turn": episode.turn,
+                "stop_reason": episode.stop_reason,
+                "answer": episode.answer if done else None,
+                "trace_path": str(episode.trace_path) if episode.trace_path else None,
+            },
+            postprocessed_action=None,
+        )
+
+    def close(self) -> None:
+        if self.episode is not None:
+            self.episode.close_sync()
+
+    def get_metrics(self) -> dict[str, Any]:
+        episode = self.episode
+        done = episode is not None and episode.done
+        return {
+            "turns_used": self.turns,
+            "final_value_set": bool(done and episode.answer and episode.stop_reason == "final"),
+            "final_answer": episode.answer if done else None,
+            "reward": self._reward,
+            "llm_calls": episode.usage.llm_calls if episode is not None else 0,
+        }
+
+    def rollouts(self, **kwargs: Any) -> list[dict[str, Any]]:
+        """The episode's rows (the root's and every child's turns), as `Episode.rollouts`."""
+        return self._live("rollouts").rollouts(**kwargs)
+
+    def _live(self, what: str) -> Episode:
+        if self.episode is None:
+            raise ConfigError(f"RecursaRLMEnv.{what}() before init(prompt): call init first")
+        return self.episode
+
+
+def shared_env(extras: dict[str, Any]) -> RLMEnv:
+    """The `RLMEnv` for these settings, made once per process."""
+    key = json.dumps({k: extras.get(k) for k in _SETTINGS}, sort_keys=True, default=str)
+    with _envs_lock:
+        env = _envs.get(key)
+        if env is None:
+            env = _envs[key] = _make_env(extras)
+        return env
+
+
+def _make_env(extras: dict[str, Any]) -> RLMEnv:
+    budget = extras.get("budget")
+    if budget is not None and not isinstance(budget, dict | Budget):
+        raise ConfigError("extras['budget'] takes a dict of Budget fields, e.g. {'max_llm_calls': 200}")
+    delegated = "lm_callback" in extras or "sub_call" in extras
+    sub_model = extras.get("sub_model")
+    max_depth = int(extras.get("max_depth", 1 if (delegated or sub_model) else 0))
+    return RLMEnv(
+        sub_model,
+        base_url=extras.get("base_url"),
+        api_key=extras.get("api_key"),
+        sub_call=_no_sub_call if delegated and not sub_model else None,
+        max_depth=max_depth,
+        max_turns=int(extras.get("max_turns", 10)),
+        exec_timeout=float(extras.get("repl_timeout", 180.0)),
+        budget=Budget(**budget) if isinstance(budget, dict) else budget,
+        sandbox=extras.get("sandbox", "auto"),
+        trace_dir=extras.get("trace_dir"),
+        max_live_repls=int(extras.get("max_live_repls", 256)),
+        max_output_chars=int(extras.get("max_output_chars", 20_000)),
+    )
+
+
+async def _no_sub_call(messages: list[Message], depth: int, parent_id: str | None) -> str:
+    raise RuntimeError("this episode has no lm_callback / sub_call in its extras to answer sub-calls")
+
+
+def _sub_call(extras: dict[str, Any]) -> SubCall | None:
+    """The episode's sub-calls: `sub_call` as given, or SkyRL's `lm_callback(prompts) -> replies`
+    (blocking, so it runs on a thread; a child RLM's turn reaches it as one transcript)."""
+    if extras.get("sub_call") is not None:
+        return extras["sub_call"]
+    callback: Callable[[list[str]], list[str]] | None = extras.get("lm_callback")
+    if callback is None:
+        return None
+
+    async def via_lm_callback(messages: list[Message], depth: int, parent_id: str | None) -> str:
+        replies = await asyncio.to_thread(callback, [_transcript(messages)])
+        return str(replies[0])
+
+    return via_lm_callback
+
+
+def _transcript(messages: list[Message]) -> str:
+    if len(messages) == 1:
+        return str(messages[0].get("content") or "")
+    return "\n\n".join(f"[{m.get('role')}]\n{m.get('content') or ''}" for m in messages)
+
+
+def _context(extras: dict[str, Any]) -> Any:
+    """SkyRL's place for the context (extra_info.context_text; a JSON object becomes a dict), or ours."""
+    info = extras.get("extra_info") or {}
+    context = extras.get("context", info.get("context_text") if isinstance(info, dict) else None)
+    if isinstance(context, str) and context.lstrip().startswith("{"):
+        try:
+            decoded = json.loads(context)
+        except ValueError:
+            return context
+        return decoded if isinstance(decoded, dict) else context
+    return context
+
+
+def _task_id(extras: dict[str, Any]) -> str | None:
+    info = extras.get("extra_info") or {}
+    found = extras.get("task_id") or (info.get("task_id") if isinstance(info, dict) else None)
+    return str(found) if found is not None else None
+
+
+def _scorer(extras: dict[str, Any], question: str, context: Any) -> Callable[[str], float] | None:
+    """The reward: extras['scorer'], else a task family's scorer against reward_spec's ground truth,
+    else an exact match with it (whitespace and case aside)."""
+    if callable(extras.get("scorer")):
+        return extras["scorer"]
+    spec = extras.get("reward_spec") or {}
+    truth = spec.get("ground_truth") if isinstance(spec, dict) else None
+    if truth is None:
+        return None
+    family = extras.get("family") or (spec.get("family") if isinstance(spec, dict) else None)
+    if family:
+        fam = get(str(family))
+        task = Task(id=_task_id(extras) or "skyrl", family=fam.name, question=question, context=context or "",
+                    gold=str(truth))  # fmt: skip
+        return lambda answer: fam.score(task, answer)
+    gold = str(truth).strip().casefold()
+    return lambda answer: float(answer.strip().casefold() == gold)
+
+
+def register(env_id: str = ENV_ID) -> None:
+    """Register the environment with skyrl_gym under `env_id` (done once on import)."""
+    if env_id not in _registry:
+        _register(id=env_id, entry_point=f"{__name__}:RecursaRLMEnv")
+
+
+register()

@@ -1,0 +1,212 @@
+"""Worker-side lockdown: rlimits, capabilities, Landlock and seccomp, applied before generated code runs.
+
+Standard library only. The worker (server.py) imports this module only when the host asks for a
+lockdown, calls `apply(spec)` once while the process still has a single thread, and sends the returned report to the host. The report only states what
+the kernel accepted: every entry comes from a syscall's return value or a read-back, and the two
+main layers are probed afterwards (listing "/" must fail, `socket()` must fail).
+
+Order matters: read what needs /proc first, then set rlimits, then no_new_privs, drop capabilities
+(as root, rlimits bind only without CAP_SYS_RESOURCE), Landlock, and seccomp last.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import resource
+import signal
+import socket
+import sys
+import time
+
+from .landlock import apply_landlock, kernel_abi, read_plan
+from .seccomp import apply_seccomp, seccomp_filter
+from .syscalls import (
+    CAP_VERSION_3,
+    PR_CAP_AMBIENT,
+    PR_CAP_AMBIENT_CLEAR_ALL,
+    PR_CAPBSET_DROP,
+    PR_GET_NO_NEW_PRIVS,
+    PR_SET_NO_NEW_PRIVS,
+    SYSCALLS,
+    Report,
+    errno_text,
+    libc_handle,
+)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+
+def _namespaces(host: dict[str, str]) -> list[str]:
+    """The namespaces this process does not share with the host (compared by /proc/self/ns inode)."""
+    out = []
+    for name in ("user", "mnt", "pid", "net", "ipc", "uts", "cgroup"):
+        theirs = host.get(name)
+        try:
+            ours = os.readlink(f"/proc/self/ns/{name}")
+        except OSError:
+            continue
+        if theirs and ours != theirs:
+            out.append(name)
+    return out
+
+
+def _set_rlimits(spec: dict[str, Any], report: Report) -> None:
+    wanted = {
+        "core": (resource.RLIMIT_CORE, 0),
+        "fsize": (resource.RLIMIT_FSIZE, spec.get("max_file_bytes")),
+        "nofile": (resource.RLIMIT_NOFILE, spec.get("max_open_files")),
+        "data": (resource.RLIMIT_DATA, spec.get("memory_limit_bytes")),
+    }
+    for name, (res, value) in wanted.items():
+        if value is None:
+            continue
+        try:
+            resource.setrlimit(res, (int(value), int(value)))
+        except (ValueError, OSError) as exc:
+            report.warn(f"setrlimit({name}) failed: {exc}")
+    for name, (res, _value) in wanted.items():
+        _soft, hard = resource.getrlimit(res)  # read back: report what holds, not what we asked
+        report.data["rlimits"][name] = None if hard == resource.RLIM_INFINITY else hard
+    # Past RLIMIT_FSIZE a write must fail with EFBIG (an OSError the code sees), not kill the REPL.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
+def _cap_line(field: str) -> str | None:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return line.split()[1]
+    except OSError:
+        pass
+    return None
+
+
+def _empty_capability_sets(libc: Any, sysnr: dict[str, int]) -> int:
+    """Drop the bounding set, clear the ambient one, set the rest to nothing; capset's return code."""
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as fh:
+            last = int(fh.read().strip())
+    except (OSError, ValueError):
+        last = 63
+    for cap in range(last + 1):
+        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # EPERM without CAP_SETPCAP: nothing to drop then
+    libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    header = (ctypes.c_uint32 * 2)(CAP_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()
+    return int(libc.syscall(ctypes.c_long(sysnr["capset"]), ctypes.byref(header), ctypes.byref(data)))
+
+
+def drop_all_capabilities() -> None:
+    """Empty every capability set, or raise: for a process that must not go on holding any (a
+    zygote's child, which starts with what the zygote kept of bwrap's user namespace)."""
+    rc = _empty_capability_sets(libc_handle(), SYSCALLS[os.uname().machine])
+    left = {name: _cap_line(name) for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}
+    if rc != 0 or any(value is None or int(value, 16) for value in left.values()):
+        raise PermissionError(f"capabilities left after dropping them all: {left}")
+
+
+def _drop_capabilities(libc: Any, sysnr: dict[str, int], report: Report) -> None:
+    """Empty the bounding, ambient, effective, permitted and inheritable sets.
+
+    Matters when the host runs as root: without CAP_SYS_RESOURCE the rlimits above cannot be raised
+    again, without CAP_DAC_OVERRIDE file modes count, without CAP_KILL signals need a matching uid.
+    """
+    before = _cap_line("CapEff")
+    rc = _empty_capability_sets(libc, sysnr)
+    after = _cap_line("CapEff")
+    bounding = _cap_line("CapBnd")
+    report.data["capabilities"] = {
+        "effective_before": before,
+        "effective": after,
+        "bounding": bounding,
+        "dropped": rc == 0 and after is not None and int(after, 16) == 0,
+    }
+    if rc != 0:
+        report.warn(f"capset() failed: {errno_text()}")
+
+
+def _probe(report: Report) -> None:
+    """Check from the inside that the layers hold: these must fail now."""
+    verified = report.data["verified"]
+    try:
+        os.listdir("/")
+        verified["filesystem"] = False
+    except PermissionError:
+        verified["filesystem"] = True
+    except OSError:
+        verified["filesystem"] = False
+    try:
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()
+        verified["network"] = False
+    except PermissionError:
+        verified["network"] = True
+    except OSError:
+        verified["network"] = False
+
+
+def prepare(spec: dict[str, Any]) -> None:
+    """What `apply(spec)` would work out that is the same for every worker: do it now, once."""
+    read_plan(spec)
+    with contextlib.suppress(KeyError):  # a machine without a table: apply() says so
+        seccomp_filter(os.uname().machine, own_pid=0, own_pgid=0, restrict_signals=False)
+
+
+def apply(spec: dict[str, Any]) -> dict[str, Any]:
+    """Apply everything `spec` asks for that this kernel supports; returns the report for the host.
+
+    spec: {"read_write": [scratch], "read_only": [...], "allow_site_packages": bool,
+           "memory_limit_bytes", "max_file_bytes", "max_open_files": int | None,
+           "landlock": bool, "landlock_max_abi": int | None, "seccomp": bool,
+           "host_namespaces": {"pid": "pid:[4026531836]", ...}}
+    """
+    started = time.perf_counter()
+    report = Report()
+    machine = report.data["machine"]
+    report.data["namespaces"] = _namespaces(spec.get("host_namespaces") or {})
+    _set_rlimits(spec, report)
+    if sys.platform != "linux" or machine not in SYSCALLS:
+        report.warn(f"no Landlock/seccomp support for {sys.platform}/{machine}: only rlimits apply")
+        report.data["duration_ms"] = round((time.perf_counter() - started) * 1000, 3)
+        return report.data
+    sysnr = SYSCALLS[machine]
+    libc = libc_handle()
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        report.warn(f"prctl(PR_SET_NO_NEW_PRIVS) failed: {errno_text()}")
+    report.data["no_new_privs"] = libc.prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1
+    _drop_capabilities(libc, sysnr, report)
+
+    abi = kernel_abi(libc, sysnr) if spec.get("landlock", True) else 0
+    max_abi = spec.get("landlock_max_abi")
+    if max_abi is not None:
+        abi = min(abi, int(max_abi))
+    if abi <= 0:
+        report.warn(
+            "Landlock is unavailable (kernel too old, disabled, or not in the LSM list): files are not confined"
+        )
+    elif not report.data["no_new_privs"]:
+        report.warn("Landlock needs no_new_privs, which could not be set: files are not confined")
+    else:
+        apply_landlock(libc, sysnr, spec, abi, report)
+        if abi < 4:
+            report.warn(f"Landlock ABI {abi} has no network rules: TCP is blocked by seccomp only")
+    signals_scoped = "signal" in report.data["landlock_scopes"]
+    if signals_scoped:
+        report.data["signals"] = "landlock"
+
+    if spec.get("seccomp", True):
+        ok = apply_seccomp(libc, sysnr, machine, not signals_scoped, report)
+        report.data["seccomp"] = ok
+        if ok and not signals_scoped:
+            report.data["signals"] = "seccomp (self only)"
+    else:
+        report.warn("seccomp was turned off")
+    if not report.data["seccomp"] and not signals_scoped:
+        report.warn("signals are not restricted: the REPL may signal other processes of the same user")
+    _probe(report)
+    report.data["duration_ms"] = round((time.perf_counter() - started) * 1000, 3)
+    return report.data

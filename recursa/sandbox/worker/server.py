@@ -1,0 +1,345 @@
+"""The worker's main loop and entry point: harden, say ready, then serve requests until shutdown.
+
+The host starts the worker through start.py (see there for how this package is loaded):
+
+    python -I -u -X utf8 start.py --fd N [--config JSON]    (N: our end of a socketpair)
+    python -I -u -X utf8 start.py --stdio [--lines] [--config JSON]   (frames over stdin/stdout)
+    python -I -u -X utf8 start.py --zygote N [--config JSON]   (a fork server: zygote.py)
+
+Startup is paid by every child RLM, so the worker imports only what the first request needs:
+typing is for annotations alone, and ast waits for the first cell (7 ms of CPU, incl. contextlib).
+Everything in this package that a worker runs after hardening is imported here, before it: Landlock
+leaves the package's folder unreadable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+
+from .context import ContextSource
+from .keeper import die_with_parent, split_off_keeper
+from .repl import Repl
+from .snapshots import Snapshots
+from .wire import SocketTransport, StdioTransport, WorkerChannel
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
+
+# The lockdown lives in hardening.py (with landlock.py, seccomp.py): imported only when asked for.
+HARDENING_MODULE = "hardening"
+
+
+def harden(config: dict[str, Any]) -> dict[str, Any]:
+    """Lock the process down before any generated code runs; returns what was applied.
+
+    With `config["hardening"]` (a spec dict from the host) the worker applies rlimits,
+    capabilities, Landlock and seccomp through hardening.py and reports what the kernel accepted.
+    Without it only core dumps are turned off (a crash must not write the context to disk).
+    Called while the process has one thread: Landlock (before ABI 8) binds only the calling thread.
+    """
+    if sys.flags.no_site:
+        _site_builtins()
+    spec = config.get("hardening")
+    if isinstance(spec, dict):
+        try:
+            return dict(_hardening_module().apply(spec))
+        except Exception as exc:  # never claim a lockdown that did not happen; say why instead
+            applied = _no_core_dumps()
+            applied.update(requested=True, error=f"{type(exc).__name__}: {exc}")
+            applied["warnings"] = [
+                f"hardening failed ({type(exc).__name__}: {exc}); the REPL is not confined"
+            ]
+            return applied
+    return _no_core_dumps()
+
+
+def _hardening_module() -> Any:
+    """hardening.py, imported on first use (a zygote imports it before it forks workers)."""
+    return _sibling(HARDENING_MODULE)
+
+
+def _sibling(name: str) -> Any:
+    """A module of this package, imported now (by name: importlib itself would cost a start more)."""
+    return __import__(f"{__package__}.{name}", fromlist=["_"])
+
+
+def _site_builtins() -> None:
+    """Started with -S (no site-packages, no .pth code at start): keep exit(), quit() and help()."""
+    try:
+        import site
+
+        site.setquit()
+        site.setcopyright()
+        site.sethelper()
+    except Exception:
+        pass
+
+
+def _no_core_dumps() -> dict[str, Any]:
+    applied: dict[str, Any] = {"requested": False, "rlimits": {}}
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        applied["rlimits"]["core"] = 0
+    except (ImportError, ValueError, OSError):
+        pass
+    return applied
+
+
+# Main loop.
+
+
+class Server:
+    """Runs requests on the main thread (so SIGINT interrupts user code) and keeps snapshots ready."""
+
+    def __init__(self, transport: SocketTransport | StdioTransport, *, lines: bool = False) -> None:
+        self.repl = Repl(self._call)
+        self.snapshots = Snapshots()
+        self.chan = self._connect(WorkerChannel(transport, lines=lines))
+
+    def _call(self, fn: str, args: dict[str, Any]) -> Any:
+        return self.chan.call(fn, args)  # through the current channel, which a takeover replaces
+
+    def _connect(self, chan: WorkerChannel) -> WorkerChannel:
+        chan.may_interrupt = lambda: self.repl.interruptible
+        chan.on_eof = self._on_eof
+        return chan
+
+    def _on_eof(self) -> None:
+        pid = self.snapshots.pid
+        if pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if not self.repl.interruptible:
+            return  # a late SIGINT (the cell already finished) must not break the worker
+        if self.chan.main_sending:
+            self.chan.interrupt_pending = True
+            return
+        raise KeyboardInterrupt
+
+    def run(self, config: dict[str, Any]) -> None:
+        hardening = harden(config)
+        ready = {
+            "op": "ready",
+            "pid": os.getpid(),
+            "ppid": os.getppid(),  # the keeper, when there is one
+            "python": sys.version.split()[0],
+            "hardening": hardening,
+        }
+        self.chan.send(ready)
+        self.chan.start_reader()
+        while True:
+            if signal.getsignal(signal.SIGINT) != self._on_sigint:  # code may have replaced it
+                signal.signal(signal.SIGINT, self._on_sigint)
+            msg = self.chan.inbox.get()
+            op = msg.get("op")
+            if op == "shutdown":
+                break
+            if op == "standby":
+                self.snapshots.arm(int(msg.get("_fd", -1)))
+                if self.snapshots.armed:
+                    self._snapshot()
+                continue
+            if op == "exec" and self.snapshots.armed and not self.snapshots.alive():
+                if self._snapshot():
+                    continue  # this process is a snapshot that took over: that cell was not ours
+            elif op == "load_context":
+                self.snapshots.discard()  # its state is about to be out of date
+            try:
+                reply = _handle(self.repl, msg)
+            except Exception as exc:  # a worker bug must answer, not leave the host waiting
+                reply = _internal_error(msg, exc)
+            if reply is not None:
+                self.chan.send(reply)
+            if op in ("exec", "load_context") and self.snapshots.armed:
+                # Snapshot the state after this cell now, while the host reads the result and asks
+                # its model: the next cell then starts without paying for the fork.
+                self._snapshot()
+        self.snapshots.discard()
+        sys.stdout.flush()
+        os._exit(0)  # skip interpreter teardown: user threads must not keep the process alive
+
+    def _snapshot(self) -> bool:
+        """Take a fresh snapshot; True if this process is a snapshot that has since taken over."""
+        took_over = False
+        while True:
+            taken = self.snapshots.take(self.chan)
+            if taken is None:
+                return took_over
+            took_over = True
+            transport, info = taken
+            self.chan = self._connect(WorkerChannel(transport))
+            self.chan.send(info)
+            self.chan.start_reader()
+            # Loop: this process is the worker now, and it needs a snapshot of its own.
+
+
+def serve(
+    transport: SocketTransport | StdioTransport, config: dict[str, Any], *, lines: bool = False
+) -> None:
+    import faulthandler
+
+    faulthandler.enable()  # a segfault leaves a Python traceback in the worker log
+    Server(transport, lines=lines).run(config)
+
+
+def _handle(repl: Repl, msg: dict[str, Any]) -> dict[str, Any] | None:
+    op, mid = msg.get("op"), msg.get("id")
+    if op == "exec":
+        res = repl.execute(str(msg.get("code", "")), int(msg.get("max_output_chars", 20_000)))
+        return {"op": "exec_done", "id": mid, **res}
+    if op == "get_var":
+        return {"op": "var", "id": mid, **repl.get_var(str(msg.get("name", "")))}
+    if op == "list_vars":
+        return {"op": "vars", "id": mid, "names": repl.user_variables()}
+    if op == "define":
+        return {"op": "defined", "id": mid, **repl.define(list(msg.get("entries", [])))}
+    if op == "load_context":
+        transfer = msg.get("transfer")
+        if transfer == "inline":
+            source = ContextSource(buffer=msg.get("_buffer"))
+        elif transfer == "path":
+            source = ContextSource(fd=os.open(str(msg.get("path")), os.O_RDONLY | os.O_CLOEXEC))
+        else:
+            source = ContextSource(fd=int(msg["_fd"]), release=bool(msg.get("release")))
+        try:
+            info = repl.load_context(
+                str(msg.get("kind")),
+                source,
+                list(msg.get("byte_lengths", [])),
+                list(msg.get("char_lengths", [])),
+                list(msg.get("keys", [])),
+            )
+        finally:
+            source.close()
+        return {"op": "context_loaded", "id": mid, **info}
+    return None
+
+
+def _internal_error(msg: dict[str, Any], exc: Exception) -> dict[str, Any] | None:
+    text = f"internal worker error: {type(exc).__name__}: {exc}"
+    op, mid = msg.get("op"), msg.get("id")
+    if op == "exec":
+        return {
+            "op": "exec_done",
+            "id": mid,
+            "stdout": "",
+            "stderr": text,
+            "omitted_chars": 0,
+            "error": text,
+            "final": None,
+            "restored_names": [],
+            "notes": [],
+            "duration_s": 0.0,
+        }
+    if op == "get_var":
+        return {"op": "var", "id": mid, "found": False, "final": None, "error": text}
+    if op == "list_vars":
+        return {"op": "vars", "id": mid, "names": [], "error": text}
+    if op == "define":
+        return {"op": "defined", "id": mid, "errors": [text]}
+    if op == "load_context":
+        return {"op": "context_loaded", "id": mid, "error": text}
+    return None
+
+
+_USAGE = "usage: start.py (--fd N | --stdio [--lines] | --zygote N) [--config JSON]"
+
+
+def parse_args(argv: list[str]) -> tuple[int | None, dict[str, Any]]:
+    """(--fd value or None for --stdio, config). Hand-rolled: argparse costs milliseconds at startup.
+
+    --lines (with --stdio) is reported in the config as "_lines": True; --zygote N (N: a control
+    socket, see zygote.py) as the fd N and "_zygote": True.
+    """
+    fd: int | None = None
+    stdio = lines = zygote = False
+    config: Any = {}
+    args = iter(argv)
+    for arg in args:
+        if arg in ("--fd", "--zygote"):
+            if fd is not None:
+                raise SystemExit(f"give one of --fd and --zygote; {_USAGE}")
+            fd = int(next(args, "-1"))
+            zygote = arg == "--zygote"
+        elif arg == "--stdio":
+            stdio = True
+        elif arg == "--lines":
+            lines = True
+        elif arg == "--config":
+            config = json.loads(next(args, "{}"))
+        else:
+            raise SystemExit(f"unknown argument {arg!r}; {_USAGE}")
+    if stdio == (fd is not None) or (fd is not None and fd < 0):
+        raise SystemExit(f"give exactly one of --fd N, --zygote N and --stdio; {_USAGE}")
+    if not isinstance(config, dict):
+        raise SystemExit("--config must be a JSON object")
+    if lines:
+        if not stdio:
+            raise SystemExit(f"--lines goes with --stdio; {_USAGE}")
+        config["_lines"] = True
+    if zygote:
+        config["_zygote"] = True
+    return fd, config
+
+
+def main(argv: list[str] | None = None) -> None:
+    fd, config = parse_args(sys.argv[1:] if argv is None else argv)
+    lines = bool(config.pop("_lines", False))
+    parent = os.getppid()
+    die_with_parent()  # a worker stuck in C code would otherwise outlive a host that was killed
+    if os.getppid() != parent:
+        os._exit(0)  # the parent died before the request took effect
+    if config.pop("_zygote", False) and fd is not None:
+        _preload()
+        _sibling("zygote").serve(fd, _start, _prepare, _hardening_module().drop_all_capabilities)
+    if fd is None:
+        # Keep private copies of the pipes, then point fds 0/1 away from them so stray writes to
+        # fd 1 (a C extension, a child process) cannot corrupt the frame stream.
+        rfd, wfd = os.dup(0), os.dup(1)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        os.dup2(2, 1)
+        serve(StdioTransport(rfd, wfd), config, lines=lines)
+    else:
+        _start(fd, config)
+
+
+def _start(fd: int, config: dict[str, Any]) -> NoReturn:
+    """Serve the host on the socket `fd`: a worker started afresh, or one a zygote just forked."""
+    if config.pop("keeper", False):
+        split_off_keeper(fd)
+    os.set_inheritable(fd, False)  # children of generated code must not hold the channel
+    serve(SocketTransport(socket.socket(fileno=fd)), config)
+    os._exit(0)
+
+
+def _prepare(config: dict[str, Any]) -> None:
+    """In a zygote, before it forks a worker with `config`: the hardening work every such worker
+    would repeat (the Landlock rule walk, the seccomp program), done once for all of them."""
+    spec = config.get("hardening")
+    if isinstance(spec, dict):
+        _hardening_module().prepare(spec)
+
+
+def _preload() -> None:
+    """What a worker otherwise imports on its first cell or while hardening: a zygote does it once
+    for all the workers it forks."""
+    import ast  # noqa: F401
+    import faulthandler  # noqa: F401
+    import resource  # noqa: F401
+    import site  # noqa: F401
+    import traceback  # noqa: F401
+
+    _hardening_module()

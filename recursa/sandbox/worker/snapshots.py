@@ -1,0 +1,155 @@
+"""Snapshots: timeouts that keep state.
+
+While a cell runs, a forked copy of this process (a snapshot) waits, idle, holding the state from
+before the cell; copy-on-write makes the fork cost page tables, not pages. If the cell cannot be
+stopped with SIGINT (a C loop holding the GIL, code that swallows KeyboardInterrupt) or kills the
+process, the host tells the snapshot to take over: it kills the stuck worker and carries on in its
+place, on a fresh channel the host hands it, with every variable from before the cell.
+
+The snapshot only ever reads the control socket (SOCK_SEQPACKET, so a snapshot killed mid-read
+cannot leave half a message for the next one): the worker's channel may hold half a frame that the
+dead worker's reader had started on, so it is never reused. Messages name the snapshot they are
+for ("sid"), so one sent to a snapshot that was just discarded is ignored by its successor.
+
+A snapshot does not use PR_SET_PDEATHSIG while it waits: its parent is the worker, and the worker
+dying is exactly when it is needed. It dies with the host instead through the control socket,
+whose other end only the host holds: end-of-file there means the host is gone (or replaced this
+worker), and the snapshot then also kills the worker it belongs to, even one stuck in C code.
+
+A snapshot stays in the worker's process group (seccomp denies setpgid, so that nothing in the
+sandbox escapes the host's group kill): it kills the stuck worker by pid, and the host removes
+whatever else the killed cell had started.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+from .keeper import die_with_parent
+from .wire import SocketTransport, WorkerChannel, decode_frame
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+
+class Snapshots:
+    """The snapshot of this worker that is ready to take over, if any."""
+
+    def __init__(self) -> None:
+        self.control: socket.socket | None = None  # from the host's `standby` frame
+        self.pid = 0  # the waiting snapshot, 0 if none
+        self._sids = itertools.count(1)
+
+    @property
+    def armed(self) -> bool:
+        return self.control is not None
+
+    def arm(self, fd: int) -> None:
+        if fd < 0:
+            return
+        os.set_inheritable(fd, False)
+        if self.control is not None:
+            self.control.close()
+        self.control = socket.socket(fileno=fd)
+
+    def alive(self) -> bool:
+        """False once the waiting snapshot has died (the host's process guard may kill it)."""
+        if not self.pid:
+            return False
+        try:
+            done, _status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            done = self.pid
+        if done:
+            self.pid = 0
+        return not done
+
+    def discard(self) -> None:
+        pid, self.pid = self.pid, 0
+        if pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+
+    def take(self, chan: WorkerChannel) -> tuple[SocketTransport, dict[str, Any]] | None:
+        """Replace the waiting snapshot with a fresh one of the current state.
+
+        Returns None in this process. In the snapshot, returns only once it has been told to take
+        over: with its new channel and the facts for the `restored` frame.
+        Call from the main thread between requests, when no frame is half sent by it.
+        """
+        self.discard()
+        sid = next(self._sids)
+        parent = os.getpid()
+        threads = max(0, threading.active_count() - 2)  # besides this thread and the channel reader
+        rand = sys.modules.get("random")  # random reseeds itself in a forked child; keep its state
+        rand_state = rand.getstate() if rand is not None else None
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            chan.send({"op": "snapshot", "ok": False, "error": f"fork failed: {exc}"})
+            return None
+        if pid:
+            self.pid = pid
+            chan.send({"op": "snapshot", "ok": True, "sid": sid, "pid": pid})
+            return None
+        try:  # the snapshot: only this thread exists here; the channel's locks are left behind
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            chan.close_copy()
+            fds = self._wait(parent, sid)
+            transport, info = self._take_over(parent, fds)
+            if rand is not None and rand_state is not None:
+                rand.setstate(rand_state)
+            info.update(op="restored", sid=sid, threads_lost=threads)
+            return transport, info
+        except BaseException:
+            os._exit(1)
+
+    def _wait(self, parent: int, sid: int) -> list[int]:
+        """Block until the host says take over; act on interrupts meanwhile; exit when it is gone."""
+        assert self.control is not None
+        while True:
+            data, fds, _flags, _addr = socket.recv_fds(self.control, 65536, 4)
+            if not data:
+                if os.getppid() == parent:
+                    os.kill(parent, signal.SIGKILL)
+                os._exit(0)
+            try:
+                msg = decode_frame(data)
+            except ValueError:
+                msg = {}
+            op = msg.get("op")
+            if msg.get("sid") == sid and op == "takeover" and len(fds) == 2:
+                return fds
+            for fd in fds:
+                os.close(fd)
+            if msg.get("sid") == sid and op == "interrupt" and os.getppid() == parent:
+                try:
+                    os.kill(parent, signal.SIGINT)  # in-band: for hosts that cannot see our pids
+                except OSError:
+                    pass  # refused (seccomp without Landlock signal scoping): the host falls back
+
+    def _take_over(self, parent: int, fds: list[int]) -> tuple[SocketTransport, dict[str, Any]]:
+        if os.getppid() == parent:  # else it already died on its own
+            os.kill(parent, signal.SIGKILL)  # refused (PermissionError) is fatal: the host falls back
+        deadline = time.monotonic() + 5.0
+        while os.getppid() == parent and time.monotonic() < deadline:  # reparented once it is gone
+            time.sleep(0.0005)
+        gone = os.getppid() != parent
+        die_with_parent()  # our new parent: the pid namespace's init under bwrap, else a reaper
+        for fd in fds:
+            os.set_inheritable(fd, False)
+        assert self.control is not None
+        self.control.close()
+        self.control = socket.socket(fileno=fds[1])
+        info = {"pid": os.getpid(), "pgid": os.getpgid(0), "old_worker_gone": gone}
+        return SocketTransport(socket.socket(fileno=fds[0])), info

@@ -1,0 +1,246 @@
+"""`recursa acp`: recursa as an Agent Client Protocol agent over stdio (the `agent-client-protocol`
+package). Editors such as Zed can use it as an agent, and verifiers' ACP harnesses can run it.
+
+Each prompt is one RLM run. Its text is the question; embedded text resources (files the client
+attaches) are the context, one entry per file. Without any, the prompt's text is the context and the
+RLM carries out its request, as `RLM.completion` does. Progress arrives as thought chunks (one per
+root turn and REPL cell), the answer as the agent's message, and the prompt's response `_meta`
+holds `recursa/run-v1` (run id, stop reason, usage, trace path).
+
+A client may set the model per session through the new session's `_meta` under `recursa/runtime-v1`:
+{"model", "sub_model", "base_url", "api_key", "max_depth", "max_iterations", "budget": {...}}; it
+overrides the operator's flags for that session only (verifiers points the model at its own
+endpoint this way). The API key it sends is used for that session's calls and never echoed back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+from acp import (
+    PROTOCOL_VERSION,
+    RequestError,
+    run_agent,
+    text_block,
+    update_agent_message,
+    update_agent_thought,
+)
+from acp.interfaces import Client
+from acp.schema import (
+    AgentCapabilities,
+    Implementation,
+    InitializeResponse,
+    NewSessionResponse,
+    PromptCapabilities,
+    PromptResponse,
+)
+
+from recursa.budget import Budget
+from recursa.errors import RecursaError
+from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION
+from recursa.loop.tree import new_id
+from recursa.rlm import RLM
+from recursa.serve.settings import ServeSettings
+from recursa.version import __version__
+
+RUNTIME_KEY = "recursa/runtime-v1"
+RUN_KEY = "recursa/run-v1"
+_SESSION_FIELDS = ("model", "sub_model", "base_url", "max_depth", "max_iterations")
+_STOP = {
+    "final": "end_turn",
+    "max_iterations": "max_turn_requests",
+    "budget": "max_tokens",
+    "cancelled": "cancelled",
+}
+
+
+@dataclasses.dataclass
+class _Session:
+    overrides: dict[str, Any]
+    cwd: str
+    task: asyncio.Task[Any] | None = None
+
+
+class RecursaAgent:
+    """The ACP agent: sessions, prompts (RLM runs) and cancellation."""
+
+    def __init__(self, settings: ServeSettings) -> None:
+        self.settings = settings
+        self._conn: Client | None = None
+        self._sessions: dict[str, _Session] = {}
+
+    def on_connect(self, conn: Client) -> None:
+        self._conn = conn
+
+    async def initialize(self, protocol_version: int, **kwargs: Any) -> InitializeResponse:
+        return InitializeResponse(
+            protocol_version=PROTOCOL_VERSION,
+            agent_capabilities=AgentCapabilities(
+                load_session=False, prompt_capabilities=PromptCapabilities(embedded_context=True)
+            ),
+            agent_info=Implementation(
+                name="recursa", title="recursa (Recursive Language Model)", version=__version__
+            ),
+        )
+
+    async def new_session(
+        self, cwd: str, mcp_servers: list[Any] | None = None, **kwargs: Any
+    ) -> NewSessionResponse:
+        overrides = kwargs.get(RUNTIME_KEY) or {}
+        if not isinstance(overrides, dict):
+            raise RequestError.invalid_params({"message": f"_meta.{RUNTIME_KEY} must be an object"})
+        try:
+            self._rlm(overrides)  # a bad model, key or budget fails here, not on the first prompt
+        except (RecursaError, TypeError, ValueError) as exc:
+            raise RequestError.invalid_params({"message": f"_meta.{RUNTIME_KEY}: {exc}"}) from None
+        session_id = overrides.get("session_id") if isinstance(overrides.get("session_id"), str) else None
+        session_id = session_id or new_id("acp")
+        self._sessions[session_id] = _Session(dict(overrides), cwd)
+        return NewSessionResponse(session_id=session_id)
+
+    async def prompt(self, session_id: str, prompt: list[Any], **kwargs: Any) -> PromptResponse:
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise RequestError.invalid_params(
+                {"message": f"no session {session_id!r}; create one with session/new"}
+            )
+        if session.task is not None and not session.task.done():
+            raise RequestError.invalid_request({"message": "a prompt is already running in this session"})
+        question, context = _question_and_context(prompt)
+        if not question and context is None:
+            raise RequestError.invalid_params({"message": "the prompt has no text: send a text block"})
+        if context is None:
+            question, context = PROMPT_AS_CONTEXT_QUESTION, question
+        elif not question:
+            question = PROMPT_AS_CONTEXT_QUESTION
+        session.task = asyncio.create_task(self._run(session_id, session.overrides, question, context))
+        try:
+            result = await session.task
+        except asyncio.CancelledError:
+            return PromptResponse(stop_reason="cancelled")
+        except RecursaError as exc:
+            raise RequestError.invalid_params({"message": str(exc)}) from None
+        except Exception as exc:  # a bug: the client gets its name, not a bare "Internal error"
+            raise RequestError.internal_error({"message": f"{type(exc).__name__}: {exc}"}) from None
+        finally:
+            session.task = None
+        text = result.answer if result.answer else f"(no answer: {result.error or result.stop_reason})"
+        await self._say(session_id, text, thought=False)
+        meta = {
+            RUN_KEY: {
+                "run_id": result.run_id,
+                "stop_reason": result.stop_reason,
+                "iterations": result.iterations,
+                "usage": result.usage.to_dict(),
+                "trace_path": str(result.trace_path) if result.trace_path else None,
+                "error": result.error,
+            }
+        }
+        return PromptResponse(stop_reason=_STOP.get(result.stop_reason, "end_turn"), field_meta=meta)
+
+    async def cancel(self, session_id: str, **kwargs: Any) -> None:
+        session = self._sessions.get(session_id)
+        if session is not None and session.task is not None:
+            session.task.cancel()
+
+    async def close_session(self, session_id: str, **kwargs: Any) -> None:
+        await self.cancel(session_id)
+        self._sessions.pop(session_id, None)
+
+    async def authenticate(self, method_id: str, **kwargs: Any) -> None:
+        return None
+
+    # -- inside --------------------------------------------------------------------------------
+    def _rlm(self, overrides: dict[str, Any], on_event: Any = None) -> RLM:
+        s = self.settings
+        pick = {name: overrides.get(name, getattr(s, name)) for name in _SESSION_FIELDS}
+        budget = overrides.get("budget")
+        return RLM(
+            pick["model"],
+            sub_model=pick["sub_model"],
+            base_url=pick["base_url"],
+            api_key=overrides.get("api_key") or s.upstream_api_key,
+            max_depth=int(pick["max_depth"]),
+            max_iterations=int(pick["max_iterations"]),
+            budget=Budget(**budget) if isinstance(budget, dict) else s.budget,
+            sandbox=s.sandbox,
+            trace_dir=s.trace_dir,
+            trace=s.trace,
+            call_headers=bool(overrides.get("call_headers", False)),
+            on_event=_both(s.on_event, on_event),
+            **s.rlm_options,
+        )
+
+    async def _run(self, session_id: str, overrides: dict[str, Any], question: str, context: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        pending: set[asyncio.Future[Any]] = set()
+
+        def progress(event: dict[str, Any]) -> None:
+            # Runs inside the run's trace writer: hand the note to the loop, never block the run.
+            note = _progress_note(event)
+            if note is not None:
+                future = asyncio.run_coroutine_threadsafe(self._say(session_id, note, thought=True), loop)
+                pending.add(future)  # type: ignore[arg-type]
+
+        try:
+            result = await self._rlm(overrides, on_event=progress).arun(question, context)
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            raise
+        # The notes go out before the answer does.
+        await asyncio.gather(*(asyncio.wrap_future(f) for f in pending), return_exceptions=True)  # type: ignore[arg-type]
+        return result
+
+    async def _say(self, session_id: str, text: str, *, thought: bool) -> None:
+        if self._conn is None:
+            return
+        update = update_agent_thought(text_block(text)) if thought else update_agent_message(text_block(text))
+        await self._conn.session_update(session_id=session_id, update=update)
+
+
+def _both(first: Any, second: Any) -> Any:
+    if first is None or second is None:
+        return first or second
+
+    def both(event: dict[str, Any]) -> None:
+        first(event)
+        second(event)
+
+    return both
+
+
+def _question_and_context(blocks: list[Any]) -> tuple[str, Any]:
+    texts: list[str] = []
+    files: dict[str, str] = {}
+    for block in blocks:
+        kind = getattr(block, "type", None)
+        if kind == "text":
+            texts.append(block.text)
+        elif kind == "resource":
+            resource = block.resource
+            text = getattr(resource, "text", None)
+            if isinstance(text, str):
+                files[str(getattr(resource, "uri", f"resource-{len(files)}"))] = text
+    question = "\n\n".join(t for t in texts if t.strip()).strip()
+    return question, (files if files else None)
+
+
+def _progress_note(event: dict[str, Any]) -> str | None:
+    if event.get("depth", 0) != 0:
+        return None
+    if event["type"] == "turn":
+        return f"turn {event.get('turn')}\n"
+    if event["type"] == "exec":
+        lines = (event.get("code") or "").strip().splitlines()
+        head = lines[0][:120] if lines else ""
+        status = "error" if event.get("error") else "ok"
+        return f"ran a REPL cell ({len(lines)} lines, {status}): {head}\n"
+    return None
+
+
+async def serve_stdio(settings: ServeSettings) -> None:
+    """Speak ACP on stdin/stdout until the client closes them."""
+    await run_agent(RecursaAgent(settings))

@@ -1,0 +1,303 @@
+"""The standard Chat Completions fields beside `model`, `messages`, `n` and `stream`: what each
+means for an RLM. No field is dropped silently: each is honoured, accepted with a documented
+reason why it changes nothing, or refused with a 400 that names it and says why.
+
+- `response_format` json_schema / json_object: the RLM's final answer must match the schema (the
+  root model is told it, a mismatch is sent back to it); the content returned is the JSON text.
+- `tools` with `tool_choice` forcing one function: the same, with that function's parameters as the
+  schema; the answer comes back as a call of that function (structured output, as LangChain's
+  `with_structured_output(method="function_calling")` asks for it). Tools the model may choose
+  among are refused: an RLM runs its own code and never hands a tool call back to the client.
+- sampling fields (temperature, top_p, seed, penalties, reasoning_effort; vLLM's top_k, min_p,
+  repetition_penalty): sent with the root model's own calls.
+- `stop`, `max_completion_tokens` / `max_tokens`: applied to the final answer (cut at the first stop
+  sequence; cut at about 4 characters per token, with finish_reason "length", and the root model
+  is told the limit).
+- fields without a meaning for an RLM run (user, metadata, store, ...): accepted and checked.
+Any other top-level field is a 400: recursa's own options go under `extra_body={"recursa": {...}}`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from recursa.serve.api_error import bad
+
+CHARS_PER_TOKEN = 4  # how the answer limit turns tokens into characters (no tokenizer is assumed)
+
+# Sampling fields -> (check, what a valid value is). Each is forwarded to the root model's calls.
+_NUMBER_RANGES = {
+    "temperature": (0.0, 2.0),
+    "top_p": (0.0, 1.0),
+    "frequency_penalty": (-2.0, 2.0),
+    "presence_penalty": (-2.0, 2.0),
+    "min_p": (0.0, 1.0),
+    "repetition_penalty": (0.0, 10.0),
+}
+_INT_SAMPLING = ("seed", "top_k")
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+SAMPLING_FIELDS = (*_NUMBER_RANGES, *_INT_SAMPLING, "reasoning_effort")
+# What each provider's API takes of them; others are refused for that provider, not sent to fail.
+_PROVIDER_SAMPLING = {"anthropic": frozenset(("temperature", "top_p", "top_k"))}
+
+# Accepted without effect, each with the reason the docs give (docs/serving.md).
+NO_EFFECT = {
+    "user": "an end-user id for the provider's abuse monitoring; the server's operator is the provider's user",
+    "safety_identifier": "as `user`",
+    "metadata": "tags for stored completions; this server stores none (each run has its trace)",
+    "store": "this server stores no completions for later retrieval (each run has its trace)",
+    "prompt_cache_key": "recursa keeps the root's history append-only, so provider caches hit anyway",
+    "prompt_cache_retention": "as `prompt_cache_key`",
+    "service_tier": "the server has one tier",
+    "verbosity": "the answer's length follows the question; cap it with max_completion_tokens",
+    "parallel_tool_calls": "a forced function is called once",
+    "stream_options": "usage is always sent, in the last chunk",
+    "modalities": 'only ["text"] is accepted',
+}
+# Refused: field -> why an RLM cannot honour it.
+REFUSED = {
+    "logprobs": "an RLM's answer is not sampled token by token from one model, so it has no log-probabilities",
+    "top_logprobs": "an RLM's answer is not sampled token by token from one model, so it has no log-probabilities",
+    "logit_bias": "an RLM's answer is not sampled token by token from one model, so token biases cannot apply",
+    "audio": "an RLM answers in text only",
+    "prediction": "an RLM's answer is not one model's output, so a predicted output cannot speed it up",
+    "web_search_options": "the server's operator can give the RLM a search tool (RLM(tools=...))",
+    "functions": "an RLM runs its own code and returns no function calls; use response_format for a typed answer",
+    "function_call": "an RLM runs its own code and returns no function calls; use response_format for a typed answer",
+}
+HONOURED = (
+    "response_format",
+    "tools",
+    "tool_choice",
+    *SAMPLING_FIELDS,
+    "stop",
+    "max_tokens",
+    "max_completion_tokens",
+)
+STANDARD = frozenset(("model", "messages", "n", "stream", "recursa", *HONOURED, *NO_EFFECT, *REFUSED))
+_TOOLS_WHY = (
+    "an RLM runs its own code (with the tools its server gives it) and never hands a tool call back "
+    "to the client; to get a typed answer, send response_format json_schema or force one function "
+    'with tool_choice={"type": "function", "function": {"name": ...}}; tool_choice "none" is accepted'
+)
+
+
+@dataclass
+class AnswerShape:
+    """What a request asks of the answer and of the root model's calls."""
+
+    kind: str = "text"  # "text" | "json_object" | "json_schema" | "tool"
+    schema: dict[str, Any] | None = None  # the JSON Schema the final answer must match
+    tool_name: str | None = None  # kind "tool": the function whose arguments the answer is
+    sampling: dict[str, Any] = field(default_factory=dict)  # sent with the root model's calls
+    stop: tuple[str, ...] = ()
+    max_answer_tokens: int | None = None
+
+    @property
+    def max_answer_chars(self) -> int | None:
+        return None if self.max_answer_tokens is None else self.max_answer_tokens * CHARS_PER_TOKEN
+
+    def tips(self) -> str | None:
+        """What the root model is told about the answer's length, if the client capped it."""
+        if self.max_answer_tokens is None:
+            return None
+        return (
+            f"The final answer must be at most {self.max_answer_tokens:,} tokens (about "
+            f"{self.max_answer_chars:,} characters); a longer one is cut off."
+        )
+
+    def cut(self, answer: str) -> tuple[str, bool]:
+        """The answer as the client gets it, and whether the token limit cut it."""
+        for seq in self.stop:
+            at = answer.find(seq)
+            if at >= 0:
+                answer = answer[:at]
+        limit = self.max_answer_chars
+        if limit is not None and len(answer) > limit:
+            return answer[:limit], True
+        return answer, False
+
+
+def parse_shape(body: dict[str, Any], provider: str | None) -> AnswerShape:
+    """Check every standard field of `body`. `provider`: the served root model's provider, when
+    known (a sampling field its API does not take is refused rather than sent to fail)."""
+    unknown = sorted(set(body) - STANDARD)
+    if unknown:
+        raise bad(
+            f"unknown field(s) {', '.join(unknown)}: this server takes the standard Chat Completions "
+            'fields; recursa\'s own options go under extra_body={"recursa": {...}} (see docs/serving.md)',
+            unknown[0],
+            "unknown_parameter",
+        )
+    for name, why in REFUSED.items():
+        value = body.get(name)
+        if value is None or value is False or value == {} or value == []:
+            continue
+        raise bad(f"`{name}` is not supported: {why}", name, "unsupported_parameter")
+    _check_no_effect(body)
+    shape = AnswerShape()
+    _response_format(body.get("response_format"), shape)
+    _tools(body.get("tools"), body.get("tool_choice"), shape)
+    shape.sampling = _sampling(body, provider)
+    shape.stop = _stop(body.get("stop"))
+    shape.max_answer_tokens = _max_tokens(body)
+    return shape
+
+
+def _check_no_effect(body: dict[str, Any]) -> None:
+    for name in ("user", "safety_identifier", "prompt_cache_key", "service_tier", "verbosity"):
+        value = body.get(name)
+        if value is not None and not isinstance(value, str):
+            raise bad(f"`{name}` must be a string", name)
+    for name in ("store", "parallel_tool_calls"):
+        value = body.get(name)
+        if value is not None and not isinstance(value, bool):
+            raise bad(f"`{name}` must be true or false", name)
+    metadata = body.get("metadata")
+    if metadata is not None and (
+        not isinstance(metadata, dict)
+        or len(metadata) > 16
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
+    ):
+        raise bad("`metadata` must be an object of at most 16 string keys and string values", "metadata")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise bad('`stream_options` must be an object such as {"include_usage": true}', "stream_options")
+    modalities = body.get("modalities")
+    if modalities is not None and modalities != ["text"]:
+        raise bad('`modalities` must be ["text"]: an RLM answers in text only', "modalities")
+
+
+def _response_format(value: Any, shape: AnswerShape) -> None:
+    if value is None:
+        return
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return
+    if kind == "json_object":
+        shape.kind, shape.schema = "json_object", {"type": "object"}
+        return
+    if kind != "json_schema":
+        raise bad(
+            '`response_format` must be {"type": "text"}, {"type": "json_object"} or '
+            '{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}',
+            "response_format",
+        )
+    spec = value.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        raise bad(
+            "`response_format.json_schema.schema` must be a JSON Schema object", "response_format.json_schema"
+        )
+    shape.kind, shape.schema = "json_schema", schema
+
+
+def _tools(tools: Any, choice: Any, shape: AnswerShape) -> None:
+    if choice is None or choice == "none":
+        if tools is not None and choice is None:
+            raise bad(f"`tools` are not supported here: {_TOOLS_WHY}", "tools", "unsupported_parameter")
+        return  # "none": the model may call no tool, which is what an RLM does anyway
+    if choice == "auto":
+        raise bad(
+            f'tool_choice "auto" is not supported: {_TOOLS_WHY}', "tool_choice", "unsupported_parameter"
+        )
+    functions = _functions(tools)
+    if choice == "required":
+        if len(functions) != 1:
+            raise bad(
+                f'tool_choice "required" with {len(functions)} tools is not supported: {_TOOLS_WHY}',
+                "tool_choice",
+                "unsupported_parameter",
+            )
+        name = next(iter(functions))
+    else:
+        function = choice.get("function") if isinstance(choice, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str):
+            raise bad(
+                '`tool_choice` must be "none", "required" (with one tool) or '
+                '{"type": "function", "function": {"name": ...}}',
+                "tool_choice",
+            )
+        if name not in functions:
+            raise bad(f"tool_choice names {name!r}, which is not among `tools`", "tool_choice")
+    if shape.kind != "text":
+        raise bad("send either response_format or a forced tool_choice, not both", "tool_choice")
+    shape.kind, shape.tool_name, shape.schema = "tool", name, functions[name]
+
+
+def _functions(tools: Any) -> dict[str, dict[str, Any]]:
+    """Function name -> its parameters' JSON Schema."""
+    if not isinstance(tools, list) or not tools:
+        raise bad("`tools` must be a non-empty list of function tools when tool_choice names one", "tools")
+    out: dict[str, dict[str, Any]] = {}
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(name, str):
+            raise bad(
+                f'tools[{i}] must be {{"type": "function", "function": {{"name": ..., "parameters": {{...}}}}}}',
+                f"tools[{i}]",
+            )
+        params = function.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(params, dict):
+            raise bad(f"tools[{i}].function.parameters must be a JSON Schema object", f"tools[{i}]")
+        out[name] = params
+    return out
+
+
+def _sampling(body: dict[str, Any], provider: str | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, (low, high) in _NUMBER_RANGES.items():
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            raise bad(f"`{name}` must be a number from {low:g} to {high:g}", name)
+        out[name] = value
+    for name in _INT_SAMPLING:
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad(f"`{name}` must be an integer", name)
+        out[name] = value
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        if effort not in REASONING_EFFORTS:
+            raise bad(f"`reasoning_effort` must be one of {', '.join(REASONING_EFFORTS)}", "reasoning_effort")
+        out["reasoning_effort"] = effort
+    allowed = _PROVIDER_SAMPLING.get(provider or "")
+    if allowed is not None:
+        for name in out:
+            if name not in allowed:
+                raise bad(
+                    f"`{name}` cannot be applied: this server's root model is an {provider} model, whose API "
+                    f"takes only {', '.join(sorted(allowed))} of the sampling fields",
+                    name,
+                    "unsupported_parameter",
+                )
+    return out
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or len(value) > 4 or not all(isinstance(s, str) and s for s in value):
+        raise bad("`stop` must be a non-empty string or a list of up to 4 of them", "stop")
+    return tuple(value)
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    limits = []
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise bad(f"`{name}` must be a positive integer", name)
+        limits.append(value)
+    return min(limits) if limits else None

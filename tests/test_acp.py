@@ -1,0 +1,110 @@
+"""`recursa acp`, driven by the agent-client-protocol package's own client over stdio."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+acp = pytest.importorskip("acp", reason="agent-client-protocol is not installed (pip install recursa[acp])")
+
+from acp import PROTOCOL_VERSION, RequestError, spawn_agent_process, text_block  # noqa: E402
+from acp.schema import ClientCapabilities, EmbeddedResourceContentBlock, TextResourceContents  # noqa: E402
+
+from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION  # noqa: E402
+from recursa.testing.fake_server import FakeServer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Recorder:
+    """An ACP client that keeps every session update."""
+
+    def __init__(self) -> None:
+        self.updates: list[Any] = []
+
+    async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
+        self.updates.append(update)
+
+    async def request_permission(self, *args: Any, **kwargs: Any) -> Any:
+        raise RequestError.method_not_found("session/request_permission")
+
+    def on_connect(self, conn: Any) -> None:
+        pass
+
+    def texts(self, kind: str) -> list[str]:
+        return [u.content.text for u in self.updates if u.session_update == kind]
+
+
+def code(text: str) -> str:
+    return f"```repl\n{text}\n```"
+
+
+def agent_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OPENAI_API_KEY": "sk-test-key-never-echoed"}
+
+
+async def test_a_prompt_is_an_rlm_run_over_the_attached_files(
+    server: FakeServer, script, tmp_path: Path
+) -> None:
+    script.root(
+        "policy", code("print(sorted(context))"), code("FINAL(context['file:///notes.txt'].split()[-1])")
+    )
+    client = Recorder()
+    args = ["-m", "recursa.cli", "acp", "--model", "openai/policy", "--base-url", server.base_url,
+            "--trace-dir", str(tmp_path)]  # fmt: skip
+    async with spawn_agent_process(client, sys.executable, *args, env=agent_env()) as (conn, _proc):
+        init = await conn.initialize(
+            protocol_version=PROTOCOL_VERSION, client_capabilities=ClientCapabilities()
+        )
+        assert (
+            init.agent_info.name == "recursa" and init.agent_capabilities.prompt_capabilities.embedded_context
+        )
+        session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+        notes = EmbeddedResourceContentBlock(
+            type="resource",
+            resource=TextResourceContents(uri="file:///notes.txt", text="the password is swordfish"),
+        )
+        reply = await conn.prompt(
+            session_id=session.session_id, prompt=[text_block("What is the password?"), notes]
+        )
+    assert reply.stop_reason == "end_turn"
+    run = reply.field_meta["recursa/run-v1"]
+    assert run["stop_reason"] == "final" and run["iterations"] == 2 and run["trace_path"].endswith(".jsonl")
+    assert client.texts("agent_message_chunk") == ["swordfish"]
+    thoughts = "".join(client.texts("agent_thought_chunk"))
+    assert "turn 1" in thoughts and "turn 2" in thoughts and "ran a REPL cell" in thoughts
+    first = server.requests[0]
+    assert (
+        "What is the password?" in first.messages[1]["content"] and "a dict" in first.messages[1]["content"]
+    )
+
+
+async def test_session_meta_points_the_model_elsewhere(server: FakeServer, script, tmp_path: Path) -> None:
+    script.root("other", "FINAL(from the session's model)")
+    client = Recorder()
+    args = ["-m", "recursa.cli", "acp", "--model", "openai/unused", "--trace-dir", str(tmp_path)]
+    meta = {
+        "recursa/runtime-v1": {"model": "openai/other", "base_url": server.base_url, "api_key": "per-session"}
+    }
+    async with spawn_agent_process(client, sys.executable, *args, env=agent_env()) as (conn, _proc):
+        await conn.initialize(protocol_version=PROTOCOL_VERSION)
+        session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[], **meta)
+        reply = await conn.prompt(session_id=session.session_id, prompt=[text_block("Summarise: a b c")])
+        with pytest.raises(RequestError) as missing:
+            await conn.prompt(session_id="nope", prompt=[text_block("x")])
+        with pytest.raises(RequestError) as bad_model:
+            await conn.new_session(
+                cwd=str(tmp_path), mcp_servers=[], **{"recursa/runtime-v1": {"model": "bad/x"}}
+            )
+    assert "no session" in str(missing.value.data) and "unknown provider" in str(bad_model.value.data)
+    assert reply.stop_reason == "end_turn" and client.texts("agent_message_chunk") == [
+        "from the session's model"
+    ]
+    (request,) = server.requests
+    assert request.model == "other" and request.headers["authorization"] == "<redacted>"
+    assert PROMPT_AS_CONTEXT_QUESTION in request.messages[1]["content"]  # the prompt became the context
+    assert "per-session" not in str(reply.field_meta)

@@ -1,0 +1,337 @@
+"""recursa.env: an RLM stepped by a trainer's replies, against the fake OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from recursa import Budget
+from recursa.env import EnvError, RLMEnv, group_rollouts
+from recursa.errors import ConfigError
+from recursa.tasks import generate, get
+from recursa.testing.fake_server import FakeServer
+from recursa.trace import load
+
+CONTEXT = "alpha line\nbeta line\nthe secret is 42\ngamma line\n"
+PEEK = "Let me look.\n```repl\nprint(len(context), context.count('line'))\n```"
+ANSWER = "FINAL(42)"
+
+
+def code(text: str) -> str:
+    return f"```repl\n{text}\n```"
+
+
+def event_types(path: Path) -> list[str]:
+    return [e["type"] for e in load(path).events]
+
+
+@pytest.fixture
+def sub_server(server: FakeServer) -> FakeServer:
+    server.reset()
+    server.latency_s = 0.0
+    server.holder["responder"] = lambda model, messages: f"sub:{messages[-1]['content'][:20]}"  # type: ignore[attr-defined]
+    return server
+
+
+def make_env(server: FakeServer, tmp_path: Path, **kwargs) -> RLMEnv:
+    kwargs.setdefault("trace_dir", tmp_path)
+    kwargs.setdefault("max_turns", 5)
+    return RLMEnv("openai/policy", base_url=server.base_url, api_key="k", **kwargs)
+
+
+async def test_episode_steps_scores_and_traces(sub_server: FakeServer, tmp_path: Path) -> None:
+    env = make_env(sub_server, tmp_path)
+    episode = await env.start("What is the secret?", CONTEXT, task_id="t1", scorer=lambda a: float(a == "42"))
+    first = episode.messages
+    assert [m["role"] for m in first] == ["system", "user"]
+    assert "What is the secret?" in first[1]["content"]
+    obs = await episode.step(PEEK)
+    assert len(obs) == 1 and obs[0]["role"] == "user"
+    assert "REPL output" in obs[0]["content"] and "49 3" in obs[0]["content"]
+    assert [m["role"] for m in episode.messages] == ["system", "user", "assistant", "user"]
+    assert not episode.done and episode.stop_reason is None and episode.turn == 1
+    obs = await episode.step(ANSWER)
+    assert obs == []
+    assert episode.done and episode.stop_reason == "final" and episode.answer == "42"
+    assert episode.reward == 1.0
+    assert episode.usage.llm_calls == 2  # the trainer's two turns, counted like model calls
+    assert env.live_repls == 0  # the REPL is reaped as soon as the episode is done
+    types = event_types(episode.trace_path)
+    assert types[0] == "run_start" and types[-1] == "run_end"
+    calls = [e for e in load(episode.trace_path).events if e["type"] == "lm_call"]
+    assert [c["response"] for c in calls] == [PEEK, ANSWER] and all(c["external"] for c in calls)
+    rows = episode.rollouts()
+    assert [r["step"] for r in rows] == [0, 1]
+    assert rows[0]["prompt"] == first and rows[0]["response"] == PEEK
+    assert rows[1]["reward"] == 1.0 and rows[1]["is_last_step"] and rows[0]["reward"] == 0.0
+    assert {r["trajectory_id"] for r in rows} == {episode.run_id} and rows[0]["task_id"] == "t1"
+    await episode.close()
+    await env.aclose()
+
+
+async def test_rows_have_the_shape_export_rl_writes(sub_server: FakeServer, tmp_path: Path) -> None:
+    from recursa.train import export_rl
+
+    env = make_env(sub_server, tmp_path)
+    episode = await env.start("What is the secret?", CONTEXT, task_id="t1", scorer=lambda a: 1.0)
+    await episode.step(PEEK)
+    await episode.step(ANSWER)
+    scores = tmp_path / "scores.jsonl"
+    scores.write_text(json.dumps({"run_id": episode.run_id, "task_id": "t1", "score": 1.0}) + "\n")
+    export_rl([episode.trace_path], tmp_path / "rows.jsonl", scores=scores)
+    exported = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    ours = episode.rollouts()
+    assert [set(r) for r in ours] == [set(r) for r in exported]
+    for mine, theirs in zip(ours, exported, strict=True):
+        assert mine["prompt"] == theirs["prompt"] and mine["response"] == theirs["response"]
+        assert mine["reward"] == theirs["reward"]
+    await env.aclose()
+
+
+async def test_subcalls_go_to_the_policy_server_with_attribution_headers(
+    sub_server: FakeServer, tmp_path: Path
+) -> None:
+    env = make_env(sub_server, tmp_path)
+    episode = await env.start("q?", CONTEXT)
+    obs = await episode.step(code("print(llm_query('hello there'))"))
+    assert "sub:hello there" in obs[0]["content"]
+    (request,) = sub_server.requests
+    assert request.model == "policy"
+    assert request.headers["x-rlm-parent-id"] == episode.run_id
+    assert request.headers["x-rlm-depth"] == "1" and request.headers["x-rlm-call-id"]
+    await episode.close()
+    assert episode.stop_reason == "cancelled" and event_types(episode.trace_path)[-1] == "run_end"
+    await env.aclose()
+
+
+async def test_sub_call_callback_serves_children_and_rows_inherit(tmp_path: Path) -> None:
+    seen: list[tuple[int, str | None, str]] = []
+
+    async def sub_call(messages, depth, parent_id):
+        seen.append((depth, parent_id, messages[0]["role"]))
+        if messages[0]["role"] == "system":  # a child RLM's turn: answer at once
+            return "FINAL(child says hi)"
+        return "plain"
+
+    env = RLMEnv(sub_call=sub_call, max_depth=2, trace_dir=tmp_path, max_turns=4)
+    episodes = [await env.start("q?", CONTEXT, task_id="t") for _ in range(2)]
+    for episode in episodes:
+        obs = await episode.step(
+            code("print(rlm_query('sub question', context='child ctx'), llm_query('x'))")
+        )
+        assert "child says hi plain" in obs[0]["content"]
+    await episodes[0].step("FINAL(a)")
+    await episodes[1].step("FINAL(b)")
+    root_ids = {e.run_id for e in episodes}
+    assert sorted(d for d, _, _ in seen) == [1, 1, 1, 1]
+    child_parents = {p for d, p, role in seen if role == "system"}
+    assert child_parents <= root_ids or all(p and p.startswith("run_") for p in child_parents)
+    rows = group_rollouts(episodes, rewards=[1.0, 0.0])
+    by_traj: dict[str, list[dict]] = {}
+    for row in rows:
+        by_traj.setdefault(row["trajectory_id"], []).append(row)
+    assert set(by_traj) == root_ids
+    for episode, sign in zip(episodes, (1, -1), strict=True):
+        mine = by_traj[episode.run_id]
+        children = [r for r in mine if r["depth"] == 1]
+        assert children and all(r["parent_run_id"] == episode.run_id for r in children)
+        assert {r["advantage"] for r in mine} == {mine[0]["advantage"]}  # children inherit the root's
+        assert mine[0]["advantage"] * sign > 0 and mine[0]["group_size"] == 2
+    await env.aclose()
+
+
+async def test_bad_replies_are_refused_and_change_nothing(sub_server: FakeServer, tmp_path: Path) -> None:
+    env = make_env(sub_server, tmp_path, max_reply_chars=1_000)
+    episode = await env.start("q?", CONTEXT)
+    for bad, words in (
+        (b"FINAL(1)", "bytes"),
+        (None, "NoneType"),
+        (["x"], "list"),
+        ("x" * 1_001, "max_reply_chars"),
+    ):
+        with pytest.raises(EnvError, match=words):
+            await episode.step(bad)
+    assert episode.turn == 0 and len(episode.messages) == 2
+    obs = await episode.step("   ")
+    assert "Your reply was empty" in obs[0]["content"]
+    obs = await episode.step(
+        {"role": "assistant", "content": PEEK, "token_ids": [1, 2, 3], "output_tokens": 3}
+    )
+    assert "REPL output" in obs[0]["content"]
+    await episode.step(ANSWER)
+    with pytest.raises(EnvError, match="after the episode is done"):
+        await episode.step(ANSWER)
+    row = episode.rollouts()[1]
+    assert row["response"] == PEEK and row["response_token_ids"] == [1, 2, 3]
+    await env.aclose()
+
+
+async def test_a_second_step_while_one_runs_is_refused(sub_server: FakeServer, tmp_path: Path) -> None:
+    env = make_env(sub_server, tmp_path)
+    episode = await env.start("q?", CONTEXT)
+    running = asyncio.create_task(episode.step(code("import time; time.sleep(0.3); print('slept')")))
+    await asyncio.sleep(0)
+    with pytest.raises(EnvError, match="already running"):
+        await episode.step(ANSWER)
+    assert "slept" in (await running)[0]["content"]
+    await episode.close()
+    await env.aclose()
+
+
+async def test_policy_server_failing_mid_episode(sub_server: FakeServer, tmp_path: Path) -> None:
+    calls = {"n": 0}
+
+    def flaky(model, messages):
+        calls["n"] += 1
+        if calls["n"] > 1:
+            raise RuntimeError("the policy server fell over")
+        return "first answer"
+
+    sub_server.holder["responder"] = flaky  # type: ignore[attr-defined]
+    env = make_env(sub_server, tmp_path, max_retries=0)
+    episode = await env.start("q?", CONTEXT)
+    obs = await episode.step(code("print(llm_query('a'))"))
+    assert "first answer" in obs[0]["content"]
+    obs = await episode.step(code("print(llm_query('b'))"))
+    assert "SubcallError" in obs[0]["content"] and not episode.done
+    await episode.step(ANSWER)
+    assert episode.stop_reason == "final"
+    trace = load(episode.trace_path)
+    assert trace.complete and any(e.get("error") for e in trace.events if e["type"] == "lm_call")
+    await env.aclose()
+
+
+async def test_live_repl_bound_gives_a_clear_error(sub_server: FakeServer, tmp_path: Path) -> None:
+    env = make_env(sub_server, tmp_path, max_live_repls=2)
+    first = await env.start("q?", CONTEXT)
+    second = await env.start("q?", CONTEXT)
+    with pytest.raises(EnvError, match=r"max_live_repls=2.*close finished episodes"):
+        await env.start("q?", CONTEXT)
+    await first.step(ANSWER)  # done: its REPL is reaped at once
+    third = await env.start("q?", CONTEXT)
+    await second.close()
+    await third.close()
+    assert env.live_repls == 0
+    await env.aclose()
+
+
+async def test_many_episodes_at_once_share_one_pool(sub_server: FakeServer, tmp_path: Path) -> None:
+    env = make_env(sub_server, tmp_path)
+
+    async def one(i: int) -> str:
+        episode = await env.start(f"q{i}?", f"{CONTEXT}{i}")
+        await episode.step(code(f"x = llm_query('p{i}')\nprint(x)"))
+        await episode.step(f"FINAL({i})")
+        return episode.answer
+
+    answers = await asyncio.gather(*(one(i) for i in range(12)))
+    assert answers == [str(i) for i in range(12)]
+    resources = env._shared.here()
+    assert list(resources.clients) == ["openai/policy"]  # one client, one connection pool
+    assert env.live_repls == 0
+    await env.aclose()
+
+
+async def test_dropped_episode_is_reaped_by_garbage_collection(
+    sub_server: FakeServer, tmp_path: Path
+) -> None:
+    env = make_env(sub_server, tmp_path)
+    episode = await env.start("q?", CONTEXT)
+    await episode.step(PEEK)
+    path = episode.trace_path
+    assert env.live_repls == 1
+    del episode
+    gc.collect()
+    assert env.live_repls == 0
+    end = load(path).events[-1]
+    assert end["type"] == "run_end" and end["stop_reason"] == "cancelled" and "dropped" in end["error"]
+    await env.aclose()
+
+
+def test_interpreter_exit_reaps_an_open_episode(server: FakeServer, tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        import asyncio, os
+        from recursa.env import RLMEnv
+        env = RLMEnv("openai/policy", base_url={server.base_url!r}, api_key="k", trace_dir={str(tmp_path)!r})
+        episode = env.start_sync("q?", "some context")
+        episode.step_sync("```repl\\nprint('hi')\\n```")
+        print(episode._engine._sandbox.pid, episode.trace_path, flush=True)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    pid, path = out.stdout.strip().splitlines()[-1].split()
+    trace = load(path)
+    assert trace.complete and trace.events[-1]["stop_reason"] == "cancelled"
+    if os.path.exists(f"/proc/{pid}"):
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        assert state == "Z", f"REPL worker {pid} outlived the interpreter"
+
+
+def test_blocking_api(sub_server: FakeServer, tmp_path: Path) -> None:
+    with make_env(sub_server, tmp_path) as env:
+        episode = env.start_sync("q?", CONTEXT)
+        obs = episode.step_sync(PEEK)
+        assert "REPL output" in obs[0]["content"]
+        episode.step_sync(ANSWER)
+        assert episode.answer == "42"
+        with pytest.raises(EnvError, match="after the episode is done"):
+            episode.step_sync(ANSWER)
+
+
+async def test_cancelled_step_ends_the_episode(sub_server: FakeServer, tmp_path: Path) -> None:
+    env = make_env(sub_server, tmp_path)
+    episode = await env.start("q?", CONTEXT)
+    task = asyncio.create_task(episode.step(code("import time\nwhile True: time.sleep(0.01)")))
+    await asyncio.sleep(0.5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert episode.done and episode.stop_reason == "cancelled" and env.live_repls == 0
+    assert load(episode.trace_path).complete
+    await env.aclose()
+
+
+async def test_out_of_turns_asks_for_the_answer_once(sub_server: FakeServer, tmp_path: Path) -> None:
+    env = make_env(sub_server, tmp_path, max_turns=2)
+    episode = await env.start("q?", CONTEXT)
+    await episode.step(PEEK)
+    obs = await episode.step(PEEK)
+    assert "used all 2 turns" in obs[-1]["content"]
+    await episode.step("The answer is 42")
+    assert episode.stop_reason == "max_iterations" and episode.answer == "The answer is 42"
+    assert [r["purpose"] for r in episode.rollouts()] == ["root", "root", "final"]
+    await env.aclose()
+
+
+async def test_task_family_scorer_is_the_reward(tmp_path: Path) -> None:
+    task = generate("niah", 3_000, seed=2)
+    assert get("niah").score(task, task.gold) == 1.0
+    env = RLMEnv(max_depth=0, trace_dir=tmp_path)
+    episode = await env.start_task(task)
+    await episode.step(f"FINAL({task.gold})")
+    assert episode.reward == 1.0 and episode.rollouts()[0]["task_id"] == task.id
+    await env.aclose()
+
+
+def test_configuration_errors_name_the_fix() -> None:
+    with pytest.raises(ConfigError, match="sub-calls need a model"):
+        RLMEnv()
+    with pytest.raises(ConfigError, match=r"RLMEnv\(max_turns=0\)"):
+        RLMEnv(max_depth=0, max_turns=0)
+    with pytest.raises(ConfigError, match="max_live_repls"):
+        RLMEnv(max_depth=0, max_live_repls=0)
+    env = RLMEnv(max_depth=0, budget=Budget(max_llm_calls=5))
+    with pytest.raises(EnvError, match="question is empty"):
+        env.start_sync("", CONTEXT)
+    env.close()

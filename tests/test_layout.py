@@ -1,0 +1,85 @@
+"""The shape of the package stays as docs/architecture.md draws it: no import cycles (type-only
+ones included), imports point down, and no module over 600 lines.
+
+The rules live in pyproject.toml ([tool.importlinter]) so `lint-imports` checks the same thing by
+hand; this test runs them and adds what import-linter does not check directly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+grimp = pytest.importorskip("grimp", reason="import-linter (dev extra) checks the import rules")
+importlinter_cli = pytest.importorskip("importlinter.cli", reason="import-linter is in the dev extra")
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "recursa"
+MAX_LINES = 600
+
+
+@pytest.fixture(scope="module")
+def graph() -> grimp.ImportGraph:
+    # Imports inside functions and under TYPE_CHECKING are part of the graph: neither hides a cycle.
+    return grimp.build_graph("recursa", cache_dir=None)
+
+
+def test_the_package_under_test_is_this_checkout(graph: grimp.ImportGraph) -> None:
+    import recursa
+
+    # grimp finds the package the way `import` does; a stale install elsewhere would check the wrong tree.
+    assert Path(recursa.__file__).resolve().parent == PACKAGE
+    assert "recursa.rlm" in graph.modules
+
+
+def test_import_contracts_in_pyproject_hold(capsys: pytest.CaptureFixture[str]) -> None:
+    status = importlinter_cli.lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True)
+    report = capsys.readouterr().out
+    assert status == 0, f"an import contract is broken (see docs/architecture.md):\n{report}"
+    assert "0 broken" in report and "2 kept" in report
+
+
+def test_no_module_imports_its_way_back_to_itself(graph: grimp.ImportGraph) -> None:
+    # acyclic_siblings compares the children of each package; this also catches a module that
+    # cycles through its own package's __init__ (recursa.x.y -> recursa.x -> recursa.x.y).
+    cycles = []
+    for importer in sorted(graph.modules):
+        for imported in sorted(graph.find_modules_directly_imported_by(importer)):
+            back = graph.find_shortest_chain(importer=imported, imported=importer)
+            if back is not None:
+                cycles.append(" -> ".join((importer, *back)))
+    assert not cycles, "import cycles (cut them by moving the shared piece down):\n" + "\n".join(cycles)
+
+
+@pytest.mark.parametrize(
+    ("lower", "upper"),
+    [
+        # The model clients depend on nothing above them: not the offline models, task families,
+        # baselines, fakes, loop or servers.
+        *[("recursa.lm", up) for up in ("recursa.scripted", "recursa.tasks", "recursa.methods")],
+        *[("recursa.lm", up) for up in ("recursa.testing", "recursa.loop", "recursa.serve", "recursa.rlm")],
+        # The offline models sit beside the clients and reach lm only through its provider registry.
+        ("recursa.scripted", "recursa.testing"),
+        ("recursa.scripted", "recursa.loop"),
+        # The fake model server stands beside the product's server, not on top of it.
+        ("recursa.testing", "recursa.serve"),
+        ("recursa.serve", "recursa.testing"),
+    ],
+)
+def test_layer_rule(graph: grimp.ImportGraph, lower: str, upper: str) -> None:
+    chain = graph.find_shortest_chain(importer=lower, imported=upper, as_packages=True)
+    assert chain is None, f"{lower} must not import {upper}: {' -> '.join(chain or ())}"
+
+
+def test_the_layer_rules_can_fail(graph: grimp.ImportGraph) -> None:
+    # The checks above pass on an empty answer; make sure they see a real upward import.
+    assert graph.find_shortest_chain(importer="recursa.scripted", imported="recursa.lm", as_packages=True)
+    assert graph.find_shortest_chain(importer="recursa.testing", imported="recursa.asgi", as_packages=True)
+
+
+def test_no_module_is_over_600_lines() -> None:
+    sizes = {p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
+    assert len(sizes) > 50
+    too_long = {path: n for path, n in sorted(sizes.items()) if n > MAX_LINES}
+    assert not too_long, f"modules over {MAX_LINES} lines (split them by idea): {too_long}"

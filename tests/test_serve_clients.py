@@ -1,0 +1,165 @@
+"""`recursa serve` driven by the clients people already use (the `clients-test` extra, pinned):
+LangChain's ChatOpenAI (invoke, stream, with_structured_output by json_schema and by function
+calling), LiteLLM (completion and streaming) and the OpenAI Agents SDK (Runner.run with an
+output_type). Each must also report a wrong key as an authentication error, not a bad request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("fastapi")
+from pydantic import BaseModel
+
+from recursa import Budget
+from recursa.asgi.background import BackgroundServer
+from recursa.serve.openai_server import create_app
+from recursa.serve.settings import ServeSettings
+from tests.serve_helpers import install_test_root
+
+KEY = "clients-test-key-0123456789"
+ROOT = install_test_root()
+PERSON = 'RUN: person = {"name": "Ada", "age": 36}\nFINAL_VAR("person")'
+HELLO = "RUN: FINAL('hello from the rlm')"
+CONTEXT = "the context: a short note"
+
+
+class Person(BaseModel):
+    name: str
+    age: int
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory) -> Iterator[BackgroundServer]:
+    settings = ServeSettings(
+        model=ROOT,
+        sub_model="scripted/oracle",
+        trace_dir=tmp_path_factory.mktemp("clients") / "traces",
+        api_key=KEY,
+        budget=Budget(max_llm_calls=30),
+    )
+    with BackgroundServer(create_app(settings)) as server:
+        yield server
+
+
+# -- LangChain -------------------------------------------------------------------------------------
+
+
+def _chat(srv: BackgroundServer, key: str = KEY):
+    langchain_openai = pytest.importorskip("langchain_openai")
+    return langchain_openai.ChatOpenAI(model="recursa", base_url=srv.url + "/v1", api_key=key, max_retries=0)
+
+
+def _lc_messages(question: str) -> list[tuple[str, str]]:
+    return [("system", CONTEXT), ("user", question)]
+
+
+def test_langchain_invoke_and_stream(srv):
+    chat = _chat(srv)
+    assert chat.invoke(_lc_messages(HELLO)).content == "hello from the rlm"
+    chunks = list(chat.stream(_lc_messages(HELLO)))
+    assert "".join(str(c.content) for c in chunks) == "hello from the rlm"
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling"])
+def test_langchain_with_structured_output(srv, method):
+    structured = _chat(srv).with_structured_output(Person, method=method)
+    assert structured.invoke(_lc_messages(PERSON)) == Person(name="Ada", age=36)
+
+
+def test_langchain_wrong_key_is_an_authentication_error(srv):
+    import openai
+
+    with pytest.raises(openai.AuthenticationError):
+        _chat(srv, key="wrong-key").invoke(_lc_messages(HELLO))
+
+
+# -- LiteLLM ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def litellm(monkeypatch):
+    # Its bundled price map, not the one it would fetch from the internet at import.
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    module = pytest.importorskip("litellm")
+    monkeypatch.setattr(module, "telemetry", False)
+    return module
+
+
+def _lite_kwargs(srv: BackgroundServer, key: str = KEY) -> dict:
+    return {
+        "model": "openai/recursa",
+        "api_base": srv.url + "/v1",
+        "api_key": key,
+        "num_retries": 0,
+        "messages": [{"role": "system", "content": CONTEXT}, {"role": "user", "content": HELLO}],
+    }
+
+
+def test_litellm_completion_and_streaming(srv, litellm):
+    r = litellm.completion(**_lite_kwargs(srv))
+    assert r.choices[0].message.content == "hello from the rlm"
+    pieces = [c.choices[0].delta.content or "" for c in litellm.completion(**_lite_kwargs(srv), stream=True)]
+    assert "".join(pieces) == "hello from the rlm"
+
+
+def test_litellm_structured_output(srv, litellm):
+    kwargs = _lite_kwargs(srv)
+    kwargs["messages"][-1]["content"] = PERSON
+    r = litellm.completion(**kwargs, response_format=Person)
+    assert Person.model_validate_json(r.choices[0].message.content) == Person(name="Ada", age=36)
+
+
+def test_litellm_wrong_key_is_an_authentication_error(srv, litellm):
+    with pytest.raises(litellm.AuthenticationError):
+        litellm.completion(**_lite_kwargs(srv, key="wrong-key"))
+
+
+# -- OpenAI Agents SDK -----------------------------------------------------------------------------
+
+
+def _agent_run(srv: BackgroundServer, key: str, output_type: type | None, question: str):
+    agents = pytest.importorskip("agents")
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key=key, max_retries=0)
+    model = agents.OpenAIChatCompletionsModel(model="recursa", openai_client=client)
+    agent = agents.Agent(name="analyst", instructions=CONTEXT, model=model, output_type=output_type)
+    config = agents.RunConfig(tracing_disabled=True)
+    return asyncio.run(agents.Runner.run(agent, question, run_config=config))
+
+
+def test_agents_runner_with_output_type(srv):
+    result = _agent_run(srv, KEY, Person, PERSON)
+    assert result.final_output == Person(name="Ada", age=36)
+
+
+def test_agents_runner_plain_text(srv):
+    assert _agent_run(srv, KEY, None, HELLO).final_output == "hello from the rlm"
+
+
+def test_agents_wrong_key_is_an_authentication_error(srv):
+    import openai
+
+    with pytest.raises(openai.AuthenticationError):
+        _agent_run(srv, "wrong-key", None, HELLO)
+
+
+def test_agents_with_tools_gets_a_400_that_says_why(srv):
+    agents = pytest.importorskip("agents")
+    import openai
+
+    @agents.function_tool
+    def lookup(city: str) -> str:
+        """Look a city up."""
+        return city
+
+    client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0)
+    model = agents.OpenAIChatCompletionsModel(model="recursa", openai_client=client)
+    agent = agents.Agent(name="a", instructions=CONTEXT, model=model, tools=[lookup])
+    with pytest.raises(openai.BadRequestError) as caught:
+        asyncio.run(agents.Runner.run(agent, HELLO, run_config=agents.RunConfig(tracing_disabled=True)))
+    assert "never hands a tool call back" in json.dumps(caught.value.body)

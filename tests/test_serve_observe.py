@@ -1,0 +1,134 @@
+"""`recursa serve`'s access log (a line per request, never a key or a context) and Prometheus
+`/metrics` (requests, runs in flight, run latency, tokens, cost), both on by default and switchable."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("prometheus_client")
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from recursa.asgi.background import BackgroundServer
+from recursa.serve.openai_server import create_app
+from recursa.serve.settings import ServeSettings
+from tests.serve_helpers import install_test_root, wait_until
+
+KEY = "observe-test-key-0123456789"
+ROOT = install_test_root()
+SECRET_CONTEXT = "the-context-must-not-be-logged-7731"
+
+
+def _settings(tmp: Path, **kw) -> ServeSettings:
+    return ServeSettings(model=ROOT, sub_model="scripted/oracle", trace_dir=tmp / "traces", api_key=KEY, **kw)
+
+
+def _ask(srv: BackgroundServer, question: str = "RUN: FINAL('ok')", **extra) -> httpx.Response:
+    body = {
+        "model": "recursa",
+        "messages": [{"role": "system", "content": SECRET_CONTEXT}, {"role": "user", "content": question}],
+        **extra,
+    }
+    return httpx.post(
+        srv.url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60
+    )
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def test_access_log_has_a_line_per_request_without_key_or_context(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="recursa.serve.access")
+    with BackgroundServer(create_app(_settings(tmp_path))) as srv:
+        ok = _ask(srv)
+        streamed = _ask(srv, stream=True)
+        refused = httpx.get(srv.url + "/v1/models", headers={"Authorization": "Bearer wrong-key"})
+        missing = httpx.get(srv.url + "/v1/nothing?token=abc")
+    assert ok.status_code == 200 and streamed.status_code == 200
+    assert refused.status_code == 401 and missing.status_code == 404
+    lines = [r.getMessage() for r in caplog.records if r.name == "recursa.serve.access"]
+    assert len(lines) == 4
+    run_id = ok.json()["recursa"]["run_id"]
+    assert lines[0].startswith("POST /v1/chat/completions 200 ") and lines[0].endswith(f"run={run_id}")
+    assert lines[1].startswith("POST /v1/chat/completions 200 ") and " run=run_" in lines[1]
+    assert lines[2].startswith("GET /v1/models 401 ") and "run=" not in lines[2]
+    assert lines[3].startswith("GET /v1/nothing 404 ")  # the path without its query
+    for line in lines:
+        assert KEY not in line and "wrong-key" not in line and SECRET_CONTEXT not in line
+        assert "token=abc" not in line
+
+
+def test_access_log_can_be_turned_off(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="recursa.serve.access")
+    with BackgroundServer(create_app(_settings(tmp_path, access_log=False))) as srv:
+        assert _ask(srv).status_code == 200
+    assert not [r for r in caplog.records if r.name == "recursa.serve.access"]
+
+
+def test_metrics_count_requests_runs_tokens_and_cost(tmp_path):
+    with BackgroundServer(create_app(_settings(tmp_path))) as srv:
+        answers = [_ask(srv).json() for _ in range(2)]
+        assert _ask(srv, temperature=9).status_code == 400
+        assert httpx.get(srv.url + "/metrics").status_code == 401  # the key guards it
+        scraped = httpx.get(srv.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    assert scraped.status_code == 200 and scraped.headers["content-type"].startswith("text/plain")
+    samples = _samples(scraped.text)
+    chat = "/v1/chat/completions"
+    assert (
+        samples[("recursa_http_requests_total", (("method", "POST"), ("path", chat), ("status", "200")))] == 2
+    )
+    assert (
+        samples[("recursa_http_requests_total", (("method", "POST"), ("path", chat), ("status", "400")))] == 1
+    )
+    assert samples[("recursa_runs_total", (("stop_reason", "final"),))] == 2
+    assert samples[("recursa_runs_in_flight", ())] == 0
+    assert samples[("recursa_run_duration_seconds_count", ())] == 2
+    input_tokens = sum(a["usage"]["prompt_tokens"] for a in answers)
+    assert samples[("recursa_tokens_total", (("kind", "input"),))] == input_tokens > 0
+    assert ("recursa_cost_usd_total", ()) in samples
+
+
+def test_runs_in_flight_counts_a_running_run_and_a_cancelled_one(tmp_path):
+    auth = {"Authorization": f"Bearer {KEY}"}
+    body = {
+        "model": "recursa",
+        "stream": True,
+        "messages": [
+            {"role": "system", "content": "ctx"},
+            {"role": "user", "content": "RUN: import time\nwhile True: time.sleep(0.01)"},
+        ],
+    }
+    with BackgroundServer(create_app(_settings(tmp_path))) as srv:
+        service = srv.app.state.service
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, headers=auth, timeout=60) as r:
+            lines = r.iter_lines()  # kept: a dropped iterator would close the stream
+            next(lines)  # the role chunk: the run is on its way
+            wait_until(lambda: bool(service.active), what="the run to start")
+            running = _samples(httpx.get(srv.url + "/metrics", headers=auth).text)
+        # Leaving the stream disconnects: the server cancels the run.
+        wait_until(lambda: not service.active, what="the run to be cancelled")
+        after = _samples(httpx.get(srv.url + "/metrics", headers=auth).text)
+    assert running[("recursa_runs_in_flight", ())] == 1
+    assert after[("recursa_runs_in_flight", ())] == 0
+    assert after[("recursa_runs_total", (("stop_reason", "cancelled"),))] == 1
+
+
+def test_metrics_can_be_turned_off(tmp_path):
+    with BackgroundServer(create_app(_settings(tmp_path, metrics=False))) as srv:
+        r = httpx.get(srv.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 404
+
+
+def test_responses_api_404_says_which_api_to_use(tmp_path):
+    with BackgroundServer(create_app(_settings(tmp_path))) as srv:
+        r = httpx.post(srv.url + "/v1/responses", json={}, headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 404 and "OpenAIChatCompletionsModel" in r.json()["error"]["message"]

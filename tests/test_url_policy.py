@@ -1,0 +1,259 @@
+"""`recursa serve --allow-urls` fetches only public addresses: a client cannot make the server read
+its own loopback services, the metadata endpoint or private ranges, not by naming them in any
+numeric form, not through a redirect, and not by a name that resolves differently on the second
+look. `--allow-private-urls` (ServeSettings.allow_private_urls) is the operator's way out."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+import httpx
+from fastapi.testclient import TestClient
+
+from recursa.serve import urls
+from recursa.serve.openai_server import create_app
+from recursa.serve.settings import ServeSettings
+from tests.helpers import wait_until
+from tests.serve_helpers import install_test_root
+
+INTERNAL = "INTERNAL-ADMIN-ANSWER"
+PUBLIC_TEXT = "public document text"
+ROOT_MODEL = install_test_root()
+# Loopback, but the tests below let 127.0.0.2 count as a public address: the stand-in for a web
+# server on the internet that the client controls.
+PUBLIC_IP = "127.0.0.2"
+
+
+class Site:
+    """A small web server that counts its requests; `routes` maps a path to (status, headers, body)."""
+
+    def __init__(self, host: str, routes: dict[str, tuple[int, dict[str, str], str]]) -> None:
+        self.hits: list[str] = []
+        site = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                site.hits.append(self.path)
+                status, headers, body = routes.get(self.path, (404, {}, "missing"))
+                data = body.encode()
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args) -> None:
+                return
+
+        self.server = ThreadingHTTPServer((host, 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(5)
+
+
+@pytest.fixture
+def internal() -> Iterator[Site]:
+    site = Site("127.0.0.1", {"/admin": (200, {}, INTERNAL)})
+    yield site
+    site.close()
+
+
+@pytest.fixture
+def public(internal: Site, monkeypatch) -> Iterator[Site]:
+    admin = f"http://127.0.0.1:{internal.port}/admin"
+    routes = {
+        "/doc": (200, {}, PUBLIC_TEXT),
+        "/to-admin": (302, {"Location": admin}, ""),
+        "/to-admin-decimal": (307, {"Location": f"http://2130706433:{internal.port}/admin"}, ""),
+        "/to-mapped": (301, {"Location": f"http://[::ffff:127.0.0.1]:{internal.port}/admin"}, ""),
+        "/to-file": (302, {"Location": "file:///etc/passwd"}, ""),
+        "/relative": (302, {"Location": "/doc"}, ""),
+    }
+    for k in range(7):
+        routes[f"/loop{k}"] = (302, {"Location": f"/loop{k + 1}"}, "")
+    site = Site(PUBLIC_IP, routes)
+    real = urls.address_problem
+    monkeypatch.setattr(urls, "address_problem", lambda ip: None if str(ip) == PUBLIC_IP else real(ip))
+    yield site
+    site.close()
+
+
+@pytest.fixture
+def http(tmp_path: Path) -> Iterator[TestClient]:
+    settings = ServeSettings(
+        model=ROOT_MODEL, sub_model="scripted/oracle", trace_dir=tmp_path / "t", allow_context_urls=True
+    )
+    with TestClient(create_app(settings)) as client:
+        yield client
+
+
+def _ask(http: TestClient, url: str) -> httpx.Response:
+    body = {
+        "model": "recursa",
+        "messages": [{"role": "user", "content": "RUN: FINAL(context)"}],
+        "recursa": {"context_url": url},
+    }
+    return http.post("/v1/chat/completions", json=body)
+
+
+def _refused(reply: httpx.Response, code: str = "context_url_not_allowed") -> None:
+    assert reply.status_code in (400, 403), reply.text
+    assert reply.json()["error"]["code"] == code, reply.text
+    assert INTERNAL not in reply.text
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        "127.0.0.1",
+        "localhost",
+        "2130706433",  # decimal
+        "0x7f.0.0.1",  # hex
+        "127.1",  # short form
+        "[::ffff:127.0.0.1]",  # IPv4-mapped IPv6
+        "[::1]",
+        "0.0.0.0",
+    ],
+)
+def test_loopback_in_any_form_is_refused_and_never_contacted(http, internal, form) -> None:
+    _refused(_ask(http, f"http://{form}:{internal.port}/admin"))
+    assert internal.hits == []
+    body = {"model": "recursa", "messages": [{"role": "user", "content": "RUN: FINAL(context)"}]}
+    body["recursa"] = {"context": "inline text"}  # the server goes on answering
+    assert (
+        http.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"]
+        == "inline text"
+    )
+
+
+# Checked without sending anything: these tests must never make traffic to such addresses, even
+# against a broken build, so only the classification is exercised (the HTTP tests use loopback).
+@pytest.mark.parametrize(
+    ("address", "kind"),
+    [
+        ("169.254.169.254", "link-local"),  # cloud metadata
+        ("fe80::1", "link-local"),
+        ("10.1.2.3", "private"),
+        ("192.168.1.1", "private"),
+        ("172.16.0.1", "private"),
+        ("100.64.0.1", "non-public"),  # carrier-grade NAT
+        ("fd12:3456::1", "private"),  # unique-local
+        ("224.0.0.251", "multicast"),
+        ("ff02::1", "multicast"),
+        ("0.0.0.0", "unspecified"),
+        ("::ffff:10.0.0.1", "private"),  # IPv4-mapped
+        ("64:ff9b::a9fe:a9fe", "link-local"),  # NAT64 of 169.254.169.254
+        ("2002:7f00:1::", "loopback"),  # 6to4 of 127.0.0.1
+        ("240.0.0.1", "private"),
+        ("8.8.8.8", None),
+        ("2606:4700::1111", None),
+        ("::ffff:8.8.8.8", None),
+    ],
+)
+def test_address_classification(address: str, kind: str | None) -> None:
+    assert urls.address_problem(ipaddress.ip_address(address)) == kind
+
+
+def test_redirects_are_checked_at_every_hop(http, internal, public) -> None:
+    base = f"http://{PUBLIC_IP}:{public.port}"
+    reply = _ask(http, base + "/doc")
+    assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"] == PUBLIC_TEXT
+    assert _ask(http, base + "/relative").json()["choices"][0]["message"]["content"] == PUBLIC_TEXT
+    for path in ("/to-admin", "/to-admin-decimal", "/to-mapped"):
+        reply = _ask(http, base + path)
+        _refused(reply)
+        assert "redirected to" in reply.json()["error"]["message"]
+    assert internal.hits == []
+    _refused(_ask(http, base + "/to-file"), code=None)
+    reply = _ask(http, base + "/loop0")
+    _refused(reply, code="context_fetch_failed")
+    assert "more than 5" in reply.json()["error"]["message"]
+    assert public.hits.count("/loop5") == 1 and "/loop6" not in public.hits
+
+
+def test_the_connection_goes_to_the_address_that_was_checked(http, internal, public, monkeypatch) -> None:
+    """DNS rebinding: the name is public when checked and loopback when looked up again."""
+    answers = iter([PUBLIC_IP])
+    real = urls.resolve
+
+    async def rebinding(host: str, port: int):
+        if host == "rebind.example":
+            return [ipaddress.ip_address(next(answers, "127.0.0.1"))]
+        return await real(host, port)
+
+    monkeypatch.setattr(urls, "resolve", rebinding)
+    reply = _ask(http, f"http://rebind.example:{public.port}/doc")
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["message"]["content"] == PUBLIC_TEXT
+    assert internal.hits == [] and public.hits == ["/doc"]
+
+
+def test_the_operator_can_allow_private_addresses(tmp_path: Path, internal) -> None:
+    settings = ServeSettings(
+        model=ROOT_MODEL,
+        sub_model="scripted/oracle",
+        trace_dir=tmp_path,
+        allow_context_urls=True,
+        allow_private_urls=True,
+    )
+    with TestClient(create_app(settings)) as http:
+        reply = _ask(http, f"http://localhost:{internal.port}/admin")
+    assert reply.json()["choices"][0]["message"]["content"] == INTERNAL
+
+
+@pytest.mark.parametrize("flags", [[], ["--allow-private-urls"]], ids=["default", "allow-private"])
+def test_recursa_serve_command_line(tmp_path: Path, internal, flags: list[str]) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    cmd = [sys.executable, "-m", "recursa.cli", "serve", "--model", "scripted/gpt5-like"]
+    cmd += ["--sub-model", "scripted/oracle", "--port", str(port), "--allow-urls", *flags]
+    proc = subprocess.Popen(
+        [*cmd, "--trace-dir", str(tmp_path)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+
+        def up() -> bool:
+            try:
+                return httpx.get(base + "/health").status_code == 200
+            except httpx.TransportError:
+                return proc.poll() is not None
+
+        wait_until(up, timeout_s=60, what="recursa serve")
+        assert proc.poll() is None
+        reply = httpx.post(
+            base + "/v1/chat/completions",
+            json={
+                "model": "recursa",
+                "messages": [{"role": "user", "content": "What does it say?"}],
+                "recursa": {"context_url": f"http://127.0.0.1:{internal.port}/admin", "max_iterations": 2},
+            },
+            timeout=60,
+        )
+        if flags:
+            assert reply.status_code == 200 and internal.hits == ["/admin"]
+        else:
+            _refused(reply)
+            assert internal.hits == []
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -1,0 +1,215 @@
+"""Opening an untrusted trace in `recursa view` is safe: model text and crafted event fields can
+neither run script nor blank the page, in the standalone HTML (`--html`) and the live server
+(`--port`) alike. Checked in a real headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from recursa.trace.viewer import ViewerServer, build_view, render_html
+from tests.test_viewer import CHROMIUM, CHROMIUM_ARGS
+
+# Every payload bumps window.__pwned when it runs; the attribute form breaks out of a quoted
+# attribute, the comment form opens a "<!--<script>" that swallows a later script element.
+HIT = "window.__pwned=(window.__pwned||0)+1"
+ATTR = f'x"><img src=x onerror="{HIT}">'
+TAG = f"<img src=x onerror={HIT}><script>{HIT}</script>"
+COMMENT = "<!--<script>"
+NASTY = f"{COMMENT} {ATTR} {TAG} javascript:{HIT}"
+
+
+def hostile_trace(path: Path) -> Path:
+    """A trace whose every text field, and several number fields, carry the payloads."""
+    seq = 0
+    lines: list[str] = []
+
+    def emit(kind: str, ts: float, **fields) -> None:
+        nonlocal seq
+        seq += 1
+        lines.append(json.dumps({"seq": seq, "ts": ts, "type": kind, **fields}))
+
+    usage = {"input_tokens": TAG, "output_tokens": ATTR, "cached_tokens": TAG, "cost_usd": ATTR}
+    emit(
+        "run_start",
+        1.0,
+        format=1,
+        run_id=ATTR,
+        depth=ATTR,
+        question=NASTY,
+        model=NASTY,
+        sub_model=NASTY,
+        context={"type": NASTY, "prefix": NASTY},
+        config={"sandbox": NASTY},
+    )
+    emit("sandbox", 1.0, run_id=ATTR, isolation={"mode": NASTY})
+    emit("turn", 1.1, run_id=ATTR, turn=ATTR)
+    emit(
+        "lm_call",
+        1.5,
+        run_id=ATTR,
+        call_id=ATTR,
+        purpose="root",
+        model=NASTY,
+        latency_s=ATTR,
+        new_messages=[{"role": ATTR, "content": NASTY}, NASTY],
+        response=NASTY,
+        usage=usage,
+        attempts="9" + ATTR,
+        finish_reason=NASTY,
+    )
+    emit(
+        "lm_call",
+        1.6,
+        run_id=ATTR,
+        call_id=ATTR + ".c2",
+        purpose="sub",
+        model=NASTY,
+        prompt=NASTY,
+        prompt_chars=TAG,
+        response=NASTY,
+        usage=usage,
+        error=NASTY,
+    )
+    emit("tool_call", 1.65, run_id=ATTR, tool=NASTY, caller=ATTR, arguments=NASTY, result=NASTY)
+    emit(
+        "exec",
+        1.7,
+        run_id=ATTR,
+        turn=1,
+        block=1,
+        code=NASTY,
+        stdout=NASTY,
+        stderr=NASTY,
+        omitted_chars=TAG,
+        notes=NASTY,
+        final={"protocol": ATTR, "text": NASTY},
+        error=NASTY,
+        duration_s=ATTR,
+    )
+    emit("compact", 1.75, run_id=ATTR, turn=1, compacted_messages=TAG, summary=NASTY)
+    emit("warning", 1.8, run_id=ATTR, message=NASTY)
+    emit(
+        "run_end",
+        2.0,
+        run_id=ATTR,
+        stop_reason=ATTR,
+        answer=NASTY,
+        answer_protocol=ATTR,
+        iterations=TAG,
+        usage=usage,
+        error=NASTY,
+        duration_s=ATTR,
+    )
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_embedded_json_has_no_angle_bracket_and_round_trips(tmp_path: Path) -> None:
+    view = build_view(hostile_trace(tmp_path / "evil.jsonl"))
+    html = render_html(view)
+    start = html.index('<script id="trace-data" type="application/json">') + len(
+        '<script id="trace-data" type="application/json">'
+    )
+    data = html[start : html.index("</script>", start)]
+    assert "<" not in data and ">" not in data and "&" not in data
+    assert json.loads(data) == json.loads(json.dumps(view))
+
+
+def test_the_view_keeps_statuses_and_numbers_to_their_types(tmp_path: Path) -> None:
+    view = build_view(hostile_trace(tmp_path / "evil.jsonl"))
+    statuses = {n["s"] for n in view["nodes"]}
+    assert statuses <= {"ok", "error", "refused", "cancelled", "running", "unknown"} | {
+        "final",
+        "max_iterations",
+        "budget",
+        "timeout",
+    }
+    for node in view["nodes"]:
+        for key in ("i", "p", "a", "b", "r", "u", "ti", "to", "ca", "c"):
+            assert isinstance(node[key], (int, float)), (key, node[key])
+    assert json.loads(view["details"][0])["stop_reason"] == ATTR  # the text itself is still shown
+
+
+def test_the_live_server_sends_protective_headers_and_refuses_other_hosts(tmp_path: Path) -> None:
+    with ViewerServer(hostile_trace(tmp_path / "evil.jsonl")) as viewer:
+        page = httpx.get(viewer.url)
+        csp = page.headers["content-security-policy"]
+        assert (
+            "script-src 'sha256-" in csp and "unsafe-inline" not in csp.split("script-src")[1].split(";")[0]
+        )
+        assert "frame-ancestors 'none'" in csp and page.headers["x-content-type-options"] == "nosniff"
+        data = httpx.get(viewer.url + "trace.json")
+        assert data.headers["x-content-type-options"] == "nosniff"
+        # A page elsewhere that rebinds its own name to 127.0.0.1 sends its own Host: refused.
+        rebound = httpx.get(viewer.url + "trace.json", headers={"Host": "attacker.example:80"})
+        assert rebound.status_code == 403 and NASTY not in rebound.text
+
+
+# -- in a real browser ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium); CI installs it")
+    playwright = pytest.importorskip("playwright.sync_api")
+    with playwright.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def _visit_everything(browser, url: str, bypass_csp: bool) -> None:
+    """Open the page, select every node, unfold everything, search: no payload may run, and the
+    page must show the trace (not be blanked). With `bypass_csp` the escaping alone must hold."""
+    page = browser.new_page(viewport={"width": 1200, "height": 900}, bypass_csp=bypass_csp)
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("dialog", lambda d: d.dismiss())
+    page.goto(url)
+    page.wait_for_selector("body[data-ready='1']", state="attached", timeout=15_000)
+    page.click("#expand-all")
+    rows = page.locator("#tree-rows .row")
+    count = rows.count()
+    assert count >= 6  # run, turn, call, sub-call, tool, exec, compact
+    for k in range(count):
+        rows.nth(k).click()
+        for button in page.locator("#detail [data-full], #detail [data-unfold]").all():
+            button.click()
+    page.hover("#timeline")
+    page.fill("#search", "script")
+    page.wait_for_selector("#search-count:has-text('found')")
+    page.fill("#search", "")
+    assert page.evaluate("window.__pwned || 0") == 0
+    assert page.locator("#detail img, #tree img, #summary img, #warnings img").count() == 0
+    header = page.text_content("#summary")
+    assert COMMENT in header and ATTR in header  # shown as text, not swallowed or interpreted
+    assert not errors  # not even an attempt the policy had to block
+    page.close()
+
+
+@pytest.mark.parametrize("bypass_csp", [False, True], ids=["with-csp", "escaping-alone"])
+def test_standalone_html_from_the_cli_runs_no_trace_script(browser, tmp_path: Path, bypass_csp: bool) -> None:
+    trace = hostile_trace(tmp_path / "evil.jsonl")
+    out = tmp_path / "evil.html"
+    done = subprocess.run(
+        [sys.executable, "-m", "recursa.cli", "view", str(trace), "--html", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    _visit_everything(browser, out.as_uri(), bypass_csp)
+
+
+@pytest.mark.parametrize("bypass_csp", [False, True], ids=["with-csp", "escaping-alone"])
+def test_live_server_page_runs_no_trace_script(browser, tmp_path: Path, bypass_csp: bool) -> None:
+    with ViewerServer(hostile_trace(tmp_path / "evil.jsonl")) as viewer:
+        _visit_everything(browser, viewer.url, bypass_csp)
