@@ -58,6 +58,9 @@ class RLMConfig:
     root_window_tokens: int | None = None
     # Models generated code may name in llm_query(model=...), besides model and sub_model (issue 16).
     allowed_models: list[str] = field(default_factory=list)
+    # LM client objects given in place of model names (lm/custom.py), by the "client/<name>" spec
+    # that stands for each in model, sub_model and allowed_models.
+    clients: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def validate(self) -> None:
         """Raise ConfigError for the first setting that cannot work, naming it and a value that would."""

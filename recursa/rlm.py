@@ -12,6 +12,7 @@ from recursa.budget import Budget
 from recursa.config import RLMConfig
 from recursa.context import load_payload
 from recursa.errors import ConfigError
+from recursa.lm.custom import ClientSet
 from recursa.lm.prices import ModelPrice, PriceBook
 from recursa.lm.registry import make_client, parse_model
 from recursa.loop.answer_schema import AnswerCheck
@@ -30,12 +31,15 @@ class RLM:
 
     See design.md section 2 for every option. Construction validates everything it can (model
     names, keys, prices for a dollar budget, sandbox kind) so mistakes surface before any spend.
+
+    `model`, `sub_model` and the entries of `allowed_models` are "provider/model" names or LM client
+    objects: anything with a `complete(request)` method, async or not (docs/clients.md).
     """
 
     def __init__(
         self,
-        model: str,
-        sub_model: str | None = None,
+        model: str | Any,
+        sub_model: str | Any | None = None,
         *,
         base_url: str | None = None,
         api_key: str | None = None,
@@ -68,11 +72,19 @@ class RLM:
         sub_tool_rounds: int = 8,
         tips: str | None = None,
         root_window_tokens: int | None = None,
-        allowed_models: Sequence[str] = (),
+        allowed_models: Sequence[str | Any] = (),
     ) -> None:
+        # A model may be a "provider/model" name or an LM client object (docs/clients.md).
+        clients = ClientSet()
+        model = clients.spec(model, "RLM(model=...)")
+        sub_model = (
+            model if sub_model is None or sub_model == "" else clients.spec(sub_model, "RLM(sub_model=...)")
+        )
+        if isinstance(allowed_models, (list, tuple)):
+            allowed_models = [clients.spec(m, "RLM(allowed_models=[...])") for m in allowed_models]
         self.config = RLMConfig(
             model=model,
-            sub_model=sub_model or model,
+            sub_model=sub_model,
             base_url=base_url,
             api_key=api_key,
             max_depth=max_depth,
@@ -104,17 +116,18 @@ class RLM:
             sub_tool_rounds=sub_tool_rounds,
             tips=tips,
             root_window_tokens=root_window_tokens,
-            allowed_models=list(allowed_models)
-            if isinstance(allowed_models, (list, tuple))
-            else allowed_models,  # type: ignore[arg-type]
+            allowed_models=allowed_models,  # type: ignore[arg-type]  (validate() names a wrong type)
+            clients=dict(clients.clients),
         )
         self.config.validate()
         _check_tool_names(self.config.tools, self.config.sub_tools)
         self.prices = PriceBook(prices)
+        clients.alias_prices(self.prices)
         for spec in self.config.subcall_models():
             provider, name = parse_model(spec)
-            # Building a client checks the provider and the key now rather than mid-run.
-            make_client(spec, base_url=base_url, api_key=api_key)
+            if spec not in clients.clients:
+                # Building a client checks the provider and the key now rather than mid-run.
+                make_client(spec, base_url=base_url, api_key=api_key)
             if self.config.budget.max_usd is not None and not self.prices.known(provider, name):
                 raise ConfigError(
                     f"max_usd is set but no price is known for {spec!r}. Give one with "

@@ -465,7 +465,10 @@ def cli_outcomes(
     selected = {
         item.callspec.params["case"]["name"]
         for item in request.session.items
-        if hasattr(item, "callspec") and isinstance(item.callspec.params.get("case"), dict)
+        # Other modules parametrize a "case" too (test_replies): only this module's cases count.
+        if item.path == request.path
+        and hasattr(item, "callspec")
+        and isinstance(item.callspec.params.get("case"), dict)
     }
     jobs = [
         _prepare(c, tmp_path_factory.mktemp(c["name"]), sample)

@@ -376,6 +376,27 @@ def test_make_client_scripted() -> None:
     assert client.provider == "scripted" and client.model == "gpt5-like"
 
 
+def test_a_registered_provider_serves_its_specs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from recursa.lm import registry
+
+    monkeypatch.setattr(registry, "_FACTORIES", dict(registry._FACTORIES))
+    made: list[tuple[str, dict[str, Any]]] = []
+
+    def factory(model: str, **settings: Any) -> Any:
+        made.append((model, settings))
+        return "client"
+
+    registry.register_provider("Local-Echo", factory)
+    assert registry.providers()[-1] == "local-echo" and "scripted" in registry.providers()
+    assert registry.make_client("local-echo/m-1", timeout=5.0) == "client"
+    ((model, settings),) = made
+    assert model == "m-1" and settings["timeout"] == 5.0
+    assert set(settings) == {"base_url", "api_key", "timeout", "retry"}
+    # A provider given as "module:attribute" is imported when first used.
+    registry.register_provider("by-path", "recursa.scripted.client:scripted_provider")
+    assert registry.make_client("by-path/oracle").model == "oracle"
+
+
 # -- message and response shapes ------------------------------------------------------------------
 
 

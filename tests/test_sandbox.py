@@ -148,7 +148,7 @@ async def test_runtime_error_traceback_is_trimmed_to_repl(sandbox: Sandbox) -> N
 
 
 async def test_reserved_names_are_restored(sandbox: Sandbox, host: Host) -> None:
-    r = await run(sandbox, "context = 'mine'\nllm_query = None\ndel FINAL\nanswer = 5")
+    r = await run(sandbox, "context = 'mine'\nllm_query = None\ndel FINAL\ndel answer")
     assert set(r.restored_names) == {"context", "llm_query", "FINAL", "answer"}
     assert any("restored" in n and "llm_query" in n for n in r.notes)
     r = await run(sandbox, "print(context, answer)\nllm_query('again')")
@@ -156,6 +156,28 @@ async def test_reserved_names_are_restored(sandbox: Sandbox, host: Host) -> None
     assert r.restored_names == []
     r = await run(sandbox, "FINAL('ok')")
     assert r.final is not None and r.final.text == "ok"
+
+
+async def test_answer_bound_to_a_value_of_the_models_own_is_kept(sandbox: Sandbox) -> None:
+    # The paper's prompt writes `answer = llm_query(...)`; FINAL_VAR must return that value, not the
+    # protocol dict restored over it.
+    r = await run(sandbox, "answer = 42")
+    assert r.restored_names == [] and any('FINAL_VAR("answer")' in n for n in r.notes)
+    assert "answer" in await sandbox.variable_names()
+    r = await run(sandbox, "print(answer + 1)")
+    assert r.stdout == "43\n" and r.notes == []
+    found = await sandbox.get_variable("answer")
+    assert found is not None and (found.value, found.text) == (42, "42")
+    r = await run(sandbox, "FINAL_VAR(answer)")
+    assert r.final is not None and r.final.value == 42
+    r = await run(sandbox, "FINAL_VAR('answer')")
+    assert r.final is not None and (r.final.value, r.final.var_name) == (42, "answer")
+    r = await run(sandbox, "del answer")  # the protocol comes back once the name is free
+    assert r.restored_names == ["answer"] and "answer" not in await sandbox.variable_names()
+    r = await run(sandbox, "answer['content'] = 'dict again'\nanswer['ready'] = True")
+    assert r.final is not None and (r.final.protocol, r.final.text) == ("answer", "dict again")
+    r = await run(sandbox, "answer = {'content': 'adopted', 'ready': True}")  # a protocol-shaped dict
+    assert r.final is not None and (r.final.protocol, r.final.text) == ("answer", "adopted")
 
 
 # -- answers ------------------------------------------------------------------------------------

@@ -80,3 +80,31 @@ def test_scripted_models_through_the_real_openai_sdk(server, tmp_path):
     totals = server.totals()
     assert result.usage.llm_calls == sum(t["requests"] for t in totals.values())
     assert result.usage.input_tokens == sum(t["prompt_tokens"] for t in totals.values())
+
+
+@pytest.mark.parametrize("persona", ["gpt5-like", "qwen-coder-like"])
+def test_the_messy_style_writes_like_real_models_and_still_solves(persona, tmp_path):
+    # Seeds shift which form each turn takes, so together these runs use every form messy.py has.
+    _, clean = solve(f"scripted/{persona}", "niah", 40_000, tmp_path / "clean")
+    replies: list[str] = []
+    for seed in range(8):
+        task, result = solve(
+            f"scripted/{persona}:style=messy,seed={seed}", "niah", 40_000, tmp_path / str(seed)
+        )
+        assert result.stop_reason == "final" and task.score(result.answer) == 1.0, (seed, result.answer)
+        assert result.answer == clean.answer
+        calls = load(result.trace_path).root.of_type("lm_call")
+        replies += [c["response"] for c in calls if c.get("response")]
+    text = "\n".join(replies)
+    for form in (
+        "```Python",
+        "```json",
+        "   ```python",
+        "```\n```python",
+        "Output:\n```",
+        "<think>",
+        "<|im_end|>",
+    ):
+        assert form in text, form
+    if persona == "gpt5-like":  # it answers in prose: the forms without parentheses show up too
+        assert any(f in text for f in ("\nFINAL ", "Final Answer: ", "FINAL: ", "FINAL_VAR: "))

@@ -24,6 +24,8 @@ from recursa.serve.settings import ServeSettings
 from tests.serve_helpers import descendants, install_test_root, max_overlap, wait_until
 
 KEY = "session-test-key-0123456789"
+# This client's own secret: its sessions are private to it, so short ids are fine (test_session_owners).
+CLIENT = {"X-Recursa-Client": "serve-session-tests-0123456789"}
 ROOT = install_test_root()  # "RUN: code ||| code" runs one block per turn
 
 
@@ -65,7 +67,7 @@ def every_repl_reaped(request, before) -> Iterator[None]:
     yield
     if "srv" in request.fixturenames:
         server = request.getfixturevalue("srv")
-        headers = {"Authorization": f"Bearer {KEY}"}
+        headers = {"Authorization": f"Bearer {KEY}", **CLIENT}
         for row in httpx.get(f"{server.url}/v1/recursa/sessions", headers=headers).json()["data"]:
             httpx.delete(f"{server.url}/v1/recursa/sessions/{row['id']}", headers=headers, timeout=20)
     wait_until(lambda: not (repl_processes() - before), what="every session's REPL to be reaped")
@@ -85,7 +87,7 @@ def srv(tmp_path_factory, spans) -> Iterator[BackgroundServer]:
 
 @pytest.fixture(scope="module")
 def client(srv) -> openai.OpenAI:
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0)
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0, default_headers=CLIENT)
 
 
 def ask(client: openai.OpenAI, session: str, question: str, *, messages: list | None = None, **extra: Any):
@@ -196,7 +198,7 @@ def test_a_client_that_leaves_cancels_its_question_and_the_session_goes_on(srv, 
         "messages": [{"role": "user", "content": "RUN: import time\ny = 1\ntime.sleep(20)\nFINAL('late')"}],
         "recursa": {"session": "leaver"},
     }
-    headers = {"Authorization": f"Bearer {KEY}"}
+    headers = {"Authorization": f"Bearer {KEY}", **CLIENT}
     with pytest.raises(httpx.TimeoutException):
         httpx.post(f"{srv.url}/v1/chat/completions", json=body, headers=headers, timeout=1.0)
     started = time.perf_counter()
@@ -224,9 +226,10 @@ def test_delete_closes_a_session_even_in_the_middle_of_a_question(srv, client):
     thread = threading.Thread(target=long_question)
     thread.start()
     sessions = srv.app.state.service.sessions
-    wait_until(lambda: sessions.open["doomed"].current is not None, what="the question to start")
-    headers = {"Authorization": f"Bearer {KEY}"}
-    assert httpx.delete(f"{srv.url}/v1/recursa/sessions/doomed").status_code == 401
+    (doomed,) = [h for h in sessions.open.values() if h.id == "doomed"]
+    wait_until(lambda: doomed.current is not None, what="the question to start")
+    headers = {"Authorization": f"Bearer {KEY}", **CLIENT}
+    assert httpx.delete(f"{srv.url}/v1/recursa/sessions/doomed", headers=CLIENT).status_code == 401
     r = httpx.delete(f"{srv.url}/v1/recursa/sessions/doomed", headers=headers, timeout=20)
     assert r.status_code == 200 and r.json()["deleted"] is True
     thread.join(20)
@@ -243,7 +246,9 @@ def test_delete_closes_a_session_even_in_the_middle_of_a_question(srv, client):
 def test_an_idle_session_expires_and_its_repl_is_reaped(tmp_path):
     baseline = repl_processes()
     with BackgroundServer(create_app(_settings(tmp_path, session_ttl_s=0.3))) as server:
-        c = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        c = openai.OpenAI(
+            base_url=server.url + "/v1", api_key="unused", max_retries=0, default_headers=CLIENT
+        )
         ask(c, "ttl", "RUN: kept = 1\nFINAL('open')", context="ctx")
         repl = repl_processes() - baseline
         assert repl, "the session's REPL is not running"
@@ -256,7 +261,9 @@ def test_an_idle_session_expires_and_its_repl_is_reaped(tmp_path):
 def test_the_cap_answers_429_and_shutdown_reaps_every_session(tmp_path):
     baseline = repl_processes()
     with BackgroundServer(create_app(_settings(tmp_path, max_sessions=2))) as server:
-        c = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        c = openai.OpenAI(
+            base_url=server.url + "/v1", api_key="unused", max_retries=0, default_headers=CLIENT
+        )
         ask(c, "a", "RUN: FINAL('a')", context="ctx a")
         ask(c, "b", "RUN: FINAL('b')", context="ctx b")
         with pytest.raises(openai.RateLimitError) as err:
@@ -269,7 +276,7 @@ def test_the_cap_answers_429_and_shutdown_reaps_every_session(tmp_path):
         )
         assert plain.choices[0].message.content == "p"
         assert ask(c, "a", "RUN: FINAL('again')")[0] == "again"
-        assert httpx.delete(server.url + "/v1/recursa/sessions/b").status_code == 200
+        assert httpx.delete(server.url + "/v1/recursa/sessions/b", headers=CLIENT).status_code == 200
         assert ask(c, "c", "RUN: FINAL('c')", context="ctx c")[0] == "c"
         repl = repl_processes() - baseline
         assert repl
@@ -279,7 +286,9 @@ def test_the_cap_answers_429_and_shutdown_reaps_every_session(tmp_path):
 
 def test_sessions_can_be_turned_off(tmp_path):
     with BackgroundServer(create_app(_settings(tmp_path, max_sessions=0))) as server:
-        c = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        c = openai.OpenAI(
+            base_url=server.url + "/v1", api_key="unused", max_retries=0, default_headers=CLIENT
+        )
         with pytest.raises(openai.PermissionDeniedError) as err:
             ask(c, "off", "RUN: FINAL('x')", context="ctx")
         assert err.value.code == "sessions_disabled"

@@ -75,7 +75,13 @@ class LMResponse:
 
 @runtime_checkable
 class LMClient(Protocol):
-    """An async chat model. Implementations must be safe to call concurrently."""
+    """An async chat model. Implementations must be safe to call concurrently.
+
+    This is also what `RLM(model=..., sub_model=...)` accepts in place of a model name (docs/clients.md).
+    For those objects only `complete` is required, and it may be a plain `def` (it then runs in a
+    thread) returning just the reply text (usage is then estimated); `provider` and `model` name the
+    client in usage and traces and let its price be found; recursa does not close it.
+    """
 
     provider: str
     model: str

@@ -17,6 +17,8 @@ ProviderFactory = Callable[..., LMClient]
 _FACTORIES: dict[str, str | ProviderFactory] = {
     "openai": "recursa.lm.openai_client:OpenAIClient",
     "anthropic": "recursa.lm.anthropic_client:AnthropicClient",
+    # "client/<name>" is an LM client object given to RLM(model=...) (lm/custom.py), never built.
+    "client": "recursa.lm.custom:refuse_by_name",
 }
 
 

@@ -13,6 +13,7 @@ from recursa.errors import BudgetExceeded, LMError, RecursaError
 from recursa.lm.base import CallMeta, LMResponse, Message
 from recursa.lm.prices import PriceBook
 from recursa.loop.compaction import WindowTracker, compacted_history, split_for_compaction, summary_prompt
+from recursa.loop.feedback import EMPTY_REPLY_MESSAGE, LAST_CALL_MESSAGE, NO_CODE_MESSAGE, fence_hint
 from recursa.loop.importable import modules_line
 from recursa.loop.options import RunOptions
 from recursa.loop.output import render_turn
@@ -37,21 +38,6 @@ from recursa.usage import Usage
 _REMINDER_CHARS = 500
 # Outputs shown in the trace are folded: the root saw at most max_output_chars of them anyway.
 _TRACE_OUTPUT_CHARS = 20_000
-
-NO_CODE_MESSAGE = (
-    "Your reply had no ```repl code block and no final answer, so nothing ran. Write code in a "
-    "block that starts with ```repl and ends with ``` on a line of its own. When you have the answer, "
-    "write it on a line of its own as FINAL(your answer), with the parentheses, or FINAL_VAR(name) "
-    "for a variable you already assigned in the REPL."
-)
-EMPTY_REPLY_MESSAGE = (
-    "Your reply was empty, so nothing ran. Write code in a ```repl block, or answer with FINAL(...) / "
-    "FINAL_VAR(name)."
-)
-LAST_CALL_MESSAGE = (
-    "You have used all {n} turns. No more code will run. Reply now with your final answer on a line "
-    "of its own: FINAL(your answer), or FINAL_VAR(variable_name) for a value already in the REPL."
-)
 
 
 @dataclass
@@ -111,6 +97,7 @@ class RunEngine:
         self._sent = 0  # messages already stored in the trace: each is written once, not per turn
         self._started = time.perf_counter()
         self._opening: asyncio.Task[tuple[Sandbox, list[str]]] | None = None
+        self._warming: asyncio.Task[None] | None = None
         self._pending: BaseException | None = None  # raised by finish(): a cancellation or a bug
         self._finished = False
 
@@ -178,6 +165,10 @@ class RunEngine:
             prompt_variant=self.prompt_variant,
         )
         self._opening = asyncio.create_task(self._open_sandbox(), name=f"recursa-open-{self.run_id}")
+        if self.config.max_depth > self.depth:
+            # The sub-model's client too (SDK and HTTP imports, ~0.14 s in a fresh process), while
+            # the first root call is out: a first batch of sub-calls would otherwise wait for it.
+            self._warming = asyncio.create_task(self.tree.gateway.warm(self.config.sub_model))
         self.messages = self._opening_messages()
         self._history = list(self.messages)
 
@@ -209,25 +200,20 @@ class RunEngine:
             self.result.error = why
 
     def _fail(self, exc: BaseException) -> None:
-        result = self.result
-        self.done = True
+        """Why the run stopped; a cancellation or a bug is kept for finish() to raise again."""
+        r, self.done = self.result, True
         if isinstance(exc, TimeoutError):
-            result.stop_reason = "timeout"
-            result.error = f"the run's time budget of {self.config.budget.max_seconds:g} s ran out"
+            seconds = self.config.budget.max_seconds
+            r.stop_reason, r.error = "timeout", f"the run's time budget of {seconds:g} s ran out"
         elif isinstance(exc, BudgetExceeded):
-            result.stop_reason = "timeout" if exc.limit == "max_seconds" else "budget"
-            result.error = str(exc)
+            r.stop_reason, r.error = ("timeout" if exc.limit == "max_seconds" else "budget"), str(exc)
         elif isinstance(exc, LMError):
-            result.stop_reason = "error"
-            result.error = f"the root model call failed: {exc}"
+            r.stop_reason, r.error = "error", f"the root model call failed: {exc}"
         elif isinstance(exc, asyncio.CancelledError):
-            result.stop_reason = "cancelled"
-            result.error = "the run was cancelled"
-            self._pending = exc
-        else:  # a sandbox that cannot start, a bug: still a complete trace
-            result.stop_reason = "error"
-            result.error = str(exc) if isinstance(exc, RecursaError) else f"{type(exc).__name__}: {exc}"
-            self._pending = exc
+            r.stop_reason, r.error, self._pending = "cancelled", "the run was cancelled", exc
+        else:
+            r.stop_reason, self._pending = "error", exc
+            r.error = str(exc) if isinstance(exc, RecursaError) else f"{type(exc).__name__}: {exc}"
 
     async def finish(self) -> RLMResult:
         """Close the REPL and write run_end (once). Raises again what stopped the run if that was a
@@ -237,6 +223,8 @@ class RunEngine:
             return result
         self._finished = self.done = True
         pending = self._pending
+        if self._warming is not None and not self._warming.done():
+            self._warming.cancel()
         opening = self._opening
         if opening is not None:
             if not opening.done():
@@ -271,9 +259,11 @@ class RunEngine:
         if not self.done:
             self.cancel(why)
         self._finished = True
-        if not self._opening.done():
-            with contextlib.suppress(RuntimeError):  # its loop may be closed already
-                self._opening.cancel()
+        # A finalizer may run on any thread: each task is cancelled on its own loop.
+        for task in (self._warming, self._opening):
+            if task is not None and not task.done():
+                with contextlib.suppress(RuntimeError):  # that loop may be closed already
+                    task.get_loop().call_soon_threadsafe(task.cancel)
         self._finish(self.result, self._started)
         self.tree.abandon()
 
@@ -330,15 +320,14 @@ class RunEngine:
 
     def _opening_messages(self) -> list[Message]:
         """The system prompt (template, tools, tips) and the first message (question, context facts)."""
+        c = self.config
         settings = PromptSettings(
-            max_depth=self.config.max_depth - self.depth,
-            max_output_chars=self.config.max_output_chars,
-            sub_model_chars=self.config.sub_model_chars,
-            tools_text=tools_text(
-                self.tools(), self.config.sub_tools if self.config.max_depth > self.depth else []
-            ),
-            modules=modules_line(self.config.sandbox, self.config.sandbox_options),
-            models=tuple(self.config.subcall_models()) if self.config.allowed_models else (),
+            max_depth=c.max_depth - self.depth,
+            max_output_chars=c.max_output_chars,
+            sub_model_chars=c.sub_model_chars,
+            tools_text=tools_text(self.tools(), c.sub_tools if c.max_depth > self.depth else []),
+            modules=modules_line(c.sandbox, c.sandbox_options),
+            models=tuple(c.subcall_models()) if c.allowed_models else (),
         )
         template = template_for(self.model, self.config.prompt)
         system = system_prompt(template, self.payload.info, settings)
@@ -514,7 +503,7 @@ class RunEngine:
     async def _run_reply(self, parsed: ParsedReply, turn: int) -> _Outcome:
         if not parsed.code_blocks:
             if parsed.prose_final is None:
-                return _Outcome(None, NO_CODE_MESSAGE + _fence_hint(parsed))
+                return _Outcome(None, NO_CODE_MESSAGE + fence_hint(parsed))
             final = await self._resolve_prose_final(parsed)
             if final is not None:
                 return _Outcome(final, None)
@@ -589,16 +578,3 @@ class RunEngine:
             f"FINAL_VAR({name}) names no variable in the REPL (defined: {listed}). Assign the answer "
             f"to a variable in a ```repl block first, or write FINAL(your answer) for literal text."
         )
-
-
-def _fence_hint(parsed: ParsedReply) -> str:
-    """Why fenced code in the reply did not run, when it had some."""
-    if not parsed.unlabeled_blocks:
-        return ""
-    tags = sorted({f"```{t}" for t in parsed.other_tags if t})
-    bare = sum(1 for t in parsed.other_tags if not t)
-    kinds = ", ".join([*tags, *(["a bare ```"] if bare else [])])
-    return (
-        f" (Your reply had {parsed.unlabeled_blocks} fenced block(s) ({kinds}) that did not run: only "
-        "blocks opened with ```repl or ```python run.)"
-    )

@@ -16,7 +16,9 @@ Replies are read line by line, the way a person reads markdown, not by pairing f
 
 from __future__ import annotations
 
+import ast
 import io
+import json
 import re
 import textwrap
 import tokenize
@@ -39,6 +41,9 @@ _SPECIAL_TOKEN = re.compile(
 )
 _END_OF_SEQUENCE = re.compile(r"[ \t]*</s>[ \t]*$", re.M)
 _HARMONY_FINAL = "<|channel|>final<|message|>"
+_PYTHON_TAG = re.compile(r"<\|python_tag\|>(.*?)(?:<\|eom_id\|>|<\|eot_id\|>|\Z)", re.DOTALL)
+_TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*(?:</tool_call>|\Z)", re.DOTALL)
+_CODE_ARGS = ("code", "source", "python", "script", "input")
 _THINK = re.compile(r"<(think|thinking|reasoning)>(.*?)</\1>", re.DOTALL | re.IGNORECASE)
 _THINK_CLOSE_ONLY = re.compile(r"^(.*?)</(?:think|thinking|reasoning)>", re.DOTALL | re.IGNORECASE)
 
@@ -125,9 +130,44 @@ def _clean(reply: str) -> tuple[str, list[str]]:
             f"{skipped} code block(s) inside your <think> reasoning did not run: only code in the reply "
             "itself runs."
         )
+    reply = _tool_calls_as_code(reply, notes)
     reply = _SPECIAL_TOKEN.sub("", reply)
     reply = _END_OF_SEQUENCE.sub("", reply)
     return reply, notes
+
+
+def _tool_calls_as_code(reply: str, notes: list[str]) -> str:
+    """Code written in a tool-call format the model was trained on becomes a ```python block: Llama's
+    code interpreter (<|python_tag|>code<|eom_id|>) and Hermes/Qwen <tool_call> JSON whose arguments
+    hold code. Other tool calls do not run here, and the model is told."""
+
+    def python_tag(match: re.Match[str]) -> str:
+        return f"\n```python\n{match.group(1).strip()}\n```\n"
+
+    def tool_call(match: re.Match[str]) -> str:
+        try:
+            call = json.loads(match.group(1))
+        except ValueError:
+            call = None
+        args = call.get("arguments") if isinstance(call, dict) else None
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                args = {"code": args}
+        code = next(
+            (args[k] for k in _CODE_ARGS if isinstance(args, dict) and isinstance(args.get(k), str)), None
+        )
+        if code is None:
+            notes.append(
+                "Your reply made a tool call (<tool_call>), which does nothing here: there are no tools to "
+                "call this way. Write Python in a ```repl block instead."
+            )
+            return ""
+        return f"\n```python\n{code.strip()}\n```\n"
+
+    reply = _PYTHON_TAG.sub(python_tag, reply)
+    return _TOOL_CALL.sub(tool_call, reply)
 
 
 def _count_runnable(text: str) -> int:
@@ -357,6 +397,14 @@ def _balanced_argument(text: str, start: int) -> str:
 
 
 def _unquote(text: str) -> str:
+    if text[:1] in ("'", '"') and text[-1:] == text[:1]:
+        # A Python string literal ("He said \\"hi\\"", '\\n'-escaped lines) means what Python reads.
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            value = None
+        if isinstance(value, str):
+            return value
     for quote in ('"""', "'''", '"', "'"):
         if len(text) >= 2 * len(quote) and text.startswith(quote) and text.endswith(quote):
             return text[len(quote) : -len(quote)]

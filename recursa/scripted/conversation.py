@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from recursa.lm.base import Message
 
 _QUESTION_RE = re.compile(r"<question>[ \t]*\n(.*?)\n[ \t]*</question>", re.DOTALL)
-_STEP_RE = re.compile(r"^# step: ([\w-]+)", re.MULTILINE)
+_STEP_RE = re.compile(r"^[ \t]*# step: ([\w-]+)", re.MULTILINE)  # indented: code in a markdown list
 _RESULT_RE = re.compile(r"^RESULT: (.*)$", re.MULTILINE)
 # The engine's last call after the final turn ("... No more code will run ..."), or any nudge like it.
 SOLVING_STEPS = ("solve", "fallback")

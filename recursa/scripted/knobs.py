@@ -9,7 +9,8 @@ from recursa.scripted.policy import Knobs
 
 FAULTS = ("syntax", "loop", "bigprint", "wrong-final")
 
-ROOT_KNOBS = ("fault", "noise", "seed", "batch", "chunk", "recurse", "window", "attention")
+ROOT_KNOBS = ("fault", "noise", "seed", "batch", "chunk", "recurse", "window", "attention", "style")
+STYLES = ("clean", "messy")  # how a root writes its replies (messy: the forms real models use; messy.py)
 ORACLE_KNOBS = ("noise", "seed", "window")
 BASE_KNOBS = ("seed", "window", "attention")
 # GPT-5's input window in tokens: what the scripted models accept before a context-length error.
@@ -30,6 +31,7 @@ class Settings:
     # How many prompt tokens a model reading raw context in its own window attends to fully; past
     # that, facts are noticed with probability (attention / prompt tokens) ** 0.5 (context rot).
     attention: int = 32_000
+    style: str = "clean"
 
 
 def parse_settings(raw: Knobs, allowed: Iterable[str], policy: str) -> Settings:
@@ -51,12 +53,15 @@ def parse_settings(raw: Knobs, allowed: Iterable[str], policy: str) -> Settings:
             recurse=raw.get("recurse", "0").lower() in ("1", "true", "yes", "on"),
             window=_tokens(raw.get("window", str(DEFAULT_WINDOW))),
             attention=_tokens(raw.get("attention", "32000")),
+            style=raw.get("style", "clean").lower(),
         )
     except ValueError as exc:
         raise ValueError(f"bad knob value for scripted model {policy!r}: {exc}") from None
     bad = [f for f in settings.faults if f not in FAULTS]
     if bad:
         raise ValueError(f"unknown fault(s) {', '.join(bad)}; faults: {', '.join(FAULTS)} (join with '+')")
+    if settings.style not in STYLES:
+        raise ValueError(f"unknown style {settings.style!r}; styles: {', '.join(STYLES)}")
     if not 0.0 <= settings.noise <= 1.0:
         raise ValueError(f"noise must be between 0 and 1, got {settings.noise}")
     if settings.batch < 1 or settings.chunk < 1_000:

@@ -9,7 +9,9 @@ root's own name, and the oracle can be the root of a child RLM.
 Knobs (after a colon: "gpt5-like:fault=syntax+loop,noise=0.1"):
 - roots: fault=syntax|loop|bigprint|wrong-final (join several with +), batch=<lines per
   sub-prompt>, chunk=<characters per sub-prompt>, recurse=1 (child RLMs instead of sub-calls),
-  and noise/seed for their answers as a sub-model;
+  style=messy (replies in the forms real models write: ```Python fences, fences in lists,
+  hallucinated output, <think> drafts, `FINAL 345`; see messy.py), and noise/seed for their
+  answers as a sub-model;
 - oracle: noise=<fraction of labels flipped>, seed=<int>;
 - all: window=<prompt tokens accepted, e.g. 272k> (longer prompts fail with a context-length
   error, as a provider's would), and for roots and base-llm attention=<tokens read without loss>.

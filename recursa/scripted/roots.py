@@ -18,6 +18,7 @@ from recursa.lm.base import Message
 from recursa.scripted.conversation import Conversation, read, repl
 from recursa.scripted.generic_code import GENERIC
 from recursa.scripted.knobs import Settings
+from recursa.scripted.messy import messy_reply
 from recursa.scripted.policy import Policy
 from recursa.scripted.strategies import choose
 
@@ -42,7 +43,11 @@ def make_root(persona: str, settings: Settings) -> Policy:
         raise ValueError(f"unknown root persona {persona!r}; known: {', '.join(PERSONA_STYLES)}")
 
     def policy(messages: list[Message]) -> str:
-        return _reply(persona, settings, read(messages))
+        reply = _reply(persona, settings, read(messages))
+        if settings.style == "messy":
+            turn = sum(1 for m in messages if m.get("role") == "assistant")
+            reply = messy_reply(reply, turn, settings.seed)
+        return reply
 
     return policy
 

@@ -122,6 +122,8 @@ class RecursaAgent:
             return PromptResponse(stop_reason="cancelled")
         except RecursaError as exc:
             raise RequestError.invalid_params({"message": str(exc)}) from None
+        except Exception as exc:  # a bug: the client gets its name, not a bare "Internal error"
+            raise RequestError.internal_error({"message": f"{type(exc).__name__}: {exc}"}) from None
         finally:
             session.task = None
         text = result.answer if result.answer else f"(no answer: {result.error or result.stop_reason})"

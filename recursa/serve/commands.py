@@ -104,6 +104,12 @@ def _apply_session_options(settings: ServeSettings, args: argparse.Namespace) ->
 
 def _add_access_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
+        "--api-keys-file",
+        metavar="FILE",
+        help="one client per line, `NAME KEY`: each key is a caller of its own, whose sessions no other "
+        "client can list, join or close (with --api-key or instead of it)",
+    )
+    p.add_argument(
         "--allow-path",
         action="append",
         default=None,
@@ -133,6 +139,7 @@ def _settings(args: argparse.Namespace, roots: list[str]) -> Any:
     # What ServeSettings has no field of its own for goes to every run's RLM(...).
     options = {k: kwargs.pop(k) for k in ("prices", "prompt", "max_output_tokens") if k in kwargs}
     return ServeSettings(
+        api_keys=_read_api_keys(args.api_keys_file) if getattr(args, "api_keys_file", None) else {},
         model=args.model,
         sub_model=kwargs["sub_model"],
         base_url=kwargs["base_url"],
@@ -147,6 +154,28 @@ def _settings(args: argparse.Namespace, roots: list[str]) -> Any:
         on_event=on_event,
         rlm_options=options,
     )
+
+
+def _read_api_keys(path: str) -> dict[str, str]:
+    """`NAME KEY` per line (blank lines and # comments skipped); keys stay out of argv and `ps`."""
+    try:
+        lines = Path(path).expanduser().read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--api-keys-file {path!r} cannot be read: {exc}") from None
+    keys: dict[str, str] = {}
+    for number, line in enumerate(lines, 1):
+        fields = line.split()
+        if not fields or fields[0].startswith("#"):
+            continue
+        if len(fields) != 2 or fields[0] in keys:
+            raise ConfigError(
+                f"--api-keys-file {path!r} line {number}: expected `NAME KEY` with a name used once "
+                "(one client per line)"
+            )
+        keys[fields[0]] = fields[1]
+    if not keys:
+        raise ConfigError(f"--api-keys-file {path!r} names no client; write one `NAME KEY` per line")
+    return keys
 
 
 def _check_model(settings: Any) -> None:
@@ -190,7 +219,7 @@ def _serve(args: argparse.Namespace) -> int:
             ) from None
     app = create_app(settings)
     sock = _listen(args.host, args.port)  # a busy port is reported before the URL is announced
-    if args.host not in LOOPBACK and not settings.api_key:
+    if args.host not in LOOPBACK and not settings.api_key and not settings.api_keys:
         print(
             f"recursa serve: warning: listening on {args.host} without --api-key; anyone who can reach "
             "this port can spend your model budget",
@@ -265,9 +294,8 @@ def _mcp(args: argparse.Namespace) -> int:
         return 0
     import uvicorn
 
-    app = with_bearer_key(
-        server.streamable_http_app(streamable_http_path=args.path, host=args.host), args.api_key
-    )
+    keys = [k for k in (settings.api_key, *settings.api_keys.values()) if k]
+    app = with_bearer_key(server.streamable_http_app(streamable_http_path=args.path, host=args.host), keys)
     print(f"recursa mcp: streamable HTTP at http://{args.host}:{args.port}{args.path}", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

@@ -13,6 +13,7 @@ the host already configured logging).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -21,7 +22,7 @@ from pydantic import BaseModel
 
 from recursa.budget import Budget
 from recursa.errors import RecursaError
-from recursa.loop.tree import new_id
+from recursa.serve.callers import CLIENT_HEADER, identify, new_session_id
 from recursa.serve.request import ApiError, bearer_token, key_matches
 from recursa.serve.runs import LiveRun, RunSpec
 from recursa.serve.sessions import SessionStore
@@ -127,6 +128,7 @@ def build_mcp_server(settings: ServeSettings, *, name: str = "recursa") -> MCPSe
     sessions = SessionStore(settings)
 
     async def recursa_session_open(
+        ctx: Context,
         context_path: str | None = None,
         context_text: str | None = None,
         max_depth: int | None = None,
@@ -137,15 +139,16 @@ def build_mcp_server(settings: ServeSettings, *, name: str = "recursa") -> MCPSe
         if settings.max_sessions == 0:
             raise ToolError("sessions are turned off on this server (--max-sessions 0); use recursa_answer")
         spec = _spec(settings, "(session)", context_path, context_text, max_depth, max_iterations, max_usd)
-        session_id = new_id("mcp")
+        session_id = new_session_id()
+        owner = _owner(settings, ctx)
         key = ("path", str(spec.context)) if context_path is not None else ("inline", None)
         try:
-            handle = sessions.create(session_id, spec, key)
+            handle = sessions.create(owner, session_id, spec, key)
             await handle.session.astart()
         except ApiError as exc:
             raise ToolError(exc.message) from None
         except RecursaError as exc:
-            await sessions.close(session_id)
+            await sessions.close(owner, session_id)
             raise ToolError(f"cannot open the session: {exc}") from None
         trace = handle.session.trace_path
         return SessionInfo(
@@ -156,7 +159,7 @@ def build_mcp_server(settings: ServeSettings, *, name: str = "recursa") -> MCPSe
         """Answer one more question in an open session: same REPL, variables and context as before."""
         if not question.strip():
             raise ToolError("question is empty")
-        handle = sessions.find(session)
+        handle = sessions.find(_owner(settings, ctx), session)
         if handle is None:
             raise ToolError(
                 f"no open session {session!r}: open one with recursa_session_open (sessions close after "
@@ -175,9 +178,9 @@ def build_mcp_server(settings: ServeSettings, *, name: str = "recursa") -> MCPSe
         finally:
             sessions.release(run)
 
-    async def recursa_session_close(session: str) -> bool:
+    async def recursa_session_close(session: str, ctx: Context) -> bool:
         """Close a session and stop its REPL; False if no such session is open."""
-        return await sessions.close(session)
+        return await sessions.close(_owner(settings, ctx), session)
 
     server.add_tool(recursa_answer, name=TOOL_NAME, description=TOOL_DESCRIPTION)
     server.add_tool(recursa_session_open, name="recursa_session_open", description=SESSION_OPEN_DESCRIPTION)
@@ -185,6 +188,18 @@ def build_mcp_server(settings: ServeSettings, *, name: str = "recursa") -> MCPSe
     server.add_tool(recursa_session_close, name="recursa_session_close")
     server.recursa_sessions = sessions  # type: ignore[attr-defined]  (closed by whoever runs the server)
     return server
+
+
+def _owner(settings: ServeSettings, ctx: Context) -> str:
+    """The caller a session belongs to: over HTTP, its key (and X-Recursa-Client secret), as for
+    `recursa serve`; over stdio, the one client that started this process."""
+    headers = ctx.headers
+    if headers is None:
+        return "local"
+    try:
+        return identify(settings, headers.get("authorization", ""), headers.get(CLIENT_HEADER)).owner
+    except ApiError as exc:
+        raise ToolError(exc.message) from None
 
 
 def _spec(
@@ -263,15 +278,19 @@ async def _drive(run: LiveRun, ctx: Context, max_iterations: int) -> Answer:
     )
 
 
-def with_bearer_key(app: Any, api_key: str | None) -> Any:
-    """Wrap an ASGI app so HTTP requests need `Authorization: Bearer <api_key>` (when one is set)."""
-    if not api_key:
+def with_bearer_key(app: Any, api_key: str | Sequence[str] | None) -> Any:
+    """Wrap an ASGI app so HTTP requests need `Authorization: Bearer <key>`, for `api_key` or any
+    of several keys (when one is set)."""
+    keys = [api_key] if isinstance(api_key, str) else [k for k in api_key or () if k]
+    if not keys or not all(keys):
         return app
 
     async def guarded(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             given = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
-            if not key_matches(bearer_token(given), api_key):
+            token = bearer_token(given)
+            # Every key is compared in constant time, so the timing does not tell which one matched.
+            if not [k for k in keys if key_matches(token, k)]:
                 body = b'{"error": "missing or incorrect API key: send Authorization: Bearer <key>"}'
                 await send(
                     {

@@ -24,9 +24,10 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from recursa.errors import ConfigError
+from recursa.serve.callers import CLIENT_HEADER, identify
 from recursa.serve.chat import SESSION_HEADER, ChatService, ClientGone
 from recursa.serve.observe import RUN_STATE_KEY, Metrics, ObserveMiddleware
-from recursa.serve.request import ApiError, bad, bearer_token, key_matches, parse_chat_request, read_capped
+from recursa.serve.request import ApiError, Caller, bad, parse_chat_request, read_capped
 from recursa.serve.settings import ServeSettings
 
 log = logging.getLogger("recursa.serve")
@@ -84,18 +85,9 @@ def create_app(settings: ServeSettings) -> FastAPI:
         body = ApiError(500, f"internal server error ({type(exc).__name__})", type="server_error").body()
         return JSONResponse(body, status_code=500)
 
-    def authorize(request: Request) -> None:
-        if not settings.api_key:
-            return
-        token = bearer_token(request.headers.get("authorization", ""))
-        if token is None:
-            raise ApiError(
-                401,
-                "missing API key: send it as `Authorization: Bearer <key>`",
-                code="invalid_api_key",
-            )
-        if not key_matches(token, settings.api_key):
-            raise ApiError(401, "incorrect API key", code="invalid_api_key")
+    def authorize(request: Request) -> Caller:
+        headers = request.headers
+        return identify(settings, headers.get("authorization", ""), headers.get(CLIENT_HEADER))
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -125,9 +117,10 @@ def create_app(settings: ServeSettings) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
-        authorize(request)
+        caller = authorize(request)
         body = await _read_json(request, settings.max_context_bytes)
         req = parse_chat_request(body, settings)
+        req.caller = caller
         run = await service.prepare(req)
         setattr(request.state, RUN_STATE_KEY, run)  # the access log names its run
         if req.stream:
@@ -145,14 +138,15 @@ def create_app(settings: ServeSettings) -> FastAPI:
 
     @app.get("/v1/recursa/sessions")
     async def sessions(request: Request) -> dict[str, Any]:
-        authorize(request)
-        service.sessions.expire()
-        return {"object": "list", "data": [h.describe() for h in service.sessions.open.values()]}
+        caller = authorize(request)
+        # Under a key several people may share, an id is the only thing that guards a session.
+        owned = service.sessions.owned_by(caller.owner)
+        return {"object": "list", "data": [h.describe(with_id=caller.private) for h in owned]}
 
     @app.delete("/v1/recursa/sessions/{session_id}")
     async def close_session(session_id: str, request: Request) -> dict[str, Any]:
-        authorize(request)
-        if not await service.sessions.close(session_id):
+        caller = authorize(request)
+        if not await service.sessions.close(caller.owner, session_id):
             raise ApiError(
                 404, f"no open session {session_id!r} (it may have expired)", code="session_not_found"
             )

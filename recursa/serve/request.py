@@ -41,6 +41,7 @@ RECURSA_KEYS = (
 )
 SETTING_KEYS = frozenset(("max_depth", "max_iterations", "budget", *BUDGET_KEYS))
 _SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+NEW_SESSION = "new"  # recursa.session "new": the server picks an unguessable id and returns it
 
 
 def bearer_token(authorization: str) -> str | None:
@@ -72,6 +73,15 @@ async def read_capped(
     return b"".join(parts)
 
 
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request (recursa.serve.callers decides): its sessions' namespace, and whether it
+    is one client's own identity or a key that several people may share."""
+
+    owner: str  # names and digests only, never a secret
+    private: bool
+
+
 @dataclass
 class ChatRequest:
     model: str
@@ -91,6 +101,7 @@ class ChatRequest:
     explicit: str | None = None  # "context", "context_path" or "context_url" when one was given
     docs: list[tuple[str, str]] = field(default_factory=list)  # (role or "file", "[header]\n text")
     sent: frozenset[str] = frozenset()  # the recursa option names the request gave
+    caller: Caller = Caller("open", False)  # who sent it (the server sets it)
     shape: AnswerShape = field(default_factory=AnswerShape)  # response_format, sampling, stop, ...
 
 
@@ -277,7 +288,8 @@ def _session_id(value: Any) -> str | None:
     if not isinstance(value, str) or not _SESSION_ID.fullmatch(value):
         raise bad(
             "recursa.session must be an id of 1 to 128 letters, digits and . _ : - "
-            "(pick a random one, e.g. a UUID, and send it with every question of the session)",
+            '(send "new" and the server picks one, returned in recursa.session; or pick a random one, '
+            "e.g. a UUID4, and send it with every question of the session)",
             "recursa.session",
         )
     return value

@@ -1,8 +1,10 @@
 """Server sessions: several chat requests answered over one context, in one REPL that keeps its
-variables between them (recursa.session.Session behind an id the client picks).
+variables between them (recursa.session.Session behind an id), each in its caller's namespace.
 
 A client opts in with `extra_body={"recursa": {"session": "<id>"}}`:
-- the first request with a new id opens the session: its context (from the messages or a
+- the first request with a new id (or "new": the server picks an unguessable one) opens the
+  session, which belongs to the request's caller (recursa.serve.callers): no other caller can
+  list, join or close it: its context (from the messages or a
   `recursa.context*` option) and its limits (`max_depth`, `max_iterations`, budget) are the
   session's for good; each question gets a fresh budget with those caps;
 - a later request with that id is the next question: its last user message (or
@@ -26,7 +28,8 @@ from typing import Any
 
 from recursa.errors import RecursaError
 from recursa.result import RLMResult
-from recursa.serve.request import SETTING_KEYS, ApiError, ChatRequest, bad
+from recursa.serve.callers import MIN_SHARED_SESSION_ID, new_session_id
+from recursa.serve.request import NEW_SESSION, SETTING_KEYS, ApiError, ChatRequest, bad
 from recursa.serve.runs import LiveRun, RunSpec, build_rlm
 from recursa.serve.settings import EventCallback, ServeSettings
 from recursa.serve.sources import check_path
@@ -40,12 +43,14 @@ class ServedSession:
 
     def __init__(
         self,
+        owner: str,
         session_id: str,
         settings: ServeSettings,
         spec: RunSpec,
         key: ContextKey,
         docs: list[tuple[str, str]] | None,
     ) -> None:
+        self.owner = owner  # the caller it belongs to (recursa.serve.callers)
         self.id = session_id
         self.settings = settings
         self.limits = (spec.max_depth, spec.max_iterations, spec.budget)
@@ -96,10 +101,10 @@ class ServedSession:
             await self.current.cancel()
         await self.session.aclose()
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self, *, with_id: bool = True) -> dict[str, Any]:
         trace = self.session.trace_path
         return {
-            "id": self.id,
+            "id": self.id if with_id else None,
             "object": "recursa.session",
             "questions": len(self.session.history),
             "busy": self.users > 0,
@@ -113,7 +118,8 @@ class SessionStore:
 
     def __init__(self, settings: ServeSettings) -> None:
         self.settings = settings
-        self.open: dict[str, ServedSession] = {}
+        # (owner, id): a caller sees only its own; two callers' equal ids are different sessions.
+        self.open: dict[tuple[str, str], ServedSession] = {}
         self._reaper: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()
 
@@ -129,11 +135,22 @@ class SessionStore:
                 param="recursa.session",
                 code="sessions_disabled",
             )
-        handle = self.find(req.session)
+        caller = req.caller
+        if req.session == NEW_SESSION:
+            req.session = new_session_id()
+        handle = self.find(caller.owner, req.session)
         if handle is None:
+            if not caller.private and len(req.session) < MIN_SHARED_SESSION_ID:
+                raise bad(
+                    f"a new session's id must be hard to guess on a server whose key is shared (at least "
+                    f"{MIN_SHARED_SESSION_ID} random characters, e.g. a UUID4); or send "
+                    f'"session": "{NEW_SESSION}" and use the id the response returns',
+                    "recursa.session",
+                    "session_id_too_short",
+                )
             self._check_room()
             context = await resolve(req)
-            handle = self.find(req.session)  # another request may have opened it meanwhile
+            handle = self.find(caller.owner, req.session)  # another request may have opened it meanwhile
             if handle is None:
                 handle = self._open(req, context)
                 return self._run(handle, req.question, req)
@@ -158,18 +175,23 @@ class SessionStore:
             docs = _fingerprints(made_of)
         spec = RunSpec(req.question, context, req.max_depth, req.max_iterations, req.budget)
         spec.root_sampling = dict(req.shape.sampling)
-        return self.create(req.session, spec, self._key(req), docs)
+        return self.create(req.caller.owner, req.session, spec, self._key(req), docs)
 
     def create(
-        self, session_id: str, spec: RunSpec, key: ContextKey, docs: list[tuple[str, str]] | None = None
+        self,
+        owner: str,
+        session_id: str,
+        spec: RunSpec,
+        key: ContextKey,
+        docs: list[tuple[str, str]] | None = None,
     ) -> ServedSession:
-        """Open a session under `session_id` (the chat API and the MCP tools both come here)."""
+        """Open `owner`'s session `session_id` (the chat API and the MCP tools both come here)."""
         self._check_room()
         try:
-            handle = ServedSession(session_id, self.settings, spec, key, docs)
+            handle = ServedSession(owner, session_id, self.settings, spec, key, docs)
         except (RecursaError, ValueError) as exc:
             raise ApiError(400, f"cannot start the session: {exc}", code="invalid_run_settings") from None
-        self.open[session_id] = handle
+        self.open[(owner, session_id)] = handle
         if self._reaper is None or self._reaper.done():
             self._reaper = asyncio.create_task(self._reap(), name="recursa-session-reaper")
         return handle
@@ -229,9 +251,14 @@ class SessionStore:
             )
         return req.asked
 
-    def find(self, session_id: str) -> ServedSession | None:
+    def find(self, owner: str, session_id: str) -> ServedSession | None:
+        """`owner`'s open session `session_id`; another caller's is None, as if it did not exist."""
         self.expire()
-        return self.open.get(session_id)
+        return self.open.get((owner, session_id))
+
+    def owned_by(self, owner: str) -> list[ServedSession]:
+        self.expire()
+        return [h for (o, _), h in self.open.items() if o == owner]
 
     # -- admission (the chat service holds a session's lock around each of its runs) -----------
     def admitted(self, run: LiveRun) -> None:
@@ -255,16 +282,16 @@ class SessionStore:
         handle.users -= 1
         handle.last_used = time.monotonic()
         handle.lock.release()
-        if handle.broken and self.open.get(handle.id) is handle:
-            del self.open[handle.id]
+        if handle.broken and self.open.get((handle.owner, handle.id)) is handle:
+            del self.open[(handle.owner, handle.id)]
             self._close_later(handle)
 
     # -- closing -------------------------------------------------------------------------------
     def expire(self) -> None:
         ttl = self.settings.session_ttl_s
-        for sid, handle in list(self.open.items()):
+        for where, handle in list(self.open.items()):
             if handle.users == 0 and handle.idle_s() > ttl:
-                del self.open[sid]
+                del self.open[where]
                 self._close_later(handle)
 
     def _close_later(self, handle: ServedSession) -> None:
@@ -273,8 +300,8 @@ class SessionStore:
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
-    async def close(self, session_id: str) -> bool:
-        handle = self.open.pop(session_id, None)
+    async def close(self, owner: str, session_id: str) -> bool:
+        handle = self.open.pop((owner, session_id), None)
         if handle is None:
             return False
         await handle.shut()

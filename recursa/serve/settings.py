@@ -27,7 +27,9 @@ class ServeSettings:
     sub_model: str | None = None
     base_url: str | None = None
     upstream_api_key: str | None = field(default=None, repr=False)  # for the model provider
-    api_key: str | None = field(default=None, repr=False)  # the bearer key clients must send
+    api_key: str | None = field(default=None, repr=False)  # one bearer key, shared by its holders
+    # Client name -> that client's own bearer key: each is a caller of its own (recursa.serve.callers).
+    api_keys: dict[str, str] = field(default_factory=dict, repr=False)
     served_model_name: str = "recursa"
     max_depth: int = 1
     max_iterations: int = 30
@@ -63,6 +65,13 @@ class ServeSettings:
             raise ConfigError("max_sessions must be >= 0 (0 turns sessions off)")
         if not self.session_ttl_s > 0:
             raise ConfigError("session_ttl_s must be a positive number of seconds")
+        keys = list(self.api_keys.values()) + ([self.api_key] if self.api_key else [])
+        if any(not isinstance(k, str) or not k for k in keys) or any(not n for n in self.api_keys):
+            raise ConfigError("api_keys must map client names to non-empty keys")
+        if len(set(keys)) != len(keys):
+            raise ConfigError(
+                "every client needs its own key: api_keys (and api_key) hold the same key twice"
+            )
         if self.max_depth > self.max_depth_limit:
             self.max_depth_limit = self.max_depth
 

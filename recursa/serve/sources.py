@@ -7,7 +7,7 @@ import os
 from pathlib import Path, PurePosixPath
 
 from recursa.confined import ConfinedPath
-from recursa.serve.request import ApiError
+from recursa.serve.api_error import ApiError
 
 
 def check_path(raw: str, roots: tuple[Path, ...], *, flag: str = "--allow-path") -> ConfinedPath:

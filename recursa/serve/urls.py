@@ -21,7 +21,8 @@ import socket
 
 import httpx
 
-from recursa.serve.request import ApiError, read_capped
+from recursa.serve.api_error import ApiError
+from recursa.serve.request import read_capped
 
 MAX_REDIRECTS = 5
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})

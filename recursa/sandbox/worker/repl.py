@@ -40,6 +40,7 @@ class Repl:
         # long as code from it (functions it defined) does.
         self._sources: weakref.WeakKeyDictionary[Any, list[str]] = weakref.WeakKeyDictionary()
         self._answer: dict[str, Any] = {"content": None, "ready": False}
+        self._answer_is_users = False  # the code bound `answer` to a value of its own (see _restore_reserved)
         self._tool_ns: dict[str, Any] | None = None  # globals of sandbox tools, made on first use
         self.ns: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
         self._reserved = self._make_reserved()
@@ -178,7 +179,9 @@ class Repl:
         return sorted(
             n
             for n, v in self.ns.items()
-            if not n.startswith("_") and n not in self._reserved and type(v) is not type(sys)
+            if not n.startswith("_")
+            and (n not in self._reserved or (n == "answer" and v is not self._answer))
+            and type(v) is not type(sys)
         )
 
     # -- output ----------------------------------------------------------------------------------
@@ -290,13 +293,29 @@ class Repl:
 
     def _restore_reserved(self) -> list[str]:
         restored = []
-        current_answer = self.ns.get("answer")
-        if current_answer is not self._answer and isinstance(current_answer, dict):
-            # `answer = {"content": ..., "ready": True}` is a fair way to answer: adopt, don't scold.
-            self._answer.clear()
-            self._answer.update(current_answer)
-            self.ns["answer"] = self._answer
+        current_answer = self.ns.get("answer", _MISSING)
+        if current_answer is not self._answer and current_answer is not _MISSING:
+            if isinstance(current_answer, dict) and (
+                "content" in current_answer or "ready" in current_answer
+            ):
+                # `answer = {"content": ..., "ready": True}` is a fair way to answer: adopt, don't scold.
+                self._answer.clear()
+                self._answer.update(current_answer)
+                self.ns["answer"] = self._answer
+            elif not self._answer_is_users:
+                # `answer = 42` (the paper's own prompt writes `answer = llm_query(...)`): the model's
+                # variable, kept as it is and returned by FINAL_VAR("answer"). The dict protocol is
+                # set aside until the name is free again (`del answer`).
+                self._answer_is_users = True
+                self._notes.append(
+                    '`answer` now holds your own value, kept as it is: FINAL_VAR("answer") returns it. '
+                    "(The answer dict protocol is off until you `del answer`.)"
+                )
+        if current_answer is _MISSING or current_answer is self._answer:
+            self._answer_is_users = False
         for name, value in self._reserved.items():
+            if name == "answer" and self._answer_is_users:
+                continue
             if self.ns.get(name, _MISSING) is not value:
                 self.ns[name] = value
                 restored.append(name)

@@ -1,0 +1,34 @@
+"""What the root is told when a reply did not move the run on: no code, an empty reply, fenced code
+that did not run, or the last call for an answer."""
+
+from __future__ import annotations
+
+from recursa.loop.parse import ParsedReply
+
+NO_CODE_MESSAGE = (
+    "Your reply had no ```repl code block and no final answer, so nothing ran. Write code in a "
+    "block that starts with ```repl and ends with ``` on a line of its own. When you have the answer, "
+    "write it on a line of its own as FINAL(your answer), with the parentheses, or FINAL_VAR(name) "
+    "for a variable you already assigned in the REPL."
+)
+EMPTY_REPLY_MESSAGE = (
+    "Your reply was empty, so nothing ran. Write code in a ```repl block, or answer with FINAL(...) / "
+    "FINAL_VAR(name)."
+)
+LAST_CALL_MESSAGE = (
+    "You have used all {n} turns. No more code will run. Reply now with your final answer on a line "
+    "of its own: FINAL(your answer), or FINAL_VAR(variable_name) for a value already in the REPL."
+)
+
+
+def fence_hint(parsed: ParsedReply) -> str:
+    """Why fenced code in the reply did not run, when it had some."""
+    if not parsed.unlabeled_blocks:
+        return ""
+    tags = sorted({f"```{t}" for t in parsed.other_tags if t})
+    bare = sum(1 for t in parsed.other_tags if not t)
+    kinds = ", ".join([*tags, *(["a bare ```"] if bare else [])])
+    return (
+        f" (Your reply had {parsed.unlabeled_blocks} fenced block(s) ({kinds}) that did not run: only "
+        "blocks opened with ```repl or ```python run.)"
+    )

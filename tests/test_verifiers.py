@@ -1,0 +1,98 @@
+"""The verifiers adapter: plugin loading, the family reward, and verifiers' own ACP session code
+driving `recursa acp` against the fake server.
+
+verifiers pins mcp==2.0.0 and openai 2.x, so these tests run in their own environment
+(.ci/run makes it); elsewhere they skip. What is not run here: a whole `Env.run_episode`, which
+puts verifiers' interception server between the agent and the model (it records the model calls a
+rollout must commit) and installs its ACP runner with uv; the runner itself is run below.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("verifiers.v1", reason="verifiers is not installed here (pip install recursa[verifiers])")
+pytest.importorskip("acp", reason="agent-client-protocol is not installed (pip install recursa[acp])")
+
+from verifiers.v1.configs.agent import AgentConfig
+from verifiers.v1.runtimes.subprocess import SubprocessConfig, SubprocessRuntime
+from verifiers.v1.trace import AgentInfo, Trace, TraceTask
+from verifiers.v1.utils.loaders import harness_class, taskset_class
+
+from recursa.integrations import verifiers as adapter
+from recursa.tasks import generate
+from recursa.testing.fake_server import FakeServer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class LocalRuntime(SubprocessRuntime):
+    """verifiers' subprocess runtime, with its ACP runner run by this interpreter (which has the
+    runner's two dependencies) instead of a uv environment made from the network."""
+
+    async def prepare_uv_script(self, script, env=None, *, activate=True):
+        path = Path(self.workdir) / "acp_runner.py"
+        path.write_text(script if isinstance(script, str) else script.decode())
+        return [sys.executable, str(path)]
+
+
+def code(text: str) -> str:
+    return f"```repl\n{text}\n```"
+
+
+def test_plugin_ids_resolve_to_the_harness_and_taskset() -> None:
+    assert harness_class(adapter.PLUGIN_ID) is adapter.RecursaHarness
+    assert taskset_class(adapter.PLUGIN_ID) is adapter.RecursaTaskset
+    taskset = adapter.RecursaTaskset(
+        adapter.RecursaTasksetConfig(id=adapter.PLUGIN_ID, seeds=[1, 2], size_chars=3_000)
+    )
+    tasks = list(taskset)
+    assert [t.data.seed for t in tasks] == [1, 2] and all(t.data.family == "niah" for t in tasks)
+    assert generate("niah", 3_000, 1).question in tasks[0].data.prompt
+
+
+async def test_family_scorer_is_the_reward() -> None:
+    task = next(
+        iter(adapter.RecursaTaskset(adapter.RecursaTasksetConfig(id=adapter.PLUGIN_ID, size_chars=3_000)))
+    )
+    gold = generate("niah", 3_000, 0).gold
+    assert await task.family_score(SimpleNamespace(root_reply=f" {gold} ")) == 1.0
+    assert await task.family_score(SimpleNamespace(root_reply="no idea")) == 0.0
+
+
+async def test_verifiers_acp_session_runs_recursa_acp(server: FakeServer, script, tmp_path: Path) -> None:
+    script.root("policy", code("print(len(context))"), "FINAL(swordfish)")
+    config = adapter.RecursaHarnessConfig(
+        command=[sys.executable, "-m", "recursa.cli", "acp", "--trace-dir", str(tmp_path)],
+        env={"PYTHONPATH": str(ROOT)},
+        max_iterations=5,
+    )
+    harness = adapter.RecursaHarness(config)
+    runtime = LocalRuntime(SubprocessConfig(), name=f"recursa-{os.getpid()}-{tmp_path.name}")
+    await runtime.start()
+    data = adapter.RecursaTaskData(
+        prompt="What is the password? It is swordfish.", family="niah", size_chars=1, seed=0
+    )
+    trace = Trace(task=TraceTask(type="RecursaTask", data=data), agent=AgentInfo(config=AgentConfig()))
+    ctx = SimpleNamespace(model="policy")
+    acp_config = await harness.prepare_acp(ctx, trace, runtime, server.base_url, "rollout-secret", {}, data)
+    meta = acp_config.session_meta[adapter.RUNTIME_KEY]
+    assert meta["model"] == "openai/policy" and meta["base_url"] == server.base_url
+    session = await harness.session(ctx, trace, runtime, server.base_url, "rollout-secret", {}, data)
+    try:
+        # The rollout must commit model calls through verifiers' interception server; here the
+        # model is reached directly, so the session says so after the turn has completed.
+        with pytest.raises(RuntimeError, match="without committing a model turn"):
+            await session._run(None)
+    finally:
+        await session.close()
+    assert trace.root_reply == "swordfish"
+    assert trace.metrics["recursa_iterations"] == 2.0 and trace.metrics["recursa_llm_calls"] == 2.0
+    first = server.requests[0]
+    assert first.model == "policy" and first.headers["x-rlm-depth"] == "0"
+    assert first.headers["authorization"] == "<redacted>"
