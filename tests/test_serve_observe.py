@@ -71,13 +71,16 @@ def test_access_log_has_a_line_per_request_without_key_or_context(tmp_path, acce
         missing = httpx.get(srv.url + "/v1/nothing?token=abc")
     assert ok.status_code == 200 and streamed.status_code == 200
     assert refused.status_code == 401 and missing.status_code == 404
-    lines = access_lines
-    assert len(lines) == 4
+    # A line is written once the last byte is sent, which may be after the client already has the
+    # answer and moved on: the order between requests is not fixed.
+    lines = sorted(access_lines)
+    assert len(lines) == 4, lines
     run_id = ok.json()["recursa"]["run_id"]
-    assert lines[0].startswith("POST /v1/chat/completions 200 ") and lines[0].endswith(f"run={run_id}")
-    assert lines[1].startswith("POST /v1/chat/completions 200 ") and " run=run_" in lines[1]
-    assert lines[2].startswith("GET /v1/models 401 ") and "run=" not in lines[2]
-    assert lines[3].startswith("GET /v1/nothing 404 ")  # the path without its query
+    posts = [line for line in lines if line.startswith("POST /v1/chat/completions 200 ")]
+    assert len(posts) == 2 and any(line.endswith(f"run={run_id}") for line in posts)
+    assert all(" run=run_" in line for line in posts)
+    assert [line for line in lines if line.startswith("GET /v1/models 401 ") and "run=" not in line]
+    assert [line for line in lines if line.startswith("GET /v1/nothing 404 ")]  # the path without its query
     for line in lines:
         assert KEY not in line and "wrong-key" not in line and SECRET_CONTEXT not in line
         assert "token=abc" not in line
