@@ -259,12 +259,11 @@ class RunEngine:
         if not self.done:
             self.cancel(why)
         self._finished = True
-        if self._warming is not None and not self._warming.done():
-            with contextlib.suppress(RuntimeError):  # its loop may be closed already
-                self._warming.cancel()
-        if not self._opening.done():
-            with contextlib.suppress(RuntimeError):  # its loop may be closed already
-                self._opening.cancel()
+        # A finalizer may run on any thread: each task is cancelled on its own loop.
+        for task in (self._warming, self._opening):
+            if task is not None and not task.done():
+                with contextlib.suppress(RuntimeError):  # that loop may be closed already
+                    task.get_loop().call_soon_threadsafe(task.cancel)
         self._finish(self.result, self._started)
         self.tree.abandon()
 
