@@ -57,13 +57,17 @@ def access_lines() -> Iterator[list[str]]:
             lines.append(record.getMessage())
 
     logger = logging.getLogger("recursa.serve.access")
-    old = logger.level
+    old = logger.level, logger.disabled
     logger.setLevel(logging.INFO)  # setLevel, not an attribute: it also clears isEnabledFor's cache
+    # A logging.config.dictConfig call elsewhere in the test process (import-linter's, in
+    # test_layout.py) disables every logger that existed then, this one included.
+    logger.disabled = False
     handler = Catch()
     logger.addHandler(handler)
     yield lines
     logger.removeHandler(handler)
-    logger.setLevel(old)
+    logger.setLevel(old[0])
+    logger.disabled = old[1]
 
 
 def test_access_log_has_a_line_per_request_without_key_or_context(tmp_path, access_lines):
