@@ -3,7 +3,8 @@ fake server (0.2 s per request, 64 slots) running in its own process, as a real 
 would. Prints the batch's wall time (from the trace's exec event) against the ideal
 ceil(N / slots) * latency, and the same for a plain `llm_query` loop and for 16 user threads.
 
-    python benchmarks/fanout.py [--sizes 16,64,256,1024] [--latency 0.2] [--slots 64]
+    python benchmarks/fanout.py [--sizes 16,64,256,1024] [--latency 0.2] [--slots 64] [--concurrency 64]
+        [--repeat 1]
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def serve(port: int, latency: float, slots: int) -> None:
         sys.stdin.read()  # until the parent closes our stdin
 
 
-def measure(base_url: str, pattern: str, n: int) -> float:
+def measure(base_url: str, pattern: str, n: int, concurrency: int = 64) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         rlm = RLM(
             "openai/bench-root",
@@ -56,7 +57,7 @@ def measure(base_url: str, pattern: str, n: int) -> float:
             base_url=base_url,
             api_key="local",
             trace_dir=tmp,
-            max_concurrency=1024,
+            max_concurrency=concurrency,
         )
         result = rlm.run(f"{pattern}:{n}", "x" * 1000)
         assert isinstance(result.value, list) and len(result.value) == n, result
@@ -68,6 +69,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="16,64,256,1024")
     ap.add_argument("--latency", type=float, default=0.2)
     ap.add_argument("--slots", type=int, default=64)
+    ap.add_argument("--concurrency", type=int, default=64, help="RLM(max_concurrency=...), recursa's default")
+    ap.add_argument("--repeat", type=int, default=1, help="rows per pattern and size")
     ap.add_argument("--loop-size", type=int, default=64, help="prompts for the llm_query loop row")
     ap.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -96,13 +99,16 @@ def main() -> None:
         assert server.stdout is not None and server.stdout.readline().strip() == "ready"
         base_url = f"http://127.0.0.1:{port}/v1"
         measure(base_url, "batched", 4)  # warm-up: imports, first connections
-        print(f"fan-out through the openai SDK, {args.latency} s per request, {args.slots} server slots")
+        print(
+            f"fan-out through the openai SDK, {args.latency} s per request, {args.slots} server slots, "
+            f"max_concurrency={args.concurrency}; each row a fresh RLM in a warm process"
+        )
         print(f"{'pattern':>10} {'prompts':>8} {'wall s':>8} {'ideal s':>8} {'ratio':>6}")
-        rows = [("batched", n) for n in map(int, args.sizes.split(","))]
+        rows = [("batched", n) for n in map(int, args.sizes.split(",")) for _ in range(args.repeat)]
         rows += [("threads", args.loop_size), ("loop", args.loop_size)]
         for pattern, n in rows:
             started = time.perf_counter()
-            wall = measure(base_url, pattern, n)
+            wall = measure(base_url, pattern, n, args.concurrency)
             ideal = (
                 n if pattern == "loop" else math.ceil(n / (16 if pattern == "threads" else args.slots))
             ) * args.latency

@@ -98,7 +98,8 @@ class Sampler(threading.Thread):
     @staticmethod
     def sample() -> dict[str, int]:
         me = os.getpid()
-        # A child between vfork and exec shares this process's memory and reports all of it.
+        # A child between vfork and exec shares this process's memory (the context string
+        # included) and reports all of it: counted, it read as a second copy of the context.
         kids = [p for p in _descendants(me) if _cmdline(p) != _cmdline(me)]
         worker = sum(_pss(p) for p in kids)
         host, memfd = _pss(me), _memfd_bytes([me, *kids])

@@ -65,7 +65,7 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     assert "recursa run" in cli_page and "--max-depth" in cli_page
 
 
-RLM_KEYWORDS = re.compile(r"\bRLM\(([^()]*(?:\([^()]*\)[^()]*)*)\)", re.DOTALL)
+RLM_KEYWORDS = re.compile(r"(?<!\.)\bRLM\(([^()]*(?:\([^()]*\)[^()]*)*)\)", re.DOTALL)  # not dspy.RLM(...)
 
 
 def test_rlm_keywords_in_the_docs_exist() -> None:

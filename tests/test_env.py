@@ -256,6 +256,25 @@ async def test_dropped_episode_is_reaped_by_garbage_collection(
     await env.aclose()
 
 
+async def test_episode_dropped_before_its_first_step_leaks_nothing(
+    sub_server: FakeServer, tmp_path: Path
+) -> None:
+    env = make_env(sub_server, tmp_path)
+    for _ in range(3):
+        episode = await env.start("q?", CONTEXT)  # its REPL is still starting
+        path = episode.trace_path
+        del episode
+        gc.collect()
+        assert load(path).events[-1]["type"] == "run_end"
+    for _ in range(50):  # the cancelled start-ups finish on the loop
+        await asyncio.sleep(0.02)
+        gc.collect()
+        if env.live_repls == 0:
+            break
+    assert env.live_repls == 0
+    await env.aclose()
+
+
 def test_interpreter_exit_reaps_an_open_episode(server: FakeServer, tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""

@@ -23,7 +23,7 @@ import pytest
 
 import recursa.loop.tree as tree_module
 from recursa import RLM, Budget
-from recursa.sandbox import Hardening
+from recursa.sandbox import Hardening, cgroups
 from recursa.sandbox.bwrap import find_bwrap
 from recursa.sandbox.proc import processes
 from recursa.sandbox.worker.landlock import landlock_abi
@@ -316,8 +316,8 @@ def test_killing_the_parent_or_other_host_processes(server, script, tmp_path, ki
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_fork_bomb(server, script, tmp_path, kind, limits):
-    limits(max_processes=16)
+def test_fork_bomb_with_the_poller_alone(server, script, tmp_path, kind, limits):
+    limits(max_processes=16, cgroups=False)
     # Bounded on purpose (at most 2**9 processes even if every defence failed), and each one sleeps.
     src = "import os, time\nfor _ in range(9):\n    os.fork()\ntime.sleep(30)"
     script.root("root-model", code(src), code("print('still here')"), code(NEXT))
@@ -329,8 +329,73 @@ def test_fork_bomb(server, script, tmp_path, kind, limits):
     first, second = feedback_before(server, 2), feedback_before(server, 3)
     assert "KeyboardInterrupt" in first
     assert "more than 16 processes" in second and "still here" in second
-    assert result.isolation["process_limit"] == 16
+    assert result.isolation["process_limit"] == 16 and result.isolation["tasks"] == "poller"
     assert _settles(tmp_path)  # nothing left running
+
+
+needs_cgroup = pytest.mark.skipif(
+    not cgroups.available(), reason="this host can make no control group (no writable pids hierarchy)"
+)
+
+
+@needs_cgroup
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_fork_loop_never_passes_the_task_cap(server, script, tmp_path, kind, limits):
+    limits(max_processes=16)
+    # Each child sleeps: none exits to make room. A poller would let a burst run past the cap.
+    src = (
+        "import os, time\n"
+        "children = []\n"
+        "try:\n"
+        "    for _ in range(200):\n"
+        "        pid = os.fork()\n"
+        "        if pid == 0:\n"
+        "            time.sleep(60)\n"
+        "            os._exit(0)\n"
+        "        children.append(pid)\n"
+        "except OSError as e:\n"
+        "    print('fork refused after', len(children), type(e).__name__)\n"
+        "print('forked', len(children))"
+    )
+    # The second cell: were the first cell's children killed when it ended?
+    survivors = (
+        "import os\nalive = []\nfor pid in children:\n    try:\n        os.kill(pid, 0)\n"
+        "        alive.append(pid)\n    except ProcessLookupError:\n        pass\nprint('survivors', len(alive))"
+    )
+    script.root("root-model", code(src), code(survivors), code(NEXT))
+    result = make_rlm(server, tmp_path, sandbox=kind, exec_timeout=20).run("q", "ctx")
+    assert_next_turn_ok(result)
+    first, second = feedback_before(server, 2), feedback_before(server, 3)
+    assert "fork refused after" in first and "BlockingIOError" in first, first
+    forked = int(first.split("forked ")[1].split()[0])
+    assert 0 < forked <= 16 - 3  # the worker (2 threads) and its keeper count too
+    assert "were still running when it ended and were killed" in first
+    assert "survivors 0" in second
+    assert result.isolation["tasks"] == "pids cgroup"
+    assert _settles(tmp_path)
+
+
+@needs_cgroup
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_thread_bomb_stops_at_the_task_cap(server, script, tmp_path, kind, limits):
+    limits(max_processes=32)
+    src = (
+        "import threading\n"
+        "stop = threading.Event()\n"
+        "started = 0\n"
+        "try:\n"
+        "    for _ in range(20_000):\n"
+        "        threading.Thread(target=stop.wait, daemon=True).start()\n"
+        "        started += 1\n"
+        "except RuntimeError as e:\n"
+        "    print('refused after', started, e)\n"
+        "stop.set()"
+    )
+    result, feedback = attack(server, script, tmp_path, src, kind)
+    assert "refused after" in feedback and "can't start new thread" in feedback, feedback
+    assert int(feedback.split("refused after ")[1].split()[0]) < 32
+    assert result.isolation["tasks"] == "pids cgroup"
+    assert_next_turn_ok(result)
 
 
 def _ours(tmp_path) -> list[int]:

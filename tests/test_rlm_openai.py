@@ -309,10 +309,12 @@ def test_dollar_budget_is_never_exceeded_by_a_fan_out(server, script, tmp_path):
         "FINAL(done)",
     )
     script.sub("sub-model", lambda p: "ok")
-    result = make_rlm(server, tmp_path, budget=Budget(max_usd=0.5), prices=prices, max_output_tokens=50).run(
+    # The budget binds on what the calls cost, not only on what they reserve: the items of a batch
+    # start one by one, so with an instant server early calls settle before later ones reserve.
+    result = make_rlm(server, tmp_path, budget=Budget(max_usd=0.1), prices=prices, max_output_tokens=50).run(
         "q", "ctx"
     )
-    assert result.usage.cost_usd <= 0.5
+    assert result.usage.cost_usd <= 0.1
     assert 0 < len(subs(server)) < 500
 
 

@@ -32,7 +32,7 @@ async def rollout(server: FakeServer, extras: dict, prompt: list[dict]) -> tuple
     chat, _ = await loop.run_in_executor(None, env.init, prompt)
     client = openai.AsyncOpenAI(base_url=server.base_url, api_key="k")
     output: dict = {}
-    for _ in range(extras.get("max_turns", 10) + 1):
+    for _ in range(env.max_turns):
         action = await generate(client, chat)
         output = await loop.run_in_executor(None, env.step, action)
         chat += [{"role": "assistant", "content": action}, *output["observations"]]
@@ -93,4 +93,6 @@ async def test_turn_budget_and_family_reward(server: FakeServer, script, tmp_pat
 def test_registered_under_the_documented_id() -> None:
     assert adapter.ENV_ID == "recursa-rlm" and adapter.ENV_ID in skyrl_gym.registry
     env = skyrl_gym.make("recursa-rlm", env_config={}, extras={"max_turns": 3})
-    assert isinstance(env, skyrl_gym.envs.base_text_env.BaseTextEnv) and env.max_turns == 3
+    assert (
+        isinstance(env, skyrl_gym.envs.base_text_env.BaseTextEnv) and env.max_turns == 4
+    )  # 3 turns + the answer

@@ -45,14 +45,26 @@ def _rss_of(pid: int) -> float:
         return 0.0
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
 def _descendants(pid: int) -> list[int]:
-    found, queue = [], [pid]
+    """The processes below `pid`, except a child between vfork and exec: it shares this process's
+    memory (the user's context string included) and reports all of it as its own, which a sampler
+    catches more often the busier the machine is (it read as 2x the context)."""
+    found, queue, own = [], [pid], _cmdline(pid)
     while queue:
         for task in Path(f"/proc/{queue.pop()}/task").glob("*"):
             try:
                 kids = [int(p) for p in (task / "children").read_text().split()]
             except OSError:
                 continue
+            kids = [k for k in kids if _cmdline(k) != own]
             found += kids
             queue += kids
     return found

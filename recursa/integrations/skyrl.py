@@ -53,7 +53,8 @@ class RecursaRLMEnv(BaseTextEnv):
         super().__init__()
         self.extras = dict(extras or {})
         self.env_config = env_config
-        self.max_turns = int(self.extras.get("max_turns", 10))
+        # The generator's cap on steps: max_turns code turns, then the one reply that may only answer.
+        self.max_turns = int(self.extras.get("max_turns", 10)) + 1
         self.episode: Episode | None = None
         self._reward = 0.0
         self._env = shared_env(self.extras)

@@ -9,6 +9,7 @@ and so that one retry budget (RLM(max_run_retries=...)) can bound the whole call
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import time
@@ -90,6 +91,14 @@ class ModelGateway:
                 spec, base_url=s.base_url, api_key=s.api_key, timeout=s.timeout, retry=_ONE_ATTEMPT
             )
         return self._clients[spec]
+
+    async def warm(self, spec: str) -> None:
+        """Make the client for `spec` ready before its first call, where the client can (nothing is
+        sent). A failure here is left for that first call to report."""
+        with contextlib.suppress(Exception):
+            warm = getattr(self.client(spec), "warm", None)
+            if warm is not None:
+                await warm()
 
     async def aclose(self) -> None:
         # Shared clients stay open: their owner closes them once every tree is done.

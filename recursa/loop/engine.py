@@ -97,6 +97,7 @@ class RunEngine:
         self._sent = 0  # messages already stored in the trace: each is written once, not per turn
         self._started = time.perf_counter()
         self._opening: asyncio.Task[tuple[Sandbox, list[str]]] | None = None
+        self._warming: asyncio.Task[None] | None = None
         self._pending: BaseException | None = None  # raised by finish(): a cancellation or a bug
         self._finished = False
 
@@ -164,6 +165,10 @@ class RunEngine:
             prompt_variant=self.prompt_variant,
         )
         self._opening = asyncio.create_task(self._open_sandbox(), name=f"recursa-open-{self.run_id}")
+        if self.config.max_depth > self.depth:
+            # The sub-model's client too (SDK and HTTP imports, ~0.14 s in a fresh process), while
+            # the first root call is out: a first batch of sub-calls would otherwise wait for it.
+            self._warming = asyncio.create_task(self.tree.gateway.warm(self.config.sub_model))
         self.messages = self._opening_messages()
         self._history = list(self.messages)
 
@@ -218,6 +223,8 @@ class RunEngine:
             return result
         self._finished = self.done = True
         pending = self._pending
+        if self._warming is not None and not self._warming.done():
+            self._warming.cancel()
         opening = self._opening
         if opening is not None:
             if not opening.done():
@@ -252,9 +259,11 @@ class RunEngine:
         if not self.done:
             self.cancel(why)
         self._finished = True
-        if not self._opening.done():
-            with contextlib.suppress(RuntimeError):  # its loop may be closed already
-                self._opening.cancel()
+        # A finalizer may run on any thread: each task is cancelled on its own loop.
+        for task in (self._warming, self._opening):
+            if task is not None and not task.done():
+                with contextlib.suppress(RuntimeError):  # that loop may be closed already
+                    task.get_loop().call_soon_threadsafe(task.cancel)
         self._finish(self.result, self._started)
         self.tree.abandon()
 

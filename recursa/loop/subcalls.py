@@ -247,8 +247,24 @@ async def _gather_items(coros: list[Awaitable[str]]) -> list[Any]:
 
     The REPL side turns the records back into exceptions when every item failed, and otherwise
     returns the answers with the failures marked.
+
+    Items start one per turn of the event loop, so the first request is on the wire while the next
+    are still being built (the SDK spends ~0.5-1 ms of CPU building each): started all at once, a
+    batch of 64 sent nothing until all 64 were built (the first request left 100-140 ms after the
+    call instead of ~10 ms, bare SDK on a busy 2-core machine).
     """
-    results = await asyncio.gather(*coros, return_exceptions=True)
+    tasks: list[asyncio.Future[str]] = []
+    try:
+        for coro in coros:
+            tasks.append(asyncio.ensure_future(coro))
+            await asyncio.sleep(0)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        for coro in coros[len(tasks) :]:
+            coro.close()  # type: ignore[attr-defined]
+        raise
+    results = await asyncio.gather(*tasks, return_exceptions=True)
     out: list[Any] = []
     for item in results:
         if isinstance(item, CallbackError):

@@ -11,7 +11,7 @@ from typing import Any
 
 from recursa.budget import Ledger
 from recursa.config import RLMConfig
-from recursa.errors import ConfigError
+from recursa.errors import ConfigError, SandboxError
 from recursa.lm.gateway import ClientSettings, ModelGateway
 from recursa.lm.limiter import Limiter
 from recursa.lm.prices import PriceBook
@@ -44,6 +44,7 @@ class CallTree:
     # A bound on REPLs shared with other trees (recursa.env): take() before a REPL starts, raising
     # an error that says what to do when none is left; give() once it is closed.
     repl_quota: Any = None
+    abandoned: bool = False  # abandon() ran: no REPL may start any more
 
     @classmethod
     def create(cls, config: RLMConfig, prices: PriceBook, root_run_id: str) -> CallTree:
@@ -87,6 +88,8 @@ class CallTree:
         return self._child_slots[depth]
 
     def new_sandbox(self) -> Sandbox:
+        if self.abandoned:  # a REPL that started after abandon() would have nobody to reap it
+            raise SandboxError("this run was abandoned (its owner dropped it); no REPL starts for it")
         options = {"max_output_chars": self.config.max_output_chars, **(self.config.sandbox_options or {})}
         if (
             self.config.max_depth >= 2
@@ -129,6 +132,7 @@ class CallTree:
     def abandon(self) -> None:
         """Without an event loop (the finalizer of an abandoned episode, interpreter exit): kill
         every REPL process now and close the trace. aclose() is the orderly way."""
+        self.abandoned = True
         for sandbox in list(self.live_sandboxes):
             self.live_sandboxes.discard(sandbox)
             if self.repl_quota is not None:

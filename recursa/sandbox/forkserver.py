@@ -31,7 +31,7 @@ import subprocess
 import tempfile
 import threading
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,14 +120,17 @@ class ForkServer:
             zygote = self._slot.zygote
         return zygote.root if zygote is not None and self._key == recipe.key else None
 
-    async def fork(self, channel: int, log: int, request: dict[str, Any], timeout: float) -> int:
+    async def fork(
+        self, channel: int, log: int, request: dict[str, Any], timeout: float, extra: Sequence[int] = ()
+    ) -> int:
         """Fork a worker that serves the socket `channel` and writes to `log`: its host pid.
+        `extra`: the worker's control-group descriptors (joined before it does anything else).
 
         Raises ZygoteGone (and gives no more workers) if the zygote cannot. The exchange with the
         zygote runs to its end even if the caller is cancelled, on copies of the descriptors, so
         the next request never reads this one's reply; a worker forked for a caller that gave up
         finds its channel closed and exits."""
-        fds = [os.dup(channel), os.dup(log)]
+        fds = [os.dup(channel), os.dup(log), *map(os.dup, extra)]
         return await asyncio.shield(asyncio.ensure_future(self._exchange(fds, request, timeout)))
 
     async def _exchange(self, fds: list[int], request: dict[str, Any], timeout: float) -> int:

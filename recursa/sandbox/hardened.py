@@ -10,6 +10,7 @@ One `HostHardening` per `SubprocessSandbox`. Per worker process it
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import os
@@ -20,6 +21,7 @@ from typing import Any, ClassVar
 from recursa.errors import SandboxError
 from recursa.sandbox.bwrap import bwrap_command, find_bwrap, inner_pid, namespace_ids
 from recursa.sandbox.bytecode import worker_files
+from recursa.sandbox.cgroups import TaskGroup
 from recursa.sandbox.guard import ProcessGuard, data_usage, set_data_limit
 from recursa.sandbox.policy import Hardening, describe, unconfined
 from recursa.sandbox.worker.landlock import landlock_abi
@@ -45,6 +47,8 @@ class HostHardening:
         self._alive: Callable[[], bool] = lambda: False
         self._outer_pid: int | None = None  # the process the host started (bwrap, when used)
         self._warned = False
+        self.group: TaskGroup | None = None  # this sandbox's control group, once made
+        self._group_tried = False
         if bwrap and find_bwrap() is None:
             raise SandboxError(
                 "bwrap=True but bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
@@ -101,10 +105,32 @@ class HostHardening:
         tens of milliseconds) are skipped, and third-party modules are not even on sys.path."""
         return ["-S"] if self.options is not None and not self.options.allow_site_packages else []
 
-    def config(self, scratch: str) -> dict[str, Any]:
+    def group_fds(self) -> list[int]:
+        """Descriptors through which the next worker joins this sandbox's control group (and moves
+        into and out of its cell group); [] where there is none. The caller closes them."""
+        opts = self.options
+        if opts is None or not opts.cgroups:
+            return []
+        if not self._group_tried:
+            self._group_tried = True
+            self.group = TaskGroup.create(opts.max_processes, opts.memory_limit_bytes)
+        if self.group is None:
+            return []
+        try:
+            return self.group.join_fds()
+        except OSError:
+            return []
+
+    def config(self, scratch: str, group_fds: Sequence[int] = ()) -> dict[str, Any]:
         if self.options is None:
             return {}
         spec = self.options.worker_spec(scratch, namespace_ids())
+        if len(group_fds) == 2:
+            spec["cgroup_fd"], spec["cell_cgroup_fd"] = group_fds
+        elif self._bwrap_path() is not None and os.geteuid() != 0:
+            # No group: inside bwrap's own user namespace the kernel counts RLIMIT_NPROC for this
+            # sandbox alone (root ignores it, hence not for root).
+            spec["max_tasks"] = self.options.max_processes
         if self._bwrap_path() is not None:
             # A private /dev/shm (a tmpfs of its own inside bwrap) for multiprocessing's semaphores;
             # the host's, shared with every other program, stays out of reach.
@@ -148,6 +174,7 @@ class HostHardening:
         limit = self.options.max_processes if self.options is not None else None
         isolation = describe(report, bwrap=self.using_bwrap, process_limit=limit)
         isolation["memory"] = self._memory(isolation)
+        isolation["tasks"] = self._tasks(report, isolation)
         if self.using_bwrap and pid == proc_pid:
             isolation["warnings"].append("the worker's pid inside bwrap was not found: timeouts kill it")
         if limit is not None:
@@ -180,13 +207,55 @@ class HostHardening:
                 )
         return pid, isolation
 
+    def _tasks(self, report: dict[str, Any], isolation: dict[str, Any]) -> str:
+        """What caps the number of tasks: "pids cgroup" (exact), "RLIMIT_NPROC" (exact, bwrap's
+        user namespace) or "poller" (processes only, checked every 50 ms), "none"."""
+        joined = report.get("cgroup")
+        if joined is True and self.group is not None:
+            return "pids cgroup"
+        if isinstance(joined, str):
+            isolation["warnings"].append(joined)
+        if (report.get("rlimits") or {}).get("nproc") is not None:
+            return "RLIMIT_NPROC"
+        return "poller" if self.options is not None else "none"
+
+    async def end_cell(self) -> int:
+        """Kill what the cell that just ended left running (its control group's cell group); how
+        many. Waits (briefly) until they have exited, so the next cell has their task slots back
+        once the worker reaps them (it does before every cell)."""
+        group = self.group
+        killed = group.kill(cell=True) if group is not None else 0
+        if group is not None and killed:
+            for _ in range(250):
+                if not group.members(cell=True):
+                    break
+                await asyncio.sleep(0.002)
+        return killed
+
+    async def release(self) -> None:
+        """The sandbox is closing: kill what is left in its control group and remove the group once
+        the killed processes are gone (a group left behind is removed by a later host's sweep)."""
+        group, self.group = self.group, None
+        self._group_tried = False
+        if group is None:
+            return
+        for _ in range(400):
+            group.kill()
+            if group.remove():
+                return
+            await asyncio.sleep(0.005)
+
     def _memory(self, isolation: dict[str, Any]) -> dict[str, Any]:
         """Which mechanisms bound the memory the REPL can make resident, and what they leave open."""
         opts = self.options
         if opts is None:
             return {"mechanisms": [], "tmpfs_bytes": {}, "not_covered": ["hardening is off"]}
         mechanisms = ["RLIMIT_DATA"]
-        not_covered = ["RLIMIT_DATA is per process: each process the code forks has its own"]
+        not_covered = []
+        if self.group is not None and self.group.memory_bytes is not None:
+            mechanisms.append("memory cgroup")
+        else:
+            not_covered.append("RLIMIT_DATA is per process: each process the code forks has its own")
         if isolation.get("seccomp"):
             mechanisms.append("seccomp (shared memory)")
         else:

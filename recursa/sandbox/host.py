@@ -32,6 +32,7 @@ from typing import Any
 from recursa.context import ContextPayload
 from recursa.errors import ContextError, SandboxError
 from recursa.sandbox.base import CallHandler, ExecResult, FinalAnswer
+from recursa.sandbox.cgroups import TaskGroup
 from recursa.sandbox.connection import Connection, WorkerGone
 from recursa.sandbox.processes import WorkerProcess
 from recursa.sandbox.protocol import FrameSocket, ProtocolError, exec_result_from_wire, final_from_wire
@@ -62,11 +63,16 @@ class Cleanup:
         self.process: WorkerProcess | None = None  # the current worker's
         self.scratch: str | None = None
         self.fds: set[int] = set()  # worker logs and our copy of the context memfd
+        self.group: TaskGroup | None = None  # its control group (cgroups.py), if it has one
 
     def __call__(self) -> None:
         process, self.process = self.process, None
         if process is not None:
             process.kill_now()
+        group, self.group = self.group, None
+        if group is not None:
+            group.kill()
+            group.remove()  # fails while the killed are still exiting: a later host's sweep removes it
         for fd in self.fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -474,8 +480,17 @@ class WorkerHost:
                 if timed_out:
                     result.timed_out = True
                     result.notes.append(f"interrupted after {timeout:g}s; variables kept")
+            stopped = await self._end_cell()
+            if stopped and not result.restarted:  # else the restore or restart said what it stopped
+                result.notes.append(
+                    f"{stopped} process(es) this cell started were still running when it ended and were killed"
+                )
             result.notes[:0] = notes
             return result
+
+    async def _end_cell(self) -> int:
+        """Kill what the cell that just ended left running, where this host can tell; how many."""
+        return 0
 
     async def _recover(
         self, worker: Connection, started: float, timeout: float | None, *, killed: bool = False

@@ -29,9 +29,12 @@ class Hardening:
         context must fit in it).
     max_file_bytes: RLIMIT_FSIZE; a larger write fails with OSError (EFBIG).
     max_open_files: RLIMIT_NOFILE.
-    max_processes: processes the REPL may have at once (itself included). RLIMIT_NPROC counts every
-        process of the user and root ignores it, so the host enforces this: past the limit it kills
-        the extra processes and interrupts the running cell.
+    max_processes: tasks (processes and their threads) the REPL may have at once, itself, its keeper
+        and its snapshot included. Where the host can make a control group (cgroups.py) the kernel
+        enforces it exactly: a fork or thread past it fails (BlockingIOError, RuntimeError "can't
+        start new thread"). Elsewhere RLIMIT_NPROC does inside bwrap's user namespace for a non-root
+        host; and the host's poller (guard.py) counts processes, kills the extra ones and
+        interrupts the cell. `isolation["tasks"]` says which holds.
     max_shm_bytes: the size of the REPL's private /dev/shm (and /tmp) under bwrap: files there are
         memory that no rlimit counts. None: no size of ours (the kernel's default, half the RAM).
     max_scratch_bytes: under bwrap the scratch folder (the REPL's cwd, HOME and TMPDIR) is a tmpfs
@@ -40,6 +43,9 @@ class Hardening:
     allow_read: extra paths the code may read (read-only), e.g. a data folder.
     allow_site_packages: let code import installed third-party packages (numpy, ...). Off by
         default: only the standard library is readable.
+    cgroups: give the REPL a control group where the host may make one (exact task cap, a cell's
+        leftover processes killed when it ends, memory.max where the memory controller is
+        delegated). False: rlimits and the poller only.
     landlock, seccomp: turn a layer off (debugging). landlock_max_abi: pretend the kernel's Landlock
         is older (tests of the fallbacks).
     """
@@ -48,11 +54,12 @@ class Hardening:
     memory_headroom_bytes: int = 4 * GIB
     max_file_bytes: int | None = GIB
     max_open_files: int | None = 1024
-    max_processes: int = 64
+    max_processes: int = 128
     max_shm_bytes: int | None = 256 * MIB
     max_scratch_bytes: int | None = GIB
     allow_read: tuple[str, ...] = ()
     allow_site_packages: bool = False
+    cgroups: bool = True
     landlock: bool = True
     seccomp: bool = True
     landlock_max_abi: int | None = None

@@ -117,15 +117,17 @@ class SubprocessSandbox(WorkerHost):
         )
         return await self.fork_server.zygote_for(recipe)
 
-    def _command(self, fd: int, *, zygote_root: str | None = None) -> list[str]:
+    def _command(
+        self, fd: int, *, zygote_root: str | None = None, group_fds: Sequence[int] = ()
+    ) -> list[str]:
         """The worker's command line (or a zygote's, in `zygote_root`): the one place a wrapper
-        (bwrap, a container) slots in."""
+        (bwrap, a container) slots in. `group_fds`: the worker's control group (hardened.py)."""
         assert self.scratch_dir is not None or zygote_root is not None
         if zygote_root is not None:
             prefix, role = self._hardening.prefix(zygote_root, ZYGOTE_CAPS), ["--zygote", str(fd)]
         else:
             assert self.scratch_dir is not None
-            config = {**self.config, **self._hardening.config(self.scratch_dir)}
+            config = {**self.config, **self._hardening.config(self.scratch_dir, group_fds)}
             prefix, role = (
                 self._hardening.prefix(self.scratch_dir),
                 ["--fd", str(fd), "--config", json.dumps(config)],
@@ -174,8 +176,9 @@ class SubprocessSandbox(WorkerHost):
         request = {"env": self._env(), "cwd": self.scratch_dir, "config": config}
         ours, theirs = socket.socketpair()
         log = self._new_log()
+        group_fds = self._group_fds()
         try:
-            pid = await server.fork(theirs.fileno(), log, request, self.start_timeout)
+            pid = await server.fork(theirs.fileno(), log, request, self.start_timeout, group_fds)
             process = ForkedProcess(pid)
         except BaseException as exc:  # also a cancelled start: a worker forked anyway sees EOF, exits
             ours.close()
@@ -186,6 +189,8 @@ class SubprocessSandbox(WorkerHost):
             raise
         finally:
             theirs.close()
+            for fd in group_fds:
+                os.close(fd)
         self._hardening.using_bwrap = True  # a zygote runs only under bwrap (why_not_forked)
         worker = Connection(FrameSocket(ours), self._handler, process, log_fd=log)
         self._cleanup.process = worker.process
@@ -212,6 +217,7 @@ class SubprocessSandbox(WorkerHost):
         assert self._handler is not None and self.scratch_dir is not None
         ours, theirs = socket.socketpair()
         log = self._new_log()
+        group_fds = self._group_fds()
         # Popen (vfork + exec) itself takes 0.3 ms, but vfork holds the caller until the child execs,
         # and on a busy machine (20 children starting at once) that wait grew to ~14 ms per worker:
         # in a thread it no longer stalls the event loop. asyncio's subprocess API would add a child
@@ -219,8 +225,8 @@ class SubprocessSandbox(WorkerHost):
         launch = _Launch(
             functools.partial(
                 subprocess.Popen,
-                self._command(theirs.fileno()),
-                pass_fds=(theirs.fileno(),),
+                self._command(theirs.fileno(), group_fds=group_fds),
+                pass_fds=(theirs.fileno(), *group_fds),
                 cwd=self.scratch_dir,
                 env=self._env(),
                 stdin=subprocess.DEVNULL,
@@ -245,6 +251,8 @@ class SubprocessSandbox(WorkerHost):
         finally:
             if not launch.abandoned:
                 theirs.close()
+            for fd in group_fds:
+                os.close(fd)
         worker = Connection(FrameSocket(ours), self._handler, LocalProcess(proc), log_fd=log)
         self._cleanup.process = worker.process
         try:
@@ -289,9 +297,19 @@ class SubprocessSandbox(WorkerHost):
         # The data-size limit and the process guard follow the snapshot that took over.
         self._hardening.takeover(conn.pid, conn.restored, lambda: conn.alive)
 
+    def _group_fds(self) -> list[int]:
+        fds = self._hardening.group_fds()
+        self._cleanup.group = self._hardening.group  # a dropped sandbox's finalizer removes it too
+        return fds
+
+    async def _end_cell(self) -> int:
+        return await self._hardening.end_cell()
+
     async def close(self) -> None:
         self._hardening.stop()
         await super().close()
+        self._cleanup.group = None
+        await self._hardening.release()
 
     async def _send_context(self, worker: Connection, spec: ContextSpec) -> None:
         await super()._send_context(worker, spec)

@@ -126,7 +126,7 @@ def _settings(args: argparse.Namespace, roots: list[str]) -> Any:
 
         on_event = OtelListener()
     return ServeSettings(
-        api_keys=_read_api_keys(args.api_keys_file) if args.api_keys_file else {},
+        api_keys=_read_api_keys(args.api_keys_file) if getattr(args, "api_keys_file", None) else {},
         model=args.model,
         sub_model=args.sub_model,
         base_url=args.base_url,

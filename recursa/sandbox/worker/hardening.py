@@ -60,6 +60,7 @@ def _set_rlimits(spec: dict[str, Any], report: Report) -> None:
         "fsize": (resource.RLIMIT_FSIZE, spec.get("max_file_bytes")),
         "nofile": (resource.RLIMIT_NOFILE, spec.get("max_open_files")),
         "data": (resource.RLIMIT_DATA, spec.get("memory_limit_bytes")),
+        "nproc": (resource.RLIMIT_NPROC, spec.get("max_tasks")),
     }
     for name, (res, value) in wanted.items():
         if value is None:
@@ -68,7 +69,9 @@ def _set_rlimits(spec: dict[str, Any], report: Report) -> None:
             resource.setrlimit(res, (int(value), int(value)))
         except (ValueError, OSError) as exc:
             report.warn(f"setrlimit({name}) failed: {exc}")
-    for name, (res, _value) in wanted.items():
+    for name, (res, value) in wanted.items():
+        if name == "nproc" and value is None:
+            continue  # per user outside a user namespace of our own: not ours to report
         _soft, hard = resource.getrlimit(res)  # read back: report what holds, not what we asked
         report.data["rlimits"][name] = None if hard == resource.RLIM_INFINITY else hard
     # Past RLIMIT_FSIZE a write must fail with EFBIG (an OSError the code sees), not kill the REPL.

@@ -19,11 +19,13 @@ import os
 import signal
 import socket
 import sys
+from _queue import Empty as _Empty  # queue.Empty itself, without importing queue
 
 from .context import ContextSource
 from .keeper import die_with_parent, split_off_keeper
 from .repl import Repl
 from .snapshots import Snapshots
+from .taskgroup import TaskGroup
 from .wire import SocketTransport, StdioTransport, WorkerChannel
 
 TYPE_CHECKING = False
@@ -98,7 +100,10 @@ def _no_core_dumps() -> dict[str, Any]:
 class Server:
     """Runs requests on the main thread (so SIGINT interrupts user code) and keeps snapshots ready."""
 
-    def __init__(self, transport: SocketTransport | StdioTransport, *, lines: bool = False) -> None:
+    def __init__(
+        self, transport: SocketTransport | StdioTransport, group: TaskGroup, *, lines: bool = False
+    ) -> None:
+        self.group = group
         self.repl = Repl(self._call)
         self.snapshots = Snapshots()
         self.chan = self._connect(WorkerChannel(transport, lines=lines))
@@ -129,6 +134,8 @@ class Server:
 
     def run(self, config: dict[str, Any]) -> None:
         hardening = harden(config)
+        if self.group.home >= 0:
+            hardening["cgroup"] = self.group.joined
         ready = {
             "op": "ready",
             "pid": os.getpid(),
@@ -141,7 +148,7 @@ class Server:
         while True:
             if signal.getsignal(signal.SIGINT) != self._on_sigint:  # code may have replaced it
                 signal.signal(signal.SIGINT, self._on_sigint)
-            msg = self.chan.inbox.get()
+            msg = self._next_message()
             op = msg.get("op")
             if op == "shutdown":
                 break
@@ -155,10 +162,16 @@ class Server:
                     continue  # this process is a snapshot that took over: that cell was not ours
             elif op == "load_context":
                 self.snapshots.discard()  # its state is about to be out of date
+            if op == "exec" and self.group.cell >= 0:
+                _reap()  # what the host killed after the last cell: zombies hold task slots
+                self.group.enter_cell()
             try:
                 reply = _handle(self.repl, msg)
             except Exception as exc:  # a worker bug must answer, not leave the host waiting
                 reply = _internal_error(msg, exc)
+            finally:
+                if op == "exec":
+                    self.group.leave_cell()  # before the answer: the host then kills what stayed
             if reply is not None:
                 self.chan.send(reply)
             if op in ("exec", "load_context") and self.snapshots.armed:
@@ -168,6 +181,17 @@ class Server:
         self.snapshots.discard()
         sys.stdout.flush()
         os._exit(0)  # skip interpreter teardown: user threads must not keep the process alive
+
+    def _next_message(self) -> dict[str, Any]:
+        """The next request. A snapshot discarded when the last one was taken is reaped here, once
+        no request came within a millisecond (the host is waiting for its model), not before the
+        next cell."""
+        if self.snapshots.dying:
+            try:
+                return self.chan.inbox.get(timeout=0.001)
+            except _Empty:
+                self.snapshots.reap(block=True)
+        return self.chan.inbox.get()
 
     def _snapshot(self) -> bool:
         """Take a fresh snapshot; True if this process is a snapshot that has since taken over."""
@@ -184,13 +208,29 @@ class Server:
             # Loop: this process is the worker now, and it needs a snapshot of its own.
 
 
+def _reap() -> None:
+    """Collect children that have exited. A cell's processes do not outlive it (the host kills
+    them), so nobody waits for them later; a snapshot that died is noticed by Snapshots.alive."""
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 def serve(
-    transport: SocketTransport | StdioTransport, config: dict[str, Any], *, lines: bool = False
+    transport: SocketTransport | StdioTransport,
+    config: dict[str, Any],
+    *,
+    lines: bool = False,
+    group: TaskGroup | None = None,
 ) -> None:
     import faulthandler
 
     faulthandler.enable()  # a segfault leaves a Python traceback in the worker log
-    Server(transport, lines=lines).run(config)
+    Server(transport, group or TaskGroup(None), lines=lines).run(config)
 
 
 def _handle(repl: Repl, msg: dict[str, Any]) -> dict[str, Any] | None:
@@ -318,10 +358,12 @@ def main(argv: list[str] | None = None) -> None:
 
 def _start(fd: int, config: dict[str, Any]) -> NoReturn:
     """Serve the host on the socket `fd`: a worker started afresh, or one a zygote just forked."""
+    group = TaskGroup(config.get("hardening"))
+    group.join()  # first: every task from here on (the keeper's too) counts against the group's cap
     if config.pop("keeper", False):
         split_off_keeper(fd)
     os.set_inheritable(fd, False)  # children of generated code must not hold the channel
-    serve(SocketTransport(socket.socket(fileno=fd)), config)
+    serve(SocketTransport(socket.socket(fileno=fd)), config, group=group)
     os._exit(0)
 
 

@@ -19,7 +19,8 @@ user namespace (CAP_SYS_ADMIN, CAP_SETPCAP; none outside it) for what each child
 
 Control socket (SOCK_SEQPACKET; one JSON object per message):
   zygote -> host, once: {"op": "hello", "pid": its pid in the namespace}
-  host -> zygote: {"env": {...}, "cwd": scratch dir, "config": worker config} + fds [channel, log]
+  host -> zygote: {"env": {...}, "cwd": scratch dir, "config": worker config}
+                  + fds [channel, log] or [channel, log, group, cell group] (its control group)
   zygote -> host: {"pid": the child's pid in the namespace} or {"error": text}
 End of file on the control socket (the host closed it, or is gone) ends the zygote.
 """
@@ -73,15 +74,15 @@ def serve(
     gc.freeze()
     while True:
         try:
-            data, fds, _flags, _addr = socket.recv_fds(control, 1 << 20, 2)
+            data, fds, _flags, _addr = socket.recv_fds(control, 1 << 20, 4)
         except InterruptedError:
             continue
         if not data:
             os._exit(0)
         try:
             request = json.loads(data)
-            if len(fds) != 2:
-                raise ValueError(f"expected a channel and a log descriptor, got {len(fds)}")
+            if len(fds) not in (2, 4):
+                raise ValueError(f"expected a channel, a log and maybe two group descriptors, got {len(fds)}")
             prepare(dict(request["config"]))
             pid = os.fork()
         except Exception as exc:  # a bad request or no memory for a fork: say so, keep serving
@@ -91,7 +92,7 @@ def serve(
             continue
         if pid == 0:
             control.close()
-            _child(request, fds[0], fds[1], start_worker, drop_capabilities)
+            _child(request, fds, start_worker, drop_capabilities)
         for fd in fds:
             os.close(fd)
         control.send(json.dumps({"pid": pid}).encode())
@@ -99,11 +100,11 @@ def serve(
 
 def _child(
     request: dict[str, Any],
-    channel: int,
-    log: int,
+    fds: list[int],
     start_worker: Callable[[int, dict[str, Any]], NoReturn],
     drop_capabilities: Callable[[], None],
 ) -> NoReturn:
+    channel, log = fds[0], fds[1]
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
@@ -122,6 +123,8 @@ def _child(
         os.environ.clear()
         os.environ.update({str(k): str(v) for k, v in dict(request["env"]).items()})
         config = dict(request["config"])
+        if len(fds) == 4 and isinstance(config.get("hardening"), dict):
+            config["hardening"] = {**config["hardening"], "cgroup_fd": fds[2], "cell_cgroup_fd": fds[3]}
     except BaseException as exc:
         os.write(2, f"[recursa zygote] cannot prepare a worker: {type(exc).__name__}: {exc}\n".encode())
         os._exit(70)

@@ -1,0 +1,192 @@
+"""A control group per sandbox where this host may make one: an exact cap on the REPL's tasks and,
+where the memory controller is delegated, on all the memory its processes hold together.
+
+rlimits are per process (RLIMIT_DATA) or per user (RLIMIT_NPROC, which root ignores), and a poller
+always races a fork loop; the kernel counts a cgroup's tasks and pages at the moment they are made.
+The host makes a child of its own cgroup (cgroup v2 where `pids`/`memory` are enabled for its
+children, the v1 `pids` hierarchy otherwise), sets `pids.max` (and `memory.max`), and hands the
+worker an open descriptor of the group's `cgroup.procs`: the worker writes "0" to it (joins) before
+it runs anything else, so every task it ever starts is counted. The kernel checks that write
+against the credentials of whoever opened the file (the host), so it works from inside bwrap's
+namespaces. A v1 memory hierarchy is never used: this process's memory group there is usually
+someone else's (a container's, a session manager's), and its children would outlive a crash.
+
+Nothing here is required: where no group can be made, `TaskGroup.create` returns None and the
+host's poller (guard.py) stays the only process cap; `isolation["tasks"]` says which holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import os
+import signal
+from dataclasses import dataclass
+
+_PREFIX = "recursa-"
+_counter = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class _Parent:
+    path: str  # this process's own cgroup folder in that hierarchy
+    version: int
+    memory: bool  # the memory controller can be limited in a child (v2 only)
+
+
+@functools.lru_cache(maxsize=1)
+def _parent() -> _Parent | None:
+    """Where this process may make child groups with a pids controller, or None."""
+    mounts = _cgroup_mounts()
+    try:
+        with open("/proc/self/cgroup") as fh:
+            lines = [line.rstrip("\n").split(":", 2) for line in fh]
+    except OSError:
+        return None
+    v2 = next((path for hid, ctrl, path in lines if hid == "0" and ctrl == ""), None)
+    if v2 is not None and "cgroup2" in mounts:
+        folder = os.path.join(mounts["cgroup2"], v2.lstrip("/"))
+        enabled = _read(os.path.join(folder, "cgroup.subtree_control")).split()
+        if "pids" in enabled and os.access(folder, os.W_OK):
+            return _Parent(folder, 2, "memory" in enabled)
+    for _hid, ctrl, path in lines:
+        if "pids" in ctrl.split(",") and "pids" in mounts:
+            folder = os.path.join(mounts["pids"], path.lstrip("/"))
+            if os.path.isfile(os.path.join(folder, "cgroup.procs")) and os.access(folder, os.W_OK):
+                return _Parent(folder, 1, False)
+    return None
+
+
+def _cgroup_mounts() -> dict[str, str]:
+    """{"cgroup2": its mount point, "pids": the v1 pids hierarchy's} from /proc/self/mountinfo."""
+    found: dict[str, str] = {}
+    try:
+        with open("/proc/self/mountinfo") as fh:
+            for line in fh:
+                left, _, right = line.partition(" - ")
+                fields, tail = left.split(), right.split()
+                if len(fields) < 5 or len(tail) < 3:
+                    continue
+                if tail[0] == "cgroup2":
+                    found.setdefault("cgroup2", fields[4])
+                elif tail[0] == "cgroup" and "pids" in tail[2].split(","):
+                    found.setdefault("pids", fields[4])
+    except OSError:
+        pass
+    return found
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
+def _write(path: str, value: str) -> bool:
+    try:
+        with open(path, "w") as fh:
+            fh.write(value)
+        return True
+    except OSError:
+        return False
+
+
+def available() -> bool:
+    """Whether this process may make control groups with a task cap (see `TaskGroup.create`)."""
+    return _parent() is not None
+
+
+class TaskGroup:
+    """One sandbox's control group (see the module doc)."""
+
+    def __init__(self, path: str, version: int, max_tasks: int, memory_bytes: int | None) -> None:
+        self.path = path
+        self.version = version
+        self.max_tasks = max_tasks
+        self.memory_bytes = memory_bytes  # None where memory is not limited by this group
+
+    @classmethod
+    def create(cls, max_tasks: int, memory_bytes: int | None = None) -> TaskGroup | None:
+        """A new group capped at `max_tasks` tasks (and `memory_bytes` where delegated), or None."""
+        parent = _parent()
+        if parent is None:
+            return None
+        _sweep(parent.path)
+        path = os.path.join(parent.path, f"{_PREFIX}{os.getpid()}-{next(_counter)}")
+        try:
+            os.mkdir(path)
+        except OSError:
+            return None
+        group = cls(path, parent.version, max_tasks, None)
+        if not _write(os.path.join(path, "pids.max"), str(max(1, max_tasks))):
+            group.remove()
+            return None
+        try:
+            os.mkdir(group.cell_path)  # no limit of its own: its tasks count against the parent's
+        except OSError:
+            group.remove()
+            return None
+        if memory_bytes is not None and parent.memory:
+            if _write(os.path.join(path, "memory.max"), str(memory_bytes)):
+                _write(os.path.join(path, "memory.swap.max"), "0")  # swap would only slow the host
+                group.memory_bytes = memory_bytes
+        return group
+
+    @property
+    def cell_path(self) -> str:
+        return os.path.join(self.path, "cell")
+
+    def join_fds(self) -> list[int]:
+        """Descriptors of the group's and the cell group's cgroup.procs, for a worker to move
+        itself through (it writes "0"); the caller closes them once the worker has them."""
+        home = os.open(os.path.join(self.path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            return [home, os.open(os.path.join(self.cell_path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)]
+        except OSError:
+            os.close(home)
+            raise
+
+    def members(self, cell: bool = False) -> list[int]:
+        """The processes in the group, or in its cell group only (host pids); [] once it is gone."""
+        path = self.cell_path if cell else self.path
+        found = [int(p) for p in _read(os.path.join(path, "cgroup.procs")).split()]
+        return found if cell else found + self.members(cell=True)
+
+    def tasks(self) -> int:
+        """Tasks (processes and threads) in the group now, -1 if unknown."""
+        text = _read(os.path.join(self.path, "pids.current")).strip()
+        return int(text) if text.isdigit() else -1
+
+    def kill(self, cell: bool = False) -> int:
+        """SIGKILL every process in the group (or in its cell group only); how many were signalled."""
+        killed = 0
+        for pid in self.members(cell):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+        return killed
+
+    def remove(self) -> bool:
+        """Remove the group; False while processes are still in it (they are being killed)."""
+        for path in (self.cell_path, self.path):
+            try:
+                os.rmdir(path)
+            except FileNotFoundError:
+                continue
+            except OSError:
+                return False
+        return True
+
+
+def _sweep(parent: str) -> None:
+    """Remove empty groups a host that died (killed, crashed) left behind."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(parent):
+            if not name.startswith(_PREFIX):
+                continue
+            owner = name[len(_PREFIX) :].split("-", 1)[0]
+            if owner.isdigit() and int(owner) != os.getpid() and not os.path.exists(f"/proc/{owner}"):
+                TaskGroup(os.path.join(parent, name), 0, 0, None).remove()

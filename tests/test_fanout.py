@@ -1,0 +1,62 @@
+"""Batches of sub-calls start one item per turn of the event loop (recursa.loop.subcalls), and a
+sub-model's client can be made ready before its first call without sending anything."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from recursa.lm.openai_client import OpenAIClient
+from recursa.loop.subcalls import _gather_items
+from recursa.testing.fake_server import FakeServer
+
+
+async def test_the_first_item_runs_before_the_later_ones_are_started_and_order_is_kept() -> None:
+    seen: list[str] = []
+
+    async def item(i: int) -> str:
+        seen.append(f"start {i}")
+        await asyncio.sleep(0)
+        seen.append(f"after first step {i}")
+        return f"a{i}"
+
+    assert await _gather_items([item(i) for i in range(5)]) == [f"a{i}" for i in range(5)]
+    # Started all at once, every item would start before any took its second step.
+    assert seen.index("after first step 0") < seen.index("start 4")
+
+
+async def test_a_cancelled_batch_cancels_what_started_and_closes_the_rest() -> None:
+    started: list[int] = []
+    cancelled: list[int] = []
+
+    async def item(i: int) -> str:
+        started.append(i)
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(i)
+            raise
+        return "never"
+
+    coros = [item(i) for i in range(6)]
+    batch = asyncio.ensure_future(_gather_items(coros))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    batch.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await batch
+    await asyncio.sleep(0)
+    assert started and sorted(cancelled) == started and len(started) < 6
+    assert all(c.cr_frame is None for c in coros[len(started) :])  # closed: no "never awaited" warning
+
+
+async def test_warming_a_client_makes_its_sdk_client_and_sends_nothing() -> None:
+    with FakeServer(responder=lambda model, messages: "pong") as srv:
+        client = OpenAIClient("m", base_url=srv.base_url, api_key="k")
+        await client.warm()
+        made = client._sdk()
+        await client.warm()  # already made: kept
+        assert client._sdk() is made
+        assert srv.requests == []
+        await client.aclose()
