@@ -193,11 +193,19 @@ class _Walk:
         self.total += st.st_size
         _check_fits(self.where, self.total, self.free)
         try:
-            self.files[rel] = _read_fd(fd).decode("utf-8")
+            data = _read_fd(fd)
+            text = data.decode("utf-8")
         except UnicodeDecodeError:
             self.skipped.append(f"{rel} (not UTF-8 text)")
         except OSError as exc:
             self.skipped.append(f"{rel} ({exc.strerror})")
+        else:
+            # Binary files can happen to decode (a NUL-padded .pyc or database page does): no text
+            # file holds a NUL byte, so one marks the file as binary.
+            if b"\x00" in data:
+                self.skipped.append(f"{rel} (binary: contains NUL bytes)")
+            else:
+                self.files[rel] = text
 
     def _open_link(self, dir_fd: int, name: str) -> int | str:
         """A descriptor for the file a link leads to when it lies inside the root, else the reason."""
