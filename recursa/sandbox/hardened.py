@@ -224,10 +224,13 @@ class HostHardening:
         many. Waits (briefly) until they have exited, so the next cell has their task slots back
         once the worker reaps them (it does before every cell)."""
         group = self.group
-        killed = group.kill(cell=True) if group is not None else 0
-        if group is not None and killed:
+        if group is None:
+            return 0
+        keep = {self.worker_pid, *self.spare}
+        killed = group.kill(cell=True, keep=keep)
+        if killed:
             for _ in range(250):
-                if not group.members(cell=True):
+                if not set(group.members(cell=True)) - keep:
                     break
                 await asyncio.sleep(0.002)
         return killed
