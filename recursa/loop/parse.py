@@ -41,6 +41,7 @@ _SPECIAL_TOKEN = re.compile(
 )
 _END_OF_SEQUENCE = re.compile(r"[ \t]*</s>[ \t]*$", re.M)
 _HARMONY_FINAL = "<|channel|>final<|message|>"
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _PYTHON_TAG = re.compile(r"<\|python_tag\|>(.*?)(?:<\|eom_id\|>|<\|eot_id\|>|\Z)", re.DOTALL)
 _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*(?:</tool_call>|\Z)", re.DOTALL)
 _CODE_ARGS = ("code", "source", "python", "script", "input")
@@ -75,6 +76,7 @@ class Fence:
     text: str  # the block's content, dedented
     closed: bool = True
     at: int = -1  # the index of its place among the prose lines (an empty line stands for it)
+    lines: tuple[int, int] = (0, 0)  # its lines in the text read, fences included: [start, end)
 
     @property
     def runnable(self) -> bool:
@@ -111,6 +113,7 @@ def _clean(reply: str) -> tuple[str, list[str]]:
     """The reply without chat-template tokens and reasoning blocks; notes on code left out."""
     notes: list[str] = []
     reply = reply.replace("\r\n", "\n").replace("\r", "\n")
+    reply = _CONTROL.sub("", reply)  # NULs and the like from a broken decoder
     if _HARMONY_FINAL in reply:  # gpt-oss unparsed: the final channel is the reply, the rest reasoning
         reply = reply.rsplit(_HARMONY_FINAL, 1)[1]
     skipped = 0
@@ -192,11 +195,12 @@ class _Open:
         return self.tag in RUNNABLE_TAGS
 
     at: int = -1
+    start: int = 0
 
-    def fence(self, closed: bool) -> Fence:
+    def fence(self, closed: bool, end: int) -> Fence:
         lines = [_strip_indent(line, self.indent) for line in self.body]
         text = textwrap.dedent("\n".join(lines)).strip("\n")
-        return Fence(self.tag, text, closed, self.at)
+        return Fence(self.tag, text, closed, self.at, (self.start, end))
 
 
 def read_fences(text: str, notes: list[str]) -> tuple[list[Fence], list[str]]:
@@ -212,7 +216,7 @@ def read_fences(text: str, notes: list[str]) -> tuple[list[Fence], list[str]]:
         m = _FENCE_LINE.match(line)
         if cur is None:
             if m is not None:
-                cur = _opener(m, len(prose))
+                cur = _opener(m, len(prose), i - 1)
                 prose.append("")
             else:
                 prose.append(line)
@@ -224,26 +228,26 @@ def read_fences(text: str, notes: list[str]) -> tuple[list[Fence], list[str]]:
             if m is not None and not _tag(m):
                 if not "".join(cur.body).strip() and _more_code_follows(lines, i):
                     continue  # "```python" then "```": a doubled opener, the code comes next
-                fences.append(cur.fence(True))
+                fences.append(cur.fence(True, i))
                 cur = None
                 continue
             if m is not None:
                 if "".join(cur.body).strip():
-                    fences.append(cur.fence(False))
+                    fences.append(cur.fence(False, i - 1))
                     notes.append(
                         f"A ```{cur.tag} block was not closed before the next ```{_tag(m)} fence; it was "
                         "read as ending there. Close every block with ``` on a line of its own."
                     )
                     prose.append("")
-                    cur = _opener(m, len(prose) - 1)
+                    cur = _opener(m, len(prose) - 1, i - 1)
                 else:
-                    cur = _opener(m, cur.at)  # an empty block opened twice counts once
+                    cur = _opener(m, cur.at, cur.start)  # an empty block opened twice counts once
                 continue
             code_line = line.rstrip()[:-3]
             if line.rstrip().endswith("```") and not _in_string([*cur.body, code_line]):
                 # "x = 5```": the fence closes on the code's last line (unless a string holds it)
                 cur.body.append(code_line)
-                fences.append(cur.fence(True))
+                fences.append(cur.fence(True, i))
                 cur = None
                 continue
             cur.body.append(line)
@@ -261,7 +265,7 @@ def read_fences(text: str, notes: list[str]) -> tuple[list[Fence], list[str]]:
                 cur.depth -= 1
                 cur.body.append(line)
                 continue
-            fences.append(cur.fence(True))
+            fences.append(cur.fence(True, i))
             cur = None
             continue
         if cur.tag in _QUOTING_TAGS:
@@ -270,20 +274,20 @@ def read_fences(text: str, notes: list[str]) -> tuple[list[Fence], list[str]]:
             continue
         # "```" then "```python": a doubled opener; after text, the bare fence was a stray one.
         if "".join(cur.body).strip():
-            fences.append(cur.fence(False))
+            fences.append(cur.fence(False, i - 1))
             prose.append("")
-            cur = _opener(m, len(prose) - 1)
+            cur = _opener(m, len(prose) - 1, i - 1)
         else:
-            cur = _opener(m, cur.at)
+            cur = _opener(m, cur.at, cur.start)
     if cur is not None:
-        fences.append(cur.fence(False))
+        fences.append(cur.fence(False, len(lines)))
     return fences, prose
 
 
-def _opener(m: re.Match[str], at: int) -> _Open:
+def _opener(m: re.Match[str], at: int, start: int) -> _Open:
     indent = len(m.group("indent").expandtabs(4))
     fence = m.group("fence")
-    return _Open(_tag(m), indent, fence[0], len(fence), at=at)
+    return _Open(_tag(m), indent, fence[0], len(fence), at=at, start=start)
 
 
 def _tag(m: re.Match[str]) -> str:
