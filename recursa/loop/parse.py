@@ -43,6 +43,7 @@ _END_OF_SEQUENCE = re.compile(r"[ \t]*</s>[ \t]*$", re.M)
 _HARMONY_FINAL = "<|channel|>final<|message|>"
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _PYTHON_TAG = re.compile(r"<\|python_tag\|>(.*?)(?:<\|eom_id\|>|<\|eot_id\|>|\Z)", re.DOTALL)
+_EXECUTE = re.compile(r"<(execute|execute_ipython)>(.*?)</\1>", re.DOTALL)  # CodeAct / OpenHands
 _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*(?:</tool_call>|\Z)", re.DOTALL)
 _CODE_ARGS = ("code", "source", "python", "script", "input")
 _THINK = re.compile(r"<(think|thinking|reasoning)>(.*?)</\1>", re.DOTALL | re.IGNORECASE)
@@ -51,7 +52,7 @@ _THINK_CLOSE_ONLY = re.compile(r"^(.*?)</(?:think|thinking|reasoning)>", re.DOTA
 # An answer line may carry markdown around it: "**FINAL**(x)", "- FINAL(x)", "`FINAL(x)`", "> FINAL".
 _LINE_DECOR = r"[ \t>*_#`-]*"
 _PROSE_FINAL_VAR = re.compile(rf"^{_LINE_DECOR}FINAL_VAR[*_`]*[ \t]*\(", re.M)
-_PROSE_FINAL = re.compile(rf"^{_LINE_DECOR}FINAL[*_`]*[ \t]*\(", re.M)
+_PROSE_FINAL = re.compile(rf"^{_LINE_DECOR}FINAL(?:_ANSWER)?[*_`]*[ \t]*\(", re.M)
 # Written without parentheses: "FINAL 345", "FINAL: x", "FINAL ANSWER: x", "**Final Answer:** x".
 _LOOSE_FINAL_VAR = re.compile(
     rf"^{_LINE_DECOR}FINAL_VAR[*_`]*[ \t]*[:=]?[ \t]*[`'\"]?([A-Za-z_]\w*)[`'\"]?\W*$"
@@ -141,8 +142,9 @@ def _clean(reply: str) -> tuple[str, list[str]]:
 
 def _tool_calls_as_code(reply: str, notes: list[str]) -> str:
     """Code written in a tool-call format the model was trained on becomes a ```python block: Llama's
-    code interpreter (<|python_tag|>code<|eom_id|>) and Hermes/Qwen <tool_call> JSON whose arguments
-    hold code. Other tool calls do not run here, and the model is told."""
+    code interpreter (<|python_tag|>code<|eom_id|>), CodeAct's <execute> (OpenHands: <execute_ipython>)
+    and Hermes/Qwen <tool_call> JSON whose arguments hold code. Other tool calls do not run here, and
+    the model is told."""
 
     def python_tag(match: re.Match[str]) -> str:
         return f"\n```python\n{match.group(1).strip()}\n```\n"
@@ -170,6 +172,7 @@ def _tool_calls_as_code(reply: str, notes: list[str]) -> str:
         return f"\n```python\n{code.strip()}\n```\n"
 
     reply = _PYTHON_TAG.sub(python_tag, reply)
+    reply = _EXECUTE.sub(lambda m: f"\n```python\n{m.group(2).strip()}\n```\n", reply)
     return _TOOL_CALL.sub(tool_call, reply)
 
 
