@@ -58,8 +58,9 @@ _LOOSE_FINAL_VAR = re.compile(
     rf"^{_LINE_DECOR}FINAL_VAR[*_`]*[ \t]*[:=]?[ \t]*[`'\"]?([A-Za-z_]\w*)[`'\"]?\W*$"
 )
 _LOOSE_FINAL = re.compile(
-    rf"^{_LINE_DECOR}(?:FINAL(?:[ _]ANSWER)?(?![\w(])|[Ff]inal [Aa]nswer(?=[*_`]*[ \t]*(?::|=|is\b|$)))"
-    r"[*_`]*[ \t]*(?::|=|-|–|is\b)?[*_`]*[ \t]*(?P<rest>.*)$"
+    rf"^(?P<decor>{_LINE_DECOR})(?:FINAL(?:[ _](?:ANSWER|RESULT|OUTPUT))?(?![\w(])"
+    r"|[Ff]inal [Aa]nswer(?=[*_`]*[ \t]*(?::|=|is\b|$)))"
+    r"[*_`]*[ \t]*(?P<sep>:|=|-|–|is\b)?[*_`]*[ \t]*(?P<rest>.*)$"
 )
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 
@@ -353,6 +354,8 @@ def _loose_final(prose: list[str], fences: list[Fence]) -> ProseFinal | None:
         m = _LOOSE_FINAL.match(line)
         if m is None:
             continue
+        if "#" in m.group("decor") and not m.group("sep") and "answer" not in line.lower():
+            continue  # a heading such as "## FINAL REPORT" names a section, not an answer
         rest = _strip_decor(m.group("rest"))
         if not rest:
             rest = _following_text(prose, index + 1, fences)
