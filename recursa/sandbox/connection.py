@@ -54,11 +54,14 @@ class Connection:
         process: WorkerProcess | None = None,
         *,
         log_fd: int = -1,
+        notes_fd: int = -1,
     ) -> None:
         self.chan = chan
         self.handler = handler
         self.process: WorkerProcess = process or WorkerProcess()
         self.log_fd = log_fd  # the worker's stdout+stderr (an unlinked temp file), for crash reports
+        # How processes below the keeper ended, from a pipe only the keeper writes (worker/keeper.py).
+        self.notes: KeeperNotes | None = KeeperNotes(notes_fd) if notes_fd >= 0 else None
         self.loop = asyncio.get_running_loop()
         # The first frame: `ready` from a new worker, `restored` from a snapshot that took over.
         self.ready: asyncio.Future[dict[str, Any]] = self.loop.create_future()
@@ -298,12 +301,13 @@ class Connection:
         return fd
 
     def describe_exit(self) -> str:
-        """How the worker ended: from its process handle, else from its keeper's note in the log."""
+        """How the worker ended: from its process handle, else from its keeper's note. Never from
+        the log: the code in the cell writes there too, and could fake a note."""
         how = self.process.describe_exit()
         if how not in ("it exited", "it stopped answering") or self.worker_ns_pid is None:
             return how
-        mark = f"[recursa keeper] process {self.worker_ns_pid} ended: "
-        for line in reversed(self.log_tail().splitlines()):
+        mark = f"process {self.worker_ns_pid} ended: "
+        for line in reversed(self.notes.read().splitlines() if self.notes is not None else []):
             if line.startswith(mark):
                 return line[len(mark) :].strip()
         return how
@@ -317,6 +321,30 @@ class Connection:
         except OSError:
             return ""
         return data.decode("utf-8", "replace").strip()
+
+
+class KeeperNotes:
+    """The read end of the keeper's notes pipe, and the last notes read from it."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.text = ""
+
+    def read(self) -> str:
+        while self.fd >= 0:
+            try:
+                chunk = os.read(self.fd, 65536)
+            except OSError:  # BlockingIOError: nothing new
+                break
+            if not chunk:
+                break
+            self.text = (self.text + chunk.decode("utf-8", "replace"))[-_LOG_TAIL_CHARS:]
+        return self.text
+
+    def close(self) -> int:
+        """Stop reading; returns the descriptor for the caller to close (-1 if none)."""
+        fd, self.fd = self.fd, -1
+        return fd
 
 
 def _error_reply(call_id: int, kind: str, message: str) -> dict[str, Any]:

@@ -236,10 +236,11 @@ class WorkerHost:
         return SandboxError(f"{who} {why}" + (f":\n{tail}" if tail else "")), tail
 
     def _release_log(self, conn: Connection) -> None:
-        fd = conn.take_log()
-        if fd >= 0:
-            self._cleanup.fds.discard(fd)
-            os.close(fd)
+        notes, conn.notes = conn.notes, None
+        for fd in (conn.take_log(), notes.close() if notes is not None else -1):
+            if fd >= 0:
+                self._cleanup.fds.discard(fd)
+                os.close(fd)
 
     async def _take_over(self, old: Connection) -> tuple[Connection | None, str]:
         """Let `old`'s waiting snapshot replace it: (new connection, "") or (None, why not)."""
@@ -274,6 +275,7 @@ class WorkerHost:
         ctl_ours.setblocking(False)
         conn.control = ctl_ours
         conn.log_fd = old.take_log()  # the snapshot writes to the same log
+        conn.notes, old.notes = old.notes, None  # and has the same keeper
         conn.restored = restored
         await old.release()
         if process.pid is not None:
