@@ -184,23 +184,26 @@ class SubprocessSandbox(WorkerHost):
         ours, theirs = socket.socketpair()
         log = self._new_log()
         try:
-            pid = await server.fork(theirs.fileno(), log, request, self.start_timeout, list(handed.values()))
+            pid = await server.fork(
+                theirs.fileno(), log.write_fd, request, self.start_timeout, list(handed.values())
+            )
             process = ForkedProcess(pid)
         except BaseException as exc:  # also a cancelled start: a worker forked anyway sees EOF, exits
             ours.close()
-            for fd in (log, notes):
-                self._cleanup.fds.discard(fd)
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+            log.spawned()
+            self._cleanup.fds.discard(notes)
+            with contextlib.suppress(OSError):
+                os.close(notes)
             if isinstance(exc, (ZygoteGone, ProcessLookupError)):
                 return None
             raise
         finally:
             theirs.close()
+            log.spawned()
             for fd in handed.values():
                 os.close(fd)
         self._hardening.using_bwrap = True  # a zygote runs only under bwrap (why_not_forked)
-        worker = Connection(FrameSocket(ours), self._handler, process, log_fd=log, notes_fd=notes)
+        worker = Connection(FrameSocket(ours), self._handler, process, log=log, notes_fd=notes)
         self._cleanup.process = worker.process
         failure: BaseException | None = None
         try:
@@ -238,32 +241,33 @@ class SubprocessSandbox(WorkerHost):
                 cwd=self.scratch_dir,
                 env=self._env(),
                 stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
+                stdout=log.write_fd,
+                stderr=log.write_fd,
                 start_new_session=True,  # its own process group: one killpg stops everything it started
             ),
             (theirs, ours),
-            (log, *handed.values(), *([notes] if notes >= 0 else [])),
+            (log.write_fd, *handed.values(), *([notes] if notes >= 0 else [])),
         )
         try:
             proc = await asyncio.to_thread(launch.run)
         except asyncio.CancelledError:
-            self._cleanup.fds.difference_update((log, notes))
+            self._cleanup.fds.discard(notes)
             launch.abandon()
             raise
         except OSError as exc:
             ours.close()
-            for fd in (log, notes):
-                self._cleanup.fds.discard(fd)
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+            log.spawned()
+            self._cleanup.fds.discard(notes)
+            with contextlib.suppress(OSError):
+                os.close(notes)
             raise SandboxError(f"cannot start the REPL worker with {self.python!r}: {exc}") from None
         finally:
             if not launch.abandoned:
                 theirs.close()
+                log.spawned()
                 for fd in handed.values():
                     os.close(fd)
-        worker = Connection(FrameSocket(ours), self._handler, LocalProcess(proc), log_fd=log, notes_fd=notes)
+        worker = Connection(FrameSocket(ours), self._handler, LocalProcess(proc), log=log, notes_fd=notes)
         self._cleanup.process = worker.process
         try:
             ready = await asyncio.wait_for(asyncio.shield(worker.ready), self.start_timeout)
