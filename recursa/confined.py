@@ -170,8 +170,10 @@ class _Walk:
                     finally:
                         os.close(sub)
                     continue
-                else:
+                elif entry.is_file(follow_symlinks=False):
                     fd = os.open(entry.name, _FILE_FLAGS, dir_fd=dir_fd)
+                else:  # a pipe, socket or device: not even opened (opening some has effects)
+                    fd = "not a regular file"
             except OSError as exc:
                 self.skipped.append(f"{rel} ({_why(exc)})")
                 continue

@@ -58,7 +58,7 @@ def add_parsers(sub: Any, add_model_options: Callable[[argparse.ArgumentParser],
     mcp.add_argument(
         "--api-key",
         default=os.environ.get("RECURSA_SERVE_API_KEY"),
-        help="with --http: clients must send it as a bearer key",
+        help="with --http: clients must send it as a bearer key (default: $RECURSA_SERVE_API_KEY; none: no auth)",
     )
     _add_access_options(mcp)
     _add_session_options(mcp)
@@ -296,8 +296,9 @@ def _mcp(args: argparse.Namespace) -> int:
 
     keys = [k for k in (settings.api_key, *settings.api_keys.values()) if k]
     app = with_bearer_key(server.streamable_http_app(streamable_http_path=args.path, host=args.host), keys)
+    sock = _listen(args.host, args.port)  # a busy port is reported before the URL is announced
     print(f"recursa mcp: streamable HTTP at http://{args.host}:{args.port}{args.path}", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
     return 0
 
 
