@@ -201,17 +201,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
         if result.error:
             print(f"stopped early: {result.error}", file=sys.stderr)
-        _report_skipped(result.skipped_files)
+        if result.skipped_files:
+            from recursa.cli_chat import skipped_note
+
+            print(skipped_note(result.skipped_files), file=sys.stderr)
     return 0 if result.stop_reason in ("final", "max_iterations") else 3
-
-
-def _report_skipped(skipped: list[str]) -> None:
-    if skipped:
-        # File names are anyone's: escape control characters before they reach a terminal.
-        shown = "; ".join(
-            s.encode("unicode_escape").decode("ascii") if not s.isprintable() else s for s in skipped[:10]
-        ) + (f"; and {len(skipped) - 10} more" if len(skipped) > 10 else "")
-        print(f"left out of the context folder: {shown}", file=sys.stderr)
 
 
 def _report_interrupted(args: argparse.Namespace, progress: _Progress) -> int:

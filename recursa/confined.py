@@ -170,8 +170,10 @@ class _Walk:
                     finally:
                         os.close(sub)
                     continue
-                else:
+                elif entry.is_file(follow_symlinks=False):
                     fd = os.open(entry.name, _FILE_FLAGS, dir_fd=dir_fd)
+                else:  # a pipe, socket or device: not even opened (opening some has effects)
+                    fd = "not a regular file"
             except OSError as exc:
                 self.skipped.append(f"{rel} ({_why(exc)})")
                 continue
@@ -224,7 +226,7 @@ class _Walk:
             if not stat.S_ISREG(mode):
                 return "a symbolic link to something that is not a regular file"
             if not _real_path(handle).startswith(self.real_root):
-                return "a symbolic link leading outside the allowed folder"
+                return "a symbolic link leading outside the folder"
             # Reopening the descriptor's /proc entry opens exactly the file checked, not a name.
             return os.open(f"/proc/self/fd/{handle}", os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except OSError as exc:

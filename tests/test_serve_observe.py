@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -47,7 +48,7 @@ def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 @pytest.fixture
-def access_lines(monkeypatch) -> list[str]:
+def access_lines() -> Iterator[list[str]]:
     """What the access logger emits, caught on the logger itself (whatever its propagation)."""
     lines: list[str] = []
 
@@ -56,11 +57,17 @@ def access_lines(monkeypatch) -> list[str]:
             lines.append(record.getMessage())
 
     logger = logging.getLogger("recursa.serve.access")
-    monkeypatch.setattr(logger, "level", logging.INFO)
+    old = logger.level, logger.disabled
+    logger.setLevel(logging.INFO)  # setLevel, not an attribute: it also clears isEnabledFor's cache
+    # A logging.config.dictConfig call elsewhere in the test process (import-linter's, in
+    # test_layout.py) disables every logger that existed then, this one included.
+    logger.disabled = False
     handler = Catch()
     logger.addHandler(handler)
     yield lines
     logger.removeHandler(handler)
+    logger.setLevel(old[0])
+    logger.disabled = old[1]
 
 
 def test_access_log_has_a_line_per_request_without_key_or_context(tmp_path, access_lines):

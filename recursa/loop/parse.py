@@ -43,6 +43,7 @@ _END_OF_SEQUENCE = re.compile(r"[ \t]*</s>[ \t]*$", re.M)
 _HARMONY_FINAL = "<|channel|>final<|message|>"
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _PYTHON_TAG = re.compile(r"<\|python_tag\|>(.*?)(?:<\|eom_id\|>|<\|eot_id\|>|\Z)", re.DOTALL)
+_EXECUTE = re.compile(r"<(execute|execute_ipython)>(.*?)</\1>", re.DOTALL)  # CodeAct / OpenHands
 _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*(?:</tool_call>|\Z)", re.DOTALL)
 _CODE_ARGS = ("code", "source", "python", "script", "input")
 _THINK = re.compile(r"<(think|thinking|reasoning)>(.*?)</\1>", re.DOTALL | re.IGNORECASE)
@@ -51,14 +52,15 @@ _THINK_CLOSE_ONLY = re.compile(r"^(.*?)</(?:think|thinking|reasoning)>", re.DOTA
 # An answer line may carry markdown around it: "**FINAL**(x)", "- FINAL(x)", "`FINAL(x)`", "> FINAL".
 _LINE_DECOR = r"[ \t>*_#`-]*"
 _PROSE_FINAL_VAR = re.compile(rf"^{_LINE_DECOR}FINAL_VAR[*_`]*[ \t]*\(", re.M)
-_PROSE_FINAL = re.compile(rf"^{_LINE_DECOR}FINAL[*_`]*[ \t]*\(", re.M)
+_PROSE_FINAL = re.compile(rf"^{_LINE_DECOR}FINAL(?:_ANSWER)?[*_`]*[ \t]*\(", re.M)
 # Written without parentheses: "FINAL 345", "FINAL: x", "FINAL ANSWER: x", "**Final Answer:** x".
 _LOOSE_FINAL_VAR = re.compile(
     rf"^{_LINE_DECOR}FINAL_VAR[*_`]*[ \t]*[:=]?[ \t]*[`'\"]?([A-Za-z_]\w*)[`'\"]?\W*$"
 )
 _LOOSE_FINAL = re.compile(
-    rf"^{_LINE_DECOR}(?:FINAL(?:[ _]ANSWER)?(?![\w(])|[Ff]inal [Aa]nswer(?=[*_`]*[ \t]*(?::|=|is\b|$)))"
-    r"[*_`]*[ \t]*(?::|=|-|–|is\b)?[*_`]*[ \t]*(?P<rest>.*)$"
+    rf"^(?P<decor>{_LINE_DECOR})(?:FINAL(?:[ _](?:ANSWER|RESULT|OUTPUT))?(?![\w(])"
+    r"|[Ff]inal [Aa]nswer(?=[*_`]*[ \t]*(?::|=|is\b|$)))"
+    r"[*_`]*[ \t]*(?P<sep>:|=|-|–|is\b)?[*_`]*[ \t]*(?P<rest>.*)$"
 )
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 
@@ -141,8 +143,9 @@ def _clean(reply: str) -> tuple[str, list[str]]:
 
 def _tool_calls_as_code(reply: str, notes: list[str]) -> str:
     """Code written in a tool-call format the model was trained on becomes a ```python block: Llama's
-    code interpreter (<|python_tag|>code<|eom_id|>) and Hermes/Qwen <tool_call> JSON whose arguments
-    hold code. Other tool calls do not run here, and the model is told."""
+    code interpreter (<|python_tag|>code<|eom_id|>), CodeAct's <execute> (OpenHands: <execute_ipython>)
+    and Hermes/Qwen <tool_call> JSON whose arguments hold code. Other tool calls do not run here, and
+    the model is told."""
 
     def python_tag(match: re.Match[str]) -> str:
         return f"\n```python\n{match.group(1).strip()}\n```\n"
@@ -170,6 +173,7 @@ def _tool_calls_as_code(reply: str, notes: list[str]) -> str:
         return f"\n```python\n{code.strip()}\n```\n"
 
     reply = _PYTHON_TAG.sub(python_tag, reply)
+    reply = _EXECUTE.sub(lambda m: f"\n```python\n{m.group(2).strip()}\n```\n", reply)
     return _TOOL_CALL.sub(tool_call, reply)
 
 
@@ -350,6 +354,8 @@ def _loose_final(prose: list[str], fences: list[Fence]) -> ProseFinal | None:
         m = _LOOSE_FINAL.match(line)
         if m is None:
             continue
+        if "#" in m.group("decor") and not m.group("sep") and "answer" not in line.lower():
+            continue  # a heading such as "## FINAL REPORT" names a section, not an answer
         rest = _strip_decor(m.group("rest"))
         if not rest:
             rest = _following_text(prose, index + 1, fences)

@@ -121,13 +121,12 @@ class HostHardening:
         except OSError:
             return []
 
-    def config(self, scratch: str, group_fds: Sequence[int] = ()) -> dict[str, Any]:
+    def config(self, scratch: str, grouped: bool = False) -> dict[str, Any]:
+        """The worker's hardening spec; `grouped`: it gets a control group (group_fds)."""
         if self.options is None:
             return {}
         spec = self.options.worker_spec(scratch, namespace_ids())
-        if len(group_fds) == 2:
-            spec["cgroup_fd"], spec["cell_cgroup_fd"] = group_fds
-        elif self._bwrap_path() is not None and os.geteuid() != 0:
+        if not grouped and self._bwrap_path() is not None and os.geteuid() != 0:
             # No group: inside bwrap's own user namespace the kernel counts RLIMIT_NPROC for this
             # sandbox alone (root ignores it, hence not for root).
             spec["max_tasks"] = self.options.max_processes

@@ -296,8 +296,9 @@ def _mcp(args: argparse.Namespace) -> int:
 
     keys = [k for k in (settings.api_key, *settings.api_keys.values()) if k]
     app = with_bearer_key(server.streamable_http_app(streamable_http_path=args.path, host=args.host), keys)
+    sock = _listen(args.host, args.port)  # a busy port is reported before the URL is announced
     print(f"recursa mcp: streamable HTTP at http://{args.host}:{args.port}{args.path}", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
     return 0
 
 

@@ -358,10 +358,14 @@ def main(argv: list[str] | None = None) -> None:
 
 def _start(fd: int, config: dict[str, Any]) -> NoReturn:
     """Serve the host on the socket `fd`: a worker started afresh, or one a zygote just forked."""
-    group = TaskGroup(config.get("hardening"))
+    group = TaskGroup(config)
     group.join()  # first: every task from here on (the keeper's too) counts against the group's cap
+    notes = config.pop("keeper_fd", -1)
+    notes = notes if isinstance(notes, int) else -1
     if config.pop("keeper", False):
-        split_off_keeper(fd)
+        split_off_keeper(fd, notes)
+    elif notes >= 0:
+        os.close(notes)
     os.set_inheritable(fd, False)  # children of generated code must not hold the channel
     serve(SocketTransport(socket.socket(fileno=fd)), config, group=group)
     os._exit(0)

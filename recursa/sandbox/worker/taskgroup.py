@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 class TaskGroup:
-    """The two descriptors from the host's spec, or none (then every method does nothing)."""
+    """The two descriptors from the worker's config, or none (then every method does nothing)."""
 
     def __init__(self, spec: Any) -> None:
         spec = spec if isinstance(spec, dict) else {}
