@@ -58,7 +58,7 @@ def add_parsers(sub: Any, add_model_options: Callable[[argparse.ArgumentParser],
     mcp.add_argument(
         "--api-key",
         default=os.environ.get("RECURSA_SERVE_API_KEY"),
-        help="with --http: clients must send it as a bearer key",
+        help="with --http: clients must send it as a bearer key (default: $RECURSA_SERVE_API_KEY; none: no auth)",
     )
     _add_access_options(mcp)
     _add_session_options(mcp)
