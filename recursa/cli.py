@@ -10,12 +10,30 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from recursa.cli_options import (
+    SANDBOXES,
+    HelpFormatter,
+    add_model_options,
+    check_context,
+    for_cli,
+    rlm_kwargs,
+)
 from recursa.errors import ConfigError, RecursaError
 
 if TYPE_CHECKING:
     from recursa.rlm import RLM
 
-DEFAULT_MODEL = "openai/gpt-5-mini"
+# The task families `recursa demo` can generate (recursa.tasks.families(), listed here so that
+# `recursa --help` does not import the task generators).
+DEMO_FAMILIES = (
+    "codeqa",
+    "evidence-spans",
+    "multihop-docs",
+    "niah",
+    "oolong",
+    "oolong-pairs",
+    "verbatim-copy",
+)
 
 
 class _Progress:
@@ -68,39 +86,26 @@ class _Progress:
             )
 
 
-def _add_model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--model",
-        default=os.environ.get("RECURSA_MODEL", DEFAULT_MODEL),
-        help="root model as provider/name (openai, anthropic, scripted)",
-    )
-    p.add_argument(
-        "--sub-model",
-        default=os.environ.get("RECURSA_SUB_MODEL"),
-        help="model behind llm_query (default: --model)",
-    )
-    p.add_argument(
-        "--base-url",
-        default=os.environ.get("RECURSA_BASE_URL"),
-        help="any OpenAI-compatible server, e.g. http://localhost:8000/v1",
-    )
-    p.add_argument("--max-depth", type=int, default=1)
-    p.add_argument("--max-iterations", type=int, default=30)
-    p.add_argument("--max-usd", type=float, default=None)
-    p.add_argument("--max-tokens", type=int, default=None)
-    p.add_argument("--max-seconds", type=float, default=None)
-    p.add_argument("--sandbox", default="auto")
-    p.add_argument("--trace-dir", default=None)
-
-
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="recursa", description="Recursive Language Models")
+    parser = argparse.ArgumentParser(
+        prog="recursa",
+        description="Recursive Language Models: answer questions over contexts far larger than any model "
+        "window. Start offline with `recursa demo`, or `recursa run QUESTION --context FILE --model "
+        "scripted/gpt5-like`; `recursa models` lists the models and the environment variables read.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="answer a question over a context file or folder")
-    run.add_argument("question")
-    run.add_argument("--context", required=True, help="a text file, a folder of text files, or - for stdin")
-    _add_model_options(run)
+    run = sub.add_parser(
+        "run", help="answer a question over a context file or folder", formatter_class=HelpFormatter
+    )
+    run.add_argument("question", help="the question to answer over the context, in quotes")
+    run.add_argument(
+        "--context",
+        required=True,
+        help="a text file, a folder of text files (read recursively; undecodable and binary files are "
+        "left out and listed), or - for stdin",
+    )
+    add_model_options(run)
     run.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
     chat = sub.add_parser(
@@ -111,18 +116,36 @@ def _parser() -> argparse.ArgumentParser:
         "'exit', 'quit' or Ctrl-C.",
     )
     chat.add_argument("--context", required=True, help="a text file or a folder of text files")
-    _add_model_options(chat)
+    add_model_options(chat)
     chat.add_argument("--json", action="store_true", help="print each result as one JSON line")
 
-    demo = sub.add_parser("demo", help="an offline end-to-end run with a scripted model (no key needed)")
-    demo.add_argument("--family", default="oolong")
+    demo = sub.add_parser(
+        "demo",
+        help="an offline end-to-end run with a scripted model (no key needed)",
+        formatter_class=HelpFormatter,
+    )
+    demo.add_argument("--family", default="oolong", choices=DEMO_FAMILIES, help="the task family to generate")
     demo.add_argument("--size", type=int, default=1_200_000, help="context size in characters")
-    demo.add_argument("--seed", type=int, default=7)
-    demo.add_argument("--model", default="scripted/gpt5-like")
-    demo.add_argument("--sub-model", default="scripted/oracle")
-    demo.add_argument("--sandbox", default="auto")
-    demo.add_argument("--trace-dir", default=None)
-    demo.add_argument("--json", action="store_true")
+    demo.add_argument("--seed", type=int, default=7, help="seed of the generated task")
+    demo.add_argument(
+        "--model", default="scripted/gpt5-like", help="root model (`recursa models` lists them)"
+    )
+    demo.add_argument("--sub-model", default="scripted/oracle", help="model behind llm_query")
+    demo.add_argument("--sandbox", default="auto", choices=SANDBOXES, help="where the REPL runs")
+    demo.add_argument(
+        "--trace-dir",
+        default=None,
+        metavar="DIR",
+        help="folder for the trace (default: ~/.cache/recursa/traces)",
+    )
+    demo.add_argument("--json", action="store_true", help="print the report as one JSON object")
+
+    models = sub.add_parser(
+        "models",
+        help="the model providers, the offline scripted models and the environment variables read",
+        formatter_class=HelpFormatter,
+    )
+    models.add_argument("--json", action="store_true", help="print the listing as one JSON object")
 
     _add_bench_parser(sub)
 
@@ -137,35 +160,30 @@ def _parser() -> argparse.ArgumentParser:
 
     from recursa.serve.commands import add_parsers as add_serving_parsers
 
-    add_serving_parsers(sub, _add_model_options)  # serve, mcp, view
+    add_serving_parsers(sub, add_model_options)  # serve, mcp, view
+    for command in sub.choices.values():
+        command.formatter_class = HelpFormatter  # every option's help shows its default
     return parser
 
 
-def _rlm_from_args(args: argparse.Namespace, on_event: Callable[[dict[str, Any]], None]) -> RLM:
-    """The RLM that the options of `_add_model_options` describe."""
-    from recursa import RLM, Budget
+def _rlm_from_args(
+    args: argparse.Namespace, on_event: Callable[[dict[str, Any]], None], question: str = ""
+) -> RLM:
+    """The RLM that the options of `add_model_options` describe."""
+    from recursa import RLM
 
-    return RLM(
-        args.model,
-        sub_model=args.sub_model,
-        base_url=args.base_url,
-        max_depth=args.max_depth,
-        max_iterations=args.max_iterations,
-        budget=Budget(max_usd=args.max_usd, max_tokens=args.max_tokens, max_seconds=args.max_seconds),
-        sandbox=args.sandbox,
-        trace_dir=args.trace_dir,
-        on_event=on_event,
-    )
+    return RLM(args.model, **rlm_kwargs(args, question), on_event=on_event)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    if args.context == "-":
-        context: Any = sys.stdin.read()
-    else:
-        context = Path(args.context).expanduser()
-    with _Progress(not args.json) as progress:
+    context: Any = "-" if args.context == "-" else check_context(args.context)
+    progress = _Progress(not args.json)
+    rlm = _rlm_from_args(args, progress, args.question)  # every setting checked before stdin is read
+    if context == "-":
+        context = sys.stdin.read()
+    with progress:
         try:
-            result = _rlm_from_args(args, progress).run(args.question, context)
+            result = rlm.run(args.question, context)
         except KeyboardInterrupt:
             result = None
     if result is None:
@@ -183,17 +201,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
         if result.error:
             print(f"stopped early: {result.error}", file=sys.stderr)
-        _report_skipped(result.skipped_files)
+        if result.skipped_files:
+            from recursa.cli_chat import skipped_note
+
+            print(skipped_note(result.skipped_files), file=sys.stderr)
     return 0 if result.stop_reason in ("final", "max_iterations") else 3
-
-
-def _report_skipped(skipped: list[str]) -> None:
-    if skipped:
-        # File names are anyone's: escape control characters before they reach a terminal.
-        shown = "; ".join(
-            s.encode("unicode_escape").decode("ascii") if not s.isprintable() else s for s in skipped[:10]
-        ) + (f"; and {len(skipped) - 10} more" if len(skipped) > 10 else "")
-        print(f"left out of the context folder: {shown}", file=sys.stderr)
 
 
 def _report_interrupted(args: argparse.Namespace, progress: _Progress) -> int:
@@ -242,19 +254,13 @@ def _cmd_chat(args: argparse.Namespace) -> int:
             "recursa chat reads its questions from stdin, so the context cannot come from there too; "
             "save it to a file and pass --context FILE"
         )
-    context = Path(args.context).expanduser()
-    if not context.exists():
-        raise ConfigError(f"no context file or folder at {args.context!r}; check the path")
+    context = check_context(args.context)
     progress = _Progress(not args.json)
     return Chat(_rlm_from_args(args, progress), context, as_json=args.json, progress=progress).run()
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from recursa.demo import run_demo
-    from recursa.tasks import families
-
-    if args.family not in families():
-        raise ConfigError(f"unknown --family {args.family!r}; families: {', '.join(families())}")
 
     with _Progress(not args.json) as progress:
         report = run_demo(
@@ -290,16 +296,33 @@ def _add_bench_parser(sub: Any) -> None:
         "--sizes", default="8k,32k,131k", help="context sizes in tokens, e.g. 8k,32k,131k,1m,10m"
     )
     bench.add_argument("--n", type=int, default=3, help="instances per size")
-    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--seed", type=int, default=0, help="seed of the generated instances")
     bench.add_argument(
         "--method",
         default="base,rlm",
         help="base,codeact,codeact-bm25,codeact-subcalls,summary,rlm,rlm-nosub,rlm-tips,rlm-subtools",
     )
-    bench.add_argument("--model", default=os.environ.get("RECURSA_MODEL", "scripted/gpt5-like"))
-    bench.add_argument("--sub-model", default=os.environ.get("RECURSA_SUB_MODEL"))
-    bench.add_argument("--base-url", default=os.environ.get("RECURSA_BASE_URL"))
-    bench.add_argument("--executor", default="local", help="local or ray")
+    bench.add_argument(
+        "--model",
+        default=os.environ.get("RECURSA_MODEL", "scripted/gpt5-like"),
+        help="root model (default: $RECURSA_MODEL, else scripted/gpt5-like)",
+    )
+    bench.add_argument(
+        "--sub-model",
+        default=os.environ.get("RECURSA_SUB_MODEL"),
+        help="model behind llm_query (default: $RECURSA_SUB_MODEL, else --model)",
+    )
+    bench.add_argument(
+        "--base-url",
+        default=os.environ.get("RECURSA_BASE_URL"),
+        help="an OpenAI-compatible server (default: $RECURSA_BASE_URL, else the provider's API)",
+    )
+    bench.add_argument(
+        "--executor",
+        default="local",
+        choices=("local", "ray"),
+        help="where instances run (ray: the ray extra)",
+    )
     bench.add_argument(
         "--out", default=None, help="output folder (default: bench-results/TASK); re-use it to resume"
     )
@@ -310,14 +333,21 @@ def _add_bench_parser(sub: Any) -> None:
         help="a local file of the real dataset (OOLONG, BrowseComp-Plus, LongBench v2)",
     )
     bench.add_argument("--concurrency", type=int, default=4, help="instances run at once (local executor)")
-    bench.add_argument("--ray-actors", type=int, default=2)
-    bench.add_argument("--ray-address", default=None)
-    bench.add_argument("--sandbox", default="auto")
-    bench.add_argument("--max-iterations", type=int, default=30)
+    bench.add_argument("--ray-actors", type=int, default=2, help="Ray actors, each running many rows")
+    bench.add_argument(
+        "--ray-address", default=None, help="a running Ray cluster to join (default: a local one)"
+    )
+    bench.add_argument("--sandbox", default="auto", choices=SANDBOXES, help="where the REPL runs")
+    bench.add_argument("--max-iterations", type=int, default=30, help="root turns per run")
     bench.add_argument("--max-usd", type=float, default=None, help="per row")
     bench.add_argument("--max-seconds", type=float, default=None, help="per row")
     bench.add_argument("--window", type=int, default=None, help="the root model's window in tokens")
-    bench.add_argument("--base-overflow", default="fail", choices=("fail", "truncate"))
+    bench.add_argument(
+        "--base-overflow",
+        default="fail",
+        choices=("fail", "truncate"),
+        help="what the base-model method does with a context over --window",
+    )
     bench.add_argument("--max-retries", type=int, default=4, help="retries per model call")
     bench.add_argument("--json", action="store_true", help="print the summary as JSON")
 
@@ -381,11 +411,20 @@ def _cmd_serving(args: argparse.Namespace) -> int:
     return run_command(args)
 
 
+def _cmd_models(args: argparse.Namespace) -> int:
+    from recursa.cli_models import listing, render
+
+    data = listing()
+    print(json.dumps(data, ensure_ascii=False) if args.json else render(data))
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": _cmd_run,
     "chat": _cmd_chat,
     "demo": _cmd_demo,
     "bench": _cmd_bench,
+    "models": _cmd_models,
     "export": _cmd_export,
     "serve": _cmd_serving,
     "mcp": _cmd_serving,
@@ -394,18 +433,36 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
+def _fake_server(argv: list[str]) -> int:
+    try:
+        from recursa.testing.fake_server import main as fake_main
+    except ImportError:
+        print('recursa fake-server: needs the server extra: pip install "recursa[server]"', file=sys.stderr)
+        return 2
+    try:
+        return int(fake_main(argv) or 0)
+    except OSError as exc:
+        port = next((a.split("=", 1)[1] for a in argv if a.startswith("--port=")), None)
+        if port is None and "--port" in argv[:-1]:
+            port = argv[argv.index("--port") + 1]
+        print(
+            f"recursa fake-server: cannot listen on 127.0.0.1:{port or 8765} ({exc.strerror or exc}); "
+            "another server may be using the port: pick another with --port N (0: any free port)",
+            file=sys.stderr,
+        )
+        return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["fake-server"]:
         # Its options belong to the fake server's own parser; argparse would take them for ours.
-        from recursa.testing.fake_server import main as fake_main
-
-        return int(fake_main(argv[1:]) or 0)
+        return _fake_server(argv[1:])
     args = _parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
     except RecursaError as exc:
-        print(f"recursa: error: {exc}", file=sys.stderr)
+        print(f"recursa: error: {for_cli(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("recursa: interrupted", file=sys.stderr)

@@ -30,6 +30,14 @@ EXIT_WORDS = ("exit", "quit")
 _ANSWERED = ("final", "max_iterations")
 
 
+def skipped_note(skipped: list[str]) -> str:
+    """The files of a context folder that were left out, and why, for stderr."""
+    # File names are anyone's: escape control characters before they reach a terminal.
+    shown = [s if s.isprintable() else s.encode("unicode_escape").decode("ascii") for s in skipped[:10]]
+    more = f"; and {len(skipped) - 10} more" if len(skipped) > 10 else ""
+    return f"left out of the context folder: {'; '.join(shown)}{more}"
+
+
 def status_line(result: RLMResult) -> str:
     u = result.usage
     return (
@@ -138,6 +146,8 @@ class Chat:
             return
         if result.answer:
             self._print(result.answer)
+        if self.asked == 1 and result.skipped_files:  # the context is loaded once, with the first
+            self._note(skipped_note(result.skipped_files))
         self._note(status_line(result))
         if result.stop_reason not in _ANSWERED:
             why = result.error or "no reason given"

@@ -16,6 +16,7 @@ links refused (a hard link inside the root may be another name of a file outside
 from __future__ import annotations
 
 import errno
+import io
 import os
 import stat
 from dataclasses import dataclass, field
@@ -169,8 +170,10 @@ class _Walk:
                     finally:
                         os.close(sub)
                     continue
-                else:
+                elif entry.is_file(follow_symlinks=False):
                     fd = os.open(entry.name, _FILE_FLAGS, dir_fd=dir_fd)
+                else:  # a pipe, socket or device: not even opened (opening some has effects)
+                    fd = "not a regular file"
             except OSError as exc:
                 self.skipped.append(f"{rel} ({_why(exc)})")
                 continue
@@ -193,11 +196,19 @@ class _Walk:
         self.total += st.st_size
         _check_fits(self.where, self.total, self.free)
         try:
-            self.files[rel] = _read_fd(fd).decode("utf-8")
+            data = _read_fd(fd)
+            text = data.decode("utf-8")
         except UnicodeDecodeError:
             self.skipped.append(f"{rel} (not UTF-8 text)")
         except OSError as exc:
             self.skipped.append(f"{rel} ({exc.strerror})")
+        else:
+            # Binary files can happen to decode (a NUL-padded .pyc or database page does): no text
+            # file holds a NUL byte, so one marks the file as binary.
+            if b"\x00" in data:
+                self.skipped.append(f"{rel} (binary: contains NUL bytes)")
+            else:
+                self.files[rel] = text
 
     def _open_link(self, dir_fd: int, name: str) -> int | str:
         """A descriptor for the file a link leads to when it lies inside the root, else the reason."""
@@ -215,7 +226,7 @@ class _Walk:
             if not stat.S_ISREG(mode):
                 return "a symbolic link to something that is not a regular file"
             if not _real_path(handle).startswith(self.real_root):
-                return "a symbolic link leading outside the allowed folder"
+                return "a symbolic link leading outside the folder"
             # Reopening the descriptor's /proc entry opens exactly the file checked, not a name.
             return os.open(f"/proc/self/fd/{handle}", os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except OSError as exc:
@@ -239,10 +250,9 @@ def _real_path(fd: int) -> str:
 
 
 def _read_fd(fd: int) -> bytes:
-    chunks: list[bytes] = []
-    while chunk := os.read(fd, 1 << 20):
-        chunks.append(chunk)
-    return b"".join(chunks)
+    # FileIO.readall sizes one buffer from fstat: a 1 GB file is held once, not as chunks plus a join.
+    with io.FileIO(fd, "rb", closefd=False) as fh:
+        return fh.readall()
 
 
 def _decode(data: bytes, where: str) -> str:

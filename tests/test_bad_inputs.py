@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,8 @@ from recursa.train.errors import ExportError
 
 CORPUS = Path(__file__).parent / "bad_inputs"
 REPO = Path(__file__).resolve().parent.parent
-CATEGORIES = ("config", "models", "contexts", "cli", "replies", "traces")
-DRIVERS = ("rlm", "budget", "run", "replies", "trace", "cli")
+CATEGORIES = ("config", "models", "contexts", "cli", "replies", "traces", "requests")
+DRIVERS = ("rlm", "budget", "run", "replies", "trace", "cli", "request")
 REPLAY = "bad-input-replay"  # the scripted model that plays a case's replies
 ROOT = f"scripted/{REPLAY}"
 ERRORS: dict[str, type[BaseException]] = {
@@ -221,6 +222,8 @@ def check_message(text: str, expect: dict[str, Any], where: str) -> None:
     for part in ("problem", "fix"):
         for needle in expect[part]:
             assert needle in text, f"{where}: the message does not name the {part} ({needle!r}):\n{text}"
+    for needle in expect.get("absent", []):  # e.g. the Python form of a fix, shown to a CLI user
+        assert needle not in text, f"{where}: the message should not contain {needle!r}:\n{text}"
 
 
 def expect_raise(expect: dict[str, Any], action: Callable[[], Any]) -> None:
@@ -386,6 +389,7 @@ class _Job:
     argv: list[str]
     env: dict[str, str]
     before: dict[str, bytes]
+    holds: list[socket.socket] = field(default_factory=list)  # a port kept busy while the case runs
 
     def paths(self) -> dict[str, str]:
         return {
@@ -403,13 +407,24 @@ class _Job:
 def _prepare(case: dict[str, Any], root: Path, sample: SampleTrace) -> _Job:
     spec, expect = case["input"], case["expect"]
     make_files(spec.get("files", {}), root, sample)
+    if spec.get("fifo"):
+        os.mkfifo(root / spec["fifo"])
+    holds: list[socket.socket] = []
+    argv = [_fill(a, root, sample) for a in spec["argv"]]
+    if spec.get("busy_port"):
+        held = socket.socket()
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        holds.append(held)
+        argv = [a.replace("{port}", str(held.getsockname()[1])) for a in argv]
     watched = [*expect.get("unchanged", []), *expect.get("kept_rows", {})]
     job = _Job(
         case,
         root,
-        [_fill(a, root, sample) for a in spec["argv"]],
+        argv,
         _cli_env(root, spec.get("env", {})),
         {rel: (root / rel).read_bytes() for rel in watched},
+        holds,
     )
     Path(job.paths()["stdin"]).write_text(spec.get("stdin", ""), encoding="utf-8")
     return job
@@ -466,6 +481,9 @@ def cli_outcomes(
         fresh_done = pool.map(_run_fresh, fresh)
         forked_done = _run_forked(forked, tmp_path_factory.mktemp("launcher")) if forked else []
         outcomes = [*fresh_done, *forked_done]
+    for job in jobs:
+        for held in job.holds:
+            held.close()
     return {job.case["name"]: outcome for job, outcome in zip([*fresh, *forked], outcomes, strict=True)}
 
 
@@ -496,6 +514,26 @@ def drive_cli(case: dict[str, Any], outcome: CliOutcome) -> None:
         text = (outcome.root / rel).read_text(encoding="utf-8")
         for needle in needles:
             assert needle in text, f"{rel} does not contain {needle!r}"
+
+
+def drive_request(case: dict[str, Any]) -> None:
+    """A request body `recursa serve` refuses: an OpenAI-format error naming the field and the fix."""
+    pytest.importorskip("fastapi")
+    from recursa.serve.request import ApiError, parse_chat_request
+    from recursa.serve.settings import ServeSettings
+
+    body = dict(case["input"]["body"])
+    model = body.pop("$model", "scripted/gpt5-like")
+    body.setdefault("model", "recursa")
+    expect = case["expect"]
+    with pytest.raises(ApiError) as info:
+        parse_chat_request(body, ServeSettings(model=model))
+    error = info.value
+    assert error.status == expect["status"], error.body()
+    assert error.param == expect["param"], error.body()
+    if "code" in expect:
+        assert error.code == expect["code"], error.body()
+    check_message(error.message, expect, "the error message")
 
 
 def _is_json(line: bytes) -> bool:
@@ -532,6 +570,8 @@ def test_bad_input(
         drive_replies(case, tmp_path)
     elif driver == "trace":
         drive_trace(case, tmp_path, request.getfixturevalue("sample"))
+    elif driver == "request":
+        drive_request(case)
     else:
         drive_cli(case, request.getfixturevalue("cli_outcomes")[case["name"]])
 

@@ -152,4 +152,5 @@ def test_unreachable_server_ends_with_an_error_status_not_a_traceback(tmp_path):
         str(tmp_path),
     )
     assert out.returncode == 3
-    assert "could not connect" in out.stderr and "Traceback" not in out.stderr
+    assert f"cannot connect to 127.0.0.1:{port} (connection refused)" in out.stderr
+    assert "Traceback" not in out.stderr and "event loop" not in out.stderr

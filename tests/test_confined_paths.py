@@ -120,6 +120,27 @@ def test_cli_run_leaves_links_out_and_says_so(tree: Path, tmp_path: Path) -> Non
     context = load(trace).root.start["context"]
     assert context["total_chars"] == len("alpha") * 2 + len("beta") + len(HARD)
     _no_secret(trace.read_text(), hard_links_refused=False)
+    chat = subprocess.run(
+        [
+            *[sys.executable, "-m", "recursa.cli", "chat", "--context", str(tree / "docs")],
+            *[
+                "--model",
+                "scripted/gpt5-like",
+                "--sub-model",
+                "scripted/oracle",
+                "--trace-dir",
+                str(tmp_path / "c"),
+            ],
+        ],
+        input="What is the code?\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert chat.returncode == 0 and "Traceback" not in chat.stderr, chat.stderr
+    assert "left out of the context folder" in chat.stderr and "leak.txt (a symbolic link" in chat.stderr
+    _no_secret(chat.stdout + chat.stderr, hard_links_refused=False)
 
 
 def test_serve_context_path_folder_keeps_to_the_allowed_root(tree: Path, tmp_path: Path) -> None:

@@ -223,6 +223,22 @@ async def test_live_repl_bound_gives_a_clear_error(sub_server: FakeServer, tmp_p
     await env.aclose()
 
 
+async def test_the_repl_bound_also_holds_for_child_rlms(tmp_path: Path) -> None:
+    async def sub_call(messages, depth, parent_id):
+        return "FINAL(child)"
+
+    env = RLMEnv(
+        sub_call=sub_call, max_depth=2, max_live_repls=1, trace_dir=tmp_path, subcall_errors="return"
+    )
+    episode = await env.start("q?", CONTEXT)
+    obs = await episode.step(code("print(rlm_query('sub question', context='child ctx'))"))
+    assert "max_live_repls=1" in obs[0]["content"]  # the child could not start a REPL, and says why
+    assert env.live_repls == 1
+    await episode.close()
+    assert env.live_repls == 0
+    await env.aclose()
+
+
 async def test_many_episodes_at_once_share_one_pool(sub_server: FakeServer, tmp_path: Path) -> None:
     env = make_env(sub_server, tmp_path)
 

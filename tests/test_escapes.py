@@ -399,6 +399,65 @@ def test_a_thread_bomb_stops_at_the_task_cap(server, script, tmp_path, kind, lim
     assert_next_turn_ok(result)
 
 
+@pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap (bwrap) is not installed")
+def test_cell_output_cannot_forge_the_keepers_crash_notes(server, script, tmp_path, monkeypatch):
+    # Under bwrap the host cannot wait for the worker (not its child): before Linux 6.15 only the
+    # keeper can say how it ended. A process the cell forked keeps writing notes of its own to the
+    # log while the worker exits.
+    import recursa.sandbox.processes as processes_module
+
+    monkeypatch.setattr(processes_module._Pid, "status", lambda self: None)  # an older kernel
+    src = (
+        "import os, time\n"
+        "me = os.getpid()\n"
+        "if os.fork() == 0:\n"
+        "    for _ in range(3000):\n"
+        "        for fake in (f'[recursa keeper] process {me} ended: killed by SIGSEGV (forged)\\n',\n"
+        "                     f'process {me} ended: killed by SIGSEGV (forged)\\n'):\n"
+        "            os.write(2, fake.encode())\n"
+        "        time.sleep(0.001)\n"
+        "    os._exit(0)\n"
+        "time.sleep(0.1)\n"
+        "os._exit(3)"
+    )
+    result, feedback = attack(server, script, tmp_path, src, "auto")
+    assert "the REPL process died (exit code 3)" in feedback, feedback
+    assert "died (killed by SIGSEGV" not in feedback  # the forged lines are only shown as its output
+    assert result.isolation["level"] == "hardened+namespaces"
+    assert_next_turn_ok(result)
+
+
+@pytest.mark.parametrize("bwrap", [False, True] if find_bwrap() is not None else [False])
+async def test_the_worker_log_is_a_bounded_tail_not_a_file(bwrap):
+    # Code can write to fd 2 directly (not through the captured sys.stderr): that used to fill a
+    # file on the host's disk, up to the file-size limit. Now it is a pipe the host keeps 64 KiB of.
+    from recursa.sandbox import SubprocessSandbox
+    from recursa.sandbox.worker_log import KEEP_BYTES
+
+    async def handler(fn: str, args: dict[str, Any]) -> Any:
+        return None
+
+    sb = SubprocessSandbox(bwrap=bwrap)
+    try:
+        await sb.start(handler)
+        src = (
+            "import os, stat\n"
+            "print('fifo', stat.S_ISFIFO(os.fstat(2).st_mode))\n"
+            "for _ in range(320):\n"
+            "    os.write(2, b'x' * 65536)\n"
+            "_ = os.write(2, b'the end\\n')"
+        )
+        result = await sb.execute(src, 60)
+        assert result.stdout == "fifo True\n", (result.stdout, result.error)
+        assert (await sb.execute("print('alive')", 10)).stdout == "alive\n"
+        worker = sb._worker
+        assert worker is not None and worker.log is not None
+        tail = worker.log.tail(1 << 30)
+        assert tail.endswith("the end") and len(tail) <= KEEP_BYTES
+    finally:
+        await sb.close()
+
+
 def _ours(tmp_path) -> list[int]:
     """Running processes of this test's sandboxes (their command lines name its scratch root)."""
     mark = str(tmp_path).encode()
@@ -597,8 +656,11 @@ def test_huge_fan_out_stays_inside_budget_and_concurrency(server, script, tmp_pa
     result = rlm.run("q", "ctx")
     assert_next_turn_ok(result)
     assert result.usage.input_tokens + result.usage.output_tokens <= 60_000
+    # Items start one per event-loop turn, so early answers settle their reservations (a reply of
+    # "ok" costs far less than the 1,000 output tokens reserved) and later items fit: more than 60
+    # may be sent, but never more than the cap pays for, nor more than 8 at once.
     sent = len(subs(server))
-    assert 0 < sent <= 60 and request_overlap(subs(server)) <= 8
+    assert 0 < sent < 2000 and request_overlap(subs(server)) <= 8
     feedback = feedback_before(server, 2)
     assert f"answers {sent} refused {2000 - sent}" in feedback and "BudgetExceeded" in feedback
 

@@ -519,7 +519,7 @@ def test_an_abandoned_launch_stops_the_process_it_started(order):
         started.append(subprocess.Popen(["sleep", "30"], start_new_session=True))
         return started[0]
 
-    launch = _Launch(popen, (ours, theirs), log)
+    launch = _Launch(popen, (ours, theirs), (log,))
     launch.run()
     if order == "abandon_after_popen":
         launch.abandon()

@@ -93,4 +93,6 @@ async def test_turn_budget_and_family_reward(server: FakeServer, script, tmp_pat
 def test_registered_under_the_documented_id() -> None:
     assert adapter.ENV_ID == "recursa-rlm" and adapter.ENV_ID in skyrl_gym.registry
     env = skyrl_gym.make("recursa-rlm", env_config={}, extras={"max_turns": 3})
-    assert isinstance(env, skyrl_gym.envs.base_text_env.BaseTextEnv) and env.max_turns == 4  # 3 turns + the answer
+    assert (
+        isinstance(env, skyrl_gym.envs.base_text_env.BaseTextEnv) and env.max_turns == 4
+    )  # 3 turns + the answer

@@ -370,6 +370,18 @@ def test_filters_and_fixes_on_hand_built_traces(tmp_path):
         ("```\nFINAL(42)\n```", set(), "FINAL(42)", fx.FIX_ANSWER_IN_CODE),
         ("```repl\nFINAL(42)\n```", set(), "```repl\nFINAL(42)\n```", None),  # valid code: it ran
         ("```repl\nFINAL(x)\nprint(y)\n```", set(), "```repl\nFINAL(x)\nprint(y)\n```", None),
+        (  # fences read as the engine reads them: a fence inside a string is part of the code
+            '```repl\np = """Reply as:\n```json\n{}\n```\n"""\nx = 2\nFINAL(\'x\')\n```',
+            set(),
+            '```repl\np = """Reply as:\n```json\n{}\n```\n"""\nx = 2\nFINAL_VAR("x")\n```',
+            fx.FIX_FINAL_FOR_VAR,
+        ),
+        (  # a doubled opener
+            "```\n```python\ntotal = 1\nFINAL_VAR(total)\n```",
+            {"total"},
+            '```\n```python\ntotal = 1\nFINAL_VAR("total")\n```',
+            fx.FIX_FINAL_VAR_OF_VALUE,
+        ),
     ],
 )
 def test_each_fix(reply, names, fixed, fix):

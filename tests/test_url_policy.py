@@ -8,6 +8,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -257,3 +258,38 @@ def test_recursa_serve_command_line(tmp_path: Path, internal, flags: list[str]) 
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_https_goes_to_the_checked_address_and_verifies_the_name(http, monkeypatch, tmp_path) -> None:
+    """Pinned to an address, the request still sends the name as TLS server name and Host, and the
+    certificate is checked against that name."""
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    cert = ca.issue_cert("docs.example")
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca_file))
+    site = Site(PUBLIC_IP, {"/doc": (200, {}, PUBLIC_TEXT)})
+    names: list[str | None] = []
+    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    cert.configure_cert(server_context)
+    server_context.sni_callback = lambda _sock, name, _ctx: names.append(name)
+    site.server.socket = server_context.wrap_socket(site.server.socket, server_side=True)
+    real_problem, real_resolve = urls.address_problem, urls.resolve
+
+    async def resolve(host: str, port: int):
+        return [ipaddress.ip_address(PUBLIC_IP)] if host == "docs.example" else await real_resolve(host, port)
+
+    monkeypatch.setattr(urls, "resolve", resolve)
+    monkeypatch.setattr(
+        urls, "address_problem", lambda ip: None if str(ip) == PUBLIC_IP else real_problem(ip)
+    )
+    try:
+        reply = _ask(http, f"https://docs.example:{site.port}/doc")
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["choices"][0]["message"]["content"] == PUBLIC_TEXT
+        assert names[0] == "docs.example" and site.hits == ["/doc"]
+        # The certificate names docs.example, not the address: asked by address, it does not verify.
+        _refused(_ask(http, f"https://{PUBLIC_IP}:{site.port}/doc"), code="context_fetch_failed")
+    finally:
+        site.close()

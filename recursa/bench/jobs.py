@@ -215,4 +215,4 @@ async def run_row(
 def unreachable(row: dict[str, Any]) -> bool:
     """A row that failed because the model server could not be reached at all."""
     error = str(row.get("error") or "")
-    return row.get("status") == "error" and ("could not connect" in error or "timed out to" in error)
+    return row.get("status") == "error" and ("cannot connect to" in error or "timed out connecting" in error)

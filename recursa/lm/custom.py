@@ -23,6 +23,7 @@ from recursa.errors import ConfigError, LMError
 from recursa.lm.base import LMClient, LMRequest, LMResponse
 from recursa.lm.billing import estimate_prompt_tokens, estimate_text_tokens
 from recursa.lm.prices import PriceBook
+from recursa.lm.registry import parse_model
 
 CLIENT_PROVIDER = "client"
 # Sync clients run in threads of their own pool: the loop's default pool has a handful of threads
@@ -131,6 +132,14 @@ class ClientSet:
         """`value` as a model spec: a str as it is, a client object as `client/<name>` (its own)."""
         if isinstance(value, str):
             return value
+        if value is None or isinstance(value, (int, float, bytes, list, tuple, dict)):
+            # Plain data, not an object meant as a client: the mistake is in the name.
+            try:
+                parse_model(value)  # type: ignore[arg-type]
+            except ConfigError as exc:
+                raise ConfigError(
+                    f"{argument}: {exc} Or pass an LM client object (docs/clients.md)."
+                ) from None
         for spec, client in self.clients.items():
             if client.target is value:
                 return spec

@@ -28,8 +28,9 @@ def register_provider(name: str, factory: str | ProviderFactory) -> None:
 
 
 def providers() -> tuple[str, ...]:
-    """The provider names `make_client` accepts, in the order they were registered."""
-    return tuple(_FACTORIES)
+    """The provider names a model name may start with, in the order they were registered ("client",
+    which stands for an object given to RLM(model=...), is not one to type)."""
+    return tuple(p for p in _FACTORIES if p != "client")
 
 
 _FORM = (

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import os
 import random
 import socket
 import threading
@@ -303,10 +304,13 @@ def connection_error(
         # The SDK's aiohttp transport reports a refused connection as a connect *timeout*; the OS
         # error underneath tells the truth.
         refused = any(isinstance(x, OSError) and not isinstance(x, TimeoutError) for x in _chain(cause))
-        reason = "timed out" if timed_out and not refused else "could not connect"
+        if timed_out and not refused:
+            reason = "timed out connecting"
+        else:
+            reason = _os_reason(cause) or (scrub(said, secret)[:200] if texts else "no reason given")
         message = (
-            f"{provider}/{model}: {reason} to {where}{detail}. Check that the server is running and "
-            "the base_url is right."
+            f"{provider}/{model}: cannot connect to {host_port(where)} ({reason}). Check that the server "
+            f"at {where} is running and the base URL is right."
         )
     elif timed_out and not _names(cause) & _CONNECTION_LOST:
         # (The SDK's aiohttp transport also raises its timeout error for a reset connection.)
@@ -317,6 +321,32 @@ def connection_error(
     else:
         message = f"{provider}/{model}: the connection to {where} was lost before the answer arrived{detail}."
     return LMError(message, retryable=True)
+
+
+def _os_reason(cause: BaseException | None) -> str | None:
+    """What the operating system said about a failed connect, in a few words."""
+    for link in _chain(cause):
+        if isinstance(link, socket.gaierror):
+            return f"the host name does not resolve: {link.strerror or link}"
+        if isinstance(link, OSError) and not isinstance(link, TimeoutError):
+            # aiohttp's wrapper keeps the errno but writes its own strerror ("Connect call failed")
+            if isinstance(link.errno, int) and link.errno > 0:
+                return os.strerror(link.errno).lower()
+            if link.strerror:
+                return link.strerror[:1].lower() + link.strerror[1:]
+    return None
+
+
+def host_port(url: str) -> str:
+    """HOST:PORT of a URL, with the scheme's default port when it names none."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    port = port or (443 if parts.scheme == "https" else 80)
+    host = parts.hostname or "?"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def scrub(text: str, secret: str | None) -> str:

@@ -7,14 +7,12 @@ from recursa.loop.parse import ParsedReply
 
 NO_CODE_MESSAGE = (
     "Your reply had no ```repl code block and no final answer, so nothing ran. Write code in a "
-    "block that starts with ```repl and ends with ``` on a line of its own. When you have the answer, "
-    "write it on a line of its own as FINAL(your answer), with the parentheses, or FINAL_VAR(name) "
-    "for a variable you already assigned in the REPL."
+    "block that starts with ```repl and ends with ``` on a line of its own, or answer with FINAL(...) / "
+    "FINAL_VAR(name): when you have the answer, write FINAL(your answer) on a line of its own, with "
+    "the parentheses, or FINAL_VAR(name) for a variable you already assigned in the REPL."
 )
-EMPTY_REPLY_MESSAGE = (
-    "Your reply was empty, so nothing ran. Write code in a ```repl block, or answer with FINAL(...) / "
-    "FINAL_VAR(name)."
-)
+# An empty reply (a provider's filter, a glitch) is named as such, then the same way out.
+EMPTY_REPLY_MESSAGE = "Your reply was empty. " + NO_CODE_MESSAGE
 LAST_CALL_MESSAGE = (
     "You have used all {n} turns. No more code will run. Reply now with your final answer on a line "
     "of its own: FINAL(your answer), or FINAL_VAR(variable_name) for a value already in the REPL."
@@ -28,7 +26,10 @@ def fence_hint(parsed: ParsedReply) -> str:
     tags = sorted({f"```{t}" for t in parsed.other_tags if t})
     bare = sum(1 for t in parsed.other_tags if not t)
     kinds = ", ".join([*tags, *(["a bare ```"] if bare else [])])
-    return (
-        f" (Your reply had {parsed.unlabeled_blocks} fenced block(s) ({kinds}) that did not run: only "
-        "blocks opened with ```repl or ```python run.)"
+    n = parsed.unlabeled_blocks
+    what = (
+        "a code fence without the `repl` tag; it did not run"
+        if n == 1
+        else f"{n} code fences without the `repl` tag; they did not run"
     )
+    return f" (Your reply had {what} ({kinds}). Only blocks opened with ```repl or ```python run.)"

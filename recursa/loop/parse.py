@@ -41,7 +41,9 @@ _SPECIAL_TOKEN = re.compile(
 )
 _END_OF_SEQUENCE = re.compile(r"[ \t]*</s>[ \t]*$", re.M)
 _HARMONY_FINAL = "<|channel|>final<|message|>"
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _PYTHON_TAG = re.compile(r"<\|python_tag\|>(.*?)(?:<\|eom_id\|>|<\|eot_id\|>|\Z)", re.DOTALL)
+_EXECUTE = re.compile(r"<(execute|execute_ipython)>(.*?)</\1>", re.DOTALL)  # CodeAct / OpenHands
 _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*(?:</tool_call>|\Z)", re.DOTALL)
 _CODE_ARGS = ("code", "source", "python", "script", "input")
 _THINK = re.compile(r"<(think|thinking|reasoning)>(.*?)</\1>", re.DOTALL | re.IGNORECASE)
@@ -50,14 +52,15 @@ _THINK_CLOSE_ONLY = re.compile(r"^(.*?)</(?:think|thinking|reasoning)>", re.DOTA
 # An answer line may carry markdown around it: "**FINAL**(x)", "- FINAL(x)", "`FINAL(x)`", "> FINAL".
 _LINE_DECOR = r"[ \t>*_#`-]*"
 _PROSE_FINAL_VAR = re.compile(rf"^{_LINE_DECOR}FINAL_VAR[*_`]*[ \t]*\(", re.M)
-_PROSE_FINAL = re.compile(rf"^{_LINE_DECOR}FINAL[*_`]*[ \t]*\(", re.M)
+_PROSE_FINAL = re.compile(rf"^{_LINE_DECOR}FINAL(?:_ANSWER)?[*_`]*[ \t]*\(", re.M)
 # Written without parentheses: "FINAL 345", "FINAL: x", "FINAL ANSWER: x", "**Final Answer:** x".
 _LOOSE_FINAL_VAR = re.compile(
     rf"^{_LINE_DECOR}FINAL_VAR[*_`]*[ \t]*[:=]?[ \t]*[`'\"]?([A-Za-z_]\w*)[`'\"]?\W*$"
 )
 _LOOSE_FINAL = re.compile(
-    rf"^{_LINE_DECOR}(?:FINAL(?:[ _]ANSWER)?(?![\w(])|[Ff]inal [Aa]nswer(?=[*_`]*[ \t]*(?::|=|is\b|$)))"
-    r"[*_`]*[ \t]*(?::|=|-|–|is\b)?[*_`]*[ \t]*(?P<rest>.*)$"
+    rf"^(?P<decor>{_LINE_DECOR})(?:FINAL(?:[ _](?:ANSWER|RESULT|OUTPUT))?(?![\w(])"
+    r"|[Ff]inal [Aa]nswer(?=[*_`]*[ \t]*(?::|=|is\b|$)))"
+    r"[*_`]*[ \t]*(?P<sep>:|=|-|–|is\b)?[*_`]*[ \t]*(?P<rest>.*)$"
 )
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 
@@ -75,6 +78,7 @@ class Fence:
     text: str  # the block's content, dedented
     closed: bool = True
     at: int = -1  # the index of its place among the prose lines (an empty line stands for it)
+    lines: tuple[int, int] = (0, 0)  # its lines in the text read, fences included: [start, end)
 
     @property
     def runnable(self) -> bool:
@@ -111,6 +115,7 @@ def _clean(reply: str) -> tuple[str, list[str]]:
     """The reply without chat-template tokens and reasoning blocks; notes on code left out."""
     notes: list[str] = []
     reply = reply.replace("\r\n", "\n").replace("\r", "\n")
+    reply = _CONTROL.sub("", reply)  # NULs and the like from a broken decoder
     if _HARMONY_FINAL in reply:  # gpt-oss unparsed: the final channel is the reply, the rest reasoning
         reply = reply.rsplit(_HARMONY_FINAL, 1)[1]
     skipped = 0
@@ -138,8 +143,9 @@ def _clean(reply: str) -> tuple[str, list[str]]:
 
 def _tool_calls_as_code(reply: str, notes: list[str]) -> str:
     """Code written in a tool-call format the model was trained on becomes a ```python block: Llama's
-    code interpreter (<|python_tag|>code<|eom_id|>) and Hermes/Qwen <tool_call> JSON whose arguments
-    hold code. Other tool calls do not run here, and the model is told."""
+    code interpreter (<|python_tag|>code<|eom_id|>), CodeAct's <execute> (OpenHands: <execute_ipython>)
+    and Hermes/Qwen <tool_call> JSON whose arguments hold code. Other tool calls do not run here, and
+    the model is told."""
 
     def python_tag(match: re.Match[str]) -> str:
         return f"\n```python\n{match.group(1).strip()}\n```\n"
@@ -167,6 +173,7 @@ def _tool_calls_as_code(reply: str, notes: list[str]) -> str:
         return f"\n```python\n{code.strip()}\n```\n"
 
     reply = _PYTHON_TAG.sub(python_tag, reply)
+    reply = _EXECUTE.sub(lambda m: f"\n```python\n{m.group(2).strip()}\n```\n", reply)
     return _TOOL_CALL.sub(tool_call, reply)
 
 
@@ -192,11 +199,12 @@ class _Open:
         return self.tag in RUNNABLE_TAGS
 
     at: int = -1
+    start: int = 0
 
-    def fence(self, closed: bool) -> Fence:
+    def fence(self, closed: bool, end: int) -> Fence:
         lines = [_strip_indent(line, self.indent) for line in self.body]
         text = textwrap.dedent("\n".join(lines)).strip("\n")
-        return Fence(self.tag, text, closed, self.at)
+        return Fence(self.tag, text, closed, self.at, (self.start, end))
 
 
 def read_fences(text: str, notes: list[str]) -> tuple[list[Fence], list[str]]:
@@ -212,7 +220,7 @@ def read_fences(text: str, notes: list[str]) -> tuple[list[Fence], list[str]]:
         m = _FENCE_LINE.match(line)
         if cur is None:
             if m is not None:
-                cur = _opener(m, len(prose))
+                cur = _opener(m, len(prose), i - 1)
                 prose.append("")
             else:
                 prose.append(line)
@@ -224,26 +232,26 @@ def read_fences(text: str, notes: list[str]) -> tuple[list[Fence], list[str]]:
             if m is not None and not _tag(m):
                 if not "".join(cur.body).strip() and _more_code_follows(lines, i):
                     continue  # "```python" then "```": a doubled opener, the code comes next
-                fences.append(cur.fence(True))
+                fences.append(cur.fence(True, i))
                 cur = None
                 continue
             if m is not None:
                 if "".join(cur.body).strip():
-                    fences.append(cur.fence(False))
+                    fences.append(cur.fence(False, i - 1))
                     notes.append(
                         f"A ```{cur.tag} block was not closed before the next ```{_tag(m)} fence; it was "
                         "read as ending there. Close every block with ``` on a line of its own."
                     )
                     prose.append("")
-                    cur = _opener(m, len(prose) - 1)
+                    cur = _opener(m, len(prose) - 1, i - 1)
                 else:
-                    cur = _opener(m, cur.at)  # an empty block opened twice counts once
+                    cur = _opener(m, cur.at, cur.start)  # an empty block opened twice counts once
                 continue
             code_line = line.rstrip()[:-3]
             if line.rstrip().endswith("```") and not _in_string([*cur.body, code_line]):
                 # "x = 5```": the fence closes on the code's last line (unless a string holds it)
                 cur.body.append(code_line)
-                fences.append(cur.fence(True))
+                fences.append(cur.fence(True, i))
                 cur = None
                 continue
             cur.body.append(line)
@@ -261,7 +269,7 @@ def read_fences(text: str, notes: list[str]) -> tuple[list[Fence], list[str]]:
                 cur.depth -= 1
                 cur.body.append(line)
                 continue
-            fences.append(cur.fence(True))
+            fences.append(cur.fence(True, i))
             cur = None
             continue
         if cur.tag in _QUOTING_TAGS:
@@ -270,20 +278,20 @@ def read_fences(text: str, notes: list[str]) -> tuple[list[Fence], list[str]]:
             continue
         # "```" then "```python": a doubled opener; after text, the bare fence was a stray one.
         if "".join(cur.body).strip():
-            fences.append(cur.fence(False))
+            fences.append(cur.fence(False, i - 1))
             prose.append("")
-            cur = _opener(m, len(prose) - 1)
+            cur = _opener(m, len(prose) - 1, i - 1)
         else:
-            cur = _opener(m, cur.at)
+            cur = _opener(m, cur.at, cur.start)
     if cur is not None:
-        fences.append(cur.fence(False))
+        fences.append(cur.fence(False, len(lines)))
     return fences, prose
 
 
-def _opener(m: re.Match[str], at: int) -> _Open:
+def _opener(m: re.Match[str], at: int, start: int) -> _Open:
     indent = len(m.group("indent").expandtabs(4))
     fence = m.group("fence")
-    return _Open(_tag(m), indent, fence[0], len(fence), at=at)
+    return _Open(_tag(m), indent, fence[0], len(fence), at=at, start=start)
 
 
 def _tag(m: re.Match[str]) -> str:
@@ -346,6 +354,8 @@ def _loose_final(prose: list[str], fences: list[Fence]) -> ProseFinal | None:
         m = _LOOSE_FINAL.match(line)
         if m is None:
             continue
+        if "#" in m.group("decor") and not m.group("sep") and "answer" not in line.lower():
+            continue  # a heading such as "## FINAL REPORT" names a section, not an answer
         rest = _strip_decor(m.group("rest"))
         if not rest:
             rest = _following_text(prose, index + 1, fences)

@@ -18,6 +18,7 @@ from recursa.sandbox.base import HOST_FUNCTIONS, CallbackError, CallHandler
 from recursa.sandbox.frames import ProtocolError, RefusedFrame
 from recursa.sandbox.processes import WorkerProcess
 from recursa.sandbox.protocol import Channel
+from recursa.sandbox.worker_log import WorkerLog
 
 _LOG_TAIL_CHARS = 2000
 # After the process is seen to exit, frames it sent just before may still be in the channel: let the
@@ -53,12 +54,15 @@ class Connection:
         handler: CallHandler,
         process: WorkerProcess | None = None,
         *,
-        log_fd: int = -1,
+        log: WorkerLog | None = None,
+        notes_fd: int = -1,
     ) -> None:
         self.chan = chan
         self.handler = handler
         self.process: WorkerProcess = process or WorkerProcess()
-        self.log_fd = log_fd  # the worker's stdout+stderr (an unlinked temp file), for crash reports
+        self.log = log  # the tail of the worker's stdout+stderr, for crash reports
+        # How processes below the keeper ended, from a pipe only the keeper writes (worker/keeper.py).
+        self.notes: KeeperNotes | None = KeeperNotes(notes_fd) if notes_fd >= 0 else None
         self.loop = asyncio.get_running_loop()
         # The first frame: `ready` from a new worker, `restored` from a snapshot that took over.
         self.ready: asyncio.Future[dict[str, Any]] = self.loop.create_future()
@@ -292,31 +296,49 @@ class Connection:
             self.control.close()  # a snapshot still waiting on it sees end-of-file and leaves
             self.control = None
 
-    def take_log(self) -> int:
-        """Hand the log fd over (to the connection of the snapshot that shares it)."""
-        fd, self.log_fd = self.log_fd, -1
-        return fd
+    def take_log(self) -> WorkerLog | None:
+        """Hand the log over (to the connection of the snapshot that shares it)."""
+        log, self.log = self.log, None
+        return log
 
     def describe_exit(self) -> str:
-        """How the worker ended: from its process handle, else from its keeper's note in the log."""
+        """How the worker ended: from its process handle, else from its keeper's note. Never from
+        the log: the code in the cell writes there too, and could fake a note."""
         how = self.process.describe_exit()
         if how not in ("it exited", "it stopped answering") or self.worker_ns_pid is None:
             return how
-        mark = f"[recursa keeper] process {self.worker_ns_pid} ended: "
-        for line in reversed(self.log_tail().splitlines()):
+        mark = f"process {self.worker_ns_pid} ended: "
+        for line in reversed(self.notes.read().splitlines() if self.notes is not None else []):
             if line.startswith(mark):
                 return line[len(mark) :].strip()
         return how
 
     def log_tail(self) -> str:
-        if self.log_fd < 0:
-            return ""
-        try:
-            size = os.fstat(self.log_fd).st_size
-            data = os.pread(self.log_fd, _LOG_TAIL_CHARS, max(0, size - _LOG_TAIL_CHARS))
-        except OSError:
-            return ""
-        return data.decode("utf-8", "replace").strip()
+        return self.log.tail(_LOG_TAIL_CHARS) if self.log is not None else ""
+
+
+class KeeperNotes:
+    """The read end of the keeper's notes pipe, and the last notes read from it."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.text = ""
+
+    def read(self) -> str:
+        while self.fd >= 0:
+            try:
+                chunk = os.read(self.fd, 65536)
+            except OSError:  # BlockingIOError: nothing new
+                break
+            if not chunk:
+                break
+            self.text = (self.text + chunk.decode("utf-8", "replace"))[-_LOG_TAIL_CHARS:]
+        return self.text
+
+    def close(self) -> int:
+        """Stop reading; returns the descriptor for the caller to close (-1 if none)."""
+        fd, self.fd = self.fd, -1
+        return fd
 
 
 def _error_reply(call_id: int, kind: str, message: str) -> dict[str, Any]:

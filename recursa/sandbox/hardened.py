@@ -121,13 +121,12 @@ class HostHardening:
         except OSError:
             return []
 
-    def config(self, scratch: str, group_fds: Sequence[int] = ()) -> dict[str, Any]:
+    def config(self, scratch: str, grouped: bool = False) -> dict[str, Any]:
+        """The worker's hardening spec; `grouped`: it gets a control group (group_fds)."""
         if self.options is None:
             return {}
         spec = self.options.worker_spec(scratch, namespace_ids())
-        if len(group_fds) == 2:
-            spec["cgroup_fd"], spec["cell_cgroup_fd"] = group_fds
-        elif self._bwrap_path() is not None and os.geteuid() != 0:
+        if not grouped and self._bwrap_path() is not None and os.geteuid() != 0:
             # No group: inside bwrap's own user namespace the kernel counts RLIMIT_NPROC for this
             # sandbox alone (root ignores it, hence not for root).
             spec["max_tasks"] = self.options.max_processes
@@ -224,10 +223,13 @@ class HostHardening:
         many. Waits (briefly) until they have exited, so the next cell has their task slots back
         once the worker reaps them (it does before every cell)."""
         group = self.group
-        killed = group.kill(cell=True) if group is not None else 0
-        if group is not None and killed:
+        if group is None:
+            return 0
+        keep = {self.worker_pid, *self.spare}
+        killed = group.kill(cell=True, keep=keep)
+        if killed:
             for _ in range(250):
-                if not group.members(cell=True):
+                if not set(group.members(cell=True)) - keep:
                     break
                 await asyncio.sleep(0.002)
         return killed

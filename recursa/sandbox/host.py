@@ -22,7 +22,6 @@ import errno
 import os
 import shutil
 import socket
-import tempfile
 import time
 import weakref
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from recursa.sandbox.cgroups import TaskGroup
 from recursa.sandbox.connection import Connection, WorkerGone
 from recursa.sandbox.processes import WorkerProcess
 from recursa.sandbox.protocol import FrameSocket, ProtocolError, exec_result_from_wire, final_from_wire
+from recursa.sandbox.worker_log import WorkerLog
 
 _DRAIN_S = 0.2
 _SHUTDOWN_S = 0.5  # how long an idle worker may take to exit when asked, before it is killed
@@ -62,7 +62,7 @@ class Cleanup:
     def __init__(self) -> None:
         self.process: WorkerProcess | None = None  # the current worker's
         self.scratch: str | None = None
-        self.fds: set[int] = set()  # worker logs and our copy of the context memfd
+        self.fds: set[int] = set()  # the keeper's notes pipe and our copy of the context memfd
         self.group: TaskGroup | None = None  # its control group (cgroups.py), if it has one
 
     def __call__(self) -> None:
@@ -218,12 +218,10 @@ class WorkerHost:
         if self._definitions:
             await self._send_definitions(self._worker, list(self._definitions.values()))
 
-    def _new_log(self) -> int:
-        """An unnamed file for a new worker's stderr, as a raw fd the finalizer can close anywhere."""
-        with tempfile.TemporaryFile(prefix="recursa-worker-log-") as log_file:
-            fd = os.dup(log_file.fileno())
-        self._cleanup.fds.add(fd)
-        return fd
+    def _new_log(self) -> WorkerLog:
+        """The tail of a new worker's stdout and stderr (worker_log.py): give it `write_fd`, then
+        call `spawned()`."""
+        return WorkerLog.pipe()
 
     async def _failed_start(
         self, worker: Connection, exc: BaseException, who: str
@@ -236,7 +234,11 @@ class WorkerHost:
         return SandboxError(f"{who} {why}" + (f":\n{tail}" if tail else "")), tail
 
     def _release_log(self, conn: Connection) -> None:
-        fd = conn.take_log()
+        notes, conn.notes = conn.notes, None
+        log = conn.take_log()
+        if log is not None:
+            log.spawned()  # nothing more is read from it: the reader ends with the worker
+        fd = notes.close() if notes is not None else -1
         if fd >= 0:
             self._cleanup.fds.discard(fd)
             os.close(fd)
@@ -273,7 +275,8 @@ class WorkerHost:
         conn.attach(process)
         ctl_ours.setblocking(False)
         conn.control = ctl_ours
-        conn.log_fd = old.take_log()  # the snapshot writes to the same log
+        conn.log = old.take_log()  # the snapshot writes to the same log
+        conn.notes, old.notes = old.notes, None  # and has the same keeper
         conn.restored = restored
         await old.release()
         if process.pid is not None:

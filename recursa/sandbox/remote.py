@@ -30,6 +30,7 @@ from recursa.sandbox.host import ContextSpec, WorkerHost
 from recursa.sandbox.processes import WorkerProcess
 from recursa.sandbox.protocol import FeedChannel
 from recursa.sandbox.stdio import boot_worker, worker_argv
+from recursa.sandbox.worker_log import WorkerLog
 
 _UPLOAD_CHUNK = 8 * 1024 * 1024
 
@@ -172,11 +173,10 @@ class RemoteSandbox(WorkerHost):
         if not self._created:
             await self._create()
             self._created = True
-        log_fd = self._new_log()
+        worker_log = WorkerLog()  # fed here: the SDK hands us the sandbox's output
 
         def log(data: bytes | str) -> None:
-            with contextlib.suppress(OSError):
-                os.write(log_fd, data.encode("utf-8", "replace") if isinstance(data, str) else data)
+            worker_log.write(data.encode("utf-8", "replace") if isinstance(data, str) else data)
 
         holder: dict[str, Callable[[bytes], Awaitable[None]]] = {}
 
@@ -186,7 +186,7 @@ class RemoteSandbox(WorkerHost):
         chan = FeedChannel(write)
         process = await self._start_worker(chan, log)
         holder["write"] = process.write
-        worker = Connection(chan, self._handler, process, log_fd=log_fd)
+        worker = Connection(chan, self._handler, process, log=worker_log)
         ready = await boot_worker(self, worker, f"the REPL worker in {self.provider}")
         pid = ready.get("pid")
         process.worker_pid = pid if isinstance(pid, int) else None

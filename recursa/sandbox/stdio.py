@@ -169,20 +169,19 @@ class StdioSandbox(WorkerHost):
                 argv,
                 stdin=theirs.fileno(),
                 stdout=theirs.fileno(),
-                stderr=log,
+                stderr=log.write_fd,
                 env=self._env(),
                 start_new_session=True,
             )
         except OSError as exc:
             ours.close()
-            self._cleanup.fds.discard(log)
-            os.close(log)
             raise SandboxError(f"cannot start the REPL worker with {argv[0]!r}: {exc}") from None
         finally:
             theirs.close()
+            log.spawned()
         chan = FrameSocket(ours)
         chan.can_pass_fds = False  # the far end reads a plain stream: passed fds would be dropped
-        worker = Connection(chan, self._handler, self._process(proc), log_fd=log)
+        worker = Connection(chan, self._handler, self._process(proc), log=log)
         self._cleanup.process = worker.process
         ready = await boot_worker(self, worker)
         self._on_ready(worker, ready)

@@ -118,16 +118,22 @@ class SubprocessSandbox(WorkerHost):
         return await self.fork_server.zygote_for(recipe)
 
     def _command(
-        self, fd: int, *, zygote_root: str | None = None, group_fds: Sequence[int] = ()
+        self, fd: int, *, zygote_root: str | None = None, handed: dict[str, int] | None = None
     ) -> list[str]:
         """The worker's command line (or a zygote's, in `zygote_root`): the one place a wrapper
-        (bwrap, a container) slots in. `group_fds`: the worker's control group (hardened.py)."""
+        (bwrap, a container) slots in. `handed`: descriptors the worker inherits, by the config name
+        it finds them under (`_handed_fds`)."""
         assert self.scratch_dir is not None or zygote_root is not None
         if zygote_root is not None:
             prefix, role = self._hardening.prefix(zygote_root, ZYGOTE_CAPS), ["--zygote", str(fd)]
         else:
             assert self.scratch_dir is not None
-            config = {**self.config, **self._hardening.config(self.scratch_dir, group_fds)}
+            handed = handed or {}
+            config = {
+                **self.config,
+                **self._hardening.config(self.scratch_dir, grouped="cgroup_fd" in handed),
+                **handed,
+            }
             prefix, role = (
                 self._hardening.prefix(self.scratch_dir),
                 ["--fd", str(fd), "--config", json.dumps(config)],
@@ -172,27 +178,32 @@ class SubprocessSandbox(WorkerHost):
     async def _spawn_forked(self, server: ForkServer) -> Connection | None:
         """A worker forked by the zygote, or None if the zygote cannot (then start one anew)."""
         assert self._handler is not None and self.scratch_dir is not None
-        config = {**self.config, **self._hardening.config(self.scratch_dir)}
-        request = {"env": self._env(), "cwd": self.scratch_dir, "config": config}
+        handed, notes = self._handed_fds()
+        config = {**self.config, **self._hardening.config(self.scratch_dir, grouped="cgroup_fd" in handed)}
+        request = {"env": self._env(), "cwd": self.scratch_dir, "config": config, "fd_names": list(handed)}
         ours, theirs = socket.socketpair()
         log = self._new_log()
-        group_fds = self._group_fds()
         try:
-            pid = await server.fork(theirs.fileno(), log, request, self.start_timeout, group_fds)
+            pid = await server.fork(
+                theirs.fileno(), log.write_fd, request, self.start_timeout, list(handed.values())
+            )
             process = ForkedProcess(pid)
         except BaseException as exc:  # also a cancelled start: a worker forked anyway sees EOF, exits
             ours.close()
-            self._cleanup.fds.discard(log)
-            os.close(log)
+            log.spawned()
+            self._cleanup.fds.discard(notes)
+            with contextlib.suppress(OSError):
+                os.close(notes)
             if isinstance(exc, (ZygoteGone, ProcessLookupError)):
                 return None
             raise
         finally:
             theirs.close()
-            for fd in group_fds:
+            log.spawned()
+            for fd in handed.values():
                 os.close(fd)
         self._hardening.using_bwrap = True  # a zygote runs only under bwrap (why_not_forked)
-        worker = Connection(FrameSocket(ours), self._handler, process, log_fd=log)
+        worker = Connection(FrameSocket(ours), self._handler, process, log=log, notes_fd=notes)
         self._cleanup.process = worker.process
         failure: BaseException | None = None
         try:
@@ -217,7 +228,7 @@ class SubprocessSandbox(WorkerHost):
         assert self._handler is not None and self.scratch_dir is not None
         ours, theirs = socket.socketpair()
         log = self._new_log()
-        group_fds = self._group_fds()
+        handed, notes = self._handed_fds()
         # Popen (vfork + exec) itself takes 0.3 ms, but vfork holds the caller until the child execs,
         # and on a busy machine (20 children starting at once) that wait grew to ~14 ms per worker:
         # in a thread it no longer stalls the event loop. asyncio's subprocess API would add a child
@@ -225,35 +236,38 @@ class SubprocessSandbox(WorkerHost):
         launch = _Launch(
             functools.partial(
                 subprocess.Popen,
-                self._command(theirs.fileno(), group_fds=group_fds),
-                pass_fds=(theirs.fileno(), *group_fds),
+                self._command(theirs.fileno(), handed=handed),
+                pass_fds=(theirs.fileno(), *handed.values()),
                 cwd=self.scratch_dir,
                 env=self._env(),
                 stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
+                stdout=log.write_fd,
+                stderr=log.write_fd,
                 start_new_session=True,  # its own process group: one killpg stops everything it started
             ),
             (theirs, ours),
-            log,
+            (log.write_fd, *handed.values(), *([notes] if notes >= 0 else [])),
         )
         try:
             proc = await asyncio.to_thread(launch.run)
         except asyncio.CancelledError:
-            self._cleanup.fds.discard(log)
+            self._cleanup.fds.discard(notes)
             launch.abandon()
             raise
         except OSError as exc:
             ours.close()
-            self._cleanup.fds.discard(log)
-            os.close(log)
+            log.spawned()
+            self._cleanup.fds.discard(notes)
+            with contextlib.suppress(OSError):
+                os.close(notes)
             raise SandboxError(f"cannot start the REPL worker with {self.python!r}: {exc}") from None
         finally:
             if not launch.abandoned:
                 theirs.close()
-            for fd in group_fds:
-                os.close(fd)
-        worker = Connection(FrameSocket(ours), self._handler, LocalProcess(proc), log_fd=log)
+                log.spawned()
+                for fd in handed.values():
+                    os.close(fd)
+        worker = Connection(FrameSocket(ours), self._handler, LocalProcess(proc), log=log, notes_fd=notes)
         self._cleanup.process = worker.process
         try:
             ready = await asyncio.wait_for(asyncio.shield(worker.ready), self.start_timeout)
@@ -297,10 +311,24 @@ class SubprocessSandbox(WorkerHost):
         # The data-size limit and the process guard follow the snapshot that took over.
         self._hardening.takeover(conn.pid, conn.restored, lambda: conn.alive)
 
-    def _group_fds(self) -> list[int]:
-        fds = self._hardening.group_fds()
+    def _handed_fds(self) -> tuple[dict[str, int], int]:
+        """Descriptors a new worker inherits, by the name its config gives their numbers under (the
+        caller closes them once the worker has them), and our end of the keeper's notes (-1 if
+        none): its control group's (hardened.py), and with snapshots the write end of a pipe only
+        the keeper keeps, for notes on how the processes below it ended. The worker's log will not
+        do for those: cell output goes there too, and could write a note of its own."""
+        handed: dict[str, int] = {}
+        group = self._hardening.group_fds()
         self._cleanup.group = self._hardening.group  # a dropped sandbox's finalizer removes it too
-        return fds
+        if len(group) == 2:
+            handed["cgroup_fd"], handed["cell_cgroup_fd"] = group
+        notes = -1
+        if self.config.get("keeper"):
+            notes, handed["keeper_fd"] = os.pipe2(os.O_CLOEXEC)
+            os.set_blocking(notes, False)
+            os.set_blocking(handed["keeper_fd"], False)  # a full pipe loses a note, never stalls the keeper
+            self._cleanup.fds.add(notes)
+        return handed, notes
 
     async def _end_cell(self) -> int:
         return await self._hardening.end_cell()
@@ -356,11 +384,14 @@ class _Launch:
     """
 
     def __init__(
-        self, popen: Callable[[], subprocess.Popen[bytes]], sockets: tuple[socket.socket, ...], log: int
+        self,
+        popen: Callable[[], subprocess.Popen[bytes]],
+        sockets: tuple[socket.socket, ...],
+        fds: tuple[int, ...],
     ):
         self._popen = popen
         self._sockets = sockets
-        self._log = log
+        self._fds = fds  # the log and the other descriptors of this start, closed if it is abandoned
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self.abandoned = False
@@ -390,8 +421,9 @@ class _Launch:
     def _discard(self, proc: subprocess.Popen[bytes] | None) -> None:
         for sock in self._sockets:
             sock.close()
-        with contextlib.suppress(OSError):
-            os.close(self._log)
+        for fd in self._fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
         if proc is not None:
             with contextlib.suppress(OSError):
                 os.killpg(proc.pid, signal.SIGKILL)

@@ -4,7 +4,9 @@ command runs, so `recursa --help` stays fast and works without the extras."""
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -21,12 +23,20 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 def add_parsers(sub: Any, add_model_options: Callable[[argparse.ArgumentParser], None]) -> None:
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server: an RLM as a model")
     add_model_options(serve)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on")
     serve.add_argument(
         "--api-key",
         default=os.environ.get("RECURSA_SERVE_API_KEY"),
         help="clients must send it as a bearer key (default: $RECURSA_SERVE_API_KEY; none: no auth)",
+    )
+    serve.add_argument(
+        "--no-access-log",
+        action="store_true",
+        help="no line per request on stderr (default: a line per request)",
+    )
+    serve.add_argument(
+        "--no-metrics", action="store_true", help="no Prometheus metrics at GET /metrics (default: served)"
     )
     serve.add_argument("--served-model-name", default="recursa", help="the model name clients ask for")
     _add_access_options(serve)
@@ -42,13 +52,13 @@ def add_parsers(sub: Any, add_model_options: Callable[[argparse.ArgumentParser],
     mcp = sub.add_parser("mcp", help="a Model Context Protocol server (stdio, or --http)")
     add_model_options(mcp)
     mcp.add_argument("--http", action="store_true", help="streamable HTTP instead of stdio")
-    mcp.add_argument("--host", default="127.0.0.1")
-    mcp.add_argument("--port", type=int, default=8001)
+    mcp.add_argument("--host", default="127.0.0.1", help="with --http: address to listen on")
+    mcp.add_argument("--port", type=int, default=8001, help="with --http: port to listen on")
     mcp.add_argument("--path", default="/mcp", help="the HTTP endpoint path")
     mcp.add_argument(
         "--api-key",
         default=os.environ.get("RECURSA_SERVE_API_KEY"),
-        help="with --http: clients must send it as a bearer key",
+        help="with --http: clients must send it as a bearer key (default: $RECURSA_SERVE_API_KEY; none: no auth)",
     )
     _add_access_options(mcp)
     _add_session_options(mcp)
@@ -64,7 +74,7 @@ def add_parsers(sub: Any, add_model_options: Callable[[argparse.ArgumentParser],
     view = sub.add_parser("view", help="a trace viewer in the browser")
     view.add_argument("trace", help="a trace file (.jsonl), e.g. a result's trace_path")
     view.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free port)")
-    view.add_argument("--host", default="127.0.0.1")
+    view.add_argument("--host", default="127.0.0.1", help="address to listen on")
     view.add_argument("--html", metavar="OUT", help="write a standalone HTML file instead of serving")
     view.add_argument("--no-browser", action="store_true", help="do not open a browser")
 
@@ -81,7 +91,7 @@ def _add_session_options(p: argparse.ArgumentParser) -> None:
         type=float,
         default=900.0,
         metavar="SECONDS",
-        help="an idle session is closed after this long (default: 900)",
+        help="an idle session is closed after this long",
     )
 
 
@@ -114,7 +124,7 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def _settings(args: argparse.Namespace, roots: list[str]) -> Any:
-    from recursa.budget import Budget
+    from recursa.cli_options import rlm_kwargs
     from recursa.serve.settings import ServeSettings
 
     for root in roots:
@@ -125,19 +135,24 @@ def _settings(args: argparse.Namespace, roots: list[str]) -> Any:
         from recursa.trace.otel import OtelListener
 
         on_event = OtelListener()
+    kwargs = rlm_kwargs(args)
+    # What ServeSettings has no field of its own for goes to every run's RLM(...).
+    options = {k: kwargs.pop(k) for k in ("prices", "prompt", "max_output_tokens") if k in kwargs}
     return ServeSettings(
         api_keys=_read_api_keys(args.api_keys_file) if getattr(args, "api_keys_file", None) else {},
         model=args.model,
-        sub_model=args.sub_model,
-        base_url=args.base_url,
-        max_depth=args.max_depth,
-        max_iterations=args.max_iterations,
-        budget=Budget(max_usd=args.max_usd, max_tokens=args.max_tokens, max_seconds=args.max_seconds),
-        sandbox=args.sandbox,
+        sub_model=kwargs["sub_model"],
+        base_url=kwargs["base_url"],
+        upstream_api_key=kwargs.get("api_key"),
+        max_depth=kwargs["max_depth"],
+        max_iterations=kwargs["max_iterations"],
+        budget=kwargs["budget"],
+        sandbox=kwargs["sandbox"],
         trace_dir=Path(args.trace_dir) if args.trace_dir else None,
         context_roots=tuple(Path(r) for r in roots),
         api_key=getattr(args, "api_key", None),
         on_event=on_event,
+        rlm_options=options,
     )
 
 
@@ -171,9 +186,11 @@ def _check_model(settings: Any) -> None:
         settings.model,
         sub_model=settings.sub_model,
         base_url=settings.base_url,
+        api_key=settings.upstream_api_key,
         budget=settings.budget,
         sandbox=settings.sandbox,
         trace=False,
+        **settings.rlm_options,
     )
 
 
@@ -189,8 +206,19 @@ def _serve(args: argparse.Namespace) -> int:
     settings.allow_context_urls = args.allow_urls
     settings.allow_private_urls = args.allow_private_urls
     settings.max_runs = args.max_runs
+    settings.access_log = not args.no_access_log
+    settings.metrics = not args.no_metrics
     _apply_session_options(settings, args)
     _check_model(settings)
+    if settings.metrics:
+        try:
+            import prometheus_client  # noqa: F401
+        except ImportError:
+            raise ConfigError(
+                'GET /metrics needs prometheus-client: pip install "recursa[server]", or pass --no-metrics'
+            ) from None
+    app = create_app(settings)
+    sock = _listen(args.host, args.port)  # a busy port is reported before the URL is announced
     if args.host not in LOOPBACK and not settings.api_key and not settings.api_keys:
         print(
             f"recursa serve: warning: listening on {args.host} without --api-key; anyone who can reach "
@@ -202,8 +230,51 @@ def _serve(args: argparse.Namespace) -> int:
         f"http://{args.host}:{args.port}/v1",
         file=sys.stderr,
     )
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning")
+    if settings.access_log:
+        _print_access_log()
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    server.run(sockets=[sock])
     return 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound now so that a port in use is one clear line, not a traceback."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ConfigError(f"--host {host!r} does not resolve ({exc.strerror}); use e.g. 127.0.0.1") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        busy = exc.errno == errno.EADDRINUSE
+        raise ConfigError(
+            f"cannot listen on {host}:{port} ({exc.strerror}); "
+            + (
+                "another program is using the port: stop it, or pick another with --port N"
+                if busy
+                else "check --host and --port"
+            )
+        ) from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _print_access_log() -> None:
+    # The command owns its process: the access log goes to stderr, one line per request.
+    import logging
+
+    from recursa.serve.observe import access_log
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("recursa serve: %(message)s"))
+    access_log.addHandler(handler)
+    access_log.setLevel(logging.INFO)
+    access_log.propagate = False
 
 
 def _mcp(args: argparse.Namespace) -> int:
@@ -225,8 +296,9 @@ def _mcp(args: argparse.Namespace) -> int:
 
     keys = [k for k in (settings.api_key, *settings.api_keys.values()) if k]
     app = with_bearer_key(server.streamable_http_app(streamable_http_path=args.path, host=args.host), keys)
+    sock = _listen(args.host, args.port)  # a busy port is reported before the URL is announced
     print(f"recursa mcp: streamable HTTP at http://{args.host}:{args.port}{args.path}", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
     return 0
 
 

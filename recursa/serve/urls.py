@@ -8,7 +8,7 @@ header and as the TLS server name (certificates are still verified against the n
 resolves to another address a moment later (DNS rebinding) gains nothing: it is never resolved
 again for that hop. Numeric forms (decimal `2130706433`, hex, octal, IPv4-mapped IPv6) are
 classified after resolution, so they land in the same checks. Proxies from the environment are not
-used: they would do their own resolution.
+used: they would do their own resolution (SSL_CERT_FILE / SSL_CERT_DIR still choose the CAs).
 
 `allow_private=True` (the operator's `--allow-private-urls`) turns the address check off.
 """
@@ -68,7 +68,12 @@ async def fetch_url(url: str, *, max_bytes: int, timeout_s: float, allow_private
 
 
 async def _fetch(current: httpx.URL, max_bytes: int, timeout_s: float, allow_private: bool) -> bytes:
-    async with httpx.AsyncClient(follow_redirects=False, trust_env=False, timeout=timeout_s) as client:
+    # trust_env=False: no proxies (nor .netrc) from the environment; the CA bundle still honours
+    # SSL_CERT_FILE / SSL_CERT_DIR, as httpx does by default.
+    verify = httpx.create_ssl_context(trust_env=True)
+    async with httpx.AsyncClient(
+        follow_redirects=False, trust_env=False, timeout=timeout_s, verify=verify
+    ) as client:
         for hop in range(MAX_REDIRECTS + 1):
             target, headers, extensions = await _pinned(current, allow_private, redirected=hop > 0)
             async with client.stream("GET", target, headers=headers, extensions=extensions) as response:

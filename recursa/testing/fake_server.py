@@ -394,7 +394,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """`recursa fake-server`: serve in the foreground until Ctrl-C."""
     parser = argparse.ArgumentParser(
         prog="recursa fake-server",
-        description="Offline OpenAI/Anthropic-compatible model server answering with scripted models.",
+        description="Offline OpenAI/Anthropic-compatible model server answering with scripted models "
+        "(model names: scripted/gpt5-like, scripted/oracle, ... as `recursa models` lists them).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (0: any free port)")
     parser.add_argument(

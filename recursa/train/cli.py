@@ -17,7 +17,7 @@ _SCORES_HELP = (
 
 def add_export_parser(sub: Any) -> None:
     export = sub.add_parser("export", help="training data from traces: SFT rows or step-wise RL rows")
-    kinds = export.add_subparsers(dest="export_kind", required=True)
+    kinds = export.add_subparsers(dest="export_kind", required=True, help="what to export: sft or rl rows")
 
     sft = kinds.add_parser("sft", help="one row per root turn, TRL conversational prompt/completion")
     _common(sft)

@@ -24,14 +24,13 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from recursa.loop.parse import RUNNABLE_TAGS, find_prose_final
+from recursa.loop.parse import find_prose_final, read_fences
 
 FIX_FINAL_FOR_VAR = "FINAL(name) of a REPL variable rewritten as FINAL_VAR(name)"
 FIX_FINAL_VAR_OF_VALUE = "FINAL_VAR of a value instead of a variable name rewritten"
 FIX_ANSWER_IN_CODE = "final answer written inside a code block moved out of it"
 DROP_PLAN = "turns whose final answer is a plan (dropped)"
 
-_FENCE = re.compile(r"```[ \t]*([\w+-]*)[ \t]*\n(.*?)(?:\n[ \t]*```|\Z)", re.DOTALL)
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _FINAL_OPEN = re.compile(r"\**FINAL(?:_VAR)?\(")
 
@@ -74,24 +73,30 @@ def fix_reply(reply: str, variables: Iterable[str] = ()) -> FixResult:
     """Repair `reply` given the names the REPL held when it was written (plus those it assigns)."""
     known = set(variables)
     applied: list[str] = []
-    out: list[str] = []
+    lines = reply.split("\n")
+    out: list[str] = []  # lines of the repaired reply
     pos = 0
-    for match in _FENCE.finditer(reply):
-        out.append(_fix_prose(reply[pos : match.start()], known, applied))
-        tag, body = match.group(1).lower(), match.group(2)
-        stripped = body.strip()
-        if _only_final(stripped) and (tag not in RUNNABLE_TAGS or not _parses(stripped)):
+    # Fences as the engine reads them (loop/parse.py), so a ```json block before the code cannot
+    # shift which text counts as code.
+    for fence in read_fences(reply, [])[0]:
+        start, end = fence.lines
+        if start > pos:
+            out += _fix_prose("\n".join(lines[pos:start]), known, applied).split("\n")
+        raw = "\n".join(lines[start:end])
+        stripped = fence.text.strip()
+        if _only_final(stripped) and (not fence.runnable or not _parses(stripped)):
             _note(applied, FIX_ANSWER_IN_CODE)
-            out.append(_fix_prose(stripped.strip("*"), known, applied))
-        elif tag in RUNNABLE_TAGS:
-            known |= assigned_names([body])
-            fixed = _fix_code(body, known, applied)
-            out.append(match.group(0).replace(body, fixed, 1) if fixed != body else match.group(0))
+            out += _fix_prose(stripped.strip("*"), known, applied).split("\n")
+        elif fence.runnable:
+            known |= assigned_names([fence.text])
+            fixed = _fix_code(fence.text, known, applied)
+            out += (raw.replace(fence.text, fixed, 1) if fixed != fence.text else raw).split("\n")
         else:
-            out.append(match.group(0))
-        pos = match.end()
-    out.append(_fix_prose(reply[pos:], known, applied))
-    text = "".join(out)
+            out += raw.split("\n")
+        pos = max(end, pos)
+    if pos < len(lines):
+        out += _fix_prose("\n".join(lines[pos:]), known, applied).split("\n")
+    text = "\n".join(out)
     result = FixResult(text, applied)
     if any(looks_like_plan(answer) for answer in final_texts(text)):
         result.drop = DROP_PLAN
@@ -152,13 +157,13 @@ def _fix_code(code: str, known: set[str], applied: list[str]) -> str:
 def final_texts(reply: str) -> list[str]:
     """The literal answers a reply gives: a prose FINAL(...) and FINAL("...") string literals in code."""
     texts: list[str] = []
-    prose = _FENCE.sub("", reply)
-    found = find_prose_final(prose)
+    fences, prose = read_fences(reply, [])
+    found = find_prose_final("\n".join(prose))
     if found is not None and found.protocol == "FINAL":
         texts.append(found.text)
-    for match in _FENCE.finditer(reply):
-        if match.group(1).lower() in RUNNABLE_TAGS:
-            texts += [m.group(2) for m in _CODE_FINAL_TEXT.finditer(match.group(2))]
+    for fence in fences:
+        if fence.runnable:
+            texts += [m.group(2) for m in _CODE_FINAL_TEXT.finditer(fence.text)]
     return texts
 
 

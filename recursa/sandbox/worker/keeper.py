@@ -43,7 +43,7 @@ def _kill_own_group(*_args: object) -> None:
 _PR_SET_CHILD_SUBREAPER = 36
 
 
-def split_off_keeper(channel_fd: int) -> None:
+def split_off_keeper(channel_fd: int, notes_fd: int = -1) -> None:
     """Fork; the parent stays behind as the keeper and never returns, the child is the worker.
 
     A snapshot that takes over outlives the worker that forked it, so something other than the
@@ -53,6 +53,9 @@ def split_off_keeper(channel_fd: int) -> None:
     when its first process exits, the keeper is that first process. It exits once the last
     process below it is gone, and dies with the host (PR_SET_PDEATHSIG), taking everything along:
     every worker and snapshot below it asks to die with its parent too.
+
+    `notes_fd`: a pipe to the host that only the keeper keeps (the worker closes it at once), for
+    the notes on how processes below it ended: the log would not do, the cells write there too.
     """
     try:
         import ctypes
@@ -63,6 +66,8 @@ def split_off_keeper(channel_fd: int) -> None:
     keeper = os.getpid()
     child = os.fork()
     if child == 0:
+        if notes_fd >= 0:
+            os.close(notes_fd)
         die_with_parent()
         if os.getppid() != keeper:
             os._exit(0)
@@ -91,4 +96,8 @@ def split_off_keeper(channel_fd: int) -> None:
         else:
             how = f"exit code {os.waitstatus_to_exitcode(status)}"
         # For the host's crash report: it cannot wait for a process that is not its child.
-        os.write(2, f"[recursa keeper] process {pid} ended: {how}\n".encode())
+        if notes_fd >= 0:
+            try:
+                os.write(notes_fd, f"process {pid} ended: {how}\n".encode())
+            except OSError:  # full (the host reads it only after a crash) or gone: notes are extras
+                pass

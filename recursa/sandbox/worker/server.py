@@ -19,6 +19,7 @@ import os
 import signal
 import socket
 import sys
+from _queue import Empty as _Empty  # queue.Empty itself, without importing queue
 
 from .context import ContextSource
 from .keeper import die_with_parent, split_off_keeper
@@ -147,7 +148,7 @@ class Server:
         while True:
             if signal.getsignal(signal.SIGINT) != self._on_sigint:  # code may have replaced it
                 signal.signal(signal.SIGINT, self._on_sigint)
-            msg = self.chan.inbox.get()
+            msg = self._next_message()
             op = msg.get("op")
             if op == "shutdown":
                 break
@@ -180,6 +181,17 @@ class Server:
         self.snapshots.discard()
         sys.stdout.flush()
         os._exit(0)  # skip interpreter teardown: user threads must not keep the process alive
+
+    def _next_message(self) -> dict[str, Any]:
+        """The next request. A snapshot discarded when the last one was taken is reaped here, once
+        no request came within a millisecond (the host is waiting for its model), not before the
+        next cell."""
+        if self.snapshots.dying:
+            try:
+                return self.chan.inbox.get(timeout=0.001)
+            except _Empty:
+                self.snapshots.reap(block=True)
+        return self.chan.inbox.get()
 
     def _snapshot(self) -> bool:
         """Take a fresh snapshot; True if this process is a snapshot that has since taken over."""
@@ -346,10 +358,14 @@ def main(argv: list[str] | None = None) -> None:
 
 def _start(fd: int, config: dict[str, Any]) -> NoReturn:
     """Serve the host on the socket `fd`: a worker started afresh, or one a zygote just forked."""
-    group = TaskGroup(config.get("hardening"))
+    group = TaskGroup(config)
     group.join()  # first: every task from here on (the keeper's too) counts against the group's cap
+    notes = config.pop("keeper_fd", -1)
+    notes = notes if isinstance(notes, int) else -1
     if config.pop("keeper", False):
-        split_off_keeper(fd)
+        split_off_keeper(fd, notes)
+    elif notes >= 0:
+        os.close(notes)
     os.set_inheritable(fd, False)  # children of generated code must not hold the channel
     serve(SocketTransport(socket.socket(fileno=fd)), config, group=group)
     os._exit(0)

@@ -45,6 +45,7 @@ class Snapshots:
     def __init__(self) -> None:
         self.control: socket.socket | None = None  # from the host's `standby` frame
         self.pid = 0  # the waiting snapshot, 0 if none
+        self.dying: list[int] = []  # discarded snapshots not reaped yet
         self._sids = itertools.count(1)
 
     @property
@@ -71,14 +72,31 @@ class Snapshots:
             self.pid = 0
         return not done
 
-    def discard(self) -> None:
+    def discard(self, wait: bool = True) -> None:
+        """Kill the waiting snapshot. Without `wait` it is reaped later (`reap`): waiting for a
+        process that shares this one's pages to exit took longer than forking the next snapshot
+        (the kernel tears its mappings down first), on the path of the next cell."""
         pid, self.pid = self.pid, 0
         if pid:
             try:
                 os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass
+            except ProcessLookupError:
+                return
+            self.dying.append(pid)
+        if wait:
+            self.reap(block=True)
+
+    def reap(self, block: bool = False) -> None:
+        """Collect discarded snapshots that have exited (all of them with `block`)."""
+        left = []
+        for pid in self.dying:
+            try:
+                done, _status = os.waitpid(pid, 0 if block else os.WNOHANG)
+            except ChildProcessError:
+                continue
+            if not done:
+                left.append(pid)
+        self.dying = left
 
     def take(self, chan: WorkerChannel) -> tuple[SocketTransport, dict[str, Any]] | None:
         """Replace the waiting snapshot with a fresh one of the current state.
@@ -87,7 +105,8 @@ class Snapshots:
         over: with its new channel and the facts for the `restored` frame.
         Call from the main thread between requests, when no frame is half sent by it.
         """
-        self.discard()
+        self.discard(wait=False)
+        self.reap()
         sid = next(self._sids)
         parent = os.getpid()
         threads = max(0, threading.active_count() - 2)  # besides this thread and the channel reader

@@ -1,11 +1,12 @@
 """The worker's side of its control group (the host's recursa/sandbox/cgroups.py).
 
-The host may hand over two open descriptors: the sandbox group's `cgroup.procs` and that of its
-`cell` child. The worker joins the group before it starts anything (its keeper included), so the
-kernel counts every task it will ever have against the group's cap. While a cell runs the worker
-moves itself into the cell group, and out again before it answers: whatever the cell forked stays
-behind there, and the host kills it all once the cell is over. The snapshot is forked after the
-move back, so it is never among them. A write moves all the process's threads (~6 us a move).
+The host may hand over two open descriptors: the sandbox group's `tasks` (v1; `cgroup.procs` on v2)
+and that of its `cell` child. The worker joins the group before it starts anything, while it has
+one thread (its keeper included), so the kernel counts every task it will ever have against the
+group's cap. While a cell runs the worker moves its main thread (which runs the cell) into the cell
+group, and back before it answers: what the cell forked or started from there stays behind, and
+the host kills those processes once the cell is over. The snapshot is forked after the move back,
+so it is never among them. A move costs ~20 us (hardened.py, cgroups.py say why per thread).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 
 
 class TaskGroup:
-    """The two descriptors from the host's spec, or none (then every method does nothing)."""
+    """The two descriptors from the worker's config, or none (then every method does nothing)."""
 
     def __init__(self, spec: Any) -> None:
         spec = spec if isinstance(spec, dict) else {}

@@ -19,8 +19,9 @@ user namespace (CAP_SYS_ADMIN, CAP_SETPCAP; none outside it) for what each child
 
 Control socket (SOCK_SEQPACKET; one JSON object per message):
   zygote -> host, once: {"op": "hello", "pid": its pid in the namespace}
-  host -> zygote: {"env": {...}, "cwd": scratch dir, "config": worker config}
-                  + fds [channel, log] or [channel, log, group, cell group] (its control group)
+  host -> zygote: {"env": {...}, "cwd": scratch dir, "config": worker config, "fd_names": [...]}
+                  + fds [channel, log, *named]: each name in fd_names (its control group's
+                  descriptors, the keeper's notes pipe) gets the descriptor's number in the config
   zygote -> host: {"pid": the child's pid in the namespace} or {"error": text}
 End of file on the control socket (the host closed it, or is gone) ends the zygote.
 """
@@ -74,15 +75,15 @@ def serve(
     gc.freeze()
     while True:
         try:
-            data, fds, _flags, _addr = socket.recv_fds(control, 1 << 20, 4)
+            data, fds, _flags, _addr = socket.recv_fds(control, 1 << 20, 8)
         except InterruptedError:
             continue
         if not data:
             os._exit(0)
         try:
             request = json.loads(data)
-            if len(fds) not in (2, 4):
-                raise ValueError(f"expected a channel, a log and maybe two group descriptors, got {len(fds)}")
+            if len(fds) != 2 + len(request.get("fd_names") or []):
+                raise ValueError(f"expected a channel, a log and the named descriptors, got {len(fds)}")
             prepare(dict(request["config"]))
             pid = os.fork()
         except Exception as exc:  # a bad request or no memory for a fork: say so, keep serving
@@ -123,8 +124,8 @@ def _child(
         os.environ.clear()
         os.environ.update({str(k): str(v) for k, v in dict(request["env"]).items()})
         config = dict(request["config"])
-        if len(fds) == 4 and isinstance(config.get("hardening"), dict):
-            config["hardening"] = {**config["hardening"], "cgroup_fd": fds[2], "cell_cgroup_fd": fds[3]}
+        # The descriptors past the channel and log, by the config name the worker looks them up by.
+        config.update(zip(map(str, request.get("fd_names") or []), fds[2:], strict=True))
     except BaseException as exc:
         os.write(2, f"[recursa zygote] cannot prepare a worker: {type(exc).__name__}: {exc}\n".encode())
         os._exit(70)

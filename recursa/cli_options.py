@@ -1,0 +1,312 @@
+"""The command line's model options (shared by run, chat, serve and mcp), their checks, and error
+messages in the command line's own terms.
+
+Everything an `RLM(...)` argument can do that a CLI user needs has a flag here; an error raised
+in Python terms ("pass RLM(prices=...)") is rewritten for the flag the user can actually type
+(`for_cli`), so nobody at a shell is told to edit Python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import stat
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from recursa.config import BUILTIN_TEMPLATES
+from recursa.errors import ConfigError
+
+DEFAULT_MODEL = "openai/gpt-5-mini"
+SANDBOXES = ("auto", "subprocess", "inprocess", "docker", "podman", "modal", "e2b")
+# The environment variables the command line reads, and what for (`recursa models` lists them).
+ENV_VARS = {
+    "RECURSA_MODEL": "default for --model",
+    "RECURSA_SUB_MODEL": "default for --sub-model",
+    "RECURSA_BASE_URL": "default for --base-url",
+    "OPENAI_API_KEY": "key for openai/... models (unless --api-key-env names another variable)",
+    "OPENAI_BASE_URL": "the openai SDK's own default base URL",
+    "ANTHROPIC_API_KEY": "key for anthropic/... models (unless --api-key-env names another variable)",
+    "RECURSA_SERVE_API_KEY": "default for serve/mcp --api-key (the key clients must send)",
+    "RECURSA_DEBUG": "set to 1 to see tracebacks of internal errors",
+}
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default (unless it already names one)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or "key" in action.dest  # a default read from the environment may be a secret
+            or default in (None, False, argparse.SUPPRESS)
+            or not action.option_strings
+            or isinstance(action, argparse._HelpAction)
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = HelpFormatter
+    p.add_argument(
+        "--model",
+        default=os.environ.get("RECURSA_MODEL", DEFAULT_MODEL),
+        help="root model as provider/name: openai/..., anthropic/..., scripted/... (offline); "
+        f"`recursa models` lists them (default: $RECURSA_MODEL, else {DEFAULT_MODEL})",
+    )
+    p.add_argument(
+        "--sub-model",
+        default=os.environ.get("RECURSA_SUB_MODEL"),
+        help="model behind llm_query in the REPL (default: $RECURSA_SUB_MODEL, else --model)",
+    )
+    p.add_argument(
+        "--base-url",
+        default=os.environ.get("RECURSA_BASE_URL"),
+        help="any OpenAI-compatible server (vLLM, SGLang, Ollama, llama.cpp), e.g. "
+        "http://localhost:8000/v1 (default: $RECURSA_BASE_URL, else the provider's own API)",
+    )
+    p.add_argument(
+        "--api-key-env",
+        metavar="NAME",
+        default=None,
+        help="read the model API key from this environment variable instead of OPENAI_API_KEY / "
+        "ANTHROPIC_API_KEY (the key itself never goes on the command line)",
+    )
+    p.add_argument(
+        "--max-depth", type=int, default=1, help="0: REPL only; 1: llm_query sub-calls; 2+: child RLMs"
+    )
+    p.add_argument("--max-iterations", type=int, default=30, help="root turns before a forced final answer")
+    p.add_argument(
+        "--max-usd",
+        type=float,
+        default=None,
+        help="a hard cap on US dollars for the whole run (default: none)",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="a hard cap on tokens (in + out) for the whole run; each call reserves its prompt plus "
+        "--max-output-tokens first (default: none)",
+    )
+    p.add_argument(
+        "--max-seconds", type=float, default=None, help="a wall-clock cap for the run (default: none)"
+    )
+    p.add_argument(
+        "--max-output-tokens",
+        type=int,
+        default=16_384,
+        help="output tokens each model call may produce (and reserves in the budget)",
+    )
+    p.add_argument(
+        "--prices",
+        metavar="FILE",
+        default=None,
+        help='per-model prices in USD per million tokens, a JSON or TOML file such as {"openai/my-model": '
+        '{"input_per_mtok": 0.25, "output_per_mtok": 2.0}}; needed with --max-usd for models with no known '
+        "price (default: built-in prices)",
+    )
+    p.add_argument(
+        "--prompt",
+        metavar="NAME_OR_FILE",
+        default=None,
+        help=f"the root's prompt template: a built-in name ({', '.join(BUILTIN_TEMPLATES)}) or a template "
+        "file (default: chosen by model name)",
+    )
+    p.add_argument("--sandbox", default="auto", choices=SANDBOXES, help="where the REPL runs")
+    p.add_argument(
+        "--trace-dir",
+        metavar="DIR",
+        default=None,
+        help="folder for the JSONL traces (default: ~/.cache/recursa/traces)",
+    )
+
+
+def rlm_kwargs(args: argparse.Namespace, question: str = "") -> dict[str, Any]:
+    """The RLM(...) keywords the options of `add_model_options` describe (checked first)."""
+    from recursa.budget import Budget
+
+    check_token_budget(args, question)
+    kwargs: dict[str, Any] = {
+        "sub_model": args.sub_model,
+        "base_url": args.base_url,
+        "max_depth": args.max_depth,
+        "max_iterations": args.max_iterations,
+        "budget": Budget(max_usd=args.max_usd, max_tokens=args.max_tokens, max_seconds=args.max_seconds),
+        "sandbox": args.sandbox,
+        "trace_dir": args.trace_dir,
+        "max_output_tokens": args.max_output_tokens,
+    }
+    if args.api_key_env:
+        kwargs["api_key"] = api_key_from_env(args.api_key_env)
+    if args.prices:
+        kwargs["prices"] = load_prices(args.prices)
+    if args.prompt:
+        kwargs["prompt"] = args.prompt
+    return kwargs
+
+
+def api_key_from_env(name: str) -> str:
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise ConfigError(
+            f"--api-key-env takes the NAME of an environment variable (such as MY_KEY), not {_shown(name)}; "
+            "export MY_KEY=... and pass --api-key-env MY_KEY"
+        )
+    value = os.environ.get(name, "").strip()
+    if not value:
+        raise ConfigError(
+            f"--api-key-env {name}: the environment variable {name} is not set (or empty); "
+            f"export {name}=<your key> first"
+        )
+    return value
+
+
+def _shown(text: str) -> str:
+    # It may be a key pasted by mistake: show only its start.
+    return repr(text[:4] + "...") if len(text) > 8 else repr(text)
+
+
+def load_prices(path: str) -> dict[str, dict[str, float]]:
+    """--prices FILE: {"provider/model": {"input_per_mtok": ..., "output_per_mtok": ..., ...}}."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ConfigError(f"--prices {path!r}: no such file; give a JSON or TOML file of per-model prices")
+    text = file.read_text(encoding="utf-8", errors="replace")
+    try:
+        data = tomllib.loads(text) if file.suffix.lower() == ".toml" else json.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+        kind = "TOML" if file.suffix.lower() == ".toml" else "JSON (name it .toml for TOML)"
+        raise ConfigError(f"--prices {path!r} is not valid {kind}: {exc}") from None
+    example = '{"openai/my-model": {"input_per_mtok": 0.25, "output_per_mtok": 2.0}}'
+    if not isinstance(data, dict) or not data:
+        raise ConfigError(f"--prices {path!r} must map model names to prices, e.g. {example}")
+    from recursa.lm.prices import ModelPrice
+
+    fields = set(ModelPrice.__dataclass_fields__)
+    for model, rates in data.items():
+        if not isinstance(rates, dict) or not set(rates) <= fields:
+            unknown = sorted(set(rates) - fields) if isinstance(rates, dict) else rates
+            raise ConfigError(
+                f"--prices {path!r}: the price of {model!r} has {unknown!r}; use the keys "
+                f"{', '.join(sorted(fields))} (USD per million tokens), e.g. {example}"
+            )
+    return data
+
+
+def check_token_budget(args: argparse.Namespace, question: str = "") -> None:
+    """--max-tokens below what the first root call reserves would refuse that call with a message
+    meant for the model; say so now, with the numbers."""
+    if args.max_tokens is None:
+        return
+    from recursa.lm.base import estimate_tokens_upper
+    from recursa.loop.prompts import template_for
+
+    try:
+        template = template_for(args.model, args.prompt)
+    except ConfigError:
+        return  # a bad --prompt is reported by RLM(...) with its own message
+    # The system prompt is the template plus the context's facts and the tools' list (a few hundred
+    # bytes); the reservation counts a token per byte, the bound every tokenizer meets.
+    prompt = estimate_tokens_upper(
+        [{"role": "system", "content": template}, {"role": "user", "content": question}]
+    )
+    prompt += _FACTS_TOKENS
+    need = prompt + args.max_output_tokens
+    if args.max_tokens < need:
+        raise ConfigError(
+            f"--max-tokens {args.max_tokens:,} is less than the first root call reserves before it is sent: "
+            f"about {need:,} tokens (its prompt, about {prompt:,}, plus --max-output-tokens "
+            f"{args.max_output_tokens:,}). Raise --max-tokens well above {need:,} (a run makes several "
+            "calls), or lower --max-output-tokens"
+        )
+
+
+_FACTS_TOKENS = 1_600
+
+
+def check_context(value: str) -> Path:
+    """--context PATH: a regular file or a folder, refused at once otherwise (a FIFO would block)."""
+    path = Path(value).expanduser()
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise ConfigError(f"context path {value!r} does not exist; check the path") from None
+    except OSError as exc:
+        raise ConfigError(f"--context {value!r} cannot be read ({exc.strerror}); check the path") from None
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        if stat.S_ISFIFO(mode):
+            kind = "a named pipe (FIFO)"
+        elif stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+            kind = "a device"
+        else:
+            kind = "a socket or other special file"
+        raise ConfigError(
+            f"--context {value!r} is {kind}, not a text file; save its text to a file first, or pipe it "
+            "in: --context - reads standard input"
+        )
+    return path
+
+
+# Python argument -> the flag a CLI user types instead.
+FLAGS = {
+    "model": "--model",
+    "sub_model": "--sub-model",
+    "base_url": "--base-url",
+    "api_key": "--api-key-env NAME",
+    "max_depth": "--max-depth",
+    "max_iterations": "--max-iterations",
+    "max_usd": "--max-usd",
+    "max_tokens": "--max-tokens",
+    "max_seconds": "--max-seconds",
+    "max_output_tokens": "--max-output-tokens",
+    "prices": "--prices FILE",
+    "prompt": "--prompt",
+    "sandbox": "--sandbox",
+    "trace_dir": "--trace-dir",
+}
+_PRICES_CALL = re.compile(r"RLM\(\.\.\., prices=\{.*?\}\}\)")
+_CALL = re.compile(r"(?:RLM|Budget)\((\w+)=([^()]*?)\)")
+# Python-only ways out that a CLI user has no flag for, and what to say instead.
+_PYTHON_ONLY = (
+    (", or trace=False for no trace", ""),
+    (" or None (no cap)", ", or leave the flag out for no cap"),
+)
+_NAME = re.compile(
+    r"(?<![\w.-])(" + "|".join(sorted(FLAGS, key=len, reverse=True)) + r")(=([^\s,;)]*))?(?![\w(])"
+)
+
+
+def for_cli(message: str) -> str:
+    """An error written for Python callers, told in flags (unknown forms are left as they are)."""
+    message = _PRICES_CALL.sub(
+        '--prices FILE (a JSON or TOML file such as {"openai/my-model": {"input_per_mtok": 0.25, '
+        '"output_per_mtok": 2.0}})',
+        message,
+    )
+    message = _CALL.sub(lambda m: _flag(m.group(1), m.group(2)) or m.group(0), message)
+    for python, cli in _PYTHON_ONLY:
+        message = message.replace(python, cli)
+
+    def name(m: re.Match[str]) -> str:
+        # Plain words ("model", "prompt") are only argument names when written `name=...`.
+        if "_" not in m.group(1) and m.group(2) is None:
+            return m.group(0)
+        return _flag(m.group(1), m.group(3) or "") or m.group(0)
+
+    return _NAME.sub(name, message)
+
+
+def _flag(name: str, value: str) -> str | None:
+    flag = FLAGS.get(name)
+    if flag is None:
+        return None
+    value = value.strip().strip("'\"").rstrip(".")
+    if value in ("...", ""):
+        return flag
+    return f"{flag.split()[0]} {value}"

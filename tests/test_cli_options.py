@@ -1,0 +1,372 @@
+"""The command line with nothing hidden: help for every flag (default, choices), the flags for what
+was Python-only (--prices, --api-key-env, --max-output-tokens, --prompt), errors told in flags,
+`recursa models`, `recursa serve` (busy port, access log, metrics) and folder contexts that leave
+binary files out. Each through the CLI as a subprocess, as a user runs it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from recursa.cli import DEMO_FAMILIES, _parser
+from recursa.cli_options import SANDBOXES, for_cli
+from recursa.testing.fake_server import FakeServer
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and not k.startswith("RECURSA_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env.update(extra)
+    return env
+
+
+def _cli(*argv: str, cwd: Path, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "recursa.cli", *argv],
+        cwd=cwd,
+        env=_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+# -- help ------------------------------------------------------------------------------------------
+
+
+def _subparsers() -> dict[str, argparse.ArgumentParser]:
+    parser = _parser()
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+def test_every_flag_has_help_and_shows_its_default():
+    missing, no_default = [], []
+    for name, sub in _subparsers().items():
+        if name == "fake-server":  # a stand-in: `recursa fake-server --help` is the fake server's own parser
+            continue
+        for action in sub._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            label = f"{name} {'/'.join(action.option_strings) or action.dest}"
+            if not action.help:
+                missing.append(label)
+                continue
+            shown = sub.formatter_class(prog=sub.prog)._get_help_string(action)
+            if action.option_strings and action.default not in (None, False) and "default" not in shown:
+                no_default.append(label)
+    assert not missing, f"flags without help: {missing}"
+    assert not no_default, f"flags whose help does not show the default: {no_default}"
+
+
+def test_help_never_shows_a_key_taken_from_the_environment(tmp_path):
+    secret = "env-secret-key-4242"
+    for command in ("serve", "mcp", "acp", "run"):
+        out = _cli(command, "--help", cwd=tmp_path, RECURSA_SERVE_API_KEY=secret)
+        assert out.returncode == 0 and secret not in out.stdout, command
+
+
+def test_fake_server_help_shows_defaults(tmp_path):
+    out = _cli("fake-server", "--help", cwd=tmp_path)
+    assert out.returncode == 0 and "--port PORT" in out.stdout and "(default: 8765" in out.stdout
+
+
+def test_choices_are_listed_where_there_are_some():
+    subs = _subparsers()
+    assert f"{{{','.join(SANDBOXES)}}}" in subs["run"].format_help()
+    assert f"{{{','.join(DEMO_FAMILIES)}}}" in subs["demo"].format_help()
+    bench = subs["bench"].format_help()
+    assert "codeact-bm25" in bench and "rlm-nosub" in bench  # --method takes a comma list
+    assert "{local,ray}" in bench
+    assert "the question to answer" in subs["run"].format_help()
+
+
+def test_listed_choices_are_the_real_ones():
+    from recursa.config import BUILTIN_TEMPLATES
+    from recursa.sandbox import SANDBOX_KINDS
+    from recursa.tasks import families
+
+    assert tuple(families()) == DEMO_FAMILIES
+    assert tuple(SANDBOX_KINDS) == SANDBOXES
+    prompt = next(a for a in _subparsers()["run"]._actions if "--prompt" in a.option_strings)
+    assert all(name in (prompt.help or "") for name in BUILTIN_TEMPLATES)
+
+
+def test_run_help_as_a_subprocess_shows_the_new_flags(tmp_path):
+    out = _cli("run", "--help", cwd=tmp_path)
+    assert out.returncode == 0
+    for flag in (
+        "--prices FILE",
+        "--api-key-env NAME",
+        "--max-output-tokens",
+        "--prompt",
+        "(default: 16384)",
+    ):
+        assert flag in out.stdout
+
+
+# -- errors in the interface's own terms ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("python", "cli"),
+    [
+        (
+            "RLM(max_depth=-1): max_depth must be an int >= 0; e.g. max_depth=1.",
+            "--max-depth -1: --max-depth must",
+        ),
+        (
+            "set OPENAI_API_KEY or pass api_key= (or pass base_url= for a local",
+            "pass --api-key-env NAME (or pass --base-url for",
+        ),
+        (
+            "Budget(max_usd=-1.0): use a non-negative number or None (no cap).",
+            "--max-usd -1.0: use a non-negative number, or leave",
+        ),
+        ("drop max_usd and cap max_tokens instead", "drop --max-usd and cap --max-tokens instead"),
+        ("a larger RLM(request_timeout=...).", "a larger RLM(request_timeout=...)."),  # no flag: unchanged
+        ("the model answered; prompt it again", "the model answered; prompt it again"),  # plain words stay
+    ],
+)
+def test_python_forms_are_told_as_flags(python, cli):
+    assert cli in for_cli(python)
+
+
+# -- recursa models --------------------------------------------------------------------------------
+
+
+def test_models_lists_providers_scripted_models_and_environment(tmp_path):
+    out = _cli("models", cwd=tmp_path, RECURSA_MODEL="scripted/no-subcalls")
+    assert out.returncode == 0, out.stderr
+    for needle in (
+        "openai",
+        "anthropic",
+        "scripted/gpt5-like",
+        "scripted/oracle",
+        "--base-url",
+        "vLLM",
+        "Ollama",
+    ):
+        assert needle in out.stdout
+    for var in (
+        "RECURSA_MODEL",
+        "RECURSA_SUB_MODEL",
+        "RECURSA_BASE_URL",
+        "OPENAI_API_KEY",
+        "ANTHROPIC_API_KEY",
+    ):
+        assert var in out.stdout
+    as_json = json.loads(
+        _cli(
+            "models",
+            "--json",
+            cwd=tmp_path,
+            RECURSA_MODEL="scripted/no-subcalls",
+            OPENAI_API_KEY="sk-secret-value",
+        ).stdout
+    )
+    env = {e["name"]: e["set"] for e in as_json["environment"]}
+    assert (
+        env["RECURSA_MODEL"] is True and env["RECURSA_SUB_MODEL"] is False and env["OPENAI_API_KEY"] is True
+    )
+    assert "sk-secret-value" not in json.dumps(as_json)  # whether a key is set, never its value
+    assert {s["model"] for s in as_json["scripted"]} >= {"scripted/gpt5-like", "scripted/oracle"}
+    assert all(s["what"] for s in as_json["scripted"])
+
+
+# -- the new flags ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def notes(tmp_path: Path) -> Path:
+    (tmp_path / "notes.txt").write_text("The launch code is 7741. Nothing else matters.\n" * 20)
+    return tmp_path
+
+
+@pytest.mark.parametrize("suffix", [".json", ".toml"])
+def test_prices_file_prices_the_run(notes, suffix):
+    # A model served by an OpenAI-compatible server that reports no cost: the file's price counts.
+    path = notes / f"prices{suffix}"
+    name = "openai/scripted/gpt5-like"
+    sub = "openai/scripted/oracle"
+    if suffix == ".json":
+        rates = {"input_per_mtok": 1000.0, "output_per_mtok": 2000.0}
+        path.write_text(json.dumps({name: rates, sub: rates}))
+    else:
+        table = "input_per_mtok = 1000.0\noutput_per_mtok = 2000.0\n"
+        path.write_text(f'["{name}"]\n{table}["{sub}"]\n{table}')
+    with FakeServer() as srv:
+        out = _cli(
+            "run",
+            "What is the launch code?",
+            "--context",
+            "notes.txt",
+            "--model",
+            name,
+            "--sub-model",
+            "openai/scripted/oracle",
+            "--base-url",
+            srv.base_url,
+            "--prices",
+            path.name,
+            "--max-usd",
+            "500",
+            "--json",
+            "--trace-dir",
+            "traces",
+            cwd=notes,
+        )
+    assert out.returncode == 0, out.stderr
+    usage = json.loads(out.stdout)["usage"]["by_model"][name]
+    expected = (usage["input_tokens"] * 1000.0 + usage["output_tokens"] * 2000.0) / 1e6
+    assert usage["cost_usd"] == pytest.approx(expected, rel=0.05) and expected > 0
+
+
+def test_api_key_env_sends_that_key_and_max_output_tokens_reach_each_call(notes):
+    with FakeServer(api_key="team-key-0123456789") as srv:
+        args = (
+            "run",
+            "What is the launch code?",
+            "--context",
+            "notes.txt",
+            "--model",
+            "openai/scripted/gpt5-like",
+            "--sub-model",
+            "openai/scripted/oracle",
+            "--base-url",
+            srv.base_url,
+            "--api-key-env",
+            "TEAM_KEY",
+            "--max-output-tokens",
+            "3000",
+            "--trace-dir",
+            "traces",
+            "--json",
+        )
+        ok = _cli(*args, cwd=notes, TEAM_KEY="team-key-0123456789")
+        refused = _cli(*args, cwd=notes, TEAM_KEY="another-key-987654321")
+        sent = [r.max_tokens for r in srv.requests if r.status == 200]
+    assert ok.returncode == 0, ok.stderr
+    assert sent and set(sent) == {3000}
+    assert refused.returncode != 0
+    assert "another-key-987654321" not in refused.stdout + refused.stderr
+
+
+def test_prompt_flag_picks_the_template(notes):
+    out = _cli(
+        "run",
+        "What is the launch code?",
+        "--context",
+        "notes.txt",
+        "--model",
+        "scripted/gpt5-like",
+        "--prompt",
+        "answer-dict",
+        "--trace-dir",
+        "traces",
+        "--json",
+        cwd=notes,
+    )
+    assert out.returncode == 0, out.stderr
+    trace = (notes / json.loads(out.stdout)["trace_path"]).read_text()
+    assert 'answer[\\"ready\\"]' in trace or "answer['ready']" in trace or "answer dict" in trace
+
+
+def test_folder_context_leaves_out_binary_files_that_decode(tmp_path):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "a.txt").write_text("readable text")
+    (folder / "b.db").write_bytes(b"SQLite\x00\x00\x00page")  # valid UTF-8, still binary
+    (folder / "c.bin").write_bytes(b"\xff\xfe\x00bad")
+    args = ("run", "What is here?", "--context", "docs", "--model", "scripted/gpt5-like", "--trace-dir", "t")
+    text = _cli(*args, cwd=tmp_path)
+    assert text.returncode == 0, text.stderr
+    assert "b.db (binary: contains NUL bytes)" in text.stderr and "c.bin (not UTF-8 text)" in text.stderr
+    result = json.loads(_cli(*args, "--json", cwd=tmp_path).stdout)
+    assert sorted(result["skipped_files"]) == ["b.db (binary: contains NUL bytes)", "c.bin (not UTF-8 text)"]
+
+
+def test_fifo_context_is_refused_at_once(tmp_path):
+    os.mkfifo(tmp_path / "pipe")
+    out = _cli("run", "q", "--context", "pipe", "--model", "scripted/gpt5-like", cwd=tmp_path, timeout=30)
+    assert out.returncode == 2 and "named pipe (FIFO)" in out.stderr
+
+
+# -- fake-server and serve --------------------------------------------------------------------------
+
+
+def test_fake_server_without_the_server_extra_prints_one_line(tmp_path):
+    code = "import sys; sys.modules['uvicorn'] = None; from recursa.cli import main; sys.exit(main(['fake-server']))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip() == 'recursa fake-server: needs the server extra: pip install "recursa[server]"'
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_announces_its_url_logs_each_request_and_serves_metrics(tmp_path):
+    pytest.importorskip("fastapi")
+    pytest.importorskip("prometheus_client")
+    import httpx
+
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "recursa.cli",
+            "serve",
+            "--model",
+            "scripted/gpt5-like",
+            "--port",
+            str(port),
+            "--api-key",
+            "serve-key-0123456789",
+            "--trace-dir",
+            "traces",
+        ],
+        cwd=tmp_path,
+        env=_env(),
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        announced = proc.stderr.readline()
+        assert f"at http://127.0.0.1:{port}/v1" in announced
+        auth = {"Authorization": "Bearer serve-key-0123456789"}
+        body = {"model": "recursa", "messages": [{"role": "user", "content": "the secret is 7"}]}
+        answer = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions", json=body, headers=auth, timeout=60
+        )
+        assert answer.status_code == 200
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", headers=auth, timeout=30)
+        assert metrics.status_code == 200 and "recursa_runs_total" in metrics.text
+        logged = [proc.stderr.readline() for _ in range(2)]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    run_id = answer.json()["recursa"]["run_id"]
+    assert (
+        logged[0].startswith("recursa serve: POST /v1/chat/completions 200 ") and f"run={run_id}" in logged[0]
+    )
+    assert logged[1].startswith("recursa serve: GET /metrics 200 ")
+    assert "serve-key" not in "".join(logged) and "secret is 7" not in "".join(logged)
