@@ -157,3 +157,28 @@ def test_responses_api_404_says_which_api_to_use(tmp_path):
     with BackgroundServer(create_app(_settings(tmp_path))) as srv:
         r = httpx.post(srv.url + "/v1/responses", json={}, headers={"Authorization": f"Bearer {KEY}"})
     assert r.status_code == 404 and "OpenAIChatCompletionsModel" in r.json()["error"]["message"]
+
+
+def test_hostile_requests_bound_the_metrics_and_keep_the_log_one_line_each(tmp_path, access_lines):
+    """Made-up methods (any token is one) must not each add a metrics series, and a body nested
+    thousands deep is the client's error; a path or method with control characters stays on its line."""
+    with BackgroundServer(create_app(_settings(tmp_path))) as srv:
+        with httpx.Client() as client:
+            for k in range(20):
+                assert client.request(f"PROBE{k}", srv.url + "/health").status_code == 405
+            deep = b"[" * 100_000 + b"]" * 100_000
+            reply = client.post(
+                srv.url + "/v1/chat/completions", content=deep, headers={"Authorization": f"Bearer {KEY}"}
+            )
+            assert reply.status_code == 400 and "too deeply" in reply.json()["error"]["message"]
+            client.get(srv.url + "/v1/x%1b[31m%0aPOST /forged 200 0.001s")
+            scraped = client.get(srv.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+    series = [key for key in _samples(scraped) if key[0] == "recursa_http_requests_total"]
+    assert not any("PROBE" in value for _, labels in series for _, value in labels), series
+    assert (
+        _samples(scraped)[
+            ("recursa_http_requests_total", (("method", "other"), ("path", "/health"), ("status", "405")))
+        ]
+        == 20
+    )
+    assert not any(line.startswith("POST /forged") or "\n" in line or "\x1b" in line for line in access_lines)

@@ -177,6 +177,8 @@ async def _read_json(request: Request, max_bytes: int) -> Any:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise bad("the request body is not valid JSON") from None
+    except RecursionError:  # [[[[... thousands deep: the parser's stack, not the server, gives out
+        raise bad("the request body nests JSON arrays or objects too deeply") from None
 
 
 def _too_large(max_bytes: int) -> ApiError:
