@@ -182,3 +182,17 @@ def test_hostile_requests_bound_the_metrics_and_keep_the_log_one_line_each(tmp_p
         == 20
     )
     assert not any(line.startswith("POST /forged") or "\n" in line or "\x1b" in line for line in access_lines)
+
+
+def test_the_access_log_never_holds_a_session_id(tmp_path, access_lines):
+    """Under a shared key a session id is the only thing guarding the session."""
+    with BackgroundServer(create_app(_settings(tmp_path))) as srv:
+        opened = _ask(srv, recursa={"session": "new"})
+        session = opened.headers["x-recursa-session"]
+        closed = httpx.delete(
+            f"{srv.url}/v1/recursa/sessions/{session}", headers={"Authorization": f"Bearer {KEY}"}
+        )
+        assert closed.status_code == 200
+        wait_until(lambda: any(line.startswith("DELETE") for line in access_lines), what="the log line")
+    assert session and not any(session in line for line in access_lines), access_lines
+    assert "DELETE /v1/recursa/sessions/{id} 200" in "\n".join(access_lines)

@@ -5,8 +5,8 @@ The access log goes to the `recursa.serve.access` logger at INFO, one line per r
     POST /v1/chat/completions 200 1.284s run=run_1a2b3c4d5e6f
 
 (method, path without its query, status, duration until the last byte, and the run it started).
-It never holds a header, a key, a message or a context. `recursa serve` prints it on stderr; an
-application that mounts `create_app` decides where that logger goes.
+It never holds a header, a key, a session id, a message or a context. `recursa serve` prints it on
+stderr; an application that mounts `create_app` decides where that logger goes.
 
 The metrics live in a registry of their own per app, so several apps in one process (tests, an
 embedding application) never share or clash over counters.
@@ -128,11 +128,17 @@ class ObserveMiddleware:
                 access_log.info(
                     "%s %s %d %.3fs%s",
                     _printable(method),
-                    _printable(path),
+                    _printable(_without_secrets(path)),
                     status,
                     time.perf_counter() - started,
                     f" run={run_id}" if run_id else "",
                 )
+
+
+def _without_secrets(path: str) -> str:
+    # A session id is all that guards a session under a shared key: a log reader must not get it.
+    sessions = "/v1/recursa/sessions/"
+    return sessions + "{id}" if path.startswith(sessions) else path
 
 
 def _printable(path: str) -> str:
