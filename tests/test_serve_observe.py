@@ -196,3 +196,36 @@ def test_the_access_log_never_holds_a_session_id(tmp_path, access_lines):
         wait_until(lambda: any(line.startswith("DELETE") for line in access_lines), what="the log line")
     assert session and not any(session in line for line in access_lines), access_lines
     assert "DELETE /v1/recursa/sessions/{id} 200" in "\n".join(access_lines)
+
+
+def test_requests_past_the_run_slots_and_the_queue_get_429_at_once(tmp_path):
+    """max_runs=1, max_waiting=1: one run, one request waiting for its slot, and a third request
+    is refused before its body is read; once they end, the server takes requests again."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    forever = {
+        "model": "recursa",
+        "stream": True,
+        "messages": [
+            {"role": "system", "content": "ctx"},
+            {"role": "user", "content": "RUN: import time\nwhile True: time.sleep(0.01)"},
+        ],
+    }
+    with BackgroundServer(create_app(_settings(tmp_path, max_runs=1, max_waiting=1))) as srv:
+        service = srv.app.state.service
+        with (
+            httpx.stream(
+                "POST", srv.url + "/v1/chat/completions", json=forever, headers=auth, timeout=60
+            ) as a,
+            httpx.stream(
+                "POST", srv.url + "/v1/chat/completions", json=forever, headers=auth, timeout=60
+            ) as b,
+        ):
+            kept = [a.iter_lines(), b.iter_lines()]  # kept: a dropped iterator would close the stream
+            next(kept[0])
+            wait_until(lambda: bool(service.active), what="the first run to start")
+            refused = _ask(srv)
+            assert refused.status_code == 429 and refused.json()["error"]["code"] == "server_busy"
+            assert refused.headers["retry-after"] == "1"
+            assert len(service.active) == 1  # the second still waits for the slot
+        wait_until(lambda: not service.active, what="the runs to be cancelled")
+        assert _ask(srv).status_code == 200

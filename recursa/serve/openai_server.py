@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from recursa.errors import ConfigError
+from recursa.serve.admission import AdmissionLimit
 from recursa.serve.callers import CLIENT_HEADER, identify
 from recursa.serve.chat import SESSION_HEADER, ChatService, ClientGone
 from recursa.serve.observe import RUN_STATE_KEY, Metrics, ObserveMiddleware
@@ -54,6 +55,8 @@ def create_app(settings: ServeSettings) -> FastAPI:
 
     app = FastAPI(title="recursa", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.service = service
+    # Added first, so it runs inside the access log and metrics: a 429 is logged and counted.
+    app.add_middleware(AdmissionLimit, limit=settings.max_runs + settings.max_waiting)
     app.add_middleware(ObserveMiddleware, log=settings.access_log, metrics=metrics)
     started = int(time.time())
 
