@@ -43,6 +43,7 @@ class HelpFormatter(argparse.HelpFormatter):
         default = action.default
         if (
             "default" in text
+            or "key" in action.dest  # a default read from the environment may be a secret
             or default in (None, False, argparse.SUPPRESS)
             or not action.option_strings
             or isinstance(action, argparse._HelpAction)

@@ -38,8 +38,8 @@ from recursa.train.errors import ExportError
 
 CORPUS = Path(__file__).parent / "bad_inputs"
 REPO = Path(__file__).resolve().parent.parent
-CATEGORIES = ("config", "models", "contexts", "cli", "replies", "traces")
-DRIVERS = ("rlm", "budget", "run", "replies", "trace", "cli")
+CATEGORIES = ("config", "models", "contexts", "cli", "replies", "traces", "requests")
+DRIVERS = ("rlm", "budget", "run", "replies", "trace", "cli", "request")
 REPLAY = "bad-input-replay"  # the scripted model that plays a case's replies
 ROOT = f"scripted/{REPLAY}"
 ERRORS: dict[str, type[BaseException]] = {
@@ -516,6 +516,26 @@ def drive_cli(case: dict[str, Any], outcome: CliOutcome) -> None:
             assert needle in text, f"{rel} does not contain {needle!r}"
 
 
+def drive_request(case: dict[str, Any]) -> None:
+    """A request body `recursa serve` refuses: an OpenAI-format error naming the field and the fix."""
+    pytest.importorskip("fastapi")
+    from recursa.serve.request import ApiError, parse_chat_request
+    from recursa.serve.settings import ServeSettings
+
+    body = dict(case["input"]["body"])
+    model = body.pop("$model", "scripted/gpt5-like")
+    body.setdefault("model", "recursa")
+    expect = case["expect"]
+    with pytest.raises(ApiError) as info:
+        parse_chat_request(body, ServeSettings(model=model))
+    error = info.value
+    assert error.status == expect["status"], error.body()
+    assert error.param == expect["param"], error.body()
+    if "code" in expect:
+        assert error.code == expect["code"], error.body()
+    check_message(error.message, expect, "the error message")
+
+
 def _is_json(line: bytes) -> bool:
     try:
         json.loads(line)
@@ -550,6 +570,8 @@ def test_bad_input(
         drive_replies(case, tmp_path)
     elif driver == "trace":
         drive_trace(case, tmp_path, request.getfixturevalue("sample"))
+    elif driver == "request":
+        drive_request(case)
     else:
         drive_cli(case, request.getfixturevalue("cli_outcomes")[case["name"]])
 

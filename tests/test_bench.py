@@ -116,7 +116,7 @@ def test_cli_bench_and_its_bad_input(tmp_path: Path) -> None:
         (("bench", "niah", "--sizes", "8x"), "does not parse"),
         (("bench", "niah", "--method", "react"), "unknown method"),
         (("bench", "niah", "--knobs", "colour=red"), "unknown knob"),
-        (("bench", "niah", "--executor", "spark"), "unknown executor"),
+        (("bench", "niah", "--executor", "spark"), "invalid choice: 'spark' (choose from 'local', 'ray')"),
         (("bench", "niah", "--model", "nowhere/m"), "unknown provider"),
     ):
         out = cli(*args, "--out", "bad", cwd=tmp_path)

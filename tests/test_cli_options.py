@@ -70,6 +70,13 @@ def test_every_flag_has_help_and_shows_its_default():
     assert not no_default, f"flags whose help does not show the default: {no_default}"
 
 
+def test_help_never_shows_a_key_taken_from_the_environment(tmp_path):
+    secret = "env-secret-key-4242"
+    for command in ("serve", "mcp", "acp", "run"):
+        out = _cli(command, "--help", cwd=tmp_path, RECURSA_SERVE_API_KEY=secret)
+        assert out.returncode == 0 and secret not in out.stdout, command
+
+
 def test_fake_server_help_shows_defaults(tmp_path):
     out = _cli("fake-server", "--help", cwd=tmp_path)
     assert out.returncode == 0 and "--port PORT" in out.stdout and "(default: 8765" in out.stdout

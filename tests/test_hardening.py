@@ -456,3 +456,45 @@ def test_bwrap_command_probes_the_system_once_but_user_folders_every_time(tmp_pa
         "--",
     ]
     assert first[: first.index("--bind")] == second[: second.index(str(later)) - 1]
+
+
+def test_the_task_cap_falls_back_to_rlimit_nproc_only_in_bwraps_user_namespace_and_not_for_root(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    host = HostHardening(Hardening(max_processes=40), bwrap=None, python=sys.executable)
+    monkeypatch.setattr(host, "_bwrap_path", lambda: "/usr/bin/bwrap")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert host.config(str(tmp_path))["hardening"]["max_tasks"] == 40  # counted per user namespace
+    assert "max_tasks" not in host.config(str(tmp_path), grouped=True)["hardening"]  # the group holds
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert "max_tasks" not in host.config(str(tmp_path))["hardening"]  # root ignores RLIMIT_NPROC
+    monkeypatch.setattr(host, "_bwrap_path", lambda: None)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert "max_tasks" not in host.config(str(tmp_path))["hardening"]  # would count all the user's
+
+
+def test_isolation_names_what_caps_tasks() -> None:
+    host = HostHardening(Hardening(), bwrap=False, python=sys.executable)
+    iso: dict[str, Any] = {"warnings": []}
+    assert host._tasks({"rlimits": {"nproc": 40}}, iso) == "RLIMIT_NPROC"
+    assert host._tasks({"rlimits": {}}, iso) == "poller"
+    assert host._tasks({"cgroup": "joining the control group failed: EACCES"}, iso) == "poller"
+    assert iso["warnings"] == ["joining the control group failed: EACCES"]
+    assert HostHardening(None, bwrap=False, python=sys.executable)._tasks({}, iso) == "none"
+
+
+@pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap (bwrap) is not installed")
+@linux_only
+async def test_a_non_root_host_without_a_control_group_gets_rlimit_nproc_in_bwrap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # the host's view only: the worker is a process apart
+    sb = SubprocessSandbox(hardening=Hardening(cgroups=False, max_processes=40), bwrap=True)
+    try:
+        await sb.start(lambda fn, args: None)  # type: ignore[arg-type, return-value]
+        assert sb.isolation["tasks"] == "RLIMIT_NPROC" and sb.isolation["rlimits"]["nproc"] == 40
+        assert (
+            await sb.execute("import resource\nresource.getrlimit(resource.RLIMIT_NPROC)", 10)
+        ).stdout == ("(40, 40)\n")
+    finally:
+        await sb.close()

@@ -371,3 +371,19 @@ def test_fields_table_in_the_docs_names_every_standard_field():
     page = (Path(__file__).resolve().parent.parent / "docs" / "serving.md").read_text(encoding="utf-8")
     missing = [f for f in sorted(STANDARD) if f"`{f}`" not in page]
     assert not missing
+
+
+def test_run_settings_errors_name_what_the_client_can_send(tmp_path):
+    # A dollar cap for a model with no known price: the fix is a request field (or the operator's
+    # flag), never a Python argument.
+    settings = ServeSettings(model="openai/my-model", base_url="http://127.0.0.1:9/v1", trace_dir=tmp_path)
+    with BackgroundServer(create_app(settings)) as server:
+        r = httpx.post(
+            server.url + "/v1/chat/completions",
+            json={"model": "recursa", "messages": ask("q"), "recursa": {"max_usd": 1.0}},
+            timeout=30,
+        )
+    assert r.status_code == 400
+    message = r.json()["error"]["message"]
+    assert "Send no recursa.max_usd" in message and "--prices FILE" in message
+    assert "RLM(" not in message

@@ -38,7 +38,7 @@ class AnswerCheck:
         except (PydanticSchemaGenerationError, TypeError, ValueError) as exc:
             raise ConfigError(
                 f"answer_schema={schema!r} is not a type pydantic can validate ({exc}); pass a pydantic "
-                "model class, a dataclass, a TypedDict or a type such as list[str]."
+                "model class, a dataclass, a TypedDict, a type such as list[str], or a JSON Schema as a dict."
             ) from None
         return cls(schema, adapter, _cut(text))
 

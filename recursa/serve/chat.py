@@ -15,6 +15,7 @@ from starlette.responses import Response
 
 from recursa.errors import RecursaError
 from recursa.result import RLMResult
+from recursa.serve.api_error import for_request
 from recursa.serve.fields import AnswerShape
 from recursa.serve.observe import Metrics
 from recursa.serve.request import ApiError, ChatRequest
@@ -67,7 +68,9 @@ class ChatService:
         try:
             return LiveRun(self.settings, spec)
         except (RecursaError, ValueError) as exc:
-            raise ApiError(400, f"cannot start the run: {exc}", code="invalid_run_settings") from None
+            raise ApiError(
+                400, f"cannot start the run: {for_request(str(exc))}", code="invalid_run_settings"
+            ) from None
 
     async def resolve_context(self, req: ChatRequest) -> Any:
         """The request's context, with a server path checked and a URL fetched."""

@@ -47,6 +47,12 @@ def add_parsers(sub: Any, add_model_options: Callable[[argparse.ArgumentParser],
         help="with --allow-urls: also fetch loopback, private, link-local and other non-public addresses",
     )
     serve.add_argument("--max-runs", type=int, default=64, help="runs at once; later requests wait")
+    serve.add_argument(
+        "--max-waiting",
+        type=int,
+        default=256,
+        help="requests that may wait for a run slot; more get HTTP 429 (default: 256)",
+    )
     _add_session_options(serve)
 
     mcp = sub.add_parser("mcp", help="a Model Context Protocol server (stdio, or --http)")
@@ -58,7 +64,7 @@ def add_parsers(sub: Any, add_model_options: Callable[[argparse.ArgumentParser],
     mcp.add_argument(
         "--api-key",
         default=os.environ.get("RECURSA_SERVE_API_KEY"),
-        help="with --http: clients must send it as a bearer key",
+        help="with --http: clients must send it as a bearer key (default: $RECURSA_SERVE_API_KEY; none: no auth)",
     )
     _add_access_options(mcp)
     _add_session_options(mcp)
@@ -206,6 +212,7 @@ def _serve(args: argparse.Namespace) -> int:
     settings.allow_context_urls = args.allow_urls
     settings.allow_private_urls = args.allow_private_urls
     settings.max_runs = args.max_runs
+    settings.max_waiting = args.max_waiting
     settings.access_log = not args.no_access_log
     settings.metrics = not args.no_metrics
     _apply_session_options(settings, args)
@@ -296,8 +303,9 @@ def _mcp(args: argparse.Namespace) -> int:
 
     keys = [k for k in (settings.api_key, *settings.api_keys.values()) if k]
     app = with_bearer_key(server.streamable_http_app(streamable_http_path=args.path, host=args.host), keys)
+    sock = _listen(args.host, args.port)  # a busy port is reported before the URL is announced
     print(f"recursa mcp: streamable HTTP at http://{args.host}:{args.port}{args.path}", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
     return 0
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from recursa.errors import RecursaError
 from recursa.result import RLMResult
+from recursa.serve.api_error import for_request
 from recursa.serve.callers import MIN_SHARED_SESSION_ID, new_session_id
 from recursa.serve.request import NEW_SESSION, SETTING_KEYS, ApiError, ChatRequest, bad
 from recursa.serve.runs import LiveRun, RunSpec, build_rlm
@@ -190,7 +191,9 @@ class SessionStore:
         try:
             handle = ServedSession(owner, session_id, self.settings, spec, key, docs)
         except (RecursaError, ValueError) as exc:
-            raise ApiError(400, f"cannot start the session: {exc}", code="invalid_run_settings") from None
+            raise ApiError(
+                400, f"cannot start the session: {for_request(str(exc))}", code="invalid_run_settings"
+            ) from None
         self.open[(owner, session_id)] = handle
         if self._reaper is None or self._reaper.done():
             self._reaper = asyncio.create_task(self._reap(), name="recursa-session-reaper")
