@@ -24,6 +24,8 @@ import threading
 import time
 from pathlib import Path
 
+from vs_official.side import memfd_mb  # one count of the context buffer for both scripts
+
 LINE = "Date: Jan 01, 2020 || User: 12345 || Instance: what is the capital of some country?\n"
 
 
@@ -63,28 +65,6 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _memfd_bytes(pids: list[int]) -> int:
-    seen: set[tuple[int, int]] = set()
-    total = 0
-    for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            path = f"/proc/{pid}/fd/{fd}"
-            try:
-                if not os.readlink(path).startswith("/memfd:"):
-                    continue
-                st = os.stat(path)
-            except OSError:
-                continue
-            if (st.st_dev, st.st_ino) not in seen:
-                seen.add((st.st_dev, st.st_ino))
-                total += st.st_blocks * 512
-    return total
-
-
 class Sampler(threading.Thread):
     """Peaks of the host's memory, the context memfd, the REPL processes', and of the three at the
     same instant."""
@@ -102,7 +82,7 @@ class Sampler(threading.Thread):
         # included) and reports all of it: counted, it read as a second copy of the context.
         kids = [p for p in _descendants(me) if _cmdline(p) != _cmdline(me)]
         worker = sum(_pss(p) for p in kids)
-        host, memfd = _pss(me), _memfd_bytes([me, *kids])
+        host, memfd = _pss(me), int(memfd_mb([me, *kids]) * 2**20)
         return {"host": host, "memfd": memfd, "worker": worker, "at_once": host + memfd + worker}
 
     def run(self) -> None:

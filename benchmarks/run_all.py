@@ -185,7 +185,8 @@ def main() -> None:
         print(f"running {script.name} ...", file=sys.stderr, flush=True)
         o = run_one(script, args.full)
         outcomes.append(o)
-        section = f"### {o.script.name}\n\n`{o.command}` ({o.status}, {o.wall_s:.1f} s)\n\n{o.output}\n"
+        # Fenced: the scripts print aligned text as well as Markdown tables, and both read as printed.
+        section = f"### {o.script.name}\n\n`{o.command}` ({o.status}, {o.wall_s:.1f} s)\n\n```text\n{o.output}\n```\n"
         sections.append(section)
         print(section, flush=True)
     table = summary(outcomes)

@@ -111,6 +111,20 @@ class Ledger:
             self.in_flight += 1
             return Reservation(tokens, usd)
 
+    def used_up(self) -> str | None:
+        """Which cap is reached (so the next call would be refused whatever its size), or None."""
+        b = self.budget
+        with self._lock:
+            if self.deadline is not None and self._monotonic() >= self.deadline:
+                return "max_seconds"
+            if b.max_llm_calls is not None and self.calls >= b.max_llm_calls:
+                return "max_llm_calls"
+            if b.max_tokens is not None and self.spent_tokens >= b.max_tokens:
+                return "max_tokens"
+            if b.max_usd is not None and self.spent_usd >= b.max_usd - 1e-12:
+                return "max_usd"
+        return None
+
     def settle(self, reservation: Reservation, tokens: int, usd: float) -> None:
         """Replace a reservation by what the call really cost."""
         with self._lock:

@@ -7,6 +7,9 @@ with `O_NOFOLLOW`: no name is resolved twice, so nothing can be swapped between 
 open. A link to a file is followed only when the file it opened lies inside the folder (its real
 path read back from the open descriptor through /proc/self/fd; without /proc no link is followed).
 Links to folders are never followed. What is left out is listed with the reason, never read.
+A walk looks at no more than MAX_ENTRIES entries and MAX_DEPTH folders down (a shared folder may
+hold a million empty files or a chain of ten thousand nested folders): past that the rest is left
+out and the list says so, and no more than MAX_DEPTH folder descriptors are open at once.
 
 `ConfinedPath` is what a server hands to a run for a path a client named: the allowed root and a
 path inside it, read component by component from the root's descriptor, and files with other hard
@@ -27,6 +30,8 @@ from recursa.errors import ContextError
 _FILE_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
 _DIR_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | getattr(os, "O_DIRECTORY", 0)
 _O_PATH = getattr(os, "O_PATH", 0)
+MAX_ENTRIES = 100_000  # names one folder context may look at, files and folders alike
+MAX_DEPTH = 64  # folders below the top one
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,8 @@ def _open_named(path: Path) -> int:
     """Open a path the user named (links followed: the user chose it). A device is refused from
     its stat, before opening it could have side effects."""
     where = f"context path {str(path)!r}"
+    if "\x00" in str(path):
+        raise ContextError(f"{where} contains a NUL byte, which no file name can hold; check the path.")
     try:
         if _is_device(os.stat(path)):
             raise ContextError(
@@ -150,13 +157,26 @@ class _Walk:
         self.free = free
         self.where = where
         self.total = 0
+        self.seen = 0  # names looked at (MAX_ENTRIES)
+        self.truncated = False
         self.files: dict[str, str] = {}
         self.skipped: list[str] = []
 
-    def folder(self, dir_fd: int, prefix: str) -> None:
+    def folder(self, dir_fd: int, prefix: str, depth: int = 0) -> None:
         with os.scandir(dir_fd) as it:
-            entries = sorted(it, key=lambda e: e.name)
+            # Never more names than the walk may still look at (plus one, to know there were more).
+            names = [e for _, e in zip(range(MAX_ENTRIES - self.seen + 1), it, strict=False)]
+        entries = sorted(names, key=lambda e: e.name)
         for entry in entries:
+            if self.seen >= MAX_ENTRIES:
+                if not self.truncated:
+                    self.truncated = True
+                    self.skipped.append(
+                        f"{prefix or './'}... (the rest: a folder context looks at no more than "
+                        f"{MAX_ENTRIES:,} names; point it at a smaller folder)"
+                    )
+                return
+            self.seen += 1
             if entry.name.startswith("."):  # .git and friends: not "the documents in this folder"
                 continue
             rel = prefix + entry.name
@@ -164,9 +184,12 @@ class _Walk:
                 if entry.is_symlink():
                     fd: int | str = self._open_link(dir_fd, entry.name)
                 elif entry.is_dir(follow_symlinks=False):
+                    if depth >= MAX_DEPTH:
+                        self.skipped.append(f"{rel}/ (more than {MAX_DEPTH} folders deep; not read)")
+                        continue
                     sub = os.open(entry.name, _DIR_FLAGS, dir_fd=dir_fd)
                     try:
-                        self.folder(sub, rel + "/")
+                        self.folder(sub, rel + "/", depth + 1)
                     finally:
                         os.close(sub)
                     continue

@@ -415,6 +415,7 @@ FOUND = [
 ]
 
 
+@pytest.mark.serial  # asserts calls overlap or finish in time: not beside another test
 @settings(
     max_examples=1_000,
     deadline=None,

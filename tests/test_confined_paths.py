@@ -202,3 +202,74 @@ async def test_mcp_context_path_folder_keeps_to_the_allowed_root(tree: Path, tmp
         _no_secret(json.dumps(asked.structured_content))
         assert "leak.txt" not in json.loads(asked.structured_content["answer"])
         await client.call_tool("recursa_session_close", {"session": sid})
+
+
+def test_a_deep_or_crowded_folder_is_walked_within_bounds(tmp_path: Path, monkeypatch) -> None:
+    """A chain of 1,100 nested folders (deeper than Python's recursion limit, one descriptor each)
+    and a folder of more names than a walk looks at: both are read up to the bounds, and what was
+    left out is listed once, never a crash."""
+    from recursa import confined
+
+    deep = tmp_path / "deep"
+    deep.mkdir()
+    fd = os.open(deep, os.O_RDONLY)
+    for _ in range(1100):  # os.makedirs recurses per component
+        os.mkdir("d", dir_fd=fd)
+        fd, parent = os.open("d", os.O_RDONLY, dir_fd=fd), fd
+        os.close(parent)
+    os.close(fd)
+    (deep / "top.txt").write_text("top")
+    Path(str(deep) + "/d" * 1100, "bottom.txt").write_text("bottom")
+    try:
+        files, skipped = confined.read_context_path(ConfinedPath(tmp_path, PurePosixPath("deep")))
+        assert files["top.txt"] == "top" and "bottom" not in files.values()
+        assert len(files) == 1 and len(skipped) == 1
+        assert skipped[0].startswith("d/" * confined.MAX_DEPTH) and "folders deep" in skipped[0]
+    finally:
+        for depth in range(1100, 0, -1):  # shutil.rmtree recurses too: undo the chain by hand
+            target = str(deep) + "/d" * depth
+            for name in os.listdir(target):
+                os.unlink(os.path.join(target, name))
+            os.rmdir(target)
+
+    crowded = tmp_path / "crowded"
+    (crowded / "sub").mkdir(parents=True)
+    for k in range(120):
+        (crowded / f"f{k:03d}.txt").write_text(str(k))
+        (crowded / "sub" / f"g{k:03d}.txt").write_text(str(k))
+    monkeypatch.setattr(confined, "MAX_ENTRIES", 50)
+    files, skipped = confined.read_context_path(crowded)
+    assert len(files) == 50 and len(skipped) == 1 and "no more than 50 names" in skipped[0]
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("docs/\x00a.txt", "NUL byte"),
+        ("docs/" + "n" * 5000, "File name too long"),
+        ("docs" + "/x" * 3000, "cannot be opened"),
+        ("docs/loop", "loop of symbolic links"),
+    ],
+    ids=["nul", "long-name", "long-path", "link-loop"],
+)
+def test_serve_refuses_hostile_path_names_clearly(tree: Path, tmp_path: Path, name: str, why: str) -> None:
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from recursa.serve.openai_server import create_app
+    from recursa.serve.settings import ServeSettings
+
+    (tree / "docs" / "loop").symlink_to("loop")
+    settings = ServeSettings(
+        model=ROOT_MODEL, sub_model="scripted/oracle", trace_dir=tmp_path / "t", context_roots=(tree,)
+    )
+    with TestClient(create_app(settings), raise_server_exceptions=False) as http:
+        body = {"model": "recursa", "messages": [{"role": "user", "content": DUMP}]}
+        body["recursa"] = {"context_path": str(tree / name)}
+        reply = http.post("/v1/chat/completions", json=body)
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert error["param"] == "recursa.context_path" and why in error["message"]
+        assert len(error["message"]) < 400
+        body["recursa"] = {"context_path": str(tree / "docs" / "sub")}
+        assert http.post("/v1/chat/completions", json=body).status_code == 200

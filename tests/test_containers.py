@@ -203,6 +203,7 @@ def fake_engine(tmp_path: Path) -> tuple[str, Path]:
     return str(script), tmp_path
 
 
+@pytest.mark.serial  # an interrupt must land within its grace time: not beside another test
 async def test_container_interrupts_and_kills_go_through_the_engine(fake_engine: tuple[str, Path]) -> None:
     path, state = fake_engine
     host = Host()

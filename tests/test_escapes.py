@@ -315,6 +315,7 @@ def test_killing_the_parent_or_other_host_processes(server, script, tmp_path, ki
     assert_next_turn_ok(result)
 
 
+@pytest.mark.serial  # asserts calls overlap or finish in time: not beside another test
 @pytest.mark.parametrize("kind", KINDS)
 def test_fork_bomb_with_the_poller_alone(server, script, tmp_path, kind, limits):
     limits(max_processes=16, cgroups=False)
@@ -600,6 +601,7 @@ async def test_a_forked_repl_gets_the_same_tmpfs_sizes(tmp_path):
         await fork_server.close()
 
 
+@pytest.mark.serial  # asserts calls overlap or finish in time: not beside another test
 @pytest.mark.parametrize("kind", KINDS)
 def test_100mb_print(server, script, tmp_path, kind):
     started = time.monotonic()

@@ -193,6 +193,7 @@ def test_anthropic_streaming(server: FakeServer) -> None:
     assert final.stop_reason == "end_turn"
 
 
+@pytest.mark.serial  # asserts calls overlap or finish in time: not beside another test
 async def test_concurrent_requests_overlap() -> None:
     async with FakeServer(responder=echo, latency_s=0.2, slots=64) as srv:
         async with openai.AsyncOpenAI(base_url=srv.base_url, api_key="k", max_retries=0) as client:
@@ -214,6 +215,7 @@ async def test_concurrent_requests_overlap() -> None:
     assert request_overlap(records) >= 16
 
 
+@pytest.mark.serial  # asserts calls overlap or finish in time: not beside another test
 async def test_slots_serialise() -> None:
     async with FakeServer(responder=echo, latency_s=0.05, slots=2) as srv:
         async with openai.AsyncOpenAI(base_url=srv.base_url, api_key="k", max_retries=0) as client:
@@ -227,6 +229,7 @@ async def test_slots_serialise() -> None:
     assert wall >= 3 * 0.05
 
 
+@pytest.mark.serial  # asserts calls overlap or finish in time: not beside another test
 async def test_streams_hold_their_slot_until_done() -> None:
     async with FakeServer(responder=echo, latency_s=0.03, per_output_token_s=0.002, slots=1) as srv:
         async with openai.AsyncOpenAI(base_url=srv.base_url, api_key="k", max_retries=0) as client:

@@ -99,6 +99,7 @@ class LoopWatch:
         await asyncio.gather(self._task, return_exceptions=True)
 
 
+@pytest.mark.serial  # asserts calls overlap or finish in time: not beside another test
 async def test_a_flood_of_raw_call_frames_does_not_stall_the_host(server, script, tmp_path) -> None:
     seen: list[str] = []
     running = peak = 0

@@ -261,6 +261,7 @@ def test_side_by_side_benchmark_smoke() -> None:
     assert later >= 90.0, row  # append-only root history: later turns hit the prefix cache
 
 
+@pytest.mark.serial  # samples memory while the run holds its buffer: not beside another test
 def test_memory_benchmark_smoke_counts_the_context_buffer() -> None:
     """The memory case at 1 MB: the context's buffer (a memfd, in no process's RSS) is measured."""
     tables = _side_by_side_smoke("memory")

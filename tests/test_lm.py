@@ -210,6 +210,7 @@ def _max_overlap(log: list[tuple[str, float, float]], key: str | None = None) ->
     return max_overlap((s, e) for k, s, e in log if key is None or k == key)
 
 
+@pytest.mark.serial  # asserts calls overlap or finish in time: not beside another test
 async def test_limiter_caps_global_concurrency() -> None:
     limiter = Limiter(max_concurrency=3)
     log: list[tuple[str, float, float]] = []
@@ -218,6 +219,7 @@ async def test_limiter_caps_global_concurrency() -> None:
     assert _max_overlap(log) == 3
 
 
+@pytest.mark.serial  # asserts calls overlap or finish in time: not beside another test
 async def test_limiter_caps_per_model_without_starving_others() -> None:
     limiter = Limiter(max_concurrency=10, per_model={"openai/a": 2, "b": 3})  # "b" = bare model name
     log: list[tuple[str, float, float]] = []
@@ -537,6 +539,7 @@ async def test_context_length_error(provider: str) -> None:
     assert info.value.status == 400 and "too long" in str(info.value)
 
 
+@pytest.mark.serial  # asserts calls overlap or finish in time: not beside another test
 @BOTH
 async def test_unreachable_base_url_fails_fast(provider: str) -> None:
     port = closed_port()
@@ -595,6 +598,7 @@ async def test_unknown_model_names_model_and_url(provider: str) -> None:
     assert "not-served" in str(info.value) and f"127.0.0.1:{srv.port}" in str(info.value)
 
 
+@pytest.mark.serial  # asserts calls overlap or finish in time: not beside another test
 async def test_concurrent_calls_overlap_through_one_client() -> None:
     with FakeServer(responder=lambda m, msgs: "ok", latency_s=0.1, slots=64) as srv:
         client = openai_client(srv)
@@ -612,6 +616,7 @@ async def test_concurrent_calls_overlap_through_one_client() -> None:
         assert srv.max_in_flight == 16 and limiter.max_in_flight == 16
 
 
+@pytest.mark.serial  # asserts calls overlap or finish in time: not beside another test
 @BOTH
 async def test_slow_server_hits_the_timeout(provider: str) -> None:
     with FakeServer(responder=lambda m, msgs: "late", latency_s=2.0) as srv:

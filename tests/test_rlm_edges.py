@@ -31,6 +31,7 @@ def test_anthropic_provider_through_the_real_sdk(server, script, tmp_path):
     assert result.usage.input_tokens == sum(r.prompt_tokens for r in server.requests)
 
 
+@pytest.mark.serial  # asserts calls overlap or finish in time: not beside another test
 def test_arun_runs_concurrently_in_one_process(server, script, tmp_path):
     server.latency_s = 0.2
     script.root("root-model", code("FINAL(context[::-1])"))

@@ -134,6 +134,7 @@ def test_max_iterations_makes_one_last_call(server, script, tmp_path):
 # -- sub-calls -------------------------------------------------------------------------------
 
 
+@pytest.mark.serial  # asserts calls overlap or finish in time: not beside another test
 def test_batch_runs_in_parallel_and_two_batches_in_one_run_work(server, script, tmp_path):
     server.latency_s = 0.2
     script.root(
@@ -152,6 +153,7 @@ def test_batch_runs_in_parallel_and_two_batches_in_one_run_work(server, script, 
     assert batch_time < 32 * 0.2 / 4  # far from sequential
 
 
+@pytest.mark.serial  # asserts calls overlap or finish in time: not beside another test
 def test_user_threads_calling_llm_query_overlap(server, script, tmp_path):
     server.latency_s = 0.2
     script.root(
@@ -185,6 +187,7 @@ def test_sub_model_and_model_override_and_headers(server, script, tmp_path):
     assert sub.headers["x-rlm-parent-id"] == result.run_id
 
 
+@pytest.mark.serial  # asserts calls overlap or finish in time: not beside another test
 def test_depth_two_children_run_in_parallel(server, script, tmp_path):
     server.latency_s = 0.1
     script.root(

@@ -277,6 +277,7 @@ async def test_rlm_query_calls_carry_child_contexts(sandbox: Sandbox, host: Host
     assert len(host.calls) == 2  # refused in the REPL, never sent
 
 
+@pytest.mark.serial  # asserts calls overlap or finish in time: not beside another test
 async def test_threads_calling_llm_query_overlap(sandbox: Sandbox, host: Host) -> None:
     host.delay = 0.2
     code = (
@@ -345,6 +346,7 @@ async def test_interrupt_cancels_the_pending_call(proc_sandbox: SubprocessSandbo
     assert host.cancelled == 1
 
 
+@pytest.mark.serial  # asserts calls overlap or finish in time: not beside another test
 async def test_cell_ignoring_sigint_is_killed_and_sandbox_restarts(host: Host) -> None:
     # Without snapshots (see test_snapshots.py for the default, which keeps earlier variables).
     proc_sandbox = SubprocessSandbox(grace_s=0.5, snapshots=False)
@@ -591,6 +593,7 @@ async def test_large_pieces_load_exactly_ascii_and_not():
             await sandbox.close()
 
 
+@pytest.mark.serial  # asserts calls overlap or finish in time: not beside another test
 async def test_worker_starts_are_limited_to_two_per_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """Starting workers is CPU-bound: more at once than two per CPU would only starve the host."""
     from recursa.sandbox import subprocess as local

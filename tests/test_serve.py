@@ -151,6 +151,7 @@ def test_a_50mb_context_through_the_openai_client_streaming(client):
     assert content == f"{len(body)}|HEAD-MARK|TAIL-MARK"
 
 
+@pytest.mark.serial  # asserts calls overlap or finish in time: not beside another test
 async def test_many_concurrent_requests_run_at_once(tmp_path):
     settings = _settings(tmp_path, model=ROOT + ":latency=0.3")
     with BackgroundServer(create_app(settings)) as server:

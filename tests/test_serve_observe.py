@@ -157,3 +157,75 @@ def test_responses_api_404_says_which_api_to_use(tmp_path):
     with BackgroundServer(create_app(_settings(tmp_path))) as srv:
         r = httpx.post(srv.url + "/v1/responses", json={}, headers={"Authorization": f"Bearer {KEY}"})
     assert r.status_code == 404 and "OpenAIChatCompletionsModel" in r.json()["error"]["message"]
+
+
+def test_hostile_requests_bound_the_metrics_and_keep_the_log_one_line_each(tmp_path, access_lines):
+    """Made-up methods (any token is one) must not each add a metrics series, and a body nested
+    thousands deep is the client's error; a path or method with control characters stays on its line."""
+    with BackgroundServer(create_app(_settings(tmp_path))) as srv:
+        with httpx.Client() as client:
+            for k in range(20):
+                assert client.request(f"PROBE{k}", srv.url + "/health").status_code == 405
+            deep = b"[" * 100_000 + b"]" * 100_000
+            reply = client.post(
+                srv.url + "/v1/chat/completions", content=deep, headers={"Authorization": f"Bearer {KEY}"}
+            )
+            assert reply.status_code == 400 and "too deeply" in reply.json()["error"]["message"]
+            client.get(srv.url + "/v1/x%1b[31m%0aPOST /forged 200 0.001s")
+            scraped = client.get(srv.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+    series = [key for key in _samples(scraped) if key[0] == "recursa_http_requests_total"]
+    assert not any("PROBE" in value for _, labels in series for _, value in labels), series
+    assert (
+        _samples(scraped)[
+            ("recursa_http_requests_total", (("method", "other"), ("path", "/health"), ("status", "405")))
+        ]
+        == 20
+    )
+    assert not any(line.startswith("POST /forged") or "\n" in line or "\x1b" in line for line in access_lines)
+
+
+def test_the_access_log_never_holds_a_session_id(tmp_path, access_lines):
+    """Under a shared key a session id is the only thing guarding the session."""
+    with BackgroundServer(create_app(_settings(tmp_path))) as srv:
+        opened = _ask(srv, recursa={"session": "new"})
+        session = opened.headers["x-recursa-session"]
+        closed = httpx.delete(
+            f"{srv.url}/v1/recursa/sessions/{session}", headers={"Authorization": f"Bearer {KEY}"}
+        )
+        assert closed.status_code == 200
+        wait_until(lambda: any(line.startswith("DELETE") for line in access_lines), what="the log line")
+    assert session and not any(session in line for line in access_lines), access_lines
+    assert "DELETE /v1/recursa/sessions/{id} 200" in "\n".join(access_lines)
+
+
+def test_requests_past_the_run_slots_and_the_queue_get_429_at_once(tmp_path):
+    """max_runs=1, max_waiting=1: one run, one request waiting for its slot, and a third request
+    is refused before its body is read; once they end, the server takes requests again."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    forever = {
+        "model": "recursa",
+        "stream": True,
+        "messages": [
+            {"role": "system", "content": "ctx"},
+            {"role": "user", "content": "RUN: import time\nwhile True: time.sleep(0.01)"},
+        ],
+    }
+    with BackgroundServer(create_app(_settings(tmp_path, max_runs=1, max_waiting=1))) as srv:
+        service = srv.app.state.service
+        with (
+            httpx.stream(
+                "POST", srv.url + "/v1/chat/completions", json=forever, headers=auth, timeout=60
+            ) as a,
+            httpx.stream(
+                "POST", srv.url + "/v1/chat/completions", json=forever, headers=auth, timeout=60
+            ) as b,
+        ):
+            kept = [a.iter_lines(), b.iter_lines()]  # kept: a dropped iterator would close the stream
+            next(kept[0])
+            wait_until(lambda: bool(service.active), what="the first run to start")
+            refused = _ask(srv)
+            assert refused.status_code == 429 and refused.json()["error"]["code"] == "server_busy"
+            assert refused.headers["retry-after"] == "1"
+            assert len(service.active) == 1  # the second still waits for the slot
+        wait_until(lambda: not service.active, what="the runs to be cancelled")
+        assert _ask(srv).status_code == 200

@@ -112,6 +112,7 @@ def test_sandbox_and_host_tools_are_called_from_code_and_described_in_the_prompt
     assert sorted(e["tool"] for e in calls) == ["lookup", "slow_lookup"]
 
 
+@pytest.mark.serial  # asserts calls overlap or finish in time: not beside another test
 def test_tool_failures_reach_the_code_as_tool_error_and_the_run_goes_on(server, tmp_path):
     probe = (
         "out = []\n"

@@ -5,6 +5,8 @@ look. `--allow-private-urls` (ServeSettings.allow_private_urls) is the operator'
 
 from __future__ import annotations
 
+import asyncio
+import gzip
 import ipaddress
 import os
 import socket
@@ -12,6 +14,8 @@ import ssl
 import subprocess
 import sys
 import threading
+import tracemalloc
+import zlib
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -39,7 +43,7 @@ PUBLIC_IP = "127.0.0.2"
 class Site:
     """A small web server that counts its requests; `routes` maps a path to (status, headers, body)."""
 
-    def __init__(self, host: str, routes: dict[str, tuple[int, dict[str, str], str]]) -> None:
+    def __init__(self, host: str, routes: dict[str, tuple[int, dict[str, str], str | bytes]]) -> None:
         self.hits: list[str] = []
         site = self
 
@@ -47,7 +51,7 @@ class Site:
             def do_GET(self) -> None:
                 site.hits.append(self.path)
                 status, headers, body = routes.get(self.path, (404, {}, "missing"))
-                data = body.encode()
+                data = body if isinstance(body, bytes) else body.encode()
                 self.send_response(status)
                 for k, v in headers.items():
                     self.send_header(k, v)
@@ -291,5 +295,55 @@ def test_https_goes_to_the_checked_address_and_verifies_the_name(http, monkeypat
         assert names[0] == "docs.example" and site.hits == ["/doc"]
         # The certificate names docs.example, not the address: asked by address, it does not verify.
         _refused(_ask(http, f"https://{PUBLIC_IP}:{site.port}/doc"), code="context_fetch_failed")
+    finally:
+        site.close()
+
+
+def _gzip_of_zeros(n: int) -> bytes:
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    block = bytes(1 << 20)
+    return b"".join(packer.compress(block) for _ in range(n >> 20)) + packer.flush()
+
+
+def test_compressed_bodies_are_capped_on_their_decoded_size(http, public, monkeypatch) -> None:
+    """A gzip bomb: 64 MiB of zeros sent as 64 KiB of gzip, or nested gzip of a few hundred bytes.
+    The cap counts decoded bytes as they are inflated, so neither is ever held in memory."""
+    bomb = _gzip_of_zeros(64 << 20)
+    public_routes = {
+        "/bomb": (200, {"Content-Encoding": "gzip"}, bomb),
+        "/nested": (200, {"Content-Encoding": "gzip, gzip"}, gzip.compress(bomb)),
+        "/brotli": (200, {"Content-Encoding": "br"}, b"\x00" * 64),
+        "/small": (200, {"Content-Encoding": "gzip"}, gzip.compress(PUBLIC_TEXT.encode())),
+        "/broken": (200, {"Content-Encoding": "gzip"}, gzip.compress(PUBLIC_TEXT.encode())[:-12]),
+    }
+    site = Site(PUBLIC_IP, public_routes)
+    base = f"http://{PUBLIC_IP}:{site.port}"
+
+    async def fetch(path: str) -> bytes:
+        return await urls.fetch_url(base + path, max_bytes=1 << 20, timeout_s=30)
+
+    try:
+        assert asyncio.run(fetch("/small")) == PUBLIC_TEXT.encode()
+        tracemalloc.start()
+        try:
+            with pytest.raises(urls.ApiError) as refused:
+                asyncio.run(fetch("/bomb"))
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert refused.value.status == 413 and refused.value.code == "context_too_large"
+        assert peak < 16 << 20, f"{peak:,} bytes held while refusing a 1 MiB cap"
+        for path, words in (
+            ("/nested", "Content-Encoding"),
+            ("/brotli", "Content-Encoding"),
+            ("/broken", "ended"),
+        ):
+            with pytest.raises(urls.ApiError) as refused:
+                asyncio.run(fetch(path))
+            assert refused.value.code == "context_fetch_failed" and words in refused.value.message, path
+        # Through the server: the client gets the refusal, and the server goes on.
+        reply = _ask(http, base + "/nested")
+        _refused(reply, code="context_fetch_failed")
+        assert _ask(http, base + "/small").json()["choices"][0]["message"]["content"] == PUBLIC_TEXT
     finally:
         site.close()

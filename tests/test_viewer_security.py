@@ -151,6 +151,40 @@ def test_the_live_server_sends_protective_headers_and_refuses_other_hosts(tmp_pa
         assert rebound.status_code == 403 and NASTY not in rebound.text
 
 
+def test_fields_of_the_wrong_type_neither_crash_the_viewer_nor_break_its_json(tmp_path: Path) -> None:
+    """NaN, Infinity, 1e999, lists and objects where strings and numbers go, a line nested
+    thousands deep: `recursa view` still renders, and the data it embeds or serves is strict JSON
+    (a NaN anywhere made the browser's JSON.parse refuse the whole page)."""
+    lines = [
+        '{"seq":1,"ts":1.0,"type":"run_start","format":{"a":1},"run_id":"r","depth":NaN,'
+        '"question":Infinity,"model":["m"]}',
+        '{"seq":2,"ts":1e999,"type":"turn","run_id":"r","turn":-Infinity}',
+        '{"seq":3,"ts":1.2,"type":"compact","run_id":"r","turn":1,"compacted_messages":NaN}',
+        '{"seq":4,"ts":1.3,"type":"tool_call","run_id":"r","tool":"t","duration_s":' + "9" * 400 + "}",
+        "[" * 50_000 + "]" * 50_000,
+        '{"seq":5,"ts":2.0,"type":"run_end","run_id":"r","stop_reason":["final"],"answer":NaN}',
+    ]
+    trace = tmp_path / "typed.jsonl"
+    trace.write_text("\n".join(lines) + "\n")
+    view = build_view(trace)
+    json.dumps(view, allow_nan=False)
+    for detail in view["details"]:
+        json.loads(detail, parse_constant=lambda c: pytest.fail(f"{c} in a node's details"))
+    assert view["nodes"][0]["s"] == "unknown"
+    out = tmp_path / "typed.html"
+    done = subprocess.run(
+        [sys.executable, "-m", "recursa.cli", "view", str(trace), "--html", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and "error" not in done.stderr, done.stderr
+    with ViewerServer(trace) as viewer:
+        served = httpx.get(viewer.url + "trace.json")
+    assert served.status_code == 200
+    json.loads(served.text, parse_constant=lambda c: pytest.fail(f"{c} in the served view"))
+
+
 # -- in a real browser ------------------------------------------------------------------------
 
 

@@ -266,10 +266,10 @@ def case_memory(bench: Bench) -> None:
     turns = 3
     print(f"## peak memory and trace size, {turns} root turns (trace on for both)\n")
     print(
-        "host + / worker +: peak RSS above the same engine's run with a 1 KB context; buffer +: peak\n"
-        "shared memory (/proc/meminfo Shmem, where a memfd is counted) above the start; peak at once:\n"
-        "the peak, sampled every few ms, of host RSS + shared memory + the largest child process's RSS,\n"
-        "above the start, minus the same for the 1 KB run (the target's measure).\n"
+        "host + / worker +: peak RSS above the same engine's run with a 1 KB context; buffer +: peak of\n"
+        "the pages the run's memfds hold (the context buffer) above the start; peak at once: the peak,\n"
+        "sampled every few ms, of host RSS + those pages + the largest child process's RSS, above the\n"
+        "start, minus the same for the 1 KB run (the target's measure).\n"
     )
     head = [
         "context",

@@ -27,14 +27,29 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def shmem_mb() -> float:
-    """Shared memory in use on the machine (/proc/meminfo Shmem): where a memfd's pages are counted.
-    No process's RSS shows a memfd it does not map, so without this a buffer would go unmeasured."""
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("Shmem:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
+def memfd_mb(pids: list[int]) -> float:
+    """Pages held by the memfds open in these processes, each counted once (a memfd's pages are in
+    no process's RSS while nobody maps it). Only the run's own: the machine's Shmem figure moves
+    with every other process's shared memory on a busy machine."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            path = f"/proc/{pid}/fd/{fd}"
+            try:
+                if not os.readlink(path).startswith("/memfd:"):
+                    continue
+                st = os.stat(path)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+    return total / 2**20
 
 
 def _rss_of(pid: int) -> float:
@@ -71,7 +86,7 @@ def _descendants(pid: int) -> list[int]:
 
 
 class MemoryPeaks(threading.Thread):
-    """Samples every few ms: this process's RSS, the machine's shared memory (a memfd's pages) and
+    """Samples every few ms: this process's RSS, the pages of the run's memfds (the context buffer) and
     the RSS of the largest process below this one (the REPL worker; its fork snapshots and helpers
     share or hold little, so summing them would count the worker's pages twice). Keeps the peak of
     the buffer and of the three together: what the run holds at once."""
@@ -84,9 +99,10 @@ class MemoryPeaks(threading.Thread):
 
     @staticmethod
     def _sample() -> dict[str, float]:
-        host, shm = rss_mb(), shmem_mb()
-        worker = max((_rss_of(p) for p in _descendants(os.getpid())), default=0.0)
-        return {"shmem": shm, "at_once": host + shm + worker}
+        kids = _descendants(os.getpid())
+        host, buffer = rss_mb(), memfd_mb([os.getpid(), *kids])
+        worker = max((_rss_of(p) for p in kids), default=0.0)
+        return {"shmem": buffer, "at_once": host + buffer + worker}
 
     def run(self) -> None:
         while self.running:

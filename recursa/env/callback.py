@@ -12,6 +12,8 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from recursa.env.episode import reply_text
+from recursa.env.shared import EnvError
 from recursa.errors import LMError
 from recursa.lm.base import LMRequest, LMResponse, Message
 
@@ -48,15 +50,14 @@ class CallbackClient:
 
 
 def _response(outcome: Any, messages: list[Message]) -> LMResponse:
-    extra: dict[str, Any] = {}
-    if isinstance(outcome, dict):
-        extra = outcome
-        outcome = outcome.get("text")
-    if not isinstance(outcome, str):
+    if isinstance(outcome, dict) and "text" in outcome and "content" not in outcome:
+        outcome = {**outcome, "content": outcome["text"]}
+    try:
+        outcome, extra = reply_text(outcome, "sub_call's reply")
+    except EnvError as exc:
         raise LMError(
-            f"sub_call returned {type(outcome).__name__}; it must return the reply as a str, or a dict "
-            "with a str under 'text'"
-        )
+            f"{exc} (sub_call returns the reply as a str, or a dict with it under 'text')"
+        ) from None
     prompt_chars = sum(len(m.get("content") or "") for m in messages)
     return LMResponse(
         text=outcome,

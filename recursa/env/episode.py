@@ -52,6 +52,7 @@ class Episode:
         self._loop = asyncio.get_running_loop()
         self._stepping = False
         self._closed = False
+        self._scored = False
         self._quota = quota
         self._reaper = weakref.finalize(self, _reap, engine, payload, quota)
 
@@ -217,17 +218,7 @@ class Episode:
 
     def _response(self, reply: Any) -> LMResponse:
         """The trainer's reply as the engine takes it, or EnvError (the episode is unchanged)."""
-        extra: dict[str, Any] = {}
-        if isinstance(reply, dict):
-            extra = reply
-            reply = reply.get("content")
-        if isinstance(reply, bytes | bytearray):
-            raise EnvError("the reply is bytes; pass the decoded text (reply.decode('utf-8'))")
-        if not isinstance(reply, str):
-            raise EnvError(
-                f"the reply is {type(reply).__name__}; pass the policy's reply text as a str (or a dict "
-                "with the text under 'content')"
-            )
+        reply, extra = reply_text(reply, "the reply")
         limit = self._host.max_reply_chars
         if len(reply) > limit:
             raise EnvError(
@@ -251,11 +242,17 @@ class Episode:
     async def _end(self) -> None:
         """Close the REPL and write run_end (once), then score the answer."""
         try:
-            await self._engine.finish()
+            try:
+                await self._engine.finish()
+            finally:
+                # The tree's trace file and anything of it still open: a trainer keeps finished
+                # episodes for their rows, and each would otherwise hold a descriptor.
+                await asyncio.shield(self._engine.tree.aclose())
         finally:
             self._quota.refund()  # when the REPL never started
             self._host.forget(self)
-        if self._scorer is not None and self.reward is None:
+        if self._scorer is not None and not self._scored:
+            self._scored = True  # once: a scorer that raised is not called again by close()
             self.reward = await self._score()
 
     async def _score(self) -> float:
@@ -269,6 +266,54 @@ class Episode:
             return float(value)
         except Exception as exc:
             raise EnvError(f"the scorer raised {type(exc).__name__}: {exc}") from exc
+
+
+def reply_text(reply: Any, what: str) -> tuple[str, dict[str, Any]]:
+    """The text of a reply in any form an OpenAI-style trainer has it: a str, a message dict (or an
+    SDK message object) whose `content` is a str or a list of content parts, or a list of parts.
+    Also the dict's other fields (token ids, counts). Anything else is an EnvError naming the fix."""
+    extra: dict[str, Any] = {}
+    if not isinstance(reply, str | dict | list | bytes | bytearray) and hasattr(reply, "content"):
+        dump = getattr(reply, "model_dump", None)  # an OpenAI SDK ChatCompletionMessage
+        reply = dump() if callable(dump) else {"content": reply.content}
+    if isinstance(reply, dict):
+        extra = reply
+        reply = reply["content"] if "content" in reply else reply.get("text")
+        what += "'s content"
+        if reply is None and extra.get("tool_calls"):
+            raise EnvError(
+                f"{what} is None and the message has tool_calls: the root writes code in ```repl blocks, "
+                "not tool calls; pass the text the policy generated"
+            )
+    if isinstance(reply, list):
+        reply = _parts_text(reply, what)
+    if isinstance(reply, bytes | bytearray):
+        raise EnvError(f"{what} is bytes; pass the decoded text (reply.decode('utf-8'))")
+    if not isinstance(reply, str):
+        raise EnvError(
+            f"{what} is {type(reply).__name__}; pass the policy's reply text as a str, a message dict with "
+            "the text under 'content', or a list of OpenAI text parts [{'type': 'text', 'text': ...}]"
+        )
+    return reply, extra
+
+
+def _parts_text(parts: list[Any], what: str) -> str:
+    """OpenAI content parts, joined: text parts only (a root's turn is text; an image cannot run)."""
+    texts: list[str] = []
+    for index, part in enumerate(parts):
+        if (
+            isinstance(part, dict)
+            and part.get("type", "text") == "text"
+            and isinstance(part.get("text"), str)
+        ):
+            texts.append(part["text"])
+        else:
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise EnvError(
+                f"{what} is a list whose item {index} is not a text part ({kind!r}); pass text parts "
+                "{'type': 'text', 'text': ...} only"
+            )
+    return "".join(texts)
 
 
 def _count(given: Any, chars: int) -> int:

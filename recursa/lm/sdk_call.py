@@ -167,7 +167,7 @@ def map_error(endpoint: Endpoint, err: Any) -> LMError:
 # Platform telemetry the Stainless-generated SDKs (openai, anthropic) add to every request. No server
 # needs them, and each extra header costs CPU on every call: httpx merges headers in quadratic time,
 # and these seven took a third of the client's CPU per request (0.84 -> 0.55 ms, 64 concurrent
-# calls to a local server; see docs/benchmarks.md). The SDKs keep their retry/timeout headers.
+# calls to a local server, measured when this was added). The SDKs keep their retry/timeout headers.
 _SDK_TELEMETRY_HEADERS = (
     "X-Stainless-Lang",
     "X-Stainless-Package-Version",

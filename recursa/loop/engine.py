@@ -188,9 +188,20 @@ class RunEngine:
                     await self._turn(reply)
                 else:
                     await self._last_call(reply)
+            if reply is not None and not self.done:
+                self._stop_if_spent()
         except (Exception, asyncio.CancelledError) as exc:
             self._fail(exc)
         return self._history[before:]
+
+    def _stop_if_spent(self) -> None:
+        """A trainer's reply is never refused, so a budget used up during its turn stops the run
+        here, as the refusal of the next root call would in `run()`: the trainer generates no turn
+        that could not be followed by any call."""
+        limit = self.tree.ledger.used_up()
+        if limit is not None:
+            cap = getattr(self.config.budget, limit)
+            raise BudgetExceeded(limit, f"the budget's {limit}={cap:g} is used up")
 
     def cancel(self, why: str) -> None:
         """Stop the run between turns (its owner gave up on it); `finish()` then closes it."""

@@ -49,6 +49,10 @@ class ForkRefused(ZygoteGone):
     """The zygote is alive but could not fork this worker (it said why)."""
 
 
+class WorkerVanished(ZygoteGone):
+    """The worker was forked but is not among the zygote's children: it already exited."""
+
+
 @dataclass(frozen=True)
 class ZygoteRecipe:
     """How to start a zygote: what a sandbox knows, handed to the fork server."""
@@ -131,9 +135,18 @@ class ForkServer:
         the next request never reads this one's reply; a worker forked for a caller that gave up
         finds its channel closed and exits."""
         fds = [os.dup(channel), os.dup(log), *map(os.dup, extra)]
-        return await asyncio.shield(asyncio.ensure_future(self._exchange(fds, request, timeout)))
+        gave_up = asyncio.Event()
+        exchange = asyncio.ensure_future(self._exchange(fds, request, timeout, gave_up))
+        exchange.add_done_callback(_retrieved)  # its caller may be gone: nobody else reads it
+        try:
+            return await asyncio.shield(exchange)
+        except asyncio.CancelledError:
+            gave_up.set()
+            raise
 
-    async def _exchange(self, fds: list[int], request: dict[str, Any], timeout: float) -> int:
+    async def _exchange(
+        self, fds: list[int], request: dict[str, Any], timeout: float, gave_up: asyncio.Event
+    ) -> int:
         assert self._turn is not None
         try:
             async with self._turn:
@@ -144,6 +157,11 @@ class ForkServer:
                     pid = await zygote.fork(fds, request, timeout)
                 except ForkRefused as exc:
                     self.retire(str(exc))  # its workers so far are fine: they keep running
+                    raise
+                except WorkerVanished as exc:
+                    if gave_up.is_set():  # its caller closed the channel, so the worker exited: normal
+                        raise
+                    await asyncio.to_thread(self._retire, zygote, str(exc))
                     raise
                 except ZygoteGone as exc:
                     await asyncio.to_thread(self._retire, zygote, str(exc))
@@ -243,7 +261,7 @@ class _Zygote:
         ns_pid = int(reply["pid"])
         pid = ns_pid if self.pid == self.proc.pid else inner_pid(self.pid, ns_pid)
         if pid is None:
-            raise ZygoteGone(f"the forked worker {ns_pid} is not among the zygote's children")
+            raise WorkerVanished(f"the forked worker {ns_pid} is not among the zygote's children")
         return pid
 
     def stop(self) -> None:
@@ -262,3 +280,9 @@ class _Zygote:
             poller.poll(5000)
             os.close(watch)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """Read a finished exchange's outcome, so a caller that gave up leaves no "never retrieved" noise."""
+    if not future.cancelled():
+        future.exception()

@@ -47,6 +47,12 @@ def add_parsers(sub: Any, add_model_options: Callable[[argparse.ArgumentParser],
         help="with --allow-urls: also fetch loopback, private, link-local and other non-public addresses",
     )
     serve.add_argument("--max-runs", type=int, default=64, help="runs at once; later requests wait")
+    serve.add_argument(
+        "--max-waiting",
+        type=int,
+        default=256,
+        help="requests that may wait for a run slot; more get HTTP 429 (default: 256)",
+    )
     _add_session_options(serve)
 
     mcp = sub.add_parser("mcp", help="a Model Context Protocol server (stdio, or --http)")
@@ -206,6 +212,7 @@ def _serve(args: argparse.Namespace) -> int:
     settings.allow_context_urls = args.allow_urls
     settings.allow_private_urls = args.allow_private_urls
     settings.max_runs = args.max_runs
+    settings.max_waiting = args.max_waiting
     settings.access_log = not args.no_access_log
     settings.metrics = not args.no_metrics
     _apply_session_options(settings, args)

@@ -5,8 +5,8 @@ The access log goes to the `recursa.serve.access` logger at INFO, one line per r
     POST /v1/chat/completions 200 1.284s run=run_1a2b3c4d5e6f
 
 (method, path without its query, status, duration until the last byte, and the run it started).
-It never holds a header, a key, a message or a context. `recursa serve` prints it on stderr; an
-application that mounts `create_app` decides where that logger goes.
+It never holds a header, a key, a session id, a message or a context. `recursa serve` prints it on
+stderr; an application that mounts `create_app` decides where that logger goes.
 
 The metrics live in a registry of their own per app, so several apps in one process (tests, an
 embedding application) never share or clash over counters.
@@ -32,6 +32,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # Paths the metrics label as themselves; anything else is "other", so a scan of random URLs cannot
 # grow the label set without bound.
 KNOWN_PATHS = ("/v1/chat/completions", "/v1/models", "/health", "/metrics", "/v1/recursa/sessions")
+# The method is client input too (any token is a valid HTTP method): label only the standard ones.
+KNOWN_METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
 RUN_STATE_KEY = "recursa_run"  # request.state attribute the chat endpoint sets to its LiveRun
 
 
@@ -66,7 +68,7 @@ class Metrics:
 
     def request(self, method: str, path: str, status: int) -> None:
         label = next((p for p in KNOWN_PATHS if path == p or path.startswith(p + "/")), "other")
-        self.requests.labels(method, label, str(status)).inc()
+        self.requests.labels(method if method in KNOWN_METHODS else "other", label, str(status)).inc()
 
     def run_started(self) -> None:
         self.in_flight.inc()
@@ -125,15 +127,21 @@ class ObserveMiddleware:
                 run_id = getattr(run, "run_id", None)
                 access_log.info(
                     "%s %s %d %.3fs%s",
-                    method,
-                    _printable(path),
+                    _printable(method),
+                    _printable(_without_secrets(path)),
                     status,
                     time.perf_counter() - started,
                     f" run={run_id}" if run_id else "",
                 )
 
 
+def _without_secrets(path: str) -> str:
+    # A session id is all that guards a session under a shared key: a log reader must not get it.
+    sessions = "/v1/recursa/sessions/"
+    return sessions + "{id}" if path.startswith(sessions) else path
+
+
 def _printable(path: str) -> str:
-    # A path is client input: keep the log one line per request, whatever bytes it holds.
+    # A path (and a method) is client input: keep the log one line per request, whatever it holds.
     cut = path[:300]
     return cut if cut.isprintable() else cut.encode("unicode_escape").decode("ascii")

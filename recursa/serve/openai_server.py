@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from recursa.errors import ConfigError
+from recursa.serve.admission import AdmissionLimit
 from recursa.serve.callers import CLIENT_HEADER, identify
 from recursa.serve.chat import SESSION_HEADER, ChatService, ClientGone
 from recursa.serve.observe import RUN_STATE_KEY, Metrics, ObserveMiddleware
@@ -54,6 +55,8 @@ def create_app(settings: ServeSettings) -> FastAPI:
 
     app = FastAPI(title="recursa", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.service = service
+    # Added first, so it runs inside the access log and metrics: a 429 is logged and counted.
+    app.add_middleware(AdmissionLimit, limit=settings.max_runs + settings.max_waiting)
     app.add_middleware(ObserveMiddleware, log=settings.access_log, metrics=metrics)
     started = int(time.time())
 
@@ -177,6 +180,8 @@ async def _read_json(request: Request, max_bytes: int) -> Any:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise bad("the request body is not valid JSON") from None
+    except RecursionError:  # [[[[... thousands deep: the parser's stack, not the server, gives out
+        raise bad("the request body nests JSON arrays or objects too deeply") from None
 
 
 def _too_large(max_bytes: int) -> ApiError:

@@ -44,6 +44,8 @@ class ServeSettings:
     max_context_bytes: int = 2 * 1024**3
     url_timeout_s: float = 60.0
     max_runs: int = 64  # runs at once; later requests wait for a slot
+    # Chat requests that may wait for a slot (recursa.serve.admission); more are a 429 at once.
+    max_waiting: int = 256
     max_depth_limit: int = 3
     max_iterations_limit: int = 100
     max_question_chars: int = 50_000  # a longer "question" is treated as context
@@ -61,6 +63,8 @@ class ServeSettings:
             self.trace_dir = Path(self.trace_dir)
         if self.max_runs < 1:
             raise ConfigError("max_runs must be >= 1")
+        if self.max_waiting < 0:
+            raise ConfigError("max_waiting must be >= 0 (0: a request that finds no free run slot gets 429)")
         if self.max_sessions < 0:
             raise ConfigError("max_sessions must be >= 0 (0 turns sessions off)")
         if not self.session_ttl_s > 0:

@@ -10,6 +10,10 @@ again for that hop. Numeric forms (decimal `2130706433`, hex, octal, IPv4-mapped
 classified after resolution, so they land in the same checks. Proxies from the environment are not
 used: they would do their own resolution (SSL_CERT_FILE / SSL_CERT_DIR still choose the CAs).
 
+The size cap counts decoded bytes: a compressed body is inflated here a bounded piece at a time
+(one layer of gzip or deflate; anything else is refused), so a few hundred bytes of nested gzip
+cannot become gigabytes before the cap sees them.
+
 `allow_private=True` (the operator's `--allow-private-urls`) turns the address check off.
 """
 
@@ -18,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+import zlib
+from collections.abc import AsyncIterator
 
 import httpx
 
@@ -28,6 +34,9 @@ MAX_REDIRECTS = 5
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")  # a NAT64 gateway reaches the IPv4 address inside
 _PARAM = "recursa.context_url"
+_INFLATE_STEP = 64 * 1024  # most bytes one decompression step may produce
+# zlib window bits: a gzip header, or a zlib header (what "deflate" means in HTTP)
+_ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -76,6 +85,7 @@ async def _fetch(current: httpx.URL, max_bytes: int, timeout_s: float, allow_pri
     ) as client:
         for hop in range(MAX_REDIRECTS + 1):
             target, headers, extensions = await _pinned(current, allow_private, redirected=hop > 0)
+            headers["Accept-Encoding"] = "gzip, deflate"
             async with client.stream("GET", target, headers=headers, extensions=extensions) as response:
                 status = response.status_code
                 location = response.headers.get("location")
@@ -89,7 +99,7 @@ async def _fetch(current: httpx.URL, max_bytes: int, timeout_s: float, allow_pri
                     raise _failed(f"fetching {_PARAM} gave HTTP {status}")
                 return await read_capped(
                     response.headers.get("content-length"),
-                    response.aiter_bytes(),
+                    _decoded(response.headers.get("content-encoding", ""), response.aiter_raw()),
                     max_bytes,
                     ApiError(
                         413,
@@ -99,6 +109,37 @@ async def _fetch(current: httpx.URL, max_bytes: int, timeout_s: float, allow_pri
                     ),
                 )
     raise _failed(f"{_PARAM} redirected more than {MAX_REDIRECTS} times")
+
+
+async def _decoded(encoding: str, raw: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The body as sent, inflated in steps of at most _INFLATE_STEP bytes (never all at once, as
+    httpx's own decoders do), so the caller's size cap stops a compression bomb early."""
+    layers = [e.strip().lower() for e in encoding.split(",") if e.strip() and e.strip().lower() != "identity"]
+    if not layers:
+        async for chunk in raw:
+            yield chunk
+        return
+    if len(layers) > 1 or layers[0] not in _ENCODINGS:
+        raise _failed(
+            f"the server of {_PARAM} sent Content-Encoding {encoding.strip()!r}; "
+            "only one layer of gzip or deflate is accepted"
+        )
+    inflater = zlib.decompressobj(_ENCODINGS[layers[0]])
+    try:
+        async for chunk in raw:
+            # A full step may leave output pending with no input left: ask again until it is short.
+            while chunk or not inflater.eof:
+                out = inflater.decompress(chunk, _INFLATE_STEP)
+                chunk = inflater.unconsumed_tail
+                if out:
+                    yield out
+                if inflater.eof or (not chunk and len(out) < _INFLATE_STEP):
+                    break
+            if inflater.eof:
+                return
+    except zlib.error:
+        raise _failed(f"the {layers[0]} body of {_PARAM} is corrupt") from None
+    raise _failed(f"the {layers[0]} body of {_PARAM} ended before its end")
 
 
 def _parse(url: str | httpx.URL, *, redirect: bool) -> httpx.URL:

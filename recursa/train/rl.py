@@ -213,6 +213,9 @@ def _row(
         "trajectory_id": shared.trajectory_id,
         "run_id": node.run_id,
         "parent_run_id": node.parent_run_id,
+        # Who made the call, as the X-RLM-Parent-Id header and a trainer's sub_call get it: the
+        # parent run for a run's own turn, the calling run for a plain llm_query.
+        "parent_id": node.run_id if step.purpose == "sub" else node.parent_run_id,
         "step": step.index,
         "depth": node.depth + (1 if step.purpose == "sub" else 0),
         "is_last_step": is_last,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,19 @@ class _RunState:
 
 
 def _num(value: Any, default: float = 0.0) -> float:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+    # A crafted trace may hold 1e999 or a bool where a number goes: only finite numbers count.
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond any float
+            return default
+        return number if math.isfinite(number) else default
+    return default
+
+
+def _constant(name: str) -> None:
+    # NaN and Infinity are not JSON: the page's JSON.parse would refuse the whole view for one.
+    return None
 
 
 def _short(text: Any, limit: int = 90) -> str:
@@ -99,7 +112,10 @@ def read_events(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
         if not line.strip():
             continue
         try:
-            event = json.loads(line)
+            event = json.loads(line, parse_constant=_constant)
+        except RecursionError:  # nested thousands deep: not an event recursa writes
+            bad_lines += 1
+            continue
         except json.JSONDecodeError:
             if number == len(lines):
                 warnings.append("the last line is cut off: the run was still writing or crashed")
@@ -118,7 +134,7 @@ def read_events(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     if unknown:
         kinds = ", ".join(f"{k} ({n})" for k, n in sorted(unknown.items()))
         warnings.append(f"events of unknown types were skipped: {kinds}; is the trace from a newer recursa?")
-    formats = {e.get("format", 1) for e in events if e["type"] == "run_start"}
+    formats = {f for e in events if e["type"] == "run_start" and isinstance(f := e.get("format", 1), int)}
     newer = sorted(f for f in formats if isinstance(f, int) and f > SUPPORTED_FORMAT)
     if newer:
         warnings.append(
@@ -371,7 +387,7 @@ class _Builder:
         node = self.nodes[state.node]
         node.t1 = end
         reason = e.get("stop_reason") or "ok"
-        node.status = reason if reason in RUN_STATUSES else "unknown"
+        node.status = reason if isinstance(reason, str) and reason in RUN_STATUSES else "unknown"
         node.detail.update(
             {
                 k: e.get(k)

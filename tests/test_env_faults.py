@@ -1,0 +1,185 @@
+"""recursa.env as a trainer uses it: reply forms, scorers and budgets that fail, what an episode holds."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from recursa import Budget
+from recursa.env import EnvError, RLMEnv
+from recursa.testing.fake_server import FakeServer
+from recursa.trace import load
+from recursa.train import export_rl
+
+CONTEXT = "alpha line\nbeta line\nthe secret is 42\n"
+
+
+def code(text: str) -> str:
+    return f"```repl\n{text}\n```"
+
+
+def parts(text: str) -> list[dict[str, str]]:
+    return [{"type": "text", "text": text}]
+
+
+@pytest.fixture
+def policy(server: FakeServer) -> FakeServer:
+    server.reset()
+    server.latency_s = 0.0
+    server.holder["responder"] = lambda model, messages: "ok"  # type: ignore[attr-defined]
+    return server
+
+
+def make_env(server: FakeServer, tmp_path: Path, **kwargs) -> RLMEnv:
+    kwargs.setdefault("trace_dir", tmp_path)
+    return RLMEnv("openai/policy", base_url=server.base_url, api_key="k", **kwargs)
+
+
+async def test_openai_content_parts_are_text_replies(tmp_path: Path) -> None:
+    env = RLMEnv(max_depth=0, trace_dir=tmp_path)
+    episode = await env.start("q?", CONTEXT)
+    obs = await episode.step(parts(code("print('from parts')")))
+    assert "from parts" in obs[0]["content"]
+    reply = {"role": "assistant", "content": [*parts("```repl\nx = 6 *"), *parts(" 7\nprint(x)\n```")]}
+    obs = await episode.step(reply)
+    assert "42" in obs[0]["content"]
+    message = SimpleNamespace(content=code("print('sdk object')"))  # e.g. choices[0].message
+    obs = await episode.step(message)
+    assert "sdk object" in obs[0]["content"]
+    with pytest.raises(EnvError, match=r"item 1 is not a text part \('image_url'\)"):
+        await episode.step([*parts("look"), {"type": "image_url", "image_url": {"url": "x"}}])
+    with pytest.raises(EnvError, match="tool_calls"):
+        await episode.step({"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]})
+    assert episode.turn == 3
+    await episode.step({"role": "assistant", "content": parts("FINAL(42)")})
+    assert episode.answer == "42"
+    calls = [e for e in load(episode.trace_path).events if e["type"] == "lm_call"]
+    assert calls[0]["response"] == code("print('from parts')")
+    await env.aclose()
+
+
+async def test_sub_call_may_answer_with_an_openai_message(tmp_path: Path) -> None:
+    async def sub_call(messages, depth, parent_id):
+        return {"role": "assistant", "content": parts("from a message")}
+
+    env = RLMEnv(sub_call=sub_call, trace_dir=tmp_path)
+    episode = await env.start("q?", CONTEXT)
+    obs = await episode.step(code("print(llm_query('hi'))"))
+    assert "from a message" in obs[0]["content"]
+    await episode.close()
+    await env.aclose()
+
+
+async def test_a_scorer_that_raises_fails_one_step_and_not_close(tmp_path: Path) -> None:
+    calls = []
+
+    def scorer(answer: str) -> float:
+        calls.append(answer)
+        raise KeyError("no gold for this task")
+
+    env = RLMEnv(max_depth=0, trace_dir=tmp_path)
+    episode = await env.start("q?", CONTEXT, scorer=scorer)
+    with pytest.raises(EnvError, match="the scorer raised KeyError"):
+        await episode.step("FINAL(42)")
+    assert episode.done and episode.answer == "42" and episode.reward is None
+    await episode.close()  # the episode is over: closing it does not score (and fail) again
+    assert calls == ["42"] and load(episode.trace_path).complete and env.live_repls == 0
+    await env.aclose()
+
+
+async def test_a_budget_used_up_during_a_step_ends_the_episode(policy: FakeServer, tmp_path: Path) -> None:
+    env = make_env(policy, tmp_path, budget=Budget(max_llm_calls=3), max_retries=0)
+    episode = await env.start("q?", CONTEXT, scorer=lambda a: float(a == "partial"))
+    obs = await episode.step(
+        code("answer['content'] = 'partial'\nfor i in range(5): print(llm_query(str(i)))")
+    )
+    assert "BudgetExceeded" in obs[0]["content"]
+    # The trainer's turn and two sub-calls used the three calls: no turn after this one could call
+    # anything, so the episode ends here, as RLM.run's refused root call would end the run.
+    assert episode.done and episode.stop_reason == "budget" and "max_llm_calls=3" in (episode.error or "")
+    assert episode.answer == "partial" and episode.reward == 1.0 and env.live_repls == 0
+    assert load(episode.trace_path).complete
+    with pytest.raises(EnvError, match="after the episode is done"):
+        await episode.step("FINAL(x)")
+    await env.aclose()
+
+
+async def test_the_trainers_own_turns_count_against_the_budget(tmp_path: Path) -> None:
+    env = RLMEnv(max_depth=0, trace_dir=tmp_path, budget=Budget(max_llm_calls=2), max_turns=10)
+    episode = await env.start("q?", CONTEXT)
+    await episode.step(code("print(1)"))
+    assert not episode.done
+    await episode.step(code("print(2)"))
+    assert episode.done and episode.stop_reason == "budget" and episode.usage.llm_calls == 2
+    await env.aclose()
+
+
+def _open_under(folder: Path) -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith(str(folder))
+        except OSError:
+            pass
+    return count
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to count descriptors")
+async def test_finished_episodes_kept_for_their_rows_hold_no_descriptors(tmp_path: Path) -> None:
+    env = RLMEnv(max_depth=0, trace_dir=tmp_path)
+    kept = []
+    for i in range(4):
+        episode = await env.start("q?", CONTEXT)
+        if i % 2:
+            await episode.step(f"FINAL({i})")
+        else:
+            await episode.close()
+        kept.append(episode)
+    assert _open_under(tmp_path) == 0
+    assert all(load(e.trace_path).complete for e in kept) and kept[1].rollouts()
+    await env.aclose()
+
+
+async def test_rows_match_export_rl_for_a_tree_with_children(tmp_path: Path) -> None:
+    async def sub_call(messages, depth, parent_id):
+        if messages[0]["role"] == "system":  # a child RLM's turn
+            turns = sum(m["role"] == "assistant" for m in messages)
+            return code("print(len(context))") if turns == 0 else "FINAL(child ok)"
+        return "plain"
+
+    env = RLMEnv(sub_call=sub_call, max_depth=2, trace_dir=tmp_path)
+    episode = await env.start("q?", CONTEXT, task_id="t1", scorer=lambda a: 1.0)
+    await episode.step(code("print(rlm_query('sub q', context='child ctx'), llm_query('x'))"))
+    await episode.step("FINAL(done)")
+    scores = tmp_path / "scores.jsonl"
+    scores.write_text(json.dumps({"run_id": episode.run_id, "task_id": "t1", "score": 1.0}) + "\n")
+    out = tmp_path / "rows.jsonl"
+    export_rl([episode.trace_path], out, scores=scores, include_subcalls=True)
+    exported = [json.loads(line) for line in out.read_text().splitlines()]
+    rows = episode.rollouts(include_subcalls=True)
+    assert rows == exported
+    by_kind = {(r["depth"], r["purpose"]): r for r in rows}
+    child = by_kind[(1, "root")]
+    assert child["parent_id"] == child["parent_run_id"] == episode.run_id
+    assert by_kind[(0, "root")]["parent_id"] is None
+    assert by_kind[(1, "sub")]["parent_id"] == episode.run_id  # the llm_query's caller, as its header says
+    await env.aclose()
+
+
+async def test_the_shared_fork_server_outlives_episodes_closed_while_starting(tmp_path: Path) -> None:
+    env = RLMEnv(max_depth=0, trace_dir=tmp_path, max_live_repls=64)
+    for _ in range(3):
+        episodes = [await env.start("q?", CONTEXT) for _ in range(24)]
+        for episode in episodes:
+            await episode.close()
+    fork_server = env._shared.here().fork_server
+    assert fork_server is not None and fork_server.unavailable is None
+    episode = await env.start("q?", CONTEXT)
+    await episode.step(code("print('still forking')"))
+    assert fork_server.unavailable is None
+    await episode.close()
+    await env.aclose()
