@@ -183,3 +183,30 @@ async def test_the_shared_fork_server_outlives_episodes_closed_while_starting(tm
     assert fork_server.unavailable is None
     await episode.close()
     await env.aclose()
+
+
+async def test_child_call_runs_rlm_query_children_in_the_trainer(tmp_path: Path) -> None:
+    calls = []
+
+    async def child_call(prompt, context, depth, parent_id):
+        calls.append((prompt, context, depth, parent_id))
+        return f"child answer for {context}"
+
+    def peek(text: str) -> str:  # a per-episode tool: closes over the trainer's state, runs in the host
+        return f"peeked {text} for {episode_name}"
+
+    from recursa import host_tool
+
+    episode_name = "ep-1"
+    env = RLMEnv(sub_call=lambda m, d, p: "plain", max_depth=2, trace_dir=tmp_path)
+    episode = await env.start(
+        "q?", CONTEXT, child_call=child_call, tools=[host_tool(peek)], system_prompt="Custom system."
+    )
+    assert episode.messages[0] == {"role": "system", "content": "Custom system."}
+    obs = await episode.step(code("print(rlm_query_batched(['a', 'b'], contexts=['x', 'y']), peek('z'))"))
+    assert "['child answer for x', 'child answer for y'] peeked z for ep-1" in obs[0]["content"]
+    assert sorted(calls) == [("a", "x", 1, episode.run_id), ("b", "y", 1, episode.run_id)]
+    with pytest.raises(EnvError, match="peek is already one of RLMEnv"):
+        RLMEnv(max_depth=0, tools=[host_tool(peek)]).start_sync("q?", CONTEXT, tools=[host_tool(peek)])
+    await episode.close()
+    await env.aclose()

@@ -202,3 +202,28 @@ async def test_mcp_sessions_answer_several_questions_in_one_repl(tmp_path):
             gone = await client.call_tool("recursa_session_ask", {"session": sid, "question": "RUN: x = 1"})
             assert gone.is_error and "no open session" in gone.content[0].text
         wait_until(lambda: not (descendants(os.getpid()) - baseline), what="the session's REPL reaped")
+
+
+def test_http_transport_caps_request_bodies(tmp_path):
+    """The SDK reads a body whole: a declared length over the cap is refused before a byte is read,
+    and a chunked body is cut off where it passes the cap; the server goes on answering."""
+    from recursa.serve.mcp_server import http_app
+
+    settings = ServeSettings(model=MODEL, sub_model=SUB, trace_dir=tmp_path, max_context_bytes=10_000)
+    headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+    with BackgroundServer(http_app(build_mcp_server(settings), settings)) as srv:
+        declared = httpx.post(srv.url + "/mcp", content=b"{" + b" " * 20_000 + b"}", headers=headers)
+        assert declared.status_code == 413 and "10,000 bytes" in declared.text
+
+        def chunks():
+            yield b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "pad": "'
+            for _ in range(50):
+                yield b"x" * 1000
+            yield b'"}'
+
+        chunked = httpx.post(srv.url + "/mcp", content=chunks(), headers=headers)
+        assert chunked.status_code == 413
+        ping = httpx.post(
+            srv.url + "/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"}, headers=headers
+        )
+        assert ping.status_code == 400 and "Missing session ID" in ping.text

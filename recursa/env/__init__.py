@@ -11,10 +11,19 @@
 Adapters for trainers live in recursa.integrations (SkyRL-gym, verifiers). See docs/environments.md.
 """
 
-from recursa.env.callback import CallbackClient, SubCall
+from recursa.env.callback import CallbackClient, ChildCall, SubCall
 from recursa.env.env import RLMEnv
 from recursa.env.episode import Episode, Scorer
 from recursa.env.rollouts import group_rollouts
 from recursa.env.shared import EnvError
 
-__all__ = ["CallbackClient", "EnvError", "Episode", "RLMEnv", "Scorer", "SubCall", "group_rollouts"]
+__all__ = [
+    "CallbackClient",
+    "ChildCall",
+    "EnvError",
+    "Episode",
+    "RLMEnv",
+    "Scorer",
+    "SubCall",
+    "group_rollouts",
+]

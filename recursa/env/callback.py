@@ -18,6 +18,8 @@ from recursa.errors import LMError
 from recursa.lm.base import LMRequest, LMResponse, Message
 
 SubCall = Callable[[list[Message], int, str | None], Awaitable[Any]]
+# rlm_query's children run by the trainer: (prompt, context, depth, parent_id) -> the child's answer.
+ChildCall = Callable[[str, Any, int, str], Awaitable[str] | str]
 
 # Without counts from the trainer, usage is estimated at about four characters per token.
 _CHARS_PER_TOKEN = 4

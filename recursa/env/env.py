@@ -24,7 +24,7 @@ from typing import Any
 from recursa.budget import Budget
 from recursa.config import RLMConfig
 from recursa.context import load_payload
-from recursa.env.callback import CallbackClient, SubCall
+from recursa.env.callback import CallbackClient, ChildCall, SubCall
 from recursa.env.episode import Episode, Scorer
 from recursa.env.shared import EnvError, EpisodeHost, PerLoop, Prepaid, PrivateLoop, ReplQuota
 from recursa.errors import ConfigError
@@ -37,7 +37,7 @@ from recursa.loop.options import RunOptions
 from recursa.loop.tree import CallTree, new_id
 from recursa.sandbox import SANDBOX_KINDS
 from recursa.sandbox.forkserver import ForkServer
-from recursa.tools.spec import make_sub_tools, make_tools
+from recursa.tools.spec import Tool, make_sub_tools, make_tools
 
 _FORKING_SANDBOXES = ("auto", "subprocess")
 DEFAULT_POLICY = "openai/policy"
@@ -49,7 +49,9 @@ class RLMEnv:
     `sub_model` (with `base_url`, `api_key`): the OpenAI-compatible server behind `llm_query` and
     child RLMs' turns, e.g. the policy's own server in shared-policy training; every call carries the
     X-RLM-Call-Id / -Parent-Id / -Depth / -Run-Id headers. `sub_call`: instead, an async function
-    `fn(messages, depth, parent_id) -> str` the trainer answers those calls with. `model`: the root's
+    `fn(messages, depth, parent_id) -> str` the trainer answers those calls with. `child_call`: an
+    async `fn(prompt, context, depth, parent_id) -> str` that runs each rlm_query child as the
+    trainer's own rollout (needs max_depth >= 2; SkyRL's subcall_fn). `model`: the root's
     model name (chooses the prompt template; recorded in traces and rows), by default `sub_model`.
     `max_turns`: code turns before the root is asked once more, for its answer only.
     `max_reply_chars`: longer replies are refused (the trace keeps replies whole up to 100,000).
@@ -66,6 +68,7 @@ class RLMEnv:
         base_url: str | None = None,
         api_key: str | None = None,
         sub_call: SubCall | None = None,
+        child_call: ChildCall | None = None,
         max_depth: int = 1,
         budget: Budget | None = None,
         max_turns: int = 10,
@@ -152,6 +155,7 @@ class RLMEnv:
         parse_model(self.config.model)
         self.prices = PriceBook(prices)
         self.sub_call = sub_call
+        self.child_call = _checked_child_call(child_call)
         if sub_call is None and max_depth > 0:
             make_client(sub, base_url=base_url, api_key=api_key)  # a missing key or bad URL fails now
             provider, name = parse_model(sub)
@@ -185,12 +189,22 @@ class RLMEnv:
         scorer: Scorer | None = None,
         tips: str | None = None,
         sub_call: SubCall | None = None,
+        child_call: ChildCall | None = None,
+        tools: Sequence[Callable[..., Any]] = (),
+        system_prompt: str | None = None,
     ) -> Episode:
         """A new episode: `episode.messages` is what the policy continues. The REPL starts (and the
         context loads) while the trainer generates the first reply. `scorer(answer) -> float` gives
-        `episode.reward`; `sub_call` serves this episode's sub-calls instead of the environment's."""
+        `episode.reward`; `sub_call` serves this episode's sub-calls instead of the environment's;
+        `child_call` runs its rlm_query children instead (see RLMEnv); `tools` are added to the
+        environment's for this episode (e.g. closures over its context); `system_prompt` replaces
+        the template's system message."""
         if sub_call is not None and not callable(sub_call):
             raise EnvError("sub_call= takes an async function (messages, depth, parent_id) -> str.")
+        child_call = _checked_child_call(child_call) or self.child_call
+        if system_prompt is not None and (not isinstance(system_prompt, str) or not system_prompt.strip()):
+            raise EnvError("system_prompt= takes the system message as a non-empty str (or None for ours).")
+        own_tools = _episode_tools(self.config.tools, tools)
         if not isinstance(question, str) or not question.strip():
             raise EnvError("the question is empty: pass the question to answer as a non-empty str.")
         if scorer is not None and not callable(scorer):
@@ -203,12 +217,15 @@ class RLMEnv:
             raise
         run_id = new_id("run")
         events: list[dict[str, Any]] = []
-        config = self._episode_config(events)
+        config = self._episode_config(events, own_tools)
         tree = CallTree.create(config, self.prices, run_id)
         tree.repl_quota = quota
+        tree.child_call = child_call
         try:
             self._share(tree, sub_call)
-            options = RunOptions(tips=tips if tips is not None else self.config.tips)
+            options = RunOptions(
+                tips=tips if tips is not None else self.config.tips, system_prompt=system_prompt
+            )
             engine = RunEngine(
                 tree, self.prices, question=question, payload=payload, run_id=run_id, options=options
             )
@@ -234,7 +251,7 @@ class RLMEnv:
         kwargs.setdefault("scorer", task.score)
         return await self.start(task.question, task.context, **kwargs)
 
-    def _episode_config(self, events: list[dict[str, Any]]) -> RLMConfig:
+    def _episode_config(self, events: list[dict[str, Any]], tools: list[Tool]) -> RLMConfig:
         user = self.config.on_event
 
         def collect(event: dict[str, Any]) -> None:
@@ -248,7 +265,9 @@ class RLMEnv:
             if resources.fork_server is None:
                 resources.fork_server = ForkServer()
             options["fork_server"] = resources.fork_server
-        return dataclasses.replace(self.config, on_event=collect, sandbox_options=options or None)
+        return dataclasses.replace(
+            self.config, on_event=collect, sandbox_options=options or None, tools=tools
+        )
 
     def _share(self, tree: CallTree, sub_call: SubCall | None) -> None:
         """One client per model for every episode on this loop: one connection pool."""
@@ -298,6 +317,28 @@ class RLMEnv:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _checked_child_call(fn: ChildCall | None) -> ChildCall | None:
+    if fn is not None and not callable(fn):
+        raise ConfigError("child_call= takes an async function (prompt, context, depth, parent_id) -> str.")
+    return fn
+
+
+def _episode_tools(shared: list[Tool], extra: Sequence[Callable[..., Any]]) -> list[Tool]:
+    """The environment's tools and an episode's own; a clash of names is an error naming it."""
+    if not extra:
+        return shared
+    try:
+        own = make_tools(list(extra))
+    except ConfigError as exc:
+        raise EnvError(str(exc).replace("RLM(tools=...)", "start(tools=...)")) from None
+    clash = {t.name for t in own} & {t.name for t in shared}
+    if clash:
+        raise EnvError(
+            f"start(tools=...): {', '.join(sorted(clash))} is already one of RLMEnv(tools=...); rename it"
+        )
+    return [*shared, *own]
 
 
 # The gateway retries; its clients try once (as ModelGateway.client makes them).

@@ -7,13 +7,15 @@
     env.close()
 
 A drop-in replacement for SkyRL's own RLM environment: it takes the same knobs from `extras`
-(`max_turns`, `repl_timeout`, `lm_callback`, the context under `extra_info.context_text`,
-`reward_spec.ground_truth`) and adds a sandboxed REPL, budgets, traces and child RLMs. Extras of
-its own: `max_depth`, `sub_model` / `base_url` / `api_key` (an OpenAI-compatible server for the
+(`max_turns`, `repl_timeout`, `lm_callback`, `subcall_fn`, `custom_tools`, `custom_system_prompt`,
+`judge_reward_fn`, `depth`, the context under `extra_info.context_text`, `reward_spec` with
+`ground_truth` or `reward_fn`) and adds a sandboxed REPL, budgets, traces and child RLMs. Extras
+of its own: `max_depth`, `sub_model` / `base_url` / `api_key` (an OpenAI-compatible server for the
 sub-calls), `sub_call` (an async function, as for `RLMEnv`), `budget` (a dict of `Budget` fields),
 `family` (a `recursa.tasks` family whose scorer gives the reward), `scorer` (answer -> float),
-`sandbox`, `trace_dir`, `max_live_repls`. SkyRL's `subcall_fn` is not used: `rlm_query` runs a
-recursa child RLM, whose turns go where the other sub-calls go.
+`sandbox`, `trace_dir`, `max_live_repls`. With `subcall_fn`, `rlm_query` children are the
+generator's own rollouts (as in SkyRL); without it, recursa child RLMs whose turns go where the
+other sub-calls go.
 
 Episodes of environments with the same settings share one `RLMEnv` (its event loop thread, fork
 server and connection pool), so a generator's hundreds of environments cost one of each.
@@ -22,6 +24,7 @@ server and connection pool), so a generator's hundreds of environments cost one 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import threading
 from collections.abc import Callable
@@ -32,11 +35,12 @@ from skyrl_gym import registry as _registry
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType
 
 from recursa.budget import Budget
-from recursa.env import Episode, RLMEnv, SubCall
+from recursa.env import ChildCall, Episode, RLMEnv, SubCall
 from recursa.errors import ConfigError
 from recursa.lm.base import Message
 from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION
 from recursa.tasks import Task, get
+from recursa.tools.spec import host_tool
 
 ENV_ID = "recursa-rlm"
 _SETTINGS = ("max_turns", "repl_timeout", "max_depth", "sub_model", "base_url", "api_key", "budget",
@@ -67,12 +71,16 @@ class RecursaRLMEnv(BaseTextEnv):
         text = "\n".join(str(m.get("content") or "") for m in prompt if m.get("content"))
         context = _context(self.extras)
         question = text if context is not None else PROMPT_AS_CONTEXT_QUESTION
+        system = self.extras.get("custom_system_prompt")
         self.episode = self._env.start_sync(
             question,
             context if context is not None else text,
             task_id=_task_id(self.extras),
             scorer=_scorer(self.extras, question, context),
             sub_call=_sub_call(self.extras),
+            child_call=_child_call(self.extras),
+            tools=_custom_tools(self.extras.get("custom_tools")),
+            system_prompt=system if isinstance(system, str) and system.strip() else None,
         )
         return self.episode.messages, {"run_id": self.episode.run_id}
 
@@ -124,7 +132,11 @@ class RecursaRLMEnv(BaseTextEnv):
 
 def shared_env(extras: dict[str, Any]) -> RLMEnv:
     """The `RLMEnv` for these settings, made once per process."""
-    key = json.dumps({k: extras.get(k) for k in _SETTINGS}, sort_keys=True, default=str)
+    settings: dict[str, Any] = {k: extras.get(k) for k in _SETTINGS}
+    settings["delegated"] = [
+        k for k in ("lm_callback", "sub_call", "subcall_fn") if extras.get(k) is not None
+    ]
+    key = json.dumps(settings, sort_keys=True, default=str)
     with _envs_lock:
         env = _envs.get(key)
         if env is None:
@@ -136,9 +148,11 @@ def _make_env(extras: dict[str, Any]) -> RLMEnv:
     budget = extras.get("budget")
     if budget is not None and not isinstance(budget, dict | Budget):
         raise ConfigError("extras['budget'] takes a dict of Budget fields, e.g. {'max_llm_calls': 200}")
-    delegated = "lm_callback" in extras or "sub_call" in extras
+    delegated = extras.get("lm_callback") is not None or extras.get("sub_call") is not None
     sub_model = extras.get("sub_model")
-    max_depth = int(extras.get("max_depth", 1 if (delegated or sub_model) else 0))
+    # SkyRL's subcall_fn runs rlm_query's children in the trainer: that takes a depth of 2.
+    default_depth = 2 if extras.get("subcall_fn") is not None else 1 if (delegated or sub_model) else 0
+    max_depth = int(extras.get("max_depth", default_depth))
     return RLMEnv(
         sub_model,
         base_url=extras.get("base_url"),
@@ -175,6 +189,53 @@ def _sub_call(extras: dict[str, Any]) -> SubCall | None:
     return via_lm_callback
 
 
+def _child_call(extras: dict[str, Any]) -> ChildCall | None:
+    """SkyRL's `subcall_fn(prompt, context=...) -> answer`: the generator runs rlm_query's child as
+    a rollout of its own (blocking, so it runs on a thread)."""
+    subcall_fn = extras.get("subcall_fn")
+    if subcall_fn is None:
+        return None
+    if not callable(subcall_fn):
+        raise ConfigError("extras['subcall_fn'] takes a function (prompt, context=None) -> str")
+
+    async def via_subcall_fn(prompt: str, context: Any, depth: int, parent_id: str) -> str:
+        answer = await asyncio.to_thread(subcall_fn, prompt, context=context)
+        return "" if answer is None else str(answer)
+
+    return via_subcall_fn
+
+
+def _custom_tools(tools: Any) -> list[Callable[..., Any]]:
+    """SkyRL's `custom_tools` ({name: fn} or {name: {"tool": fn, "description": ...}}) as host tools:
+    they ran in the trainer's process there (closures over the rollout's context included), and do
+    here, called from the sandboxed REPL."""
+    if not tools:
+        return []
+    if not isinstance(tools, dict):
+        raise ConfigError("extras['custom_tools'] takes a dict {name: function}")
+    made: list[Callable[..., Any]] = []
+    for name, entry in tools.items():
+        fn, doc = (entry.get("tool"), entry.get("description")) if isinstance(entry, dict) else (entry, None)
+        if not callable(fn):
+            raise ConfigError(
+                f"extras['custom_tools'][{name!r}] is a {type(fn).__name__}, not a function: recursa's REPL "
+                "takes functions (put data in the context, or give a function that returns it)"
+            )
+        made.append(_host_function(str(name), fn, doc if isinstance(doc, str) else None))
+    return made
+
+
+def _host_function(name: str, fn: Callable[..., Any], doc: str | None) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def tool(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    tool.__name__ = tool.__qualname__ = name
+    if doc:
+        tool.__doc__ = doc
+    return host_tool(tool)
+
+
 def _transcript(messages: list[Message]) -> str:
     if len(messages) == 1:
         return str(messages[0].get("content") or "")
@@ -201,11 +262,13 @@ def _task_id(extras: dict[str, Any]) -> str | None:
 
 
 def _scorer(extras: dict[str, Any], question: str, context: Any) -> Callable[[str], float] | None:
-    """The reward: extras['scorer'], else a task family's scorer against reward_spec's ground truth,
-    else an exact match with it (whitespace and case aside)."""
-    if callable(extras.get("scorer")):
-        return extras["scorer"]
+    """The reward: extras['scorer'] (or SkyRL's `judge_reward_fn`, or `reward_spec.reward_fn`), else
+    a task family's scorer against reward_spec's ground truth, else an exact match with it
+    (whitespace and case aside)."""
     spec = extras.get("reward_spec") or {}
+    for given in (extras.get("scorer"), extras.get("judge_reward_fn"), _get(spec, "reward_fn")):
+        if callable(given):
+            return given
     truth = spec.get("ground_truth") if isinstance(spec, dict) else None
     if truth is None:
         return None
@@ -217,6 +280,10 @@ def _scorer(extras: dict[str, Any], question: str, context: Any) -> Callable[[st
         return lambda answer: fam.score(task, answer)
     gold = str(truth).strip().casefold()
     return lambda answer: float(answer.strip().casefold() == gold)
+
+
+def _get(spec: Any, key: str) -> Any:
+    return spec.get(key) if isinstance(spec, dict) else None
 
 
 def register(env_id: str = ENV_ID) -> None:

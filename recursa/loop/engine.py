@@ -340,8 +340,10 @@ class RunEngine:
             modules=modules_line(c.sandbox, c.sandbox_options),
             models=tuple(c.subcall_models()) if c.allowed_models else (),
         )
-        template = template_for(self.model, self.config.prompt)
-        system = system_prompt(template, self.payload.info, settings)
+        if self.options.system_prompt is not None:
+            system = self.options.system_prompt
+        else:
+            system = system_prompt(template_for(self.model, self.config.prompt), self.payload.info, settings)
         if self.options.tips:
             system += "\n\nTips for this task:\n" + self.options.tips.strip()
         first = first_message(self.question, self.payload.info)

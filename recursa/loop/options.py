@@ -14,6 +14,7 @@ class RunOptions:
     answer_check: AnswerCheck | None = None  # run(..., answer_schema=...)
     sandbox: Sandbox | None = None  # a session's REPL: already loaded, and left running afterwards
     intro: tuple[str, ...] = ()  # extra paragraphs for the first message (a session's notes)
+    system_prompt: str | None = None  # the root's whole system message instead of the template's
 
     def for_child(self) -> RunOptions:
         """Children answer sub-questions of their own: none of the root's per-run choices apply."""

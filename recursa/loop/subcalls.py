@@ -8,6 +8,7 @@ the tree's concurrency limiter and budget.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -228,6 +229,8 @@ class SubcallHandler:
             # At the last level a child would have no sub-calls of its own: a plain call does the job.
             text = prompt if context is None else f"{prompt}\n\n{_context_as_text(context)}"
             return await self._one_llm(text, None)
+        if run.tree.child_call is not None:
+            return await self._handed_child(prompt, context)
         question = prompt if context is not None else PROMPT_AS_CONTEXT_QUESTION
         try:
             payload = await load_payload(context if context is not None else prompt)
@@ -240,6 +243,27 @@ class SubcallHandler:
             "BudgetExceeded" if result.stop_reason == "budget" else "SubcallError",
             f"the child RLM stopped without an answer ({result.stop_reason}): {result.error or ''}".strip(),
         )
+
+    async def _handed_child(self, prompt: str, context: Any) -> str:
+        """A child the trainer runs with its own engine and environment (recursa.env's child_call):
+        its turns are the trainer's rollouts, so they are not in this tree's trace or budget."""
+        run = self.run
+        async with run.tree.child_slots(run.depth + 1):
+            try:
+                outcome = run.tree.child_call(prompt, context, run.depth + 1, run.run_id)
+                if inspect.isawaitable(outcome):
+                    outcome = await outcome
+            except Exception as exc:  # the trainer's function failed: a failed call, as a server error is
+                raise CallbackError(
+                    "SubcallError", f"rlm_query: the trainer's child run failed: {type(exc).__name__}: {exc}"
+                ) from None
+        if not isinstance(outcome, str):
+            raise CallbackError(
+                "SubcallError",
+                f"rlm_query: the trainer's child_call returned {type(outcome).__name__}; it must return the "
+                "child's answer as a str",
+            )
+        return outcome
 
 
 async def _gather_items(coros: list[Awaitable[str]]) -> list[Any]:

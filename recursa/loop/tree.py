@@ -45,6 +45,9 @@ class CallTree:
     # an error that says what to do when none is left; give() once it is closed.
     repl_quota: Any = None
     abandoned: bool = False  # abandon() ran: no REPL may start any more
+    # recursa.env: the trainer runs rlm_query's children itself (SkyRL's subcall_fn), as
+    # `async fn(prompt, context, depth, parent_id) -> str`; None: recursa child runs.
+    child_call: Any = None
 
     @classmethod
     def create(cls, config: RLMConfig, prices: PriceBook, root_run_id: str) -> CallTree:

@@ -247,7 +247,8 @@ class _Zygote:
 
     async def fork(self, fds: list[int], request: dict[str, Any], timeout: float) -> int:
         """One request and its reply, on the event loop. (In a thread, every fork handed the GIL
-        back and forth with the loop, which slowed a burst of twenty children; docs/benchmarks.md.)"""
+        back and forth with the loop, which slowed a burst of twenty children, as
+        benchmarks/worker_starts.py showed when this was written.)"""
         loop = asyncio.get_running_loop()
         try:
             # A non-blocking send that cannot block: one small message is ever in flight.

@@ -368,7 +368,9 @@ def _start_slots() -> asyncio.Semaphore:
     in this process. And badly so: each worker runs in a session of its own, so the kernel's
     autogroup scheduling shares the CPU equally between the host and every starting worker. With 20
     children starting at once on 2 CPUs, the event loop's thread waited 185 ms for a CPU while they
-    started; 66 ms with this limit (docs/benchmarks.md, "Depth 2").
+    started; 66 ms with this limit (measured with `python benchmarks/vs_official/run.py depth`
+    when the limit was added; that run's figures are in the project history, this session's in
+    docs/performance.md, "vs_official").
     """
     loop = asyncio.get_running_loop()
     slots = _SLOTS.get(loop)

@@ -1,4 +1,4 @@
-"""How many chat requests a server holds at once: the runs it has slots for, plus a bounded queue.
+"""How much a server takes in at once: chat requests (`AdmissionLimit`) and request bodies (`BodyLimit`).
 
 `max_runs` bounds the runs going at once, but a request waiting for a slot already holds its body
 (up to `max_context_bytes`) and any context it fetched, and nothing bounded how many could wait: a
@@ -6,6 +6,10 @@ client opening thousands of requests could fill the server's memory before one o
 chat request past `max_runs + max_waiting` in progress is answered 429 at once, before its body is
 read. A request counts from its first byte to its last (a streamed answer included), so the count
 cannot leak whatever way a request ends.
+
+`BodyLimit` caps a request body for apps that read bodies whole themselves (the MCP SDK's HTTP
+transport does): a declared length over the cap is a 413 before anything is read, and a body sent
+without one is cut off where it passes the cap (the app sees the client leave; the client gets 413).
 """
 
 from __future__ import annotations
@@ -64,4 +68,55 @@ class AdmissionLimit:
             (b"retry-after", str(self.retry_after_s).encode()),
         ]
         await send({"type": "http.response.start", "status": 429, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+class BodyLimit:
+    """ASGI middleware: no HTTP request body over `max_bytes` reaches the app."""
+
+    def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            await self._too_large(send)
+            return
+        seen = 0
+        refused = False
+        started = False
+
+        async def capped_receive() -> dict[str, Any]:
+            nonlocal seen, refused
+            if refused:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    refused = True
+                    if not started:
+                        await self._too_large(send)
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def guarded_send(message: dict[str, Any]) -> None:
+            nonlocal started
+            if refused:
+                return  # the 413 was the answer
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        await self.app(scope, capped_receive, guarded_send)
+
+    async def _too_large(self, send: Send) -> None:
+        body = json.dumps(
+            {"error": f"the request body is larger than this server's limit of {self.max_bytes:,} bytes"}
+        ).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
         await send({"type": "http.response.body", "body": body})

@@ -286,7 +286,7 @@ def _print_access_log() -> None:
 
 def _mcp(args: argparse.Namespace) -> int:
     try:
-        from recursa.serve.mcp_server import build_mcp_server, with_bearer_key
+        from recursa.serve.mcp_server import build_mcp_server, http_app
     except ImportError:
         raise ConfigError('recursa mcp needs the mcp extra: pip install "recursa[mcp]"') from None
     # stdio: the client that launched us is the user, so their working folder is readable by
@@ -301,8 +301,7 @@ def _mcp(args: argparse.Namespace) -> int:
         return 0
     import uvicorn
 
-    keys = [k for k in (settings.api_key, *settings.api_keys.values()) if k]
-    app = with_bearer_key(server.streamable_http_app(streamable_http_path=args.path, host=args.host), keys)
+    app = http_app(server, settings, path=args.path, host=args.host)
     sock = _listen(args.host, args.port)  # a busy port is reported before the URL is announced
     print(f"recursa mcp: streamable HTTP at http://{args.host}:{args.port}{args.path}", file=sys.stderr)
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])

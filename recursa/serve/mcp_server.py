@@ -22,6 +22,7 @@ from pydantic import BaseModel
 
 from recursa.budget import Budget
 from recursa.errors import RecursaError
+from recursa.serve.admission import BodyLimit
 from recursa.serve.callers import CLIENT_HEADER, identify, new_session_id
 from recursa.serve.request import ApiError, bearer_token, key_matches
 from recursa.serve.runs import LiveRun, RunSpec
@@ -276,6 +277,16 @@ async def _drive(run: LiveRun, ctx: Context, max_iterations: int) -> Answer:
         trace_path=str(result.trace_path) if result.trace_path else None,
         skipped_files=result.skipped_files,
     )
+
+
+def http_app(
+    server: MCPServer, settings: ServeSettings, *, path: str = "/mcp", host: str = "127.0.0.1"
+) -> Any:
+    """The streamable HTTP app of `recursa mcp --http`: the server's keys required, and no request
+    body over `settings.max_context_bytes` (the SDK reads a body whole, with no cap of its own)."""
+    keys = [k for k in (settings.api_key, *settings.api_keys.values()) if k]
+    app = server.streamable_http_app(streamable_http_path=path, host=host)
+    return with_bearer_key(BodyLimit(app, max_bytes=settings.max_context_bytes), keys)
 
 
 def with_bearer_key(app: Any, api_key: str | Sequence[str] | None) -> Any:

@@ -1,6 +1,6 @@
 """From an OpenAI chat-completions request body to an RLM question, context and settings.
 
-The rules (documented in the README):
+The rules (documented in docs/serving.md, "Messages to question and context"):
 - the last user message is the question; every other message (as "[role]\\n text") and every
   attached text file part is the context;
 - with nothing else to be the context, or a "question" longer than `max_question_chars`, the whole
