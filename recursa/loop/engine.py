@@ -382,10 +382,10 @@ class RunEngine:
         left = self.config.max_iterations - self.turn
         if 0 < left <= 3:
             feedback += f"\n\n[{left} turn{'s' if left > 1 else ''} left]"
-        self._remember({"role": "user", "content": feedback + self._reminder()})
         if left == 0:  # out of turns: the next reply may only answer
-            last = LAST_CALL_MESSAGE.format(n=self.config.max_iterations)
-            self._remember({"role": "user", "content": last + self._reminder()})
+            # Said in the same message: chat templates such as Gemma's refuse two user turns in a row.
+            feedback += "\n\n" + LAST_CALL_MESSAGE.format(n=self.config.max_iterations)
+        self._remember({"role": "user", "content": feedback + self._reminder()})
 
     async def _reply(self, given: LMResponse | None, purpose: str) -> str:
         """The root's next reply: from the root model, or the one given (recorded as the model's)."""
