@@ -100,3 +100,29 @@ def test_cli_flags_in_the_docs_exist(capsys: pytest.CaptureFixture[str]) -> None
                 if flag not in help_text:
                     wrong.append(f"{page.name}: recursa {' '.join(command)} {flag}")
     assert not wrong, f"flags the CLI does not have: {wrong}"
+
+
+# A file path a page names (`recursa/sandbox/cgroups.py`, `python benchmarks/memory.py`, or one
+# relative to the package such as `sandbox/worker/zygote.py`) must still be there: files move.
+FILE_PATH = re.compile(
+    r"(?<![\w./~:-])((?:recursa|benchmarks|examples|tests|docs|sandbox|loop|serve|lm|trace|scripted|env"
+    r"|tasks|testing|asgi|bench|train|tools|integrations)/[\w./-]*\w\.(?:py|md|toml|json|jsonl|yml|txt))\b"
+)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_file_paths_named_in_the_docs_exist(page: Path) -> None:
+    named = FILE_PATH.findall(page.read_text())
+    gone = [p for p in named if not (ROOT / p).exists() and not (ROOT / "recursa" / p).exists()]
+    assert not gone, f"{page.relative_to(ROOT)} names files that are not there: {gone}"
+
+
+def test_the_architecture_diagram_names_every_layer() -> None:
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    layers = re.search(r'containers = \["recursa"\]\n.*?layers = \[(.*?)\]', pyproject, re.DOTALL)
+    assert layers is not None, "pyproject.toml's layers contract moved; update this test"
+    names = set(re.findall(r"\w+", layers.group(1)))
+    diagram = (DOCS / "architecture.md").read_text().split("## The layers", 1)[1].split("```")[1]
+    # The layer names are the diagram's left column; the right one describes them.
+    drawn = set(re.findall(r"\w+", "\n".join(line[:45] for line in diagram.splitlines())))
+    assert not names - drawn, f"docs/architecture.md's layer diagram leaves out {sorted(names - drawn)}"

@@ -210,3 +210,16 @@ async def test_child_call_runs_rlm_query_children_in_the_trainer(tmp_path: Path)
         RLMEnv(max_depth=0, tools=[host_tool(peek)]).start_sync("q?", CONTEXT, tools=[host_tool(peek)])
     await episode.close()
     await env.aclose()
+
+
+async def test_the_conversation_alternates_roles_as_strict_chat_templates_require(tmp_path: Path) -> None:
+    env = RLMEnv(max_depth=0, trace_dir=tmp_path, max_turns=2)
+    episode = await env.start("q?", CONTEXT)
+    for reply in ("no code here", code("print(1)"), "The answer is 42"):
+        obs = await episode.step(reply)
+        assert len(obs) <= 1
+    roles = [m["role"] for m in episode.messages]
+    assert roles == ["system", "user", "assistant", "user", "assistant", "user", "assistant"]
+    assert "used all 2 turns" in episode.messages[-2]["content"]
+    assert episode.stop_reason == "max_iterations" and episode.answer == "The answer is 42"
+    await env.aclose()

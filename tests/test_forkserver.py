@@ -45,8 +45,9 @@ def exists(path: str) -> bool:
     return os.path.exists(path)
 
 
-def zygote_dirs() -> set[str]:
-    return {name for name in os.listdir(tempfile.gettempdir()) if name.startswith("recursa-zygote-")}
+def zygote_dirs(root: str | os.PathLike[str] | None = None) -> set[str]:
+    folder = tempfile.gettempdir() if root is None else root
+    return {name for name in os.listdir(folder) if name.startswith("recursa-zygote-")}
 
 
 async def test_forked_workers_run_cells_fully_hardened_each_in_its_own_scratch() -> None:
@@ -220,10 +221,13 @@ async def test_a_tree_with_child_rlms_forks_their_repls_and_ends_the_zygote(serv
             **kw,
         )
 
-    before = zygote_dirs()
-    result = await tree_rlm().arun("q", "ctx")
+    # A scratch folder of this test's own: the system temp folder also holds the zygotes of tests
+    # running beside this one (xdist workers, other checkouts).
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    result = await tree_rlm(sandbox_options={"scratch_root": str(scratch)}).arun("q", "ctx")
     assert result.value == ["x", "y"] and result.isolation.get("forked") is True, result.error
-    assert zygote_dirs() == before  # ended with the tree
+    assert zygote_dirs(scratch) == set()  # ended with the tree
     plain = await tree_rlm(sandbox_options={"fork_server": None}).arun("q", "ctx")
     assert plain.value == ["x", "y"] and not plain.isolation.get("forked")
 

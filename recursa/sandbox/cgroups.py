@@ -8,8 +8,14 @@ children, the v1 `pids` hierarchy otherwise), sets `pids.max` (and `memory.max`)
 worker an open descriptor of the group's `cgroup.procs`: the worker writes "0" to it (joins) before
 it runs anything else, so every task it ever starts is counted. The kernel checks that write
 against the credentials of whoever opened the file (the host), so it works from inside bwrap's
-namespaces. A v1 memory hierarchy is never used: this process's memory group there is usually
-someone else's (a container's, a session manager's), and its children would outlive a crash.
+namespaces.
+
+On cgroup v1 the memory controller is a hierarchy of its own. Where it is mounted and this
+process's own memory group is writable, the sandbox also gets a child there (`memory.limit_in_bytes`,
+and `memory.memsw.limit_in_bytes` where swap is accounted, so swap cannot stretch it), joined the
+same way through its `tasks` file. Only the child is ever written: the parent's settings (someone
+else's: a container's, a session manager's) are left alone. A child a crashed host left behind is
+removed by the next host's sweep, as in the pids hierarchy.
 
 Nothing here is required: where no group can be made, `TaskGroup.create` returns None and the
 host's poller (guard.py) stays the only process cap; `isolation["tasks"]` says which holds.
@@ -34,6 +40,7 @@ class _Parent:
     path: str  # this process's own cgroup folder in that hierarchy
     version: int
     memory: bool  # the memory controller can be limited in a child (v2 only)
+    memory_v1: str | None = None  # this process's own folder in a writable v1 memory hierarchy
 
 
 @functools.lru_cache(maxsize=1)
@@ -51,16 +58,23 @@ def _parent() -> _Parent | None:
         enabled = _read(os.path.join(folder, "cgroup.subtree_control")).split()
         if "pids" in enabled and os.access(folder, os.W_OK):
             return _Parent(folder, 2, "memory" in enabled)
+    memory = _v1_folder(lines, mounts, "memory", "memory.limit_in_bytes")
+    pids = _v1_folder(lines, mounts, "pids", "cgroup.procs")
+    return None if pids is None else _Parent(pids, 1, False, memory)
+
+
+def _v1_folder(lines: list[list[str]], mounts: dict[str, str], name: str, probe: str) -> str | None:
+    """This process's own folder in the v1 hierarchy of controller `name`, if we may make children."""
     for _hid, ctrl, path in lines:
-        if "pids" in ctrl.split(",") and "pids" in mounts:
-            folder = os.path.join(mounts["pids"], path.lstrip("/"))
-            if os.path.isfile(os.path.join(folder, "cgroup.procs")) and os.access(folder, os.W_OK):
-                return _Parent(folder, 1, False)
+        if name in ctrl.split(",") and name in mounts:
+            folder = os.path.join(mounts[name], path.lstrip("/"))
+            if os.path.isfile(os.path.join(folder, probe)) and os.access(folder, os.W_OK):
+                return folder
     return None
 
 
 def _cgroup_mounts() -> dict[str, str]:
-    """{"cgroup2": its mount point, "pids": the v1 pids hierarchy's} from /proc/self/mountinfo."""
+    """{"cgroup2": its mount point, "pids"/"memory": those v1 hierarchies'} from /proc/self/mountinfo."""
     found: dict[str, str] = {}
     try:
         with open("/proc/self/mountinfo") as fh:
@@ -71,8 +85,10 @@ def _cgroup_mounts() -> dict[str, str]:
                     continue
                 if tail[0] == "cgroup2":
                     found.setdefault("cgroup2", fields[4])
-                elif tail[0] == "cgroup" and "pids" in tail[2].split(","):
-                    found.setdefault("pids", fields[4])
+                elif tail[0] == "cgroup":
+                    for name in ("pids", "memory"):
+                        if name in tail[2].split(","):
+                            found.setdefault(name, fields[4])
     except OSError:
         pass
     return found
@@ -100,6 +116,14 @@ def available() -> bool:
     return _parent() is not None
 
 
+def memory_available() -> str | None:
+    """Which memory cgroup `TaskGroup.create` gives a sandbox here ("v2", "v1"), or None."""
+    parent = _parent()
+    if parent is None:
+        return None
+    return "v2" if parent.memory else "v1" if parent.memory_v1 is not None else None
+
+
 class TaskGroup:
     """One sandbox's control group (see the module doc)."""
 
@@ -108,6 +132,12 @@ class TaskGroup:
         self.version = version
         self.max_tasks = max_tasks
         self.memory_bytes = memory_bytes  # None where memory is not limited by this group
+        # Its group in the v1 memory hierarchy, if it has one (on v2 the group itself holds memory)
+        self.memory_path: str | None = None
+        self.memory_kind: str | None = None  # "v2" or "v1" where a memory limit can be set
+        self._oom_seen = 0  # the memory group's OOM kills already reported (oom_kills)
+        self._oom_events = -1  # its memory.oom_control (v1) or memory.events (v2), kept open as above
+        self._oom_text = b""
         # The cell group's pids.current, kept open: read after every cell, a pread costs ~2.5 us
         # where opening a file there costs ~40. (A cgroup.procs descriptor would not do: v1 keeps
         # the list it read at open time.)
@@ -115,12 +145,14 @@ class TaskGroup:
 
     @classmethod
     def create(cls, max_tasks: int, memory_bytes: int | None = None) -> TaskGroup | None:
-        """A new group capped at `max_tasks` tasks (and `memory_bytes` where delegated), or None."""
+        """A new group capped at `max_tasks` tasks and, where a memory controller is ours to use,
+        at `memory_bytes` (None: no memory limit yet, see `limit_memory`); or None."""
         parent = _parent()
         if parent is None:
             return None
         _sweep(parent.path)
-        path = os.path.join(parent.path, f"{_PREFIX}{os.getpid()}-{next(_counter)}")
+        name = f"{_PREFIX}{os.getpid()}-{next(_counter)}"
+        path = os.path.join(parent.path, name)
         try:
             os.mkdir(path)
         except OSError:
@@ -137,43 +169,103 @@ class TaskGroup:
         except OSError:
             group.remove()
             return None
-        if memory_bytes is not None and parent.memory:
-            if _write(os.path.join(path, "memory.max"), str(memory_bytes)):
-                _write(os.path.join(path, "memory.swap.max"), "0")  # swap would only slow the host
-                group.memory_bytes = memory_bytes
+        if parent.memory:
+            group.memory_kind = "v2"
+        elif parent.memory_v1 is not None:
+            _sweep(parent.memory_v1)
+            with contextlib.suppress(OSError):
+                os.mkdir(os.path.join(parent.memory_v1, name))
+                group.memory_path = os.path.join(parent.memory_v1, name)
+                group.memory_kind = "v1"
+        if group.memory_kind is not None:
+            events = "memory.events" if group.memory_kind == "v2" else "memory.oom_control"
+            with contextlib.suppress(OSError):
+                folder = group.memory_path or group.path
+                group._oom_events = os.open(os.path.join(folder, events), os.O_RDONLY | os.O_CLOEXEC)
+        if memory_bytes is not None:
+            group.limit_memory(memory_bytes)
         return group
 
     @property
     def cell_path(self) -> str:
         return os.path.join(self.path, "cell")
 
-    def join_fds(self) -> list[int]:
+    def limit_memory(self, limit: int) -> bool:
+        """Cap the memory (RAM, and swap with it) all the group's processes hold together; False
+        where it cannot (no memory controller here, or it holds more than `limit` already)."""
+        if self.memory_kind == "v2":
+            ok = _write(os.path.join(self.path, "memory.max"), str(limit))
+            _write(os.path.join(self.path, "memory.swap.max"), "0")  # swap would only slow the host
+        elif self.memory_path is not None:
+            ram = os.path.join(self.memory_path, "memory.limit_in_bytes")
+            both = os.path.join(self.memory_path, "memory.memsw.limit_in_bytes")
+            # RAM + swap must stay >= RAM: lowering writes RAM first, raising needs swap's first.
+            ok = _write(ram, str(limit))
+            if os.path.exists(both):
+                _write(both, str(limit))
+                ok = ok or _write(ram, str(limit))
+        else:
+            return False
+        self.memory_bytes = limit if ok else None
+        return ok
+
+    def oom_kills(self) -> int:
+        """Processes the kernel killed in this group for its memory limit since the last call."""
+        if self._oom_events < 0:
+            return 0
+        try:  # after every cell: one pread, ~3 us, and a parse only when the file changed
+            data = os.pread(self._oom_events, 512, 0)
+        except OSError:
+            return 0
+        if data == self._oom_text:
+            return 0
+        self._oom_text = data
+        at = data.find(b"\noom_kill ")
+        value = data[at + 10 :].split(None, 1)[0] if at >= 0 else b"0"
+        total = int(value) if value.isdigit() else 0
+        new, self._oom_seen = max(0, total - self._oom_seen), total
+        return new
+
+    def join_fds(self) -> dict[str, int]:
         """Descriptors for a worker to move itself into the group and into and out of its cell
-        group (it writes "0"); the caller closes them once the worker has them.
+        group (it writes "0"), by the names the worker's config gives them: "cgroup_fd",
+        "cell_cgroup_fd" and, on v1, "memory_cgroup_fd"; the caller closes them once the worker
+        has them.
 
         v1: the `tasks` files, which move the calling thread only. A whole process (cgroup.procs)
         takes a lock whose writer waits for an RCU grace period, 5-15 ms after any idle spell, on
         every move; a thread moves in ~20 us. The worker joins while it has one thread, and moves
-        its main thread (which runs the cells) for each cell. v2 has only cgroup.procs."""
+        its main thread (which runs the cells) for each cell. v2 has only cgroup.procs. (A v1
+        memory group charges a process's pages to its main thread's group, which never moves.)"""
         name = "tasks" if self.version == 1 else "cgroup.procs"
-        home = os.open(os.path.join(self.path, name), os.O_WRONLY | os.O_CLOEXEC)
+        fds: dict[str, int] = {}
+        paths = {"cgroup_fd": self.path, "cell_cgroup_fd": self.cell_path}
+        if self.memory_path is not None:
+            paths["memory_cgroup_fd"] = self.memory_path
         try:
-            return [home, os.open(os.path.join(self.cell_path, name), os.O_WRONLY | os.O_CLOEXEC)]
+            for key, folder in paths.items():
+                fds[key] = os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CLOEXEC)
         except OSError:
-            os.close(home)
+            for fd in fds.values():
+                os.close(fd)
             raise
+        return fds
 
     def members(self, cell: bool = False) -> list[int]:
-        """The processes in the group, or in its cell group only (host pids); [] once it is gone."""
+        """The processes in the group (its memory group's too), or in its cell group only (host
+        pids); [] once it is gone."""
         if cell and self._cell_count >= 0:
             try:
                 if os.pread(self._cell_count, 32, 0).strip() == b"0":
                     return []  # the usual case: the cell left nothing behind
             except OSError:
                 pass
-        path = self.cell_path if cell else self.path
-        found = [int(p) for p in _read(os.path.join(path, "cgroup.procs")).split()]
-        return found if cell else found + self.members(cell=True)
+        if cell:
+            return [int(p) for p in _read(os.path.join(self.cell_path, "cgroup.procs")).split()]
+        found = {int(p) for p in _read(os.path.join(self.path, "cgroup.procs")).split()}
+        if self.memory_path is not None:
+            found.update(int(p) for p in _read(os.path.join(self.memory_path, "cgroup.procs")).split())
+        return sorted(found.union(self.members(cell=True)))
 
     def tasks(self) -> int:
         """Tasks (processes and threads) in the group now, -1 if unknown."""
@@ -197,7 +289,12 @@ class TaskGroup:
         if self._cell_count >= 0 and not self.members(cell=True):
             os.close(self._cell_count)
             self._cell_count = -1
-        for path in (self.cell_path, self.path):
+        if self._oom_events >= 0:
+            os.close(self._oom_events)
+            self._oom_events = -1
+        for path in (self.cell_path, self.path, self.memory_path):
+            if path is None:
+                continue
             try:
                 os.rmdir(path)
             except FileNotFoundError:

@@ -27,6 +27,17 @@ from recursa.sandbox.policy import Hardening, describe, unconfined
 from recursa.sandbox.worker.landlock import landlock_abi
 
 _SCOPED_ABI = 6  # Landlock's first ABI with signal and abstract-socket scoping
+# On top of the data limit and the tmpfs sizes, what a sandbox's memory cgroup allows for the rest
+# of what its processes hold: stacks, page tables, socket buffers, the files they read or write.
+MEMORY_MARGIN_BYTES = 256 << 20
+
+
+def memory_budget(options: Hardening, data_limit: int) -> int:
+    """What all of a sandbox's processes may hold together (its memory cgroup's limit): the data
+    limit, the sizes of its /dev/shm and scratch tmpfs (files there are memory) and a margin."""
+    return data_limit + (options.max_shm_bytes or 0) + (options.max_scratch_bytes or 0) + MEMORY_MARGIN_BYTES
+
+
 _kernel_landlock_abi = functools.lru_cache(maxsize=1)(landlock_abi)
 
 
@@ -105,21 +116,24 @@ class HostHardening:
         tens of milliseconds) are skipped, and third-party modules are not even on sys.path."""
         return ["-S"] if self.options is not None and not self.options.allow_site_packages else []
 
-    def group_fds(self) -> list[int]:
+    def group_fds(self) -> dict[str, int]:
         """Descriptors through which the next worker joins this sandbox's control group (and moves
-        into and out of its cell group); [] where there is none. The caller closes them."""
+        into and out of its cell group), by their names in its config; {} where there is none.
+        The caller closes them."""
         opts = self.options
         if opts is None or not opts.cgroups:
-            return []
+            return {}
         if not self._group_tried:
             self._group_tried = True
-            self.group = TaskGroup.create(opts.max_processes, opts.memory_limit_bytes)
+            data = opts.memory_limit_bytes  # None: known once the context is loaded (after_context)
+            budget = None if data is None else memory_budget(opts, data)
+            self.group = TaskGroup.create(opts.max_processes, budget)
         if self.group is None:
-            return []
+            return {}
         try:
             return self.group.join_fds()
         except OSError:
-            return []
+            return {}
 
     def config(self, scratch: str, grouped: bool = False) -> dict[str, Any]:
         """The worker's hardening spec; `grouped`: it gets a control group (group_fds)."""
@@ -172,7 +186,7 @@ class HostHardening:
         self.worker_pid = pid
         limit = self.options.max_processes if self.options is not None else None
         isolation = describe(report, bwrap=self.using_bwrap, process_limit=limit)
-        isolation["memory"] = self._memory(isolation)
+        isolation["memory"] = self._memory(isolation, report)
         isolation["tasks"] = self._tasks(report, isolation)
         if self.using_bwrap and pid == proc_pid:
             isolation["warnings"].append("the worker's pid inside bwrap was not found: timeouts kill it")
@@ -247,15 +261,32 @@ class HostHardening:
                 return
             await asyncio.sleep(0.005)
 
-    def _memory(self, isolation: dict[str, Any]) -> dict[str, Any]:
+    def cell_notes(self) -> list[str]:
+        """Tell the model when the kernel killed processes of the sandbox for its memory limit."""
+        group = self.group
+        killed = group.oom_kills() if group is not None else 0
+        if not killed:
+            return []
+        cap = f" ({group.memory_bytes >> 20} MiB)" if group is not None and group.memory_bytes else ""
+        return [
+            f"the REPL's processes together reached their memory cap{cap}: the kernel killed {killed} of "
+            "them (the largest) to stay under it"
+        ]
+
+    def _memory(self, isolation: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
         """Which mechanisms bound the memory the REPL can make resident, and what they leave open."""
         opts = self.options
         if opts is None:
             return {"mechanisms": [], "tmpfs_bytes": {}, "not_covered": ["hardening is off"]}
         mechanisms = ["RLIMIT_DATA"]
         not_covered = []
-        if self.group is not None and self.group.memory_bytes is not None:
-            mechanisms.append("memory cgroup")
+        group = self.group
+        joined = report.get("memory_cgroup", report.get("cgroup")) if group is not None else None
+        if isinstance(joined, str) and group is not None and group.memory_kind == "v1":
+            isolation["warnings"].append(joined)
+        limited = group is not None and (group.memory_bytes is not None or opts.memory_limit_bytes is None)
+        if group is not None and group.memory_kind is not None and joined is True and limited:
+            mechanisms.append(f"memory cgroup ({group.memory_kind})")
         else:
             not_covered.append("RLIMIT_DATA is per process: each process the code forks has its own")
         if isolation.get("seccomp"):
@@ -272,7 +303,10 @@ class HostHardening:
                 mechanisms.append("tmpfs size")
         if "scratch" not in tmpfs:
             not_covered.append("the scratch folder is the host's: bounded per file (max_file_bytes) only")
-        return {"mechanisms": mechanisms, "tmpfs_bytes": tmpfs, "not_covered": not_covered}
+        out = {"mechanisms": mechanisms, "tmpfs_bytes": tmpfs, "not_covered": not_covered}
+        if group is not None and group.memory_bytes is not None:
+            out["cgroup_limit_bytes"] = group.memory_bytes
+        return out
 
     def takeover(self, pid: int | None, restored: dict[str, Any] | None, alive: Callable[[], bool]) -> None:
         """A fork snapshot replaced the worker: same process group, new pid and connection.
@@ -294,7 +328,8 @@ class HostHardening:
     # -- after a context load ------------------------------------------------------------------
 
     def after_context(self, isolation: dict[str, Any]) -> None:
-        """Set RLIMIT_DATA to what the worker uses now plus the headroom (when not given explicitly)."""
+        """Set RLIMIT_DATA to what the worker uses now plus the headroom (when not given explicitly),
+        and the memory cgroup's limit to the budget that follows from it."""
         opts = self.options
         if opts is None or opts.memory_limit_bytes is not None or self.worker_pid is None:
             return
@@ -306,6 +341,20 @@ class HostHardening:
         isolation.setdefault("rlimits", {})["data"] = got
         if got is None:
             isolation["warnings"].append("could not set the worker's data-size limit (prlimit refused)")
+        group, memory = self.group, isolation.get("memory")
+        if (
+            group is not None
+            and isinstance(memory, dict)
+            and any(m.startswith("memory cgroup") for m in memory.get("mechanisms", ()))
+        ):
+            if group.limit_memory(memory_budget(opts, used + opts.memory_headroom_bytes)):
+                memory["cgroup_limit_bytes"] = group.memory_bytes
+            else:
+                memory["mechanisms"] = [m for m in memory["mechanisms"] if not m.startswith("memory cgroup")]
+                memory["not_covered"].append(
+                    "RLIMIT_DATA is per process: each process the code forks has its own"
+                )
+                isolation["warnings"].append("could not set the memory cgroup's limit")
 
     def stop(self) -> None:
         if self.guard is not None:

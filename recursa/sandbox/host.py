@@ -488,12 +488,17 @@ class WorkerHost:
                 result.notes.append(
                     f"{stopped} process(es) this cell started were still running when it ended and were killed"
                 )
+            result.notes.extend(self._cell_notes())
             result.notes[:0] = notes
             return result
 
     async def _end_cell(self) -> int:
         """Kill what the cell that just ended left running, where this host can tell; how many."""
         return 0
+
+    def _cell_notes(self) -> list[str]:
+        """What the model should know about how the cell that just ended was limited."""
+        return []
 
     async def _recover(
         self, worker: Connection, started: float, timeout: float | None, *, killed: bool = False

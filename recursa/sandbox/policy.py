@@ -44,8 +44,10 @@ class Hardening:
     allow_site_packages: let code import installed third-party packages (numpy, ...). Off by
         default: only the standard library is readable.
     cgroups: give the REPL a control group where the host may make one (exact task cap, a cell's
-        leftover processes killed when it ends, memory.max where the memory controller is
-        delegated). False: rlimits and the poller only.
+        leftover processes killed when it ends) and a memory group where the host's own is writable
+        (cgroup v1) or the memory controller is delegated (v2): all its processes together hold at
+        most the data limit + max_shm_bytes + max_scratch_bytes + 256 MiB. False: rlimits and the
+        poller only.
     landlock, seccomp: turn a layer off (debugging). landlock_max_abi: pretend the kernel's Landlock
         is older (tests of the fallbacks).
     """

@@ -320,8 +320,7 @@ class SubprocessSandbox(WorkerHost):
         handed: dict[str, int] = {}
         group = self._hardening.group_fds()
         self._cleanup.group = self._hardening.group  # a dropped sandbox's finalizer removes it too
-        if len(group) == 2:
-            handed["cgroup_fd"], handed["cell_cgroup_fd"] = group
+        handed.update(group)
         notes = -1
         if self.config.get("keeper"):
             notes, handed["keeper_fd"] = os.pipe2(os.O_CLOEXEC)
@@ -332,6 +331,9 @@ class SubprocessSandbox(WorkerHost):
 
     async def _end_cell(self) -> int:
         return await self._hardening.end_cell()
+
+    def _cell_notes(self) -> list[str]:
+        return self._hardening.cell_notes()
 
     async def close(self) -> None:
         self._hardening.stop()

@@ -136,6 +136,8 @@ class Server:
         hardening = harden(config)
         if self.group.home >= 0:
             hardening["cgroup"] = self.group.joined
+        if self.group.memory_joined is not False:
+            hardening["memory_cgroup"] = self.group.memory_joined
         ready = {
             "op": "ready",
             "pid": os.getpid(),
