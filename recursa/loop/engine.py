@@ -12,12 +12,13 @@ from recursa.context import ContextPayload
 from recursa.errors import BudgetExceeded, LMError, RecursaError
 from recursa.lm.base import CallMeta, LMResponse, Message
 from recursa.lm.prices import PriceBook
+from recursa.loop.answers import empty_answer, missing_variable_message, resolve_prose_final
 from recursa.loop.compaction import WindowTracker, compacted_history, split_for_compaction, summary_prompt
 from recursa.loop.feedback import EMPTY_REPLY_MESSAGE, LAST_CALL_MESSAGE, NO_CODE_MESSAGE, fence_hint
 from recursa.loop.importable import modules_line
 from recursa.loop.options import RunOptions
 from recursa.loop.output import render_turn
-from recursa.loop.parse import ParsedReply, is_identifier, parse_reply
+from recursa.loop.parse import ParsedReply, parse_reply
 from recursa.loop.prompts import (
     PromptSettings,
     first_message,
@@ -472,8 +473,12 @@ class RunEngine:
         self._remember({"role": "assistant", "content": reply})
         parsed = parse_reply(reply)
         final: FinalAnswer | None = None
+        if parsed.prose_final is None and parsed.last_call_final is not None:
+            # "So the answer is FINAL(42)." or a fenced FINAL: its argument, not the whole reply.
+            parsed.prose_final = parsed.last_call_final
         if parsed.prose_final is not None:
-            final = await self._resolve_prose_final(parsed)
+            resolved = await self._resolve_prose_final(parsed, turn=self.turn + 1)
+            final = resolved if isinstance(resolved, FinalAnswer) else None
         if final is None:
             text = reply.strip()
             final = FinalAnswer(text=text, value=text, protocol="forced")
@@ -517,38 +522,26 @@ class RunEngine:
         if not parsed.code_blocks:
             if parsed.prose_final is None:
                 return _Outcome(None, NO_CODE_MESSAGE + fence_hint(parsed))
-            final = await self._resolve_prose_final(parsed)
+            final = await self._resolve_prose_final(parsed, turn)
+            if isinstance(final, str):  # an expression that failed when evaluated: why
+                return _Outcome(None, final)
             if final is not None:
-                return _Outcome(final, None)
-            return _Outcome(None, await self._missing_variable_message(parsed.prose_final.text))
+                empty = empty_answer(final)
+                return _Outcome(None, empty) if empty else _Outcome(final, None)
+            return _Outcome(None, await missing_variable_message(self._sandbox, parsed.prose_final.text))
         assert self._sandbox is not None
         results: list[ExecResult] = []
         for index, code in enumerate(parsed.code_blocks, 1):
-            res = await self._sandbox.execute(code, timeout=self.config.exec_timeout)
-            self.tree.trace.emit(
-                "exec",
-                run_id=self.run_id,
-                turn=turn,
-                block=index,
-                code=code,
-                stdout=fold(res.stdout, _TRACE_OUTPUT_CHARS),
-                stderr=fold(res.stderr, _TRACE_OUTPUT_CHARS),
-                omitted_chars=res.omitted_chars,
-                error=res.error,
-                timed_out=res.timed_out,
-                restarted=res.restarted,
-                restored_names=res.restored_names,
-                notes=res.notes,
-                final=None
-                if res.final is None
-                else {"protocol": res.final.protocol, "text": fold(res.final.text)},
-                duration_s=round(res.duration_s, 6),
-            )
+            res = await self._execute(code, turn, index)
             results.append(res)
             if res.partial is not None:
                 self._partial = res.partial
             if res.final is not None:
-                return _Outcome(res.final, None)
+                empty = empty_answer(res.final)
+                if empty is None:
+                    return _Outcome(res.final, None)
+                res.notes.append(empty)
+                break
         feedback = "REPL output:\n" + render_turn(results, self.config.max_output_chars)
         if parsed.prose_final is not None:
             feedback += (
@@ -558,36 +551,37 @@ class RunEngine:
             )
         return _Outcome(None, feedback)
 
-    async def _resolve_prose_final(self, parsed: ParsedReply) -> FinalAnswer | None:
-        prose = parsed.prose_final
-        assert prose is not None
-        assert self._sandbox is not None
-        if prose.protocol == "FINAL":
-            # "FINAL result" (no parentheses) naming a variable the code made means that variable.
-            if prose.loose and is_identifier(prose.text):
-                found = await self._sandbox.get_variable(prose.text)
-                if found is not None:
-                    found.protocol, found.var_name = "FINAL_VAR", prose.text
-                    return found
-            return FinalAnswer(text=prose.text, value=prose.text, protocol="FINAL")
-        if not is_identifier(prose.text):
-            return None
-        final = await self._sandbox.get_variable(prose.text)
-        if final is not None:
-            final.protocol, final.var_name = "FINAL_VAR", prose.text
-        return final
-
-    async def _missing_variable_message(self, name: str) -> str:
-        assert self._sandbox is not None
-        if not is_identifier(name):
-            return (
-                f"FINAL_VAR({name}) is not an answer: FINAL_VAR takes the name of a variable, not an "
-                f"expression. Assign the value to a variable in a ```repl block first (answer_text = "
-                f"{name}), then write FINAL_VAR(answer_text) in your next reply."
-            )
-        names = await self._sandbox.variable_names()
-        listed = ", ".join(names[:30]) if names else "none yet"
-        return (
-            f"FINAL_VAR({name}) names no variable in the REPL (defined: {listed}). Assign the answer "
-            f"to a variable in a ```repl block first, or write FINAL(your answer) for literal text."
+    async def _resolve_prose_final(self, parsed: ParsedReply, turn: int) -> FinalAnswer | str | None:
+        assert parsed.prose_final is not None and self._sandbox is not None
+        return await resolve_prose_final(
+            parsed.prose_final,
+            self._sandbox,
+            lambda code: self._execute(code, turn, 1),
+            retry=self.turn < self.config.max_iterations,
+            max_output_chars=self.config.max_output_chars,
         )
+
+    async def _execute(self, code: str, turn: int, index: int) -> ExecResult:
+        """Run one block in the REPL and record it in the trace."""
+        assert self._sandbox is not None
+        res = await self._sandbox.execute(code, timeout=self.config.exec_timeout)
+        self.tree.trace.emit(
+            "exec",
+            run_id=self.run_id,
+            turn=turn,
+            block=index,
+            code=code,
+            stdout=fold(res.stdout, _TRACE_OUTPUT_CHARS),
+            stderr=fold(res.stderr, _TRACE_OUTPUT_CHARS),
+            omitted_chars=res.omitted_chars,
+            error=res.error,
+            timed_out=res.timed_out,
+            restarted=res.restarted,
+            restored_names=res.restored_names,
+            notes=res.notes,
+            final=None
+            if res.final is None
+            else {"protocol": res.final.protocol, "text": fold(res.final.text)},
+            duration_s=round(res.duration_s, 6),
+        )
+        return res

@@ -16,13 +16,27 @@ Replies are read line by line, the way a person reads markdown, not by pairing f
 
 from __future__ import annotations
 
-import ast
 import io
 import json
 import re
 import textwrap
 import tokenize
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from recursa.loop.finals import (
+    PROSE_FINAL,
+    PROSE_FINAL_VAR,
+    SPAN_LINES,
+    SPAN_TRIES,
+    SPAN_WINDOW,
+    ProseFinal,
+    argument_end,
+    fenced_final,
+    final_as_text,
+    find_final,
+    inline_final,
+)
 
 # ```repl is the paper's fence; models trained on notebooks write ```python (any case), Gemini's
 # code-execution habit is ```tool_code. All of them run.
@@ -36,12 +50,24 @@ _TAG = re.compile(r"[A-Za-z0-9_+#-]*")
 # <|im_end|>, Llama <|eot_id|>, gpt-oss <|channel|>, DeepSeek <｜end▁of▁sentence｜>, Gemma
 # <end_of_turn>, raw Gemini <ctrl94>). A role name right after a start token goes with it.
 _SPECIAL_TOKEN = re.compile(
-    r"<\|(?:im_start|start)\|>(?:assistant|user|system)?|<\|[A-Za-z0-9_.:-]{1,40}\|>"
+    r"<\|start_header_id\|>[a-z_]{1,20}<\|end_header_id\|>"
+    r"|<\|(?:im_start|start)\|>(?:assistant|user|system)?|<\|[A-Za-z0-9_.:-]{1,40}\|>"
     r"|<｜[^｜<>\n]{1,40}｜>|<start_of_turn>(?:model|user)?|<end_of_turn>|<eos>|<ctrl\d{1,4}>"
 )
 _END_OF_SEQUENCE = re.compile(r"[ \t]*</s>[ \t]*$", re.M)
 _HARMONY_FINAL = "<|channel|>final<|message|>"
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# Invisible characters copied from web text or emitted by some tokenizers (zero-width space, BOM, word
+# joiner): a fence or FINAL after one is no longer at the start of its line.
+_INVISIBLE = re.compile("[\u200b\ufeff\u2060]")
+# Indentation in no-break or ideographic spaces: Python rejects it, and fences behind it go unseen.
+_ODD_INDENT = re.compile(
+    "^[ \t\u00a0\u2007\u202f\u3000]*[\u00a0\u2007\u202f\u3000][ \t\u00a0\u2007\u202f\u3000]*", re.M
+)
+# FINAL written with fullwidth punctuation (Chinese-language replies): FINAL（42）, FINAL：42.
+_FULLWIDTH_FINAL = re.compile("^([^\\S\\n]*[>*_#`-]*FINAL(?:_VAR|_ANSWER)?[*_`]*)[ \t\u00a0]*（(.*)）", re.M)
+_FULLWIDTH_COLON = re.compile("^([^\\S\\n]*[>*_#`-]*FINAL(?:_VAR|_ANSWER)?[*_`]*)[ \t\u00a0]*：", re.M)
+_NBSP_BEFORE_PAREN = re.compile("(FINAL(?:_VAR)?)[\u00a0\u202f]+(?=\\()")
 _PYTHON_TAG = re.compile(r"<\|python_tag\|>(.*?)(?:<\|eom_id\|>|<\|eot_id\|>|\Z)", re.DOTALL)
 _EXECUTE = re.compile(r"<(execute|execute_ipython)>(.*?)</\1>", re.DOTALL)  # CodeAct / OpenHands
 _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*(?:</tool_call>|\Z)", re.DOTALL)
@@ -49,27 +75,13 @@ _CODE_ARGS = ("code", "source", "python", "script", "input")
 _THINK = re.compile(r"<(think|thinking|reasoning)>(.*?)</\1>", re.DOTALL | re.IGNORECASE)
 _THINK_CLOSE_ONLY = re.compile(r"^(.*?)</(?:think|thinking|reasoning)>", re.DOTALL | re.IGNORECASE)
 
-# An answer line may carry markdown around it: "**FINAL**(x)", "- FINAL(x)", "`FINAL(x)`", "> FINAL".
-_LINE_DECOR = r"[ \t>*_#`-]*"
-_PROSE_FINAL_VAR = re.compile(rf"^{_LINE_DECOR}FINAL_VAR[*_`]*[ \t]*\(", re.M)
-_PROSE_FINAL = re.compile(rf"^{_LINE_DECOR}FINAL(?:_ANSWER)?[*_`]*[ \t]*\(", re.M)
-# Written without parentheses: "FINAL 345", "FINAL: x", "FINAL ANSWER: x", "**Final Answer:** x".
-_LOOSE_FINAL_VAR = re.compile(
-    rf"^{_LINE_DECOR}FINAL_VAR[*_`]*[ \t]*[:=]?[ \t]*[`'\"]?([A-Za-z_]\w*)[`'\"]?\W*$"
+# "```repl print(len(context))```": a whole block on one line.
+_ONE_LINE_FENCE = re.compile(
+    r"^[ \t]*```[ \t]*(?P<tag>[A-Za-z0-9_+-]+)[ \t]+(?P<code>[^`\s].*?)[ \t]*```[ \t]*$"
 )
-_LOOSE_FINAL = re.compile(
-    rf"^(?P<decor>{_LINE_DECOR})(?:FINAL(?:[ _](?:ANSWER|RESULT|OUTPUT))?(?![\w(])"
-    r"|[Ff]inal [Aa]nswer(?=[*_`]*[ \t]*(?::|=|is\b|$)))"
-    r"[*_`]*[ \t]*(?P<sep>:|=|-|–|is\b)?[*_`]*[ \t]*(?P<rest>.*)$"
-)
-_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
-
-
-@dataclass
-class ProseFinal:
-    protocol: str  # "FINAL" | "FINAL_VAR"
-    text: str  # the answer text (FINAL) or the variable name (FINAL_VAR)
-    loose: bool = False  # written without parentheses ("FINAL 345", "Final Answer: ...")
+_ATTRIBUTE = re.compile(r"[\w-]+=\S*|\{.*\}|[\w./-]+")  # "```python title=x.py", "```python {.x}"
+_UNCLOSED_THINK = re.compile(r"^\s*<(think|thinking|reasoning)>", re.IGNORECASE)
+_PROMPTED = re.compile(r"^(?:>>>|\.\.\.)(?: |$)")
 
 
 @dataclass
@@ -92,20 +104,39 @@ class ParsedReply:
     unlabeled_blocks: int = 0  # fences with another or no language: not run, but worth a hint
     other_tags: list[str] = field(default_factory=list)  # their tags ("" for a bare fence)
     notes: list[str] = field(default_factory=list)  # what the reader left out or mended, for the model
+    # FINAL(...) inside a sentence ("So the answer is FINAL(42).") or alone in a plain fence: not an
+    # answer while turns are left (as often a plan or an expected output), but what the forced last
+    # call takes rather than the whole reply.
+    last_call_final: ProseFinal | None = None
 
 
 def parse_reply(reply: str) -> ParsedReply:
     text, notes = _clean(reply or "")
     fences, prose = read_fences(text, notes)
-    blocks = [f.text for f in fences if f.runnable and f.text.strip()]
+    blocks = [_without_prompts(f.text, notes) for f in fences if f.runnable and f.text.strip()]
     others = [f.tag for f in fences if not f.runnable]
-    return ParsedReply(blocks, _find_final(prose, fences), len(others), others, notes)
+    final = find_final(prose, fences)
+    for block in list(blocks):
+        written = final_as_text(block)
+        if written is not None:  # ```repl\nFINAL(The answer is 42)\n```: prose in a fence, not code
+            blocks.remove(block)
+            final = final or written
+    parsed = ParsedReply(blocks, final, len(others), others, notes)
+    if final is None:
+        inline = inline_final(prose)
+        if inline is not None and not blocks:  # beside code it is usually a plan: the output comes first
+            notes.append(
+                f"Your reply wrote {inline.protocol}(...) inside a sentence; an answer counts only at the "
+                f"start of a line of its own: {inline.protocol}(...) with nothing before it."
+            )
+        parsed.last_call_final = inline or (None if blocks else fenced_final(fences))
+    return parsed
 
 
 def find_prose_final(prose: str) -> ProseFinal | None:
     """A FINAL(...) or FINAL_VAR(name) written at the start of a line, outside code fences; failing
     that, one written without parentheses (`FINAL 345`, `Final Answer: ...`), marked `loose`."""
-    return _find_final(prose.split("\n"), [])
+    return find_final(prose.split("\n"), [])
 
 
 # -- cleaning ----------------------------------------------------------------------------------
@@ -116,6 +147,11 @@ def _clean(reply: str) -> tuple[str, list[str]]:
     notes: list[str] = []
     reply = reply.replace("\r\n", "\n").replace("\r", "\n")
     reply = _CONTROL.sub("", reply)  # NULs and the like from a broken decoder
+    reply = _INVISIBLE.sub("", reply)
+    reply = _ODD_INDENT.sub(lambda m: " " * len(m.group(0).expandtabs(4)), reply)
+    reply = _FULLWIDTH_FINAL.sub(r"\1(\2)", reply)
+    reply = _FULLWIDTH_COLON.sub(r"\1:", reply)
+    reply = _NBSP_BEFORE_PAREN.sub(r"\1", reply)
     if _HARMONY_FINAL in reply:  # gpt-oss unparsed: the final channel is the reply, the rest reasoning
         reply = reply.rsplit(_HARMONY_FINAL, 1)[1]
     skipped = 0
@@ -125,11 +161,19 @@ def _clean(reply: str) -> tuple[str, list[str]]:
         skipped += _count_runnable(match.group(2) if match.lastindex and match.lastindex >= 2 else "")
         return ""
 
-    reply = _THINK.sub(drop, reply)
+    reply = _before_last(reply, ("</think>", "</thinking>", "</reasoning>"), lambda t: _THINK.sub(drop, t))
     head = _THINK_CLOSE_ONLY.match(reply)
     if head is not None:  # the template opened <think> in the prompt: the reply starts inside it
         skipped += _count_runnable(head.group(1))
         reply = reply[head.end() :]
+    unclosed = _UNCLOSED_THINK.match(reply)
+    if unclosed is not None:  # cut off while reasoning (the output limit): none of it is the reply
+        skipped += _count_runnable(reply[unclosed.end() :])
+        reply = ""
+        notes.append(
+            f"Your reply ended inside <{unclosed.group(1)}> reasoning that was never closed, so none of it "
+            "counted. Keep the reasoning short and write the code or answer after it."
+        )
     if skipped:
         notes.append(
             f"{skipped} code block(s) inside your <think> reasoning did not run: only code in the reply "
@@ -173,8 +217,24 @@ def _tool_calls_as_code(reply: str, notes: list[str]) -> str:
         return f"\n```python\n{code.strip()}\n```\n"
 
     reply = _PYTHON_TAG.sub(python_tag, reply)
-    reply = _EXECUTE.sub(lambda m: f"\n```python\n{m.group(2).strip()}\n```\n", reply)
-    return _TOOL_CALL.sub(tool_call, reply)
+    reply = _before_last(
+        reply,
+        ("</execute>", "</execute_ipython>"),
+        lambda t: _EXECUTE.sub(lambda m: f"\n```python\n{m.group(2).strip()}\n```\n", t),
+    )
+    # Openers after the last "}" cannot match: left out of the search, they cannot make it quadratic.
+    cut = reply.find("<tool_call>", reply.rfind("}") + 1)
+    if cut < 0:
+        return _TOOL_CALL.sub(tool_call, reply)
+    return _TOOL_CALL.sub(tool_call, reply[:cut]) + reply[cut:]
+
+
+def _before_last(text: str, closers: tuple[str, ...], sub: Callable[[str], str]) -> str:
+    """`sub` applied up to the last closing tag only: an opening tag with no close after it (a model
+    repeating "<think>" until its output limit) would make a lazy pair pattern quadratic."""
+    lowered = text.lower()
+    end = max((lowered.rfind(c) + len(c) for c in closers if c in lowered), default=0)
+    return sub(text[:end]) + text[end:] if end else text
 
 
 def _count_runnable(text: str) -> int:
@@ -213,6 +273,7 @@ def read_fences(text: str, notes: list[str]) -> tuple[list[Fence], list[str]]:
     fences: list[Fence] = []
     prose: list[str] = []
     cur: _Open | None = None
+    span_tries = [0]
     i = 0
     while i < len(lines):
         line = lines[i]
@@ -222,8 +283,20 @@ def read_fences(text: str, notes: list[str]) -> tuple[list[Fence], list[str]]:
             if m is not None:
                 cur = _opener(m, len(prose), i - 1)
                 prose.append("")
-            else:
-                prose.append(line)
+                continue
+            span = _final_span(lines, i - 1, span_tries)
+            if span > 1:  # FINAL( ... ) whose argument quotes fences of its own: all of it is prose
+                prose.extend(lines[i - 1 : i - 1 + span])
+                i += span - 1
+                continue
+            one = _ONE_LINE_FENCE.match(line)
+            if one is not None and one.group("tag").lower() in RUNNABLE_TAGS:
+                fences.append(
+                    Fence(one.group("tag").lower(), one.group("code"), True, len(prose), (i - 1, i))
+                )
+                prose.append("")
+                continue
+            prose.append(line)
             continue
         if cur.runnable:
             if m is not None and _in_string(cur.body):
@@ -291,7 +364,22 @@ def read_fences(text: str, notes: list[str]) -> tuple[list[Fence], list[str]]:
 def _opener(m: re.Match[str], at: int, start: int) -> _Open:
     indent = len(m.group("indent").expandtabs(4))
     fence = m.group("fence")
-    return _Open(_tag(m), indent, fence[0], len(fence), at=at, start=start)
+    opened = _Open(_tag(m), indent, fence[0], len(fence), at=at, start=start)
+    if opened.runnable:
+        rest = m.group("info").strip().lstrip("{.")[len(opened.tag) :].strip()
+        if rest and _is_code(rest):  # "```python import re": the first line of code on the opener
+            opened.body.append(" " * indent + rest)
+    return opened
+
+
+def _is_code(text: str) -> bool:
+    if _ATTRIBUTE.fullmatch(text):
+        return False
+    try:
+        compile(text, "<fence>", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError):
+        return False
+    return True
 
 
 def _tag(m: re.Match[str]) -> str:
@@ -333,93 +421,36 @@ def _more_code_follows(lines: list[str], start: int) -> bool:
 # -- answers -----------------------------------------------------------------------------------
 
 
-def _find_final(prose: list[str], fences: list[Fence]) -> ProseFinal | None:
-    text = "\n".join(prose)
-    var = _PROSE_FINAL_VAR.search(text)
-    final = _PROSE_FINAL.search(text)
-    if var and (not final or var.start() <= final.start()):
-        name = _unquote(_balanced_argument(text, var.end()).strip("`"))
-        return ProseFinal("FINAL_VAR", name)
-    if final:
-        return ProseFinal("FINAL", _balanced_argument(text, final.end()))
-    return _loose_final(prose, fences)
+def _final_span(lines: list[str], index: int, tries: list[int]) -> int:
+    """How many lines a FINAL( starting `lines[index]` spans, when its argument holds fence lines.
+
+    Bounded (a few FINAL lines, a window of text each): a model stuck repeating "FINAL(42" for
+    thousands of lines must not make reading its reply quadratic."""
+    m = PROSE_FINAL.match(lines[index]) or PROSE_FINAL_VAR.match(lines[index])
+    if m is None or argument_end(lines[index], m.end()) is not None or tries[0] >= SPAN_TRIES:
+        return 1
+    tries[0] += 1
+    text = "\n".join(lines[index : index + SPAN_LINES])
+    end = argument_end(text, m.end(), SPAN_WINDOW)
+    if end is None:
+        return 1
+    span = text.count("\n", 0, end) + 1
+    if not any(_FENCE_LINE.match(line) for line in lines[index + 1 : index + span]):
+        return 1
+    return span
 
 
-def _loose_final(prose: list[str], fences: list[Fence]) -> ProseFinal | None:
-    """The first answer line written without parentheses, if any."""
-    for index, line in enumerate(prose):
-        var = _LOOSE_FINAL_VAR.match(line)
-        if var is not None:
-            return ProseFinal("FINAL_VAR", var.group(1), loose=True)
-        m = _LOOSE_FINAL.match(line)
-        if m is None:
-            continue
-        if "#" in m.group("decor") and not m.group("sep") and "answer" not in line.lower():
-            continue  # a heading such as "## FINAL REPORT" names a section, not an answer
-        rest = _strip_decor(m.group("rest"))
-        if not rest:
-            rest = _following_text(prose, index + 1, fences)
-        if rest:
-            return ProseFinal("FINAL", rest, loose=True)
-    return None
-
-
-def _following_text(prose: list[str], start: int, fences: list[Fence]) -> str:
-    """What follows an answer marker on a line of its own: the text up to the next block, or, when a
-    block comes first ("FINAL:" then a ``` block), that block's text."""
-    slots = {f.at: f for f in fences}
-    lines: list[str] = []
-    for index in range(start, len(prose)):
-        fence = slots.get(index)
-        if fence is not None:
-            if "".join(lines).strip():
-                break
-            return "" if fence.runnable else fence.text.strip()
-        lines.append(prose[index])
-    return _strip_decor("\n".join(lines))
-
-
-def _strip_decor(text: str) -> str:
-    text = text.strip()
-    for mark in ("**", "__", "`"):
-        if text.startswith(mark) and text.endswith(mark) and len(text) > 2 * len(mark):
-            text = text[len(mark) : -len(mark)].strip()
-    if text.startswith("**"):
-        text = text[2:].strip()
-    if text.endswith("**"):
-        text = text[:-2].strip()
-    return _unquote(text)
-
-
-def _balanced_argument(text: str, start: int) -> str:
-    """The text inside FINAL( ... ): up to the matching parenthesis, else the rest of the reply."""
-    depth = 1
-    for i in range(start, len(text)):
-        ch = text[i]
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-            if depth == 0:
-                return _unquote(text[start:i].strip())
-    body = text[start:].strip()
-    return _unquote(body[:-1].strip() if body.endswith(")") else body)
-
-
-def _unquote(text: str) -> str:
-    if text[:1] in ("'", '"') and text[-1:] == text[:1]:
-        # A Python string literal ("He said \\"hi\\"", '\\n'-escaped lines) means what Python reads.
-        try:
-            value = ast.literal_eval(text)
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
-            value = None
-        if isinstance(value, str):
-            return value
-    for quote in ('"""', "'''", '"', "'"):
-        if len(text) >= 2 * len(quote) and text.startswith(quote) and text.endswith(quote):
-            return text[len(quote) : -len(quote)]
-    return text
-
-
-def is_identifier(name: str) -> bool:
-    return _IDENTIFIER.fullmatch(name) is not None
+def _without_prompts(code: str, notes: list[str]) -> str:
+    """A block written as a console session (>>> lines, output between): its input lines only."""
+    lines = code.split("\n")
+    first = next((line for line in lines if line.strip()), "")
+    if not first.startswith(">>>"):
+        return code
+    kept = [line[4:] if len(line) > 3 else "" for line in lines if _PROMPTED.match(line)]
+    dropped = sum(1 for line in lines if line.strip() and not _PROMPTED.match(line))
+    if dropped:
+        notes.append(
+            f"A block was written as a console session: its >>> lines ran and {dropped} line(s) of "
+            "output written under them were left out. Write plain code in ```repl blocks."
+        )
+    return "\n".join(kept)

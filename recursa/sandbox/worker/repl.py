@@ -157,7 +157,9 @@ class Repl:
         if isinstance(name, str):
             key = name.strip().strip("\"'`").strip()
             if key in self.ns and key not in ("__builtins__", "__name__"):
-                return final_payload(self.ns[key], "FINAL_VAR", key)
+                return final_payload(self._named_value(key), "FINAL_VAR", key)
+        if name is self._answer:  # FINAL_VAR(answer) with the answer dict: what it holds
+            return final_payload(self._answer.get("content"), "FINAL_VAR", "answer")
         # FINAL_VAR(my_var) instead of FINAL_VAR("my_var"): the value itself arrived. Models do this
         # a lot; accept it when it is plainly a value (or the very object a variable holds).
         owner = next((v for v in self.user_variables() if self.ns[v] is name), None)
@@ -412,7 +414,12 @@ class Repl:
         key = str(name).strip().strip("\"'`").strip()
         if key.startswith("__") or key not in self.ns:
             return {"found": False, "final": None}
-        return {"found": True, "final": final_payload(self.ns[key], "FINAL_VAR", key)}
+        return {"found": True, "final": final_payload(self._named_value(key), "FINAL_VAR", key)}
+
+    def _named_value(self, key: str) -> Any:
+        """What FINAL_VAR(key) answers with: for the answer dict itself, what it holds, not the dict."""
+        value = self.ns[key]
+        return value.get("content") if key == "answer" and value is self._answer else value
 
     def load_context(
         self,

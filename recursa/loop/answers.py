@@ -1,0 +1,98 @@
+"""What an answer in a reply stands for: a prose FINAL naming a variable or computing over the REPL's
+variables, a FINAL_VAR's value, and answers that hold nothing (None, "") and so are not taken."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Awaitable, Callable
+
+from recursa.loop.finals import ProseFinal, is_identifier
+from recursa.loop.output import render_turn
+from recursa.sandbox.base import ExecResult, FinalAnswer, Sandbox
+
+
+async def resolve_prose_final(
+    prose: ProseFinal,
+    sandbox: Sandbox,
+    evaluate: Callable[[str], Awaitable[ExecResult]],
+    *,
+    retry: bool,
+    max_output_chars: int,
+) -> FinalAnswer | str | None:
+    """The answer a prose FINAL / FINAL_VAR stands for; None for a FINAL_VAR naming nothing, or a
+    message (when `retry`: turns are left) when FINAL(expression) over REPL variables failed."""
+    if prose.protocol == "FINAL":
+        # FINAL(result) / "FINAL result" naming a variable the code made means that variable
+        # (returning the word "result" was the reference implementation's classic misread).
+        if is_identifier(prose.text):
+            if prose.text in await sandbox.variable_names():
+                found = await sandbox.get_variable(prose.text)
+                if found is not None:
+                    found.protocol, found.var_name = "FINAL_VAR", prose.text
+                    return found
+        elif await _is_expression_over_variables(prose.text, sandbox):
+            # FINAL(f"Total: {total}") or FINAL(len(rows)): the model meant the value, so it is
+            # computed in the REPL (an exec in the trace) rather than returned as source text.
+            res = await evaluate(f"FINAL({prose.text})")
+            if res.final is not None:
+                res.final.protocol = "FINAL"
+                return res.final
+            if retry:
+                return (
+                    f"Your FINAL({prose.text}) is Python over your REPL variables, so it was evaluated, "
+                    f"and it failed:\n{render_turn([res], max_output_chars)}\nFix it in a ```repl block, "
+                    "or write FINAL(literal text)."
+                )
+        return FinalAnswer(text=prose.text, value=prose.text, protocol="FINAL")
+    if not is_identifier(prose.text):
+        return None
+    final = await sandbox.get_variable(prose.text)
+    if final is not None:
+        final.protocol, final.var_name = "FINAL_VAR", prose.text
+    return final
+
+
+async def _is_expression_over_variables(text: str, sandbox: Sandbox) -> bool:
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return False
+    nodes = list(ast.walk(tree))
+    names = {n.id for n in nodes if isinstance(n, ast.Name)}
+    if not names:  # a literal (42, "text", [1, 2]) is the answer as written; an f-string is computed
+        return any(isinstance(n, ast.JoinedStr) for n in nodes)
+    return bool(names & {*await sandbox.variable_names(), "context"})
+
+
+def empty_answer(final: FinalAnswer) -> str | None:
+    """Why an answer that holds nothing is not taken (None, "", or answer["ready"] alone)."""
+    if final.value is not None and final.text.strip():
+        return None
+    if final.protocol == "answer":
+        where = 'answer["ready"] was set while answer["content"] is'
+    elif final.var_name:
+        where = f"FINAL_VAR({final.var_name}): `{final.var_name}` is"
+    else:
+        where = "the value given to FINAL was"
+    if final.value is None:
+        return (
+            f"{where} None, so it was not taken as the answer (None usually comes from a function that "
+            "returns nothing, such as list.sort() or print()). Put the real answer in it first; if None "
+            "really is the answer, write FINAL(None) on a line of its own."
+        )
+    return f"{where} empty, so it was not taken as the answer. Put the real answer in it first."
+
+
+async def missing_variable_message(sandbox: Sandbox, name: str) -> str:
+    if not is_identifier(name):
+        return (
+            f"FINAL_VAR({name}) is not an answer: FINAL_VAR takes the name of a variable, not an "
+            f"expression. Assign the value to a variable in a ```repl block first (answer_text = "
+            f"{name}), then write FINAL_VAR(answer_text) in your next reply."
+        )
+    names = await sandbox.variable_names()
+    listed = ", ".join(names[:30]) if names else "none yet"
+    return (
+        f"FINAL_VAR({name}) names no variable in the REPL (defined: {listed}). Assign the answer "
+        f"to a variable in a ```repl block first, or write FINAL(your answer) for literal text."
+    )

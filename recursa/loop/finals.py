@@ -1,0 +1,276 @@
+"""Answers written in prose: FINAL(...) and FINAL_VAR(name) at the start of a line, the looser ways
+small models write them ("FINAL 345", "Final Answer: ..."), and where an answer's argument ends.
+
+The argument of FINAL( ends at the parenthesis that closes it, read the way a person would: a string
+literal or a JSON value is read whole (parentheses inside it do not count), and a close that leaves
+an unmatched ")" at the end of the line ("Done :) all good)") was not the end.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+# An answer line may carry markdown around it: "**FINAL**(x)", "- FINAL(x)", "`FINAL(x)`", "> FINAL".
+_LINE_DECOR = r"(?:[ \t>*_#`-]|\d{1,3}[.)][ \t])*"
+PROSE_FINAL_VAR = re.compile(rf"^{_LINE_DECOR}FINAL_VAR[*_`]*[ \t]*\(", re.M)
+PROSE_FINAL = re.compile(rf"^{_LINE_DECOR}FINAL(?:_ANSWER)?[*_`]*[ \t]*\(", re.M)
+# Written without parentheses: "FINAL 345", "FINAL: x", "FINAL ANSWER: x", "**Final Answer:** x".
+_LOOSE_FINAL_VAR = re.compile(
+    rf"^{_LINE_DECOR}FINAL_VAR[*_`]*[ \t]*[:=]?[ \t]*[`'\"]?([A-Za-z_]\w*)[`'\"]?\W*$"
+)
+_LOOSE_FINAL = re.compile(
+    rf"^(?P<decor>{_LINE_DECOR})(?:FINAL(?:[ _](?:ANSWER|RESULT|OUTPUT))?(?![\w(])"
+    r"|[Ff]inal [Aa]nswer(?=[*_`]*[ \t]*(?::|=|is\b|$)))"
+    r"[*_`]*[ \t]*(?P<sep>:|=|-|–|is\b)?[*_`]*[ \t]*(?P<rest>.*)$"
+)
+_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+_FENCED_ANSWER_TAGS = frozenset({"", "text", "txt", "plaintext", "markdown", "md"})
+
+
+@dataclass
+class ProseFinal:
+    protocol: str  # "FINAL" | "FINAL_VAR"
+    text: str  # the answer text (FINAL) or the variable name (FINAL_VAR)
+    loose: bool = False  # written without parentheses ("FINAL 345", "Final Answer: ...")
+
+
+class FenceLike(Protocol):
+    """What answer finding needs of a fenced block (recursa.loop.parse.Fence)."""
+
+    tag: str
+    text: str
+    at: int
+
+    @property
+    def runnable(self) -> bool: ...
+
+
+def find_final(prose: list[str], fences: Sequence[FenceLike]) -> ProseFinal | None:
+    text = "\n".join(prose)
+    var = PROSE_FINAL_VAR.search(text)
+    final = PROSE_FINAL.search(text)
+    if var and (not final or var.start() <= final.start()):
+        name = _unquote(_balanced_argument(text, var.end()).strip("`")).strip()
+        return ProseFinal("FINAL_VAR", name)
+    if final:
+        return ProseFinal("FINAL", _balanced_argument(text, final.end()))
+    return _loose_final(prose, fences)
+
+
+def fenced_final(fences: Sequence[FenceLike]) -> ProseFinal | None:
+    """A reply without code whose answer sits in a plain fence (```\nFINAL(42)\n```)."""
+    for fence in fences:
+        if fence.tag in _FENCED_ANSWER_TAGS:
+            found = find_final(fence.text.split("\n"), [])
+            if found is not None and not found.loose:
+                return found
+    return None
+
+
+_INLINE_FINAL = re.compile(r"\bFINAL(?P<var>_VAR)?[ \t]*\(")
+SPAN_TRIES, SPAN_LINES, SPAN_WINDOW = 20, 2_000, 50_000
+
+
+def inline_final(prose: list[str]) -> ProseFinal | None:
+    """The last FINAL(...) written inside a sentence, if any (among the last few written)."""
+    text = "\n".join(prose)
+    found = None
+    for m in list(_INLINE_FINAL.finditer(text))[-SPAN_TRIES:][::-1]:
+        if argument_end(text, m.end(), SPAN_WINDOW) is not None:
+            found = m
+            break
+    if found is None:
+        return None
+    end = argument_end(text, found.end(), SPAN_WINDOW)
+    assert end is not None
+    argument = _unquote(text[found.end() : end].strip())
+    if found.group("var"):
+        return ProseFinal("FINAL_VAR", _unquote(argument.strip("`")).strip())
+    return ProseFinal("FINAL", argument)
+
+
+def final_as_text(code: str) -> ProseFinal | None:
+    """A block that is nothing but FINAL(...) / FINAL_VAR(...) with an argument Python cannot read
+    (unquoted text): the answer as prose would give it. Valid Python runs as written."""
+    stripped = code.strip()
+    m = PROSE_FINAL.match(stripped) or PROSE_FINAL_VAR.match(stripped)
+    if m is None or stripped[:1] in "*_`>-#" or argument_end(stripped, m.end()) != len(stripped) - 1:
+        return None
+    try:
+        compile(stripped, "<block>", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError):
+        return find_final([stripped], [])
+    return None
+
+
+def _loose_final(prose: list[str], fences: Sequence[FenceLike]) -> ProseFinal | None:
+    """The first answer line written without parentheses, if any."""
+    for index, line in enumerate(prose):
+        var = _LOOSE_FINAL_VAR.match(line)
+        if var is not None:
+            return ProseFinal("FINAL_VAR", var.group(1), loose=True)
+        m = _LOOSE_FINAL.match(line)
+        if m is None:
+            continue
+        if "#" in m.group("decor") and not m.group("sep") and "answer" not in line.lower():
+            continue  # a heading such as "## FINAL REPORT" names a section, not an answer
+        rest = _strip_decor(m.group("rest"))
+        if not rest:
+            rest = _following_text(prose, index + 1, fences)
+        if rest:
+            return ProseFinal("FINAL", rest, loose=True)
+    return None
+
+
+def _following_text(prose: list[str], start: int, fences: Sequence[FenceLike]) -> str:
+    """What follows an answer marker on a line of its own: the text up to the next block, or, when a
+    block comes first ("FINAL:" then a ``` block), that block's text."""
+    slots = {f.at: f for f in fences}
+    lines: list[str] = []
+    for index in range(start, len(prose)):
+        fence = slots.get(index)
+        if fence is not None:
+            if "".join(lines).strip():
+                break
+            return "" if fence.runnable else fence.text.strip()
+        lines.append(prose[index])
+    return _strip_decor("\n".join(lines))
+
+
+def _strip_decor(text: str) -> str:
+    text = text.strip()
+    for mark in ("**", "__", "`"):
+        if text.startswith(mark) and text.endswith(mark) and len(text) > 2 * len(mark):
+            text = text[len(mark) : -len(mark)].strip()
+    if text.startswith("**"):
+        text = text[2:].strip()
+    if text.endswith("**"):
+        text = text[:-2].strip()
+    return _unquote(text)
+
+
+def _balanced_argument(text: str, start: int) -> str:
+    """The text inside FINAL( ... ): up to the parenthesis that closes it, else the rest of the reply."""
+    end = argument_end(text, start)
+    if end is not None:
+        return _unquote(text[start:end].strip())
+    body = text[start:].strip()
+    return _unquote(body[:-1].strip() if body.endswith(")") else body)
+
+
+def argument_end(text: str, start: int, window: int | None = None) -> int | None:
+    """The index of the ')' that closes FINAL( when its argument starts at `start`, or None.
+
+    A string literal or a JSON/Python value is read whole, so parentheses inside it ("Option a) is
+    right", {"x": ")"}) do not count. Otherwise parentheses are counted, and a close that leaves an
+    unmatched ')' at the end of a later line of the same paragraph ("Done :) all good)", a list of
+    "a) ... b) ...") was not the end: that last ')' is. `window` bounds how far to look."""
+    stop = len(text) if window is None else min(len(text), start + window)
+    text = text[:stop]
+    lead = start
+    while lead < len(text) and text[lead] in " \t\n":
+        lead += 1
+    literal = _literal_end(text, lead)
+    if literal is not None:
+        after = literal
+        while after < len(text) and text[after] in " \t\n":
+            after += 1
+        if after < len(text) and text[after] == ")":
+            return after
+    depth = 1
+    for i in range(start, len(text)):
+        if text[i] == "(":
+            depth += 1
+        elif text[i] == ")":
+            depth -= 1
+            if depth == 0:
+                return _unmatched_close_after(text, i)
+    return None
+
+
+def _unmatched_close_after(text: str, close: int) -> int:
+    paragraph_end = text.find("\n\n", close)
+    stop = len(text) if paragraph_end < 0 else paragraph_end
+    depth, last = 0, None
+    for i in range(close + 1, stop):
+        if text[i] == "(":
+            depth += 1
+        elif text[i] == ")":
+            depth -= 1
+            if depth < 0:
+                last, depth = i, 0
+    if last is not None:
+        line_end = text.find("\n", last)
+        tail = text[last + 1 : stop if line_end < 0 else min(line_end, stop)]
+        if not tail.strip(" \t.,;:!?*_`"):
+            return last
+    return close
+
+
+def _literal_end(text: str, i: int) -> int | None:
+    """The end of a string literal or bracketed value starting at `i`, or None."""
+    prefix = i
+    while prefix < len(text) and prefix - i < 2 and text[prefix] in "rRbBuUfF":
+        prefix += 1
+    if prefix < len(text) and text[prefix] in "'\"":
+        return _string_end(text, prefix)
+    if i >= len(text) or text[i] not in "[{":
+        return None
+    closing = {"[": "]", "{": "}", "(": ")"}
+    stack: list[str] = []
+    j = i
+    while j < len(text):
+        ch = text[j]
+        if ch in "'\"":
+            end = _string_end(text, j)
+            if end is None:
+                return None
+            j = end
+            continue
+        if ch in closing:
+            stack.append(closing[ch])
+        elif ch in ")]}":
+            if not stack or stack.pop() != ch:
+                return None
+            if not stack:
+                return j + 1
+        j += 1
+    return None
+
+
+def _string_end(text: str, i: int) -> int | None:
+    quote = text[i : i + 3] if text[i : i + 3] in ('"""', "'''") else text[i]
+    j = i + len(quote)
+    while j < len(text):
+        if text[j] == "\\":
+            j += 2
+            continue
+        if text.startswith(quote, j):
+            return j + len(quote)
+        if len(quote) == 1 and text[j] == "\n":
+            return None
+        j += 1
+    return None
+
+
+def _unquote(text: str) -> str:
+    if text[:1] in ("'", '"') and text[-1:] == text[:1]:
+        # A Python string literal ("He said \\"hi\\"", '\\n'-escaped lines) means what Python reads.
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            value = None
+        if isinstance(value, str):
+            return value
+    for quote in ('"""', "'''", '"', "'"):
+        if len(text) >= 2 * len(quote) and text.startswith(quote) and text.endswith(quote):
+            return text[len(quote) : -len(quote)]
+    return text
+
+
+def is_identifier(name: str) -> bool:
+    return _IDENTIFIER.fullmatch(name) is not None
