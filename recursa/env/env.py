@@ -273,12 +273,14 @@ class RLMEnv:
         """One client per model for every episode on this loop: one connection pool."""
         resources = self._shared.here()
         if sub_call is not None:
-            tree.gateway.share({}, catch_all=CallbackClient(sub_call))
+            tree.gateway.share({}, catch_all=CallbackClient(sub_call, timeout=self.config.request_timeout))
             return
         if self.sub_call is not None:
             client = resources.clients.get("sub_call")
             if client is None:
-                client = resources.clients["sub_call"] = CallbackClient(self.sub_call)
+                client = resources.clients["sub_call"] = CallbackClient(
+                    self.sub_call, timeout=self.config.request_timeout
+                )
             tree.gateway.share({}, catch_all=client)
             return
         spec = self.config.sub_model
