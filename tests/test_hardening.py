@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from recursa.sandbox.hardened import HostHardening
 from recursa.sandbox.policy import describe
 from recursa.sandbox.worker import landlock as hmod
 from recursa.sandbox.worker import seccomp
+from recursa.sandbox.worker_log import WorkerLog
 
 linux_only = pytest.mark.skipif(hmod.landlock_abi() < 6, reason="needs Landlock ABI >= 6 (Linux 6.12+)")
 needs_bwrap = pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap (bwrap) is not installed")
@@ -420,6 +422,29 @@ async def test_auto_falls_back_when_bwrap_cannot_start(tmp_path, monkeypatch: py
         assert await out(sb, "1 + 1") == "2\n"  # type: ignore[arg-type]
     finally:
         await sb.close()
+    strict = SubprocessSandbox(bwrap=True, snapshots=False)
+    with pytest.raises(SandboxError, match="No permissions"):
+        await strict.start(echo)
+    await strict.close()
+
+
+@linux_only
+@needs_bwrap
+async def test_a_failed_start_names_what_the_worker_wrote_even_when_its_log_is_read_late(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On a busy host the log's reader thread may not have run yet when the worker is found dead.
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr("recursa.sandbox.hardened.find_bwrap", lambda: str(fake))
+    drain = WorkerLog._drain
+
+    def late_drain(self: WorkerLog, read_fd: int) -> None:
+        time.sleep(0.5)
+        drain(self, read_fd)
+
+    monkeypatch.setattr(WorkerLog, "_drain", late_drain)
     strict = SubprocessSandbox(bwrap=True, snapshots=False)
     with pytest.raises(SandboxError, match="No permissions"):
         await strict.start(echo)

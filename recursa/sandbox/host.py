@@ -38,6 +38,7 @@ from recursa.sandbox.protocol import FrameSocket, ProtocolError, exec_result_fro
 from recursa.sandbox.worker_log import WorkerLog
 
 _DRAIN_S = 0.2
+_LOG_DRAIN_S = 2.0  # a bound only: the log's reader ends as soon as the dead worker's pipe is read
 _SHUTDOWN_S = 0.5  # how long an idle worker may take to exit when asked, before it is killed
 
 
@@ -228,6 +229,10 @@ class WorkerHost:
     ) -> tuple[SandboxError, str]:
         """Kill a worker that did not come up and release its log: the error to raise, and its log tail."""
         await worker.kill()
+        if worker.log is not None:
+            # The worker is gone but what it wrote may still sit in the pipe, unread by the log's
+            # thread on a busy host: the tail names why it failed (and whether bwrap could not start).
+            await asyncio.to_thread(worker.log.wait_drained, _LOG_DRAIN_S)
         tail = worker.log_tail()
         self._release_log(worker)
         why = "did not start in time" if isinstance(exc, TimeoutError) else f"failed to start ({exc})"

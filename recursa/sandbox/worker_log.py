@@ -26,12 +26,16 @@ class WorkerLog:
         self.write_fd = -1  # for the worker; the host closes its copy once the worker has one
         self._buf = bytearray()
         self._lock = threading.Lock()
+        self._reader: threading.Thread | None = None
 
     @classmethod
     def pipe(cls, keep: int = KEEP_BYTES) -> WorkerLog:
         log = cls(keep)
         read_fd, log.write_fd = os.pipe2(os.O_CLOEXEC)
-        threading.Thread(target=log._drain, args=(read_fd,), name="recursa-worker-log", daemon=True).start()
+        log._reader = threading.Thread(
+            target=log._drain, args=(read_fd,), name="recursa-worker-log", daemon=True
+        )
+        log._reader.start()
         return log
 
     def _drain(self, read_fd: int) -> None:
@@ -55,6 +59,11 @@ class WorkerLog:
             self._buf += data
             if len(self._buf) > self.keep:
                 del self._buf[: len(self._buf) - self.keep]
+
+    def wait_drained(self, timeout: float) -> None:
+        """Wait up to `timeout` s for the reader to reach the end: every writer gone, all read."""
+        if self._reader is not None:
+            self._reader.join(timeout)
 
     def tail(self, chars: int) -> str:
         with self._lock:
