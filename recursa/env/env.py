@@ -297,10 +297,19 @@ class RLMEnv:
 
     # -- closing -------------------------------------------------------------------------------
     async def aclose(self) -> None:
-        """Close every open episode on this event loop, then the clients and fork server they shared."""
-        for episode in [e for e in self._episodes if e.loop_is_current()]:
-            await episode.close()
-        await self._shared.aclose_here()
+        """Close every open episode on this event loop (a step still running is cancelled), then the
+        clients and fork server they shared."""
+        failure: BaseException | None = None
+        try:
+            for episode in [e for e in self._episodes if e.loop_is_current()]:
+                try:
+                    await episode.abort()
+                except Exception as exc:  # e.g. a scorer that raised: the other episodes still close
+                    failure = failure or exc
+        finally:
+            await self._shared.aclose_here()
+        if failure is not None:
+            raise failure
 
     def close(self) -> None:
         """Close the episodes on the private loop (the blocking API) and stop that loop."""
