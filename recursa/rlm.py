@@ -29,11 +29,49 @@ from recursa.tools.spec import Tool, make_sub_tools, make_tools
 class RLM:
     """A Recursive Language Model: string in, string out, over contexts of any size.
 
-    See design.md section 2 for every option. Construction validates everything it can (model
-    names, keys, prices for a dollar budget, sandbox kind) so mistakes surface before any spend.
+    Construction validates everything it can (model names, keys, prices for a dollar budget,
+    sandbox kind) so mistakes surface before any spend.
 
     `model`, `sub_model` and the entries of `allowed_models` are "provider/model" names or LM client
     objects: anything with a `complete(request)` method, async or not (docs/clients.md).
+
+    Args:
+        model: the root model, which writes the REPL code.
+        sub_model: the model behind `llm_query` and child runs' turns (default: `model`).
+        base_url: an OpenAI-compatible server for the `openai` provider (vLLM, Ollama, ...).
+        api_key: the provider key (default: OPENAI_API_KEY / ANTHROPIC_API_KEY).
+        max_depth: 0 runs code only; 1 adds `llm_query` sub-calls; 2 or more, child RLMs.
+        max_iterations: root turns before one last call asks for the answer.
+        budget: hard caps over the whole call tree (docs/concepts.md, "Budgets are hard caps").
+        sandbox: where the REPL runs: "auto", "subprocess", "inprocess", "docker", "podman",
+            "modal" or "e2b" (docs/sandbox.md).
+        sandbox_options: passed to the sandbox, e.g. {"hardening": Hardening(...)}.
+        exec_timeout: seconds one REPL cell may run before it is interrupted.
+        max_output_chars: REPL output shown to the root per cell (head and tail beyond it).
+        max_concurrency: model calls in flight at once over the whole tree.
+        max_parallel_children: child runs at once, per depth level.
+        per_model_concurrency: a lower limit of calls in flight for named models.
+        trace_dir: where JSONL traces go (default: $XDG_CACHE_HOME or ~/.cache, then recursa/traces).
+        trace: False writes no trace file.
+        prompt: the root's prompt template: a built-in name or a file (default: by model family).
+        max_output_tokens: each call's output limit, reserved in the budget before it is sent.
+        sub_model_chars: how much text one sub-call can take, as the root's prompt states it.
+        prices: US dollars per million tokens per model, for models without a known price.
+        request_timeout: seconds one model request may take.
+        max_retries: retries of one failed model call.
+        on_event: called with every trace event as it happens (e.g. an OtelListener).
+        call_headers: send the X-RLM-* attribution headers with every call (off by default).
+        sampling: request options per role, "root", "child" and "sub" (docs/training.md).
+        subcall_errors: a sub-call that fails for good "raise"s in the REPL or "return"s an
+            "[error] ..." string.
+        max_run_retries: model-call retries summed over the whole tree.
+        tools: functions the REPL code may call (docs/tools.md).
+        tools_for_children: child runs get `tools` too.
+        sub_tools: functions only sub-models call, through function calling.
+        sub_tool_rounds: tool turns a sub-model may take before it must answer.
+        tips: strategy text added to the root's prompt.
+        root_window_tokens: compact the root's history past 80% of this many tokens.
+        allowed_models: further models generated code may name in `llm_query(model=...)`.
     """
 
     def __init__(

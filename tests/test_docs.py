@@ -126,3 +126,11 @@ def test_the_architecture_diagram_names_every_layer() -> None:
     # The layer names are the diagram's left column; the right one describes them.
     drawn = set(re.findall(r"\w+", "\n".join(line[:45] for line in diagram.splitlines())))
     assert not names - drawn, f"docs/architecture.md's layer diagram leaves out {sorted(names - drawn)}"
+
+
+def test_environment_variables_named_in_the_docs_are_read_by_the_code() -> None:
+    code = "\n".join(p.read_text() for p in (ROOT / "recursa").rglob("*.py"))
+    named = {v for page in PAGES for v in re.findall(r"\bRECURSA_[A-Z_]+\b", page.read_text())}
+    assert named, "the docs name no RECURSA_* variable: this test lost its subject"
+    unread = sorted(v for v in named if v not in code)
+    assert not unread, f"the docs name environment variables no code reads: {unread}"

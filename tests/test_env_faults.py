@@ -223,3 +223,34 @@ async def test_the_conversation_alternates_roles_as_strict_chat_templates_requir
     assert "used all 2 turns" in episode.messages[-2]["content"]
     assert episode.stop_reason == "max_iterations" and episode.answer == "The answer is 42"
     await env.aclose()
+
+
+async def test_a_sub_call_that_never_answers_fails_that_call_at_the_request_timeout(tmp_path: Path) -> None:
+    import asyncio
+
+    async def hung(messages, depth, parent_id):
+        await asyncio.Event().wait()
+
+    env = RLMEnv(sub_call=hung, trace_dir=tmp_path, request_timeout=0.3, max_retries=0)
+    episode = await env.start("q?", CONTEXT)
+    obs = await episode.step(code("print(llm_query('x'))"))
+    assert "sub_call gave no answer within 0.3 s" in obs[0]["content"] and not episode.done
+    await episode.close()
+    await env.aclose()
+
+
+async def test_env_aclose_ends_episodes_whose_step_is_still_running(tmp_path: Path) -> None:
+    import asyncio
+
+    env = RLMEnv(max_depth=0, trace_dir=tmp_path)
+    idle = await env.start("q?", CONTEXT)
+    busy = await env.start("q?", CONTEXT)
+    stepping = asyncio.create_task(busy.step(code("import time\nwhile True: time.sleep(0.05)")))
+    await asyncio.sleep(0)  # the step has begun
+    with pytest.raises(EnvError, match=r"episode\.abort\(\)"):
+        await busy.close()
+    await env.aclose()  # a trainer shutting down: nothing may stay open, running step or not
+    assert idle.done and busy.done and busy.stop_reason == "cancelled" and env.live_repls == 0
+    with pytest.raises(asyncio.CancelledError):
+        await stepping
+    assert load(busy.trace_path).complete and load(idle.trace_path).complete

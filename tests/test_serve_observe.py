@@ -229,3 +229,32 @@ def test_requests_past_the_run_slots_and_the_queue_get_429_at_once(tmp_path):
             assert len(service.active) == 1  # the second still waits for the slot
         wait_until(lambda: not service.active, what="the runs to be cancelled")
         assert _ask(srv).status_code == 200
+
+
+def test_a_request_head_that_never_ends_is_cut_off(tmp_path):
+    """Slow-loris: a client sends part of a request head (no key needed) and never the rest, on a
+    fresh connection or after a first request on a kept-alive one. uvicorn never closed either;
+    the head timer does, and other clients are served meanwhile."""
+    import socket
+
+    def closed_by_server(conn: socket.socket) -> bool:
+        try:
+            return conn.recv(65536) == b""
+        except TimeoutError:
+            return False
+        except ConnectionResetError:
+            return True
+
+    with BackgroundServer(create_app(_settings(tmp_path)), head_timeout_s=0.5) as srv:
+        fresh = socket.create_connection((srv.host, srv.port))
+        fresh.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        kept = socket.create_connection((srv.host, srv.port))
+        kept.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        kept.settimeout(5)
+        assert b"200 OK" in kept.recv(65536)
+        kept.sendall(b"GET /health HTTP/1.1\r\n")  # the next head, never finished
+        for conn in (fresh, kept):
+            conn.settimeout(0.05)
+            wait_until(lambda conn=conn: closed_by_server(conn), timeout_s=20, what="the slow head cut off")
+            conn.close()
+        assert httpx.get(srv.url + "/health").status_code == 200

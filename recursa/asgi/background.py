@@ -15,6 +15,8 @@ from typing import Any
 
 import uvicorn
 
+from recursa.asgi.slow_clients import HEAD_TIMEOUT_S, head_timeout_protocol
+
 _START_TIMEOUT_S = 15.0
 _STOP_TIMEOUT_S = 15.0
 
@@ -39,6 +41,7 @@ class BackgroundServer:
         lifespan: str = "auto",
         access_log: bool = True,
         name: str = "recursa-server",
+        head_timeout_s: float = HEAD_TIMEOUT_S,
     ) -> None:
         self.app = app
         self.host = host
@@ -46,6 +49,7 @@ class BackgroundServer:
         self.lifespan = lifespan
         self.access_log = access_log
         self.name = name
+        self.head_timeout_s = head_timeout_s
         self.port = 0
         self._server: _PromptServer | None = None
         self._thread: threading.Thread | None = None
@@ -77,6 +81,7 @@ class BackgroundServer:
             access_log=self.access_log,
             lifespan=self.lifespan,
             timeout_graceful_shutdown=2,
+            http=head_timeout_protocol(self.head_timeout_s),
         )
         server = _PromptServer(config)
         self._server = server

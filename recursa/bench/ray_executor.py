@@ -3,8 +3,9 @@
 Only the instance spec travels to an actor (family, size, seed, knobs; or a data file and a row
 index), never a context: the actor rebuilds the task itself (generation is seeded), runs the
 methods of the instance concurrently on its own event loop, and sends back plain row dicts. One
-actor per core or so is enough; each holds up to `max_concurrency` instances in flight (design.md
-section 9: a few async actors beat one Ray task per run by about 10x).
+actor per core or so is enough; each holds up to `max_concurrency` instances in flight (a few
+async actors beat one Ray task per run, by about 10x in the project's design notes; not measured in
+docs/).
 """
 
 from __future__ import annotations

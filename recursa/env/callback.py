@@ -8,6 +8,7 @@ rollouts too. The function returns the reply text, or a dict with `text` and, wh
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -30,17 +31,24 @@ class CallbackClient:
 
     provider = "callback"
 
-    def __init__(self, fn: SubCall, model: str = "sub_call") -> None:
+    def __init__(self, fn: SubCall, model: str = "sub_call", timeout: float | None = None) -> None:
         self.fn = fn
         self.model = model
+        self.timeout = timeout  # as a server's request timeout: a hung engine fails the call, not the run
 
     async def complete(self, request: LMRequest) -> LMResponse:
         meta = request.meta
         messages = [dict(m) for m in request.messages]  # the trainer may keep or change its copy
         try:
-            outcome = self.fn(messages, meta.depth, meta.parent_id)
-            if inspect.isawaitable(outcome):
-                outcome = await outcome
+            async with asyncio.timeout(self.timeout):
+                outcome = self.fn(messages, meta.depth, meta.parent_id)
+                if inspect.isawaitable(outcome):
+                    outcome = await outcome
+        except TimeoutError:
+            raise LMError(
+                f"sub_call gave no answer within {self.timeout:g} s; raise RLMEnv(request_timeout=...) if "
+                "the trainer's engine needs longer"
+            ) from None
         except LMError:
             raise
         except Exception as exc:  # the trainer's function failed: a failed call, as a server error is

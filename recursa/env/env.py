@@ -273,12 +273,14 @@ class RLMEnv:
         """One client per model for every episode on this loop: one connection pool."""
         resources = self._shared.here()
         if sub_call is not None:
-            tree.gateway.share({}, catch_all=CallbackClient(sub_call))
+            tree.gateway.share({}, catch_all=CallbackClient(sub_call, timeout=self.config.request_timeout))
             return
         if self.sub_call is not None:
             client = resources.clients.get("sub_call")
             if client is None:
-                client = resources.clients["sub_call"] = CallbackClient(self.sub_call)
+                client = resources.clients["sub_call"] = CallbackClient(
+                    self.sub_call, timeout=self.config.request_timeout
+                )
             tree.gateway.share({}, catch_all=client)
             return
         spec = self.config.sub_model
@@ -295,10 +297,19 @@ class RLMEnv:
 
     # -- closing -------------------------------------------------------------------------------
     async def aclose(self) -> None:
-        """Close every open episode on this event loop, then the clients and fork server they shared."""
-        for episode in [e for e in self._episodes if e.loop_is_current()]:
-            await episode.close()
-        await self._shared.aclose_here()
+        """Close every open episode on this event loop (a step still running is cancelled), then the
+        clients and fork server they shared."""
+        failure: BaseException | None = None
+        try:
+            for episode in [e for e in self._episodes if e.loop_is_current()]:
+                try:
+                    await episode.abort()
+                except Exception as exc:  # e.g. a scorer that raised: the other episodes still close
+                    failure = failure or exc
+        finally:
+            await self._shared.aclose_here()
+        if failure is not None:
+            raise failure
 
     def close(self) -> None:
         """Close the episodes on the private loop (the blocking API) and stop that loop."""

@@ -53,6 +53,7 @@ class Episode:
         self._stepping = False
         self._closed = False
         self._scored = False
+        self._step_task: asyncio.Task[Any] | None = None
         self._quota = quota
         self._reaper = weakref.finalize(self, _reap, engine, payload, quota)
 
@@ -120,6 +121,7 @@ class Episode:
         self._check_usable("step")
         response = self._response(reply)
         self._stepping = True
+        self._step_task = asyncio.current_task()
         started = time.perf_counter()
         try:
             appended = await self._engine.step(response)
@@ -128,6 +130,7 @@ class Episode:
                 await self._end()
         finally:
             self._stepping = False
+            self._step_task = None
         return [dict(m) for m in appended[1:]]
 
     def step_sync(self, reply: Any) -> list[Message]:
@@ -142,7 +145,9 @@ class Episode:
         if asyncio.get_running_loop() is not self._loop:
             raise EnvError(self._wrong_loop("close"))
         if self._stepping:
-            raise EnvError("close() while a step is running: await the step first (or cancel its task)")
+            raise EnvError(
+                "close() while a step is running: await the step first, or end both with episode.abort()"
+            )
         self._closed = True
         try:
             if not self._engine.done:
@@ -151,6 +156,16 @@ class Episode:
         finally:
             self._host.forget(self)
             self._reaper()  # the context buffer; the engine is finished, so nothing else is left
+
+    async def abort(self) -> None:
+        """End the episode now, even while a step of it runs: that step's task is cancelled (its
+        awaiter gets CancelledError) and waited for, then the episode is closed. How
+        `env.aclose()` ends the episodes a trainer left running."""
+        task = self._step_task
+        if self._stepping and task is not None and task is not asyncio.current_task():
+            task.cancel()
+            await asyncio.wait([task])  # its outcome is its awaiter's to read
+        await self.close()
 
     def close_sync(self) -> None:
         self._host.private.run(self._on_private("close_sync", self.close()))

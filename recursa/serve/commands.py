@@ -239,7 +239,10 @@ def _serve(args: argparse.Namespace) -> int:
     )
     if settings.access_log:
         _print_access_log()
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    from recursa.asgi.slow_clients import head_timeout_protocol
+
+    config = uvicorn.Config(app, log_level="warning", access_log=False, http=head_timeout_protocol())
+    server = uvicorn.Server(config)
     server.run(sockets=[sock])
     return 0
 
@@ -304,7 +307,9 @@ def _mcp(args: argparse.Namespace) -> int:
     app = http_app(server, settings, path=args.path, host=args.host)
     sock = _listen(args.host, args.port)  # a busy port is reported before the URL is announced
     print(f"recursa mcp: streamable HTTP at http://{args.host}:{args.port}{args.path}", file=sys.stderr)
-    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    from recursa.asgi.slow_clients import head_timeout_protocol
+
+    uvicorn.Server(uvicorn.Config(app, log_level="warning", http=head_timeout_protocol())).run(sockets=[sock])
     return 0
 
 
