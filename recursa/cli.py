@@ -161,9 +161,16 @@ def _parser() -> argparse.ArgumentParser:
     from recursa.serve.commands import add_parsers as add_serving_parsers
 
     add_serving_parsers(sub, add_model_options)  # serve, mcp, view
-    for command in sub.choices.values():
-        command.formatter_class = HelpFormatter  # every option's help shows its default
+    _show_defaults(parser)
     return parser
+
+
+def _show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Every command's help, nested ones (`export sft`) included, ends each option with its default."""
+    for action in parser._subparsers._group_actions if parser._subparsers else ():
+        for command in getattr(action, "choices", {}).values():
+            command.formatter_class = HelpFormatter
+            _show_defaults(command)
 
 
 def _rlm_from_args(

@@ -44,7 +44,7 @@ class HelpFormatter(argparse.HelpFormatter):
         if (
             "default" in text
             or "key" in action.dest  # a default read from the environment may be a secret
-            or default in (None, False, argparse.SUPPRESS)
+            or any(default is empty for empty in (None, False, argparse.SUPPRESS))  # 0 is a default
             or not action.option_strings
             or isinstance(action, argparse._HelpAction)
         ):

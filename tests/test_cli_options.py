@@ -45,10 +45,18 @@ def _cli(*argv: str, cwd: Path, timeout: float = 120, **env: str) -> subprocess.
 # -- help ------------------------------------------------------------------------------------------
 
 
-def _subparsers() -> dict[str, argparse.ArgumentParser]:
-    parser = _parser()
-    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return dict(action.choices)
+def _subparsers(
+    parser: argparse.ArgumentParser | None = None, prefix: str = ""
+) -> dict[str, argparse.ArgumentParser]:
+    """Every command by its full name, nested ones (`export rl`) included."""
+    parser = parser if parser is not None else _parser()
+    found: dict[str, argparse.ArgumentParser] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found[prefix + name] = sub
+                found.update(_subparsers(sub, f"{prefix}{name} "))
+    return found
 
 
 def test_every_flag_has_help_and_shows_its_default():
@@ -64,7 +72,8 @@ def test_every_flag_has_help_and_shows_its_default():
                 missing.append(label)
                 continue
             shown = sub.formatter_class(prog=sub.prog)._get_help_string(action)
-            if action.option_strings and action.default not in (None, False) and "default" not in shown:
+            has_default = not any(action.default is empty for empty in (None, False, argparse.SUPPRESS))
+            if action.option_strings and has_default and "default" not in shown:
                 no_default.append(label)
     assert not missing, f"flags without help: {missing}"
     assert not no_default, f"flags whose help does not show the default: {no_default}"

@@ -254,3 +254,15 @@ async def test_env_aclose_ends_episodes_whose_step_is_still_running(tmp_path: Pa
     with pytest.raises(asyncio.CancelledError):
         await stepping
     assert load(busy.trace_path).complete and load(idle.trace_path).complete
+
+
+async def test_token_ids_the_trainer_gives_are_the_turns_token_counts(tmp_path: Path) -> None:
+    env = RLMEnv(max_depth=0, trace_dir=tmp_path, budget=Budget(max_tokens=1_000))
+    episode = await env.start("q?", CONTEXT)
+    await episode.step(
+        {"content": code("print(1)"), "prompt_token_ids": list(range(300)), "token_ids": [7] * 20}
+    )
+    assert (episode.usage.input_tokens, episode.usage.output_tokens) == (300, 20)
+    await episode.step({"content": "FINAL(1)", "input_tokens": 400, "token_ids": [1, 2]})
+    assert (episode.usage.input_tokens, episode.usage.output_tokens) == (700, 22)
+    await env.aclose()

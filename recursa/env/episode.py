@@ -241,11 +241,14 @@ class Episode:
                 "policy's generation length or raise max_reply_chars. Nothing ran; step again."
             )
         prompt_chars = sum(len(m.get("content") or "") for m in self._engine.messages)
+        # Counts the trainer gives, else the length of the token ids it gives, else an estimate.
+        given_in = _given(extra.get("input_tokens"), extra.get("prompt_token_ids"))
+        given_out = _given(extra.get("output_tokens"), extra.get("token_ids"))
         response = LMResponse(
             text=reply,
-            input_tokens=_count(extra.get("input_tokens"), prompt_chars),
-            output_tokens=_count(extra.get("output_tokens"), len(reply)),
-            usage_estimated=not isinstance(extra.get("output_tokens"), int),
+            input_tokens=_count(given_in, prompt_chars),
+            output_tokens=_count(given_out, len(reply)),
+            usage_estimated=given_out is None,
             finish_reason=extra.get("finish_reason") if isinstance(extra.get("finish_reason"), str) else None,
         )
         for name in _TOKEN_FIELDS:
@@ -329,6 +332,12 @@ def _parts_text(parts: list[Any], what: str) -> str:
                 "{'type': 'text', 'text': ...} only"
             )
     return "".join(texts)
+
+
+def _given(count: Any, token_ids: Any) -> int | None:
+    if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+        return count
+    return len(token_ids) if isinstance(token_ids, list) else None
 
 
 def _count(given: Any, chars: int) -> int:

@@ -91,6 +91,11 @@ async def missing_variable_message(sandbox: Sandbox, name: str) -> str:
             f"{name}), then write FINAL_VAR(answer_text) in your next reply."
         )
     names = await sandbox.variable_names()
+    if name in names:  # it exists, but the REPL could not read it as text
+        return (
+            f"FINAL_VAR({name}): `{name}` exists, but its value cannot be turned into text (its __str__ "
+            "and __repr__ raise). Build the answer as text from it in a ```repl block first."
+        )
     listed = ", ".join(names[:30]) if names else "none yet"
     return (
         f"FINAL_VAR({name}) names no variable in the REPL (defined: {listed}). Assign the answer "

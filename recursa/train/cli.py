@@ -38,7 +38,13 @@ def add_export_parser(sub: Any) -> None:
 
     rl = kinds.add_parser("rl", help="step-wise rows with GRPO advantages that child runs inherit")
     _common(rl)
-    rl.add_argument("--group-by", choices=["task", "question", "all"], default="task")
+    rl.add_argument(
+        "--group-by",
+        choices=["task", "question", "all"],
+        default="task",
+        help="which root runs form one GRPO group: task (one task id, else as question), question (one "
+        "question over one context), all (every run)",
+    )
     rl.add_argument(
         "--child-weight",
         choices=["inherit", "1/k"],

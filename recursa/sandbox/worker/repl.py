@@ -340,7 +340,13 @@ class Repl:
         ans = self._answer
         if not ans.get("ready"):
             return None
-        final = final_payload(ans.get("content"), "answer")
+        try:
+            final = final_payload(ans.get("content"), 'answer["content"]')
+        except TypeError as exc:
+            self._notes.append(f"{exc}. It was not taken as the answer.")
+            ans["ready"] = False
+            return None
+        final["protocol"] = "answer"
         ans.clear()
         ans.update(content=None, ready=False)
         return final
@@ -414,7 +420,10 @@ class Repl:
         key = str(name).strip().strip("\"'`").strip()
         if key.startswith("__") or key not in self.ns:
             return {"found": False, "final": None}
-        return {"found": True, "final": final_payload(self._named_value(key), "FINAL_VAR", key)}
+        try:
+            return {"found": True, "final": final_payload(self._named_value(key), "FINAL_VAR", key)}
+        except TypeError as exc:
+            return {"found": True, "final": None, "error": str(exc)}
 
     def _named_value(self, key: str) -> Any:
         """What FINAL_VAR(key) answers with: for the answer dict itself, what it holds, not the dict."""

@@ -34,10 +34,29 @@ def json_safe(value: Any, depth: int = 0) -> Any:
     return render(value)
 
 
+def answer_text(value: Any, what: str) -> str:
+    """An answer as text: str(value), else repr(value); a value that can be shown neither way is not
+    an answer (its error text would be returned as if it were)."""
+    try:
+        return str(value)
+    except Exception as exc:
+        first = exc
+    try:
+        return repr(value)
+    except Exception:
+        pass
+    raise TypeError(
+        f"{what}: the {type(value).__name__} value cannot be turned into text (its __str__ raised "
+        f"{type(first).__name__}: {first}, and so did its __repr__); answer with text built from it instead"
+    )
+
+
 def final_payload(value: Any, protocol: str, var_name: str | None = None) -> dict[str, Any]:
-    text = render(value)
+    text = answer_text(value, f"FINAL_VAR({var_name!r})" if var_name else protocol)
     out: dict[str, Any] = {"text": text, "protocol": protocol, "var_name": var_name}
     safe = json_safe(value)
+    if isinstance(safe, str) and not isinstance(value, str):
+        safe = text  # an object answers with the text shown for it, not a second rendering
     if isinstance(safe, str) and safe == text:
         out["value_is_text"] = True  # a long str answer crosses the channel once, not twice
     else:
