@@ -22,9 +22,8 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 
-from vs_official.side import memfd_mb  # one count of the context buffer for both scripts
+from vs_official.side import descendants, memfd_mb  # one way of counting for both scripts
 
 LINE = "Date: Jan 01, 2020 || User: 12345 || Instance: what is the capital of some country?\n"
 
@@ -44,27 +43,6 @@ def _pss(pid: int | str) -> int:
     return total
 
 
-def _cmdline(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
-
-
-def _descendants(pid: int) -> list[int]:
-    found, queue = [], [pid]
-    while queue:
-        for task in Path(f"/proc/{queue.pop()}/task").glob("*"):
-            try:
-                kids = [int(p) for p in (task / "children").read_text().split()]
-            except OSError:
-                continue
-            found += kids
-            queue += kids
-    return found
-
-
 class Sampler(threading.Thread):
     """Peaks of the host's memory, the context memfd, the REPL processes', and of the three at the
     same instant."""
@@ -80,7 +58,7 @@ class Sampler(threading.Thread):
         me = os.getpid()
         # A child between vfork and exec shares this process's memory (the context string
         # included) and reports all of it: counted, it read as a second copy of the context.
-        kids = [p for p in _descendants(me) if _cmdline(p) != _cmdline(me)]
+        kids = descendants(me)  # without a child between vfork and exec (see side.py)
         worker = sum(_pss(p) for p in kids)
         host, memfd = _pss(me), int(memfd_mb([me, *kids]) * 2**20)
         return {"host": host, "memfd": memfd, "worker": worker, "at_once": host + memfd + worker}

@@ -68,7 +68,7 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
     """The processes below `pid`, except a child between vfork and exec: it shares this process's
     memory (the user's context string included) and reports all of it as its own, which a sampler
     catches more often the busier the machine is (it read as 2x the context)."""
@@ -99,7 +99,7 @@ class MemoryPeaks(threading.Thread):
 
     @staticmethod
     def _sample() -> dict[str, float]:
-        kids = _descendants(os.getpid())
+        kids = descendants(os.getpid())
         host, buffer = rss_mb(), memfd_mb([os.getpid(), *kids])
         worker = max((_rss_of(p) for p in kids), default=0.0)
         return {"shmem": buffer, "at_once": host + buffer + worker}
