@@ -12,6 +12,7 @@ from typing import IO
 import pytest
 
 from recursa.testing.fake_server import FakeServer
+from tests.helpers import CHROMIUM, CHROMIUM_ARGS
 
 Responder = Callable[[str, list[dict]], str]
 
@@ -103,3 +104,15 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         fcntl.flock(lock, fcntl.LOCK_UN)
         if serial:
             fcntl.flock(turnstile, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium, one per test module; skipped with the reason where it is not installed."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium); CI installs it")
+    playwright = pytest.importorskip("playwright.sync_api")
+    with playwright.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()

@@ -6,6 +6,18 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+# Debian's Chromium for the viewer's browser tests (the `browser` fixture in conftest.py).
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
 
 def max_overlap(intervals: Iterable[tuple[float, float]]) -> int:
     """The most [start, end) intervals open at one instant (an end sorts before a start at a tie)."""

@@ -18,17 +18,8 @@ import pytest
 from recursa import RLM
 from recursa.tasks import generate
 from recursa.trace.viewer import TraceFormatError, ViewerServer, build_view, export_html, render_html
+from tests.helpers import CHROMIUM
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 SCREENSHOTS = (
     Path(os.environ.get("RECURSA_SCREENSHOT_DIR", "")) if os.environ.get("RECURSA_SCREENSHOT_DIR") else None
 )
@@ -260,17 +251,6 @@ def test_server_serves_the_page_and_rereads_a_growing_trace(tmp_path, deep_trace
 needs_chromium = pytest.mark.skipif(
     not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (apt-get install -y chromium); CI installs it"
 )
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium); CI installs it")
-    playwright = pytest.importorskip("playwright.sync_api")
-    with playwright.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 def _open(browser, url: str, width: int = 1400, height: int = 900):

@@ -13,7 +13,6 @@ import httpx
 import pytest
 
 from recursa.trace.viewer import ViewerServer, build_view, render_html
-from tests.test_viewer import CHROMIUM, CHROMIUM_ARGS
 
 # Every payload bumps window.__pwned when it runs; the attribute form breaks out of a quoted
 # attribute, the comment form opens a "<!--<script>" that swallows a later script element.
@@ -186,17 +185,6 @@ def test_fields_of_the_wrong_type_neither_crash_the_viewer_nor_break_its_json(tm
 
 
 # -- in a real browser ------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium); CI installs it")
-    playwright = pytest.importorskip("playwright.sync_api")
-    with playwright.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 def _visit_everything(browser, url: str, bypass_csp: bool) -> None:
