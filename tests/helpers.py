@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
+import subprocess
+import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
+
+import httpx
 
 # Debian's Chromium for the viewer's browser tests (the `browser` fixture in conftest.py).
 CHROMIUM = "/usr/bin/chromium"
@@ -42,3 +50,37 @@ def wait_until(check: Callable[[], bool], timeout_s: float = 10.0, what: str = "
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for: {what}")
         time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def serve_process(trace_dir: Path, *flags: str) -> Iterator[str]:
+    """`recursa serve` with a scripted root as a process of its own on a free loopback port, with no
+    provider keys in its environment; yields its base URL once /health answers, stops it after."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    cmd = [sys.executable, "-m", "recursa.cli", "serve", "--model", "scripted/gpt5-like", "--port", str(port)]
+    proc = subprocess.Popen(
+        [*cmd, *flags, "--trace-dir", str(trace_dir)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    base = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            return httpx.get(base + "/health").status_code == 200
+        except httpx.TransportError:
+            return proc.poll() is not None
+
+    try:
+        wait_until(up, timeout_s=60, what="recursa serve")
+        assert proc.poll() is None, (
+            f"recursa serve exited: {proc.stderr.read().decode() if proc.stderr else ''}"
+        )
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -6,7 +6,6 @@ lists none."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,7 +19,8 @@ import httpx
 from recursa.asgi.background import BackgroundServer
 from recursa.serve.openai_server import create_app
 from recursa.serve.settings import ServeSettings
-from tests.serve_helpers import install_test_root, wait_until
+from tests.helpers import serve_process
+from tests.serve_helpers import install_test_root
 
 ROOT = install_test_root()  # "RUN: code" runs the code
 ALICE, BOB, SHARED = "alice-key-0123456789", "bob-key-0123456789", "shared-key-0123456789"
@@ -153,28 +153,7 @@ async def test_mcp_sessions_belong_to_their_caller(tmp_path: Path) -> None:
 def test_recursa_serve_reads_per_client_keys_from_a_file(tmp_path: Path) -> None:
     keys = tmp_path / "keys"
     keys.write_text(f"# clients\nalice {ALICE}\nbob {BOB}\n")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
-    cmd = [sys.executable, "-m", "recursa.cli", "serve", "--model", "scripted/gpt5-like", "--port", str(port)]
-    proc = subprocess.Popen(
-        [*cmd, "--api-keys-file", str(keys), "--trace-dir", str(tmp_path)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-
-        def up() -> bool:
-            try:
-                return httpx.get(base + "/health").status_code == 200
-            except httpx.TransportError:
-                return proc.poll() is not None
-
-        wait_until(up, timeout_s=60, what="recursa serve")
-        assert proc.poll() is None
+    with serve_process(tmp_path, "--api-keys-file", str(keys)) as base:
         body = {
             "model": "recursa",
             "messages": [{"role": "user", "content": "What is it?"}],
@@ -187,9 +166,8 @@ def test_recursa_serve_reads_per_client_keys_from_a_file(tmp_path: Path) -> None
         assert httpx.get(sessions, headers=_headers(BOB)).json()["data"] == []
         assert httpx.delete(sessions + "/report", headers=_headers(BOB)).status_code == 404
         assert httpx.get(sessions, headers=_headers("not-a-key")).status_code == 401
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    cmd = [sys.executable, "-m", "recursa.cli", "serve", "--model", "scripted/gpt5-like"]
     bad = tmp_path / "bad-keys"
     bad.write_text("alice\n")
     done = subprocess.run(

@@ -8,11 +8,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import ipaddress
-import os
-import socket
 import ssl
-import subprocess
-import sys
 import threading
 import tracemalloc
 import zlib
@@ -29,7 +25,7 @@ from fastapi.testclient import TestClient
 from recursa.serve import urls
 from recursa.serve.openai_server import create_app
 from recursa.serve.settings import ServeSettings
-from tests.helpers import wait_until
+from tests.helpers import serve_process
 from tests.serve_helpers import install_test_root
 
 INTERNAL = "INTERNAL-ADMIN-ANSWER"
@@ -225,26 +221,7 @@ def test_the_operator_can_allow_private_addresses(tmp_path: Path, internal) -> N
 
 @pytest.mark.parametrize("flags", [[], ["--allow-private-urls"]], ids=["default", "allow-private"])
 def test_recursa_serve_command_line(tmp_path: Path, internal, flags: list[str]) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
-    cmd = [sys.executable, "-m", "recursa.cli", "serve", "--model", "scripted/gpt5-like"]
-    cmd += ["--sub-model", "scripted/oracle", "--port", str(port), "--allow-urls", *flags]
-    proc = subprocess.Popen(
-        [*cmd, "--trace-dir", str(tmp_path)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-
-        def up() -> bool:
-            try:
-                return httpx.get(base + "/health").status_code == 200
-            except httpx.TransportError:
-                return proc.poll() is not None
-
-        wait_until(up, timeout_s=60, what="recursa serve")
-        assert proc.poll() is None
+    with serve_process(tmp_path, "--sub-model", "scripted/oracle", "--allow-urls", *flags) as base:
         reply = httpx.post(
             base + "/v1/chat/completions",
             json={
@@ -254,14 +231,11 @@ def test_recursa_serve_command_line(tmp_path: Path, internal, flags: list[str]) 
             },
             timeout=60,
         )
-        if flags:
-            assert reply.status_code == 200 and internal.hits == ["/admin"]
-        else:
-            _refused(reply)
-            assert internal.hits == []
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    if flags:
+        assert reply.status_code == 200 and internal.hits == ["/admin"]
+    else:
+        _refused(reply)
+        assert internal.hits == []
 
 
 def test_https_goes_to_the_checked_address_and_verifies_the_name(http, monkeypatch, tmp_path) -> None:
