@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from recursa.cli_options import (
     SANDBOXES,
     HelpFormatter,
+    add_model_names,
     add_model_options,
     check_context,
     for_cli,
@@ -309,21 +310,7 @@ def _add_bench_parser(sub: Any) -> None:
         default="base,rlm",
         help="base,codeact,codeact-bm25,codeact-subcalls,summary,rlm,rlm-nosub,rlm-tips,rlm-subtools",
     )
-    bench.add_argument(
-        "--model",
-        default=os.environ.get("RECURSA_MODEL", "scripted/gpt5-like"),
-        help="root model (default: $RECURSA_MODEL, else scripted/gpt5-like)",
-    )
-    bench.add_argument(
-        "--sub-model",
-        default=os.environ.get("RECURSA_SUB_MODEL"),
-        help="model behind llm_query (default: $RECURSA_SUB_MODEL, else --model)",
-    )
-    bench.add_argument(
-        "--base-url",
-        default=os.environ.get("RECURSA_BASE_URL"),
-        help="an OpenAI-compatible server (default: $RECURSA_BASE_URL, else the provider's API)",
-    )
+    add_model_names(bench, default_model="scripted/gpt5-like")
     bench.add_argument(
         "--executor",
         default="local",

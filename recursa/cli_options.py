@@ -52,13 +52,13 @@ class HelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
-def add_model_options(p: argparse.ArgumentParser) -> None:
-    p.formatter_class = HelpFormatter
+def add_model_names(p: argparse.ArgumentParser, default_model: str = DEFAULT_MODEL) -> None:
+    """--model, --sub-model and --base-url, each defaulting to its RECURSA_* variable."""
     p.add_argument(
         "--model",
-        default=os.environ.get("RECURSA_MODEL", DEFAULT_MODEL),
+        default=os.environ.get("RECURSA_MODEL", default_model),
         help="root model as provider/name: openai/..., anthropic/..., scripted/... (offline); "
-        f"`recursa models` lists them (default: $RECURSA_MODEL, else {DEFAULT_MODEL})",
+        f"`recursa models` lists them (default: $RECURSA_MODEL, else {default_model})",
     )
     p.add_argument(
         "--sub-model",
@@ -71,6 +71,11 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         help="any OpenAI-compatible server (vLLM, SGLang, Ollama, llama.cpp), e.g. "
         "http://localhost:8000/v1 (default: $RECURSA_BASE_URL, else the provider's own API)",
     )
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = HelpFormatter
+    add_model_names(p)
     p.add_argument(
         "--api-key-env",
         metavar="NAME",
