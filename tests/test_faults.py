@@ -129,6 +129,7 @@ def test_429_retry_after_is_honoured_and_its_absence_backs_off_briefly(
 
 
 @BOTH
+@pytest.mark.serial  # a 0.3 s request timeout: a busy neighbour test can make the retry time out too
 def test_a_read_timeout_is_retried_and_counted_as_possibly_billed(server, script, faults, tmp_path, provider):
     faults({0: Fault.hang(1.0)})
     script.root("root-model", DONE)
