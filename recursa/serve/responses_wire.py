@@ -124,9 +124,7 @@ def response_body(
     else:
         output.append(message_item(new_id("msg"), answer))
     status = final_status(result, cut, shape)
-    return response_object(
-        response_id, call, int(time.time()), status=status, output=output, result=result
-    )
+    return response_object(response_id, call, int(time.time()), status=status, output=output, result=result)
 
 
 class ResponsesSSE(SSERun):
