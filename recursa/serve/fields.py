@@ -135,17 +135,17 @@ def parse_shape(body: dict[str, Any], provider: str | None) -> AnswerShape:
         if value is None or value is False or value == {} or value == []:
             continue
         raise bad(f"`{name}` is not supported: {why}", name, "unsupported_parameter")
-    _check_no_effect(body)
+    check_no_effect(body)
     shape = AnswerShape()
     _response_format(body.get("response_format"), shape)
     _tools(body.get("tools"), body.get("tool_choice"), shape)
-    shape.sampling = _sampling(body, provider)
+    shape.sampling = sampling(body, provider)
     shape.stop = _stop(body.get("stop"))
     shape.max_answer_tokens = _max_tokens(body)
     return shape
 
 
-def _check_no_effect(body: dict[str, Any]) -> None:
+def check_no_effect(body: dict[str, Any]) -> None:
     for name in ("user", "safety_identifier", "prompt_cache_key", "service_tier", "verbosity"):
         value = body.get(name)
         if value is not None and not isinstance(value, str):
@@ -198,32 +198,42 @@ def _tools(tools: Any, choice: Any, shape: AnswerShape) -> None:
         if tools is not None and choice is None:
             raise bad(f"`tools` are not supported here: {_TOOLS_WHY}", "tools", "unsupported_parameter")
         return  # "none": the model may call no tool, which is what an RLM does anyway
-    if choice == "auto":
+    if choice in ("auto", "required"):
+        force_function(None if choice == "auto" else _functions(tools), choice, shape, _TOOLS_WHY)
+        return
+    function = choice.get("function") if isinstance(choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str):
         raise bad(
-            f'tool_choice "auto" is not supported: {_TOOLS_WHY}', "tool_choice", "unsupported_parameter"
+            '`tool_choice` must be "none", "required" (with one tool) or '
+            '{"type": "function", "function": {"name": ...}}',
+            "tool_choice",
         )
-    functions = _functions(tools)
+    force_function(_functions(tools), name, shape, _TOOLS_WHY)
+
+
+def force_function(
+    functions: dict[str, dict[str, Any]] | None, choice: str, shape: AnswerShape, why: str
+) -> None:
+    """Make the function a request forces (`choice`: "auto", "required" or a function's name;
+    `functions`: name -> parameters' JSON Schema) the answer's shape; refuse, saying `why`, any
+    choice that would leave the model free to pick a tool. Shared by both APIs' shapes of tools."""
+    if choice == "auto" or functions is None:
+        raise bad(f'tool_choice "auto" is not supported: {why}', "tool_choice", "unsupported_parameter")
     if choice == "required":
         if len(functions) != 1:
             raise bad(
-                f'tool_choice "required" with {len(functions)} tools is not supported: {_TOOLS_WHY}',
+                f'tool_choice "required" with {len(functions)} tools is not supported: {why}',
                 "tool_choice",
                 "unsupported_parameter",
             )
         name = next(iter(functions))
     else:
-        function = choice.get("function") if isinstance(choice, dict) else None
-        name = function.get("name") if isinstance(function, dict) else None
-        if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str):
-            raise bad(
-                '`tool_choice` must be "none", "required" (with one tool) or '
-                '{"type": "function", "function": {"name": ...}}',
-                "tool_choice",
-            )
+        name = choice
         if name not in functions:
             raise bad(f"tool_choice names {name!r}, which is not among `tools`", "tool_choice")
     if shape.kind != "text":
-        raise bad("send either response_format or a forced tool_choice, not both", "tool_choice")
+        raise bad("ask for either a JSON answer format or a forced tool_choice, not both", "tool_choice")
     shape.kind, shape.tool_name, shape.schema = "tool", name, functions[name]
 
 
@@ -247,7 +257,8 @@ def _functions(tools: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _sampling(body: dict[str, Any], provider: str | None) -> dict[str, Any]:
+def sampling(body: dict[str, Any], provider: str | None) -> dict[str, Any]:
+    """The sampling fields of `body` (`reasoning_effort` among them), checked."""
     out: dict[str, Any] = {}
     for name, (low, high) in _NUMBER_RANGES.items():
         value = body.get(name)

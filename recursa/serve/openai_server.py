@@ -1,5 +1,5 @@
-"""An RLM as an OpenAI-compatible model: `POST /v1/chat/completions` (JSON or SSE), `GET /v1/models`,
-`GET /health`, and sessions (`GET /v1/recursa/sessions`, `DELETE /v1/recursa/sessions/{id}`).
+"""An RLM as an OpenAI-compatible model: `POST /v1/chat/completions` and `POST /v1/responses` (JSON
+or SSE), `GET /v1/models`, `GET /health`, and sessions (`GET /v1/recursa/sessions`, `DELETE /v1/recursa/sessions/{id}`).
 
     app = create_app(ServeSettings(model="openai/gpt-5-mini", sub_model="openai/gpt-5-nano"))
     uvicorn.run(app, host="127.0.0.1", port=8000)     # or: recursa serve --model ...
@@ -29,15 +29,16 @@ from recursa.serve.callers import CLIENT_HEADER, identify
 from recursa.serve.chat import SESSION_HEADER, ChatService, ClientGone
 from recursa.serve.observe import RUN_STATE_KEY, Metrics, ObserveMiddleware
 from recursa.serve.request import ApiError, Caller, bad, parse_chat_request, read_capped
+from recursa.serve.responses_api import ResponseChain, create_response
 from recursa.serve.settings import ServeSettings
 
 log = logging.getLogger("recursa.serve")
 
 # APIs of OpenAI's that an RLM does not answer, and what a client should use instead.
-_OTHER_APIS = ("/v1/responses", "/v1/completions", "/v1/embeddings")
+_OTHER_APIS = ("/v1/completions", "/v1/embeddings")
 _OTHER_API_HELP = (
-    "this server answers the Chat Completions API only (POST /v1/chat/completions); point the client "
-    "at that API (OpenAI Agents SDK: OpenAIChatCompletionsModel, or set_default_openai_api('chat_completions'))"
+    "this server answers the Chat Completions API (POST /v1/chat/completions) and the Responses API "
+    "(POST /v1/responses); point the client at one of them"
 )
 
 # Bodies above this size are parsed on a worker thread so other requests keep being served.
@@ -47,6 +48,7 @@ _PARSE_IN_THREAD_BYTES = 1_000_000
 def create_app(settings: ServeSettings) -> FastAPI:
     metrics = _metrics(settings)
     service = ChatService(settings, metrics)
+    chain = ResponseChain()  # which session each response ran in, for previous_response_id
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -130,6 +132,12 @@ def create_app(settings: ServeSettings) -> FastAPI:
             return service.stream(req, run)
         headers = {SESSION_HEADER: req.session} if req.session else None
         return JSONResponse(await service.complete(req, run, request.receive), headers=headers)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Any:
+        caller = authorize(request)
+        body = await _read_json(request, settings.max_context_bytes)
+        return await create_response(service, chain, request, caller, body)
 
     if metrics is not None:
 
