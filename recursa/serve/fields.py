@@ -213,11 +213,16 @@ def _tools(tools: Any, choice: Any, shape: AnswerShape) -> None:
 
 
 def force_function(
-    functions: dict[str, dict[str, Any]] | None, choice: str, shape: AnswerShape, why: str
+    functions: dict[str, dict[str, Any]] | None,
+    choice: str,
+    shape: AnswerShape,
+    why: str,
+    format_field: str = "response_format",
 ) -> None:
     """Make the function a request forces (`choice`: "auto", "required" or a function's name;
     `functions`: name -> parameters' JSON Schema) the answer's shape; refuse, saying `why`, any
-    choice that would leave the model free to pick a tool. Shared by both APIs' shapes of tools."""
+    choice that would leave the model free to pick a tool. Shared by both APIs' shapes of tools
+    (`format_field`: the API's field for a JSON answer, which cannot be asked for as well)."""
     if choice == "auto" or functions is None:
         raise bad(f'tool_choice "auto" is not supported: {why}', "tool_choice", "unsupported_parameter")
     if choice == "required":
@@ -233,7 +238,7 @@ def force_function(
         if name not in functions:
             raise bad(f"tool_choice names {name!r}, which is not among `tools`", "tool_choice")
     if shape.kind != "text":
-        raise bad("ask for either a JSON answer format or a forced tool_choice, not both", "tool_choice")
+        raise bad(f"send either {format_field} or a forced tool_choice, not both", "tool_choice")
     shape.kind, shape.tool_name, shape.schema = "tool", name, functions[name]
 
 

@@ -310,7 +310,7 @@ def _tools(tools: Any, choice: Any, shape: AnswerShape) -> None:
     if choice == "auto":
         force_function(None, choice, shape, TOOLS_WHY)
     if choice == "required":
-        force_function(_functions(tools), choice, shape, TOOLS_WHY)
+        force_function(_functions(tools), choice, shape, TOOLS_WHY, "text.format")
         return
     name = choice.get("name") if isinstance(choice, dict) else None
     if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str):
@@ -320,7 +320,7 @@ def _tools(tools: Any, choice: Any, shape: AnswerShape) -> None:
             "tool_choice",
             "unsupported_parameter",
         )
-    force_function(_functions(tools), name, shape, TOOLS_WHY)
+    force_function(_functions(tools), name, shape, TOOLS_WHY, "text.format")
 
 
 def _functions(tools: Any) -> dict[str, dict[str, Any]]:
