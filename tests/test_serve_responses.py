@@ -334,31 +334,84 @@ def test_agents_wrong_key_is_an_authentication_error(srv):
         _agent_run(srv, None, HELLO, key="wrong-key")
 
 
-def test_langchain_with_the_responses_api(srv):
+def test_agents_run_streamed_with_the_default_responses_model(srv):
+    agents = pytest.importorskip("agents")
+
+    async def run() -> tuple[Any, list[str]]:
+        client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0)
+        config = agents.RunConfig(
+            tracing_disabled=True, model_provider=agents.OpenAIProvider(openai_client=client)
+        )
+        agent = agents.Agent(name="analyst", instructions=CONTEXT, model="recursa")
+        streamed = agents.Runner.run_streamed(agent, HELLO, run_config=config)
+        kinds = [
+            event.data.type async for event in streamed.stream_events() if event.type == "raw_response_event"
+        ]
+        return streamed.final_output, kinds
+
+    final, kinds = asyncio.run(run())
+    assert final == "hello from the rlm"
+    assert "response.output_text.delta" in kinds and kinds[-1] == "response.completed"
+
+
+def test_agents_with_tools_gets_a_400_that_says_why(srv):
+    agents = pytest.importorskip("agents")
+
+    @agents.function_tool
+    def lookup(city: str) -> str:
+        """Look a city up."""
+        return city
+
+    client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0)
+    config = agents.RunConfig(
+        tracing_disabled=True, model_provider=agents.OpenAIProvider(openai_client=client)
+    )
+    agent = agents.Agent(name="a", instructions=CONTEXT, model="recursa", tools=[lookup])
+    with pytest.raises(openai.BadRequestError) as caught:
+        asyncio.run(agents.Runner.run(agent, HELLO, run_config=config))
+    assert "never hands a tool call back" in caught.value.message
+
+
+def _lc_chat(srv: BackgroundServer):
     langchain_openai = pytest.importorskip("langchain_openai")
-    chat = langchain_openai.ChatOpenAI(
+    return langchain_openai.ChatOpenAI(
         model="recursa", base_url=srv.url + "/v1", api_key=KEY, max_retries=0, use_responses_api=True
     )
+
+
+def test_langchain_with_the_responses_api(srv):
+    chat = _lc_chat(srv)
     before = _responses_posts(srv)
     assert chat.invoke([("system", CONTEXT), ("user", HELLO)]).text == "hello from the rlm"
-    structured = chat.with_structured_output(Person, method="json_schema")
-    assert structured.invoke([("system", CONTEXT), ("user", PERSON)]) == Person(name="Ada", age=36)
+    chunks = list(chat.stream([("system", CONTEXT), ("user", HELLO)]))
+    assert "".join(chunk.text for chunk in chunks) == "hello from the rlm"
     assert _responses_posts(srv) == before + 2
 
 
-def test_litellm_responses(srv, monkeypatch):
+@pytest.mark.parametrize("method", ["json_schema", "function_calling"])
+def test_langchain_structured_output_with_the_responses_api(srv, method):
+    structured = _lc_chat(srv).with_structured_output(Person, method=method)
+    assert structured.invoke([("system", CONTEXT), ("user", PERSON)]) == Person(name="Ada", age=36)
+
+
+def test_litellm_responses_and_its_stream(srv, monkeypatch):
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # its bundled price map, no download
     litellm = pytest.importorskip("litellm")
     monkeypatch.setattr(litellm, "telemetry", False)
-    r = litellm.responses(
-        model="openai/recursa",
-        api_base=srv.url + "/v1",
-        api_key=KEY,
-        num_retries=0,
-        instructions=CONTEXT,
-        input=HELLO,
-    )
+    asked = {
+        "model": "openai/recursa",
+        "api_base": srv.url + "/v1",
+        "num_retries": 0,
+        "instructions": CONTEXT,
+        "input": HELLO,
+    }
+    r = litellm.responses(api_key=KEY, **asked)
     assert r.output[0].content[0].text == "hello from the rlm"
+    events = list(litellm.responses(api_key=KEY, stream=True, **asked))
+    deltas = [e.delta for e in events if getattr(e, "type", None) == "response.output_text.delta"]
+    assert "".join(deltas) == "hello from the rlm"
+    with pytest.raises(litellm.AuthenticationError):
+        litellm.responses(api_key="wrong-key", **asked)
 
 
 # -- the server around it --------------------------------------------------------------------------
