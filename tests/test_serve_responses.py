@@ -191,10 +191,9 @@ def test_a_wrong_key_is_an_authentication_error(srv):
 @pytest.mark.parametrize(
     ("field", "value"),
     [
+        *[(name, {"id": "x"}) for name in REFUSED],
         ("background", True),
         ("top_logprobs", 3),
-        ("conversation", "conv_1"),
-        ("prompt", {"id": "pmpt_1"}),
         ("temprature", 0.5),
         ("temperature", 5),
         ("max_output_tokens", 0),
@@ -259,7 +258,18 @@ def test_fields_without_effect_are_accepted(srv):
     r = _post(srv, instructions=CONTEXT, input=HELLO, temperature=0.2, top_p=0.9, **values)
     assert r.status_code == 200, r.text
     assert r.json()["output"][0]["content"][0]["text"] == "hello from the rlm"
-    assert set(REFUSED) >= {"background", "top_logprobs", "conversation", "prompt"}
+
+
+def test_stored_response_endpoints_say_nothing_is_stored(client):
+    for call in (
+        lambda: client.responses.retrieve("resp_1"),
+        lambda: client.responses.delete("resp_1"),
+        lambda: client.responses.cancel("resp_1"),
+        lambda: client.responses.input_items.list("resp_1"),
+    ):
+        with pytest.raises(openai.NotFoundError) as caught:
+            call()
+        assert "stores no responses" in caught.value.message
 
 
 def test_an_unknown_previous_response_is_a_400_saying_how_to_continue(client):

@@ -269,7 +269,7 @@ def _shape(body: dict[str, Any], provider: str | None) -> tuple[AnswerShape, boo
     effort, summary = _reasoning(body.get("reasoning"))
     picked = {name: body.get(name) for name in ("temperature", "top_p")}
     picked["reasoning_effort"] = effort
-    shape.sampling = sampling(picked, provider)
+    shape.sampling = sampling(picked, provider, {"reasoning_effort": "reasoning.effort"})
     limit = body.get("max_output_tokens")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise bad("`max_output_tokens` must be a positive integer", "max_output_tokens")
