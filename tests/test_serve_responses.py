@@ -203,7 +203,7 @@ def test_a_wrong_key_is_an_authentication_error(srv):
         ("truncation", "sometimes"),
         ("tools", [{"type": "function", "name": "f", "parameters": {}}]),  # the model would choose
         ("tools", [{"type": "web_search"}]),
-        ("tool_choice", "auto"),
+        ("tool_choice", {"type": "allowed_tools", "mode": "auto", "tools": []}),
     ],
 )
 def test_a_field_that_cannot_be_honoured_is_a_400_naming_it(srv, field, value):
@@ -228,6 +228,15 @@ def test_a_field_that_cannot_be_honoured_is_a_400_naming_it(srv, field, value):
 def test_a_bad_input_item_is_a_400_naming_it(srv, item, param):
     r = _post(srv, input=[item])
     assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+def test_tool_choice_auto_is_refused_only_with_tools_to_choose_among(srv):
+    tools = [{"type": "function", "name": "f", "parameters": {"type": "object"}}]
+    refused = _post(srv, tools=tools, tool_choice="auto")
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "tool_choice"
+    assert "never hands a tool call back" in refused.json()["error"]["message"]
+    assert _post(srv, instructions=CONTEXT, input=HELLO, tools=[], tool_choice="auto").status_code == 200
+    assert _post(srv, instructions=CONTEXT, input=HELLO, tools=tools, tool_choice="none").status_code == 200
 
 
 def test_the_sdk_raises_bad_request_for_a_refused_field(client):

@@ -303,10 +303,10 @@ def _text(value: Any, shape: AnswerShape) -> None:
 
 
 def _tools(tools: Any, choice: Any, shape: AnswerShape) -> None:
-    if choice is None or choice == "none":
-        if tools and choice is None:
-            raise bad(f"`tools` are not supported here: {TOOLS_WHY}", "tools", "unsupported_parameter")
-        return  # "none", or no tools at all: the RLM calls none of the client's, as always
+    if choice == "none" or (not tools and choice in (None, "auto")):
+        return  # no tool to call, or none allowed: the RLM calls none of the client's, as always
+    if choice is None:
+        raise bad(f"`tools` are not supported here: {TOOLS_WHY}", "tools", "unsupported_parameter")
     if choice == "auto":
         force_function(None, choice, shape, TOOLS_WHY)
     if choice == "required":
