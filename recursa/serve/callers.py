@@ -44,12 +44,20 @@ def identify(settings: ServeSettings, authorization: str, client_secret: str | N
     return Caller(owner, private)
 
 
+# A 401's error type. Clients that sort errors by their body (LiteLLM does, for its Responses calls)
+# take an "invalid_request_error" without OpenAI's exact wording for a bad request, not a bad key.
+AUTH_ERROR = "authentication_error"
+
+
 def _by_key(settings: ServeSettings, token: str | None) -> tuple[str, bool]:
     if not settings.api_key and not settings.api_keys:
         return "open", False
     if token is None:
         raise ApiError(
-            401, "missing API key: send it as `Authorization: Bearer <key>`", code="invalid_api_key"
+            401,
+            "missing API key: send it as `Authorization: Bearer <key>`",
+            type=AUTH_ERROR,
+            code="invalid_api_key",
         )
     found: tuple[str, bool] | None = None
     # Every key is compared (in constant time), so the time taken says nothing about which matched.
@@ -59,7 +67,7 @@ def _by_key(settings: ServeSettings, token: str | None) -> tuple[str, bool]:
     if settings.api_key and key_matches(token, settings.api_key) and found is None:
         found = ("shared", False)
     if found is None:
-        raise ApiError(401, "incorrect API key", code="invalid_api_key")
+        raise ApiError(401, "incorrect API key", type=AUTH_ERROR, code="invalid_api_key")
     return found
 
 

@@ -21,7 +21,10 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def add_parsers(sub: Any, add_model_options: Callable[[argparse.ArgumentParser], None]) -> None:
-    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server: an RLM as a model")
+    serve = sub.add_parser(
+        "serve",
+        help="an OpenAI-compatible HTTP server (Chat Completions and Responses APIs): an RLM as a model",
+    )
     add_model_options(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on")
