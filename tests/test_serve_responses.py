@@ -82,6 +82,9 @@ def test_create_answers_with_a_message_and_usage(client):
     assert usage is not None and usage.input_tokens > 0 and usage.output_tokens > 0
     assert usage.total_tokens == usage.input_tokens + usage.output_tokens
     assert r.model_extra["recursa"]["stop_reason"] == "final"
+    # A document sent as instructions is the context: it is not sent back.
+    long = client.responses.create(model="recursa", instructions="a long document. " * 1_000, input=HELLO)
+    assert long.output_text == "hello from the rlm" and long.instructions is None
 
 
 def test_input_items_become_question_and_context(client):

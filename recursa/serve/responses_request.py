@@ -97,7 +97,10 @@ TOOLS_WHY = (
     "to the client; to get a typed answer, send text.format json_schema or force one function with "
     'tool_choice={"type": "function", "name": ...}; tool_choice "none" is accepted'
 )
-_ECHOED = ("instructions", "max_output_tokens", "previous_response_id", "temperature", "top_p", "user")
+_ECHOED = ("max_output_tokens", "previous_response_id", "temperature", "top_p", "user")
+# Instructions longer than this are not echoed back: here they are often the context itself (a
+# whole document), which the response (and each of a stream's lifecycle events) would repeat.
+ECHO_INSTRUCTIONS_CHARS = 4_000
 
 
 @dataclass
@@ -137,7 +140,9 @@ def parse_responses_request(body: Any, settings: ServeSettings) -> ResponsesRequ
     if previous is not None and (not isinstance(previous, str) or not previous):
         raise bad("`previous_response_id` must be the id of an earlier response", "previous_response_id")
     echo = {name: body.get(name) for name in _ECHOED}
+    instructions = body.get("instructions")
     echo.update(
+        instructions=instructions if instructions and len(instructions) <= ECHO_INSTRUCTIONS_CHARS else None,
         metadata=body.get("metadata") or {},
         text=body.get("text") or {"format": {"type": "text"}},
         tools=body.get("tools") or [],
