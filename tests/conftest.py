@@ -1,10 +1,11 @@
-"""Shared fixtures: a fake OpenAI/Anthropic-compatible server per test module, and a way to
-script a root model turn by turn behind it. Also the `serial` mark: under pytest-xdist (the
+"""Shared fixtures: a fake OpenAI/Anthropic-compatible server per test module, a way to script a
+root model turn by turn behind it, and the lines of `recursa serve`'s access log. Also the `serial` mark: under pytest-xdist (the
 pyproject's addopts run two workers), a test so marked runs while no other worker runs a test."""
 
 from __future__ import annotations
 
 import fcntl
+import logging
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import IO
@@ -116,3 +117,26 @@ def browser():
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield b
         b.close()
+
+
+@pytest.fixture
+def access_lines() -> Iterator[list[str]]:
+    """What the access logger emits, caught on the logger itself (whatever its propagation)."""
+    lines: list[str] = []
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    logger = logging.getLogger("recursa.serve.access")
+    old = logger.level, logger.disabled
+    logger.setLevel(logging.INFO)  # setLevel, not an attribute: it also clears isEnabledFor's cache
+    # A logging.config.dictConfig call elsewhere in the test process (import-linter's, in
+    # test_layout.py) disables every logger that existed then, this one included.
+    logger.disabled = False
+    handler = Catch()
+    logger.addHandler(handler)
+    yield lines
+    logger.removeHandler(handler)
+    logger.setLevel(old[0])
+    logger.disabled = old[1]

@@ -517,17 +517,20 @@ def drive_cli(case: dict[str, Any], outcome: CliOutcome) -> None:
 
 
 def drive_request(case: dict[str, Any]) -> None:
-    """A request body `recursa serve` refuses: an OpenAI-format error naming the field and the fix."""
+    """A request body `recursa serve` refuses: an OpenAI-format error naming the field and the fix
+    (a Chat Completions body, or a Responses one when it says "$api": "responses")."""
     pytest.importorskip("fastapi")
     from recursa.serve.request import ApiError, parse_chat_request
+    from recursa.serve.responses_request import parse_responses_request
     from recursa.serve.settings import ServeSettings
 
     body = dict(case["input"]["body"])
     model = body.pop("$model", "scripted/gpt5-like")
+    parse = parse_responses_request if body.pop("$api", "chat") == "responses" else parse_chat_request
     body.setdefault("model", "recursa")
     expect = case["expect"]
     with pytest.raises(ApiError) as info:
-        parse_chat_request(body, ServeSettings(model=model))
+        parse(body, ServeSettings(model=model))
     error = info.value
     assert error.status == expect["status"], error.body()
     assert error.param == expect["param"], error.body()

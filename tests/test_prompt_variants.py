@@ -50,6 +50,51 @@ def test_the_family_variant_is_chosen_from_the_model_name(model, family):
     assert family_for(model) == family
 
 
+@pytest.mark.parametrize(
+    "model",
+    [
+        "openai/phi-4-mini",
+        "openai/microsoft/Phi-3.5-mini-instruct",
+        "ollama/phi3:mini",
+        "openai/Phi-3-mini-128k-instruct",  # "128k" is a context length, "mini" the size
+        "openai/phi4-mini:3.8b",
+        "openai/google/gemma-2b-it",
+        "ollama/gemma2:2b",
+        "openai/gemma-3n-E2B-it",  # Gemma 3n: "E2B", an effective 2B
+        "openai/gemma3:270m",
+        "openai/meta-llama/Llama-3.2-1B-Instruct",
+        "ollama/llama3.2:3b",
+        "openai/Qwen/Qwen2.5-0.5B-Instruct",
+        "ollama/qwen2.5:1.5b",
+        "openai/deepseek-r1-distill-qwen-1.5b",
+        "openai/HuggingFaceTB/SmolLM2-135M-Instruct",
+        "openai/TinyLlama-1.1B-Chat-v1.0",
+        "openai/Qwen2.5-14B-Instruct-1M",  # 14B is the size; "1M" is the context length
+    ],
+)
+def test_small_models_get_the_small_variant(model):
+    assert family_for(model) == "small"
+
+
+@pytest.mark.parametrize(
+    ("model", "family"),
+    [
+        ("openai/gpt-4o-mini", "default"),  # hosted models name capable ones "mini" / "nano"
+        ("openai/o4-mini", "default"),
+        ("openai/gpt-5-nano", "default"),
+        ("gemini/gemini-2.0-flash-lite", "default"),
+        ("mistral/mistral-small-latest", "default"),
+        ("openai/phi-4", "default"),  # 14B, but the name does not say so
+        ("openai/Llama-3.3-70B-Instruct", "default"),
+        ("openai/Qwen2.5-72B-Instruct", "qwen"),
+        ("openai/some-model-1m", "default"),  # a one-digit "m" is a context length, not a size
+        ("anthropic/claude-3-5-haiku", "claude"),
+    ],
+)
+def test_larger_and_hosted_models_keep_their_variant(model, family):
+    assert family_for(model) == family
+
+
 def _prompt(model: str, depth: int = 1, info: ContextInfo | None = None) -> str:
     info = info or ContextInfo("str", 1_000, [1_000], [], "x", "0" * 64)
     return system_prompt(template_for(model), info, PromptSettings(depth, 20_000, 500_000))

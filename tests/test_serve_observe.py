@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,29 +43,6 @@ def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         for sample in family.samples:
             out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     return out
-
-
-@pytest.fixture
-def access_lines() -> Iterator[list[str]]:
-    """What the access logger emits, caught on the logger itself (whatever its propagation)."""
-    lines: list[str] = []
-
-    class Catch(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(record.getMessage())
-
-    logger = logging.getLogger("recursa.serve.access")
-    old = logger.level, logger.disabled
-    logger.setLevel(logging.INFO)  # setLevel, not an attribute: it also clears isEnabledFor's cache
-    # A logging.config.dictConfig call elsewhere in the test process (import-linter's, in
-    # test_layout.py) disables every logger that existed then, this one included.
-    logger.disabled = False
-    handler = Catch()
-    logger.addHandler(handler)
-    yield lines
-    logger.removeHandler(handler)
-    logger.setLevel(old[0])
-    logger.disabled = old[1]
 
 
 def test_access_log_has_a_line_per_request_without_key_or_context(tmp_path, access_lines):
@@ -153,10 +128,11 @@ def test_metrics_can_be_turned_off(tmp_path):
     assert r.status_code == 404
 
 
-def test_responses_api_404_says_which_api_to_use(tmp_path):
+def test_legacy_completions_404_says_which_apis_to_use(tmp_path):
     with BackgroundServer(create_app(_settings(tmp_path))) as srv:
-        r = httpx.post(srv.url + "/v1/responses", json={}, headers={"Authorization": f"Bearer {KEY}"})
-    assert r.status_code == 404 and "OpenAIChatCompletionsModel" in r.json()["error"]["message"]
+        r = httpx.post(srv.url + "/v1/completions", json={}, headers={"Authorization": f"Bearer {KEY}"})
+    message = r.json()["error"]["message"]
+    assert r.status_code == 404 and "/v1/chat/completions" in message and "/v1/responses" in message
 
 
 def test_hostile_requests_bound_the_metrics_and_keep_the_log_one_line_each(tmp_path, access_lines):

@@ -16,15 +16,19 @@ from typing import Protocol
 
 # An answer line may carry markdown around it: "**FINAL**(x)", "- FINAL(x)", "`FINAL(x)`", "> FINAL".
 _LINE_DECOR = r"(?:[ \t>*_#`-]|\d{1,3}[.)][ \t])*"
-PROSE_FINAL_VAR = re.compile(rf"^{_LINE_DECOR}FINAL_VAR[*_`]*[ \t]*\(", re.M)
-PROSE_FINAL = re.compile(rf"^{_LINE_DECOR}FINAL(?:_ANSWER)?[*_`]*[ \t]*\(", re.M)
+# Small models also write the markers in lower or title case ("final(42)", "Final_Var(x)"). Those
+# count only with the parenthesis right after the word: "Final (and most important) point" is English.
+PROSE_FINAL_VAR = re.compile(rf"^{_LINE_DECOR}(?:FINAL_VAR[*_`]*[ \t]*|(?i:final_var)[*_`]*)\(", re.M)
+PROSE_FINAL = re.compile(
+    rf"^{_LINE_DECOR}(?:FINAL(?:_ANSWER)?[*_`]*[ \t]*|(?i:final(?:_answer)?)[*_`]*)\(", re.M
+)
 # Written without parentheses: "FINAL 345", "FINAL: x", "FINAL ANSWER: x", "**Final Answer:** x".
 _LOOSE_FINAL_VAR = re.compile(
     rf"^{_LINE_DECOR}FINAL_VAR[*_`]*[ \t]*[:=]?[ \t]*[`'\"]?([A-Za-z_]\w*)[`'\"]?\W*$"
 )
 _LOOSE_FINAL = re.compile(
     rf"^(?P<decor>{_LINE_DECOR})(?:FINAL(?:[ _](?:ANSWER|RESULT|OUTPUT))?(?![\w(])"
-    r"|[Ff]inal [Aa]nswer(?=[*_`]*[ \t]*(?::|=|is\b|$)))"
+    r"|[Ff]inal [Aa]nswer(?=[*_`]*[ \t]*(?::|=|is\b|$))|[Ff]inal(?=[*_`]*[ \t]*:))"
     r"[*_`]*[ \t]*(?P<sep>:|=|-|–|is\b)?[*_`]*[ \t]*(?P<rest>.*)$"
 )
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
@@ -71,7 +75,7 @@ def fenced_final(fences: Sequence[FenceLike]) -> ProseFinal | None:
     return None
 
 
-_INLINE_FINAL = re.compile(r"\bFINAL(?P<var>_VAR)?[ \t]*\(")
+_INLINE_FINAL = re.compile(r"\b(?:FINAL(?P<var>_VAR)?[ \t]*|[Ff]inal(?P<title_var>_[Vv][Aa][Rr])?)\(")
 SPAN_TRIES, SPAN_LINES, SPAN_WINDOW = 20, 2_000, 50_000
 
 
@@ -88,7 +92,7 @@ def inline_final(prose: list[str]) -> ProseFinal | None:
     end = argument_end(text, found.end(), SPAN_WINDOW)
     assert end is not None
     argument = _unquote(text[found.end() : end].strip())
-    if found.group("var"):
+    if found.group("var") or found.group("title_var"):
         return ProseFinal("FINAL_VAR", _unquote(argument.strip("`")).strip())
     return ProseFinal("FINAL", argument)
 

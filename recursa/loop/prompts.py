@@ -21,9 +21,17 @@ FAMILY_VARIANTS = ("qwen", "small", "claude")
 # Piece lengths of a list or dict context are listed one by one within this many characters of the
 # first message; beyond, the root gets the first ones and a summary.
 _LENGTHS_CHARS = 400
-# A parameter count in a model name ("qwen3-8b", "llama-3.1-8b-instruct"; not the "a3b" of a MoE).
-_SIZE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)b(?![a-z0-9])", re.IGNORECASE)
+# A parameter count in a model name: "qwen3-8b", "llama3.2:1b", "qwen2.5-0.5b", Gemma 3n's effective
+# "e2b"; not the "a3b" of a MoE's active part, nor the "8x7b" of a mixture (56B in all).
+_BILLIONS = re.compile(r"(?<![\w.])e?(\d+(?:\.\d+)?)b(?![a-z0-9])", re.IGNORECASE)
+# Millions ("smollm2-135m", "gemma3:270m"); two digits at least, so a "-1m" context length is not one.
+_MILLIONS = re.compile(r"(?<![\w.])\d{2,4}m(?![a-z0-9])", re.IGNORECASE)
 _SMALL_MAX_BILLIONS = 14.0
+# Size words of open-weight series ("phi-4-mini", "Phi-3.5-mini-instruct", "phi3:mini"). Hosted API
+# models use the same words for capable models (gpt-4o-mini, o4-mini, gpt-5-nano, mistral-tiny):
+# their names keep the default.
+_SIZE_WORDS = frozenset({"mini", "tiny", "nano", "micro", "small"})
+_HOSTED = re.compile(r"^(?:gpt|chatgpt|gemini|grok|claude|mistral|codestral|command|o\d+$)")
 
 
 @dataclass(frozen=True)
@@ -48,17 +56,29 @@ def prompt_variant(model: str, override: str | Path | None = None) -> str:
 def family_for(model: str) -> str:
     """The built-in variant for a model name. Families differ in known ways: Qwen roots over-call
     sub-models unless told to batch (the paper's Qwen3-Coder finding), small models (up to about 14B
-    parameters) need batching spelt out and short steps, and Claude models tend to write a code
+    parameters, see `is_small_model`) need batching spelt out and short steps, and Claude models tend to write a code
     block's output themselves and answer from it in the same reply."""
     name = model.lower()
     if "claude" in name or name.startswith("anthropic/"):
         return "claude"
-    size = _SIZE.search(name)
-    if size is not None and float(size.group(1)) <= _SMALL_MAX_BILLIONS:
+    if is_small_model(name):
         return "small"
     if "qwen" in name or "coder-like" in name:
         return "qwen"
     return "default"
+
+
+def is_small_model(model: str) -> bool:
+    """Whether the name says the model is small: a parameter count of at most 14B ("1.5b", "3B",
+    "e2b", "135m"), or, with no count, a size word of an open-weight series ("phi-4-mini")."""
+    name = model.lower()
+    size = _BILLIONS.search(name)
+    if size is not None:
+        return float(size.group(1)) <= _SMALL_MAX_BILLIONS
+    if _MILLIONS.search(name):
+        return True
+    tokens = [t for t in re.split(r"[^a-z0-9]+", name) if t]
+    return any(t in _SIZE_WORDS for t in tokens) and not any(_HOSTED.match(t) for t in tokens)
 
 
 def template_for(model: str, override: str | Path | None = None) -> str:

@@ -24,10 +24,11 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 CHAT_PATH = "/v1/chat/completions"
+RUN_PATHS = frozenset((CHAT_PATH, "/v1/responses"))  # the endpoints that start runs, counted together
 
 
 class AdmissionLimit:
-    """ASGI middleware: at most `limit` chat requests in progress; more get 429 with Retry-After."""
+    """ASGI middleware: at most `limit` chat and responses requests in progress; more get 429 with Retry-After."""
 
     def __init__(self, app: ASGIApp, *, limit: int, retry_after_s: int = 1) -> None:
         self.app = app
@@ -36,7 +37,7 @@ class AdmissionLimit:
         self.in_progress = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path") != CHAT_PATH:
+        if scope["type"] != "http" or scope.get("path") not in RUN_PATHS:
             await self.app(scope, receive, send)
             return
         if self.in_progress >= self.limit:
@@ -53,7 +54,7 @@ class AdmissionLimit:
             {
                 "error": {
                     "message": (
-                        f"this server is busy: {self.limit} chat requests are running or waiting for a run "
+                        f"this server is busy: {self.limit} requests are running or waiting for a run "
                         "slot, its limit (--max-runs plus --max-waiting); retry later"
                     ),
                     "type": "rate_limit_error",

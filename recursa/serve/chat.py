@@ -28,10 +28,11 @@ from recursa.serve.urls import fetch_url
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+Emit = Callable[[bytes], Awaitable[None]]
 
 SESSION_HEADER = "x-recursa-session"
 HEARTBEAT_S = 10.0  # an SSE comment this often keeps proxies from closing an idle stream
-_CONTENT_PIECE = 64_000  # a FINAL_VAR answer of many MB goes out in pieces of this many characters
+CONTENT_PIECE = 64_000  # a FINAL_VAR answer of many MB goes out in pieces of this many characters
 
 
 class ClientGone(Exception):
@@ -136,6 +137,12 @@ class ChatService:
 
     # -- non-streaming -------------------------------------------------------------------------
     async def complete(self, req: ChatRequest, run: LiveRun, receive: Receive) -> dict[str, Any]:
+        result = await self.outcome(run, receive)
+        return completion_body(_new_id(), req.model, result, req.session, req.shape)
+
+    async def outcome(self, run: LiveRun, receive: Receive) -> RLMResult:
+        """Run to the end and return its result (whichever API's body it then becomes), or raise
+        the ApiError a client gets; the run is cancelled if the client leaves first."""
         gone = asyncio.ensure_future(wait_disconnect(receive))
         acquired = False
         try:
@@ -161,7 +168,7 @@ class ChatService:
             ) from None
         if result.stop_reason == "error" and not result.answer:
             raise ApiError(502, f"the run failed: {result.error}", type="server_error", code="run_failed")
-        return completion_body(_new_id(), req.model, result, req.session, req.shape)
+        return result
 
     # -- streaming -----------------------------------------------------------------------------
     def stream(self, req: ChatRequest, run: LiveRun) -> SSERun:
@@ -279,7 +286,10 @@ def _new_id() -> str:
 
 
 class SSERun(Response):
-    """An ASGI response that streams one run as chat.completion.chunk events.
+    """An ASGI response that streams one run as chat.completion.chunk events. The run's life
+    (admission, steps, result, cancellation) is here; the wire format is in the hooks `opening`,
+    `steps`, `answer`, `_error` and `closing`, which recursa.serve.responses_stream overrides for
+    the Responses API.
 
     It watches the connection itself (uvicorn drops writes to a closed socket silently, so a
     long REPL execution would otherwise never notice the client left) and cancels the run, which
@@ -331,7 +341,7 @@ class SSERun(Response):
         )
         acquired = False
         try:
-            await emit(self._chunk({"role": "assistant", "content": ""}))
+            await self.opening(emit)
             try:
                 await self.service.acquire(self.run, gone)
             except ApiError as exc:  # the session closed while this request waited for it
@@ -342,7 +352,7 @@ class SSERun(Response):
                 self.run.start()
                 await self._pump(emit, gone)
                 await self._result(emit)
-            await emit(b"data: [DONE]\n\n")
+            await self.closing(emit)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except ClientGone:
             pass
@@ -352,7 +362,7 @@ class SSERun(Response):
                 left = self.run.task is not None and not self.run.task.done()
                 await self.service.finish(self.run, cancelled=left)
 
-    async def _pump(self, emit: Callable[[bytes], Awaitable[None]], gone: asyncio.Future[None]) -> None:
+    async def _pump(self, emit: Emit, gone: asyncio.Future[None]) -> None:
         pending: asyncio.Future[list[dict[str, Any]] | None] | None = None
         try:
             while True:
@@ -372,12 +382,12 @@ class SSERun(Response):
                     return
                 text = "".join(self.renderer.render(e) for e in batch)
                 if text:
-                    await emit(self._chunk({"reasoning_content": text}))
+                    await self.steps(emit, text)
         finally:
             if pending is not None:
                 pending.cancel()
 
-    async def _result(self, emit: Callable[[bytes], Awaitable[None]]) -> None:
+    async def _result(self, emit: Emit) -> None:
         assert self.run.task is not None
         if self.run.task.cancelled():
             closed = _closed_under(self.run)
@@ -395,13 +405,26 @@ class SSERun(Response):
         if result.stop_reason == "error" and not result.answer:
             await self._error(emit, f"the run failed: {result.error}", "server_error", "run_failed")
             return
+        await self.answer(emit, result)
+
+    # -- the Chat Completions wire format ------------------------------------------------------
+    async def opening(self, emit: Emit) -> None:
+        await emit(self._chunk({"role": "assistant", "content": ""}))
+
+    async def steps(self, emit: Emit, text: str) -> None:
+        await emit(self._chunk({"reasoning_content": text}))
+
+    async def closing(self, emit: Emit) -> None:
+        await emit(b"data: [DONE]\n\n")
+
+    async def answer(self, emit: Emit, result: RLMResult) -> None:
         shape = self.req.shape
         answer, cut = shaped_answer(result, shape)
         if shape.kind == "tool":
             call = tool_call(shape, "")
             await emit(self._chunk({"tool_calls": [{"index": 0, **call}]}))
-        for start in range(0, len(answer), _CONTENT_PIECE):
-            piece = answer[start : start + _CONTENT_PIECE]
+        for start in range(0, len(answer), CONTENT_PIECE):
+            piece = answer[start : start + CONTENT_PIECE]
             if shape.kind == "tool":
                 delta = {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
                 await emit(self._chunk(delta))
@@ -416,8 +439,6 @@ class SSERun(Response):
             )
         )
 
-    async def _error(
-        self, emit: Callable[[bytes], Awaitable[None]], message: str, kind: str, code: str | None
-    ) -> None:
+    async def _error(self, emit: Emit, message: str, kind: str, code: str | None) -> None:
         body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
         await emit(b"data: " + json.dumps(body).encode() + b"\n\n")

@@ -135,18 +135,25 @@ def parse_shape(body: dict[str, Any], provider: str | None) -> AnswerShape:
         if value is None or value is False or value == {} or value == []:
             continue
         raise bad(f"`{name}` is not supported: {why}", name, "unsupported_parameter")
-    _check_no_effect(body)
+    check_no_effect(body)
     shape = AnswerShape()
     _response_format(body.get("response_format"), shape)
     _tools(body.get("tools"), body.get("tool_choice"), shape)
-    shape.sampling = _sampling(body, provider)
+    shape.sampling = sampling(body, provider)
     shape.stop = _stop(body.get("stop"))
     shape.max_answer_tokens = _max_tokens(body)
     return shape
 
 
-def _check_no_effect(body: dict[str, Any]) -> None:
-    for name in ("user", "safety_identifier", "prompt_cache_key", "service_tier", "verbosity"):
+def check_no_effect(body: dict[str, Any]) -> None:
+    for name in (
+        "user",
+        "safety_identifier",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "service_tier",
+        "verbosity",
+    ):
         value = body.get(name)
         if value is not None and not isinstance(value, str):
             raise bad(f"`{name}` must be a string", name)
@@ -198,32 +205,47 @@ def _tools(tools: Any, choice: Any, shape: AnswerShape) -> None:
         if tools is not None and choice is None:
             raise bad(f"`tools` are not supported here: {_TOOLS_WHY}", "tools", "unsupported_parameter")
         return  # "none": the model may call no tool, which is what an RLM does anyway
-    if choice == "auto":
+    if choice in ("auto", "required"):
+        force_function(None if choice == "auto" else _functions(tools), choice, shape, _TOOLS_WHY)
+        return
+    function = choice.get("function") if isinstance(choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str):
         raise bad(
-            f'tool_choice "auto" is not supported: {_TOOLS_WHY}', "tool_choice", "unsupported_parameter"
+            '`tool_choice` must be "none", "required" (with one tool) or '
+            '{"type": "function", "function": {"name": ...}}',
+            "tool_choice",
         )
-    functions = _functions(tools)
+    force_function(_functions(tools), name, shape, _TOOLS_WHY)
+
+
+def force_function(
+    functions: dict[str, dict[str, Any]] | None,
+    choice: str,
+    shape: AnswerShape,
+    why: str,
+    format_field: str = "response_format",
+) -> None:
+    """Make the function a request forces (`choice`: "auto", "required" or a function's name;
+    `functions`: name -> parameters' JSON Schema) the answer's shape; refuse, saying `why`, any
+    choice that would leave the model free to pick a tool. Shared by both APIs' shapes of tools
+    (`format_field`: the API's field for a JSON answer, which cannot be asked for as well)."""
+    if choice == "auto" or functions is None:
+        raise bad(f'tool_choice "auto" is not supported: {why}', "tool_choice", "unsupported_parameter")
     if choice == "required":
         if len(functions) != 1:
             raise bad(
-                f'tool_choice "required" with {len(functions)} tools is not supported: {_TOOLS_WHY}',
+                f'tool_choice "required" with {len(functions)} tools is not supported: {why}',
                 "tool_choice",
                 "unsupported_parameter",
             )
         name = next(iter(functions))
     else:
-        function = choice.get("function") if isinstance(choice, dict) else None
-        name = function.get("name") if isinstance(function, dict) else None
-        if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str):
-            raise bad(
-                '`tool_choice` must be "none", "required" (with one tool) or '
-                '{"type": "function", "function": {"name": ...}}',
-                "tool_choice",
-            )
+        name = choice
         if name not in functions:
             raise bad(f"tool_choice names {name!r}, which is not among `tools`", "tool_choice")
     if shape.kind != "text":
-        raise bad("send either response_format or a forced tool_choice, not both", "tool_choice")
+        raise bad(f"send either {format_field} or a forced tool_choice, not both", "tool_choice")
     shape.kind, shape.tool_name, shape.schema = "tool", name, functions[name]
 
 
@@ -247,7 +269,12 @@ def _functions(tools: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _sampling(body: dict[str, Any], provider: str | None) -> dict[str, Any]:
+def sampling(
+    body: dict[str, Any], provider: str | None, fields: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The sampling fields of `body` (`reasoning_effort` among them), checked. `fields`: the request
+    field an option came from where the API names it otherwise (Responses: reasoning.effort)."""
+    named = fields or {}
     out: dict[str, Any] = {}
     for name, (low, high) in _NUMBER_RANGES.items():
         value = body.get(name)
@@ -272,10 +299,11 @@ def _sampling(body: dict[str, Any], provider: str | None) -> dict[str, Any]:
     if allowed is not None:
         for name in out:
             if name not in allowed:
+                field_name = named.get(name, name)
                 raise bad(
-                    f"`{name}` cannot be applied: this server's root model is an {provider} model, whose API "
-                    f"takes only {', '.join(sorted(allowed))} of the sampling fields",
-                    name,
+                    f"`{field_name}` cannot be applied: this server's root model is an {provider} model, whose "
+                    f"API takes only {', '.join(sorted(allowed))} of the sampling fields",
+                    field_name,
                     "unsupported_parameter",
                 )
     return out

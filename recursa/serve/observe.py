@@ -31,7 +31,14 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 # Paths the metrics label as themselves; anything else is "other", so a scan of random URLs cannot
 # grow the label set without bound.
-KNOWN_PATHS = ("/v1/chat/completions", "/v1/models", "/health", "/metrics", "/v1/recursa/sessions")
+KNOWN_PATHS = (
+    "/v1/chat/completions",
+    "/v1/responses",
+    "/v1/models",
+    "/health",
+    "/metrics",
+    "/v1/recursa/sessions",
+)
 # The method is client input too (any token is a valid HTTP method): label only the standard ones.
 KNOWN_METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
 RUN_STATE_KEY = "recursa_run"  # request.state attribute the chat endpoint sets to its LiveRun

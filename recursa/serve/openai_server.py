@@ -1,5 +1,5 @@
-"""An RLM as an OpenAI-compatible model: `POST /v1/chat/completions` (JSON or SSE), `GET /v1/models`,
-`GET /health`, and sessions (`GET /v1/recursa/sessions`, `DELETE /v1/recursa/sessions/{id}`).
+"""An RLM as an OpenAI-compatible model: `POST /v1/chat/completions` and `POST /v1/responses` (JSON
+or SSE), `GET /v1/models`, `GET /health`, and sessions (`GET /v1/recursa/sessions`, `DELETE /v1/recursa/sessions/{id}`).
 
     app = create_app(ServeSettings(model="openai/gpt-5-mini", sub_model="openai/gpt-5-nano"))
     uvicorn.run(app, host="127.0.0.1", port=8000)     # or: recursa serve --model ...
@@ -29,15 +29,21 @@ from recursa.serve.callers import CLIENT_HEADER, identify
 from recursa.serve.chat import SESSION_HEADER, ChatService, ClientGone
 from recursa.serve.observe import RUN_STATE_KEY, Metrics, ObserveMiddleware
 from recursa.serve.request import ApiError, Caller, bad, parse_chat_request, read_capped
+from recursa.serve.responses_api import ResponseChain, create_response
 from recursa.serve.settings import ServeSettings
 
 log = logging.getLogger("recursa.serve")
 
 # APIs of OpenAI's that an RLM does not answer, and what a client should use instead.
-_OTHER_APIS = ("/v1/responses", "/v1/completions", "/v1/embeddings")
+_OTHER_APIS = ("/v1/completions", "/v1/embeddings")
 _OTHER_API_HELP = (
-    "this server answers the Chat Completions API only (POST /v1/chat/completions); point the client "
-    "at that API (OpenAI Agents SDK: OpenAIChatCompletionsModel, or set_default_openai_api('chat_completions'))"
+    "this server answers the Chat Completions API (POST /v1/chat/completions) and the Responses API "
+    "(POST /v1/responses); point the client at one of them"
+)
+
+_NOT_STORED = (
+    "this server stores no responses (store is accepted and keeps nothing), so none can be retrieved, "
+    "listed, cancelled or deleted; a response of a session can be continued with previous_response_id"
 )
 
 # Bodies above this size are parsed on a worker thread so other requests keep being served.
@@ -47,6 +53,7 @@ _PARSE_IN_THREAD_BYTES = 1_000_000
 def create_app(settings: ServeSettings) -> FastAPI:
     metrics = _metrics(settings)
     service = ChatService(settings, metrics)
+    chain = ResponseChain()  # which session each response ran in, for previous_response_id
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -74,8 +81,13 @@ def create_app(settings: ServeSettings) -> FastAPI:
         message = {404: "no such endpoint", 405: "method not allowed here"}.get(
             exc.status_code, str(exc.detail)
         )
-        if exc.status_code == 404 and request.url.path.rstrip("/") in _OTHER_APIS:
+        path = request.url.path
+        if exc.status_code == 404 and path.rstrip("/") in _OTHER_APIS:
             message = _OTHER_API_HELP
+        elif exc.status_code in (404, 405) and path.startswith("/v1/responses/"):
+            # retrieve, delete, cancel, input_items: all about stored responses, which there are none of
+            not_found = ApiError(404, _NOT_STORED, code="response_not_found")
+            return JSONResponse(not_found.body(), status_code=404)
         return JSONResponse(ApiError(exc.status_code, message).body(), status_code=exc.status_code)
 
     @app.exception_handler(RequestValidationError)
@@ -130,6 +142,12 @@ def create_app(settings: ServeSettings) -> FastAPI:
             return service.stream(req, run)
         headers = {SESSION_HEADER: req.session} if req.session else None
         return JSONResponse(await service.complete(req, run, request.receive), headers=headers)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Any:
+        caller = authorize(request)
+        body = await _read_json(request, settings.max_context_bytes)
+        return await create_response(service, chain, request, caller, body)
 
     if metrics is not None:
 

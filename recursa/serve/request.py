@@ -107,8 +107,25 @@ class ChatRequest:
 
 def parse_chat_request(body: Any, settings: ServeSettings) -> ChatRequest:
     """Validate a request body. Raises ApiError (400/404) naming the field and the fix."""
+    body = request_object(body)
+    model = served_model(body, settings)
+    n = body.get("n", 1)
+    if n not in (None, 1):
+        raise bad("`n` must be 1: an RLM run gives one answer (send n requests for n answers)", "n")
+    extra = recursa_options(body)
+    messages = _messages(body.get("messages"))
+    shape = parse_shape(body, provider_of(settings.model))
+    return build_request(model, stream_flag(body), extra, messages, shape, settings)
+
+
+def request_object(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
+    return body
+
+
+def served_model(body: dict[str, Any], settings: ServeSettings) -> str:
+    """The request's `model`, which must be one of the names this server answers to (404 if not)."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad("`model` is required: use one of " + ", ".join(settings.model_names), "model")
@@ -120,22 +137,41 @@ def parse_chat_request(body: Any, settings: ServeSettings) -> ChatRequest:
             param="model",
             code="model_not_found",
         )
-    n = body.get("n", 1)
-    if n not in (None, 1):
-        raise bad("`n` must be 1: an RLM run gives one answer (send n requests for n answers)", "n")
+    return model
+
+
+def stream_flag(body: dict[str, Any]) -> bool:
     stream = body.get("stream", False)
+    if stream is None:
+        return False
     if not isinstance(stream, bool):
         raise bad("`stream` must be true or false", "stream")
+    return stream
+
+
+def recursa_options(body: dict[str, Any]) -> dict[str, Any]:
+    """recursa's own options: the `recursa` object (sent with extra_body={"recursa": {...}})."""
     extra = body.get("recursa") or {}
     if not isinstance(extra, dict):
         raise bad('`recursa` (sent with extra_body={"recursa": {...}}) must be an object', "recursa")
     unknown = sorted(set(extra) - set(RECURSA_KEYS))
     if unknown:
         raise bad(f"unknown recursa option(s) {unknown}; known: {', '.join(RECURSA_KEYS)}", "recursa")
+    return extra
 
-    messages = _messages(body.get("messages"))
+
+def build_request(
+    model: str,
+    stream: bool,
+    extra: dict[str, Any],
+    messages: list[InputMessage],
+    shape: AnswerShape,
+    settings: ServeSettings,
+) -> ChatRequest:
+    """The run a request asks for, whichever API it came through (Chat Completions or Responses):
+    the same rules turn its messages and recursa options into a question, a context and limits."""
     req = ChatRequest(model=model, question="", stream=stream, sent=frozenset(extra))
-    req.shape = parse_shape(body, _provider(settings.model))
+    req.shape = shape
     req.session = _session_id(extra.get("session"))
     _apply_settings(req, extra, settings)
     _apply_context(req, messages, extra, settings)
@@ -146,16 +182,18 @@ def parse_chat_request(body: Any, settings: ServeSettings) -> ChatRequest:
 
 
 @dataclass
-class _Message:
+class InputMessage:
+    """One message of a request, whichever API it came through: its role, its text, its files."""
+
     role: str
     text: str
     files: list[tuple[str, str]]  # (name, text)
 
 
-def _messages(raw: Any) -> list[_Message]:
+def _messages(raw: Any) -> list[InputMessage]:
     if not isinstance(raw, list) or not raw:
         raise bad("`messages` must be a non-empty list of {role, content} objects", "messages")
-    out: list[_Message] = []
+    out: list[InputMessage] = []
     for i, m in enumerate(raw):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
@@ -164,7 +202,7 @@ def _messages(raw: Any) -> list[_Message]:
         if role not in ROLES:
             raise bad(f"{where}.role must be one of {', '.join(ROLES)}", f"{where}.role")
         text, files = _content(m.get("content"), f"{where}.content")
-        out.append(_Message(role, text, files))
+        out.append(InputMessage(role, text, files))
     return out
 
 
@@ -183,7 +221,7 @@ def _content(content: Any, where: str) -> tuple[str, list[tuple[str, str]]]:
         if kind == "text" and isinstance(part.get("text"), str):
             texts.append(part["text"])
         elif kind == "file":
-            files.append(_file_part(part.get("file"), at))
+            files.append(file_part(part.get("file"), at))
         elif kind in ("image_url", "input_audio"):
             raise bad(
                 f"{at}: {kind} parts are not supported; an RLM reads text (send text or a text file)", at
@@ -193,20 +231,22 @@ def _content(content: Any, where: str) -> tuple[str, list[tuple[str, str]]]:
     return "\n".join(texts), files
 
 
-def _file_part(file: Any, at: str) -> tuple[str, str]:
+def file_part(file: Any, at: str, holder: str = ".file") -> tuple[str, str]:
+    """(name, text) of an inline text file; `holder`: where the file's fields sit under `at`
+    (Chat Completions: the part's `file` object; Responses: the part itself)."""
     if not isinstance(file, dict):
-        raise bad(f"{at}.file must be an object with `file_data` (base64) and `filename`", at)
+        raise bad(f"{at}{holder} must be an object with `file_data` (base64) and `filename`", at)
     if file.get("file_id") and not file.get("file_data"):
         raise bad(f"{at}: file_id references are not supported here; send the file inline as file_data", at)
     data = file.get("file_data")
     if not isinstance(data, str) or not data:
-        raise bad(f"{at}.file.file_data must be the file's bytes in base64 (optionally a data: URL)", at)
+        raise bad(f"{at}{holder}.file_data must be the file's bytes in base64 (optionally a data: URL)", at)
     if data.startswith("data:"):
         _, _, data = data.partition(",")
     try:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
-        raise bad(f"{at}.file.file_data is not valid base64", at) from None
+        raise bad(f"{at}{holder}.file_data is not valid base64", at) from None
     name = str(file.get("filename") or f"file-{at}")
     try:
         return name, raw.decode("utf-8")
@@ -218,7 +258,7 @@ def _file_part(file: Any, at: str) -> tuple[str, str]:
 
 
 def _apply_context(
-    req: ChatRequest, messages: list[_Message], extra: dict[str, Any], settings: ServeSettings
+    req: ChatRequest, messages: list[InputMessage], extra: dict[str, Any], settings: ServeSettings
 ) -> None:
     explicit = [k for k in ("context", "context_path", "context_url") if extra.get(k) is not None]
     if len(explicit) > 1:
@@ -277,7 +317,7 @@ def _apply_context(
     req.context = docs[0][0] if len(docs) == 1 else [header for _, header in docs]
 
 
-def _provider(model: Any) -> str | None:
+def provider_of(model: Any) -> str | None:
     # A model given as a client object (not "provider/name") has no provider to check fields against.
     return model.split("/", 1)[0].strip().lower() if isinstance(model, str) and "/" in model else None
 

@@ -134,6 +134,16 @@ class LiveRun:
             return batch or None
         return batch
 
+    def events_so_far(self) -> list[dict[str, Any]]:
+        """The events not handed out yet, without waiting (a non-streaming answer reads them once
+        the run is over)."""
+        out: list[dict[str, Any]] = []
+        while not self.queue.empty():
+            event = self.queue.get_nowait()
+            if event is not _DONE:
+                out.append(event)
+        return out
+
     async def cancel(self) -> None:
         """Stop the run and wait until its sandboxes are reaped."""
         if self.task is None or self.task.done():

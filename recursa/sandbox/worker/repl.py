@@ -11,6 +11,7 @@ from collections.abc import Callable
 from .capture import Capture
 from .context import ContextSource, decode_pieces
 from .errors import BudgetExceeded, RemoteError, SubcallError, ToolError, error_for
+from .prose import final_hint, mend, prose_answer
 from .values import describe_size, final_payload, render, render_repr
 
 TYPE_CHECKING = False
@@ -45,6 +46,15 @@ class Repl:
         self.ns: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
         self._reserved = self._make_reserved()
         self.ns.update(self._reserved)
+        # Other spellings of FINAL / FINAL_VAR that models write (final(42), Final_Var("x")). Not
+        # reserved: code that binds one of these names keeps its own value, and they are not listed
+        # among the user's variables while they hold the alias.
+        answer, by_name = self._reserved["FINAL"], self._reserved["FINAL_VAR"]
+        self._aliases: dict[str, Any] = {
+            **dict.fromkeys(("final", "Final", "FINAL_ANSWER"), answer),
+            **dict.fromkeys(("final_var", "Final_var", "Final_Var"), by_name),
+        }
+        self.ns.update(self._aliases)
 
     # -- the names generated code sees -----------------------------------------------------------
 
@@ -183,6 +193,7 @@ class Repl:
             for n, v in self.ns.items()
             if not n.startswith("_")
             and (n not in self._reserved or (n == "answer" and v is not self._answer))
+            and v is not self._aliases.get(n, _MISSING)
             and type(v) is not type(sys)
         )
 
@@ -242,7 +253,16 @@ class Repl:
     def _run_cell(self, code: str, cap: Capture) -> None:
         import ast
 
-        tree = ast.parse(code, _REPL_FILE, "exec")
+        try:
+            tree = ast.parse(code, _REPL_FILE, "exec")
+        except SyntaxError:
+            # FINAL(The answer is 42) is not Python: read as text where that makes the cell compile.
+            code, notes = mend(code, self._is_answer_call)
+            if not notes:
+                raise
+            self._notes.extend(notes)
+            tree = ast.parse(code, _REPL_FILE, "exec")
+        statements = list(tree.body)
         last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
         lines = code.splitlines()
         body = compile(tree, _REPL_FILE, "exec", dont_inherit=True)  # no __future__ from this file
@@ -255,10 +275,30 @@ class Repl:
         try:
             exec(body, self.ns)
             result = eval(expr, self.ns) if expr is not None else None
+        except NameError as exc:
+            tree.body = statements
+            cell = (body,) if expr is None else (body, expr)
+            taken = prose_answer(exc, tree, code, cell, self._is_answer_call)
+            if taken is None:
+                hint = final_hint(exc, tree, cell)
+                if hint is not None:
+                    self._notes.append(hint)
+                raise
+            text, note = taken
+            self._final = final_payload(text, "FINAL")
+            self._notes.append(note)
+            result = None
         finally:
             self.interruptible = False
         if result is not None:
             cap.out.write(render_repr(result) + "\n")
+
+    def _is_answer_call(self, name: str) -> bool:
+        """Whether `name` in a cell still means FINAL / FINAL_VAR (the code may have rebound it)."""
+        value = self.ns.get(name, _MISSING)
+        return value is not _MISSING and (
+            value is self._reserved.get(name) or value is self._aliases.get(name)
+        )
 
     def _remember(self, code: Any, lines: list[str]) -> None:
         stack = [code]
@@ -315,6 +355,8 @@ class Repl:
                 )
         if current_answer is _MISSING or current_answer is self._answer:
             self._answer_is_users = False
+        for name, value in self._aliases.items():
+            self.ns.setdefault(name, value)  # quietly back once the code has freed the name (`del final`)
         for name, value in self._reserved.items():
             if name == "answer" and self._answer_is_users:
                 continue
