@@ -11,6 +11,8 @@ join or close them (to it they do not exist), even with the same id.
   and a new session's id must be hard to guess (`"session": "new"` gets one from the server).
 - `X-Recursa-Client: <secret of 16+ characters>` makes a caller of its own under any key, for
   clients that share a key but not their sessions.
+
+How many sessions a caller may keep open is capped per caller as well as per server (`quota_of`).
 """
 
 from __future__ import annotations
@@ -69,6 +71,14 @@ def _by_key(settings: ServeSettings, token: str | None) -> tuple[str, bool]:
     if found is None:
         raise ApiError(401, "incorrect API key", type=AUTH_ERROR, code="invalid_api_key")
     return found
+
+
+def quota_of(owner: str) -> str:
+    """Whose share of the sessions a caller's open sessions count against (the per-caller cap).
+    A client with a key of its own is one client whatever X-Recursa-Client secrets it sends, so
+    minting secrets does not widen its share; under a shared key (or none) each secret is as far as
+    the server can tell holders apart."""
+    return owner.split("/client:", 1)[0] if owner.startswith("key:") else owner
 
 
 def new_session_id() -> str:
