@@ -4,9 +4,9 @@
 
 Quick sizes by default (a minute or two: a check that every script still runs, with figures that
 are only indicative), `--full` for the sizes the docs quote (tens of minutes; the side-by-side
-benchmark then installs the official `rlms` package into its own virtual environment). A script
-counts as run when it exits 0, prints something, and neither a traceback nor a failed cell shows
-in its output. Exit status 1 if any script failed. `--report` also writes the report (machine, date,
+benchmark then installs the official `rlms` package and minrlm, each into its own virtual
+environment). A script counts as run when it exits 0, prints something, and neither a traceback nor
+a failed cell shows in its output. Exit status 1 if any script failed. `--report` also writes the report (machine, date,
 command, every script's output) to a Markdown file, as docs/performance.md is made.
 """
 

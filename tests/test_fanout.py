@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from recursa.lm.json_http import shared_tls_context
 from recursa.lm.openai_client import OpenAIClient
 from recursa.loop.subcalls import _gather_items
 from recursa.testing.fake_server import FakeServer
@@ -51,12 +52,11 @@ async def test_a_cancelled_batch_cancels_what_started_and_closes_the_rest() -> N
     assert all(c.cr_frame is None for c in coros[len(started) :])  # closed: no "never awaited" warning
 
 
-async def test_warming_a_client_makes_its_sdk_client_and_sends_nothing() -> None:
+async def test_warming_a_client_loads_the_trust_store_and_sends_nothing() -> None:
     with FakeServer(responder=lambda model, messages: "pong") as srv:
         client = OpenAIClient("m", base_url=srv.base_url, api_key="k")
+        shared_tls_context.cache_clear()
         await client.warm()
-        made = client._sdk()
-        await client.warm()  # already made: kept
-        assert client._sdk() is made
+        assert shared_tls_context.cache_info().currsize == 1
         assert srv.requests == []
         await client.aclose()

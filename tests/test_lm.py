@@ -8,7 +8,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import anthropic
 import pytest
 
 from recursa.errors import ConfigError, ContextLengthError, LMError
@@ -441,23 +440,21 @@ def test_openai_usage_mapping_with_provider_cost_and_missing_details() -> None:
 
 def test_anthropic_usage_counts_cache_reads_and_writes_as_input() -> None:
     client = AnthropicClient("m", base_url="http://127.0.0.1:1")
-    msg = anthropic.types.Message.model_validate(
-        {
-            "id": "x",
-            "type": "message",
-            "role": "assistant",
-            "model": "m",
-            "content": [{"type": "text", "text": "hi"}],
-            "stop_reason": "end_turn",
-            "stop_sequence": None,
-            "usage": {
-                "input_tokens": 10,
-                "output_tokens": 3,
-                "cache_read_input_tokens": 900,
-                "cache_creation_input_tokens": 90,
-            },
-        }
-    )
+    msg = {  # the Messages API's JSON answer
+        "id": "x",
+        "type": "message",
+        "role": "assistant",
+        "model": "m",
+        "content": [{"type": "text", "text": "hi"}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": 10,
+            "output_tokens": 3,
+            "cache_read_input_tokens": 900,
+            "cache_creation_input_tokens": 90,
+        },
+    }
     out = client._to_response(msg)
     assert (out.input_tokens, out.output_tokens, out.cached_tokens) == (1000, 3, 900)
 
@@ -479,11 +476,24 @@ async def test_text_usage_and_headers_reach_the_server(provider: str, echo_serve
     assert out.model == "model-x" and out.finish_reason in ("stop", "end_turn")
     assert rec.rlm_headers == {"x-rlm-call-id": "c-42", "x-rlm-parent-id": "p-7", "x-rlm-depth": "2"}
     assert rec.messages[0] == {"role": "system", "content": "be brief"} and rec.max_tokens == 64
-    # The SDKs' platform telemetry is left out (CPU per call, see sdk_call.lean_headers); their
-    # own retry bookkeeping still goes out.
-    telemetry = ("lang", "package-version", "os", "arch", "runtime", "runtime-version", "async")
-    assert not [name for name in telemetry if f"x-stainless-{name}" in rec.headers]
-    assert rec.headers.get("x-stainless-retry-count") == "0"
+    assert rec.headers["user-agent"].startswith("recursa/")
+    assert ("authorization" if provider == "openai" else "x-api-key") in rec.headers  # (recorded redacted)
+    if provider == "anthropic":
+        assert rec.headers["anthropic-version"] == "2023-06-01"
+
+
+async def test_organization_and_project_come_from_the_sdk_environment_variables(
+    echo_server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_ORG_ID", "org-7")
+    monkeypatch.setenv("OPENAI_PROJECT_ID", "proj-9")
+    client = openai_client(echo_server, "model-x")
+    try:
+        await client.complete(request("ping"))
+    finally:
+        await client.aclose()
+    (rec,) = echo_server.requests
+    assert (rec.headers["openai-organization"], rec.headers["openai-project"]) == ("org-7", "proj-9")
 
 
 async def test_user_default_headers_still_reach_the_server(echo_server: FakeServer) -> None:
@@ -493,7 +503,7 @@ async def test_user_default_headers_still_reach_the_server(echo_server: FakeServ
     finally:
         await client.aclose()
     (rec,) = echo_server.requests
-    assert rec.headers["x-team"] == "search" and "x-stainless-lang" not in rec.headers
+    assert rec.headers["x-team"] == "search"
 
 
 @BOTH

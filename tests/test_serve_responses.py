@@ -82,6 +82,9 @@ def test_create_answers_with_a_message_and_usage(client):
     assert usage is not None and usage.input_tokens > 0 and usage.output_tokens > 0
     assert usage.total_tokens == usage.input_tokens + usage.output_tokens
     assert r.model_extra["recursa"]["stop_reason"] == "final"
+    # A document sent as instructions is the context: it is not sent back.
+    long = client.responses.create(model="recursa", instructions="a long document. " * 1_000, input=HELLO)
+    assert long.output_text == "hello from the rlm" and long.instructions is None
 
 
 def test_input_items_become_question_and_context(client):
@@ -191,10 +194,9 @@ def test_a_wrong_key_is_an_authentication_error(srv):
 @pytest.mark.parametrize(
     ("field", "value"),
     [
+        *[(name, {"id": "x"}) for name in REFUSED],
         ("background", True),
         ("top_logprobs", 3),
-        ("conversation", "conv_1"),
-        ("prompt", {"id": "pmpt_1"}),
         ("temprature", 0.5),
         ("temperature", 5),
         ("max_output_tokens", 0),
@@ -204,7 +206,7 @@ def test_a_wrong_key_is_an_authentication_error(srv):
         ("truncation", "sometimes"),
         ("tools", [{"type": "function", "name": "f", "parameters": {}}]),  # the model would choose
         ("tools", [{"type": "web_search"}]),
-        ("tool_choice", "auto"),
+        ("tool_choice", {"type": "allowed_tools", "mode": "auto", "tools": []}),
     ],
 )
 def test_a_field_that_cannot_be_honoured_is_a_400_naming_it(srv, field, value):
@@ -229,6 +231,15 @@ def test_a_field_that_cannot_be_honoured_is_a_400_naming_it(srv, field, value):
 def test_a_bad_input_item_is_a_400_naming_it(srv, item, param):
     r = _post(srv, input=[item])
     assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+def test_tool_choice_auto_is_refused_only_with_tools_to_choose_among(srv):
+    tools = [{"type": "function", "name": "f", "parameters": {"type": "object"}}]
+    refused = _post(srv, tools=tools, tool_choice="auto")
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "tool_choice"
+    assert "never hands a tool call back" in refused.json()["error"]["message"]
+    assert _post(srv, instructions=CONTEXT, input=HELLO, tools=[], tool_choice="auto").status_code == 200
+    assert _post(srv, instructions=CONTEXT, input=HELLO, tools=tools, tool_choice="none").status_code == 200
 
 
 def test_the_sdk_raises_bad_request_for_a_refused_field(client):
@@ -259,7 +270,18 @@ def test_fields_without_effect_are_accepted(srv):
     r = _post(srv, instructions=CONTEXT, input=HELLO, temperature=0.2, top_p=0.9, **values)
     assert r.status_code == 200, r.text
     assert r.json()["output"][0]["content"][0]["text"] == "hello from the rlm"
-    assert set(REFUSED) >= {"background", "top_logprobs", "conversation", "prompt"}
+
+
+def test_stored_response_endpoints_say_nothing_is_stored(client):
+    for call in (
+        lambda: client.responses.retrieve("resp_1"),
+        lambda: client.responses.delete("resp_1"),
+        lambda: client.responses.cancel("resp_1"),
+        lambda: client.responses.input_items.list("resp_1"),
+    ):
+        with pytest.raises(openai.NotFoundError) as caught:
+            call()
+        assert "stores no responses" in caught.value.message
 
 
 def test_an_unknown_previous_response_is_a_400_saying_how_to_continue(client):
@@ -334,31 +356,84 @@ def test_agents_wrong_key_is_an_authentication_error(srv):
         _agent_run(srv, None, HELLO, key="wrong-key")
 
 
-def test_langchain_with_the_responses_api(srv):
+def test_agents_run_streamed_with_the_default_responses_model(srv):
+    agents = pytest.importorskip("agents")
+
+    async def run() -> tuple[Any, list[str]]:
+        client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0)
+        config = agents.RunConfig(
+            tracing_disabled=True, model_provider=agents.OpenAIProvider(openai_client=client)
+        )
+        agent = agents.Agent(name="analyst", instructions=CONTEXT, model="recursa")
+        streamed = agents.Runner.run_streamed(agent, HELLO, run_config=config)
+        kinds = [
+            event.data.type async for event in streamed.stream_events() if event.type == "raw_response_event"
+        ]
+        return streamed.final_output, kinds
+
+    final, kinds = asyncio.run(run())
+    assert final == "hello from the rlm"
+    assert "response.output_text.delta" in kinds and kinds[-1] == "response.completed"
+
+
+def test_agents_with_tools_gets_a_400_that_says_why(srv):
+    agents = pytest.importorskip("agents")
+
+    @agents.function_tool
+    def lookup(city: str) -> str:
+        """Look a city up."""
+        return city
+
+    client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0)
+    config = agents.RunConfig(
+        tracing_disabled=True, model_provider=agents.OpenAIProvider(openai_client=client)
+    )
+    agent = agents.Agent(name="a", instructions=CONTEXT, model="recursa", tools=[lookup])
+    with pytest.raises(openai.BadRequestError) as caught:
+        asyncio.run(agents.Runner.run(agent, HELLO, run_config=config))
+    assert "never hands a tool call back" in caught.value.message
+
+
+def _lc_chat(srv: BackgroundServer):
     langchain_openai = pytest.importorskip("langchain_openai")
-    chat = langchain_openai.ChatOpenAI(
+    return langchain_openai.ChatOpenAI(
         model="recursa", base_url=srv.url + "/v1", api_key=KEY, max_retries=0, use_responses_api=True
     )
+
+
+def test_langchain_with_the_responses_api(srv):
+    chat = _lc_chat(srv)
     before = _responses_posts(srv)
     assert chat.invoke([("system", CONTEXT), ("user", HELLO)]).text == "hello from the rlm"
-    structured = chat.with_structured_output(Person, method="json_schema")
-    assert structured.invoke([("system", CONTEXT), ("user", PERSON)]) == Person(name="Ada", age=36)
+    chunks = list(chat.stream([("system", CONTEXT), ("user", HELLO)]))
+    assert "".join(chunk.text for chunk in chunks) == "hello from the rlm"
     assert _responses_posts(srv) == before + 2
 
 
-def test_litellm_responses(srv, monkeypatch):
+@pytest.mark.parametrize("method", ["json_schema", "function_calling"])
+def test_langchain_structured_output_with_the_responses_api(srv, method):
+    structured = _lc_chat(srv).with_structured_output(Person, method=method)
+    assert structured.invoke([("system", CONTEXT), ("user", PERSON)]) == Person(name="Ada", age=36)
+
+
+def test_litellm_responses_and_its_stream(srv, monkeypatch):
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # its bundled price map, no download
     litellm = pytest.importorskip("litellm")
     monkeypatch.setattr(litellm, "telemetry", False)
-    r = litellm.responses(
-        model="openai/recursa",
-        api_base=srv.url + "/v1",
-        api_key=KEY,
-        num_retries=0,
-        instructions=CONTEXT,
-        input=HELLO,
-    )
+    asked = {
+        "model": "openai/recursa",
+        "api_base": srv.url + "/v1",
+        "num_retries": 0,
+        "instructions": CONTEXT,
+        "input": HELLO,
+    }
+    r = litellm.responses(api_key=KEY, **asked)
     assert r.output[0].content[0].text == "hello from the rlm"
+    events = list(litellm.responses(api_key=KEY, stream=True, **asked))
+    deltas = [e.delta for e in events if getattr(e, "type", None) == "response.output_text.delta"]
+    assert "".join(deltas) == "hello from the rlm"
+    with pytest.raises(litellm.AuthenticationError):
+        litellm.responses(api_key="wrong-key", **asked)
 
 
 # -- the server around it --------------------------------------------------------------------------

@@ -260,7 +260,9 @@ def test_an_idle_session_expires_and_its_repl_is_reaped(tmp_path):
 
 def test_the_cap_answers_429_and_shutdown_reaps_every_session(tmp_path):
     baseline = repl_processes()
-    with BackgroundServer(create_app(_settings(tmp_path, max_sessions=2))) as server:
+    with BackgroundServer(
+        create_app(_settings(tmp_path, max_sessions=2, max_sessions_per_caller=2))
+    ) as server:
         c = openai.OpenAI(
             base_url=server.url + "/v1", api_key="unused", max_retries=0, default_headers=CLIENT
         )

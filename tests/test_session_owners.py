@@ -17,6 +17,7 @@ pytest.importorskip("fastapi")
 import httpx
 
 from recursa.asgi.background import BackgroundServer
+from recursa.errors import ConfigError
 from recursa.serve.openai_server import create_app
 from recursa.serve.settings import ServeSettings
 from tests.helpers import serve_process
@@ -174,3 +175,88 @@ def test_recursa_serve_reads_per_client_keys_from_a_file(tmp_path: Path) -> None
         [*cmd, "--api-keys-file", str(bad)], capture_output=True, text=True, timeout=60, env=env
     )
     assert done.returncode != 0 and "line 1" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_one_caller_cannot_take_every_session(tmp_path: Path) -> None:
+    settings = ServeSettings(
+        model=ROOT,
+        sub_model="scripted/oracle",
+        trace_dir=tmp_path,
+        api_key=SHARED,
+        api_keys={"alice": ALICE, "bob": BOB},
+        max_sessions=6,
+        max_sessions_per_caller=2,
+    )
+    alice = _headers(ALICE)
+    with BackgroundServer(create_app(settings)) as srv:
+        for sid in ("a1", "a2"):
+            assert answer(ask(srv, alice, sid, "FINAL('ok')", context="c")) == "ok"
+        full = ask(srv, alice, "a3", "FINAL('ok')", context="c")
+        assert full.status_code == 429, full.text
+        error = full.json()["error"]
+        assert error["code"] == "too_many_sessions_per_caller" and error["param"] == "recursa.session"
+        assert "--max-sessions-per-caller 2" in error["message"] and "2 open sessions" in error["message"]
+        # A client with a key of its own does not get more by sending client secrets.
+        minted = ask(srv, _headers(ALICE, "alice-minted-secret-01"), "a3", "FINAL('ok')", context="c")
+        assert minted.status_code == 429 and minted.json()["error"]["code"] == "too_many_sessions_per_caller"
+        # Everyone else still gets sessions: another key, and holders of the shared key apart.
+        assert answer(ask(srv, _headers(BOB), "b1", "FINAL('ok')", context="c")) == "ok"
+        for secret in ("first-client-secret-000", "second-client-secret-00"):
+            assert answer(ask(srv, _headers(SHARED, secret), "s-one", "FINAL('ok')", context="c")) == "ok"
+        # A session Alice closes is room for her next one; her open ones still answer.
+        assert answer(ask(srv, alice, "a1", "FINAL('again')")) == "again"
+        assert close(srv, alice, "a2") == 200
+        assert answer(ask(srv, alice, "a3", "FINAL('ok')", context="c")) == "ok"
+
+
+def test_the_per_caller_default_is_a_quarter_of_the_server_cap() -> None:
+    assert ServeSettings(model=ROOT, max_sessions=32).sessions_per_caller == 8
+    assert ServeSettings(model=ROOT, max_sessions=2).sessions_per_caller == 1
+    assert ServeSettings(model=ROOT, max_sessions_per_caller=5).sessions_per_caller == 5
+    with pytest.raises(ConfigError, match="max_sessions_per_caller must be >= 1"):
+        ServeSettings(model=ROOT, max_sessions_per_caller=0)
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    cmd = [sys.executable, "-m", "recursa.cli", "mcp", "--model", "scripted/gpt5-like"]
+    done = subprocess.run(
+        [*cmd, "--max-sessions-per-caller", "0"], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.returncode == 2 and "--max-sessions-per-caller must be >= 1" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+async def test_mcp_sessions_count_against_their_callers_share(tmp_path: Path) -> None:
+    pytest.importorskip("mcp")
+    from mcp import Client
+    from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+
+    from recursa.serve.mcp_server import build_mcp_server, with_bearer_key
+
+    settings = ServeSettings(
+        model=ROOT,
+        sub_model="scripted/oracle",
+        trace_dir=tmp_path,
+        api_keys={"alice": ALICE, "bob": BOB},
+        max_sessions=4,
+        max_sessions_per_caller=1,
+    )
+    server = build_mcp_server(settings)
+    app = with_bearer_key(server.streamable_http_app(streamable_http_path="/mcp"), [ALICE, BOB])
+
+    def client(url: str, key: str) -> Client:
+        http = create_mcp_http_client(headers=_headers(key))
+        return Client(streamable_http_client(url, http_client=http), read_timeout_seconds=60)
+
+    with BackgroundServer(app) as http:
+        url = http.url + "/mcp"
+        async with client(url, ALICE) as alice, client(url, BOB) as bob:
+            first = await alice.call_tool("recursa_session_open", {"context_text": "c"})
+            assert not first.is_error
+            second = await alice.call_tool("recursa_session_open", {"context_text": "c"})
+            assert second.is_error and "--max-sessions-per-caller 1" in second.content[0].text
+            theirs = await bob.call_tool("recursa_session_open", {"context_text": "c"})
+            assert not theirs.is_error
+            for who, opened in ((alice, first), (bob, theirs)):
+                sid = opened.structured_content["session"]
+                assert (await who.call_tool("recursa_session_close", {"session": sid})).structured_content[
+                    "result"
+                ]

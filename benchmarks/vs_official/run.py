@@ -1,12 +1,14 @@
-"""recursa side by side with the official `rlms` package, on one latency-modelled fake server.
+"""recursa side by side with the official `rlms` package, minrlm and recursive-llm, on one fake server.
 
     python benchmarks/vs_official/run.py [all|fanout|depth|overhead|memory|cache] [--smoke]
-        [--engines recursa,official] [--official-python PATH]
+        [--engines recursa,official,minrlm] [--repeat N] [--sizes-mb 1,100]
+        [--official-python PATH] [--minrlm-python PATH] [--recursive-llm-python PATH]
 
-The official package (pinned: rlms==0.1.3) is installed by this script into its own virtual
-environment (~/.cache/recursa/bench/rlms-0.1.3), never into the project's. Both engines run as
-fresh processes against the same fake server process (recursa.testing.FakeServer with the scripted
-root in responder.py), one case at a time, and every table prints both and their ratio.
+The other engines (pinned: rlms==0.1.3, minrlm==0.1.5, recursive-llm==0.5.0) are installed by this
+script, each into its own virtual environment (~/.cache/recursa/bench/rlms-0.1.3, .../minrlm-0.1.5,
+.../recursive-llm-0.5.0), never into the project's. Every engine runs as a fresh process against the same fake server process
+(recursa.testing.FakeServer with the scripted root in responder.py), one case at a time, and
+every table prints them all and their ratios to recursa.
 """
 
 from __future__ import annotations
@@ -24,22 +26,47 @@ from typing import Any
 from urllib.request import Request, urlopen
 
 HERE = Path(__file__).resolve().parent
-OFFICIAL = "rlms==0.1.3"
-VENV = Path.home() / ".cache" / "recursa" / "bench" / "rlms-0.1.3"
-ENGINES = ("recursa", "official")
+BENCH_VENVS = Path.home() / ".cache" / "recursa" / "bench"
+# engine -> (PyPI distribution, pinned version); recursa runs under this interpreter.
+PINNED = {
+    "official": ("rlms", "0.1.3"),
+    "minrlm": ("minrlm", "0.1.5"),
+    "recursive-llm": ("recursive-llm", "0.5.0"),
+}
+ENGINES = ("recursa", "official", "minrlm", "recursive-llm")
+LABELS = {e: e if e == "recursa" else f"{e} {PINNED[e][1]}" for e in ENGINES}
+LABELS["official"] = "official 0.1.3"
+# Engines the scripted root writes other code for (responder.py); the official package's question
+# is recursa's, word for word.
+OWN_DIALECT = ("minrlm", "recursive-llm")
+# Engines whose REPL is a child process holding its own copy of the context.
+REPL_IN_CHILD = ("recursa", "recursive-llm")
+TRACE_IN_OVERHEAD = {
+    "recursa": "JSONL",
+    "official": "off (default)",
+    "minrlm": "off (default)",
+    "recursive-llm": "none on disk",
+}
+# What an engine cannot run in the fan-out and depth cases (the per-turn cases run on every engine).
+NO_TIMED_CELLS = {
+    "recursive-llm": "not run: its RestrictedPython REPL refuses the timed cell (names starting with _, imports)"
+}
 
 
-def official_python(given: str | None) -> str:
-    """The venv interpreter with the pinned official package, created on first use."""
+def venv_python(engine: str, given: str | None = None) -> str:
+    """The interpreter of the engine's own virtual environment with its pinned package, made on
+    first use (one per pin, so a new pin never changes the environment of an old one)."""
     if given:
         return given
-    python = VENV / "bin" / "python"
-    probe = [str(python), "-c", "import importlib.metadata as m; print(m.version('rlms'))"]
-    if python.exists() and subprocess.run(probe, capture_output=True, text=True).stdout.strip() == "0.1.3":
+    package, version = PINNED[engine]
+    venv = BENCH_VENVS / f"{package}-{version}"
+    python = venv / "bin" / "python"
+    probe = [str(python), "-c", f"import importlib.metadata as m; print(m.version({package!r}))"]
+    if python.exists() and subprocess.run(probe, capture_output=True, text=True).stdout.strip() == version:
         return str(python)
-    print(f"installing {OFFICIAL} into {VENV} ...", file=sys.stderr, flush=True)
-    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", OFFICIAL], check=True)
+    print(f"installing {package}=={version} into {venv} ...", file=sys.stderr, flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", f"{package}=={version}"], check=True)
     return str(python)
 
 
@@ -79,14 +106,24 @@ class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.engines = [e for e in args.engines.split(",") if e]
         self.python = {"recursa": sys.executable}
-        if "official" in self.engines:
-            self.python["official"] = official_python(args.official_python)
+        given = {
+            "official": args.official_python,
+            "minrlm": args.minrlm_python,
+            "recursive-llm": args.recursive_llm_python,
+        }
+        for engine in self.engines:
+            if engine != "recursa":
+                self.python[engine] = venv_python(engine, given.get(engine))
         self.smoke = args.smoke
+        self.repeat = max(1, args.repeat)
+        self.sizes_mb = [float(x) for x in args.sizes_mb.split(",") if x] if args.sizes_mb else None
 
     def side(
         self, srv: Server, engine: str, question: str, timeout: float = 900, warm: bool = False, **opts: Any
     ) -> dict[str, Any]:
         srv.reset(keep_cache=warm)
+        if engine in OWN_DIALECT:  # the scripted root writes the engine's dialect (responder.py)
+            question += f" ENGINE[{engine}]"
         cmd = [self.python[engine], str(HERE / "side.py"), "--engine", engine, "--base-url", srv.base_url]
         cmd += ["--question", question]
         for key, value in opts.items():
@@ -118,7 +155,8 @@ def _fmt(x: float | None, unit: str = "s", digits: int = 3) -> str:
 
 
 def _failure(r: dict[str, Any]) -> str:
-    return f"failed: {r.get('error') or r.get('answer')}"[:120]
+    # One line: an engine's answer may be a whole prompt, and a table cell ends at a newline.
+    return " ".join(f"failed: {r.get('error') or r.get('answer')}".split())[:120]
 
 
 def _table(head: list[str], rows: list[list[str]]) -> None:
@@ -130,14 +168,33 @@ def _table(head: list[str], rows: list[list[str]]) -> None:
     print(flush=True)
 
 
+def _engine_head() -> list[str]:
+    return [LABELS[e] for e in ENGINES]
+
+
+def _ratio_head() -> list[str]:
+    return [f"{e}/recursa" for e in ENGINES if e != "recursa"]
+
+
 def _timed_row(
-    bench: Bench, srv: Server, label: str, question: str, n: int, ideal: float, **opts: Any
+    bench: Bench,
+    srv: Server,
+    label: str,
+    question: str,
+    n: int,
+    ideal: float,
+    unsupported: dict[str, str] | None = None,
+    **opts: Any,
 ) -> list[str]:
     cells: dict[str, str] = {}
     secs: dict[str, float] = {}
+    unsupported = {**NO_TIMED_CELLS, **(unsupported or {})}
     for engine in ENGINES:
         if engine not in bench.engines:
             cells[engine] = "not run"
+            continue
+        if engine in unsupported:
+            cells[engine] = unsupported[engine]
             continue
         r = bench.side(srv, engine, question, **opts)
         got = _elapsed(r)
@@ -147,9 +204,13 @@ def _timed_row(
         count, secs[engine] = got
         note = "" if count == n else f" ({count}/{n} answers)"
         cells[engine] = f"{secs[engine]:.3f} s{note}"
-    ratio = f"{secs['official'] / secs['recursa']:.1f}x" if len(secs) == 2 else "-"
+    ratios = [
+        f"{secs[e] / secs['recursa']:.1f}x" if e in secs and "recursa" in secs else "-"
+        for e in ENGINES
+        if e != "recursa"
+    ]
     vs_ideal = f"{secs['recursa'] / ideal:.2f}" if "recursa" in secs and ideal else "-"
-    return [label, str(n), cells["recursa"], cells["official"], _fmt(ideal), vs_ideal, ratio]
+    return [label, str(n), *(cells[e] for e in ENGINES), _fmt(ideal), vs_ideal, *ratios]
 
 
 def case_fanout(bench: Bench) -> None:
@@ -157,7 +218,7 @@ def case_fanout(bench: Bench) -> None:
     sizes = [4, 8] if bench.smoke else [16, 64, 256, 1024]
     loop_n, thread_n = (4, 8) if bench.smoke else (256, 64)
     print(f"## fan-out: {latency} s per request, {slots} server slots (time inside the REPL cell)\n")
-    head = ["pattern", "prompts", "recursa", "official 0.1.3", "ideal", "recursa/ideal", "official/recursa"]
+    head = ["pattern", "prompts", *_engine_head(), "ideal", "recursa/ideal", *_ratio_head()]
     rows = []
     with Server("fanout", latency, slots) as srv:
         bench.side(srv, "recursa", "warm-up BENCH[batched:4]")
@@ -166,8 +227,15 @@ def case_fanout(bench: Bench) -> None:
             rows.append(_timed_row(bench, srv, "llm_query_batched", f"Fan out. BENCH[batched:{n}]", n, ideal))
         n = 2 * sizes[1]
         ideal = 2 * math.ceil(n / 2 / slots) * latency
+        # Each of its batches runs under a new asyncio.run() with one AsyncOpenAI client, whose
+        # connections belong to the first loop: the second batch raises "Event loop is closed".
+        broken = {
+            "minrlm": "not run: minrlm 0.1.5's second sub_llm_batch in a process fails (Event loop is closed)"
+        }
         rows.append(
-            _timed_row(bench, srv, "two batches in one cell", f"Twice. BENCH[twobatches:{n}]", n, ideal)
+            _timed_row(
+                bench, srv, "two batches in one cell", f"Twice. BENCH[twobatches:{n}]", n, ideal, broken
+            )
         )
         ideal = math.ceil(thread_n / 16) * latency
         rows.append(
@@ -184,14 +252,20 @@ def case_fanout(bench: Bench) -> None:
             _timed_row(bench, srv, "llm_query loop", f"Loop. BENCH[loop:{loop_n}]", loop_n, loop_n * latency)
         )
     _table(head, rows)
+    if "minrlm" in bench.engines:
+        print(
+            "minrlm writes the same calls as sub_llm_batch([(prompt, '')...]) and sub_llm(prompt); its batches\n"
+            "run all at once (no concurrency limit), its sub-calls go to the root model.\n"
+        )
 
 
 def case_depth(bench: Bench) -> None:
     latency = 0.02 if bench.smoke else 0.2
     many = 2 if bench.smoke else 20
     print(f"## depth 2: children of 3 turns each through rlm_query_batched, {latency} s per request\n")
-    head = ["children", "prompts", "recursa", "official 0.1.3", "ideal", "recursa/ideal", "official/recursa"]
+    head = ["children", "prompts", *_engine_head(), "ideal", "recursa/ideal", *_ratio_head()]
     rows = []
+    unsupported = {"minrlm": "not supported: no child RLMs (its sub_llm is one model call)"}
     with Server("fanout", latency, 64) as srv:
         for n in (1, many):
             rows.append(
@@ -202,6 +276,7 @@ def case_depth(bench: Bench) -> None:
                     f"Delegate. BENCH[children:{n}]",
                     n,
                     3 * latency,
+                    unsupported,
                     max_depth=2,
                 )
             )
@@ -219,7 +294,9 @@ def _turn_stats(r: dict[str, Any]) -> dict[str, float] | None:
         return None
     gaps = [b["received_at"] - a["finished_at"] for a, b in itertools.pairwise(roots)]
     return {
-        "turn_ms": statistics.median(gaps) * 1000,
+        # The first gap also waits for a REPL still starting (recursa's starts during the first call).
+        "first_ms": gaps[0] * 1000,
+        "turn_ms": statistics.median(gaps[1:]) * 1000,
         "setup_s": roots[0]["received_at"] - r["started_at"],
         "end_ms": (r["returned_at"] - roots[-1]["finished_at"]) * 1000,
         "quiet_ms": r["quiet_s"] * 1000,
@@ -227,44 +304,77 @@ def _turn_stats(r: dict[str, Any]) -> dict[str, float] | None:
 
 
 def case_overhead(bench: Bench) -> None:
-    sizes = [0.01] if bench.smoke else [1, 100, 1000]
+    sizes = bench.sizes_mb or ([0.01] if bench.smoke else [1, 100, 1000])
     turns = 3 if bench.smoke else 10
-    print(f"## per-turn overhead: {turns} root turns, instant model (server timestamps)\n")
+    print(
+        f"## per-turn overhead: {turns} root turns, instant model (server timestamps), "
+        f"{bench.repeat} run(s) per engine and size, interleaved\n"
+    )
     print(
         "turn: median gap between a root reply leaving the server and the next root request arriving\n"
-        "(HTTP client + engine + a trivial cell); setup: run() called to first request; end: last reply\n"
-        "to run() returning; quiet: run() returning to no threads or child processes left.\n"
+        "(HTTP client + engine + a trivial cell) from the second reply on, the median over the runs (each\n"
+        "run's median in `each run`); / recursa: that over recursa's in the same table; first: the gap\n"
+        "after the first reply (which may also wait for the REPL to start); setup: run() called to first\n"
+        "request; end: last reply to run() returning; quiet: run() returning to no threads or child\n"
+        "processes left.\n"
     )
-    head = ["context", "engine", "turn", "setup", "end", "quiet after return", "trace"]
+    head = [
+        "context",
+        "engine",
+        "turn",
+        "/ recursa",
+        "each run",
+        "first",
+        "setup",
+        "end",
+        "quiet after return",
+        "trace",
+    ]
     rows = []
     with Server("instant") as srv:
         for mb in sizes:
+            runs: dict[str, list[dict[str, Any]]] = {e: [] for e in bench.engines}
+            for _ in range(bench.repeat):
+                for engine in bench.engines:  # interleaved: a change in the machine's load hits every engine
+                    question = f"Step. BENCH[turns:{turns}]"
+                    runs[engine].append(bench.side(srv, engine, question, context_mb=mb, no_trace=1))
+            stats: dict[str, list[dict[str, float]]] = {}
             for engine in bench.engines:
-                r = bench.side(srv, engine, f"Step. BENCH[turns:{turns}]", context_mb=mb, no_trace=1)
-                st = _turn_stats(r)
-                if st is None or r.get("answer") != "done":
-                    rows.append([f"{mb:g} MB", engine, _failure(r)])
-                    continue
-                quiet = _fmt(st["quiet_ms"], "ms", 1) + (" (threads left)" if r["left_threads"] else "")
-                trace = "JSONL" if engine == "recursa" else "off (default)"
+                got = [_turn_stats(r) if r.get("answer") == "done" else None for r in runs[engine]]
+                failed = [r for r, st in zip(runs[engine], got, strict=True) if st is None]
+                if failed:
+                    rows.append([f"{mb:g} MB", engine, _failure(failed[0])])
+                else:
+                    stats[engine] = [st for st in got if st is not None]
+            base = statistics.median(st["turn_ms"] for st in stats["recursa"]) if "recursa" in stats else None
+            for engine, sts in stats.items():
+                turn = statistics.median(st["turn_ms"] for st in sts)
+                quiet = _fmt(statistics.median(st["quiet_ms"] for st in sts), "ms", 1)
+                if any(r["left_threads"] for r in runs[engine]):
+                    quiet += " (threads left)"
+                if any(r["left_children"] for r in runs[engine]):
+                    quiet += " (child processes left)"
                 rows.append(
                     [
                         f"{mb:g} MB",
                         engine,
-                        _fmt(st["turn_ms"], "ms", 2),
-                        _fmt(st["setup_s"], "s", 2),
-                        _fmt(st["end_ms"], "ms", 1),
+                        _fmt(turn, "ms", 2),
+                        f"{turn / base:.2f}x" if base else "-",
+                        " / ".join(f"{st['turn_ms']:.2f}" for st in sts),
+                        _fmt(statistics.median(st["first_ms"] for st in sts), "ms", 1),
+                        _fmt(statistics.median(st["setup_s"] for st in sts), "s", 2),
+                        _fmt(statistics.median(st["end_ms"] for st in sts), "ms", 1),
                         quiet,
-                        trace,
+                        TRACE_IN_OVERHEAD[engine],
                     ]
                 )
     _table(head, rows)
 
 
 def case_memory(bench: Bench) -> None:
-    sizes = [1] if bench.smoke else [10, 100, 1000]
+    sizes = bench.sizes_mb or ([1] if bench.smoke else [10, 100, 1000])
     turns = 3
-    print(f"## peak memory and trace size, {turns} root turns (trace on for both)\n")
+    print(f"## peak memory and trace size, {turns} root turns (trace on for every engine)\n")
     print(
         "host + / worker +: peak RSS above the same engine's run with a 1 KB context; buffer +: peak of\n"
         "the pages the run's memfds hold (the context buffer) above the start; peak at once: the peak,\n"
@@ -302,9 +412,10 @@ def case_memory(bench: Bench) -> None:
                     rows.append([f"{mb:g} MB", engine, _failure(r)])
                     continue
                 host = max(0.0, r["host_peak_above_mb"] - idle[engine].get("host_peak_above_mb", 0.0))
-                # The official REPL runs in-process (its children are short helper processes).
+                # The official package and minrlm run code in-process (the official's children are short
+                # helpers); recursa's and recursive-llm's REPLs are child processes with a copy of the context.
                 worker = 0.0
-                if engine == "recursa":
+                if engine in REPL_IN_CHILD:
                     worker = max(0.0, r["children_peak_mb"] - idle[engine].get("children_peak_mb", 0.0))
                 peaks, idle_peaks = r.get("sampled_peaks_mb", {}), idle[engine].get("sampled_peaks_mb", {})
                 at_once = max(0.0, peaks.get("at_once", 0.0) - idle_peaks.get("at_once", 0.0))
@@ -377,9 +488,24 @@ def main() -> None:
     ap.add_argument(
         "--smoke", action="store_true", help="tiny sizes and latencies (a check, not a measurement)"
     )
-    ap.add_argument("--engines", default="recursa,official")
+    ap.add_argument("--engines", default=",".join(ENGINES), help=f"a comma-separated subset of {ENGINES}")
+    ap.add_argument("--repeat", type=int, default=1, help="overhead: runs per engine and size, interleaved")
+    ap.add_argument(
+        "--sizes-mb", default="", help="overhead, memory: context sizes instead of the case's own"
+    )
     ap.add_argument("--official-python", default=None, help="an interpreter that already has rlms==0.1.3")
+    ap.add_argument("--minrlm-python", default=None, help="an interpreter that already has minrlm==0.1.5")
+    ap.add_argument(
+        "--recursive-llm-python", default=None, help="an interpreter that already has recursive-llm==0.5.0"
+    )
     args = ap.parse_args()
+    unknown = [e for e in args.engines.split(",") if e and e not in ENGINES]
+    if unknown or not any(args.engines.split(",")):
+        ap.error(f"--engines takes a comma-separated subset of {', '.join(ENGINES)}, not {args.engines!r}")
+    try:
+        [float(x) for x in args.sizes_mb.split(",") if x]
+    except ValueError:
+        ap.error(f"--sizes-mb takes comma-separated numbers of MB, e.g. 1,100, not {args.sizes_mb!r}")
     bench = Bench(args)
     for name, fn in CASES.items():
         if args.case in ("all", name):

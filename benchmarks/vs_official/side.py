@@ -1,9 +1,9 @@
 """Runs one case on one engine and prints one JSON line (run by run.py, never imported).
 
-    python side.py --engine recursa|official --base-url URL --question Q [--context-mb N] ...
+    python side.py --engine recursa|official|minrlm --base-url URL --question Q [--context-mb N] ...
 
-The official engine runs under the interpreter of its own virtual environment, so this file
-imports neither engine at module level and uses only the standard library otherwise.
+The official package and minrlm run under the interpreters of their own virtual environments, so
+this file imports no engine at module level and uses only the standard library otherwise.
 """
 
 from __future__ import annotations
@@ -167,22 +167,76 @@ def run_official(args: argparse.Namespace, context: str, trace_dir: str) -> tupl
     return str(result.response), size
 
 
+def run_minrlm(args: argparse.Namespace, context: str, trace_dir: str) -> tuple[str, int]:
+    from minrlm import RLM  # its default class (RLMReasoning), as its README uses it
+
+    # Its defaults except the limits a long benchmark would hit: 6 iterations (the cases take up to
+    # 11 turns; the others get 40 too), 120 s per completion, and 100 sub-calls per run (the
+    # fan-out case makes up to 1,024). It has one model for the root and its sub-calls, and runs
+    # code with exec() in this process. Its JSONL log (log_dir) is its counterpart of a trace.
+    rlm = RLM(
+        model=ROOT_MODEL,
+        base_url=args.base_url,
+        api_key="local",
+        max_iterations=args.max_iterations,
+        max_time_seconds=3600,
+        max_sub_llm_calls=1_000_000,
+        log_dir=None if args.no_trace else trace_dir,
+    )
+    result = rlm.completion(args.question, context)
+    path = result.log_file_path
+    size = os.path.getsize(path) if path and os.path.exists(path) else 0
+    return str(result.response), size
+
+
+def run_recursive_llm(args: argparse.Namespace, context: str, trace_dir: str) -> tuple[str, int]:
+    # LiteLLM fetches its model price list from the network at import unless told to use its copy.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    from rlm import RLM  # recursive-llm's module has the official package's name (own venv)
+
+    # Its defaults (a spawned worker process running RestrictedPython, LiteLLM for the calls),
+    # with the sub-model named and the others' iteration limit. It keeps no log on disk.
+    rlm = RLM(
+        model=f"openai/{ROOT_MODEL}",
+        recursive_model=f"openai/{SUB_MODEL}",
+        api_base=args.base_url,
+        api_key="local",
+        max_depth=args.max_depth,
+        max_iterations=args.max_iterations,
+    )
+    return str(rlm.complete(args.question, context)), 0
+
+
+RUNNERS = {
+    "recursa": run_recursa,
+    "official": run_official,
+    "minrlm": run_minrlm,
+    "recursive-llm": run_recursive_llm,
+}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--engine", choices=["recursa", "official"], required=True)
+    ap.add_argument("--engine", choices=sorted(RUNNERS), required=True)
     ap.add_argument("--base-url", required=True)
     ap.add_argument("--question", required=True)
     ap.add_argument("--context-mb", type=float, default=0.001)
     ap.add_argument("--max-depth", type=int, default=1)
     ap.add_argument("--max-iterations", type=int, default=40)
-    ap.add_argument("--no-trace", type=int, default=0, help="official: no RLMLogger (its default)")
+    ap.add_argument(
+        "--no-trace", type=int, default=0, help="official, minrlm: no trajectory log (their default)"
+    )
     ap.add_argument("--concurrency", type=int, default=64, help="recursa max_concurrency (its default)")
     args = ap.parse_args()
     # Import the engine before the baseline so its modules are not counted as context memory.
     if args.engine == "recursa":
         import recursa  # noqa: F401
+    elif args.engine == "minrlm":
+        import minrlm  # noqa: F401
     else:
-        import rlm  # noqa: F401
+        if args.engine == "recursive-llm":
+            os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        import rlm  # noqa: F401  (the official package's module, or recursive-llm's)
     context = "abcdefghij" * max(1, int(args.context_mb * 2**20) // 10)
     baseline_mb = rss_mb()
     out: dict[str, Any] = {"engine": args.engine}
@@ -192,8 +246,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as trace_dir:
         started = time.perf_counter()
         try:
-            runner = run_recursa if args.engine == "recursa" else run_official
-            answer, trace_bytes = runner(args, context, trace_dir)
+            answer, trace_bytes = RUNNERS[args.engine](args, context, trace_dir)
             out.update(answer=answer, trace_bytes=trace_bytes)
         except Exception as exc:  # reported as the result of the case, not a crash of the table
             out["error"] = f"{type(exc).__name__}: {exc}"[:300]

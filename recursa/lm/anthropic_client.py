@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import anthropic
-
+from recursa.lm.api_call import Endpoint, call_api, resolve_credentials
 from recursa.lm.base import LMRequest, LMResponse, Message
 from recursa.lm.billing import AttemptUsage, BilledFailure
+from recursa.lm.json_http import JsonPoster
 from recursa.lm.retry import RetryPolicy, public_url
-from recursa.lm.sdk_call import Endpoint, call_sdk, lean_headers, resolve_credentials, shared_tls_context
 from recursa.lm.tool_format import (
     anthropic_messages,
     anthropic_tool_calls,
@@ -20,6 +19,7 @@ from recursa.lm.tool_format import (
 ENV_VAR = "ANTHROPIC_API_KEY"
 _OFFICIAL_HOST = "api.anthropic.com"
 _CONNECT_TIMEOUT = 20.0
+_API_VERSION = "2023-06-01"
 _EMPTY = "(empty)"  # the API rejects empty text blocks
 
 
@@ -60,7 +60,8 @@ def to_anthropic(messages: list[Message]) -> tuple[str | None, list[dict[str, An
 
 
 class AnthropicClient:
-    """An `LMClient` over ``anthropic.AsyncAnthropic``. Safe to call concurrently."""
+    """An `LMClient` for Anthropic's Messages API (`POST {base_url}/v1/messages`). Safe to call
+    concurrently."""
 
     provider = "anthropic"
 
@@ -85,17 +86,15 @@ class AnthropicClient:
             official_host=_OFFICIAL_HOST,
         )
         self._secret = creds.secret
-        self._timeout = anthropic.Timeout(timeout, connect=min(timeout, _CONNECT_TIMEOUT))
-        self._client = anthropic.AsyncAnthropic(
-            api_key=creds.key,
-            base_url=base_url,
-            timeout=self._timeout,
-            max_retries=0,
-            default_headers=lean_headers(anthropic),
-            http_client=anthropic.DefaultAsyncHttpxClient(verify=shared_tls_context()),
+        effective_url = creds.base_url or f"https://{_OFFICIAL_HOST}"
+        self._http = JsonPoster(
+            effective_url,
+            headers={"x-api-key": creds.key, "anthropic-version": _API_VERSION},
+            timeout=timeout,
+            connect_timeout=min(timeout, _CONNECT_TIMEOUT),
         )
-        self.base_url = public_url(str(self._client.base_url))
-        self._endpoint = Endpoint(anthropic, self.provider, model, self.base_url, ENV_VAR, self._secret)
+        self.base_url = public_url(effective_url)
+        self._endpoint = Endpoint(self.provider, model, self.base_url, ENV_VAR, self._secret)
 
     def __repr__(self) -> str:
         return f"AnthropicClient(model={self.model!r}, base_url={self.base_url!r})"
@@ -105,67 +104,67 @@ class AnthropicClient:
             system, messages = anthropic_messages(request.messages)
         else:
             system, messages = to_anthropic(request.messages)
-        kwargs: dict[str, Any] = {
+        body: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
             "max_tokens": request.max_output_tokens,
-            "extra_headers": request.meta.headers(),
-            # Passing the timeout per request also skips the SDK's refusal of large non-streaming
-            # max_tokens: we decide how long a call may take.
-            "timeout": self._timeout,
         }
         if system is not None:
-            kwargs["system"] = system
+            body["system"] = system
         if request.tools:
-            kwargs["tools"] = anthropic_tools(request.tools)
+            body["tools"] = anthropic_tools(request.tools)
         if request.temperature is not None:
-            kwargs["temperature"] = request.temperature
-        if request.extra:
-            kwargs["extra_body"] = dict(request.extra)
-
-        return await call_sdk(
+            body["temperature"] = request.temperature
+        body.update(request.extra)
+        headers = request.meta.headers()
+        return await call_api(
             self._endpoint,
-            lambda: self._client.messages.create(**kwargs),
+            lambda: self._http.post("/v1/messages", body, headers),
             self._to_response,
             self.retry,
             messages=request.messages,
         )
 
     def _to_response(self, resp: Any) -> LMResponse:
-        content = getattr(resp, "content", None)
-        usage = _usage(getattr(resp, "usage", None))
+        content = resp.get("content") if isinstance(resp, dict) else None
+        usage = _usage(resp.get("usage")) if isinstance(resp, dict) else None
         if not isinstance(content, list) or not content:
             # A 200 without an answer: the server ran the request, so it counts (recursa.lm.billing).
             raise BilledFailure(
                 f"anthropic/{self.model} at {self.base_url} returned no content blocks", usage=usage
             )
-        text = "".join(
-            getattr(block, "text", "") for block in content if getattr(block, "type", "") == "text"
-        )
+        blocks = [b for b in content if isinstance(b, dict)]
+        text = "".join(str(b.get("text") or "") for b in blocks if b.get("type") == "text")
+        model = resp.get("model")
+        stop = resp.get("stop_reason")
         return LMResponse(
             text=text,
-            # No usage reported: zeros here, estimated from the prompt and reply by call_sdk.
+            # No usage reported: zeros here, estimated from the prompt and reply by call_api.
             input_tokens=usage.input_tokens if usage else 0,
             output_tokens=usage.output_tokens if usage else 0,
             cached_tokens=usage.cached_tokens if usage else 0,
             usage_estimated=usage is None,
-            model=getattr(resp, "model", None) or self.model,
-            finish_reason=getattr(resp, "stop_reason", None),
-            tool_calls=anthropic_tool_calls(resp.content),
+            model=model if isinstance(model, str) and model else self.model,
+            finish_reason=stop if isinstance(stop, str) else None,
+            tool_calls=anthropic_tool_calls(blocks),
         )
 
     async def aclose(self) -> None:
-        await self._client.close()
+        await self._http.aclose()
 
 
 def _usage(usage: Any) -> AttemptUsage | None:
-    if usage is None or getattr(usage, "input_tokens", None) is None:
+    if not isinstance(usage, dict) or not isinstance(usage.get("input_tokens"), int):
         return None
-    read = int(getattr(usage, "cache_read_input_tokens", None) or 0)
-    written = int(getattr(usage, "cache_creation_input_tokens", None) or 0)
+
+    def count(key: str) -> int:
+        value = usage.get(key)
+        return value if isinstance(value, int) and value > 0 else 0
+
+    read = count("cache_read_input_tokens")
     return AttemptUsage(
         # Anthropic counts cached and cache-written tokens apart from input_tokens; ours include them.
-        input_tokens=int(usage.input_tokens or 0) + read + written,
-        output_tokens=int(getattr(usage, "output_tokens", None) or 0),
+        input_tokens=count("input_tokens") + read + count("cache_creation_input_tokens"),
+        output_tokens=count("output_tokens"),
         cached_tokens=read,
     )

@@ -50,7 +50,7 @@ class BilledFailure(LMError):
     """A failed attempt the provider may have billed.
 
     `usage` is None when the answer reported none; whoever knows the prompt fills in an estimate
-    (`recursa.lm.sdk_call` does, before the error leaves the client).
+    (`recursa.lm.api_call` does, before the error leaves the client).
     """
 
     def __init__(

@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import openai
-
+from recursa.lm.api_call import Endpoint, call_api, resolve_credentials
 from recursa.lm.base import LMRequest, LMResponse
 from recursa.lm.billing import AttemptUsage, BilledFailure
+from recursa.lm.json_http import JsonPoster, env_headers, shared_tls_context
 from recursa.lm.retry import RetryPolicy, public_url
-from recursa.lm.sdk_call import Endpoint, call_sdk, lean_headers, resolve_credentials, shared_tls_context
 from recursa.lm.tool_format import has_tool_messages, openai_messages, openai_tool_calls, openai_tools
 
 ENV_VAR = "OPENAI_API_KEY"
@@ -18,10 +17,13 @@ _OFFICIAL_HOST = "api.openai.com"
 # Connecting should take seconds even when a completion may take minutes; a black-holed host must
 # not hold a call for the whole request timeout.
 _CONNECT_TIMEOUT = 20.0
+# What the official SDK sends from the same environment variables.
+_ENV_HEADERS = {"OpenAI-Organization": "OPENAI_ORG_ID", "OpenAI-Project": "OPENAI_PROJECT_ID"}
 
 
 class OpenAIClient:
-    """An `LMClient` over ``openai.AsyncOpenAI``. Safe to call concurrently."""
+    """An `LMClient` for the Chat Completions API (`POST {base_url}/chat/completions`). Safe to call
+    concurrently."""
 
     provider = "openai"
 
@@ -47,19 +49,20 @@ class OpenAIClient:
             official_host=_OFFICIAL_HOST,
             hint=" (or pass base_url= for a local OpenAI-compatible server, which needs no key)",
         )
-        official, effective_url = creds.official, creds.base_url
+        official, effective_url = creds.official, creds.base_url or "https://api.openai.com/v1"
         self._secret = creds.secret
-        self._sdk_options: dict[str, Any] = {
-            "api_key": creds.key,
-            "base_url": base_url,
-            "timeout": openai.Timeout(timeout, connect=min(timeout, _CONNECT_TIMEOUT)),
-            # Our own retry loop (RetryPolicy) replaces the SDK's so every provider behaves the same.
-            "max_retries": 0,
-            "default_headers": lean_headers(openai, default_headers),
-        }
-        self._client: openai.AsyncOpenAI | None = None
-        self.base_url = public_url(effective_url or "https://api.openai.com/v1")
-        self._endpoint = Endpoint(openai, self.provider, model, self.base_url, ENV_VAR, self._secret)
+        self._http = JsonPoster(
+            effective_url,
+            headers={
+                "Authorization": f"Bearer {creds.key}",
+                **env_headers(_ENV_HEADERS),
+                **(default_headers or {}),
+            },
+            timeout=timeout,
+            connect_timeout=min(timeout, _CONNECT_TIMEOUT),
+        )
+        self.base_url = public_url(effective_url)
+        self._endpoint = Endpoint(self.provider, model, self.base_url, ENV_VAR, self._secret)
         # api.openai.com wants max_completion_tokens (reasoning models reject max_tokens); older
         # OpenAI-compatible servers only know max_tokens.
         self._max_tokens_field = "max_completion_tokens" if official else "max_tokens"
@@ -67,25 +70,10 @@ class OpenAIClient:
     def __repr__(self) -> str:
         return f"OpenAIClient(model={self.model!r}, base_url={self.base_url!r})"
 
-    def _sdk(self) -> openai.AsyncOpenAI:
-        """The SDK client, made on first use so its connection pool belongs to the running loop."""
-        if self._client is None:
-            self._client = self._new_sdk()
-        return self._client
-
-    def _new_sdk(self) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(**self._sdk_options, http_client=_http_client())
-
     async def warm(self) -> None:
-        """Make the SDK client now, its imports (aiohttp and the SDK's transport: ~0.14 s in a
-        fresh process) in a thread, so the first calls of a fan-out do not wait for them. Nothing
-        is sent: connections still open on first use."""
-        if self._client is None:
-            made = await asyncio.to_thread(self._new_sdk)  # nothing bound to a loop yet: safe off it
-            if self._client is None:
-                self._client = made
-            else:  # a call made one meanwhile
-                await made.close()
+        """Load the TLS trust store in a thread now (tens of ms of CPU, once per process), so the
+        first calls of a fan-out do not wait for it. Nothing is sent: connections open on first use."""
+        await asyncio.to_thread(shared_tls_context)
 
     async def complete(self, request: LMRequest) -> LMResponse:
         tooling = bool(request.tools) or has_tool_messages(request.messages)
@@ -99,14 +87,10 @@ class OpenAIClient:
         if request.temperature is not None:
             body["temperature"] = request.temperature
         body.update(request.extra)
-        options: Any = {"headers": request.meta.headers()}
-
-        # The SDK's generic POST: same auth, headers and errors as chat.completions.create, without
-        # its typed-parameter transform and response models, which cost about 1.5 ms of CPU per
-        # call and held back fan-outs of hundreds of calls (benchmarks/fanout.py).
-        return await call_sdk(
+        headers = request.meta.headers()
+        return await call_api(
             self._endpoint,
-            lambda: self._sdk().post("/chat/completions", body=body, cast_to=object, options=options),
+            lambda: self._http.post("/chat/completions", body, headers),
             self._to_response,
             self.retry,
             messages=request.messages,
@@ -123,7 +107,7 @@ class OpenAIClient:
         text = message.get("content") or ""
         return LMResponse(
             text=text if isinstance(text, str) else str(text),
-            # No usage reported: zeros here, estimated from the prompt and reply by call_sdk.
+            # No usage reported: zeros here, estimated from the prompt and reply by call_api.
             input_tokens=usage.input_tokens if usage else 0,
             output_tokens=usage.output_tokens if usage else 0,
             cached_tokens=usage.cached_tokens if usage else 0,
@@ -136,9 +120,7 @@ class OpenAIClient:
         )
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            client, self._client = self._client, None
-            await client.close()
+        await self._http.aclose()
 
 
 def _usage(resp: dict[str, Any]) -> AttemptUsage | None:
@@ -180,14 +162,3 @@ def _token_data(resp: dict[str, Any], choice: dict[str, Any]) -> dict[str, Any]:
         if key not in out and isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids):
             out[key] = list(ids)
     return out
-
-
-def _http_client() -> Any:
-    """aiohttp when installed: under hundreds of concurrent calls httpx's pool costs more CPU than
-    the calls themselves (256 calls at 0.2 s with 64 slots: 1.1 s with httpx, 0.93 s with aiohttp)."""
-    try:
-        import aiohttp  # noqa: F401
-
-        return openai.DefaultAioHttpClient(verify=shared_tls_context())
-    except ImportError:
-        return None

@@ -122,13 +122,14 @@ def anthropic_messages(messages: list[Message]) -> tuple[str | None, list[dict[s
     return ("\n\n".join(system) if system else None), out
 
 
-def anthropic_tool_calls(content: Any) -> list[ToolCall]:
+def anthropic_tool_calls(blocks: list[dict[str, Any]]) -> list[ToolCall]:
+    """The tool_use blocks of a Messages API answer's content."""
     calls = []
-    for block in content or []:
-        if getattr(block, "type", "") != "tool_use":
+    for block in blocks:
+        if block.get("type") != "tool_use":
             continue
-        args = getattr(block, "input", None)
-        call_id, name = str(getattr(block, "id", "")), str(getattr(block, "name", ""))
+        args = block.get("input")
+        call_id, name = str(block.get("id", "")), str(block.get("name", ""))
         if isinstance(args, dict):
             calls.append(ToolCall(call_id, name, args))
         else:

@@ -14,8 +14,13 @@ On cgroup v1 the memory controller is a hierarchy of its own. Where it is mounte
 process's own memory group is writable, the sandbox also gets a child there (`memory.limit_in_bytes`,
 and `memory.memsw.limit_in_bytes` where swap is accounted, so swap cannot stretch it), joined the
 same way through its `tasks` file. Only the child is ever written: the parent's settings (someone
-else's: a container's, a session manager's) are left alone. A child a crashed host left behind is
-removed by the next host's sweep, as in the pids hierarchy.
+else's: a container's, a session manager's) are left alone.
+
+Removal: a group can only be removed once the last of its processes has exited, which takes a while
+for processes that were just killed (a large one frees its memory first). A group whose removal
+fails is kept on a list in this process and tried again (its processes killed again first) at every
+group this process makes and at interpreter exit (a bounded wait). Groups whose host died without
+either (SIGKILL, a crash) are removed by the next host that makes groups in the same parent folders.
 
 Nothing here is required: where no group can be made, `TaskGroup.create` returns None and the
 host's poller (guard.py) stays the only process cap; `isolation["tasks"]` says which holds.
@@ -23,16 +28,26 @@ host's poller (guard.py) stays the only process cap; `isolation["tasks"]` says w
 
 from __future__ import annotations
 
+import atexit
+import collections
 import contextlib
 import functools
 import itertools
 import os
 import signal
+import time
 from collections.abc import Collection
 from dataclasses import dataclass
 
 _PREFIX = "recursa-"
 _counter = itertools.count(1)
+_EXIT_WAIT_S = 5.0  # how long interpreter exit waits for the left groups' killed processes to go
+
+# Groups of this process whose removal failed (their processes were still exiting), tried again at
+# the next create() and at exit. A deque: a finalizer on any thread appends while create() pops.
+_left: collections.deque[TaskGroup] = collections.deque()
+_left_pid = 0  # the process _left belongs to: a forked child must not touch its parent's groups
+_exiting = False  # set by the exit hook: a sandbox finalized after it waits for its group itself
 
 
 @dataclass(frozen=True)
@@ -150,6 +165,7 @@ class TaskGroup:
         parent = _parent()
         if parent is None:
             return None
+        retry_left()
         _sweep(parent.path)
         name = f"{_PREFIX}{os.getpid()}-{next(_counter)}"
         path = os.path.join(parent.path, name)
@@ -303,13 +319,95 @@ class TaskGroup:
                 return False
         return True
 
+    def discard(self) -> bool:
+        """Kill what is left in the group and remove it; where its processes are still exiting,
+        keep it on this process's list of groups to remove later (`retry_left`, and at exit).
+        Whether it is gone now."""
+        self.kill()
+        if self.remove():
+            return True
+        if _exiting:  # the exit hook has run (weakref.finalize's, run after it, calls this)
+            return _remove_soon([self])
+        global _left_pid
+        if _left_pid != os.getpid():
+            _left.clear()  # a forked child's copy of its parent's list: not its groups
+            _left_pid = os.getpid()
+        if self not in _left:
+            _left.append(self)
+        return False
+
+
+def retry_left() -> int:
+    """Kill the processes of this process's groups whose removal failed and try to remove them
+    again; how many are still left."""
+    if _left_pid != os.getpid():
+        return 0
+    for _ in range(len(_left)):
+        try:
+            group = _left.popleft()
+        except IndexError:
+            break
+        group.kill()
+        if not group.remove():
+            _left.append(group)
+    return len(_left)
+
+
+@atexit.register
+def _remove_left_at_exit() -> None:
+    global _exiting
+    _exiting = True
+    if _left_pid == os.getpid() and _left:
+        _remove_soon(list(_left))
+        _left.clear()
+
+
+def _remove_soon(groups: list[TaskGroup]) -> bool:
+    """Kill and remove `groups`, waiting up to _EXIT_WAIT_S for their processes to exit; whether all went."""
+    deadline = time.monotonic() + _EXIT_WAIT_S
+    while True:
+        busy = []
+        for group in groups:
+            group.kill()
+            if not group.remove():
+                busy.append(group)
+        if not busy or time.monotonic() > deadline:
+            return not busy
+        groups = busy
+        time.sleep(0.01)
+
 
 def _sweep(parent: str) -> None:
-    """Remove empty groups a host that died (killed, crashed) left behind."""
+    """Remove empty groups a host that died (killed, crashed) left behind. The host is the pid in
+    the group's name, unless the process with that pid now started after the group was made (the
+    pid was reused, by an unrelated process or by this host restarted in a fresh container)."""
     with contextlib.suppress(OSError):
         for name in os.listdir(parent):
             if not name.startswith(_PREFIX):
                 continue
             owner = name[len(_PREFIX) :].split("-", 1)[0]
-            if owner.isdigit() and int(owner) != os.getpid() and not os.path.exists(f"/proc/{owner}"):
-                TaskGroup(os.path.join(parent, name), 0, 0, None).remove()
+            path = os.path.join(parent, name)
+            if owner.isdigit() and not _made_by_live(int(owner), path):
+                TaskGroup(path, 0, 0, None).remove()
+
+
+def _made_by_live(pid: int, path: str) -> bool:
+    """Whether process `pid` is alive and old enough to have made the group at `path`."""
+    stat = _read(f"/proc/{pid}/stat")
+    if not stat:
+        return False
+    try:
+        made = os.stat(path).st_mtime
+        ticks = int(stat.rpartition(")")[2].split()[19])  # field 22, starttime, in clock ticks
+    except (OSError, IndexError, ValueError):
+        return True  # unknown: leave it
+    started = _boot_time() + ticks / os.sysconf("SC_CLK_TCK")
+    return started <= made + 1.0  # boot time is whole seconds
+
+
+@functools.lru_cache(maxsize=1)
+def _boot_time() -> float:
+    for line in _read("/proc/stat").splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    return 0.0

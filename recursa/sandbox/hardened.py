@@ -250,7 +250,8 @@ class HostHardening:
 
     async def release(self) -> None:
         """The sandbox is closing: kill what is left in its control group and remove the group once
-        the killed processes are gone (a group left behind is removed by a later host's sweep)."""
+        the killed processes are gone (waiting up to 2 s; a group still busy then is removed later,
+        see `TaskGroup.discard`)."""
         group, self.group = self.group, None
         self._group_tried = False
         if group is None:
@@ -260,6 +261,7 @@ class HostHardening:
             if group.remove():
                 return
             await asyncio.sleep(0.005)
+        group.discard()
 
     def cell_notes(self) -> list[str]:
         """Tell the model when the kernel killed processes of the sandbox for its memory limit."""

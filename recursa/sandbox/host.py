@@ -72,8 +72,7 @@ class Cleanup:
             process.kill_now()
         group, self.group = self.group, None
         if group is not None:
-            group.kill()
-            group.remove()  # fails while the killed are still exiting: a later host's sweep removes it
+            group.discard()  # while the killed are still exiting it stays listed, removed later
         for fd in self.fds:
             with contextlib.suppress(OSError):
                 os.close(fd)

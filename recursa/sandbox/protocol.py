@@ -149,16 +149,19 @@ class FrameSocket(Channel):
         loop = asyncio.get_running_loop()
         decoder = self._decoder
         slice_end = loop.time() + _SLICE_S
+        # One buffer for every read: sock_recv would allocate (and shrink) 256 KiB per read.
+        buf = bytearray(_RECV_CHUNK)
+        view = memoryview(buf)
         while True:
             frame = decoder.next_frame()
             if frame is None:
                 try:
-                    data = await loop.sock_recv(self.sock, _RECV_CHUNK)
+                    size = await loop.sock_recv_into(self.sock, buf)
                 except (ConnectionResetError, BrokenPipeError):
                     return
-                if not data:
+                if not size:
                     return
-                decoder.push(data)
+                decoder.push(bytes(view[:size]))
                 continue
             yield frame, decoder.last_size
             if loop.time() >= slice_end:

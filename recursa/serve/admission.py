@@ -54,7 +54,7 @@ class AdmissionLimit:
             {
                 "error": {
                     "message": (
-                        f"this server is busy: {self.limit} chat requests are running or waiting for a run "
+                        f"this server is busy: {self.limit} requests are running or waiting for a run "
                         "slot, its limit (--max-runs plus --max-waiting); retry later"
                     ),
                     "type": "rate_limit_error",

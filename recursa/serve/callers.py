@@ -11,6 +11,8 @@ join or close them (to it they do not exist), even with the same id.
   and a new session's id must be hard to guess (`"session": "new"` gets one from the server).
 - `X-Recursa-Client: <secret of 16+ characters>` makes a caller of its own under any key, for
   clients that share a key but not their sessions.
+
+How many sessions a caller may keep open is capped per caller as well as per server (`quota_of`).
 """
 
 from __future__ import annotations
@@ -44,12 +46,20 @@ def identify(settings: ServeSettings, authorization: str, client_secret: str | N
     return Caller(owner, private)
 
 
+# A 401's error type. Clients that sort errors by their body (LiteLLM does, for its Responses calls)
+# take an "invalid_request_error" without OpenAI's exact wording for a bad request, not a bad key.
+AUTH_ERROR = "authentication_error"
+
+
 def _by_key(settings: ServeSettings, token: str | None) -> tuple[str, bool]:
     if not settings.api_key and not settings.api_keys:
         return "open", False
     if token is None:
         raise ApiError(
-            401, "missing API key: send it as `Authorization: Bearer <key>`", code="invalid_api_key"
+            401,
+            "missing API key: send it as `Authorization: Bearer <key>`",
+            type=AUTH_ERROR,
+            code="invalid_api_key",
         )
     found: tuple[str, bool] | None = None
     # Every key is compared (in constant time), so the time taken says nothing about which matched.
@@ -59,8 +69,16 @@ def _by_key(settings: ServeSettings, token: str | None) -> tuple[str, bool]:
     if settings.api_key and key_matches(token, settings.api_key) and found is None:
         found = ("shared", False)
     if found is None:
-        raise ApiError(401, "incorrect API key", code="invalid_api_key")
+        raise ApiError(401, "incorrect API key", type=AUTH_ERROR, code="invalid_api_key")
     return found
+
+
+def quota_of(owner: str) -> str:
+    """Whose share of the sessions a caller's open sessions count against (the per-caller cap).
+    A client with a key of its own is one client whatever X-Recursa-Client secrets it sends, so
+    minting secrets does not widen its share; under a shared key (or none) each secret is as far as
+    the server can tell holders apart."""
+    return owner.split("/client:", 1)[0] if owner.startswith("key:") else owner
 
 
 def new_session_id() -> str:

@@ -21,7 +21,10 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def add_parsers(sub: Any, add_model_options: Callable[[argparse.ArgumentParser], None]) -> None:
-    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server: an RLM as a model")
+    serve = sub.add_parser(
+        "serve",
+        help="an OpenAI-compatible HTTP server (Chat Completions and Responses APIs): an RLM as a model",
+    )
     add_model_options(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on")
@@ -93,6 +96,15 @@ def _add_session_options(p: argparse.ArgumentParser) -> None:
         help="sessions open at once, each with its REPL (more: refused); 0 turns sessions off",
     )
     p.add_argument(
+        "--max-sessions-per-caller",
+        type=int,
+        default=None,
+        metavar="N",
+        help="sessions one caller (client key, or X-Recursa-Client secret under a shared key) may "
+        "keep open at once, so no one caller can take them all (default: a quarter of --max-sessions, "
+        "at least 1)",
+    )
+    p.add_argument(
         "--session-ttl",
         type=float,
         default=900.0,
@@ -103,9 +115,15 @@ def _add_session_options(p: argparse.ArgumentParser) -> None:
 
 def _apply_session_options(settings: ServeSettings, args: argparse.Namespace) -> None:
     settings.max_sessions = args.max_sessions
+    settings.max_sessions_per_caller = args.max_sessions_per_caller
     settings.session_ttl_s = args.session_ttl
     if settings.max_sessions < 0 or not settings.session_ttl_s > 0:
         raise ConfigError("--max-sessions must be >= 0 and --session-ttl a positive number of seconds")
+    if args.max_sessions_per_caller is not None and args.max_sessions_per_caller < 1:
+        raise ConfigError(
+            "--max-sessions-per-caller must be >= 1 (leave it out for a quarter of --max-sessions); "
+            "--max-sessions 0 turns sessions off"
+        )
 
 
 def _add_access_options(p: argparse.ArgumentParser) -> None:

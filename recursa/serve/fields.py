@@ -146,7 +146,14 @@ def parse_shape(body: dict[str, Any], provider: str | None) -> AnswerShape:
 
 
 def check_no_effect(body: dict[str, Any]) -> None:
-    for name in ("user", "safety_identifier", "prompt_cache_key", "service_tier", "verbosity"):
+    for name in (
+        "user",
+        "safety_identifier",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "service_tier",
+        "verbosity",
+    ):
         value = body.get(name)
         if value is not None and not isinstance(value, str):
             raise bad(f"`{name}` must be a string", name)
@@ -262,8 +269,12 @@ def _functions(tools: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
-def sampling(body: dict[str, Any], provider: str | None) -> dict[str, Any]:
-    """The sampling fields of `body` (`reasoning_effort` among them), checked."""
+def sampling(
+    body: dict[str, Any], provider: str | None, fields: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The sampling fields of `body` (`reasoning_effort` among them), checked. `fields`: the request
+    field an option came from where the API names it otherwise (Responses: reasoning.effort)."""
+    named = fields or {}
     out: dict[str, Any] = {}
     for name, (low, high) in _NUMBER_RANGES.items():
         value = body.get(name)
@@ -288,10 +299,11 @@ def sampling(body: dict[str, Any], provider: str | None) -> dict[str, Any]:
     if allowed is not None:
         for name in out:
             if name not in allowed:
+                field_name = named.get(name, name)
                 raise bad(
-                    f"`{name}` cannot be applied: this server's root model is an {provider} model, whose API "
-                    f"takes only {', '.join(sorted(allowed))} of the sampling fields",
-                    name,
+                    f"`{field_name}` cannot be applied: this server's root model is an {provider} model, whose "
+                    f"API takes only {', '.join(sorted(allowed))} of the sampling fields",
+                    field_name,
                     "unsupported_parameter",
                 )
     return out

@@ -41,6 +41,11 @@ _OTHER_API_HELP = (
     "(POST /v1/responses); point the client at one of them"
 )
 
+_NOT_STORED = (
+    "this server stores no responses (store is accepted and keeps nothing), so none can be retrieved, "
+    "listed, cancelled or deleted; a response of a session can be continued with previous_response_id"
+)
+
 # Bodies above this size are parsed on a worker thread so other requests keep being served.
 _PARSE_IN_THREAD_BYTES = 1_000_000
 
@@ -76,8 +81,13 @@ def create_app(settings: ServeSettings) -> FastAPI:
         message = {404: "no such endpoint", 405: "method not allowed here"}.get(
             exc.status_code, str(exc.detail)
         )
-        if exc.status_code == 404 and request.url.path.rstrip("/") in _OTHER_APIS:
+        path = request.url.path
+        if exc.status_code == 404 and path.rstrip("/") in _OTHER_APIS:
             message = _OTHER_API_HELP
+        elif exc.status_code in (404, 405) and path.startswith("/v1/responses/"):
+            # retrieve, delete, cancel, input_items: all about stored responses, which there are none of
+            not_found = ApiError(404, _NOT_STORED, code="response_not_found")
+            return JSONResponse(not_found.body(), status_code=404)
         return JSONResponse(ApiError(exc.status_code, message).body(), status_code=exc.status_code)
 
     @app.exception_handler(RequestValidationError)

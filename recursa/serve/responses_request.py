@@ -97,7 +97,10 @@ TOOLS_WHY = (
     "to the client; to get a typed answer, send text.format json_schema or force one function with "
     'tool_choice={"type": "function", "name": ...}; tool_choice "none" is accepted'
 )
-_ECHOED = ("instructions", "max_output_tokens", "previous_response_id", "temperature", "top_p", "user")
+_ECHOED = ("max_output_tokens", "previous_response_id", "temperature", "top_p", "user")
+# Instructions longer than this are not echoed back: here they are often the context itself (a
+# whole document), which the response (and each of a stream's lifecycle events) would repeat.
+ECHO_INSTRUCTIONS_CHARS = 4_000
 
 
 @dataclass
@@ -137,7 +140,9 @@ def parse_responses_request(body: Any, settings: ServeSettings) -> ResponsesRequ
     if previous is not None and (not isinstance(previous, str) or not previous):
         raise bad("`previous_response_id` must be the id of an earlier response", "previous_response_id")
     echo = {name: body.get(name) for name in _ECHOED}
+    instructions = body.get("instructions")
     echo.update(
+        instructions=instructions if instructions and len(instructions) <= ECHO_INSTRUCTIONS_CHARS else None,
         metadata=body.get("metadata") or {},
         text=body.get("text") or {"format": {"type": "text"}},
         tools=body.get("tools") or [],
@@ -269,7 +274,7 @@ def _shape(body: dict[str, Any], provider: str | None) -> tuple[AnswerShape, boo
     effort, summary = _reasoning(body.get("reasoning"))
     picked = {name: body.get(name) for name in ("temperature", "top_p")}
     picked["reasoning_effort"] = effort
-    shape.sampling = sampling(picked, provider)
+    shape.sampling = sampling(picked, provider, {"reasoning_effort": "reasoning.effort"})
     limit = body.get("max_output_tokens")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise bad("`max_output_tokens` must be a positive integer", "max_output_tokens")
@@ -303,10 +308,10 @@ def _text(value: Any, shape: AnswerShape) -> None:
 
 
 def _tools(tools: Any, choice: Any, shape: AnswerShape) -> None:
-    if choice is None or choice == "none":
-        if tools and choice is None:
-            raise bad(f"`tools` are not supported here: {TOOLS_WHY}", "tools", "unsupported_parameter")
-        return  # "none", or no tools at all: the RLM calls none of the client's, as always
+    if choice == "none" or (not tools and choice in (None, "auto")):
+        return  # no tool to call, or none allowed: the RLM calls none of the client's, as always
+    if choice is None:
+        raise bad(f"`tools` are not supported here: {TOOLS_WHY}", "tools", "unsupported_parameter")
     if choice == "auto":
         force_function(None, choice, shape, TOOLS_WHY)
     if choice == "required":

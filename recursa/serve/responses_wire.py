@@ -20,6 +20,7 @@ from typing import Any
 from recursa.result import RLMResult
 from recursa.serve.chat import (
     CONTENT_PIECE,
+    HEARTBEAT_S,
     ChatService,
     Emit,
     SSERun,
@@ -138,6 +139,7 @@ class ResponsesSSE(SSERun):
         self.output: list[dict[str, Any]] = []  # finished items, in output_index order
         self.reasoning: dict[str, Any] | None = None  # the open reasoning item, while steps arrive
         self.steps_text: list[str] = []
+        self.quiet_since = time.monotonic()  # when the last keep-alive went out (no summary asked for)
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         body = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -153,7 +155,12 @@ class ResponsesSSE(SSERun):
 
     async def steps(self, emit: Emit, text: str) -> None:
         if not self.call.summary:
-            return  # as with OpenAI's reasoning models, steps are shown only when a summary is asked for
+            # As with OpenAI's reasoning models, steps are shown only when a summary is asked for;
+            # a comment now and then keeps proxies from closing a stream that sends nothing else.
+            if time.monotonic() - self.quiet_since >= HEARTBEAT_S:
+                self.quiet_since = time.monotonic()
+                await emit(b": keep-alive\n\n")
+            return
         at = len(self.output)
         if self.reasoning is None:
             self.reasoning = reasoning_item(new_id("rs"), "", status="in_progress")

@@ -14,7 +14,8 @@ A client opts in with `extra_body={"recursa": {"session": "<id>"}}`:
   client replaying its conversation). Anything else, or different limits, is a 400;
 - requests on one session run one at a time, in arrival order; a session idle for
   `session_ttl_s` is closed and its REPL reaped, as are all of them at shutdown; at most
-  `max_sessions` are open (429 past that); `DELETE /v1/recursa/sessions/{id}` closes one.
+  `max_sessions` are open, and at most `sessions_per_caller` of one caller (429 past either);
+  `DELETE /v1/recursa/sessions/{id}` closes one.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 from recursa.errors import RecursaError
 from recursa.result import RLMResult
 from recursa.serve.api_error import for_request
-from recursa.serve.callers import MIN_SHARED_SESSION_ID, new_session_id
+from recursa.serve.callers import MIN_SHARED_SESSION_ID, new_session_id, quota_of
 from recursa.serve.request import NEW_SESSION, SETTING_KEYS, ApiError, ChatRequest, bad
 from recursa.serve.runs import LiveRun, RunSpec, build_rlm
 from recursa.serve.settings import EventCallback, ServeSettings
@@ -149,7 +150,7 @@ class SessionStore:
                     "recursa.session",
                     "session_id_too_short",
                 )
-            self._check_room()
+            self._check_room(caller.owner)
             context = await resolve(req)
             handle = self.find(caller.owner, req.session)  # another request may have opened it meanwhile
             if handle is None:
@@ -167,7 +168,7 @@ class SessionStore:
 
     def _open(self, req: ChatRequest, context: Any) -> ServedSession:
         assert req.session is not None
-        self._check_room()
+        self._check_room(req.caller.owner)
         docs = None
         if req.explicit is None:
             made_of = list(req.docs)
@@ -187,7 +188,7 @@ class SessionStore:
         docs: list[tuple[str, str]] | None = None,
     ) -> ServedSession:
         """Open `owner`'s session `session_id` (the chat API and the MCP tools both come here)."""
-        self._check_room()
+        self._check_room(owner)
         try:
             handle = ServedSession(owner, session_id, self.settings, spec, key, docs)
         except (RecursaError, ValueError) as exc:
@@ -199,16 +200,33 @@ class SessionStore:
             self._reaper = asyncio.create_task(self._reap(), name="recursa-session-reaper")
         return handle
 
-    def _check_room(self) -> None:
+    def _check_room(self, owner: str) -> None:
+        """429 unless the server, and `owner`'s share of it, have room for one more session."""
+        self.expire()
+        ways = (
+            "close one (DELETE /v1/recursa/sessions/{id}, or the MCP tool recursa_session_close), wait "
+            f"for idle ones to expire ({self.settings.session_ttl_s:g} s), or send the request without "
+            "recursa.session"
+        )
         if len(self.open) >= self.settings.max_sessions:
             raise ApiError(
                 429,
-                f"this server already has {len(self.open)} open sessions, its limit; close one with "
-                "DELETE /v1/recursa/sessions/{id}, wait for idle ones to expire "
-                f"({self.settings.session_ttl_s:g} s), or send the request without recursa.session",
+                f"this server already has {len(self.open)} open sessions, its limit (--max-sessions); {ways}",
                 type="rate_limit_error",
                 param="recursa.session",
                 code="too_many_sessions",
+            )
+        quota = quota_of(owner)
+        mine = sum(1 for held, _ in self.open if quota_of(held) == quota)
+        cap = self.settings.sessions_per_caller
+        if mine >= cap:
+            raise ApiError(
+                429,
+                f"you already have {mine} open sessions, the limit per caller on this server "
+                f"(--max-sessions-per-caller {cap}, ServeSettings.max_sessions_per_caller); {ways}",
+                type="rate_limit_error",
+                param="recursa.session",
+                code="too_many_sessions_per_caller",
             )
 
     def _key(self, req: ChatRequest) -> ContextKey:

@@ -51,6 +51,9 @@ class ServeSettings:
     max_question_chars: int = 50_000  # a longer "question" is treated as context
     # Sessions (`extra_body={"recursa": {"session": id}}`): each open one keeps a REPL process.
     max_sessions: int = 32  # open at once; 0 turns sessions off
+    # Open at once per caller (recursa.serve.callers.quota_of), so no one caller can take them all;
+    # None: a quarter of max_sessions, at least 1 (sessions_per_caller).
+    max_sessions_per_caller: int | None = None
     session_ttl_s: float = 900.0  # an idle session is closed after this long
     rlm_options: dict[str, Any] = field(default_factory=dict)  # any other RLM(...) keyword
     on_event: EventCallback | None = None  # also gets every event of every run (e.g. OpenTelemetry)
@@ -67,6 +70,11 @@ class ServeSettings:
             raise ConfigError("max_waiting must be >= 0 (0: a request that finds no free run slot gets 429)")
         if self.max_sessions < 0:
             raise ConfigError("max_sessions must be >= 0 (0 turns sessions off)")
+        if self.max_sessions_per_caller is not None and self.max_sessions_per_caller < 1:
+            raise ConfigError(
+                "max_sessions_per_caller must be >= 1 (None: a quarter of max_sessions); "
+                "to turn sessions off set max_sessions=0"
+            )
         if not self.session_ttl_s > 0:
             raise ConfigError("session_ttl_s must be a positive number of seconds")
         keys = list(self.api_keys.values()) + ([self.api_key] if self.api_key else [])
@@ -78,6 +86,13 @@ class ServeSettings:
             )
         if self.max_depth > self.max_depth_limit:
             self.max_depth_limit = self.max_depth
+
+    @property
+    def sessions_per_caller(self) -> int:
+        """How many sessions one caller may hold open at once."""
+        if self.max_sessions_per_caller is not None:
+            return self.max_sessions_per_caller
+        return max(1, self.max_sessions // 4)
 
     @property
     def model_names(self) -> list[str]:

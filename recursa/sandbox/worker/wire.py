@@ -30,6 +30,7 @@ import json
 import mmap
 import os
 import socket
+import sys
 import threading
 from _queue import SimpleQueue  # queue.SimpleQueue itself; the queue module costs 1.4 ms to import
 from collections.abc import Callable
@@ -70,15 +71,28 @@ def decode_frame(data: bytes | bytearray | memoryview) -> dict[str, Any]:
     return obj
 
 
+# Room for the SCM_RIGHTS of one message: the host passes at most a few fds at once.
+_FDS_SPACE = socket.CMSG_SPACE(4 * 4)
+
+
 class SocketTransport:
     """A connected stream socket that may carry file descriptors (SCM_RIGHTS)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
+        # One buffer for every read (socket.recv_fds would allocate and shrink 256 KiB per frame).
+        self._buf = bytearray(_RECV_CHUNK)
 
     def recv(self) -> tuple[bytes, list[int]]:
-        data, fds, _flags, _addr = socket.recv_fds(self.sock, _RECV_CHUNK, 4)
-        return data, list(fds)
+        size, ancillary, _flags, _addr = self.sock.recvmsg_into([self._buf], _FDS_SPACE)
+        fds: list[int] = []
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                usable = len(data) - len(data) % 4
+                fds.extend(
+                    int.from_bytes(data[i : i + 4], sys.byteorder, signed=True) for i in range(0, usable, 4)
+                )
+        return bytes(memoryview(self._buf)[:size]), fds
 
     def sendall(self, data: bytes) -> None:
         self.sock.sendall(data)
