@@ -50,16 +50,20 @@ def _responder():
 
 def test_side_by_side_root_writes_each_engines_dialect() -> None:
     """recursa and the official package get ```repl cells ending in answer[...]; minrlm (its question
-    marked CODE[python]) gets the same trivial code in ```python, ending in FINAL after reading
+    marked ENGINE[minrlm]) gets the same trivial code in ```python, ending in FINAL after reading
     input_0 (its FINAL refuses an answer until the code has read the context)."""
     reply = _responder().reply
     first = [{"role": "system", "content": "s"}, {"role": "user", "content": "Step. BENCH[turns:2]"}]
     later = [{"role": "assistant", "content": "a"}, {"role": "user", "content": "out"}]
     assert reply("bench-root", first) == "Next step.\n```repl\nx = 0\nprint(x)\n```"
     assert "answer['ready'] = True" in reply("bench-root", first + later)
-    first[1]["content"] += " CODE[python]"
+    first[1]["content"] += " ENGINE[minrlm]"
     assert reply("bench-root", first) == "Next step.\n```python\nx = 0\nprint(x)\n```"
     assert reply("bench-root", first + later) == "```python\n_ = input_0[:0]\nFINAL('done')\n```"
+    # recursive-llm: recursa's conventions in a python fence (it would run a ```repl tag as code).
+    first[1]["content"] = "Step. BENCH[turns:2] ENGINE[recursive-llm]"
+    assert reply("bench-root", first) == "Next step.\n```python\nx = 0\nprint(x)\n```"
+    assert reply("bench-root", first + later).startswith("```python\nanswer['content'] = 'done'")
     # minrlm's sub-calls carry a system prompt and go to the root model; they are plain calls still.
     assert (
         reply("bench-root", [{"role": "system", "content": "s"}, {"role": "user", "content": "item 7"}])

@@ -275,6 +275,9 @@ def test_per_request_budget_can_only_tighten_the_servers():
             "max_depth must be an integer from 0 to 3",
         ),
         ([{"role": "user", "content": "q"}], {"max_usd": -1}, 400, "non-negative"),
+        ([{"role": "user", "content": "q"}], {"max_tokens": 0}, 400, "recursa.max_tokens=0: a cap of 0"),
+        ([{"role": "user", "content": "q"}], {"budget": {"max_llm_calls": 2.5}}, 400, "whole number"),
+        ([{"role": "user", "content": "q"}], {"max_seconds": "60"}, 400, "a str, not a number"),
         ([{"role": "user", "content": "q"}], {"context": "a", "context_path": "/x"}, 400, "at most one"),
     ],
 )

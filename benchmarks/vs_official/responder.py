@@ -3,11 +3,13 @@
 recursa and the official package share the REPL conventions this needs (```repl blocks,
 `llm_query`, `llm_query_batched`, `rlm_query_batched`, and `answer["content"]` /
 `answer["ready"] = True` to finish), so for every case the root writes the same code for both.
-minrlm speaks another dialect: ```python blocks, `sub_llm(task)`, `sub_llm_batch([(task, ctx)])`
-and `FINAL(value)`, and its `FINAL` refuses an answer until the run's code has read the context
-(`input_0`). Its question carries `CODE[python]` (added by run.py), and its root writes the same
-work in that dialect: the trivial turns are the same code in another fence; the last cell also
-reads `input_0[:0]` (nothing) before `FINAL`.
+The other engines' questions carry `ENGINE[name]` (added by run.py), and the root writes the same
+work in their dialects. minrlm: ```python blocks, `sub_llm(task)`, `sub_llm_batch([(task, ctx)])`
+and `FINAL(value)`, which refuses an answer until the run's code has read the context (`input_0`),
+so the last cell also reads `input_0[:0]` (nothing) first. recursive-llm: recursa's conventions
+in ```python blocks (it would run a ```repl block's tag as code); its REPL runs RestrictedPython,
+which refuses the timed cells (names starting with `_`, most imports), so it gets the per-turn
+cases only. In every dialect the trivial turns are the same code.
 
 The root recognises its task by a `BENCH[case:n]` marker in the question; a conversation without
 one is a child RLM (depth 2), which takes three turns, or a plain sub-call (a lone user message, or
@@ -23,7 +25,7 @@ import re
 from dataclasses import dataclass
 
 MARKER = re.compile(r"BENCH\[(\w+):(\d+)\]")
-PYTHON_DIALECT = "CODE[python]"
+ENGINE_TAG = re.compile(r"ENGINE\[([\w-]+)\]")
 FANOUT_PROMPT = re.compile(r"(item|again) \d+")
 SUB_MODEL = "bench-sub"
 CHILD_TURNS = 3
@@ -73,6 +75,9 @@ PYTHON = Dialect(
     },
 )
 
+PYTHON_ANSWER = Dialect(fence="python", finish=REPL.finish, bodies={})
+DIALECTS = {"minrlm": PYTHON, "recursive-llm": PYTHON_ANSWER}
+
 _TIMED = "import time as _t\n_t0 = _t.perf_counter()\n{body}\n_el = _t.perf_counter() - _t0\n{finish}"
 _COUNT = "f'{{sum(1 for a in answers if a.startswith(\"{expect}\"))}} {{_el:.4f}}'"
 
@@ -93,7 +98,8 @@ def reply(model: str, messages: list[dict[str, str]]) -> str:
         if m["role"] == "user":
             found = MARKER.search(m["content"])
             if found:
-                dialect = PYTHON if PYTHON_DIALECT in m["content"] else REPL
+                tag = ENGINE_TAG.search(m["content"])
+                dialect = DIALECTS[tag.group(1)] if tag else REPL
                 break
     if found is None:  # a child RLM: two working turns, then its answer
         if done < CHILD_TURNS - 1:

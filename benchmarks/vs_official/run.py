@@ -1,12 +1,12 @@
-"""recursa side by side with the official `rlms` package and minrlm, on one latency-modelled fake server.
+"""recursa side by side with the official `rlms` package, minrlm and recursive-llm, on one fake server.
 
     python benchmarks/vs_official/run.py [all|fanout|depth|overhead|memory|cache] [--smoke]
         [--engines recursa,official,minrlm] [--repeat N] [--sizes-mb 1,100]
-        [--official-python PATH] [--minrlm-python PATH]
+        [--official-python PATH] [--minrlm-python PATH] [--recursive-llm-python PATH]
 
-The other engines (pinned: rlms==0.1.3, minrlm==0.1.5) are installed by this script, each into its
-own virtual environment (~/.cache/recursa/bench/rlms-0.1.3, .../minrlm-0.1.5), never into the
-project's. Every engine runs as a fresh process against the same fake server process
+The other engines (pinned: rlms==0.1.3, minrlm==0.1.5, recursive-llm==0.5.0) are installed by this
+script, each into its own virtual environment (~/.cache/recursa/bench/rlms-0.1.3, .../minrlm-0.1.5,
+.../recursive-llm-0.5.0), never into the project's. Every engine runs as a fresh process against the same fake server process
 (recursa.testing.FakeServer with the scripted root in responder.py), one case at a time, and
 every table prints them all and their ratios to recursa.
 """
@@ -28,9 +28,29 @@ from urllib.request import Request, urlopen
 HERE = Path(__file__).resolve().parent
 BENCH_VENVS = Path.home() / ".cache" / "recursa" / "bench"
 # engine -> (PyPI distribution, pinned version); recursa runs under this interpreter.
-PINNED = {"official": ("rlms", "0.1.3"), "minrlm": ("minrlm", "0.1.5")}
-ENGINES = ("recursa", "official", "minrlm")
-LABELS = {"recursa": "recursa", "official": "official 0.1.3", "minrlm": "minrlm 0.1.5"}
+PINNED = {
+    "official": ("rlms", "0.1.3"),
+    "minrlm": ("minrlm", "0.1.5"),
+    "recursive-llm": ("recursive-llm", "0.5.0"),
+}
+ENGINES = ("recursa", "official", "minrlm", "recursive-llm")
+LABELS = {e: e if e == "recursa" else f"{e} {PINNED[e][1]}" for e in ENGINES}
+LABELS["official"] = "official 0.1.3"
+# Engines the scripted root writes other code for (responder.py); the official package's question
+# is recursa's, word for word.
+OWN_DIALECT = ("minrlm", "recursive-llm")
+# Engines whose REPL is a child process holding its own copy of the context.
+REPL_IN_CHILD = ("recursa", "recursive-llm")
+TRACE_IN_OVERHEAD = {
+    "recursa": "JSONL",
+    "official": "off (default)",
+    "minrlm": "off (default)",
+    "recursive-llm": "none on disk",
+}
+# What an engine cannot run in the fan-out and depth cases (the per-turn cases run on every engine).
+NO_TIMED_CELLS = {
+    "recursive-llm": "not run: its RestrictedPython REPL refuses the timed cell (names starting with _, imports)"
+}
 
 
 def venv_python(engine: str, given: str | None = None) -> str:
@@ -86,10 +106,14 @@ class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.engines = [e for e in args.engines.split(",") if e]
         self.python = {"recursa": sys.executable}
-        given = {"official": args.official_python, "minrlm": args.minrlm_python}
+        given = {
+            "official": args.official_python,
+            "minrlm": args.minrlm_python,
+            "recursive-llm": args.recursive_llm_python,
+        }
         for engine in self.engines:
             if engine != "recursa":
-                self.python[engine] = venv_python(engine, given[engine])
+                self.python[engine] = venv_python(engine, given.get(engine))
         self.smoke = args.smoke
         self.repeat = max(1, args.repeat)
         self.sizes_mb = [float(x) for x in args.sizes_mb.split(",") if x] if args.sizes_mb else None
@@ -98,8 +122,8 @@ class Bench:
         self, srv: Server, engine: str, question: str, timeout: float = 900, warm: bool = False, **opts: Any
     ) -> dict[str, Any]:
         srv.reset(keep_cache=warm)
-        if engine == "minrlm":  # the scripted root writes minrlm's dialect (responder.py)
-            question += " CODE[python]"
+        if engine in OWN_DIALECT:  # the scripted root writes the engine's dialect (responder.py)
+            question += f" ENGINE[{engine}]"
         cmd = [self.python[engine], str(HERE / "side.py"), "--engine", engine, "--base-url", srv.base_url]
         cmd += ["--question", question]
         for key, value in opts.items():
@@ -164,11 +188,12 @@ def _timed_row(
 ) -> list[str]:
     cells: dict[str, str] = {}
     secs: dict[str, float] = {}
+    unsupported = {**NO_TIMED_CELLS, **(unsupported or {})}
     for engine in ENGINES:
         if engine not in bench.engines:
             cells[engine] = "not run"
             continue
-        if unsupported and engine in unsupported:
+        if engine in unsupported:
             cells[engine] = unsupported[engine]
             continue
         r = bench.side(srv, engine, question, **opts)
@@ -327,6 +352,8 @@ def case_overhead(bench: Bench) -> None:
                 quiet = _fmt(statistics.median(st["quiet_ms"] for st in sts), "ms", 1)
                 if any(r["left_threads"] for r in runs[engine]):
                     quiet += " (threads left)"
+                if any(r["left_children"] for r in runs[engine]):
+                    quiet += " (child processes left)"
                 rows.append(
                     [
                         f"{mb:g} MB",
@@ -338,7 +365,7 @@ def case_overhead(bench: Bench) -> None:
                         _fmt(statistics.median(st["setup_s"] for st in sts), "s", 2),
                         _fmt(statistics.median(st["end_ms"] for st in sts), "ms", 1),
                         quiet,
-                        "JSONL" if engine == "recursa" else "off (default)",
+                        TRACE_IN_OVERHEAD[engine],
                     ]
                 )
     _table(head, rows)
@@ -385,9 +412,10 @@ def case_memory(bench: Bench) -> None:
                     rows.append([f"{mb:g} MB", engine, _failure(r)])
                     continue
                 host = max(0.0, r["host_peak_above_mb"] - idle[engine].get("host_peak_above_mb", 0.0))
-                # The official REPL and minrlm's run in-process (the official's children are short helpers).
+                # The official package and minrlm run code in-process (the official's children are short
+                # helpers); recursa's and recursive-llm's REPLs are child processes with a copy of the context.
                 worker = 0.0
-                if engine == "recursa":
+                if engine in REPL_IN_CHILD:
                     worker = max(0.0, r["children_peak_mb"] - idle[engine].get("children_peak_mb", 0.0))
                 peaks, idle_peaks = r.get("sampled_peaks_mb", {}), idle[engine].get("sampled_peaks_mb", {})
                 at_once = max(0.0, peaks.get("at_once", 0.0) - idle_peaks.get("at_once", 0.0))
@@ -467,6 +495,9 @@ def main() -> None:
     )
     ap.add_argument("--official-python", default=None, help="an interpreter that already has rlms==0.1.3")
     ap.add_argument("--minrlm-python", default=None, help="an interpreter that already has minrlm==0.1.5")
+    ap.add_argument(
+        "--recursive-llm-python", default=None, help="an interpreter that already has recursive-llm==0.5.0"
+    )
     args = ap.parse_args()
     unknown = [e for e in args.engines.split(",") if e and e not in ENGINES]
     if unknown or not any(args.engines.split(",")):

@@ -189,7 +189,30 @@ def run_minrlm(args: argparse.Namespace, context: str, trace_dir: str) -> tuple[
     return str(result.response), size
 
 
-RUNNERS = {"recursa": run_recursa, "official": run_official, "minrlm": run_minrlm}
+def run_recursive_llm(args: argparse.Namespace, context: str, trace_dir: str) -> tuple[str, int]:
+    # LiteLLM fetches its model price list from the network at import unless told to use its copy.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    from rlm import RLM  # recursive-llm's module has the official package's name (own venv)
+
+    # Its defaults (a spawned worker process running RestrictedPython, LiteLLM for the calls),
+    # with the sub-model named and the others' iteration limit. It keeps no log on disk.
+    rlm = RLM(
+        model=f"openai/{ROOT_MODEL}",
+        recursive_model=f"openai/{SUB_MODEL}",
+        api_base=args.base_url,
+        api_key="local",
+        max_depth=args.max_depth,
+        max_iterations=args.max_iterations,
+    )
+    return str(rlm.complete(args.question, context)), 0
+
+
+RUNNERS = {
+    "recursa": run_recursa,
+    "official": run_official,
+    "minrlm": run_minrlm,
+    "recursive-llm": run_recursive_llm,
+}
 
 
 def main() -> None:
@@ -208,10 +231,12 @@ def main() -> None:
     # Import the engine before the baseline so its modules are not counted as context memory.
     if args.engine == "recursa":
         import recursa  # noqa: F401
-    elif args.engine == "official":
-        import rlm  # noqa: F401
-    else:
+    elif args.engine == "minrlm":
         import minrlm  # noqa: F401
+    else:
+        if args.engine == "recursive-llm":
+            os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        import rlm  # noqa: F401  (the official package's module, or recursive-llm's)
     context = "abcdefghij" * max(1, int(args.context_mb * 2**20) // 10)
     baseline_mb = rss_mb()
     out: dict[str, Any] = {"engine": args.engine}

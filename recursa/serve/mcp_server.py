@@ -20,7 +20,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel
 
-from recursa.budget import Budget
+from recursa.budget import Budget, cap_problem, positive_phrase
 from recursa.errors import RecursaError
 from recursa.serve.admission import BodyLimit
 from recursa.serve.callers import CLIENT_HEADER, identify, new_session_id
@@ -231,8 +231,11 @@ def _spec(
         raise ToolError(f"max_iterations must be from 1 to {settings.max_iterations_limit}")
     budget = settings.budget
     if max_usd is not None:
-        if max_usd < 0:
-            raise ToolError("max_usd must be >= 0")
+        problem = cap_problem("max_usd", max_usd)
+        if problem is not None:
+            raise ToolError(
+                f"max_usd={max_usd!r}: {problem}; give {positive_phrase('max_usd')}, or leave it out"
+            )
         cap = max_usd if budget.max_usd is None else min(max_usd, budget.max_usd)
         budget = Budget(cap, budget.max_tokens, budget.max_seconds, budget.max_llm_calls)
     return RunSpec(question, context, depth, iterations, budget)
