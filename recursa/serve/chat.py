@@ -403,13 +403,16 @@ class SSERun(Response):
             result = self.run.task.result()
         except (RecursaError, ValueError) as exc:
             message = f"the run could not start: {_session_note(self.run, exc)}"
-            await self._error(emit, message, "invalid_request_error", "run_failed")
+            await self._error(
+                emit, self.service.settings.redact(message), "invalid_request_error", "run_failed"
+            )
             return
         except Exception as exc:
             await self._error(emit, f"the run failed: {type(exc).__name__}", "server_error", "run_failed")
             return
         if result.stop_reason == "error" and not result.answer:
-            await self._error(emit, f"the run failed: {result.error}", "server_error", "run_failed")
+            message = self.service.settings.redact(f"the run failed: {result.error}")
+            await self._error(emit, message, "server_error", "run_failed")
             return
         await self.answer(emit, result)
 
