@@ -43,6 +43,7 @@ from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION
 from recursa.loop.tree import new_id
 from recursa.rlm import RLM
 from recursa.serve.settings import ServeSettings
+from recursa.trace.redact import redact
 from recursa.version import __version__
 
 RUNTIME_KEY = "recursa/runtime-v1"
@@ -94,7 +95,8 @@ class RecursaAgent:
         try:
             self._rlm(overrides)  # a bad model, key or budget fails here, not on the first prompt
         except (RecursaError, TypeError, ValueError) as exc:
-            raise RequestError.invalid_params({"message": f"_meta.{RUNTIME_KEY}: {exc}"}) from None
+            message = self._redact(f"_meta.{RUNTIME_KEY}: {exc}", overrides)
+            raise RequestError.invalid_params({"message": message}) from None
         session_id = overrides.get("session_id") if isinstance(overrides.get("session_id"), str) else None
         session_id = session_id or new_id("acp")
         self._sessions[session_id] = _Session(dict(overrides), cwd)
@@ -121,9 +123,12 @@ class RecursaAgent:
         except asyncio.CancelledError:
             return PromptResponse(stop_reason="cancelled")
         except RecursaError as exc:
-            raise RequestError.invalid_params({"message": str(exc)}) from None
+            raise RequestError.invalid_params(
+                {"message": self._redact(str(exc), session.overrides)}
+            ) from None
         except Exception as exc:  # a bug: the client gets its name, not a bare "Internal error"
-            raise RequestError.internal_error({"message": f"{type(exc).__name__}: {exc}"}) from None
+            message = self._redact(f"{type(exc).__name__}: {exc}", session.overrides)
+            raise RequestError.internal_error({"message": message}) from None
         finally:
             session.task = None
         text = result.answer if result.answer else f"(no answer: {result.error or result.stop_reason})"
@@ -153,6 +158,11 @@ class RecursaAgent:
         return None
 
     # -- inside --------------------------------------------------------------------------------
+    def _redact(self, text: str, overrides: dict[str, Any]) -> str:
+        """An error for the client without the operator's keys or the session's own."""
+        own = overrides.get("api_key")
+        return redact(self.settings.redact(text), own if isinstance(own, str) else None)
+
     def _rlm(self, overrides: dict[str, Any], on_event: Any = None) -> RLM:
         s = self.settings
         pick = {name: overrides.get(name, getattr(s, name)) for name in _SESSION_FIELDS}

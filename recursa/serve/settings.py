@@ -9,6 +9,7 @@ from typing import Any
 
 from recursa.budget import Budget
 from recursa.errors import ConfigError
+from recursa.trace.redact import Redactor
 
 EventCallback = Callable[[dict[str, Any]], None]
 
@@ -86,6 +87,11 @@ class ServeSettings:
             )
         if self.max_depth > self.max_depth_limit:
             self.max_depth_limit = self.max_depth
+
+    def redact(self, text: str) -> str:
+        """`text` (an error message for a client or a log) without this server's keys (the model
+        provider's, its clients') or anything key-like."""
+        return Redactor([self.upstream_api_key, self.api_key, *self.api_keys.values()])(text)
 
     @property
     def sessions_per_caller(self) -> int:
