@@ -305,13 +305,19 @@ class SSERun(Response):
         self.created = int(time.time())
         self.renderer = StepRenderer()
 
-    def _chunk(self, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+    def _chunk(self, delta: dict[str, Any] | None, finish: str | None = None, **extra: Any) -> bytes:
+        """One chunk; `delta` None makes the usage chunk (no choices). Asked for usage, every chunk
+        has a `usage` field, null until that last one, as OpenAI's stream does."""
+        choices = (
+            [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
+        )
         body = {
             "id": self.id,
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.req.model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+            "choices": choices,
+            **({"usage": None} if self.req.shape.include_usage else {}),
             **extra,
         }
         return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
@@ -434,13 +440,10 @@ class SSERun(Response):
             else:
                 await emit(self._chunk({"content": piece}))
         await emit(
-            self._chunk(
-                {},
-                finish_reason(result, cut, shape),
-                usage=usage_body(result),
-                recursa=run_summary(result, self.req.session),
-            )
+            self._chunk({}, finish_reason(result, cut, shape), recursa=run_summary(result, self.req.session))
         )
+        if shape.include_usage:
+            await emit(self._chunk(None, usage=usage_body(result)))
 
     async def _error(self, emit: Emit, message: str, kind: str, code: str | None) -> None:
         body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
