@@ -11,6 +11,9 @@ A client may set the model per session through the new session's `_meta` under `
 {"model", "sub_model", "base_url", "api_key", "max_depth", "max_iterations", "budget": {...}}; it
 overrides the operator's flags for that session only (verifiers points the model at its own
 endpoint this way). The API key it sends is used for that session's calls and never echoed back.
+A `base_url` of the client's choosing gets the operator's key only if the operator allowed it
+(`--allow-base-url`, besides `--base-url`); otherwise the client must send its own `api_key` with
+it, or the session is refused (ServeSettings.client_upstream).
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from recursa.version import __version__
 
 RUNTIME_KEY = "recursa/runtime-v1"
 RUN_KEY = "recursa/run-v1"
-_SESSION_FIELDS = ("model", "sub_model", "base_url", "max_depth", "max_iterations")
+_SESSION_FIELDS = ("model", "sub_model", "max_depth", "max_iterations")  # base_url: client_upstream
 _STOP = {
     "final": "end_turn",
     "max_iterations": "max_turn_requests",
@@ -93,10 +96,11 @@ class RecursaAgent:
         if not isinstance(overrides, dict):
             raise RequestError.invalid_params({"message": f"_meta.{RUNTIME_KEY} must be an object"})
         try:
-            self._rlm(overrides)  # a bad model, key or budget fails here, not on the first prompt
+            self._rlm(overrides)  # a bad model, key, base URL or budget fails here, not on the first prompt
         except (RecursaError, TypeError, ValueError) as exc:
-            message = self._redact(f"_meta.{RUNTIME_KEY}: {exc}", overrides)
-            raise RequestError.invalid_params({"message": message}) from None
+            said = str(exc)
+            message = said if said.startswith(f"_meta.{RUNTIME_KEY}") else f"_meta.{RUNTIME_KEY}: {said}"
+            raise RequestError.invalid_params({"message": self._redact(message, overrides)}) from None
         session_id = overrides.get("session_id") if isinstance(overrides.get("session_id"), str) else None
         session_id = session_id or new_id("acp")
         self._sessions[session_id] = _Session(dict(overrides), cwd)
@@ -166,12 +170,15 @@ class RecursaAgent:
     def _rlm(self, overrides: dict[str, Any], on_event: Any = None) -> RLM:
         s = self.settings
         pick = {name: overrides.get(name, getattr(s, name)) for name in _SESSION_FIELDS}
+        base_url, api_key = s.client_upstream(
+            overrides.get("base_url"), overrides.get("api_key"), f"_meta.{RUNTIME_KEY}"
+        )
         budget = overrides.get("budget")
         return RLM(
             pick["model"],
             sub_model=pick["sub_model"],
-            base_url=pick["base_url"],
-            api_key=overrides.get("api_key") or s.upstream_api_key,
+            base_url=base_url,
+            api_key=api_key,
             max_depth=int(pick["max_depth"]),
             max_iterations=int(pick["max_iterations"]),
             budget=Budget(**budget) if isinstance(budget, dict) else s.budget,
