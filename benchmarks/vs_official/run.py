@@ -1,7 +1,7 @@
 """recursa side by side with the official `rlms` package, minrlm and recursive-llm, on one fake server.
 
     python benchmarks/vs_official/run.py [all|fanout|depth|overhead|memory|cache] [--smoke]
-        [--engines recursa,official,minrlm] [--repeat N] [--sizes-mb 1,100]
+        [--engines recursa,official,minrlm,recursive-llm] [--repeat N] [--turns N] [--sizes-mb 1,100]
         [--official-python PATH] [--minrlm-python PATH] [--recursive-llm-python PATH]
 
 The other engines (pinned: rlms==0.1.3, minrlm==0.1.5, recursive-llm==0.5.0) are installed by this
@@ -116,6 +116,7 @@ class Bench:
                 self.python[engine] = venv_python(engine, given.get(engine))
         self.smoke = args.smoke
         self.repeat = max(1, args.repeat)
+        self.turns = max(3, args.turns) if args.turns else None
         self.sizes_mb = [float(x) for x in args.sizes_mb.split(",") if x] if args.sizes_mb else None
 
     def side(
@@ -305,7 +306,7 @@ def _turn_stats(r: dict[str, Any]) -> dict[str, float] | None:
 
 def case_overhead(bench: Bench) -> None:
     sizes = bench.sizes_mb or ([0.01] if bench.smoke else [1, 100, 1000])
-    turns = 3 if bench.smoke else 10
+    turns = bench.turns or (3 if bench.smoke else 10)
     print(
         f"## per-turn overhead: {turns} root turns, instant model (server timestamps), "
         f"{bench.repeat} run(s) per engine and size, interleaved\n"
