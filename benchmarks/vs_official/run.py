@@ -490,6 +490,7 @@ def main() -> None:
         "--smoke", action="store_true", help="tiny sizes and latencies (a check, not a measurement)"
     )
     ap.add_argument("--engines", default=",".join(ENGINES), help=f"a comma-separated subset of {ENGINES}")
+    ap.add_argument("--turns", type=int, default=0, help="overhead: root turns per run (default 10)")
     ap.add_argument("--repeat", type=int, default=1, help="overhead: runs per engine and size, interleaved")
     ap.add_argument(
         "--sizes-mb", default="", help="overhead, memory: context sizes instead of the case's own"
