@@ -1,21 +1,37 @@
-"""Fan-out: N `llm_query_batched` prompts through the real openai SDK against a latency-modelled
-fake server (0.2 s per request, 64 slots) running in its own process, as a real model server
-would. Prints the batch's wall time (from the trace's exec event) against the ideal
+"""Fan-out: N `llm_query_batched` prompts through recursa's openai client against a latency-modelled
+server (0.2 s per request, 64 slots) running in its own process, as a real model server would.
+Prints the batch's wall time (from the trace's exec event) against the ideal
 ceil(N / slots) * latency, and the same for a plain `llm_query` loop and for 16 user threads.
 
+The server's own times for each batched row (from its ledger) say where the rest goes: `spread ms`,
+from the first request's arrival to the first wave's last (`slots`-th); `refill ms`, the median
+time from a reply leaving the server to the freed slot's next request arriving; `outside ms`, the
+batch's wall time not spent between the first arrival and the last reply (the REPL's call reaching
+the host and the answers going back).
+
+`--server lean` (the default) is benchmarks/_lean_server.py, which costs ~0.07 ms of CPU per
+request; `--server fake` is recursa.testing.FakeServer (~0.7 ms per request, which on two shared
+cores alone holds 256 calls to ~0.9 s whatever the client does).
+
     python benchmarks/fanout.py [--sizes 16,64,256,1024] [--latency 0.2] [--slots 64] [--concurrency 64]
-        [--repeat 1]
+        [--repeat 1] [--server lean|fake]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import math
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+from pathlib import Path
+from typing import Any
 
 from recursa import RLM
 from recursa.trace import load
@@ -41,12 +57,24 @@ def responder(model: str, messages: list[dict]) -> str:
     return "FINAL_VAR(answers)"
 
 
-def serve(port: int, latency: float, slots: int) -> None:
+def serve(port: int, latency: float, slots: int, kind: str) -> None:
+    if kind == "lean":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from _lean_server import LeanServer
+
+        async def run() -> None:
+            server = await LeanServer(responder, latency, slots).serve(port)
+            print("ready", flush=True)
+            await asyncio.to_thread(sys.stdin.read)  # until the parent closes our stdin
+            server.close()
+
+        asyncio.run(run())
+        return
     from recursa.testing.fake_server import FakeServer
 
     with FakeServer(responder=responder, latency_s=latency, slots=slots, port=port):
         print("ready", flush=True)
-        sys.stdin.read()  # until the parent closes our stdin
+        sys.stdin.read()
 
 
 def measure(base_url: str, pattern: str, n: int, concurrency: int = 64) -> float:
@@ -64,6 +92,25 @@ def measure(base_url: str, pattern: str, n: int, concurrency: int = 64) -> float
         return load(result.trace_path).root.of_type("exec")[0]["duration_s"]
 
 
+def server_times(root_url: str, slots: int) -> tuple[float, float, float] | None:
+    """(spread, median refill, first arrival to last reply) in seconds, from the server's ledger."""
+    with urllib.request.urlopen(f"{root_url}/ledger") as r:
+        ledger: list[dict[str, Any]] = json.load(r)
+    subs = [x for x in ledger if x["model"] == "bench-sub"]
+    if not subs:
+        return None
+    arrivals = sorted(x["received_at"] for x in subs)
+    finishes = sorted(x["finished_at"] for x in subs)
+    refills = [arrivals[k] - finishes[k - slots] for k in range(slots, len(arrivals))]
+    spread = arrivals[min(slots, len(arrivals)) - 1] - arrivals[0]
+    return spread, statistics.median(refills) if refills else 0.0, finishes[-1] - arrivals[0]
+
+
+def reset(root_url: str) -> None:
+    with urllib.request.urlopen(urllib.request.Request(f"{root_url}/ledger/reset", method="POST")) as r:
+        r.read()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="16,64,256,1024")
@@ -72,10 +119,11 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=64, help="RLM(max_concurrency=...), recursa's default")
     ap.add_argument("--repeat", type=int, default=1, help="rows per pattern and size")
     ap.add_argument("--loop-size", type=int, default=64, help="prompts for the llm_query loop row")
+    ap.add_argument("--server", choices=["lean", "fake"], default="lean", help="the model server (see above)")
     ap.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve is not None:
-        serve(args.serve, args.latency, args.slots)
+        serve(args.serve, args.latency, args.slots, args.server)
         return
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -90,6 +138,8 @@ def main() -> None:
             str(args.latency),
             "--slots",
             str(args.slots),
+            "--server",
+            args.server,
         ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -97,23 +147,34 @@ def main() -> None:
     )
     try:
         assert server.stdout is not None and server.stdout.readline().strip() == "ready"
-        base_url = f"http://127.0.0.1:{port}/v1"
+        root_url = f"http://127.0.0.1:{port}"
+        base_url = f"{root_url}/v1"
         measure(base_url, "batched", 4)  # warm-up: imports, first connections
         print(
-            f"fan-out through the openai SDK, {args.latency} s per request, {args.slots} server slots, "
-            f"max_concurrency={args.concurrency}; each row a fresh RLM in a warm process"
+            f"fan-out through recursa's openai client, {args.latency} s per request, {args.slots} server "
+            f"slots ({args.server} server), max_concurrency={args.concurrency}; each row a fresh RLM in a "
+            "warm process"
         )
-        print(f"{'pattern':>10} {'prompts':>8} {'wall s':>8} {'ideal s':>8} {'ratio':>6}")
+        print(
+            f"{'pattern':>10} {'prompts':>8} {'wall s':>8} {'ideal s':>8} {'ratio':>6} "
+            f"{'spread ms':>10} {'refill ms':>10} {'outside ms':>11}"
+        )
         rows = [("batched", n) for n in map(int, args.sizes.split(",")) for _ in range(args.repeat)]
         rows += [("threads", args.loop_size), ("loop", args.loop_size)]
         for pattern, n in rows:
             started = time.perf_counter()
+            reset(root_url)
             wall = measure(base_url, pattern, n, args.concurrency)
             ideal = (
                 n if pattern == "loop" else math.ceil(n / (16 if pattern == "threads" else args.slots))
             ) * args.latency
+            times = server_times(root_url, args.slots) if pattern == "batched" else None
+            extra = ""
+            if times is not None:
+                spread, refill, inside = times
+                extra = f" {spread * 1e3:>10.1f} {refill * 1e3:>10.1f} {(wall - inside) * 1e3:>11.1f}"
             print(
-                f"{pattern:>10} {n:>8} {wall:>8.3f} {ideal:>8.3f} {wall / ideal:>6.2f}"
+                f"{pattern:>10} {n:>8} {wall:>8.3f} {ideal:>8.3f} {wall / ideal:>6.2f}{extra}"
                 + ("" if time.perf_counter() - started < 600 else "  (slow)")
             )
     finally:

@@ -9,6 +9,9 @@ the provider reported.
 
 from __future__ import annotations
 
+import math
+import numbers
+import operator
 import threading
 import time
 from dataclasses import dataclass
@@ -18,7 +21,12 @@ from recursa.errors import BudgetExceeded, ConfigError
 
 @dataclass(frozen=True)
 class Budget:
-    """Caps for one call tree (a root run and all its sub-calls and children). None: no cap."""
+    """Caps for one call tree (a root run and all its sub-calls and children). None: no cap.
+
+    Every cap is checked here, so a bad one fails at once with the argument and the fix named, not at
+    the first model call: a number (numpy's too; counts whole), not a bool, NaN or infinity, and above
+    zero. `max_usd=0` alone is allowed: it lets only free models run (local ones priced at 0).
+    """
 
     max_usd: float | None = None
     max_tokens: int | None = None
@@ -28,21 +36,63 @@ class Budget:
     def __post_init__(self) -> None:
         for name in ("max_usd", "max_tokens", "max_seconds", "max_llm_calls"):
             value = getattr(self, name)
-            if value is None:
-                continue
-            # bool is an int to Python, and NaN compares False with everything, so a NaN cap would
-            # never refuse a call: both are mistakes, not limits.
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0:
-                raise ConfigError(f"Budget({name}={value!r}): use a non-negative number or None (no cap).")
-            if name in _COUNTS and isinstance(value, float) and not value.is_integer():
-                unit = "tokens" if name == "max_tokens" else "LM calls"
-                raise ConfigError(
-                    f"Budget({name}={value!r}): a count of {unit} must be a whole number (an int), "
-                    "or None for no cap."
-                )
+            if value is not None:
+                object.__setattr__(self, name, _checked(name, value))
 
 
 _COUNTS = ("max_tokens", "max_llm_calls")
+# Why a cap of zero cannot be meant: each stops the run before its first model call.
+_ZERO = {
+    "max_tokens": "the first model call reserves its prompt plus max_output_tokens",
+    "max_seconds": "the run would time out before its first model call",
+    "max_llm_calls": "a run needs at least one model call",
+}
+_EXAMPLE = {"max_usd": "1.0", "max_tokens": "200000", "max_seconds": "300", "max_llm_calls": "50"}
+
+
+def cap_problem(name: str, value: object) -> str | None:
+    """What is wrong with `value` as the cap `name` ("max_usd", ...), or None when it is a valid cap.
+    Shared by Budget and the interfaces that take caps (request fields, tool arguments)."""
+    # Any real number: int, float, numpy's, Fraction, Decimal (registered only as a Number).
+    real = isinstance(value, numbers.Real) or (
+        isinstance(value, numbers.Number) and not isinstance(value, numbers.Complex)
+    )
+    if isinstance(value, bool) or not real:
+        what = "a bool" if isinstance(value, bool) else f"a {type(value).__name__}"
+        return f"{what}, not a number"
+    number = float(value)  # type: ignore[arg-type]
+    if math.isnan(number):
+        return "NaN compares false with everything, so it would never refuse a call"
+    if math.isinf(number):
+        return "infinity is not a cap"
+    if number < 0:
+        return "a cap below zero"
+    if number == 0 and name in _ZERO:
+        return f"a cap of 0 stops every run at once ({_ZERO[name]})"
+    if name in _COUNTS and not number.is_integer():
+        return f"a count of {'tokens' if name == 'max_tokens' else 'LM calls'} must be a whole number"
+    return None
+
+
+def positive_phrase(name: str) -> str:
+    """What a cap must be, in words: `max_usd` may be 0 (free models only), the others may not."""
+    return "a non-negative number" if name == "max_usd" else "a positive number"
+
+
+def _checked(name: str, value: object) -> int | float:
+    """`value` as an int (counts) or a float, or a ConfigError that names the argument and the fix."""
+    problem = cap_problem(name, value)
+    if problem is not None:
+        fix = f"use {positive_phrase(name)} such as {name}={_EXAMPLE[name]} or None (no cap)."
+        if isinstance(value, str):
+            fix += " (A number read from text needs converting first: float(...) or int(...).)"
+        raise ConfigError(f"Budget({name}={value!r}): {problem}; {fix}")
+    if name in _COUNTS:
+        try:
+            return operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            return int(float(value))  # type: ignore[arg-type]
+    return float(value)  # type: ignore[arg-type]
 
 
 @dataclass

@@ -12,12 +12,14 @@ from recursa.budget import Budget
 from recursa.config import RLMConfig
 from recursa.context import load_payload
 from recursa.errors import ConfigError
+from recursa.lm.base import estimate_tokens_upper
 from recursa.lm.custom import ClientSet
 from recursa.lm.prices import ModelPrice, PriceBook
 from recursa.lm.registry import make_client, parse_model
 from recursa.loop.answer_schema import AnswerCheck
 from recursa.loop.engine import RunEngine
 from recursa.loop.options import RunOptions
+from recursa.loop.prompts import fixed_text, template_for
 from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION
 from recursa.loop.tree import CallTree, new_id
 from recursa.result import RLMResult
@@ -174,6 +176,7 @@ class RLM:
                 )
         if sandbox not in SANDBOX_KINDS:
             raise ConfigError(f"unknown sandbox {sandbox!r}; choose one of: {', '.join(SANDBOX_KINDS)}")
+        _check_first_call(self.config, self.prices)
 
     def __repr__(self) -> str:
         c = self.config
@@ -230,6 +233,37 @@ class RLM:
 
     def completion(self, prompt: str) -> RLMResult:
         return _run_sync(self.acompletion(prompt))
+
+
+def _check_first_call(config: RLMConfig, prices: PriceBook) -> None:
+    """A budget too small for the root's first call would stop every run at once, with a message
+    written for the model: say so now, with the numbers. The floor counts only what every first call
+    holds (the system prompt's fixed text, a token per byte as reservations do, and
+    max_output_tokens), so a budget refused here could never have run."""
+    budget = config.budget
+    if budget.max_tokens is None and budget.max_usd is None:
+        return
+    system = fixed_text(template_for(config.model, config.prompt))
+    prompt = estimate_tokens_upper([{"role": "system", "content": system}, {"role": "user", "content": ""}])
+    out = config.max_output_tokens
+    if budget.max_tokens is not None and budget.max_tokens < prompt + out:
+        need = prompt + out
+        raise ConfigError(
+            f"Budget(max_tokens={budget.max_tokens}) is less than the root's first call reserves before it "
+            f"is sent: at least {need:,} tokens (its system prompt, {prompt:,} at a token per byte, plus "
+            f"max_output_tokens ({out:,})), so every run would stop at once. Raise max_tokens well above "
+            f"{need:,} (a run makes several calls), or lower max_output_tokens."
+        )
+    if budget.max_usd is not None:
+        provider, name = parse_model(config.model)
+        cost = prices.worst_case(provider, name, prompt, out)
+        if cost is not None and budget.max_usd < cost:
+            raise ConfigError(
+                f"Budget(max_usd={budget.max_usd:g}) is less than the root's first call of {config.model!r} "
+                f"can cost, which is reserved before it is sent: at least ${cost:.4f} ({prompt:,} prompt "
+                f"tokens and max_output_tokens ({out:,}) at its price), so every run would stop at once. "
+                "Raise max_usd well above that (a run makes several calls), or lower max_output_tokens."
+            )
 
 
 def _check_tool_names(tools: list[Tool], sub_tools: list[Tool]) -> None:

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from recursa import RLM, Budget
 from recursa.budget import Ledger
-from recursa.errors import BudgetExceeded, LMError
+from recursa.errors import BudgetExceeded, ConfigError, LMError
 from recursa.lm.base import CallMeta, LMClient, LMRequest, LMResponse, estimate_tokens_upper
 from recursa.lm.billing import AttemptUsage, BilledFailure
 from recursa.lm.gateway import ClientSettings, ModelGateway
@@ -173,10 +173,11 @@ setups = st.builds(
     Setup,
     budget=st.builds(
         Budget,
+        # Zero is not a cap Budget takes for tokens, seconds or calls (it stops every run at once).
         max_usd=st.none() | st.floats(0.0, 0.2),
-        max_tokens=st.none() | st.integers(0, 40_000),
-        max_seconds=st.none() | st.floats(0.0, 0.02),
-        max_llm_calls=st.none() | st.integers(0, 60),
+        max_tokens=st.none() | st.integers(1, 40_000),
+        max_seconds=st.none() | st.floats(0.0, 0.02, exclude_min=True),
+        max_llm_calls=st.none() | st.integers(1, 60),
     ),
     prices=st.tuples(prices, prices),
     failure_weights=st.tuples(st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.floats(0.0, 0.3)),
@@ -566,6 +567,24 @@ def _server_bill(server) -> tuple[int, float, int]:  # type: ignore[no-untyped-d
     return tokens, usd, calls
 
 
+def _rlm(plan: Plan, server, traces: str) -> RLM:  # type: ignore[no-untyped-def]
+    return RLM(
+        ROOT,
+        sub_model=SUB,
+        base_url=server.base_url,
+        api_key="test-key-0123456789",
+        trace_dir=traces,
+        sandbox="inprocess",  # the REPL is not what is under test here, and this is fast
+        max_depth=2,
+        max_iterations=4,
+        budget=plan.budget,
+        prices=PRICES,
+        max_output_tokens=plan.max_output_tokens,
+        max_retries=plan.max_retries,
+        subcall_errors="return",
+    )
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(plan=full_plans)
 @pytest.mark.filterwarnings('ignore:sandbox="inprocess"')
@@ -576,21 +595,13 @@ def test_whole_runs_never_overspend(server, plan: Plan) -> None:
     server.faults = _fault_plan(plan)
     try:
         with tempfile.TemporaryDirectory() as traces:
-            rlm = RLM(
-                ROOT,
-                sub_model=SUB,
-                base_url=server.base_url,
-                api_key="test-key-0123456789",
-                trace_dir=traces,
-                sandbox="inprocess",  # the REPL is not what is under test here, and this is fast
-                max_depth=2,
-                max_iterations=4,
-                budget=plan.budget,
-                prices=PRICES,
-                max_output_tokens=plan.max_output_tokens,
-                max_retries=plan.max_retries,
-                subcall_errors="return",
-            )
+            try:
+                rlm = _rlm(plan, server, traces)
+            except ConfigError as exc:
+                # A cap below what the root's first call reserves is refused before anything is sent.
+                assert "the root's first call" in str(exc)
+                assert server.totals() == {}
+                return
             result = rlm.run("spend", "some context")
         tokens, usd, calls = _server_bill(server)
     finally:

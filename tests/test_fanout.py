@@ -1,13 +1,17 @@
-"""Batches of sub-calls start one item per turn of the event loop (recursa.loop.subcalls), and a
-sub-model's client can be made ready before its first call without sending anything."""
+"""Batches of sub-calls start one item per turn of the event loop (recursa.loop.subcalls), a
+sub-model's client can be made ready before its first call without sending anything, and its
+HTTP session reads the environment's proxy settings once, not on every call."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
+from yarl import URL
 
-from recursa.lm.json_http import shared_tls_context
+from recursa.lm.base import CallMeta, LMRequest
+from recursa.lm.json_http import JsonPoster, shared_tls_context
 from recursa.lm.openai_client import OpenAIClient
 from recursa.loop.subcalls import _gather_items
 from recursa.testing.fake_server import FakeServer
@@ -60,3 +64,35 @@ async def test_warming_a_client_loads_the_trust_store_and_sends_nothing() -> Non
         assert shared_tls_context.cache_info().currsize == 1
         assert srv.requests == []
         await client.aclose()
+
+
+async def test_a_netrc_entry_for_the_server_does_not_break_calls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # aiohttp's trust_env=True looked ~/.netrc up for every request (in a thread) and, finding an
+    # entry for the host, refused to send it beside our Authorization header.
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine 127.0.0.1 login someone password secret\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    with FakeServer(responder=lambda model, messages: "pong") as srv:
+        client = OpenAIClient("m", base_url=srv.base_url, api_key="k")
+        try:
+            out = await client.complete(
+                LMRequest(
+                    messages=[{"role": "user", "content": "ping"}], max_output_tokens=8, meta=CallMeta("c")
+                )
+            )
+        finally:
+            await client.aclose()
+    assert out.text == "pong" and srv.requests[0].headers["authorization"] == "<redacted>"
+
+
+def test_proxies_come_from_the_environment_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("NO_PROXY", "no_proxy", "HTTPS_PROXY", "https_proxy", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.internal:3128")
+    poster = JsonPoster("http://model.internal:8000/v1", headers={}, timeout=5, connect_timeout=1)
+    assert poster.proxy == URL("http://proxy.internal:3128")
+    monkeypatch.setenv("NO_PROXY", "model.internal")
+    assert JsonPoster("http://model.internal:8000/v1", headers={}, timeout=5, connect_timeout=1).proxy is None

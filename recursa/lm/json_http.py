@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
+from aiohttp.helpers import get_env_proxy_for_url
+from yarl import URL
 
 from recursa.version import __version__
 
@@ -50,7 +52,9 @@ class JsonPoster:
     """POSTs JSON to one base URL over a pooled aiohttp session. Safe to call concurrently.
 
     The session is made on first use, inside the running event loop it then belongs to (aiohttp
-    binds its connections to one loop). Proxies follow HTTPS_PROXY / HTTP_PROXY / NO_PROXY.
+    binds its connections to one loop). Proxies follow HTTPS_PROXY / HTTP_PROXY / NO_PROXY, read
+    once here: a session with trust_env=True reads them, and ~/.netrc, in a worker thread on every
+    request, two thread hand-offs per call that cost a fan-out about a fifth of its client CPU.
     """
 
     def __init__(
@@ -70,6 +74,10 @@ class JsonPoster:
         }
         # Like the SDKs: a bound on connecting and on each wait for data, not on the whole answer.
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=timeout)
+        try:
+            self.proxy, self.proxy_auth = get_env_proxy_for_url(URL(self.base_url))
+        except LookupError:  # no proxy for this URL
+            self.proxy, self.proxy_auth = None, None
         self._session: aiohttp.ClientSession | None = None
 
     def _new_session(self) -> aiohttp.ClientSession:
@@ -78,7 +86,6 @@ class JsonPoster:
         return aiohttp.ClientSession(
             connector=connector,
             timeout=self._timeout,
-            trust_env=True,
             auto_decompress=True,
             json_serialize=json.dumps,
         )
@@ -92,7 +99,12 @@ class JsonPoster:
         send_headers = {**self.headers, **headers} if headers else self.headers
         try:
             async with self._session.post(
-                self.base_url + path, data=data, headers=send_headers, allow_redirects=False
+                self.base_url + path,
+                data=data,
+                headers=send_headers,
+                allow_redirects=False,
+                proxy=self.proxy,
+                proxy_auth=self.proxy_auth,
             ) as resp:
                 raw = await resp.read()
                 status, resp_headers = resp.status, resp.headers

@@ -95,6 +95,17 @@ def template_for(model: str, override: str | Path | None = None) -> str:
     return path.read_text(encoding="utf-8")
 
 
+class _Blank(dict[str, str]):
+    def __missing__(self, key: str) -> str:
+        return ""
+
+
+def fixed_text(template: str) -> str:
+    """The text of a template that every system prompt made from it holds: its placeholders filled
+    with nothing. Budget checks use it as a floor of the root's first call."""
+    return Template(template).safe_substitute(_Blank())
+
+
 def _builtin(name: str) -> str:
     if name in FAMILY_VARIANTS:
         return Template(_read("default.md")).safe_substitute(family_notes=_read(f"families/{name}.md"))

@@ -20,7 +20,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel
 
-from recursa.budget import Budget
+from recursa.budget import Budget, cap_problem, positive_phrase
 from recursa.errors import RecursaError
 from recursa.serve.admission import BodyLimit
 from recursa.serve.callers import CLIENT_HEADER, identify, new_session_id
@@ -123,7 +123,7 @@ def build_mcp_server(settings: ServeSettings, *, name: str = "recursa") -> MCPSe
         try:
             run = LiveRun(settings, spec)
         except (RecursaError, ValueError) as exc:
-            raise ToolError(f"cannot start the run: {exc}") from None
+            raise ToolError(settings.redact(f"cannot start the run: {exc}")) from None
         return await _drive(run, ctx, spec.max_iterations)
 
     sessions = SessionStore(settings)
@@ -150,7 +150,7 @@ def build_mcp_server(settings: ServeSettings, *, name: str = "recursa") -> MCPSe
             raise ToolError(exc.message) from None
         except RecursaError as exc:
             await sessions.close(owner, session_id)
-            raise ToolError(f"cannot open the session: {exc}") from None
+            raise ToolError(settings.redact(f"cannot open the session: {exc}")) from None
         trace = handle.session.trace_path
         return SessionInfo(
             session=session_id, idle_ttl_s=settings.session_ttl_s, trace_path=str(trace) if trace else None
@@ -231,8 +231,11 @@ def _spec(
         raise ToolError(f"max_iterations must be from 1 to {settings.max_iterations_limit}")
     budget = settings.budget
     if max_usd is not None:
-        if max_usd < 0:
-            raise ToolError("max_usd must be >= 0")
+        problem = cap_problem("max_usd", max_usd)
+        if problem is not None:
+            raise ToolError(
+                f"max_usd={max_usd!r}: {problem}; give {positive_phrase('max_usd')}, or leave it out"
+            )
         cap = max_usd if budget.max_usd is None else min(max_usd, budget.max_usd)
         budget = Budget(cap, budget.max_tokens, budget.max_seconds, budget.max_llm_calls)
     return RunSpec(question, context, depth, iterations, budget)
@@ -251,7 +254,7 @@ async def _drive(run: LiveRun, ctx: Context, max_iterations: int) -> Answer:
         try:
             result = run.task.result()
         except RecursaError as exc:
-            raise ToolError(str(exc)) from None
+            raise ToolError(run.settings.redact(str(exc))) from None
     finally:
         # The client cancelled the request (or the session ended): stop the run, reap its REPLs.
         if not run.task.done():

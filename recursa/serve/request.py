@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from recursa.budget import Budget
+from recursa.budget import Budget, cap_problem, positive_phrase
 from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION
 from recursa.serve.api_error import ApiError, bad
 from recursa.serve.fields import AnswerShape, parse_shape
@@ -367,8 +367,13 @@ def _apply_settings(req: ChatRequest, extra: dict[str, Any], settings: ServeSett
         if value is None:
             caps[key] = server
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise bad(f"recursa.{key} must be a non-negative number", f"recursa.{key}")
+        problem = cap_problem(key, value)
+        if problem is not None:
+            raise bad(
+                f"recursa.{key}={value!r}: {problem}; send {positive_phrase(key)}, or leave it out for the "
+                "server's cap",
+                f"recursa.{key}",
+            )
         # A request can only tighten the operator's caps, never lift them.
         caps[key] = value if server is None else min(value, server)
     req.budget = Budget(**caps)

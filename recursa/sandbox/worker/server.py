@@ -23,6 +23,7 @@ from _queue import Empty as _Empty  # queue.Empty itself, without importing queu
 
 from .context import ContextSource
 from .keeper import die_with_parent, split_off_keeper
+from .rehearsal import rehearse
 from .repl import Repl
 from .snapshots import Snapshots
 from .taskgroup import TaskGroup
@@ -180,6 +181,8 @@ class Server:
                 # Snapshot the state after this cell now, while the host reads the result and asks
                 # its model: the next cell then starts without paying for the fork.
                 self._snapshot()
+                if op == "exec" and self.chan.inbox.empty():
+                    self._rehearse()  # the next cell's copy-on-write faults, taken while nobody waits
         self.snapshots.discard()
         sys.stdout.flush()
         os._exit(0)  # skip interpreter teardown: user threads must not keep the process alive
@@ -194,6 +197,12 @@ class Server:
             except _Empty:
                 self.snapshots.reap(block=True)
         return self.chan.inbox.get()
+
+    def _rehearse(self) -> None:
+        try:
+            rehearse()
+        except Exception:  # only ever a speed-up: never a reason for the worker to stop
+            pass
 
     def _snapshot(self) -> bool:
         """Take a fresh snapshot; True if this process is a snapshot that has since taken over."""
