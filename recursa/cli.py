@@ -20,6 +20,7 @@ from recursa.cli_options import (
     rlm_kwargs,
 )
 from recursa.errors import ConfigError, RecursaError
+from recursa.trace.redact import redact
 
 if TYPE_CHECKING:
     from recursa.rlm import RLM
@@ -447,6 +448,12 @@ def _fake_server(argv: list[str]) -> int:
         return 2
 
 
+def _scrubbed(exc: BaseException, args: argparse.Namespace) -> str:
+    """An error's message for the terminal, without the key given on the command line or anything
+    key-like (a provider's message may quote a header or a URL's ?key=)."""
+    return redact(str(exc), getattr(args, "api_key", None))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["fake-server"]:
@@ -456,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except RecursaError as exc:
-        print(f"recursa: error: {for_cli(str(exc))}", file=sys.stderr)
+        print(f"recursa: error: {for_cli(_scrubbed(exc, args))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("recursa: interrupted", file=sys.stderr)
@@ -475,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("RECURSA_DEBUG"):
             raise
         print(
-            f"recursa: internal error ({type(exc).__name__}): {str(exc).rstrip('.')}. "
+            f"recursa: internal error ({type(exc).__name__}): {_scrubbed(exc, args).rstrip('.')}. "
             "Re-run with RECURSA_DEBUG=1 for details and report it.",
             file=sys.stderr,
         )

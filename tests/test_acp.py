@@ -108,3 +108,49 @@ async def test_session_meta_points_the_model_elsewhere(server: FakeServer, scrip
     assert request.model == "other" and request.headers["authorization"] == "<redacted>"
     assert PROMPT_AS_CONTEXT_QUESTION in request.messages[1]["content"]  # the prompt became the context
     assert "per-session" not in str(reply.field_meta)
+
+
+async def test_a_client_chosen_base_url_never_gets_the_operators_key(tmp_path: Path) -> None:
+    # The operator's key is OPENAI_API_KEY in the agent's environment. `foreign` is a server the
+    # client names; `allowed` one the operator named with --allow-base-url.
+    from recursa.testing.fake_state import key_digest
+
+    operator_key, client_key = agent_env()["OPENAI_API_KEY"], "client-own-key-0123456789"
+    where = "_meta.recursa/runtime-v1"
+
+    def answer(model: str, messages: list[dict]) -> str:
+        return "FINAL(ok)"
+
+    with FakeServer(responder=answer) as foreign, FakeServer(responder=answer) as allowed:
+        args = ["-m", "recursa.cli", "acp", "--model", "openai/policy", "--trace-dir", str(tmp_path),
+                "--allow-base-url", allowed.base_url + "/"]  # fmt: skip
+
+        async def open_session(conn: Any, **meta: Any) -> str:
+            session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[], **{where[6:]: meta})
+            reply = await conn.prompt(session_id=session.session_id, prompt=[text_block("say ok")])
+            assert reply.stop_reason == "end_turn"
+            return session.session_id
+
+        async with spawn_agent_process(Recorder(), sys.executable, *args, env=agent_env()) as (conn, _proc):
+            await conn.initialize(protocol_version=PROTOCOL_VERSION)
+            refusals = []
+            for meta in (
+                {"base_url": foreign.base_url},  # no key of its own: refused
+                {"base_url": foreign.base_url, "api_key": ""},
+                {"base_url": f"{allowed.base_url}@{foreign.base_url[7:]}"},  # not the allowed one
+            ):
+                with pytest.raises(RequestError) as refused:
+                    await conn.new_session(cwd=str(tmp_path), mcp_servers=[], **{where[6:]: meta})
+                refusals.append(str(refused.value.data))
+            assert foreign.requests == [] and allowed.requests == []
+            # With its own key the client may point anywhere: that key is what the server gets.
+            await open_session(conn, base_url=foreign.base_url, api_key=client_key)
+            # A URL the operator allowed gets the operator's key.
+            await open_session(conn, base_url=allowed.base_url)
+    assert f"{where}.base_url" in refusals[0] and f"{where}.api_key" in refusals[0]
+    assert "--allow-base-url" in refusals[0]
+    assert f"{where}.api_key must be a non-empty string" in refusals[1]
+    assert f"{where}.base_url" in refusals[2]
+    assert {r.key_digest for r in foreign.requests} == {key_digest(client_key)}
+    assert {r.key_digest for r in allowed.requests} == {key_digest(operator_key)}
+    assert all(operator_key not in text and client_key not in text for text in refusals)

@@ -123,6 +123,7 @@ def test_a_name_error_inside_a_function_is_the_functions(repl):
 def test_lower_case_spellings_answer(repl):
     assert answer(run(repl, "final(6 * 7)")) == "42"
     assert answer(run(repl, "Final('x')")) == "x"
+    assert answer(run(repl, "final_answer(7)")) == "7"
     run(repl, "word = 'abc'")
     assert answer(run(repl, "final_var('word')")) == "abc"
     assert answer(run(repl, "Final_Var('word')")) == "abc"
@@ -157,3 +158,34 @@ def test_aliases_are_not_listed_and_come_back_once_freed(repl):
     run(repl, "final = 3")
     run(repl, "del final")
     assert answer(run(repl, "final(5)")) == "5"
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        ("x = 3\n**FINAL(x)**", "3"),
+        ("`FINAL(The answer is 42)`", "The answer is 42"),
+        ("FINAL: The answer is 42", "The answer is 42"),
+        ("FINAL 345", "345"),
+        ("FINAL: 42", "42"),  # valid Python (an annotation that does nothing) until read as the call
+        ("y = [1, 2]\nFINAL: y", "[1, 2]"),
+        ("res = 'abc'\nFINAL_VAR: res", "abc"),
+        ("if True:\n    FINAL: indented text here", "indented text here"),
+    ],
+)
+def test_answers_written_without_python_call_syntax_in_code(repl, code, expected):
+    out = run(repl, code)
+    assert answer(out) == expected, out
+    assert out["error"] is None
+    assert out["notes"]  # the model is told how to write it
+
+
+def test_a_users_lower_case_annotation_is_left_alone(repl):
+    out = run(repl, "final: int = 3\nscore: float\nprint(final)")
+    assert out["final"] is None and out["error"] is None and out["stdout"] == "3\n"
+
+
+def test_final_var_of_an_undefined_name_says_to_assign_it_first(repl):
+    out = run(repl, "FINAL_VAR(missing)")
+    assert out["final"] is None and "NameError" in out["error"]
+    assert any('then FINAL_VAR("missing")' in note for note in out["notes"])

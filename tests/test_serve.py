@@ -107,6 +107,7 @@ def test_streaming_sends_repl_steps_as_reasoning_then_the_answer_then_usage(clie
     stream = client.chat.completions.create(
         model="recursa",
         stream=True,
+        stream_options={"include_usage": True},
         messages=[
             {"role": "user", "content": "some context text"},
             {"role": "user", "content": "RUN: x = 6 * 7\nprint('value', x) ||| FINAL(x)"},
@@ -121,10 +122,10 @@ def test_streaming_sends_repl_steps_as_reasoning_then_the_answer_then_usage(clie
     assert "turn 1" in reasoning and "turn 2" in reasoning
     assert "print('value', x)" in reasoning and "value 42" in reasoning  # the code, then its output
     assert content == "42"
-    last = chunks[-1]
-    assert last.choices[0].finish_reason == "stop"
-    assert last.usage is not None and last.usage.prompt_tokens > 0
-    assert last.model_extra["recursa"]["iterations"] == 2
+    finish, last = chunks[-2], chunks[-1]
+    assert finish.choices[0].finish_reason == "stop"
+    assert finish.model_extra["recursa"]["iterations"] == 2
+    assert last.choices == [] and last.usage is not None and last.usage.prompt_tokens > 0
     # the reasoning arrived in several chunks, before the answer
     reasoning_chunks = [
         c for c in chunks if c.choices and (c.choices[0].delta.model_extra or {}).get("reasoning_content")

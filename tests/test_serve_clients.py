@@ -1,7 +1,8 @@
 """`recursa serve` driven by the clients people already use (the `clients-test` extra, pinned):
-LangChain's ChatOpenAI (invoke, stream, with_structured_output by json_schema and by function
-calling), LiteLLM (completion and streaming) and the OpenAI Agents SDK (Runner.run with an
-output_type). Each must also report a wrong key as an authentication error, not a bad request."""
+LangChain's ChatOpenAI (invoke, stream with and without stream_usage, with_structured_output by
+json_schema and by function calling), LiteLLM (completion and streaming, with usage), the OpenAI
+SDK's stream_options and the OpenAI Agents SDK (Runner.run with an output_type). Each must also
+report a wrong key as an authentication error, not a bad request."""
 
 from __future__ import annotations
 
@@ -64,6 +65,92 @@ def test_langchain_invoke_and_stream(srv):
     assert "".join(str(c.content) for c in chunks) == "hello from the rlm"
 
 
+@pytest.mark.parametrize("stream_usage", [True, False])
+def test_langchain_stream_usage_follows_stream_usage(srv, stream_usage):
+    langchain_openai = pytest.importorskip("langchain_openai")
+    chat = langchain_openai.ChatOpenAI(
+        model="recursa", base_url=srv.url + "/v1", api_key=KEY, max_retries=0, stream_usage=stream_usage
+    )
+    chunks = list(chat.stream(_lc_messages(HELLO)))
+    assert "".join(str(c.content) for c in chunks) == "hello from the rlm"
+    total = chunks[0]
+    for chunk in chunks[1:]:
+        total += chunk
+    if stream_usage:
+        usage = total.usage_metadata
+        assert usage is not None and usage["input_tokens"] > 0 and usage["output_tokens"] > 0
+        assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+    else:
+        assert total.usage_metadata is None
+
+
+# -- the OpenAI SDK's stream_options ----------------------------------------------------------------
+
+
+def _openai(srv: BackgroundServer):
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0)
+
+
+def test_openai_stream_with_include_usage_ends_with_a_usage_chunk(srv):
+    stream = _openai(srv).chat.completions.create(
+        model="recursa",
+        messages=[{"role": "system", "content": CONTEXT}, {"role": "user", "content": HELLO}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    last = chunks[-1]
+    assert last.choices == []
+    assert last.usage is not None and last.usage.prompt_tokens > 0 and last.usage.completion_tokens > 0
+    assert last.usage.total_tokens == last.usage.prompt_tokens + last.usage.completion_tokens
+    assert "cost" in (last.usage.model_extra or {})
+    assert all(c.usage is None for c in chunks[:-1])
+    assert chunks[-2].choices[0].finish_reason == "stop"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks[:-1]) == "hello from the rlm"
+
+
+def test_openai_stream_without_include_usage_has_no_usage(srv):
+    import httpx
+
+    body = {
+        "model": "recursa",
+        "stream": True,
+        "messages": [{"role": "system", "content": CONTEXT}, {"role": "user", "content": HELLO}],
+    }
+    for options in (None, {"include_usage": False}):
+        sent = body if options is None else {**body, "stream_options": options}
+        r = httpx.post(
+            srv.url + "/v1/chat/completions", json=sent, headers={"Authorization": f"Bearer {KEY}"}
+        )
+        events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+        assert events and all("usage" not in e for e in events)
+        assert all(e["choices"] for e in events)  # no usage chunk without choices
+        assert events[-1]["choices"][0]["finish_reason"] == "stop" and "recursa" in events[-1]
+    chunks = list(_openai(srv).chat.completions.create(**body))
+    assert all(c.usage is None for c in chunks) and all(c.choices for c in chunks)
+
+
+@pytest.mark.parametrize(
+    ("options", "param"),
+    [
+        ({"include_usage": "yes"}, "stream_options.include_usage"),
+        ({"include_obfuscation": 1}, "stream_options.include_obfuscation"),
+        (["include_usage"], "stream_options"),
+    ],
+)
+def test_bad_stream_options_are_a_400_naming_the_field(srv, options, param):
+    openai = pytest.importorskip("openai")
+    with pytest.raises(openai.BadRequestError) as info:
+        _openai(srv).chat.completions.create(
+            model="recursa",
+            messages=[{"role": "user", "content": HELLO}],
+            stream=True,
+            stream_options=options,
+        )
+    assert info.value.body["param"] == param
+
+
 @pytest.mark.parametrize("method", ["json_schema", "function_calling"])
 def test_langchain_with_structured_output(srv, method):
     structured = _chat(srv).with_structured_output(Person, method=method)
@@ -104,6 +191,15 @@ def test_litellm_completion_and_streaming(srv, litellm):
     assert r.choices[0].message.content == "hello from the rlm"
     pieces = [c.choices[0].delta.content or "" for c in litellm.completion(**_lite_kwargs(srv), stream=True)]
     assert "".join(pieces) == "hello from the rlm"
+
+
+def test_litellm_streaming_with_usage(srv, litellm):
+    chunks = list(
+        litellm.completion(**_lite_kwargs(srv), stream=True, stream_options={"include_usage": True})
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "hello from the rlm"
+    usage = next(getattr(c, "usage", None) for c in reversed(chunks) if getattr(c, "usage", None))
+    assert usage.prompt_tokens > 0 and usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
 
 
 def test_litellm_structured_output(srv, litellm):

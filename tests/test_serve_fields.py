@@ -311,7 +311,6 @@ def test_fields_without_effect_are_accepted(srv):
         "service_tier": "auto",
         "verbosity": "low",
         "parallel_tool_calls": True,
-        "stream_options": {"include_usage": True},
         "modalities": ["text"],
         "prompt_cache_retention": "24h",
     }

@@ -1,7 +1,7 @@
 """recursa side by side with the official `rlms` package, minrlm and recursive-llm, on one fake server.
 
     python benchmarks/vs_official/run.py [all|fanout|depth|overhead|memory|cache] [--smoke] [--busy]
-        [--engines recursa,official,minrlm] [--repeat N] [--sizes-mb 1,100]
+        [--engines recursa,official,minrlm,recursive-llm] [--repeat N] [--turns N] [--sizes-mb 1,100]
         [--official-python PATH] [--minrlm-python PATH] [--recursive-llm-python PATH]
 
 The other engines (pinned: rlms==0.1.3, minrlm==0.1.5, recursive-llm==0.5.0) are installed by this
@@ -116,6 +116,7 @@ class Bench:
                 self.python[engine] = venv_python(engine, given.get(engine))
         self.smoke = args.smoke
         self.repeat = max(1, args.repeat)
+        self.turns = max(3, args.turns) if args.turns else None
         self.sizes_mb = [float(x) for x in args.sizes_mb.split(",") if x] if args.sizes_mb else None
 
     def side(
@@ -306,24 +307,25 @@ def _turn_stats(r: dict[str, Any]) -> dict[str, float] | None:
 
 def case_overhead(bench: Bench) -> None:
     sizes = bench.sizes_mb or ([0.01] if bench.smoke else [1, 100, 1000])
-    turns = 3 if bench.smoke else 10
+    turns = bench.turns or (3 if bench.smoke else 10)
     print(
         f"## per-turn overhead: {turns} root turns, instant model (server timestamps), "
         f"{bench.repeat} run(s) per engine and size, interleaved\n"
     )
     print(
         "turn: median gap between a root reply leaving the server and the next root request arriving\n"
-        "(HTTP client + engine + a trivial cell) from the second reply on, the median over the runs (each\n"
-        "run's median in `each run`); / recursa: that over recursa's in the same table; first: the gap\n"
-        "after the first reply (which may also wait for the REPL to start); setup: run() called to first\n"
-        "request; end: last reply to run() returning; quiet: run() returning to no threads or child\n"
-        "processes left.\n"
+        "(HTTP client + engine + a trivial cell) from the second reply on, the median over the runs;\n"
+        "/ recursa: turn over recursa's in the same table; best run: the lowest run's median (on a busy\n"
+        "machine, the least disturbed); each run: every run's median; first: the gap after the first\n"
+        "reply (which may also wait for the REPL to start); setup: run() called to first request; end:\n"
+        "last reply to run() returning; quiet: run() returning to no threads or child processes left.\n"
     )
     head = [
         "context",
         "engine",
         "turn",
         "/ recursa",
+        "best run",
         "each run",
         "first",
         "setup",
@@ -361,6 +363,7 @@ def case_overhead(bench: Bench) -> None:
                         engine,
                         _fmt(turn, "ms", 2),
                         f"{turn / base:.2f}x" if base else "-",
+                        _fmt(min(st["turn_ms"] for st in sts), "ms", 2),
                         " / ".join(f"{st['turn_ms']:.2f}" for st in sts),
                         _fmt(statistics.median(st["first_ms"] for st in sts), "ms", 1),
                         _fmt(statistics.median(st["setup_s"] for st in sts), "s", 2),
@@ -493,6 +496,7 @@ def main() -> None:
         "--smoke", action="store_true", help="tiny sizes and latencies (a check, not a measurement)"
     )
     ap.add_argument("--engines", default=",".join(ENGINES), help=f"a comma-separated subset of {ENGINES}")
+    ap.add_argument("--turns", type=int, default=0, help="overhead: root turns per run (default 10)")
     ap.add_argument(
         "--repeat", type=int, default=1, help="overhead, depth: runs per engine and size, interleaved"
     )

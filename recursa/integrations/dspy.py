@@ -36,6 +36,7 @@ from dspy.primitives.code_interpreter import CodeExecutionError, CodeInterpreter
 from recursa.errors import ConfigError, SandboxError
 from recursa.sandbox import SANDBOX_KINDS, Sandbox, make_sandbox
 from recursa.sandbox.base import CallbackError, ExecResult
+from recursa.trace.redact import redact
 
 T = TypeVar("T")
 
@@ -302,7 +303,9 @@ class RecursaInterpreter:
                 value = await value
         except Exception as exc:
             kind = "SubcallError" if name in _DSPY_LLM_TOOLS else "ToolError"
-            raise CallbackError(kind, f"{name}: {type(exc).__name__}: {exc}") from None
+            # DSPy's LM and tools hold their own keys (the environment's, as a rule): their
+            # messages are scrubbed before the REPL's code sees them.
+            raise CallbackError(kind, redact(f"{name}: {type(exc).__name__}: {exc}")) from None
         return value
 
 

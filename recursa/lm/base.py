@@ -101,7 +101,12 @@ def estimate_tokens_upper(messages: list[Message], max_output_tokens: int = 0) -
     """
     total = 8
     for m in messages:
-        total += len((m.get("content") or "").encode("utf-8", "surrogatepass")) + 8
+        total += _utf8_len(m.get("content") or "") + 8
         if m.get("tool_calls"):
-            total += len(json.dumps(m["tool_calls"], ensure_ascii=False).encode("utf-8", "surrogatepass"))
+            total += _utf8_len(json.dumps(m["tool_calls"], ensure_ascii=False))
     return total + max_output_tokens
+
+
+def _utf8_len(text: str) -> int:
+    # Every call prices the whole history: ASCII text (most of it) is measured without encoding.
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))

@@ -178,6 +178,9 @@ class ModelGateway:
             # not billed. A cancelled attempt may have been, but nothing tells us what it used.
             self._drop(state)
             if isinstance(exc, (LMError, BudgetExceeded)):
+                # A provider's or a client's message may echo a key (a header, a URL's ?key=): it
+                # reaches the REPL, the result, a server's error body; scrubbed once, here.
+                self.trace.redact.exception(exc)
                 self.trace.emit(
                     "lm_call", **base_event, error=str(exc), latency_s=_since(started), **state.fields()
                 )

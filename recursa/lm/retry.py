@@ -20,6 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from recursa.errors import ContextLengthError, LMError
 from recursa.lm.base import LMResponse
+from recursa.trace.redact import redact
 
 T = TypeVar("T")
 
@@ -350,10 +351,8 @@ def host_port(url: str) -> str:
 
 
 def scrub(text: str, secret: str | None) -> str:
-    """Remove a secret from text we put into an error message."""
-    if secret and len(secret) >= 4 and secret in text:
-        return text.replace(secret, "***")
-    return text
+    """Text we put into an error message, scrubbed of the call's key and anything key-like."""
+    return redact(text, secret)
 
 
 def public_url(url: str) -> str:

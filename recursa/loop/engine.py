@@ -226,6 +226,8 @@ class RunEngine:
         else:
             r.stop_reason, self._pending = "error", exc
             r.error = str(exc) if isinstance(exc, RecursaError) else f"{type(exc).__name__}: {exc}"
+        if r.error:
+            r.error = self.tree.trace.redact(r.error)
 
     async def finish(self) -> RLMResult:
         """Close the REPL and write run_end (once). Raises again what stopped the run if that was a

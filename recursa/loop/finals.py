@@ -14,8 +14,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-# An answer line may carry markdown around it: "**FINAL**(x)", "- FINAL(x)", "`FINAL(x)`", "> FINAL".
-_LINE_DECOR = r"(?:[ \t>*_#`-]|\d{1,3}[.)][ \t])*"
+# An answer line may carry markdown around it: "**FINAL**(x)", "- FINAL(x)", "`FINAL(x)`", "> FINAL", a
+# tag ("<answer>FINAL(x)</answer>") or a label that says what follows ("**Answer:** FINAL(x)").
+_LINE_DECOR = (
+    r"(?:[ \t>*_#`-]|\d{1,3}[.)][ \t]|<[A-Za-z][A-Za-z_]{0,19}>"
+    r"|(?:[Ff]inal[ \t]+|FINAL[ \t]+)?(?:[Aa]nswer|ANSWER|[Rr]esult|RESULT)[ \t]*:)*"
+)
 # Small models also write the markers in lower or title case ("final(42)", "Final_Var(x)"). Those
 # count only with the parenthesis right after the word: "Final (and most important) point" is English.
 PROSE_FINAL_VAR = re.compile(rf"^{_LINE_DECOR}(?:FINAL_VAR[*_`]*[ \t]*|(?i:final_var)[*_`]*)\(", re.M)
@@ -161,9 +165,18 @@ def _balanced_argument(text: str, start: int) -> str:
     """The text inside FINAL( ... ): up to the parenthesis that closes it, else the rest of the reply."""
     end = argument_end(text, start)
     if end is not None:
-        return _unquote(text[start:end].strip())
+        return _unquote(_unemphasized(text[start:end].strip()))
     body = text[start:].strip()
-    return _unquote(body[:-1].strip() if body.endswith(")") else body)
+    return _unquote(_unemphasized(body[:-1].strip() if body.endswith(")") else body))
+
+
+def _unemphasized(text: str) -> str:
+    """FINAL(**42**) or FINAL(`42`): the answer without the markdown wrapped around all of it."""
+    for mark in ("**", "__", "`"):
+        inner = text[len(mark) : -len(mark)]
+        if len(text) > 2 * len(mark) and text.startswith(mark) and text.endswith(mark) and mark not in inner:
+            return inner.strip()
+    return text
 
 
 def argument_end(text: str, start: int, window: int | None = None) -> int | None:
@@ -273,6 +286,22 @@ def _unquote(text: str) -> str:
     for quote in ('"""', "'''", '"', "'"):
         if len(text) >= 2 * len(quote) and text.startswith(quote) and text.endswith(quote):
             return text[len(quote) : -len(quote)]
+    # Typographic quotes, which editors and some tokenizers put in: “Paris”, ‘Paris’, «Paris», „Paris“.
+    for left, right in (
+        ("\u201c", "\u201d"),
+        ("\u2018", "\u2019"),
+        ("\u00ab", "\u00bb"),
+        ("\u201e", "\u201c"),
+    ):
+        inner = text[1:-1]
+        if (
+            len(text) >= 2
+            and text[0] == left
+            and text[-1] == right
+            and left not in inner
+            and right not in inner
+        ):
+            return inner
     return text
 
 

@@ -65,7 +65,9 @@ _ODD_INDENT = re.compile(
     "^[ \t\u00a0\u2007\u202f\u3000]*[\u00a0\u2007\u202f\u3000][ \t\u00a0\u2007\u202f\u3000]*", re.M
 )
 # FINAL written with fullwidth punctuation (Chinese-language replies): FINAL（42）, FINAL：42.
-_FULLWIDTH_FINAL = re.compile("^([^\\S\\n]*[>*_#`-]*FINAL(?:_VAR|_ANSWER)?[*_`]*)[ \t\u00a0]*（(.*)）", re.M)
+_FULLWIDTH_FINAL = re.compile(
+    "^([^\\S\\n]*[>*_#`-]*(?i:FINAL(?:_VAR|_ANSWER)?)[*_`]*)[ \t\u00a0]*（(.*)）", re.M
+)
 _FULLWIDTH_COLON = re.compile("^([^\\S\\n]*[>*_#`-]*FINAL(?:_VAR|_ANSWER)?[*_`]*)[ \t\u00a0]*：", re.M)
 _NBSP_BEFORE_PAREN = re.compile("(FINAL(?:_VAR)?)[\u00a0\u202f]+(?=\\()")
 _PYTHON_TAG = re.compile(r"<\|python_tag\|>(.*?)(?:<\|eom_id\|>|<\|eot_id\|>|\Z)", re.DOTALL)

@@ -23,6 +23,7 @@ from recursa.result import RLMResult
 from recursa.sandbox.base import CallbackError
 from recursa.tools.calling import call_with_tools
 from recursa.tools.runner import ToolFailure
+from recursa.trace.redact import Redactor
 from recursa.usage import Usage
 
 # Failures of the call itself (not of how it was called): what subcall_errors="return" turns into text.
@@ -57,14 +58,20 @@ class SubcallHandler:
         self.config = run.tree.config
 
     async def __call__(self, fn: str, args: dict[str, Any]) -> Any:
-        if fn == "tool":
-            return await self._tool(args)
+        """The value for the REPL, or a CallbackError whose message is scrubbed of keys: what the
+        host says goes into the sandbox, where the code that reads it is the model's."""
+        redact = self.run.tree.trace.redact
         try:
+            if fn == "tool":
+                return await self._tool(args)
             return await self._subcall(fn, args)
         except CallbackError as exc:
-            if self.config.subcall_errors == "return" and exc.kind in _CALL_FAILURES:
-                return f"[error] {exc.kind}: {exc}"
-            raise
+            message = redact(str(exc))
+            if fn != "tool" and self.config.subcall_errors == "return" and exc.kind in _CALL_FAILURES:
+                return f"[error] {exc.kind}: {message}"
+            raise CallbackError(exc.kind, message) from None
+        except Exception as exc:  # a host-side bug: its message is the host's too
+            raise CallbackError(type(exc).__name__, redact(str(exc))) from None
 
     async def _tool(self, args: dict[str, Any]) -> Any:
         name = str(args.get("name"))
@@ -117,7 +124,8 @@ class SubcallHandler:
                 raise CallbackError(
                     "TypeError", f"llm_query_batched: prompts[{i}] is {type(p).__name__}, not str"
                 )
-        return self._batch_outcome(await _gather_items([self._one_llm(p, model) for p in prompts]))
+        items = await _gather_items([self._one_llm(p, model) for p in prompts], self.run.tree.trace.redact)
+        return self._batch_outcome(items)
 
     def _batch_outcome(self, items: list[Any]) -> list[Any]:
         """In "return" mode failed items are error strings already: the REPL gets a plain list."""
@@ -221,7 +229,7 @@ class SubcallHandler:
                     "TypeError", f"rlm_query_batched: prompts[{i}] is {type(p).__name__}, not str"
                 )
         children = [self._one_child(p, c) for p, c in zip(prompts, contexts, strict=True)]
-        return self._batch_outcome(await _gather_items(children))
+        return self._batch_outcome(await _gather_items(children, self.run.tree.trace.redact))
 
     async def _one_child(self, prompt: str, context: Any) -> str:
         run = self.run
@@ -266,8 +274,9 @@ class SubcallHandler:
         return outcome
 
 
-async def _gather_items(coros: list[Awaitable[str]]) -> list[Any]:
-    """Run every item; a failed item becomes an error record so paid-for answers are never lost.
+async def _gather_items(coros: list[Awaitable[str]], redact: Callable[[str], str] | None = None) -> list[Any]:
+    """Run every item; a failed item becomes an error record (its message scrubbed with `redact`)
+    so paid-for answers are never lost.
 
     The REPL side turns the records back into exceptions when every item failed, and otherwise
     returns the answers with the failures marked.
@@ -289,14 +298,15 @@ async def _gather_items(coros: list[Awaitable[str]]) -> list[Any]:
             coro.close()  # type: ignore[attr-defined]
         raise
     results = await asyncio.gather(*tasks, return_exceptions=True)
+    redact = redact or Redactor()
     out: list[Any] = []
     for item in results:
         if isinstance(item, CallbackError):
-            out.append({"__error__": {"kind": item.kind, "message": str(item)}})
+            out.append({"__error__": {"kind": item.kind, "message": redact(str(item))}})
         elif isinstance(item, BaseException):
             if isinstance(item, asyncio.CancelledError):
                 raise item
-            out.append({"__error__": {"kind": "SubcallError", "message": str(item)}})
+            out.append({"__error__": {"kind": "SubcallError", "message": redact(str(item))}})
         else:
             out.append(item)
     return out

@@ -75,7 +75,7 @@ class CallTree:
             gateway.share(config.clients)  # the user's own client objects: used, never closed here
         host_tools = [t for t in [*config.tools, *config.sub_tools] if t.where == "host"]
         unique = list({id(t.fn): t for t in host_tools}.values())
-        return cls(config, ledger, gateway, trace, ToolRunner.of(unique))
+        return cls(config, ledger, gateway, trace, ToolRunner.of(unique, redactor))
 
     def new_budget(self) -> None:
         """A fresh ledger (caps and deadline) and retry allowance for the next question of a session."""

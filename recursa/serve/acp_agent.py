@@ -11,6 +11,9 @@ A client may set the model per session through the new session's `_meta` under `
 {"model", "sub_model", "base_url", "api_key", "max_depth", "max_iterations", "budget": {...}}; it
 overrides the operator's flags for that session only (verifiers points the model at its own
 endpoint this way). The API key it sends is used for that session's calls and never echoed back.
+A `base_url` of the client's choosing gets the operator's key only if the operator allowed it
+(`--allow-base-url`, besides `--base-url`); otherwise the client must send its own `api_key` with
+it, or the session is refused (ServeSettings.client_upstream).
 """
 
 from __future__ import annotations
@@ -43,11 +46,12 @@ from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION
 from recursa.loop.tree import new_id
 from recursa.rlm import RLM
 from recursa.serve.settings import ServeSettings
+from recursa.trace.redact import redact
 from recursa.version import __version__
 
 RUNTIME_KEY = "recursa/runtime-v1"
 RUN_KEY = "recursa/run-v1"
-_SESSION_FIELDS = ("model", "sub_model", "base_url", "max_depth", "max_iterations")
+_SESSION_FIELDS = ("model", "sub_model", "max_depth", "max_iterations")  # base_url: client_upstream
 _STOP = {
     "final": "end_turn",
     "max_iterations": "max_turn_requests",
@@ -92,9 +96,11 @@ class RecursaAgent:
         if not isinstance(overrides, dict):
             raise RequestError.invalid_params({"message": f"_meta.{RUNTIME_KEY} must be an object"})
         try:
-            self._rlm(overrides)  # a bad model, key or budget fails here, not on the first prompt
+            self._rlm(overrides)  # a bad model, key, base URL or budget fails here, not on the first prompt
         except (RecursaError, TypeError, ValueError) as exc:
-            raise RequestError.invalid_params({"message": f"_meta.{RUNTIME_KEY}: {exc}"}) from None
+            said = str(exc)
+            message = said if said.startswith(f"_meta.{RUNTIME_KEY}") else f"_meta.{RUNTIME_KEY}: {said}"
+            raise RequestError.invalid_params({"message": self._redact(message, overrides)}) from None
         session_id = overrides.get("session_id") if isinstance(overrides.get("session_id"), str) else None
         session_id = session_id or new_id("acp")
         self._sessions[session_id] = _Session(dict(overrides), cwd)
@@ -121,9 +127,12 @@ class RecursaAgent:
         except asyncio.CancelledError:
             return PromptResponse(stop_reason="cancelled")
         except RecursaError as exc:
-            raise RequestError.invalid_params({"message": str(exc)}) from None
+            raise RequestError.invalid_params(
+                {"message": self._redact(str(exc), session.overrides)}
+            ) from None
         except Exception as exc:  # a bug: the client gets its name, not a bare "Internal error"
-            raise RequestError.internal_error({"message": f"{type(exc).__name__}: {exc}"}) from None
+            message = self._redact(f"{type(exc).__name__}: {exc}", session.overrides)
+            raise RequestError.internal_error({"message": message}) from None
         finally:
             session.task = None
         text = result.answer if result.answer else f"(no answer: {result.error or result.stop_reason})"
@@ -153,15 +162,23 @@ class RecursaAgent:
         return None
 
     # -- inside --------------------------------------------------------------------------------
+    def _redact(self, text: str, overrides: dict[str, Any]) -> str:
+        """An error for the client without the operator's keys or the session's own."""
+        own = overrides.get("api_key")
+        return redact(self.settings.redact(text), own if isinstance(own, str) else None)
+
     def _rlm(self, overrides: dict[str, Any], on_event: Any = None) -> RLM:
         s = self.settings
         pick = {name: overrides.get(name, getattr(s, name)) for name in _SESSION_FIELDS}
+        base_url, api_key = s.client_upstream(
+            overrides.get("base_url"), overrides.get("api_key"), f"_meta.{RUNTIME_KEY}"
+        )
         budget = overrides.get("budget")
         return RLM(
             pick["model"],
             sub_model=pick["sub_model"],
-            base_url=pick["base_url"],
-            api_key=overrides.get("api_key") or s.upstream_api_key,
+            base_url=base_url,
+            api_key=api_key,
             max_depth=int(pick["max_depth"]),
             max_iterations=int(pick["max_iterations"]),
             budget=Budget(**budget) if isinstance(budget, dict) else s.budget,

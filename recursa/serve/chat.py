@@ -305,13 +305,19 @@ class SSERun(Response):
         self.created = int(time.time())
         self.renderer = StepRenderer()
 
-    def _chunk(self, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+    def _chunk(self, delta: dict[str, Any] | None, finish: str | None = None, **extra: Any) -> bytes:
+        """One chunk; `delta` None makes the usage chunk (no choices). Asked for usage, every chunk
+        has a `usage` field, null until that last one, as OpenAI's stream does."""
+        choices = (
+            [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
+        )
         body = {
             "id": self.id,
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.req.model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+            "choices": choices,
+            **({"usage": None} if self.req.shape.include_usage else {}),
             **extra,
         }
         return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
@@ -397,13 +403,16 @@ class SSERun(Response):
             result = self.run.task.result()
         except (RecursaError, ValueError) as exc:
             message = f"the run could not start: {_session_note(self.run, exc)}"
-            await self._error(emit, message, "invalid_request_error", "run_failed")
+            await self._error(
+                emit, self.service.settings.redact(message), "invalid_request_error", "run_failed"
+            )
             return
         except Exception as exc:
             await self._error(emit, f"the run failed: {type(exc).__name__}", "server_error", "run_failed")
             return
         if result.stop_reason == "error" and not result.answer:
-            await self._error(emit, f"the run failed: {result.error}", "server_error", "run_failed")
+            message = self.service.settings.redact(f"the run failed: {result.error}")
+            await self._error(emit, message, "server_error", "run_failed")
             return
         await self.answer(emit, result)
 
@@ -431,13 +440,10 @@ class SSERun(Response):
             else:
                 await emit(self._chunk({"content": piece}))
         await emit(
-            self._chunk(
-                {},
-                finish_reason(result, cut, shape),
-                usage=usage_body(result),
-                recursa=run_summary(result, self.req.session),
-            )
+            self._chunk({}, finish_reason(result, cut, shape), recursa=run_summary(result, self.req.session))
         )
+        if shape.include_usage:
+            await emit(self._chunk(None, usage=usage_body(result)))
 
     async def _error(self, emit: Emit, message: str, kind: str, code: str | None) -> None:
         body = {"error": {"message": message, "type": kind, "param": None, "code": code}}

@@ -79,6 +79,15 @@ def add_parsers(sub: Any, add_model_options: Callable[[argparse.ArgumentParser],
         "context, otherwise the prompt's text is. Needs the acp extra: pip install 'recursa[acp]'.",
     )
     add_model_options(acp)
+    acp.add_argument(
+        "--allow-base-url",
+        action="append",
+        default=None,
+        metavar="URL",
+        help="a model server URL a client's session _meta may name while using this agent's API key "
+        "(repeatable; --base-url is always allowed). Any other URL a client names must come with the "
+        "client's own api_key",
+    )
 
     view = sub.add_parser("view", help="a trace viewer in the browser")
     view.add_argument("trace", help="a trace file (.jsonl), e.g. a result's trace_path")
@@ -337,6 +346,12 @@ def _acp(args: argparse.Namespace) -> int:
     except ImportError:
         raise ConfigError('recursa acp needs the acp extra: pip install "recursa[acp]"') from None
     settings = _settings(args, [])
+    for url in args.allow_base_url or []:
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"--allow-base-url {url!r} is not an http(s) URL; e.g. http://127.0.0.1:8000/v1"
+            )
+    settings.allowed_base_urls = tuple(args.allow_base_url or [])
     import asyncio
 
     asyncio.run(serve_stdio(settings))

@@ -52,7 +52,6 @@ NO_EFFECT = {
     "service_tier": "the server has one tier",
     "verbosity": "the answer's length follows the question; cap it with max_completion_tokens",
     "parallel_tool_calls": "a forced function is called once",
-    "stream_options": "usage is always sent, in the last chunk",
     "modalities": 'only ["text"] is accepted',
 }
 # Refused: field -> why an RLM cannot honour it.
@@ -74,6 +73,7 @@ HONOURED = (
     "stop",
     "max_tokens",
     "max_completion_tokens",
+    "stream_options",
 )
 STANDARD = frozenset(("model", "messages", "n", "stream", "recursa", *HONOURED, *NO_EFFECT, *REFUSED))
 _TOOLS_WHY = (
@@ -93,6 +93,8 @@ class AnswerShape:
     sampling: dict[str, Any] = field(default_factory=dict)  # sent with the root model's calls
     stop: tuple[str, ...] = ()
     max_answer_tokens: int | None = None
+    # stream_options.include_usage: a last chunk with `choices: []` and the usage, as OpenAI sends it.
+    include_usage: bool = False
 
     @property
     def max_answer_chars(self) -> int | None:
@@ -142,6 +144,7 @@ def parse_shape(body: dict[str, Any], provider: str | None) -> AnswerShape:
     shape.sampling = sampling(body, provider)
     shape.stop = _stop(body.get("stop"))
     shape.max_answer_tokens = _max_tokens(body)
+    shape.include_usage = _include_usage(body.get("stream_options"))
     return shape
 
 
@@ -168,12 +171,23 @@ def check_no_effect(body: dict[str, Any]) -> None:
         or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
     ):
         raise bad("`metadata` must be an object of at most 16 string keys and string values", "metadata")
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise bad('`stream_options` must be an object such as {"include_usage": true}', "stream_options")
     modalities = body.get("modalities")
     if modalities is not None and modalities != ["text"]:
         raise bad('`modalities` must be ["text"]: an RLM answers in text only', "modalities")
+
+
+def _include_usage(options: Any) -> bool:
+    """stream_options: `include_usage` is honoured, `include_obfuscation` has nothing to pad (the
+    answer comes in fixed-size pieces); both must be booleans. Sent without streaming, it does nothing."""
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise bad('`stream_options` must be an object such as {"include_usage": true}', "stream_options")
+    for key in ("include_usage", "include_obfuscation"):
+        value = options.get(key)
+        if value is not None and not isinstance(value, bool):
+            raise bad(f"`stream_options.{key}` must be true or false", f"stream_options.{key}")
+    return options.get("include_usage") is True
 
 
 def _response_format(value: Any, shape: AnswerShape) -> None:

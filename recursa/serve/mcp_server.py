@@ -123,7 +123,7 @@ def build_mcp_server(settings: ServeSettings, *, name: str = "recursa") -> MCPSe
         try:
             run = LiveRun(settings, spec)
         except (RecursaError, ValueError) as exc:
-            raise ToolError(f"cannot start the run: {exc}") from None
+            raise ToolError(settings.redact(f"cannot start the run: {exc}")) from None
         return await _drive(run, ctx, spec.max_iterations)
 
     sessions = SessionStore(settings)
@@ -150,7 +150,7 @@ def build_mcp_server(settings: ServeSettings, *, name: str = "recursa") -> MCPSe
             raise ToolError(exc.message) from None
         except RecursaError as exc:
             await sessions.close(owner, session_id)
-            raise ToolError(f"cannot open the session: {exc}") from None
+            raise ToolError(settings.redact(f"cannot open the session: {exc}")) from None
         trace = handle.session.trace_path
         return SessionInfo(
             session=session_id, idle_ttl_s=settings.session_ttl_s, trace_path=str(trace) if trace else None
@@ -254,7 +254,7 @@ async def _drive(run: LiveRun, ctx: Context, max_iterations: int) -> Answer:
         try:
             result = run.task.result()
         except RecursaError as exc:
-            raise ToolError(str(exc)) from None
+            raise ToolError(run.settings.redact(str(exc))) from None
     finally:
         # The client cancelled the request (or the session ended): stop the run, reap its REPLs.
         if not run.task.done():

@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import time
+import traceback
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -70,7 +71,9 @@ def create_app(settings: ServeSettings) -> FastAPI:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+        body = exc.body()
+        body["error"]["message"] = settings.redact(exc.message)  # may quote a failed run's error
+        return JSONResponse(body, status_code=exc.status, headers=headers)
 
     @app.exception_handler(ClientGone)
     async def _gone(_: Request, __: ClientGone) -> Response:
@@ -96,7 +99,9 @@ def create_app(settings: ServeSettings) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("internal error while serving a request")
+        # The traceback's text, scrubbed: an exception's message may carry a key.
+        trace = "".join(traceback.format_exception(exc))
+        log.error("internal error while serving a request\n%s", settings.redact(trace.rstrip()))
         body = ApiError(500, f"internal server error ({type(exc).__name__})", type="server_error").body()
         return JSONResponse(body, status_code=500)
 

@@ -6,9 +6,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from recursa.budget import Budget
 from recursa.errors import ConfigError
+from recursa.trace.redact import Redactor
 
 EventCallback = Callable[[dict[str, Any]], None]
 
@@ -27,6 +29,9 @@ class ServeSettings:
     sub_model: str | None = None
     base_url: str | None = None
     upstream_api_key: str | None = field(default=None, repr=False)  # for the model provider
+    # Base URLs besides `base_url` a client may point its runs at while they use the operator's key
+    # (`client_upstream`); any other URL a client names gets only a key the client sends itself.
+    allowed_base_urls: tuple[str, ...] = ()
     api_key: str | None = field(default=None, repr=False)  # one bearer key, shared by its holders
     # Client name -> that client's own bearer key: each is a caller of its own (recursa.serve.callers).
     api_keys: dict[str, str] = field(default_factory=dict, repr=False)
@@ -87,6 +92,37 @@ class ServeSettings:
         if self.max_depth > self.max_depth_limit:
             self.max_depth_limit = self.max_depth
 
+    def client_upstream(self, base_url: Any, api_key: Any, where: str) -> tuple[str | None, str | None]:
+        """The (base URL, API key) for runs of a client that may name its own upstream (`where`:
+        the field holding the client's `base_url` and `api_key`, for the error).
+
+        The operator's key goes only to the configured base URL and `allowed_base_urls`: a URL the
+        client chose would otherwise receive it. Elsewhere the client sends its own key, or the
+        answer is a ConfigError naming the field and the ways out."""
+        own = api_key if isinstance(api_key, str) and api_key else None
+        if api_key is not None and own is None:
+            raise ConfigError(f"{where}.api_key must be a non-empty string (your key for the model server)")
+        if base_url is None:
+            return self.base_url, own or self.upstream_api_key
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"{where}.base_url must be an http(s) URL such as http://127.0.0.1:8000/v1")
+        if own is not None:
+            return base_url, own
+        allowed = [u for u in (self.base_url, *self.allowed_base_urls) if u]
+        if any(_same_url(base_url, u) for u in allowed):
+            return base_url, self.upstream_api_key
+        raise ConfigError(
+            f"{where}.base_url {base_url[:200]!r} is not a URL this agent's operator allowed, and the "
+            "operator's API key is sent only to those. Send your own key for that server in "
+            f"{where}.api_key, use the configured base URL, or ask the operator to allow it "
+            "(recursa acp --allow-base-url URL)"
+        )
+
+    def redact(self, text: str) -> str:
+        """`text` (an error message for a client or a log) without this server's keys (the model
+        provider's, its clients') or anything key-like."""
+        return Redactor([self.upstream_api_key, self.api_key, *self.api_keys.values()])(text)
+
     @property
     def sessions_per_caller(self) -> int:
         """How many sessions one caller may hold open at once."""
@@ -98,3 +134,14 @@ class ServeSettings:
     def model_names(self) -> list[str]:
         """Names a request's `model` may use: the served name and the root model itself."""
         return list(dict.fromkeys([self.served_model_name, self.model]))
+
+
+def _same_url(a: str, b: str) -> bool:
+    """Whether two base URLs name the same endpoint (scheme and host in any case, a trailing /)."""
+    x, y = urlsplit(a.strip()), urlsplit(b.strip())
+    return (x.scheme.lower(), x.netloc.lower(), x.path.rstrip("/"), x.query) == (
+        y.scheme.lower(),
+        y.netloc.lower(),
+        y.path.rstrip("/"),
+        y.query,
+    )

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response
 
 from recursa.lm.tokens import count_message_tokens, count_tokens, tokens_for_chars
 from recursa.testing.asgi_responses import Dropped, SlotStream, one_part
-from recursa.testing.fake_state import Fault, RequestRecord, UnknownModelError, resolve_fault
+from recursa.testing.fake_state import Fault, RequestRecord, UnknownModelError, key_digest, resolve_fault
 from recursa.testing.host import FakeHost
 from recursa.testing.metrics import render_metrics
 from recursa.testing.tool_replies import (
@@ -124,10 +124,13 @@ def _parse(api: Api, body: Any) -> tuple[str, list[dict[str, str]], bool, int | 
     return model, messages, bool(body.get("stream")), max_tokens, include_usage
 
 
-def _authorised(request: Request, key: str) -> bool:
+def _given_key(request: Request) -> str:
     bearer = request.headers.get("authorization", "")
-    given = bearer[7:] if bearer.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
-    return hmac.compare_digest(given.encode(), key.encode())
+    return bearer[7:] if bearer.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
+
+
+def _authorised(request: Request, key: str) -> bool:
+    return hmac.compare_digest(_given_key(request).encode(), key.encode())
 
 
 def _safe_headers(request: Request) -> dict[str, str]:
@@ -305,6 +308,8 @@ async def _reply(server: FakeHost, model: str, messages: list[dict[str, Any]]) -
 async def handle(server: FakeHost, request: Request, api: Api) -> Response:
     """One model request, start to finish; every outcome lands in the ledger."""
     rec = server.ledger.open(request.url.path, _safe_headers(request))
+    given = _given_key(request)
+    rec.key_digest = key_digest(given) if given else None
     try:
         return await _handle(server, request, api, rec)
     except Exception as exc:  # a responder bug must reach the test as a readable 500, not a hang

@@ -6,11 +6,17 @@ Written on the server's event loop, read by tests from their own thread.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+
+def key_digest(key: str) -> str:
+    """How a request record names the API key it came with: a digest, never the key itself."""
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 class UnknownModelError(KeyError):
@@ -26,7 +32,8 @@ class RequestRecord:
     `finished_at` when the last byte of the reply was ready. `messages` are flattened to
     {"role", "content"} strings (text blocks joined; an Anthropic `system` becomes a leading
     system message), exactly what the responder saw and the prompt tokens were counted from.
-    `headers` are lower-cased, with API key values replaced by "<redacted>".
+    `headers` are lower-cased, with API key values replaced by "<redacted>"; `key_digest` says
+    which key came (`key_digest(key)` of the bearer or x-api-key value; None: no key).
     """
 
     index: int
@@ -44,6 +51,7 @@ class RequestRecord:
     finished_at: float = 0.0
     reply: str | None = None
     error: str | None = None
+    key_digest: str | None = None
     # Latency-model and cache accounting. `first_token_at` is a perf_counter() value (real time);
     # `virtual_arrival` is the VirtualClock reading on arrival (virtual-clock servers only).
     cached_tokens: int = 0

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recursa.tools.spec import Tool
+from recursa.trace.redact import Redactor
 
 # A tool result larger than this is refused: it would flood the REPL channel or a sub-model's window.
 MAX_RESULT_CHARS = 4_000_000
@@ -37,11 +38,13 @@ class _ToolState:
 @dataclass
 class ToolRunner:
     tools: dict[str, Tool]
+    # What a tool's exception says goes to the REPL, a sub-model and the trace: keys scrubbed first.
+    redact: Redactor = field(default_factory=Redactor)
     _state: dict[str, _ToolState] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, tools: list[Tool]) -> ToolRunner:
-        runner = cls({t.name: t for t in tools})
+    def of(cls, tools: list[Tool], redact: Redactor | None = None) -> ToolRunner:
+        runner = cls({t.name: t for t in tools}, redact or Redactor())
         for tool in tools:
             limit = tool.options.max_concurrency
             runner._state[tool.name] = _ToolState(slots=asyncio.Semaphore(limit) if limit else None)
@@ -60,7 +63,7 @@ class ToolRunner:
         try:
             bound = inspect.signature(tool.fn).bind(*args, **kwargs)
         except TypeError as exc:
-            raise ToolFailure(f"{name}{tool.signature}: {exc}") from None
+            raise ToolFailure(self.redact(f"{name}{tool.signature}: {exc}")) from None
         state = self._state[name]
         if tool.options.max_calls is not None and state.calls >= tool.options.max_calls:
             raise ToolFailure(
@@ -90,7 +93,7 @@ class ToolRunner:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            raise ToolFailure(f"{tool.name} raised {type(exc).__name__}: {exc}") from None
+            raise ToolFailure(self.redact(f"{tool.name} raised {type(exc).__name__}: {exc}")) from None
 
 
 def _in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future[Any]:

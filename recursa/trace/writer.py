@@ -49,7 +49,7 @@ class TraceWriter:
         listeners: list[EventListener] | None = None,
     ) -> None:
         self.path = path
-        self._redact = redactor
+        self.redact = redactor  # also for the tree's other host messages (tools, model errors)
         self._listeners = list(listeners or [])
         self._lock = threading.Lock()
         self._seq = 0
@@ -66,8 +66,10 @@ class TraceWriter:
         with self._lock:
             self._seq += 1
             event = {"seq": self._seq, "ts": round(time.time(), 6), "type": event_type, **fields}
+            if isinstance(event.get("error"), str):  # a host's message: scrubbed in full, listeners too
+                event["error"] = self.redact(event["error"])
             if self._file is not None:
-                line = self._redact(json.dumps(event, ensure_ascii=False, default=_jsonable))
+                line = self.redact.bulk(json.dumps(event, ensure_ascii=False, default=_jsonable))
                 self._file.write(line + "\n")
         for listener in self._listeners:
             try:

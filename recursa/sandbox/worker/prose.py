@@ -3,10 +3,12 @@
 
 Two rules, each applied only where the code cannot be a working program as written:
 - `mend`: a cell that does not compile because of a FINAL(...) line (any of the answer names, at
-  any indentation, its argument up to the line whose `)` closes it) gets that line rewritten: a
-  trailing `.` or `;` after the `)` is dropped, and an argument that is not a Python expression
-  becomes a string literal of its text. The rest of the cell is left as written and runs as usual,
-  so the answer counts only if the code before it runs. Line numbers stay those of the cell.
+  any indentation, with or without markdown around it, its argument up to the line whose `)` closes
+  it) gets that line rewritten: markdown and a trailing `.` or `;` are dropped, and an argument that
+  is not a Python expression becomes a string literal of its text. `FINAL: text` and `FINAL 345`
+  (upper case) become calls the same way, and so does `FINAL: 42`, which Python reads as an
+  annotation (`answer_annotations`). The rest of the cell is left as written and runs as usual, so
+  the answer counts only if the code before it runs. Line numbers stay those of the cell.
 - `prose_answer`: a FINAL(...) whose argument is a few bare words joined by `is`, `not`, `in`,
   `and`, `or` (`x is one`, `not found`) and fails with a NameError is that text, when the FINAL is
   the cell's last statement (nothing after it was skipped). A single name (`FINAL(reslt)`) or
@@ -25,13 +27,18 @@ if TYPE_CHECKING:
 
 # Spellings of the answer functions a cell may use (the lower-case ones are provided only while the
 # cell's own code has not bound the name to something else).
-FINAL_NAMES = frozenset({"FINAL", "FINAL_ANSWER", "final", "Final"})
+FINAL_NAMES = frozenset({"FINAL", "FINAL_ANSWER", "final", "Final", "final_answer", "Final_Answer"})
 FINAL_VAR_NAMES = frozenset({"FINAL_VAR", "final_var", "Final_var", "Final_Var"})
+# Written without parentheses (`FINAL: 42`, `FINAL 345`): only the upper-case names, since `final: int`
+# is an ordinary annotation of a variable.
+_LOOSE_NAMES = frozenset({"FINAL", "FINAL_ANSWER", "FINAL_VAR"})
 
 # Plain patterns, compiled on first use (re caches them): these rules run only after an error, and
 # the worker's start-up imports nothing it does not need (ast is imported by the first cell anyway).
-_CALL = r"^(?P<indent>[ \t]*)(?P<name>[A-Za-z_]+)[ \t]*\((?P<rest>.*)$"
-_CLOSE = r"\)[ \t.;]*$"
+# A call line, also with markdown around it (`**FINAL(42)**`, `` `FINAL(42)` ``).
+_CALL = r"^(?P<indent>[ \t]*)[*_`]*(?P<name>[A-Za-z]+(?:_[A-Za-z]+)*)[*_`]*[ \t]*\((?P<rest>.*)$"
+_CLOSE = r"\)[*_` \t.;]*$"
+_LOOSE = r"^(?P<indent>[ \t]*)[*_`]*(?P<name>FINAL(?:_ANSWER|_VAR)?)[*_`]*(?:[ \t]*:[ \t]*|[ \t]+)(?P<rest>\S.*?)[*_` \t.;]*$"
 _LOOK_BACK = 50  # lines above an error searched for the FINAL( that starts it
 _LOOK_AHEAD = 200  # lines a FINAL(...) argument may span
 _MAX_MENDS = 20
@@ -72,6 +79,9 @@ def _mend_at(
 ) -> tuple[list[str], str] | None:
     if error < 0 or error >= len(lines):
         return None
+    loose = _mend_loose(lines, error, is_answer_call)
+    if loose is not None:
+        return loose
     for start in range(error, max(error - _LOOK_BACK, -1), -1):
         m = re.match(_CALL, lines[start])
         if m is None or not _is_answer_name(m.group("name")) or not is_answer_call(m.group("name")):
@@ -91,7 +101,7 @@ def _mend_at(
         written = f"{name}({argument})"
         if _is_expression(argument):
             call = written
-            note = f"{_shown(written)} was followed by punctuation Python cannot read; it ran without it."
+            note = f"{_shown(written)} had markdown or punctuation around it that Python cannot read; it ran without."
         else:
             text = argument.strip()
             call = f"{name}({text!r})"
@@ -106,6 +116,52 @@ def _mend_at(
             return None  # the rewrite did not help: the error is not the answer's
         return mended, note
     return None
+
+
+def _mend_loose(
+    lines: list[str], error: int, is_answer_call: Callable[[str], bool]
+) -> tuple[list[str], str] | None:
+    """`FINAL: The answer is 42` or `FINAL 345` on the failing line: the call it means."""
+    m = re.match(_LOOSE, lines[error])
+    if m is None or "(" in lines[error][: m.start("rest")] or not is_answer_call(m.group("name")):
+        return None
+    name, rest = m.group("name"), m.group("rest")
+    if name == "FINAL_VAR" or not _is_expression(rest):
+        call = f"{name}({rest!r})"
+    else:
+        call = f"{name}({rest})"
+    mended = [*lines[:error], m.group("indent") + call, *lines[error + 1 :]]
+    if _syntax_error("\n".join(mended)) == error:
+        return None
+    note = f"{_shown(lines[error].strip())} is not Python; it was run as {_shown(call)}. Write {name}(...)."
+    return mended, note
+
+
+def answer_annotations(tree: ast.Module, is_answer_call: Callable[[str], bool]) -> list[str]:
+    """`FINAL: 42` or `FINAL_VAR: result` alone on a line is valid Python, an annotation that does
+    nothing: each such top-level statement of `tree` becomes the call it means. Notes for the model."""
+    import ast
+
+    notes: list[str] = []
+    for index, stmt in enumerate(tree.body):
+        if not (
+            type(stmt) is ast.AnnAssign
+            and stmt.value is None
+            and isinstance(stmt.target, ast.Name)
+            and stmt.target.id in _LOOSE_NAMES
+            and is_answer_call(stmt.target.id)
+        ):
+            continue
+        name, argument = stmt.target.id, stmt.annotation
+        if name == "FINAL_VAR" and isinstance(argument, ast.Name):
+            argument = ast.Constant(argument.id)
+        call = ast.Expr(ast.Call(ast.Name(name, ast.Load()), [argument], []))
+        tree.body[index] = ast.fix_missing_locations(ast.copy_location(call, stmt))
+        notes.append(
+            f"`{name}: ...` is an annotation to Python, which does nothing; it was run as {name}(...). "
+            f"Write {name}(...) with parentheses."
+        )
+    return notes
 
 
 def _argument_end(lines: list[str], start: int, error: int) -> int | None:
@@ -211,9 +267,14 @@ def final_hint(exc: NameError, tree: ast.Module, cell_codes: tuple[CodeType, ...
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Name)
-            and node.func.id in FINAL_NAMES
+            and _is_answer_name(node.func.id)
             and node.lineno <= lineno <= (node.end_lineno or node.lineno)
         ):
+            if node.func.id in FINAL_VAR_NAMES:
+                return (
+                    f"{node.func.id}(...) failed: {name!r} is not defined. Assign the answer to a variable "
+                    f'in a cell first, then {node.func.id}("{name}"); SHOW_VARS() lists the variables.'
+                )
             return (
                 f"{node.func.id}(...) failed: {name!r} is not defined. If it is a variable, check its name "
                 f'(SHOW_VARS() lists them); if you meant text, quote it: {node.func.id}("...").'

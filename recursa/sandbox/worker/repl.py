@@ -11,7 +11,7 @@ from collections.abc import Callable
 from .capture import Capture
 from .context import ContextSource, decode_pieces
 from .errors import BudgetExceeded, RemoteError, SubcallError, ToolError, error_for
-from .prose import final_hint, mend, prose_answer
+from .prose import answer_annotations, final_hint, mend, prose_answer
 from .values import describe_size, final_payload, render, render_repr
 
 TYPE_CHECKING = False
@@ -51,7 +51,7 @@ class Repl:
         # among the user's variables while they hold the alias.
         answer, by_name = self._reserved["FINAL"], self._reserved["FINAL_VAR"]
         self._aliases: dict[str, Any] = {
-            **dict.fromkeys(("final", "Final", "FINAL_ANSWER"), answer),
+            **dict.fromkeys(("final", "Final", "FINAL_ANSWER", "final_answer", "Final_Answer"), answer),
             **dict.fromkeys(("final_var", "Final_var", "Final_Var"), by_name),
         }
         self.ns.update(self._aliases)
@@ -262,6 +262,7 @@ class Repl:
                 raise
             self._notes.extend(notes)
             tree = ast.parse(code, _REPL_FILE, "exec")
+        self._notes.extend(answer_annotations(tree, self._is_answer_call))
         statements = list(tree.body)
         last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
         lines = code.splitlines()

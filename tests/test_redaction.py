@@ -1,0 +1,152 @@
+"""No key crosses from the host into the sandbox, a trace, a log or a server's error body
+(recursa/trace/redact.py, the one scrubber, applied where a host message is made).
+
+A host tool or a model provider that fails may say more than it should: an SDK error that quotes
+the request's Authorization header, a URL with ?key=..., another service's token. What the REPL's
+code, the root model, the trace file and a `recursa serve` client see is scrubbed of the run's
+configured key, bearer tokens, `sk-...` keys and key-like query parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import httpx
+import pytest
+
+from recursa import RLM, host_tool
+from recursa.testing.fake_state import Fault, FaultRule, FaultSchedule
+from recursa.trace.redact import REDACTED, Redactor
+from tests.test_escapes import feedback_before
+from tests.test_rlm_openai import SUB, code
+
+KEY = "opkey-7f3a9c2e5b1d4086aa"  # the run's configured key: no well-known shape, found by value
+BEARER = "zz-other-service-token-5150"  # another service's token in a header the tool echoes
+QUERY = "AQ.qk-4471-2b9e-secret"  # a key in a URL's query string
+SHAPED = "sk-proj-Zq81mNv02Lx93Kd74Hs65Jt"  # a provider key the run was never told about
+LEAKS = (KEY, BEARER, QUERY, SHAPED)
+
+
+def leaky_message() -> str:
+    return (
+        f"401 Unauthorized from https://api.example.com/v1/search?q=x&key={QUERY} with request headers "
+        f"{{'Authorization': 'Bearer {KEY}', 'X-Other': 'Bearer {BEARER}'}}; fallback key {SHAPED}"
+    )
+
+
+@host_tool
+def search(query: str) -> str:
+    """Looks something up on a service that fails."""
+    raise RuntimeError(leaky_message())
+
+
+def assert_clean(text: str, where: str) -> None:
+    found = [leak for leak in LEAKS if leak in text]
+    assert not found, f"{where} holds {found}: {text[:2000]}"
+
+
+def make_rlm(server, tmp_path, **kw) -> RLM:
+    kw.setdefault("sub_model", SUB)
+    return RLM("openai/root-model", base_url=server.base_url, api_key=KEY, trace_dir=tmp_path, **kw)
+
+
+def test_a_failing_host_tool_says_nothing_of_keys(server, script, tmp_path):
+    script.root(
+        "root-model",
+        code(
+            "try:\n    search('x')\nexcept Exception as e:\n    print('caught', type(e).__name__, e)\n    said = str(e)"
+        ),
+        code("FINAL(said)"),
+    )
+    result = make_rlm(server, tmp_path, tools=[search]).run("q", "ctx")
+    told = feedback_before(server, 2)
+    assert "caught ToolError" in told and "401 Unauthorized" in told and REDACTED in told, told
+    assert_clean(told, "the REPL output shown to the root")
+    assert result.stop_reason == "final" and REDACTED in result.answer
+    assert_clean(result.answer, "the answer (a REPL variable)")
+    trace = result.trace_path.read_text()
+    assert '"tool_call"' in trace and REDACTED in trace
+    assert_clean(trace, "the trace file")
+
+
+def test_a_failing_sub_model_call_says_nothing_of_keys(server, script, tmp_path):
+    script.root(
+        "root-model",
+        code("try:\n    llm_query('hi')\nexcept Exception as e:\n    print('caught', type(e).__name__, e)"),
+        code("FINAL('done')"),
+    )
+    script.sub("sub-model", lambda prompt: "unused")
+    server.faults = FaultSchedule(
+        FaultRule(Fault(400, message=leaky_message()), model="sub-model", times=None)
+    )
+    try:
+        result = make_rlm(server, tmp_path, max_retries=0).run("q", "ctx")
+    finally:
+        server.faults = None
+    told = feedback_before(server, 2)
+    assert "caught SubcallError" in told and REDACTED in told, told
+    assert_clean(told, "the REPL output shown to the root")
+    trace = result.trace_path.read_text()
+    assert '"error"' in trace
+    assert_clean(trace, "the trace file")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_served_run_that_fails_says_nothing_of_keys(server, script, tmp_path, stream, caplog):
+    pytest.importorskip("fastapi")
+    from recursa.asgi.background import BackgroundServer
+    from recursa.serve.openai_server import create_app
+    from recursa.serve.settings import ServeSettings
+
+    script.root("root-model", code("FINAL('never')"))
+    server.faults = FaultSchedule(
+        FaultRule(Fault(400, message=leaky_message()), model="root-model", times=None)
+    )
+    settings = ServeSettings(
+        model="openai/root-model",
+        sub_model=SUB,
+        base_url=server.base_url,
+        upstream_api_key=KEY,
+        trace_dir=tmp_path,
+        rlm_options={"max_retries": 0},
+    )
+    body = {"model": "recursa", "messages": [{"role": "user", "content": "q"}], "stream": stream}
+    try:
+        with caplog.at_level(logging.INFO), BackgroundServer(create_app(settings)) as srv:
+            reply = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60)
+    finally:
+        server.faults = None
+    if stream:
+        events = [json.loads(line[6:]) for line in reply.text.splitlines() if line.startswith("data: {")]
+        message = next(e["error"]["message"] for e in events if "error" in e)
+    else:
+        assert reply.status_code == 502, reply.text
+        message = reply.json()["error"]["message"]
+    assert "the run failed" in message and REDACTED in message, message
+    assert_clean(reply.text, "the error body")
+    assert_clean(caplog.text, "the server's log")
+    for trace in tmp_path.glob("*.jsonl"):
+        assert_clean(trace.read_text(), "the trace file")
+
+
+def test_the_scrubber_takes_every_form():
+    scrub = Redactor([KEY])
+    cases = {
+        f"Authorization: Bearer {BEARER}": f"Authorization: Bearer {REDACTED}",
+        f'{{"x-api-key": "{BEARER}"}}': f'{{"x-api-key": "{REDACTED}"}}',
+        f"Authorization: Basic {BEARER}": f"Authorization: Basic {REDACTED}",
+        f"GET /v1?alt=json&api_key={QUERY}&q=1": f"GET /v1?alt=json&api_key={REDACTED}&q=1",
+        f"https://u:{BEARER}@host/x": f"https://u:{REDACTED}@host/x",
+        f"key {SHAPED}.": f"key {REDACTED}.",
+        f"configured {KEY}": f"configured {REDACTED}",
+    }
+    for text, clean in cases.items():
+        assert scrub(text) == clean
+    # Code that builds a header or a URL from a variable reads the same afterwards.
+    for code_line in (
+        '{"Authorization": f"Bearer {token}"}',
+        "url = f'{base}?key={key}'",
+        "xsk-not-a-key-at-all",
+    ):
+        assert scrub(code_line) == code_line
