@@ -1,6 +1,6 @@
 """recursa side by side with the official `rlms` package, minrlm and recursive-llm, on one fake server.
 
-    python benchmarks/vs_official/run.py [all|fanout|depth|overhead|memory|cache] [--smoke]
+    python benchmarks/vs_official/run.py [all|fanout|depth|overhead|memory|cache] [--smoke] [--busy]
         [--engines recursa,official,minrlm,recursive-llm] [--repeat N] [--turns N] [--sizes-mb 1,100]
         [--official-python PATH] [--minrlm-python PATH] [--recursive-llm-python PATH]
 
@@ -268,19 +268,20 @@ def case_depth(bench: Bench) -> None:
     rows = []
     unsupported = {"minrlm": "not supported: no child RLMs (its sub_llm is one model call)"}
     with Server("fanout", latency, 64) as srv:
-        for n in (1, many):
-            rows.append(
-                _timed_row(
-                    bench,
-                    srv,
-                    f"{n} child RLMs",
-                    f"Delegate. BENCH[children:{n}]",
-                    n,
-                    3 * latency,
-                    unsupported,
-                    max_depth=2,
+        for _ in range(bench.repeat):  # one child, then many: a change in the machine's load hits both
+            for n in (1, many):
+                rows.append(
+                    _timed_row(
+                        bench,
+                        srv,
+                        f"{n} child RLMs",
+                        f"Delegate. BENCH[children:{n}]",
+                        n,
+                        3 * latency,
+                        unsupported,
+                        max_depth=2,
+                    )
                 )
-            )
     _table(head, rows)
     print(
         "ideal: one child's three model calls; recursa/ideal for 20 children is the target's 'x one child'.\n"
@@ -398,7 +399,10 @@ def case_memory(bench: Bench) -> None:
     with Server("instant") as srv:
         # A run with a 1 KB context gives each engine's fixed cost (modules imported lazily, the
         # worker interpreter), which is subtracted so the columns show what the context adds.
-        idle = {e: bench.side(srv, e, "Step. BENCH[turns:2]", context_mb=0.001) for e in bench.engines}
+        idle = {
+            e: bench.side(srv, e, "Step. BENCH[turns:2]", context_mb=0.001, sample_memory=1)
+            for e in bench.engines
+        }
         for mb in sizes:
             for engine in bench.engines:
                 if engine == "official" and mb >= 1000:
@@ -410,7 +414,7 @@ def case_memory(bench: Bench) -> None:
                         ]
                     )
                     continue
-                r = bench.side(srv, engine, f"Step. BENCH[turns:{turns}]", context_mb=mb)
+                r = bench.side(srv, engine, f"Step. BENCH[turns:{turns}]", context_mb=mb, sample_memory=1)
                 if r.get("answer") != "done":
                     rows.append([f"{mb:g} MB", engine, _failure(r)])
                     continue
@@ -493,9 +497,16 @@ def main() -> None:
     )
     ap.add_argument("--engines", default=",".join(ENGINES), help=f"a comma-separated subset of {ENGINES}")
     ap.add_argument("--turns", type=int, default=0, help="overhead: root turns per run (default 10)")
-    ap.add_argument("--repeat", type=int, default=1, help="overhead: runs per engine and size, interleaved")
+    ap.add_argument(
+        "--repeat", type=int, default=1, help="overhead, depth: runs per engine and size, interleaved"
+    )
     ap.add_argument(
         "--sizes-mb", default="", help="overhead, memory: context sizes instead of the case's own"
+    )
+    ap.add_argument(
+        "--busy",
+        action="store_true",
+        help="run the cases beside one more process that keeps a CPU busy (the depth target's setting)",
     )
     ap.add_argument("--official-python", default=None, help="an interpreter that already has rlms==0.1.3")
     ap.add_argument("--minrlm-python", default=None, help="an interpreter that already has minrlm==0.1.5")
@@ -511,9 +522,23 @@ def main() -> None:
     except ValueError:
         ap.error(f"--sizes-mb takes comma-separated numbers of MB, e.g. 1,100, not {args.sizes_mb!r}")
     bench = Bench(args)
-    for name, fn in CASES.items():
-        if args.case in ("all", name):
-            fn(bench)
+    # In a session of its own, as an unrelated program is: the kernel (autogroup) then shares the CPU
+    # between it and this benchmark, rather than between it and the engine inside our session.
+    hog = (
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+        if args.busy
+        else None
+    )
+    if hog is not None:
+        print(f"(another process, pid {hog.pid}, keeps one CPU busy throughout)\n")
+    try:
+        for name, fn in CASES.items():
+            if args.case in ("all", name):
+                fn(bench)
+    finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait()
 
 
 if __name__ == "__main__":
