@@ -232,7 +232,9 @@ def case_fanout(bench: Bench) -> None:
         bench.side(srv, "recursa", "warm-up BENCH[batched:4]")
         for n in sizes:
             ideal = math.ceil(n / slots) * latency
-            rows.append(_timed_row(bench, srv, "llm_query_batched", f"Fan out. BENCH[batched:{n}]", n, ideal))
+            for _ in range(bench.repeat):
+                question = f"Fan out. BENCH[batched:{n}]"
+                rows.append(_timed_row(bench, srv, "llm_query_batched", question, n, ideal))
         n = 2 * sizes[1]
         ideal = 2 * math.ceil(n / 2 / slots) * latency
         # Each of its batches runs under a new asyncio.run() with one AsyncOpenAI client, whose
@@ -505,7 +507,10 @@ def main() -> None:
     ap.add_argument("--engines", default=",".join(ENGINES), help=f"a comma-separated subset of {ENGINES}")
     ap.add_argument("--turns", type=int, default=0, help="overhead: root turns per run (default 10)")
     ap.add_argument(
-        "--repeat", type=int, default=1, help="overhead, depth: runs per engine and size, interleaved"
+        "--repeat",
+        type=int,
+        default=1,
+        help="overhead, depth, fan-out batches: runs per engine and size, interleaved",
     )
     ap.add_argument(
         "--sizes-mb", default="", help="overhead, memory: context sizes instead of the case's own"
