@@ -7,8 +7,10 @@
 The other engines (pinned: rlms==0.1.3, minrlm==0.1.5, recursive-llm==0.5.0) are installed by this
 script, each into its own virtual environment (~/.cache/recursa/bench/rlms-0.1.3, .../minrlm-0.1.5,
 .../recursive-llm-0.5.0), never into the project's. Every engine runs as a fresh process against the same fake server process
-(recursa.testing.FakeServer with the scripted root in responder.py), one case at a time, and
-every table prints them all and their ratios to recursa.
+(recursa.testing.FakeServer with the scripted root in responder.py; for the fan-out case the lean
+server of benchmarks/_lean_server.py, whose CPU per request does not hold the batch back), one case
+at a time, and every table prints them all and their ratios to recursa. --busy runs the cases beside
+a process that keeps one CPU busy (the depth target's setting).
 """
 
 from __future__ import annotations
@@ -73,10 +75,13 @@ def venv_python(engine: str, given: str | None = None) -> str:
 class Server:
     """The fake server in its own process (as a real model server would be)."""
 
-    def __init__(self, profile: str, latency: float | None = None, slots: int | None = None) -> None:
+    def __init__(
+        self, profile: str, latency: float | None = None, slots: int | None = None, lean: bool = False
+    ) -> None:
         cmd = [sys.executable, str(HERE / "server.py"), "--profile", profile]
         cmd += ["--latency", str(latency)] if latency is not None else []
         cmd += ["--slots", str(slots)] if slots is not None else []
+        cmd += ["--lean"] if lean else []
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().split()
@@ -221,11 +226,15 @@ def case_fanout(bench: Bench) -> None:
     print(f"## fan-out: {latency} s per request, {slots} server slots (time inside the REPL cell)\n")
     head = ["pattern", "prompts", *_engine_head(), "ideal", "recursa/ideal", *_ratio_head()]
     rows = []
-    with Server("fanout", latency, slots) as srv:
+    # The lean server: FakeServer's ~0.7 ms of CPU per request alone holds 256 requests with 64 slots
+    # to ~0.9 s on two shared cores, whatever the client (benchmarks/_lean_server.py).
+    with Server("fanout", latency, slots, lean=True) as srv:
         bench.side(srv, "recursa", "warm-up BENCH[batched:4]")
         for n in sizes:
             ideal = math.ceil(n / slots) * latency
-            rows.append(_timed_row(bench, srv, "llm_query_batched", f"Fan out. BENCH[batched:{n}]", n, ideal))
+            for _ in range(bench.repeat):
+                question = f"Fan out. BENCH[batched:{n}]"
+                rows.append(_timed_row(bench, srv, "llm_query_batched", question, n, ideal))
         n = 2 * sizes[1]
         ideal = 2 * math.ceil(n / 2 / slots) * latency
         # Each of its batches runs under a new asyncio.run() with one AsyncOpenAI client, whose
@@ -498,7 +507,10 @@ def main() -> None:
     ap.add_argument("--engines", default=",".join(ENGINES), help=f"a comma-separated subset of {ENGINES}")
     ap.add_argument("--turns", type=int, default=0, help="overhead: root turns per run (default 10)")
     ap.add_argument(
-        "--repeat", type=int, default=1, help="overhead, depth: runs per engine and size, interleaved"
+        "--repeat",
+        type=int,
+        default=1,
+        help="overhead, depth, fan-out batches: runs per engine and size, interleaved",
     )
     ap.add_argument(
         "--sizes-mb", default="", help="overhead, memory: context sizes instead of the case's own"
