@@ -1,14 +1,16 @@
 """recursa side by side with the official `rlms` package, minrlm and recursive-llm, on one fake server.
 
-    python benchmarks/vs_official/run.py [all|fanout|depth|overhead|memory|cache] [--smoke]
-        [--engines recursa,official,minrlm] [--repeat N] [--sizes-mb 1,100]
+    python benchmarks/vs_official/run.py [all|fanout|depth|overhead|memory|cache] [--smoke] [--busy]
+        [--engines recursa,official,minrlm,recursive-llm] [--repeat N] [--turns N] [--sizes-mb 1,100]
         [--official-python PATH] [--minrlm-python PATH] [--recursive-llm-python PATH]
 
 The other engines (pinned: rlms==0.1.3, minrlm==0.1.5, recursive-llm==0.5.0) are installed by this
 script, each into its own virtual environment (~/.cache/recursa/bench/rlms-0.1.3, .../minrlm-0.1.5,
 .../recursive-llm-0.5.0), never into the project's. Every engine runs as a fresh process against the same fake server process
-(recursa.testing.FakeServer with the scripted root in responder.py), one case at a time, and
-every table prints them all and their ratios to recursa.
+(recursa.testing.FakeServer with the scripted root in responder.py; for the fan-out case the lean
+server of benchmarks/_lean_server.py, whose CPU per request does not hold the batch back), one case
+at a time, and every table prints them all and their ratios to recursa. --busy runs the cases beside
+a process that keeps one CPU busy (the depth target's setting).
 """
 
 from __future__ import annotations
@@ -73,10 +75,13 @@ def venv_python(engine: str, given: str | None = None) -> str:
 class Server:
     """The fake server in its own process (as a real model server would be)."""
 
-    def __init__(self, profile: str, latency: float | None = None, slots: int | None = None) -> None:
+    def __init__(
+        self, profile: str, latency: float | None = None, slots: int | None = None, lean: bool = False
+    ) -> None:
         cmd = [sys.executable, str(HERE / "server.py"), "--profile", profile]
         cmd += ["--latency", str(latency)] if latency is not None else []
         cmd += ["--slots", str(slots)] if slots is not None else []
+        cmd += ["--lean"] if lean else []
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().split()
@@ -116,6 +121,7 @@ class Bench:
                 self.python[engine] = venv_python(engine, given.get(engine))
         self.smoke = args.smoke
         self.repeat = max(1, args.repeat)
+        self.turns = max(3, args.turns) if args.turns else None
         self.sizes_mb = [float(x) for x in args.sizes_mb.split(",") if x] if args.sizes_mb else None
 
     def side(
@@ -220,11 +226,15 @@ def case_fanout(bench: Bench) -> None:
     print(f"## fan-out: {latency} s per request, {slots} server slots (time inside the REPL cell)\n")
     head = ["pattern", "prompts", *_engine_head(), "ideal", "recursa/ideal", *_ratio_head()]
     rows = []
-    with Server("fanout", latency, slots) as srv:
+    # The lean server: FakeServer's ~0.7 ms of CPU per request alone holds 256 requests with 64 slots
+    # to ~0.9 s on two shared cores, whatever the client (benchmarks/_lean_server.py).
+    with Server("fanout", latency, slots, lean=True) as srv:
         bench.side(srv, "recursa", "warm-up BENCH[batched:4]")
         for n in sizes:
             ideal = math.ceil(n / slots) * latency
-            rows.append(_timed_row(bench, srv, "llm_query_batched", f"Fan out. BENCH[batched:{n}]", n, ideal))
+            for _ in range(bench.repeat):
+                question = f"Fan out. BENCH[batched:{n}]"
+                rows.append(_timed_row(bench, srv, "llm_query_batched", question, n, ideal))
         n = 2 * sizes[1]
         ideal = 2 * math.ceil(n / 2 / slots) * latency
         # Each of its batches runs under a new asyncio.run() with one AsyncOpenAI client, whose
@@ -267,19 +277,20 @@ def case_depth(bench: Bench) -> None:
     rows = []
     unsupported = {"minrlm": "not supported: no child RLMs (its sub_llm is one model call)"}
     with Server("fanout", latency, 64) as srv:
-        for n in (1, many):
-            rows.append(
-                _timed_row(
-                    bench,
-                    srv,
-                    f"{n} child RLMs",
-                    f"Delegate. BENCH[children:{n}]",
-                    n,
-                    3 * latency,
-                    unsupported,
-                    max_depth=2,
+        for _ in range(bench.repeat):  # one child, then many: a change in the machine's load hits both
+            for n in (1, many):
+                rows.append(
+                    _timed_row(
+                        bench,
+                        srv,
+                        f"{n} child RLMs",
+                        f"Delegate. BENCH[children:{n}]",
+                        n,
+                        3 * latency,
+                        unsupported,
+                        max_depth=2,
+                    )
                 )
-            )
     _table(head, rows)
     print(
         "ideal: one child's three model calls; recursa/ideal for 20 children is the target's 'x one child'.\n"
@@ -305,24 +316,25 @@ def _turn_stats(r: dict[str, Any]) -> dict[str, float] | None:
 
 def case_overhead(bench: Bench) -> None:
     sizes = bench.sizes_mb or ([0.01] if bench.smoke else [1, 100, 1000])
-    turns = 3 if bench.smoke else 10
+    turns = bench.turns or (3 if bench.smoke else 10)
     print(
         f"## per-turn overhead: {turns} root turns, instant model (server timestamps), "
         f"{bench.repeat} run(s) per engine and size, interleaved\n"
     )
     print(
         "turn: median gap between a root reply leaving the server and the next root request arriving\n"
-        "(HTTP client + engine + a trivial cell) from the second reply on, the median over the runs (each\n"
-        "run's median in `each run`); / recursa: that over recursa's in the same table; first: the gap\n"
-        "after the first reply (which may also wait for the REPL to start); setup: run() called to first\n"
-        "request; end: last reply to run() returning; quiet: run() returning to no threads or child\n"
-        "processes left.\n"
+        "(HTTP client + engine + a trivial cell) from the second reply on, the median over the runs;\n"
+        "/ recursa: turn over recursa's in the same table; best run: the lowest run's median (on a busy\n"
+        "machine, the least disturbed); each run: every run's median; first: the gap after the first\n"
+        "reply (which may also wait for the REPL to start); setup: run() called to first request; end:\n"
+        "last reply to run() returning; quiet: run() returning to no threads or child processes left.\n"
     )
     head = [
         "context",
         "engine",
         "turn",
         "/ recursa",
+        "best run",
         "each run",
         "first",
         "setup",
@@ -360,6 +372,7 @@ def case_overhead(bench: Bench) -> None:
                         engine,
                         _fmt(turn, "ms", 2),
                         f"{turn / base:.2f}x" if base else "-",
+                        _fmt(min(st["turn_ms"] for st in sts), "ms", 2),
                         " / ".join(f"{st['turn_ms']:.2f}" for st in sts),
                         _fmt(statistics.median(st["first_ms"] for st in sts), "ms", 1),
                         _fmt(statistics.median(st["setup_s"] for st in sts), "s", 2),
@@ -395,7 +408,10 @@ def case_memory(bench: Bench) -> None:
     with Server("instant") as srv:
         # A run with a 1 KB context gives each engine's fixed cost (modules imported lazily, the
         # worker interpreter), which is subtracted so the columns show what the context adds.
-        idle = {e: bench.side(srv, e, "Step. BENCH[turns:2]", context_mb=0.001) for e in bench.engines}
+        idle = {
+            e: bench.side(srv, e, "Step. BENCH[turns:2]", context_mb=0.001, sample_memory=1)
+            for e in bench.engines
+        }
         for mb in sizes:
             for engine in bench.engines:
                 if engine == "official" and mb >= 1000:
@@ -407,7 +423,7 @@ def case_memory(bench: Bench) -> None:
                         ]
                     )
                     continue
-                r = bench.side(srv, engine, f"Step. BENCH[turns:{turns}]", context_mb=mb)
+                r = bench.side(srv, engine, f"Step. BENCH[turns:{turns}]", context_mb=mb, sample_memory=1)
                 if r.get("answer") != "done":
                     rows.append([f"{mb:g} MB", engine, _failure(r)])
                     continue
@@ -489,9 +505,20 @@ def main() -> None:
         "--smoke", action="store_true", help="tiny sizes and latencies (a check, not a measurement)"
     )
     ap.add_argument("--engines", default=",".join(ENGINES), help=f"a comma-separated subset of {ENGINES}")
-    ap.add_argument("--repeat", type=int, default=1, help="overhead: runs per engine and size, interleaved")
+    ap.add_argument("--turns", type=int, default=0, help="overhead: root turns per run (default 10)")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="overhead, depth, fan-out batches: runs per engine and size, interleaved",
+    )
     ap.add_argument(
         "--sizes-mb", default="", help="overhead, memory: context sizes instead of the case's own"
+    )
+    ap.add_argument(
+        "--busy",
+        action="store_true",
+        help="run the cases beside one more process that keeps a CPU busy (the depth target's setting)",
     )
     ap.add_argument("--official-python", default=None, help="an interpreter that already has rlms==0.1.3")
     ap.add_argument("--minrlm-python", default=None, help="an interpreter that already has minrlm==0.1.5")
@@ -507,9 +534,23 @@ def main() -> None:
     except ValueError:
         ap.error(f"--sizes-mb takes comma-separated numbers of MB, e.g. 1,100, not {args.sizes_mb!r}")
     bench = Bench(args)
-    for name, fn in CASES.items():
-        if args.case in ("all", name):
-            fn(bench)
+    # In a session of its own, as an unrelated program is: the kernel (autogroup) then shares the CPU
+    # between it and this benchmark, rather than between it and the engine inside our session.
+    hog = (
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+        if args.busy
+        else None
+    )
+    if hog is not None:
+        print(f"(another process, pid {hog.pid}, keeps one CPU busy throughout)\n")
+    try:
+        for name, fn in CASES.items():
+            if args.case in ("all", name):
+                fn(bench)
+    finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait()
 
 
 if __name__ == "__main__":

@@ -227,6 +227,7 @@ def main() -> None:
         "--no-trace", type=int, default=0, help="official, minrlm: no trajectory log (their default)"
     )
     ap.add_argument("--concurrency", type=int, default=64, help="recursa max_concurrency (its default)")
+    ap.add_argument("--sample-memory", type=int, default=0, help="sample peak memory every 2 ms (costs CPU)")
     args = ap.parse_args()
     # Import the engine before the baseline so its modules are not counted as context memory.
     if args.engine == "recursa":
@@ -240,8 +241,11 @@ def main() -> None:
     context = "abcdefghij" * max(1, int(args.context_mb * 2**20) // 10)
     baseline_mb = rss_mb()
     out: dict[str, Any] = {"engine": args.engine}
-    memory = MemoryPeaks()
-    memory.start()
+    # Only for the memory case: walking /proc every 2 ms takes CPU and the GIL from the engine it
+    # measures (20 child RLMs: ~80 processes to walk), which timed cases would count as the engine's.
+    memory = MemoryPeaks() if args.sample_memory else None
+    if memory is not None:
+        memory.start()
     threads_before = {t.ident for t in threading.enumerate()}  # the sampler is not the run's
     with tempfile.TemporaryDirectory() as trace_dir:
         started = time.perf_counter()
@@ -269,7 +273,7 @@ def main() -> None:
         left_children=len(child_pids()),
         context_mb=len(context) / 2**20,
         host_peak_above_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - baseline_mb,
-        sampled_peaks_mb=memory.stop(),
+        sampled_peaks_mb=memory.stop() if memory is not None else {},
         children_peak_mb=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
     )
     print(json.dumps(out), flush=True)
