@@ -6,11 +6,14 @@ machines, no kernel needed); everything else runs real worker processes.
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import os
 import shutil
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,7 @@ from recursa.context import build_payload
 from recursa.errors import SandboxError
 from recursa.sandbox import Hardening, InProcessSandbox, SubprocessSandbox, make_sandbox
 from recursa.sandbox.bwrap import bwrap_command, find_bwrap
-from recursa.sandbox.guard import group_members, threads_total
+from recursa.sandbox.guard import ProcessGuard, group_members, threads_total
 from recursa.sandbox.hardened import HostHardening
 from recursa.sandbox.policy import describe
 from recursa.sandbox.worker import landlock as hmod
@@ -572,3 +575,23 @@ def test_isolation_says_why_the_scratch_folder_is_the_hosts() -> None:
     memory = host._memory({"warnings": []}, report)
     assert "scratch" not in memory["tmpfs_bytes"]
     assert any("per file" in gap and "Operation not permitted" in gap for gap in memory["not_covered"])
+
+
+def test_a_finished_event_loop_is_not_kept_alive_by_the_process_guard() -> None:
+    # Every sync RLM.run() is an asyncio.run() of its own: a watcher holding its loop kept each one.
+    async def guarded() -> weakref.ref[asyncio.AbstractEventLoop]:
+        guard = ProcessGuard(
+            pgid=2**22 - 3,  # no such group: the watcher never finds anything to judge
+            main_pid=lambda: 0,
+            spare=set,
+            limit=4,
+            alive=lambda: True,  # still watched when the loop ends
+            on_trip=lambda message: None,
+        )
+        guard.start()
+        await asyncio.sleep(0)
+        return weakref.ref(asyncio.get_running_loop())
+
+    loop = asyncio.run(guarded())
+    gc.collect()
+    assert loop() is None
