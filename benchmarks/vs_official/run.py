@@ -314,6 +314,9 @@ def case_overhead(bench: Bench) -> None:
     print(
         "turn: median gap between a root reply leaving the server and the next root request arriving\n"
         "(HTTP client + engine + a trivial cell) from the second reply on, the median over the runs;\n"
+        "CPU / turn: CPU time (user + system) of the engine's process and the child processes it reaped,\n"
+        "in a run of five times as many turns minus this run, per turn (median over the runs): the work per\n"
+        "turn, which a busy machine delays but does not change; the server's is not in it.\n"
         "/ recursa: turn over recursa's in the same table; best run: the lowest run's median (on a busy\n"
         "machine, the least disturbed); each run: every run's median; first: the gap after the first\n"
         "reply (which may also wait for the REPL to start); setup: run() called to first request; end:\n"
@@ -324,6 +327,7 @@ def case_overhead(bench: Bench) -> None:
         "engine",
         "turn",
         "/ recursa",
+        "CPU / turn",
         "best run",
         "each run",
         "first",
@@ -336,10 +340,17 @@ def case_overhead(bench: Bench) -> None:
     with Server("instant") as srv:
         for mb in sizes:
             runs: dict[str, list[dict[str, Any]]] = {e: [] for e in bench.engines}
+            cpu: dict[str, list[float]] = {e: [] for e in bench.engines}
             for _ in range(bench.repeat):
                 for engine in bench.engines:  # interleaved: a change in the machine's load hits every engine
                     question = f"Step. BENCH[turns:{turns}]"
-                    runs[engine].append(bench.side(srv, engine, question, context_mb=mb, no_trace=1))
+                    r = bench.side(srv, engine, question, context_mb=mb, no_trace=1)
+                    runs[engine].append(r)
+                    longer = bench.side(
+                        srv, engine, f"Step. BENCH[turns:{5 * turns}]", context_mb=mb, no_trace=1
+                    )
+                    if "cpu_s" in r and longer.get("answer") == "done":
+                        cpu[engine].append((longer["cpu_s"] - r["cpu_s"]) / (4 * turns) * 1000)
             stats: dict[str, list[dict[str, float]]] = {}
             for engine in bench.engines:
                 got = [_turn_stats(r) if r.get("answer") == "done" else None for r in runs[engine]]
@@ -362,6 +373,7 @@ def case_overhead(bench: Bench) -> None:
                         engine,
                         _fmt(turn, "ms", 2),
                         f"{turn / base:.2f}x" if base else "-",
+                        _fmt(statistics.median(cpu[engine]), "ms", 2) if cpu[engine] else "-",
                         _fmt(min(st["turn_ms"] for st in sts), "ms", 2),
                         " / ".join(f"{st['turn_ms']:.2f}" for st in sts),
                         _fmt(statistics.median(st["first_ms"] for st in sts), "ms", 1),

@@ -116,6 +116,13 @@ class MemoryPeaks(threading.Thread):
         return {key: max(0.0, self.peaks[key] - self.start_values[key]) for key in self.peaks}
 
 
+def cpu_s() -> float:
+    """User + system CPU seconds of this process and of the child processes it has reaped (with
+    what those reaped in turn)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def child_pids() -> list[int]:
     pids: list[int] = []
     for task in Path("/proc/self/task").iterdir():
@@ -244,6 +251,7 @@ def main() -> None:
     memory.start()
     threads_before = {t.ident for t in threading.enumerate()}  # the sampler is not the run's
     with tempfile.TemporaryDirectory() as trace_dir:
+        cpu_before = cpu_s()
         started = time.perf_counter()
         try:
             answer, trace_bytes = RUNNERS[args.engine](args, context, trace_dir)
@@ -259,8 +267,10 @@ def main() -> None:
                 break
             time.sleep(0.001)
         quiet = time.perf_counter()
+        cpu_used = cpu_s() - cpu_before  # after the wait, so the REPL's processes have been reaped
         extra = [t.name for t in threading.enumerate() if t.ident not in threads_before and t.is_alive()]
     out.update(
+        cpu_s=cpu_used,
         started_at=started,
         returned_at=returned,
         wall_s=returned - started,
