@@ -116,13 +116,6 @@ class MemoryPeaks(threading.Thread):
         return {key: max(0.0, self.peaks[key] - self.start_values[key]) for key in self.peaks}
 
 
-def cpu_s() -> float:
-    """User + system CPU seconds of this process and of the child processes it has reaped (with
-    what those reaped in turn)."""
-    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
-
-
 def child_pids() -> list[int]:
     pids: list[int] = []
     for task in Path("/proc/self/task").iterdir():
@@ -233,6 +226,10 @@ def main() -> None:
     ap.add_argument(
         "--no-trace", type=int, default=0, help="official, minrlm: no trajectory log (their default)"
     )
+    ap.add_argument(
+        "--mark-cpu", type=int, default=0, help="1: name this process in the question (PID[n]) for the server"
+    )
+    ap.add_argument("--sample-memory", type=int, default=0, help="1: sample memory every 2 ms")
     ap.add_argument("--concurrency", type=int, default=64, help="recursa max_concurrency (its default)")
     args = ap.parse_args()
     # Import the engine before the baseline so its modules are not counted as context memory.
@@ -246,12 +243,16 @@ def main() -> None:
         import rlm  # noqa: F401  (the official package's module, or recursive-llm's)
     context = "abcdefghij" * max(1, int(args.context_mb * 2**20) // 10)
     baseline_mb = rss_mb()
-    out: dict[str, Any] = {"engine": args.engine}
-    memory = MemoryPeaks()
-    memory.start()
+    if args.mark_cpu:  # the scripted server reads this process tree's CPU time at each root request
+        args.question += f" PID[{os.getpid()}]"
+    out: dict[str, Any] = {"engine": args.engine, "pid": os.getpid()}
+    # Only when asked (the memory case): the sampler wakes every 2 ms and walks /proc, which takes
+    # CPU and, in an engine that runs in this process, the GIL, from the run it would be timing.
+    memory = MemoryPeaks() if args.sample_memory else None
+    if memory is not None:
+        memory.start()
     threads_before = {t.ident for t in threading.enumerate()}  # the sampler is not the run's
     with tempfile.TemporaryDirectory() as trace_dir:
-        cpu_before = cpu_s()
         started = time.perf_counter()
         try:
             answer, trace_bytes = RUNNERS[args.engine](args, context, trace_dir)
@@ -267,10 +268,8 @@ def main() -> None:
                 break
             time.sleep(0.001)
         quiet = time.perf_counter()
-        cpu_used = cpu_s() - cpu_before  # after the wait, so the REPL's processes have been reaped
         extra = [t.name for t in threading.enumerate() if t.ident not in threads_before and t.is_alive()]
     out.update(
-        cpu_s=cpu_used,
         started_at=started,
         returned_at=returned,
         wall_s=returned - started,
@@ -279,7 +278,7 @@ def main() -> None:
         left_children=len(child_pids()),
         context_mb=len(context) / 2**20,
         host_peak_above_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - baseline_mb,
-        sampled_peaks_mb=memory.stop(),
+        sampled_peaks_mb=memory.stop() if memory is not None else {},
         children_peak_mb=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
     )
     print(json.dumps(out), flush=True)
