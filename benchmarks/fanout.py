@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import math
 import socket
@@ -77,7 +78,28 @@ def serve(port: int, latency: float, slots: int, kind: str) -> None:
         sys.stdin.read()
 
 
-def measure(base_url: str, pattern: str, n: int, concurrency: int = 64) -> float:
+class FullCollections:
+    """When this process ran full garbage collections, and for how long (time.time() values)."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[float, float]] = []
+        self._began = 0.0
+        gc.callbacks.append(self._note)
+
+    def _note(self, phase: str, info: dict[str, Any]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._began = time.time()
+        else:
+            self.runs.append((self._began, time.time() - self._began))
+
+    def within(self, start: float, end: float) -> float:
+        return sum(took for began, took in self.runs if start <= began <= end)
+
+
+def measure(base_url: str, pattern: str, n: int, concurrency: int = 64) -> tuple[float, float]:
+    """(the batch's wall time, when it ended as a time.time() value)."""
     with tempfile.TemporaryDirectory() as tmp:
         rlm = RLM(
             "openai/bench-root",
@@ -89,7 +111,8 @@ def measure(base_url: str, pattern: str, n: int, concurrency: int = 64) -> float
         )
         result = rlm.run(f"{pattern}:{n}", "x" * 1000)
         assert isinstance(result.value, list) and len(result.value) == n, result
-        return load(result.trace_path).root.of_type("exec")[0]["duration_s"]
+        cell = load(result.trace_path).root.of_type("exec")[0]
+        return cell["duration_s"], cell["ts"]
 
 
 def server_times(root_url: str, slots: int) -> tuple[float, float, float] | None:
@@ -157,14 +180,15 @@ def main() -> None:
         )
         print(
             f"{'pattern':>10} {'prompts':>8} {'wall s':>8} {'ideal s':>8} {'ratio':>6} "
-            f"{'spread ms':>10} {'refill ms':>10} {'outside ms':>11}"
+            f"{'spread ms':>10} {'refill ms':>10} {'outside ms':>11} {'gc ms':>6}"
         )
+        collections = FullCollections()
         rows = [("batched", n) for n in map(int, args.sizes.split(",")) for _ in range(args.repeat)]
         rows += [("threads", args.loop_size), ("loop", args.loop_size)]
         for pattern, n in rows:
             started = time.perf_counter()
             reset(root_url)
-            wall = measure(base_url, pattern, n, args.concurrency)
+            wall, ended = measure(base_url, pattern, n, args.concurrency)
             ideal = (
                 n if pattern == "loop" else math.ceil(n / (16 if pattern == "threads" else args.slots))
             ) * args.latency
@@ -173,6 +197,7 @@ def main() -> None:
             if times is not None:
                 spread, refill, inside = times
                 extra = f" {spread * 1e3:>10.1f} {refill * 1e3:>10.1f} {(wall - inside) * 1e3:>11.1f}"
+                extra += f" {collections.within(ended - wall, ended) * 1e3:>6.1f}"
             print(
                 f"{pattern:>10} {n:>8} {wall:>8.3f} {ideal:>8.3f} {wall / ideal:>6.2f}{extra}"
                 + ("" if time.perf_counter() - started < 600 else "  (slow)")

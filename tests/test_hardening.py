@@ -6,11 +6,14 @@ machines, no kernel needed); everything else runs real worker processes.
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import os
 import shutil
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,7 @@ from recursa.context import build_payload
 from recursa.errors import SandboxError
 from recursa.sandbox import Hardening, InProcessSandbox, SubprocessSandbox, make_sandbox
 from recursa.sandbox.bwrap import bwrap_command, find_bwrap
-from recursa.sandbox.guard import group_members, threads_total
+from recursa.sandbox.guard import ProcessGuard, group_members, threads_total
 from recursa.sandbox.hardened import HostHardening
 from recursa.sandbox.policy import describe
 from recursa.sandbox.worker import landlock as hmod
@@ -523,3 +526,72 @@ async def test_a_non_root_host_without_a_control_group_gets_rlimit_nproc_in_bwra
         ).stdout == ("(40, 40)\n")
     finally:
         await sb.close()
+
+
+def _may_mount() -> bool:
+    """Whether a process here may make a mount namespace of its own (CAP_SYS_ADMIN), as a worker
+    started without bwrap does for its sized scratch folder."""
+    pid = os.fork()
+    if pid == 0:
+        import ctypes
+
+        os._exit(0 if ctypes.CDLL(None, use_errno=True).unshare(0x00020000) == 0 else 1)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+FILL_SCRATCH = (
+    "import os\n"
+    "done = []\n"
+    "for i in range(3):\n"
+    "    try:\n"
+    "        with open(f'part{i}', 'wb') as f:\n"
+    "            f.write(b'x' * (5 << 20))\n"
+    "        done.append('ok')\n"
+    "    except OSError as e:\n"
+    "        done.append(e.strerror)\n"
+    "print(done)\n"
+)
+
+
+@pytest.mark.skipif(not _may_mount(), reason="no CAP_SYS_ADMIN here: a worker without bwrap cannot mount")
+@linux_only
+async def test_without_bwrap_the_scratch_folder_is_capped_in_total(tmp_path: Path) -> None:
+    # Each file is under the per-file limit; together they pass the scratch cap.
+    hardening = Hardening(max_scratch_bytes=8 << 20, max_file_bytes=6 << 20)
+    sb = await started(hardening=hardening, bwrap=False, scratch_root=tmp_path)
+    try:
+        assert await out(sb, FILL_SCRATCH) == "['ok', 'No space left on device', 'No space left on device']\n"
+        memory = sb.isolation["memory"]
+        assert memory["tmpfs_bytes"] == {"scratch": 8 << 20} and "tmpfs size" in memory["mechanisms"]
+        assert not any("scratch" in gap for gap in memory["not_covered"])
+        assert os.listdir(sb.scratch_dir or "") == []  # the files were never on the host's disk
+    finally:
+        await sb.close()
+
+
+def test_isolation_says_why_the_scratch_folder_is_the_hosts() -> None:
+    host = HostHardening(Hardening(max_scratch_bytes=8 << 20), bwrap=False, python=sys.executable)
+    report = {"scratch_tmpfs": None, "scratch_tmpfs_error": "unshare: Operation not permitted"}
+    memory = host._memory({"warnings": []}, report)
+    assert "scratch" not in memory["tmpfs_bytes"]
+    assert any("per file" in gap and "Operation not permitted" in gap for gap in memory["not_covered"])
+
+
+def test_a_finished_event_loop_is_not_kept_alive_by_the_process_guard() -> None:
+    # Every sync RLM.run() is an asyncio.run() of its own: a watcher holding its loop kept each one.
+    async def guarded() -> weakref.ref[asyncio.AbstractEventLoop]:
+        guard = ProcessGuard(
+            pgid=2**22 - 3,  # no such group: the watcher never finds anything to judge
+            main_pid=lambda: 0,
+            spare=set,
+            limit=4,
+            alive=lambda: True,  # still watched when the loop ends
+            on_trip=lambda message: None,
+        )
+        guard.start()
+        await asyncio.sleep(0)
+        return weakref.ref(asyncio.get_running_loop())
+
+    loop = asyncio.run(guarded())
+    gc.collect()
+    assert loop() is None

@@ -158,10 +158,11 @@ def test_a_group_left_by_a_killed_host_is_swept(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     deadline = time.monotonic() + 10
-    while open(os.path.join(left, "cgroup.procs")).read().strip():  # the orphaned worker exits
+    # The orphaned worker exits. (A sandbox another test process makes meanwhile may sweep the
+    # group first: that is the behaviour under test too.)
+    while cgroups._read(os.path.join(left, "cgroup.procs")).strip():  # "" once it is gone
         assert time.monotonic() < deadline, "the dead host's worker is still running"
         time.sleep(0.02)
-    assert os.path.isdir(left)  # left behind ...
     group = cgroups.TaskGroup.create(8, 64 << 20)
     assert group is not None
     try:

@@ -260,3 +260,16 @@ async def test_mcp_sessions_count_against_their_callers_share(tmp_path: Path) ->
                 assert (await who.call_tool("recursa_session_close", {"session": sid})).structured_content[
                     "result"
                 ]
+
+
+def test_one_caller_cannot_push_others_responses_out_of_the_chain() -> None:
+    from recursa.serve.responses_api import ResponseChain
+
+    chain = ResponseChain(limit=8)  # a share of 2 per caller
+    chain.record("key:bob", "resp-bob", "bob-session")
+    for i in range(50):  # Alice floods, also under minted client secrets of her key
+        chain.record(f"key:alice/client:{i % 3}", f"resp-{i}", "alice-session")
+    assert chain.session_of("key:bob", "resp-bob") == "bob-session"
+    assert chain.session_of("key:alice/client:1", "resp-49") == "alice-session"  # her newest stay
+    assert chain.session_of("key:alice/client:0", "resp-0") is None  # her oldest went
+    assert len(chain._sessions) <= 3

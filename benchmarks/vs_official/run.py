@@ -1,14 +1,16 @@
 """recursa side by side with the official `rlms` package, minrlm and recursive-llm, on one fake server.
 
-    python benchmarks/vs_official/run.py [all|fanout|depth|overhead|memory|cache] [--smoke]
+    python benchmarks/vs_official/run.py [all|fanout|depth|overhead|memory|cache] [--smoke] [--busy]
         [--engines recursa,official,minrlm,recursive-llm] [--repeat N] [--turns N] [--sizes-mb 1,100]
         [--official-python PATH] [--minrlm-python PATH] [--recursive-llm-python PATH]
 
 The other engines (pinned: rlms==0.1.3, minrlm==0.1.5, recursive-llm==0.5.0) are installed by this
 script, each into its own virtual environment (~/.cache/recursa/bench/rlms-0.1.3, .../minrlm-0.1.5,
 .../recursive-llm-0.5.0), never into the project's. Every engine runs as a fresh process against the same fake server process
-(recursa.testing.FakeServer with the scripted root in responder.py), one case at a time, and
-every table prints them all and their ratios to recursa.
+(recursa.testing.FakeServer with the scripted root in responder.py; for the fan-out case the lean
+server of benchmarks/_lean_server.py, whose CPU per request does not hold the batch back), one case
+at a time, and every table prints them all and their ratios to recursa. --busy runs the cases beside
+a process that keeps one CPU busy (the depth target's setting).
 """
 
 from __future__ import annotations
@@ -75,10 +77,13 @@ def venv_python(engine: str, given: str | None = None) -> str:
 class Server:
     """The fake server in its own process (as a real model server would be)."""
 
-    def __init__(self, profile: str, latency: float | None = None, slots: int | None = None) -> None:
+    def __init__(
+        self, profile: str, latency: float | None = None, slots: int | None = None, lean: bool = False
+    ) -> None:
         cmd = [sys.executable, str(HERE / "server.py"), "--profile", profile]
         cmd += ["--latency", str(latency)] if latency is not None else []
         cmd += ["--slots", str(slots)] if slots is not None else []
+        cmd += ["--lean"] if lean else []
         self.cpu_dir = tempfile.TemporaryDirectory(prefix="recursa-bench-cpu-")
         env = {**os.environ, "BENCH_CPU_DIR": self.cpu_dir.name}
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
@@ -234,11 +239,15 @@ def case_fanout(bench: Bench) -> None:
     print(f"## fan-out: {latency} s per request, {slots} server slots (time inside the REPL cell)\n")
     head = ["pattern", "prompts", *_engine_head(), "ideal", "recursa/ideal", *_ratio_head()]
     rows = []
-    with Server("fanout", latency, slots) as srv:
+    # The lean server: FakeServer's ~0.7 ms of CPU per request alone holds 256 requests with 64 slots
+    # to ~0.9 s on two shared cores, whatever the client (benchmarks/_lean_server.py).
+    with Server("fanout", latency, slots, lean=True) as srv:
         bench.side(srv, "recursa", "warm-up BENCH[batched:4]")
         for n in sizes:
             ideal = math.ceil(n / slots) * latency
-            rows.append(_timed_row(bench, srv, "llm_query_batched", f"Fan out. BENCH[batched:{n}]", n, ideal))
+            for _ in range(bench.repeat):
+                question = f"Fan out. BENCH[batched:{n}]"
+                rows.append(_timed_row(bench, srv, "llm_query_batched", question, n, ideal))
         n = 2 * sizes[1]
         ideal = 2 * math.ceil(n / 2 / slots) * latency
         # Each of its batches runs under a new asyncio.run() with one AsyncOpenAI client, whose
@@ -281,19 +290,20 @@ def case_depth(bench: Bench) -> None:
     rows = []
     unsupported = {"minrlm": "not supported: no child RLMs (its sub_llm is one model call)"}
     with Server("fanout", latency, 64) as srv:
-        for n in (1, many):
-            rows.append(
-                _timed_row(
-                    bench,
-                    srv,
-                    f"{n} child RLMs",
-                    f"Delegate. BENCH[children:{n}]",
-                    n,
-                    3 * latency,
-                    unsupported,
-                    max_depth=2,
+        for _ in range(bench.repeat):  # one child, then many: a change in the machine's load hits both
+            for n in (1, many):
+                rows.append(
+                    _timed_row(
+                        bench,
+                        srv,
+                        f"{n} child RLMs",
+                        f"Delegate. BENCH[children:{n}]",
+                        n,
+                        3 * latency,
+                        unsupported,
+                        max_depth=2,
+                    )
                 )
-            )
     _table(head, rows)
     print(
         "ideal: one child's three model calls; recursa/ideal for 20 children is the target's 'x one child'.\n"
@@ -526,9 +536,19 @@ def main() -> None:
     )
     ap.add_argument("--engines", default=",".join(ENGINES), help=f"a comma-separated subset of {ENGINES}")
     ap.add_argument("--turns", type=int, default=0, help="overhead: root turns per run (default 10)")
-    ap.add_argument("--repeat", type=int, default=1, help="overhead: runs per engine and size, interleaved")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="overhead, depth, fan-out batches: runs per engine and size, interleaved",
+    )
     ap.add_argument(
         "--sizes-mb", default="", help="overhead, memory: context sizes instead of the case's own"
+    )
+    ap.add_argument(
+        "--busy",
+        action="store_true",
+        help="run the cases beside one more process that keeps a CPU busy (the depth target's setting)",
     )
     ap.add_argument("--official-python", default=None, help="an interpreter that already has rlms==0.1.3")
     ap.add_argument("--minrlm-python", default=None, help="an interpreter that already has minrlm==0.1.5")
@@ -544,9 +564,23 @@ def main() -> None:
     except ValueError:
         ap.error(f"--sizes-mb takes comma-separated numbers of MB, e.g. 1,100, not {args.sizes_mb!r}")
     bench = Bench(args)
-    for name, fn in CASES.items():
-        if args.case in ("all", name):
-            fn(bench)
+    # In a session of its own, as an unrelated program is: the kernel (autogroup) then shares the CPU
+    # between it and this benchmark, rather than between it and the engine inside our session.
+    hog = (
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+        if args.busy
+        else None
+    )
+    if hog is not None:
+        print(f"(another process, pid {hog.pid}, keeps one CPU busy throughout)\n")
+    try:
+        for name, fn in CASES.items():
+            if args.case in ("all", name):
+                fn(bench)
+    finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait()
 
 
 if __name__ == "__main__":

@@ -229,8 +229,8 @@ def main() -> None:
     ap.add_argument(
         "--mark-cpu", type=int, default=0, help="1: name this process in the question (PID[n]) for the server"
     )
-    ap.add_argument("--sample-memory", type=int, default=0, help="1: sample memory every 2 ms")
     ap.add_argument("--concurrency", type=int, default=64, help="recursa max_concurrency (its default)")
+    ap.add_argument("--sample-memory", type=int, default=0, help="sample peak memory every 2 ms (costs CPU)")
     args = ap.parse_args()
     # Import the engine before the baseline so its modules are not counted as context memory.
     if args.engine == "recursa":
@@ -246,8 +246,8 @@ def main() -> None:
     if args.mark_cpu:  # the scripted server reads this process tree's CPU time at each root request
         args.question += f" PID[{os.getpid()}]"
     out: dict[str, Any] = {"engine": args.engine, "pid": os.getpid()}
-    # Only when asked (the memory case): the sampler wakes every 2 ms and walks /proc, which takes
-    # CPU and, in an engine that runs in this process, the GIL, from the run it would be timing.
+    # Only for the memory case: walking /proc every 2 ms takes CPU and the GIL from the engine it
+    # measures (20 child RLMs: ~80 processes to walk), which timed cases would count as the engine's.
     memory = MemoryPeaks() if args.sample_memory else None
     if memory is not None:
         memory.start()

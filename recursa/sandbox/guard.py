@@ -151,8 +151,10 @@ class _Watcher:
         weakref.WeakKeyDictionary()
     )
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+    # Nothing here refers to the loop once its task has ended: the loop is this watcher's key in a
+    # WeakKeyDictionary, and a value that held it (so did the finished task, through its _loop) kept
+    # every closed loop of the process alive, one per asyncio.run (each sync RLM.run), for good.
+    def __init__(self) -> None:
         self.guards: set[ProcessGuard] = set()
         self.task: asyncio.Task[None] | None = None
 
@@ -160,15 +162,23 @@ class _Watcher:
     def of(cls, loop: asyncio.AbstractEventLoop) -> _Watcher:
         watcher = cls._by_loop.get(loop)
         if watcher is None:
-            watcher = cls._by_loop[loop] = cls(loop)
+            watcher = cls._by_loop[loop] = cls()
         return watcher
 
     def add(self, guard: ProcessGuard) -> None:
+        """Called on the watcher's own loop."""
         self.guards.add(guard)
         if self.task is None or self.task.done():
-            self.task = self.loop.create_task(self._run(), name="recursa-process-guard")
+            self.task = asyncio.get_running_loop().create_task(self._run(), name="recursa-process-guard")
 
     async def _run(self) -> None:
+        try:
+            await self._watch()
+        finally:
+            if self.task is asyncio.current_task():
+                self.task = None
+
+    async def _watch(self) -> None:
         baseline = threads_total()
         while True:
             await asyncio.sleep(POLL_S)

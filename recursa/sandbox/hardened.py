@@ -148,6 +148,9 @@ class HostHardening:
             # A private /dev/shm (a tmpfs of its own inside bwrap) for multiprocessing's semaphores;
             # the host's, shared with every other program, stays out of reach.
             spec["read_write"].append("/dev/shm")
+        elif self.options.max_scratch_bytes is not None:
+            # No bwrap to mount a sized scratch: the worker mounts one itself where it may.
+            spec["scratch_tmpfs"] = {"path": scratch, "bytes": self.options.max_scratch_bytes}
         return {"hardening": spec}
 
     def start_failed(self, log_tail: str) -> bool:
@@ -301,10 +304,16 @@ class HostHardening:
                 tmpfs["/dev/shm"] = opts.max_shm_bytes
             if opts.max_scratch_bytes is not None:
                 tmpfs["scratch"] = opts.max_scratch_bytes
-            if tmpfs:
-                mechanisms.append("tmpfs size")
+        elif isinstance(report.get("scratch_tmpfs"), int):
+            tmpfs["scratch"] = report["scratch_tmpfs"]  # the worker's own mount (worker/mounts.py)
+        if tmpfs:
+            mechanisms.append("tmpfs size")
         if "scratch" not in tmpfs:
-            not_covered.append("the scratch folder is the host's: bounded per file (max_file_bytes) only")
+            why = report.get("scratch_tmpfs_error")
+            not_covered.append(
+                "the scratch folder is the host's: bounded per file (max_file_bytes) only"
+                + (f" (no mount namespace of its own: {why})" if why else "")
+            )
         out = {"mechanisms": mechanisms, "tmpfs_bytes": tmpfs, "not_covered": not_covered}
         if group is not None and group.memory_bytes is not None:
             out["cgroup_limit_bytes"] = group.memory_bytes

@@ -12,12 +12,14 @@ to continue a conversation here.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
+from recursa.serve.callers import quota_of
 from recursa.serve.chat import SESSION_HEADER, ChatService
 from recursa.serve.observe import RUN_STATE_KEY
 from recursa.serve.request import Caller, bad
@@ -26,19 +28,34 @@ from recursa.serve.responses_wire import ResponsesSSE, new_id, response_body
 from recursa.serve.steps import StepRenderer
 
 _CHAIN_LIMIT = 100_000  # remembered responses; the oldest are forgotten first
+_CHAIN_SHARE = 4  # one caller holds at most 1/_CHAIN_SHARE of them: its own oldest go first
 
 
 class ResponseChain:
-    """(caller, response id) -> the session the response ran in. Ids only, never content."""
+    """(caller, response id) -> the session the response ran in. Ids only, never content.
+
+    Bounded as a whole and per caller (recursa.serve.callers.quota_of): a caller past its share
+    forgets its own oldest responses, so one caller's flood of requests cannot push everyone
+    else's out."""
 
     def __init__(self, limit: int = _CHAIN_LIMIT) -> None:
         self.limit = limit
-        self._sessions: dict[tuple[str, str], str] = {}
+        self.share = max(1, limit // _CHAIN_SHARE)
+        self._sessions: dict[tuple[str, str], str] = {}  # in the order they were recorded
+        self._held: dict[str, deque[tuple[str, str]]] = {}  # per quota; may hold forgotten keys
 
     def record(self, owner: str, response_id: str, session_id: str) -> None:
-        self._sessions[(owner, response_id)] = session_id
+        key = (owner, response_id)
+        quota = quota_of(owner)
+        held = self._held.setdefault(quota, deque())
+        while held and (len(held) >= self.share or held[0] not in self._sessions):
+            self._sessions.pop(held.popleft(), None)  # its own oldest (or one already forgotten)
+        self._sessions[key] = session_id
+        held.append(key)
         while len(self._sessions) > self.limit:
             del self._sessions[next(iter(self._sessions))]
+        if len(self._held) > self.limit:  # callers whose every response was forgotten
+            self._held = {q: h for q, h in self._held.items() if any(k in self._sessions for k in h)}
 
     def session_of(self, owner: str, response_id: str) -> str | None:
         return self._sessions.get((owner, response_id))

@@ -21,6 +21,7 @@ import sys
 import time
 
 from .landlock import apply_landlock, kernel_abi, read_plan
+from .mounts import scratch_tmpfs
 from .seccomp import apply_seccomp, seccomp_filter
 from .syscalls import (
     CAP_VERSION_3,
@@ -133,6 +134,19 @@ def _drop_capabilities(libc: Any, sysnr: dict[str, int], report: Report) -> None
         report.warn(f"capset() failed: {errno_text()}")
 
 
+def _scratch_tmpfs(want: dict[str, Any], report: Report) -> None:
+    """Without bwrap: the scratch folder as a sized tmpfs in a mount namespace of the worker's own,
+    where the kernel allows it (CAP_SYS_ADMIN, e.g. a root host without bubblewrap). Elsewhere the
+    folder stays the host's, bounded per file only, and the report says why."""
+    try:
+        scratch_tmpfs(str(want["path"]), int(want["bytes"]))
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        report.data["scratch_tmpfs"] = None
+        report.data["scratch_tmpfs_error"] = str(exc)
+    else:
+        report.data["scratch_tmpfs"] = int(want["bytes"])
+
+
 def _probe(report: Report) -> None:
     """Check from the inside that the layers hold: these must fail now."""
     verified = report.data["verified"]
@@ -178,6 +192,8 @@ def apply(spec: dict[str, Any]) -> dict[str, Any]:
         return report.data
     sysnr = SYSCALLS[machine]
     libc = libc_handle()
+    if isinstance(spec.get("scratch_tmpfs"), dict):  # first: it needs capabilities, mount and unshare
+        _scratch_tmpfs(spec["scratch_tmpfs"], report)
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         report.warn(f"prctl(PR_SET_NO_NEW_PRIVS) failed: {errno_text()}")
     report.data["no_new_privs"] = libc.prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1

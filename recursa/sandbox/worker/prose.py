@@ -38,7 +38,10 @@ _LOOSE_NAMES = frozenset({"FINAL", "FINAL_ANSWER", "FINAL_VAR"})
 # A call line, also with markdown around it (`**FINAL(42)**`, `` `FINAL(42)` ``).
 _CALL = r"^(?P<indent>[ \t]*)[*_`]*(?P<name>[A-Za-z]+(?:_[A-Za-z]+)*)[*_`]*[ \t]*\((?P<rest>.*)$"
 _CLOSE = r"\)[*_` \t.;]*$"
-_LOOSE = r"^(?P<indent>[ \t]*)[*_`]*(?P<name>FINAL(?:_ANSWER|_VAR)?)[*_`]*(?:[ \t]*:[ \t]*|[ \t]+)(?P<rest>\S.*?)[*_` \t.;]*$"
+_LOOSE = (
+    r"^(?P<indent>[ \t]*)[*_`]*(?P<name>FINAL(?:_ANSWER|_VAR)?)[*_`]*(?:[ \t]*:[ \t]*|[ \t]+)(?P<rest>\S.*)$"
+)
+_TRAILING = "*_` \t.;"  # markdown and punctuation after an answer written without parentheses
 _LOOK_BACK = 50  # lines above an error searched for the FINAL( that starts it
 _LOOK_AHEAD = 200  # lines a FINAL(...) argument may span
 _MAX_MENDS = 20
@@ -125,7 +128,9 @@ def _mend_loose(
     m = re.match(_LOOSE, lines[error])
     if m is None or "(" in lines[error][: m.start("rest")] or not is_answer_call(m.group("name")):
         return None
-    name, rest = m.group("name"), m.group("rest")
+    name, rest = m.group("name"), m.group("rest").rstrip(_TRAILING)
+    if not rest:
+        return None
     if name == "FINAL_VAR" or not _is_expression(rest):
         call = f"{name}({rest!r})"
     else:

@@ -29,24 +29,19 @@ End of file on the control socket (the host closed it, or is gone) ends the zygo
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import json
 import os
 import signal
 import socket
 
+from .mounts import CLONE_NEWIPC, CLONE_NEWNS, check, libc, mount_tmpfs, private_namespace
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any, NoReturn
 
-_CLONE_NEWNS = 0x00020000
-_CLONE_NEWIPC = 0x08000000
-_MS_REC = 1 << 14
-_MS_PRIVATE = 1 << 18
-_MS_NOSUID = 1 << 1
-_MS_NODEV = 1 << 2
 _PR_SET_PDEATHSIG = 1
 # Landlock lets a worker write its scratch directory and /dev/shm (multiprocessing's semaphores),
 # so /dev/shm must be its own; bwrap's /tmp holds the scratch directories and stays as it is.
@@ -64,7 +59,7 @@ def serve(
     `prepare(config)` runs here before each fork (work every worker with that config would repeat,
     kept in this process so that the children inherit it); in the child, `drop_capabilities()`
     (which raises if any is left) and then `start_worker(channel, config)`."""
-    _libc()  # loaded once, here, for every child's first steps
+    libc()  # loaded once, here, for every child's first steps
     control = socket.socket(fileno=control_fd)
     os.set_inheritable(control_fd, False)
     # Children are reaped by the kernel; the host watches them through pidfds, not through us.
@@ -133,47 +128,18 @@ def _child(
     start_worker(channel, config)
 
 
-_loaded: list[Any] = []
-
-
-def _libc() -> Any:
-    if not _loaded:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mount.argtypes = [
-            ctypes.c_char_p,
-            ctypes.c_char_p,
-            ctypes.c_char_p,
-            ctypes.c_ulong,
-            ctypes.c_char_p,
-        ]
-        libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-        _loaded.append(libc)
-    return _loaded[0]
-
-
-def _check(rc: int, what: str) -> None:
-    if rc != 0:
-        raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
-
-
 def _set_death_signal() -> None:
-    _check(_libc().prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0), "prctl(PDEATHSIG)")
+    check(libc().prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0), "prctl(PDEATHSIG)")
 
 
 def _private_namespaces(scratch: str, shm_bytes: int | None, scratch_bytes: int | None) -> None:
     """A mount and an IPC namespace of this worker's own, with an empty /dev/shm (of `shm_bytes`)
     and, with `scratch_bytes`, a tmpfs of that size as its scratch folder (tmpfs pages are memory
     no rlimit counts: each gets a size)."""
-    libc = _libc()
-    _check(libc.unshare(_CLONE_NEWNS | _CLONE_NEWIPC), "unshare(mount, ipc)")
-    _check(libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "making mounts private")
+    private_namespace(CLONE_NEWNS | CLONE_NEWIPC)
     mounts = [(path, "mode=1777", shm_bytes) for path in _PRIVATE_MOUNTS]
     if scratch_bytes is not None:
         mounts.append((scratch, "mode=0700", scratch_bytes))
     for path, mode, size in mounts:
         if os.path.isdir(path):
-            options = mode if size is None else f"{mode},size={int(size)}"
-            _check(
-                libc.mount(b"tmpfs", path.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, options.encode()),
-                f"mount tmpfs on {path}",
-            )
+            mount_tmpfs(path, mode, size)
