@@ -97,6 +97,8 @@ def _no_core_dumps() -> dict[str, Any]:
 
 # Main loop.
 
+_SETTLE_S = 0.0003
+
 
 class Server:
     """Runs requests on the main thread (so SIGINT interrupts user code) and keeps snapshots ready."""
@@ -107,6 +109,7 @@ class Server:
         self.group = group
         self.repl = Repl(self._call)
         self.snapshots = Snapshots()
+        self._early: dict[str, Any] | None = None  # a request read while settling (see _settle)
         self.chan = self._connect(WorkerChannel(transport, lines=lines))
 
     def _call(self, fn: str, args: dict[str, Any]) -> Any:
@@ -180,17 +183,31 @@ class Server:
             if op in ("exec", "load_context") and self.snapshots.armed:
                 # Snapshot the state after this cell now, while the host reads the result and asks
                 # its model: the next cell then starts without paying for the fork.
-                self._snapshot()
-                if op == "exec" and self.chan.inbox.empty():
+                self._settle()
+                if self._snapshot():
+                    self._early = None  # a snapshot that took over: what the old worker read is not ours
+                if op == "exec" and self._early is None and self.chan.inbox.empty():
                     self._rehearse()  # the next cell's copy-on-write faults, taken while nobody waits
         self.snapshots.discard()
         sys.stdout.flush()
         os._exit(0)  # skip interpreter teardown: user threads must not keep the process alive
 
+    def _settle(self) -> None:
+        """Let the host take the answer just sent before forking. The socket wakes the host on
+        this CPU, expecting the sender to sleep; a fork started at once kept the host from its
+        answer for about a millisecond. A request that arrives meanwhile waits in `_early`."""
+        try:
+            self._early = self.chan.inbox.get(timeout=_SETTLE_S)
+        except _Empty:
+            pass
+
     def _next_message(self) -> dict[str, Any]:
         """The next request. A snapshot discarded when the last one was taken is reaped here, once
         no request came within a millisecond (the host is waiting for its model), not before the
         next cell."""
+        if self._early is not None:
+            msg, self._early = self._early, None
+            return msg
         if self.snapshots.dying:
             try:
                 return self.chan.inbox.get(timeout=0.001)
