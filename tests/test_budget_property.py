@@ -417,6 +417,7 @@ FOUND = [
 
 
 @pytest.mark.serial  # asserts calls overlap or finish in time: not beside another test
+@pytest.mark.timeout(360)  # 1,000 trees: about 15 s of CPU, several times that on a loaded machine
 @settings(
     max_examples=1_000,
     deadline=None,

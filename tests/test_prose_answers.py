@@ -189,3 +189,15 @@ def test_final_var_of_an_undefined_name_says_to_assign_it_first(repl):
     out = run(repl, "FINAL_VAR(missing)")
     assert out["final"] is None and "NameError" in out["error"]
     assert any('then FINAL_VAR("missing")' in note for note in out["notes"])
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "x = 1\nFINAL(x)\nz = max(x y)",  # the error is in the line after a complete FINAL(...)
+        "x = 1\nFINAL(x)\nz = (\n",
+    ],
+)
+def test_code_after_a_complete_final_is_never_read_into_the_answer(repl, code):
+    out = run(repl, code)
+    assert out["final"] is None and "SyntaxError" in out["error"]

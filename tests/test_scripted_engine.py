@@ -108,3 +108,4 @@ def test_the_messy_style_writes_like_real_models_and_still_solves(persona, tmp_p
         assert form in text, form
     if persona == "gpt5-like":  # it answers in prose: the forms without parentheses show up too
         assert any(f in text for f in ("\nFINAL ", "Final Answer: ", "FINAL: ", "FINAL_VAR: "))
+        assert any(f in text for f in ("final(", "final_var(", "Final_Var(", "<answer>", "**Answer:**"))

@@ -16,17 +16,26 @@ one is a child RLM (depth 2), which takes three turns, or a plain sub-call (a lo
 a prompt of the fan-out cases: minrlm's sub-calls carry a system prompt and go to the root model).
 (recursa runs children on the sub-model and the official package on the root model; both are served
 the same child policy.) Timed code measures itself inside the REPL and puts the elapsed seconds in
-the answer, so every engine is timed the same way.
+the answer, so every engine is timed the same way. In the per-turn case the question also names the
+engine's process (`PID[n]`), and each root request appends the CPU time of that process tree to a
+file for run.py (`_mark_cpu`).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 MARKER = re.compile(r"BENCH\[(\w+):(\d+)\]")
 ENGINE_TAG = re.compile(r"ENGINE\[([\w-]+)\]")
 FANOUT_PROMPT = re.compile(r"(item|again) \d+")
+CLIENT_PID = re.compile(r"PID\[(\d+)\]")
+# run.py sets this for the server process: where a root request of a run whose question names its
+# process (PID[n]) appends the time and the CPU that process tree has used so far.
+CPU_DIR = os.environ.get("BENCH_CPU_DIR")
 SUB_MODEL = "bench-sub"
 CHILD_TURNS = 3
 
@@ -82,6 +91,27 @@ _TIMED = "import time as _t\n_t0 = _t.perf_counter()\n{body}\n_el = _t.perf_coun
 _COUNT = "f'{{sum(1 for a in answers if a.startswith(\"{expect}\"))}} {{_el:.4f}}'"
 
 
+def _tree_cpu_ns(pid: int) -> int:
+    """CPU time of every thread of `pid` and of the processes below it, alive now (schedstat: ns)."""
+    total, queue = 0, [pid]
+    while queue:
+        for task in Path(f"/proc/{queue.pop()}/task").glob("*"):
+            try:
+                total += int((task / "schedstat").read_text().split()[0])
+                queue += [int(k) for k in (task / "children").read_text().split()]
+            except (OSError, ValueError, IndexError):
+                continue
+    return total
+
+
+def _mark_cpu(question: str) -> None:
+    found = CLIENT_PID.search(question)
+    if CPU_DIR and found:
+        at, cpu = time.perf_counter(), _tree_cpu_ns(int(found.group(1)))
+        with open(Path(CPU_DIR) / f"{found.group(1)}.txt", "a") as f:
+            f.write(f"{at} {cpu}\n")
+
+
 def _block(code: str, dialect: Dialect) -> str:
     return f"```{dialect.fence}\n{code}\n```"
 
@@ -106,7 +136,8 @@ def reply(model: str, messages: list[dict[str, str]]) -> str:
             return _block(f"step = {done}\nprint(step)", REPL)
         return _block(REPL.finish.format(value="'child-done'"), REPL)
     case, n = found.group(1), int(found.group(2))
-    if case == "turns":  # n turns of trivial code, then the answer
+    if case == "turns":
+        _mark_cpu(found.string)  # n turns of trivial code, then the answer
         if done < n - 1:
             return "Next step.\n" + _block(f"x = {done}\nprint(x)", dialect)
         return _block(dialect.finish.format(value="'done'"), dialect)

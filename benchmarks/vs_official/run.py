@@ -19,9 +19,11 @@ import argparse
 import itertools
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -82,7 +84,9 @@ class Server:
         cmd += ["--latency", str(latency)] if latency is not None else []
         cmd += ["--slots", str(slots)] if slots is not None else []
         cmd += ["--lean"] if lean else []
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.cpu_dir = tempfile.TemporaryDirectory(prefix="recursa-bench-cpu-")
+        env = {**os.environ, "BENCH_CPU_DIR": self.cpu_dir.name}
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().split()
         assert line and line[0] == "ready", line
@@ -92,6 +96,13 @@ class Server:
     def ledger(self) -> list[dict[str, Any]]:
         with urlopen(f"{self.root}/ledger") as r:
             return json.load(r)
+
+    def cpu_marks(self, pid: int) -> list[tuple[float, int]]:
+        """(time, CPU ns of the process tree) at each root request of the run in process `pid`."""
+        path = Path(self.cpu_dir.name) / f"{pid}.txt"
+        if not path.exists():
+            return []
+        return [(float(t), int(c)) for t, c in (ln.split() for ln in path.read_text().splitlines())]
 
     def reset(self, keep_cache: bool = False) -> None:
         query = "?keep_cache=true" if keep_cache else ""
@@ -105,6 +116,7 @@ class Server:
         assert self.proc.stdin is not None
         self.proc.stdin.close()
         self.proc.wait(timeout=10)
+        self.cpu_dir.cleanup()
 
 
 class Bench:
@@ -144,6 +156,7 @@ class Bench:
             return {"error": f"exit {done.returncode}: {' | '.join(tail)}"[:300], "ledger": srv.ledger()}
         out = json.loads(lines[-1])
         out["ledger"] = srv.ledger()
+        out["cpu_marks"] = srv.cpu_marks(out["pid"]) if "pid" in out else []
         return out
 
 
@@ -298,6 +311,7 @@ def case_depth(bench: Bench) -> None:
 
 
 def _turn_stats(r: dict[str, Any]) -> dict[str, float] | None:
+    """The figures of one run of the per-turn case, from the server's ledger and CPU marks."""
     roots = sorted(
         (x for x in r.get("ledger", []) if x["model"] == "bench-root"), key=lambda x: x["received_at"]
     )
@@ -308,10 +322,19 @@ def _turn_stats(r: dict[str, Any]) -> dict[str, float] | None:
         # The first gap also waits for a REPL still starting (recursa's starts during the first call).
         "first_ms": gaps[0] * 1000,
         "turn_ms": statistics.median(gaps[1:]) * 1000,
+        "cpu_ms": _cpu_per_turn(r.get("cpu_marks", [])),
         "setup_s": roots[0]["received_at"] - r["started_at"],
         "end_ms": (r["returned_at"] - roots[-1]["finished_at"]) * 1000,
         "quiet_ms": r["quiet_s"] * 1000,
     }
+
+
+def _cpu_per_turn(marks: list[tuple[float, int]]) -> float:
+    """Median CPU ms the client used between consecutive root requests, from the second on (as the
+    turn gap); NaN without marks."""
+    cpu = [c for _, c in sorted(marks)]
+    steps = [(b - a) / 1e6 for a, b in itertools.pairwise(cpu)][1:]
+    return statistics.median(steps) if steps else math.nan
 
 
 def case_overhead(bench: Bench) -> None:
@@ -324,6 +347,9 @@ def case_overhead(bench: Bench) -> None:
     print(
         "turn: median gap between a root reply leaving the server and the next root request arriving\n"
         "(HTTP client + engine + a trivial cell) from the second reply on, the median over the runs;\n"
+        "CPU / turn: CPU time the engine's process tree used from one root request to the next (read\n"
+        "by the server from /proc at each request; the median over the same turns, then over the runs):\n"
+        "the work per turn, which a busy machine delays but changes much less; the server's is not in it.\n"
         "/ recursa: turn over recursa's in the same table; best run: the lowest run's median (on a busy\n"
         "machine, the least disturbed); each run: every run's median; first: the gap after the first\n"
         "reply (which may also wait for the REPL to start); setup: run() called to first request; end:\n"
@@ -334,6 +360,7 @@ def case_overhead(bench: Bench) -> None:
         "engine",
         "turn",
         "/ recursa",
+        "CPU / turn",
         "best run",
         "each run",
         "first",
@@ -342,14 +369,16 @@ def case_overhead(bench: Bench) -> None:
         "quiet after return",
         "trace",
     ]
-    rows = []
+    rows: list[list[str]] = []
     with Server("instant") as srv:
         for mb in sizes:
             runs: dict[str, list[dict[str, Any]]] = {e: [] for e in bench.engines}
             for _ in range(bench.repeat):
                 for engine in bench.engines:  # interleaved: a change in the machine's load hits every engine
                     question = f"Step. BENCH[turns:{turns}]"
-                    runs[engine].append(bench.side(srv, engine, question, context_mb=mb, no_trace=1))
+                    runs[engine].append(
+                        bench.side(srv, engine, question, context_mb=mb, no_trace=1, mark_cpu=1)
+                    )
             stats: dict[str, list[dict[str, float]]] = {}
             for engine in bench.engines:
                 got = [_turn_stats(r) if r.get("answer") == "done" else None for r in runs[engine]]
@@ -372,6 +401,7 @@ def case_overhead(bench: Bench) -> None:
                         engine,
                         _fmt(turn, "ms", 2),
                         f"{turn / base:.2f}x" if base else "-",
+                        _fmt(statistics.median(st["cpu_ms"] for st in sts), "ms", 2),
                         _fmt(min(st["turn_ms"] for st in sts), "ms", 2),
                         " / ".join(f"{st['turn_ms']:.2f}" for st in sts),
                         _fmt(statistics.median(st["first_ms"] for st in sts), "ms", 1),

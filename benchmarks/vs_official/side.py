@@ -226,6 +226,9 @@ def main() -> None:
     ap.add_argument(
         "--no-trace", type=int, default=0, help="official, minrlm: no trajectory log (their default)"
     )
+    ap.add_argument(
+        "--mark-cpu", type=int, default=0, help="1: name this process in the question (PID[n]) for the server"
+    )
     ap.add_argument("--concurrency", type=int, default=64, help="recursa max_concurrency (its default)")
     ap.add_argument("--sample-memory", type=int, default=0, help="sample peak memory every 2 ms (costs CPU)")
     args = ap.parse_args()
@@ -240,7 +243,9 @@ def main() -> None:
         import rlm  # noqa: F401  (the official package's module, or recursive-llm's)
     context = "abcdefghij" * max(1, int(args.context_mb * 2**20) // 10)
     baseline_mb = rss_mb()
-    out: dict[str, Any] = {"engine": args.engine}
+    if args.mark_cpu:  # the scripted server reads this process tree's CPU time at each root request
+        args.question += f" PID[{os.getpid()}]"
+    out: dict[str, Any] = {"engine": args.engine, "pid": os.getpid()}
     # Only for the memory case: walking /proc every 2 ms takes CPU and the GIL from the engine it
     # measures (20 child RLMs: ~80 processes to walk), which timed cases would count as the engine's.
     memory = MemoryPeaks() if args.sample_memory else None

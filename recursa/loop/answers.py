@@ -25,6 +25,14 @@ async def resolve_prose_final(
         # FINAL(result) / "FINAL result" naming a variable the code made means that variable
         # (returning the word "result" was the reference implementation's classic misread).
         if is_identifier(prose.text):
+            if prose.unrun and retry:
+                # Even if the REPL has an older `name`, the model meant the value its unrun code computes.
+                return (
+                    f"Your FINAL({prose.text}) names `{prose.text}`, which your reply assigns in code written "
+                    f"outside a ```repl block: that code did not run, so `{prose.text}` does not hold what "
+                    "it computes. Put the code in a ```repl block (it runs and you see its output), then "
+                    "answer in your next reply."
+                )
             if prose.text in await sandbox.variable_names():
                 found = await sandbox.get_variable(prose.text)
                 if found is not None:

@@ -44,6 +44,9 @@ class ProseFinal:
     protocol: str  # "FINAL" | "FINAL_VAR"
     text: str  # the answer text (FINAL) or the variable name (FINAL_VAR)
     loose: bool = False  # written without parentheses ("FINAL 345", "Final Answer: ...")
+    # FINAL(name) where the reply's prose assigns `name` in code outside any fence (`x = ...`): that
+    # code never ran, so the word is not the answer the model meant.
+    unrun: bool = False
 
 
 class FenceLike(Protocol):
@@ -303,6 +306,12 @@ def _unquote(text: str) -> str:
         ):
             return inner
     return text
+
+
+def assigned_in(prose: list[str], name: str) -> bool:
+    """Whether a prose line assigns `name` the way code does (`name = ...`, `name += ...`)."""
+    binding = re.compile(rf"^[ \t]*{re.escape(name)}[ \t]*(?::[^=\n]*)?(?:[-+*/%|&]|//)?=(?!=)")
+    return any(binding.match(line) for line in prose)
 
 
 def is_identifier(name: str) -> bool:

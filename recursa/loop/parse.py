@@ -32,10 +32,12 @@ from recursa.loop.finals import (
     SPAN_WINDOW,
     ProseFinal,
     argument_end,
+    assigned_in,
     fenced_final,
     final_as_text,
     find_final,
     inline_final,
+    is_identifier,
 )
 
 # ```repl is the paper's fence; models trained on notebooks write ```python (any case), Gemini's
@@ -123,6 +125,8 @@ def parse_reply(reply: str) -> ParsedReply:
         if written is not None:  # ```repl\nFINAL(The answer is 42)\n```: prose in a fence, not code
             blocks.remove(block)
             final = final or written
+    if final is not None and final.protocol == "FINAL" and is_identifier(final.text):
+        final.unrun = assigned_in(prose, final.text)
     parsed = ParsedReply(blocks, final, len(others), others, notes)
     if final is None:
         inline = inline_final(prose)

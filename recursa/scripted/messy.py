@@ -3,7 +3,8 @@
 The scripted roots write tidy ```repl blocks and FINAL(...) lines. Real models do not: they tag
 fences ```python or ```Python, show a JSON shape first, nest code in numbered lists, double an
 opener, write the output they expect after the code, think aloud in <think> with draft code, leak
-chat-template tokens, and answer with `FINAL 345`, `**FINAL**(x)` or `Final Answer: x`. With
+chat-template tokens, and answer with `FINAL 345`, `**FINAL**(x)`, `Final Answer: x`, `final(x)` or
+`<answer>FINAL(x)</answer>`. With
 `style=messy` each reply is rewritten into one of those forms (chosen by turn and seed, so a run is
 reproducible), keeping what it means: the same code runs and the same answer comes back, so
 benchmarks and the demo also exercise the tolerant reader (loop/parse.py).
@@ -18,8 +19,24 @@ _PROSE_FINAL = re.compile(r"^FINAL\((.*)\)$", re.MULTILINE)
 _PROSE_FINAL_VAR = re.compile(r"^FINAL_VAR\((\w+)\)$", re.MULTILINE)
 
 _FENCE_FORMS = ("python", "Python", "json-first", "listed", "doubled", "output-after", "think", "token")
-_FINAL_FORMS = ("FINAL {}", "**FINAL**({})", "Final Answer: {}", "FINAL: {}", "`FINAL({})`")
-_FINAL_VAR_FORMS = ("FINAL_VAR: {}", "FINAL_VAR(`{}`)", "**FINAL_VAR**({})", "- FINAL_VAR({})")
+_FINAL_FORMS = (
+    "FINAL {}",
+    "**FINAL**({})",
+    "Final Answer: {}",
+    "FINAL: {}",
+    "`FINAL({})`",
+    "final({})",
+    "<answer>FINAL({})</answer>",
+    "**Answer:** FINAL({})",
+)
+_FINAL_VAR_FORMS = (
+    "FINAL_VAR: {}",
+    "FINAL_VAR(`{}`)",
+    "**FINAL_VAR**({})",
+    "- FINAL_VAR({})",
+    "final_var({})",
+    "Final_Var({})",
+)
 
 
 def messy_reply(reply: str, turn: int, seed: int = 0) -> str:

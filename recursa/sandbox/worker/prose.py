@@ -171,7 +171,9 @@ def answer_annotations(tree: ast.Module, is_answer_call: Callable[[str], bool]) 
 
 def _argument_end(lines: list[str], start: int, error: int) -> int | None:
     """The line whose `)` closes FINAL( opened on `lines[start]`: the first at or after the error
-    where the parentheses balance, else the first there that ends with `)`."""
+    where the parentheses balance, else the first there that ends with `)`. None when the call was
+    closed before the error's line: the error is then in later code, which must not be read as part
+    of the answer."""
     depth = 0
     first_close = None
     m = re.match(_CALL, lines[start])
@@ -179,7 +181,11 @@ def _argument_end(lines: list[str], start: int, error: int) -> int | None:
     for index in range(start, min(len(lines), start + _LOOK_AHEAD)):
         segment = m.group("rest") if index == start else lines[index]
         depth += segment.count("(") - segment.count(")")
-        if index < error or re.search(_CLOSE, segment) is None:
+        if index < error:
+            if depth < 0:
+                return None
+            continue
+        if re.search(_CLOSE, segment) is None:
             continue
         if depth == -1:
             return index

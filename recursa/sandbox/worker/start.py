@@ -1,7 +1,7 @@
 """The worker's entry point: the script the host runs, as its cached bytecode (bytecode.py).
 
 The worker is this folder, a package of standard-library modules, one idea each: wire.py (frames
-and the channel), errors.py, capture.py, values.py, repl.py, context.py, keeper.py, snapshots.py
+and the channel), errors.py, capture.py, values.py, repl.py, prose.py, context.py, keeper.py, snapshots.py
 and server.py (the main loop); the lockdown in hardening.py with landlock.py, seccomp.py and
 syscalls.py; the fork server in zygote.py. It must not import recursa, and this folder must not
 go on sys.path (its module names would shadow the standard library's for generated code). So this
