@@ -39,9 +39,9 @@ def group_folders(pid: int) -> list[str]:
     return found
 
 
-async def _busy_sandbox(scratch: str) -> list[str]:
+async def _busy_sandbox(scratch: str, keep: list[object] | None = None) -> list[str]:
     """Start a sandbox whose worker and snapshot hold memory; return its group folders. The
-    caller drops the sandbox without close()."""
+    caller drops the sandbox without close() (or `keep` holds it until the interpreter exits)."""
 
     async def handler(fn, args):
         return None
@@ -53,13 +53,16 @@ async def _busy_sandbox(scratch: str) -> list[str]:
     await sb.execute(HOLD, 60)
     await sb.execute("kept[0] = 2", 60)  # a snapshot holds the 64 MiB too
     assert len(group.members()) >= 2, group.members()  # the worker and what it forked
+    if keep is not None:
+        keep.append(sb)
     return [group.path] + ([group.memory_path] if group.memory_path else [])
 
 
 DROP_AND_EXIT = (
     "import asyncio, gc, sys\n"
     "from tests.test_cgroup_cleanup import _busy_sandbox\n"
-    "paths = asyncio.run(_busy_sandbox(sys.argv[1]))\n"
+    "KEEP = [] if sys.argv[2] == 'alive' else None\n"
+    "paths = asyncio.run(_busy_sandbox(sys.argv[1], KEEP))\n"
     "gc.collect()\n"
     "print('\\n'.join(paths), flush=True)\n"
 )
@@ -91,10 +94,12 @@ def test_a_dropped_sandbox_group_is_removed_at_the_next_create(tmp_path):
     assert group_folders(os.getpid()) == []
 
 
-def test_a_dropped_sandbox_group_is_removed_at_exit(tmp_path):
+@pytest.mark.parametrize("sandbox", ["dropped", "alive"])
+def test_a_sandbox_group_is_removed_at_exit(tmp_path, sandbox):
+    # "dropped": finalized before exit, its group left busy; "alive": finalized at exit itself.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.run(
-        [sys.executable, "-c", DROP_AND_EXIT, str(tmp_path)],
+        [sys.executable, "-c", DROP_AND_EXIT, str(tmp_path), sandbox],
         capture_output=True,
         text=True,
         env=env,

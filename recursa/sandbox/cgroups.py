@@ -48,6 +48,7 @@ _EXIT_WAIT_S = 5.0  # how long interpreter exit waits for the left groups' kille
 _left: collections.deque[TaskGroup] = collections.deque()
 _left_pid = 0  # the process _left belongs to: a forked child must not touch its parent's groups
 _exiting = False  # set by the exit hook: a sandbox finalized after it waits for its group itself
+_exit_deadline = 0.0  # when exit stops waiting, for all groups together
 
 
 @dataclass(frozen=True)
@@ -355,16 +356,18 @@ def retry_left() -> int:
 
 @atexit.register
 def _remove_left_at_exit() -> None:
-    global _exiting
+    global _exiting, _exit_deadline
     _exiting = True
+    _exit_deadline = time.monotonic() + _EXIT_WAIT_S
     if _left_pid == os.getpid() and _left:
         _remove_soon(list(_left))
         _left.clear()
 
 
 def _remove_soon(groups: list[TaskGroup]) -> bool:
-    """Kill and remove `groups`, waiting up to _EXIT_WAIT_S for their processes to exit; whether all went."""
-    deadline = time.monotonic() + _EXIT_WAIT_S
+    """At exit: kill and remove `groups`, waiting until the exit deadline (_EXIT_WAIT_S after the
+    exit hook ran) for their processes to go; whether all went."""
+    deadline = _exit_deadline  # one wait for the whole exit, however many sandboxes end in it
     while True:
         busy = []
         for group in groups:
