@@ -4,7 +4,7 @@ that must measure the client rather than the server.
 recursa.testing.FakeServer (FastAPI on uvicorn's h11) spends about 0.7 ms of CPU on each request.
 That is nothing for a test, but a fan-out of 64 requests arriving at once then waits ~45 ms for the
 server to read them all, on the same two cores the client runs on: with an ideal client (bare
-aiohttp) 256 calls at 0.2 s with 64 slots took 0.91-1.0 s against FakeServer and 0.85-0.87 s
+aiohttp) 256 calls at 0.2 s with 64 slots took 0.91-1.0 s against FakeServer and 0.85-0.91 s
 against this server (about 0.07 ms of CPU per request). A real model server runs on its own
 machine; this one stands in for it.
 

@@ -201,3 +201,12 @@ def test_final_var_of_an_undefined_name_says_to_assign_it_first(repl):
 def test_code_after_a_complete_final_is_never_read_into_the_answer(repl, code):
     out = run(repl, code)
     assert out["final"] is None and "SyntaxError" in out["error"]
+
+
+@pytest.mark.parametrize(
+    "code",
+    ['total = 3\nFINAL(f"Total: {total")', "FINAL(\"It's done)", "FINAL([1, 2)", "FINAL({'a': 1)"],
+)
+def test_broken_literals_in_final_stay_syntax_errors(repl, code):
+    out = run(repl, code)
+    assert out["final"] is None and "SyntaxError" in out["error"]

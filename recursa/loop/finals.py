@@ -114,8 +114,13 @@ def final_as_text(code: str) -> ProseFinal | None:
     try:
         compile(stripped, "<block>", "exec", dont_inherit=True)
     except (SyntaxError, ValueError):
+        if _BROKEN_LITERAL.match(stripped[m.end() : -1].strip()):
+            return None  # FINAL(f"Total: {total"): broken code, which runs to show its SyntaxError
         return find_final([stripped], [])
     return None
+
+
+_BROKEN_LITERAL = re.compile(r"""(?:[rRbBuUfF]{0,2}["']|[\[{(])""")
 
 
 def _loose_final(prose: list[str], fences: Sequence[FenceLike]) -> ProseFinal | None:

@@ -5,7 +5,8 @@ Two rules, each applied only where the code cannot be a working program as writt
 - `mend`: a cell that does not compile because of a FINAL(...) line (any of the answer names, at
   any indentation, with or without markdown around it, its argument up to the line whose `)` closes
   it) gets that line rewritten: markdown and a trailing `.` or `;` are dropped, and an argument that
-  is not a Python expression becomes a string literal of its text. `FINAL: text` and `FINAL 345`
+  is not a Python expression becomes a string literal of its text (unless it starts like a literal:
+  a broken string, f-string, list or dict is code to fix). `FINAL: text` and `FINAL 345`
   (upper case) become calls the same way, and so does `FINAL: 42`, which Python reads as an
   annotation (`answer_annotations`). The rest of the cell is left as written and runs as usual, so
   the answer counts only if the code before it runs. Line numbers stay those of the cell.
@@ -42,6 +43,8 @@ _LOOSE = (
     r"^(?P<indent>[ \t]*)[*_`]*(?P<name>FINAL(?:_ANSWER|_VAR)?)[*_`]*(?:[ \t]*:[ \t]*|[ \t]+)(?P<rest>\S.*)$"
 )
 _TRAILING = "*_` \t.;"  # markdown and punctuation after an answer written without parentheses
+# An argument that starts like a Python literal ("..., f"..., [..., {...) is code, even when broken.
+_CODE_START = r"""^(?:[rRbBuUfF]{0,2}["']|[\[{(])"""
 _LOOK_BACK = 50  # lines above an error searched for the FINAL( that starts it
 _LOOK_AHEAD = 200  # lines a FINAL(...) argument may span
 _MAX_MENDS = 20
@@ -107,6 +110,8 @@ def _mend_at(
             note = f"{_shown(written)} had markdown or punctuation around it that Python cannot read; it ran without."
         else:
             text = argument.strip()
+            if re.match(_CODE_START, text):
+                return None  # a broken string, f-string or list is code to fix, not text to hand back
             call = f"{name}({text!r})"
             what = "a variable name" if name in FINAL_VAR_NAMES else "text"
             note = (
