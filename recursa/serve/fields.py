@@ -121,22 +121,27 @@ class AnswerShape:
         return answer, False
 
 
-def parse_shape(body: dict[str, Any], provider: str | None) -> AnswerShape:
-    """Check every standard field of `body`. `provider`: the served root model's provider, when
-    known (a sampling field its API does not take is refused rather than sent to fail)."""
-    unknown = sorted(set(body) - STANDARD)
+def check_known(body: dict[str, Any], standard: frozenset[str], refused: dict[str, str], api: str) -> None:
+    """A 400 for a field `api` does not have, or one this server refuses (`refused`: why), when set."""
+    unknown = sorted(set(body) - standard)
     if unknown:
         raise bad(
-            f"unknown field(s) {', '.join(unknown)}: this server takes the standard Chat Completions "
-            'fields; recursa\'s own options go under extra_body={"recursa": {...}} (see docs/serving.md)',
+            f"unknown field(s) {', '.join(unknown)}: this server takes the standard {api} fields; "
+            'recursa\'s own options go under extra_body={"recursa": {...}} (see docs/serving.md)',
             unknown[0],
             "unknown_parameter",
         )
-    for name, why in REFUSED.items():
+    for name, why in refused.items():
         value = body.get(name)
         if value is None or value is False or value == {} or value == []:
             continue
         raise bad(f"`{name}` is not supported: {why}", name, "unsupported_parameter")
+
+
+def parse_shape(body: dict[str, Any], provider: str | None) -> AnswerShape:
+    """Check every standard field of `body`. `provider`: the served root model's provider, when
+    known (a sampling field its API does not take is refused rather than sent to fail)."""
+    check_known(body, STANDARD, REFUSED, "Chat Completions")
     check_no_effect(body)
     shape = AnswerShape()
     _response_format(body.get("response_format"), shape)

@@ -16,7 +16,7 @@ import base64
 import binascii
 import hmac
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -207,6 +207,26 @@ def _messages(raw: Any) -> list[InputMessage]:
 
 
 def _content(content: Any, where: str) -> tuple[str, list[tuple[str, str]]]:
+    return read_content(content, where, _part)
+
+
+def _part(part: dict[str, Any], kind: Any, at: str) -> str | tuple[str, str]:
+    if kind == "text" and isinstance(part.get("text"), str):
+        return str(part["text"])
+    if kind == "file":
+        return file_part(part.get("file"), at)
+    if kind in ("image_url", "input_audio"):
+        raise bad(f"{at}: {kind} parts are not supported; an RLM reads text (send text or a text file)", at)
+    raise bad(f"{at} must be a text part or a file part", at)
+
+
+PartReader = Callable[[dict[str, Any], Any, str], str | tuple[str, str]]
+
+
+def read_content(content: Any, where: str, read_part: PartReader) -> tuple[str, list[tuple[str, str]]]:
+    """The text and inline files of a message's `content`: a string, or a list of parts that
+    `read_part(part, type, where)` reads into a text or a (name, text) file. The two APIs share the
+    walk and name their parts differently."""
     if content is None:
         return "", []
     if isinstance(content, str):
@@ -216,18 +236,12 @@ def _content(content: Any, where: str) -> tuple[str, list[tuple[str, str]]]:
     texts: list[str] = []
     files: list[tuple[str, str]] = []
     for j, part in enumerate(content):
-        at = f"{where}[{j}]"
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text" and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-        elif kind == "file":
-            files.append(file_part(part.get("file"), at))
-        elif kind in ("image_url", "input_audio"):
-            raise bad(
-                f"{at}: {kind} parts are not supported; an RLM reads text (send text or a text file)", at
-            )
+        fields = part if isinstance(part, dict) else {}
+        read = read_part(fields, fields.get("type"), f"{where}[{j}]")
+        if isinstance(read, str):
+            texts.append(read)
         else:
-            raise bad(f"{at} must be a text part or a file part", at)
+            files.append(read)
     return "\n".join(texts), files
 
 

@@ -25,6 +25,7 @@ from recursa.serve.api_error import bad
 from recursa.serve.fields import (
     REASONING_EFFORTS,
     AnswerShape,
+    check_known,
     check_no_effect,
     force_function,
     sampling,
@@ -35,6 +36,7 @@ from recursa.serve.request import (
     build_request,
     file_part,
     provider_of,
+    read_content,
     recursa_options,
     request_object,
     served_model,
@@ -117,19 +119,7 @@ def parse_responses_request(body: Any, settings: ServeSettings) -> ResponsesRequ
     """Validate a Responses body. Raises ApiError (400/404) naming the field and the fix."""
     body = request_object(body)
     model = served_model(body, settings)
-    unknown = sorted(set(body) - STANDARD)
-    if unknown:
-        raise bad(
-            f"unknown field(s) {', '.join(unknown)}: this server takes the standard Responses API "
-            'fields; recursa\'s own options go under extra_body={"recursa": {...}} (see docs/serving.md)',
-            unknown[0],
-            "unknown_parameter",
-        )
-    for name, why in REFUSED.items():
-        value = body.get(name)
-        if value is None or value is False or value == {} or value == []:
-            continue
-        raise bad(f"`{name}` is not supported: {why}", name, "unsupported_parameter")
+    check_known(body, STANDARD, REFUSED, "Responses API")
     check_no_effect(body)
     _check_no_effect(body)
     extra = recursa_options(body)
@@ -232,36 +222,25 @@ def _input(raw: Any) -> list[InputMessage]:
 
 
 def _content(content: Any, where: str) -> tuple[str, list[tuple[str, str]]]:
-    if content is None:
-        return "", []
-    if isinstance(content, str):
-        return content, []
-    if not isinstance(content, list):
-        raise bad(f"{where} must be a string or a list of content parts", where)
-    texts: list[str] = []
-    files: list[tuple[str, str]] = []
-    for j, part in enumerate(content):
-        at = f"{where}[{j}]"
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in ("input_text", "output_text") and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-        elif kind == "refusal" and isinstance(part.get("refusal"), str):
-            texts.append(part["refusal"])
-        elif kind == "input_file":
-            if part.get("file_url") and not part.get("file_data"):
-                raise bad(
-                    f"{at}: file_url is not fetched here; send the file inline as file_data, or name a "
-                    "URL with recursa.context_url",
-                    at,
-                )
-            files.append(file_part(part, at, holder=""))
-        elif kind in ("input_image", "input_audio"):
+    return read_content(content, where, _part)
+
+
+def _part(part: dict[str, Any], kind: Any, at: str) -> str | tuple[str, str]:
+    if kind in ("input_text", "output_text") and isinstance(part.get("text"), str):
+        return str(part["text"])
+    if kind == "refusal" and isinstance(part.get("refusal"), str):
+        return str(part["refusal"])
+    if kind == "input_file":
+        if part.get("file_url") and not part.get("file_data"):
             raise bad(
-                f"{at}: {kind} parts are not supported; an RLM reads text (send text or a text file)", at
+                f"{at}: file_url is not fetched here; send the file inline as file_data, or name a "
+                "URL with recursa.context_url",
+                at,
             )
-        else:
-            raise bad(f"{at} must be an input_text, output_text or input_file part", at)
-    return "\n".join(texts), files
+        return file_part(part, at, holder="")
+    if kind in ("input_image", "input_audio"):
+        raise bad(f"{at}: {kind} parts are not supported; an RLM reads text (send text or a text file)", at)
+    raise bad(f"{at} must be an input_text, output_text or input_file part", at)
 
 
 # -- the answer's shape ---------------------------------------------------------------------------
