@@ -41,7 +41,7 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    # The SDK clients load on first use: importing recursa.lm should not import both SDKs.
+    # The clients load on first use: importing recursa.lm should not import aiohttp.
     if name in _LAZY:
         import importlib
 

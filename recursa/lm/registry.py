@@ -12,7 +12,7 @@ from recursa.lm.retry import RetryPolicy
 
 # A provider's factory: (model, *, base_url, api_key, timeout, retry) -> LMClient. Given as
 # "module:attribute", it is imported on first use, so using one provider never imports the others'
-# SDKs. Packages above lm add theirs with `register_provider` (recursa registers "scripted").
+# modules. Packages above lm add theirs with `register_provider` (recursa registers "scripted").
 ProviderFactory = Callable[..., LMClient]
 _FACTORIES: dict[str, str | ProviderFactory] = {
     "openai": "recursa.lm.openai_client:OpenAIClient",

@@ -167,8 +167,8 @@ class RunEngine:
         )
         self._opening = asyncio.create_task(self._open_sandbox(), name=f"recursa-open-{self.run_id}")
         if self.config.max_depth > self.depth:
-            # The sub-model's client too (SDK and HTTP imports, ~0.14 s in a fresh process), while
-            # the first root call is out: a first batch of sub-calls would otherwise wait for it.
+            # The sub-model's client too (its TLS trust store, tens of ms of CPU in a fresh process),
+            # while the first root call is out: a first batch of sub-calls would otherwise wait for it.
             self._warming = asyncio.create_task(self.tree.gateway.warm(self.config.sub_model))
         self.messages = self._opening_messages()
         self._history = list(self.messages)
