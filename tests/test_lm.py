@@ -639,3 +639,59 @@ async def test_slow_server_hits_the_timeout(provider: str) -> None:
             await client.aclose()
         elapsed = time.perf_counter() - started
     assert elapsed < 1.5 and info.value.retryable and "timed out" in str(info.value)
+
+
+async def test_https_is_verified_against_the_trust_store_ssl_cert_file_names(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    trustme = pytest.importorskip("trustme")
+    import ssl
+
+    from aiohttp import web
+
+    from recursa.lm.json_http import shared_tls_context
+
+    ca = trustme.CA()
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    server_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ca.issue_cert("127.0.0.1").configure_cert(server_tls)
+
+    async def chat(request: web.Request) -> web.Response:
+        body = await request.json()
+        return web.json_response(
+            {
+                "model": body["model"],
+                "choices": [{"message": {"content": "over tls"}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+            }
+        )
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_tls)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        shared_tls_context.cache_clear()
+        monkeypatch.setenv("SSL_CERT_FILE", str(ca_file))
+        client = OpenAIClient("m", base_url=f"https://127.0.0.1:{port}/v1", api_key="k", retry=FAST)
+        try:
+            out = await client.complete(request("ping"))
+        finally:
+            await client.aclose()
+        assert out.text == "over tls" and (out.input_tokens, out.output_tokens) == (3, 2)
+        # Without the CA in the trust store the same server is refused, not trusted.
+        shared_tls_context.cache_clear()
+        monkeypatch.delenv("SSL_CERT_FILE")
+        client = OpenAIClient("m", base_url=f"https://127.0.0.1:{port}/v1", api_key="k", retry=FAST)
+        try:
+            with pytest.raises(LMError, match=r"cannot connect|certificate|SSL"):
+                await client.complete(request("ping"))
+        finally:
+            await client.aclose()
+    finally:
+        shared_tls_context.cache_clear()
+        await runner.cleanup()
