@@ -56,14 +56,19 @@ async def test_a_cancelled_batch_cancels_what_started_and_closes_the_rest() -> N
     assert all(c.cr_frame is None for c in coros[len(started) :])  # closed: no "never awaited" warning
 
 
-async def test_warming_a_client_loads_the_trust_store_and_sends_nothing() -> None:
+async def test_warming_a_client_loads_the_trust_store_for_https_only_and_sends_nothing() -> None:
     with FakeServer(responder=lambda model, messages: "pong") as srv:
-        client = OpenAIClient("m", base_url=srv.base_url, api_key="k")
+        plain = OpenAIClient("m", base_url=srv.base_url, api_key="k")
         shared_tls_context.cache_clear()
-        await client.warm()
+        await plain.warm()
+        assert shared_tls_context.cache_info().currsize == 0  # http: no trust store to load
+        # Nothing listens there: warming must not connect.
+        secure = OpenAIClient("m", base_url="https://127.0.0.1:9/v1", api_key="k")
+        await secure.warm()
         assert shared_tls_context.cache_info().currsize == 1
         assert srv.requests == []
-        await client.aclose()
+        await plain.aclose()
+        await secure.aclose()
 
 
 async def test_a_netrc_entry_for_the_server_does_not_break_calls(

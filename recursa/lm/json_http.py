@@ -79,18 +79,13 @@ class JsonPoster:
         except LookupError:  # no proxy for this URL
             self.proxy, self.proxy_auth = None, None
         self._session: aiohttp.ClientSession | None = None
+        # The trust store only for https: loading it costs a fresh process's first call ~40 ms.
+        self.uses_tls = self.base_url.startswith("https://")
 
     def _new_session(self) -> aiohttp.ClientSession:
         # No cap on connections here: the gateway's limiter (max_concurrency) bounds calls in flight.
-        # The trust store only for https: loading it costs a fresh process's first call ~40 ms.
-        tls = shared_tls_context() if self.base_url.startswith("https://") else True
-        connector = aiohttp.TCPConnector(limit=0, ssl=tls)
-        return aiohttp.ClientSession(
-            connector=connector,
-            timeout=self._timeout,
-            auto_decompress=True,
-            json_serialize=json.dumps,
-        )
+        connector = aiohttp.TCPConnector(limit=0, ssl=shared_tls_context() if self.uses_tls else True)
+        return aiohttp.ClientSession(connector=connector, timeout=self._timeout)
 
     async def post(self, path: str, body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> Any:
         """The answer's JSON. Raises HttpStatusError, HttpConnectionError, or json.JSONDecodeError

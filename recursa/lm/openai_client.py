@@ -71,9 +71,11 @@ class OpenAIClient:
         return f"OpenAIClient(model={self.model!r}, base_url={self.base_url!r})"
 
     async def warm(self) -> None:
-        """Load the TLS trust store in a thread now (tens of ms of CPU, once per process), so the
-        first calls of a fan-out do not wait for it. Nothing is sent: connections open on first use."""
-        await asyncio.to_thread(shared_tls_context)
+        """Load the TLS trust store in a thread now, for an https server (tens of ms of CPU, once per
+        process), so the first calls of a fan-out do not wait for it. Nothing is sent: connections
+        open on first use."""
+        if self._http.uses_tls:
+            await asyncio.to_thread(shared_tls_context)
 
     async def complete(self, request: LMRequest) -> LMResponse:
         tooling = bool(request.tools) or has_tool_messages(request.messages)
