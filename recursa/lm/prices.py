@@ -1,12 +1,22 @@
-"""What model calls cost: the user's overrides first, then genai-prices' bundled, tier-aware table."""
+"""What model calls cost: the user's overrides first, then genai-prices' bundled, tier-aware table.
+
+genai-prices works a cost out from scratch on every call (about 60 us, and a budgeted call asks
+for three: its worst case, cached and not, and what it cost). Most of its models charge one flat
+rate per kind of token; for those the rates are read once per process (by asking genai-prices
+itself) and every cost after that is the same Decimal sum it would make. Models with tiers or
+dated / time-of-day prices still go to genai-prices for every call.
+"""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 from genai_prices import Usage, calc_price
+from genai_prices import data_snapshot as genai_data
+from genai_prices import types as genai_types
 
 from recursa.errors import ConfigError
 
@@ -63,6 +73,93 @@ def _base_rate(value: Any) -> float | None:
     return float(base) if base is not None else None
 
 
+@dataclass(frozen=True)
+class _FlatRates:
+    """USD per request and per token of each kind, as genai-prices' own Decimals."""
+
+    request: Decimal
+    uncached: Decimal
+    cached: Decimal
+    output: Decimal
+
+    def total(self, input_tokens: int, output_tokens: int, cached_tokens: int) -> Decimal:
+        return (
+            self.request
+            + (input_tokens - cached_tokens) * self.uncached
+            + cached_tokens * self.cached
+            + output_tokens * self.output
+        )
+
+
+# Points where a model's flat rates must give exactly what genai-prices gives, or the model is
+# priced by genai-prices on every call: (input, output, cached) tokens.
+_CHECKS = ((1000, 7, 0), (123_457, 98_765, 4_321), (9_999_991, 3, 9_999_990))
+_UNKNOWN = object()  # no price in the table
+_PER_CALL = object()  # priced, but not at flat rates: genai-prices works out every call
+
+
+class _Table:
+    """genai-prices' answers that do not change while its data does not, for every PriceBook in the
+    process: which models it prices at all, and the flat rates of those priced that way."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._data: object = None  # the genai-prices snapshot the entries were read from
+        self._entries: dict[tuple[str, str], object] = {}
+
+    def entry(self, provider: str, model: str) -> object:
+        """_UNKNOWN, _PER_CALL or the model's _FlatRates."""
+        data = genai_data.get_snapshot()  # replaced when genai-prices' data is updated
+        key = (provider, model)
+        with self._lock:
+            if data is not self._data:
+                self._data, self._entries = data, {}
+            found = self._entries.get(key)
+        if found is None:
+            found = _read_entry(provider, model)
+            with self._lock:
+                if data is self._data:
+                    self._entries[key] = found
+        return found
+
+
+def _genai_total(provider: str, model: str, input_tokens: int, output_tokens: int, cached: int) -> Any:
+    usage = Usage(input_tokens=input_tokens, output_tokens=output_tokens, cache_read_tokens=cached)
+    return calc_price(usage, model_ref=model, provider_id=provider)
+
+
+def _read_entry(provider: str, model: str) -> object:
+    try:
+        calc = _genai_total(provider, model, 0, 0, 0)
+    except LookupError:
+        return _UNKNOWN
+    try:
+        return _flat_rates(provider, model, calc)
+    except Exception:  # a model genai-prices cannot price at these points: asked on every call instead
+        return _PER_CALL
+
+
+def _flat_rates(provider: str, model: str, calc: Any) -> object:
+    prices = calc.model.prices
+    if not isinstance(prices, genai_types.ModelPrice) or any(
+        isinstance(v, genai_types.TieredPrices) for v in calc.model_price.__dict__.values()
+    ):
+        return _PER_CALL  # tiers by prompt size, or prices that depend on the date or the hour
+    request = calc.total_price
+
+    def rate(input_tokens: int, output_tokens: int, cached: int) -> Decimal:
+        return _genai_total(provider, model, input_tokens, output_tokens, cached).total_price - request
+
+    rates = _FlatRates(request, rate(1, 0, 0), rate(1, 0, 1), rate(0, 1, 0))
+    for point in _CHECKS:
+        if rates.total(*point) != _genai_total(provider, model, *point).total_price:
+            return _PER_CALL
+    return rates
+
+
+_TABLE = _Table()
+
+
 class PriceBook:
     """Prices keyed by "provider/model" (or a bare "model" that applies under every provider)."""
 
@@ -91,6 +188,8 @@ class PriceBook:
             return found
         key = (provider, model)
         if key not in self._table_cache:
+            if _TABLE.entry(provider, model) is _UNKNOWN:  # known once per process, not per book
+                return None
             calc = self._genai(provider, model, Usage(input_tokens=1, output_tokens=1))
             if calc is None:
                 self._table_cache[key] = None
@@ -115,9 +214,12 @@ class PriceBook:
         found = self._override(provider, model)
         if found is not None:
             return found.cost(input_tokens, output_tokens, cached_tokens)
-        if not self.known(provider, model):  # cached, so unknown models cost one table search
+        entry = _TABLE.entry(provider, model)
+        if entry is _UNKNOWN:
             return None
         cached = max(0, min(cached_tokens, input_tokens))
+        if isinstance(entry, _FlatRates):
+            return float(entry.total(input_tokens, output_tokens, cached))
         calc = self._genai(
             provider,
             model,
