@@ -96,7 +96,13 @@ def _no_core_dumps() -> dict[str, Any]:
 
 # Main loop.
 
-_SETTLE_S = 0.0003
+# How long the worker waits after an answer before it forks the next snapshot, unless the next
+# request comes first (benchmarks/turn_overhead.py, 100 MB, snapshots on): the host's own work after
+# a cell (reading the answer, the trace, the next model request) takes a few tenths of a millisecond
+# on a CPU that has been idle, and a snapshot forked into it (the fork, the snapshot's own start-up,
+# the dry run: three busy processes on two CPUs) had made that work about 0.8 ms longer with a 0.1 s
+# model. Back to back (an instant model) the next request ends the wait at once.
+_SETTLE_S = 0.001
 
 
 class Server:
@@ -194,9 +200,8 @@ class Server:
         os._exit(0)  # skip interpreter teardown: user threads must not keep the process alive
 
     def _settle(self) -> None:
-        """Let the host take the answer just sent before forking. The socket wakes the host on
-        this CPU, expecting the sender to sleep; a fork started at once kept the host from its
-        answer for about a millisecond. A request that arrives meanwhile waits in `_early`."""
+        """Let the host take the answer just sent, and do its work after a cell, before forking
+        (see _SETTLE_S). A request that arrives meanwhile waits in `_early`."""
         self._early = self.chan.next_request(timeout=_SETTLE_S)
 
     def _next_message(self) -> dict[str, Any]:

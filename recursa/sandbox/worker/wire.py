@@ -245,6 +245,7 @@ class WorkerChannel:
                 pass
             if deadline is not None:
                 left = deadline - time.monotonic()
+                # poll() waits whole milliseconds (rounded up): fine for the waits asked of it here.
                 if left <= 0 or not self._main_poll.poll(left * 1000):
                     return None
             self._pump_or_exit()
