@@ -51,6 +51,7 @@ SCRIPTS = [
     Script("sandbox_roundtrip", "sandbox_roundtrip.py", [], ["--big", "--inprocess"]),
     Script("sandbox_isolation", "sandbox_isolation.py", ["--quick"], []),
     Script("sandbox_snapshots", "sandbox_snapshots.py", ["--sizes-mb", "20", "--repeat", "10"], []),
+    Script("machine_floor", "machine_floor.py", ["--repeat", "5"], []),
     Script("channel_flood", "channel_flood.py", ["--seconds", "1", "--delay", "0.1"], []),
     Script("worker_starts", "worker_starts.py", ["--workers", "4", "--rounds", "1"], [], needs=["bwrap"]),
     Script("load", "load.py", ["--runs", "10"], ["--runs", "200", "--batches", "2"]),

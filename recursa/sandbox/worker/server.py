@@ -19,7 +19,6 @@ import os
 import signal
 import socket
 import sys
-from _queue import Empty as _Empty  # queue.Empty itself, without importing queue
 
 from .context import ContextSource
 from .keeper import die_with_parent, split_off_keeper
@@ -97,7 +96,13 @@ def _no_core_dumps() -> dict[str, Any]:
 
 # Main loop.
 
-_SETTLE_S = 0.0003
+# How long the worker waits after an answer before it forks the next snapshot, unless the next
+# request comes first (benchmarks/turn_overhead.py, 100 MB, snapshots on): the host's own work after
+# a cell (reading the answer, the trace, the next model request) takes a few tenths of a millisecond
+# on a CPU that has been idle, and a snapshot forked into it (the fork, the snapshot's own start-up,
+# the dry run: three busy processes on two CPUs) had made that work about 0.8 ms longer with a 0.1 s
+# model. Back to back (an instant model) the next request ends the wait at once.
+_SETTLE_S = 0.001
 
 
 class Server:
@@ -171,6 +176,8 @@ class Server:
             if op == "exec" and self.group.cell >= 0:
                 _reap()  # what the host killed after the last cell: zombies hold task slots
                 self.group.enter_cell()
+            if op == "exec":
+                self.chan.lend_reader()  # replies to the cell's calls arrive while this thread runs it
             try:
                 reply = _handle(self.repl, msg)
             except Exception as exc:  # a worker bug must answer, not leave the host waiting
@@ -186,20 +193,16 @@ class Server:
                 self._settle()
                 if self._snapshot():
                     self._early = None  # a snapshot that took over: what the old worker read is not ours
-                if op == "exec" and self._early is None and self.chan.inbox.empty():
+                if op == "exec" and self._early is None and not self.chan.has_pending():
                     self._rehearse()  # the next cell's copy-on-write faults, taken while nobody waits
         self.snapshots.discard()
         sys.stdout.flush()
         os._exit(0)  # skip interpreter teardown: user threads must not keep the process alive
 
     def _settle(self) -> None:
-        """Let the host take the answer just sent before forking. The socket wakes the host on
-        this CPU, expecting the sender to sleep; a fork started at once kept the host from its
-        answer for about a millisecond. A request that arrives meanwhile waits in `_early`."""
-        try:
-            self._early = self.chan.inbox.get(timeout=_SETTLE_S)
-        except _Empty:
-            pass
+        """Let the host take the answer just sent, and do its work after a cell, before forking
+        (see _SETTLE_S). A request that arrives meanwhile waits in `_early`."""
+        self._early = self.chan.next_request(timeout=_SETTLE_S)
 
     def _next_message(self) -> dict[str, Any]:
         """The next request. A snapshot discarded when the last one was taken is reaped here, once
@@ -209,11 +212,13 @@ class Server:
             msg, self._early = self._early, None
             return msg
         if self.snapshots.dying:
-            try:
-                return self.chan.inbox.get(timeout=0.001)
-            except _Empty:
-                self.snapshots.reap(block=True)
-        return self.chan.inbox.get()
+            msg = self.chan.next_request(timeout=0.001)
+            if msg is not None:
+                return msg
+            self.snapshots.reap(block=True)
+        msg = self.chan.next_request()
+        assert msg is not None  # without a timeout it waits for one
+        return msg
 
     def _rehearse(self) -> None:
         try:
