@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from recursa.context import build_payload
 from recursa.sandbox import SubprocessSandbox
 from recursa.sandbox.worker import rehearsal
 
@@ -42,8 +43,30 @@ async def test_a_cell_that_replaced_print_is_not_run_between_cells() -> None:
             "import json\nprint(json.dumps([len(seen), sorted(k for k in globals() if k == '_x')]))", 30
         )
         assert second.error is None and not second.restarted
-        # One call: this cell's own print. The rehearsal's print(_x) neither reached the user's
-        # replacement nor left its scratch variable in the user's namespace.
+        # One call: this cell's own print. The rehearsal neither reached the user's replacement
+        # nor left its scratch variable in the user's namespace.
         assert json.loads(second.stdout.splitlines()[0]) == [0, []]
+    finally:
+        await sb.close()
+
+
+@pytest.mark.parametrize("snapshots", [True, False])
+async def test_the_rehearsal_after_the_context_leaves_the_first_cell_as_it_was(snapshots: bool) -> None:
+    # After load_context the worker also rehearses (the first cell's one-time work, `import ast`,
+    # then happens while the host waits for its model), with or without snapshots.
+    async def host(fn: str, args: dict[str, Any]) -> Any:
+        return None
+
+    sb = SubprocessSandbox(snapshots=snapshots)
+    await sb.start(host)
+    try:
+        await sb.load_context(build_payload("the context"))
+        await asyncio.sleep(0.2)  # the rehearsal runs while we wait
+        first = await sb.execute(
+            "import json\nprint(json.dumps([context, sorted(k for k in globals() if k in ('_x', '_out'))]))",
+            30,
+        )
+        assert first.error is None and not first.restarted
+        assert json.loads(first.stdout.splitlines()[0]) == ["the context", []]
     finally:
         await sb.close()

@@ -34,6 +34,8 @@ REPLY_TRACE_CHARS = 100_000
 RETRY_ERROR_TRACE_CHARS = 300
 # The clients the gateway makes try once: the gateway's own loop retries (see the module docstring).
 _ONE_ATTEMPT = RetryPolicy(max_attempts=1)
+# A run without max_seconds: no asyncio.timeout (its task lookup and handle) around every call.
+_NO_DEADLINE = contextlib.nullcontext()
 
 
 @dataclass
@@ -160,7 +162,9 @@ class ModelGateway:
         try:
             # The deadline covers the wait for a slot too: behind a requests-per-minute pace a
             # queued call could otherwise wait far past max_seconds (tests/test_budget_property.py).
-            async with asyncio.timeout(self.ledger.remaining_seconds()), self.limiter.slot(spec):
+            deadline = self.ledger.remaining_seconds()
+            bound = _NO_DEADLINE if deadline is None else asyncio.timeout(deadline)
+            async with bound, self.limiter.slot(spec):
                 # Time spent waiting for a concurrency slot: the viewer and OTel spans show a call
                 # as running only from here, so a throttled batch does not look more parallel.
                 base_event["queued_s"] = _since(started)

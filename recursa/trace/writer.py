@@ -69,7 +69,7 @@ class TraceWriter:
             if isinstance(event.get("error"), str):  # a host's message: scrubbed in full, listeners too
                 event["error"] = self.redact(event["error"])
             if self._file is not None:
-                line = self.redact.bulk(json.dumps(event, ensure_ascii=False, default=_jsonable))
+                line = self.redact.bulk(_ENCODER.encode(event))
                 self._file.write(line + "\n")
         for listener in self._listeners:
             try:
@@ -93,3 +93,7 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     return repr(value)
+
+
+# One encoder for every event: json.dumps with options builds a new one per call.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, default=_jsonable)

@@ -8,6 +8,9 @@ decoded request and the encoded reply. Going through the same steps once on thro
 takes those faults while nobody waits rather than in the next cell (benchmarks/turn_overhead.py:
 the worker's exec time of a trivial cell 0.51 -> 0.32 ms with snapshots on).
 
+It also runs once after the context is loaded, snapshots or not: the first cell would otherwise
+import `ast` itself (about 2 ms on the critical path of the run's first cell, e.g. a fan-out's).
+
 It touches no user state: the cell runs in a REPL of its own (its own namespace and capture; it
 never swaps sys.stdout), and the reply is encoded and dropped. Its code runs with the builtins as
 they were when the worker started, so a cell that replaced `builtins.print` does not have its
@@ -33,8 +36,9 @@ _scratch: Repl | None = None
 
 
 def rehearse() -> None:
-    """One cell through the REPL's own code, in a REPL of its own (made on first use, and kept: its
-    objects are then the same pages every time), then its answer encoded and dropped."""
+    """One cell through the REPL's own code (which imports `ast` on first use), in a REPL of its
+    own (made on first use, and kept: its objects are then the same pages every time), then its
+    answer encoded and dropped."""
     global _scratch
     if _scratch is None:
         _scratch = Repl(_no_host, own_print=True)  # own print: sys.stdout is never swapped here

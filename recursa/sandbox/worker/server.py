@@ -193,8 +193,12 @@ class Server:
                 self._settle()
                 if self._snapshot():
                     self._early = None  # a snapshot that took over: what the old worker read is not ours
-                if op == "exec" and self._early is None and not self.chan.has_pending():
-                    self._rehearse()  # the next cell's copy-on-write faults, taken while nobody waits
+                if self._early is None and not self.chan.has_pending():
+                    # The next cell's copy-on-write faults, taken while nobody waits; after the
+                    # context, also what the first cell would pay once (`import ast`, ~2 ms).
+                    self._rehearse()
+            elif op == "load_context" and not self.chan.has_pending():
+                self._rehearse()  # no snapshots: only the first cell's one-time work, as above
         self.snapshots.discard()
         sys.stdout.flush()
         os._exit(0)  # skip interpreter teardown: user threads must not keep the process alive
