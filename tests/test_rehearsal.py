@@ -43,8 +43,8 @@ async def test_a_cell_that_replaced_print_is_not_run_between_cells() -> None:
             "import json\nprint(json.dumps([len(seen), sorted(k for k in globals() if k == '_x')]))", 30
         )
         assert second.error is None and not second.restarted
-        # One call: this cell's own print. The rehearsal's print(_x) neither reached the user's
-        # replacement nor left its scratch variable in the user's namespace.
+        # One call: this cell's own print. The rehearsal neither reached the user's replacement
+        # nor left its scratch variable in the user's namespace.
         assert json.loads(second.stdout.splitlines()[0]) == [0, []]
     finally:
         await sb.close()

@@ -11,48 +11,42 @@ the worker's exec time of a trivial cell 0.51 -> 0.32 ms with snapshots on).
 It also runs once after the context is loaded, snapshots or not: the first cell would otherwise
 import `ast` itself (about 2 ms on the critical path of the run's first cell, e.g. a fan-out's).
 
-It touches no user state (a scratch namespace, a capture nobody reads, a reply encoded and
-dropped). Its code runs with the builtins as they were when the worker started, so a cell that
-replaced `builtins.print` does not have its replacement called here.
+It touches no user state: the cell runs in a REPL of its own (its own namespace and capture; it
+never swaps sys.stdout), and the reply is encoded and dropped. Its code runs with the builtins as
+they were when the worker started, so a cell that replaced `builtins.print` does not have its
+replacement called here. The server also lends the channel's reading to its reader thread and takes
+it back once, for that path's faults (server.py).
 """
 
 from __future__ import annotations
 
 import builtins
 
-from .capture import Capture
+from .repl import Repl
 from .wire import decode_frame, encode_frame
 
-_FILE = "<rehearsal>"
-_REQUEST = b'{"op":"exec","id":0,"code":"_x = 1\\nprint(_x)\\n_x","max_output_chars":20000}'
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+# No print(): the scratch REPL's own print calls builtins.print, which a cell may have replaced.
+_REQUEST = b'{"op":"exec","id":0,"code":"_x = 1\\n_x","max_output_chars":20000}'
 _BUILTINS = dict(vars(builtins))  # as they were before any cell ran
-_compile, _exec, _eval, _repr, _int = compile, exec, eval, repr, int
+_scratch: Repl | None = None
 
 
 def rehearse() -> None:
-    import ast  # here, not at worker start-up: that does not need it
-
+    """One cell through the REPL's own code (which imports `ast` on first use), in a REPL of its
+    own (made on first use, and kept: its objects are then the same pages every time), then its
+    answer encoded and dropped."""
+    global _scratch
+    if _scratch is None:
+        _scratch = Repl(_no_host, own_print=True)  # own print: sys.stdout is never swapped here
+        _scratch.ns["__builtins__"] = _BUILTINS
     request = decode_frame(_REQUEST)
-    cap = Capture(_int(request["max_output_chars"]))
-    scratch = {"__builtins__": _BUILTINS, "_out": cap.out}
-    tree = ast.parse("_x = 1\nprint(_x, file=_out)\n_x", _FILE, "exec")
-    last = tree.body.pop()
-    _exec(_compile(tree, _FILE, "exec", dont_inherit=True), scratch)
-    value = _eval(_compile(ast.Expression(last.value), _FILE, "eval", dont_inherit=True), scratch)
-    cap.out.write(_repr(value) + "\n")
-    stdout, stderr, omitted = cap.finish()
-    encode_frame(
-        {
-            "op": "exec_done",
-            "id": request["id"],
-            "partial": None,
-            "stdout": stdout,
-            "stderr": stderr,
-            "omitted_chars": omitted,
-            "error": None,
-            "final": None,
-            "restored_names": [],
-            "notes": [],
-            "duration_s": 0.0,
-        }
-    )
+    reply = _scratch.execute(str(request["code"]), int(request["max_output_chars"]))
+    encode_frame({"op": "exec_done", "id": request["id"], **reply})
+
+
+def _no_host(fn: str, args: dict[str, Any]) -> Any:
+    raise RuntimeError("the rehearsal makes no calls")

@@ -227,6 +227,8 @@ class Server:
     def _rehearse(self) -> None:
         try:
             rehearse()
+            self.chan.lend_reader()  # as a cell does, and back: that hand-over's faults too
+            self.chan.has_pending()
         except Exception:  # only ever a speed-up: never a reason for the worker to stop
             pass
 
