@@ -74,3 +74,25 @@ def test_new_genai_data_is_read_again() -> None:
     finally:
         data_snapshot.set_custom_snapshot(None)
     assert book.cost("openai", "gpt-4o-mini", 1_000_000, 0) == before
+
+
+def test_a_model_genai_prices_cannot_price_at_the_probe_points_is_asked_every_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Data where pricing an empty call fails (a rule on zero usage, say): no flat rates are read,
+    # and each cost is genai-prices' own, as before the rates were kept.
+    from recursa.lm import prices
+
+    def picky(usage: Usage, **kwargs: object) -> object:
+        if not usage.input_tokens and not usage.output_tokens:
+            raise ValueError("no usage to price")
+        return calc_price(usage, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(prices, "_TABLE", prices._Table())
+    monkeypatch.setattr(prices, "calc_price", picky)
+    book = PriceBook()
+    assert book.cost("openai", "gpt-4o-mini", 5_000, 700, 1_000) == _genai_cost(
+        "openai", "gpt-4o-mini", 5_000, 700, 1_000
+    )
+    assert prices._TABLE.entry("openai", "gpt-4o-mini") is prices._PER_CALL
+    assert book.cost("openai", "no-such-model-xyz", 10, 10) is None

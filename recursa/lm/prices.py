@@ -133,6 +133,8 @@ def _read_entry(provider: str, model: str) -> object:
         calc = _genai_total(provider, model, 0, 0, 0)
     except LookupError:
         return _UNKNOWN
+    except Exception:  # cannot price an empty call: left to genai-prices on every call, as before
+        return _PER_CALL
     try:
         return _flat_rates(provider, model, calc)
     except Exception:  # a model genai-prices cannot price at these points: asked on every call instead
