@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -85,13 +86,16 @@ def test_a_frame_split_across_reads_and_readers_arrives_whole(pair: Any) -> None
     frame = encode_frame({"op": "get_var", "id": 3, "name": "x" * 5000})
     host.sendall(frame[:7])
     assert chan.next_request(timeout=0.05) is None  # half a frame is not a request
-    chan.lend_reader()  # a cell starts: the reader thread may read the next piece
+    chan.lend_reader()  # a cell starts: the reader thread reads the next piece
     host.sendall(frame[7:3000])
-    deadline = threading.Event()
-    while len(transport.readers) < 2 and not deadline.wait(0.005):
-        pass
+    deadline = time.monotonic() + 10
+    while len(transport.readers) < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert transport.readers[1:] and transport.readers[1] != threading.get_ident()
+    assert not chan.has_pending()  # the cell is over: this thread takes the reading back
     host.sendall(frame[3000:])
     assert chan.next_request() == {"op": "get_var", "id": 3, "name": "x" * 5000}
+    assert transport.readers[-1] == threading.get_ident()
 
 
 def test_calls_during_a_cell_get_their_replies_through_the_reader_thread(pair: Any) -> None:
