@@ -126,3 +126,30 @@ def test_replies_to_a_background_thread_are_delivered_while_the_main_thread_wait
     assert chan.next_request(timeout=5) == {"op": "exec", "id": 9, "code": ""}
     caller.join(5)
     assert results == ["back"]
+
+
+async def test_a_cells_child_process_inherits_none_of_the_channels_descriptors() -> None:
+    # The channel's socket and its wake-up pipe stay in the worker: a program the cell runs must
+    # not be able to write frames to the host or wake the reader. (The default lockdown forbids
+    # running programs at all; a sandbox without it still must not hand these over.)
+    from recursa.sandbox import SubprocessSandbox
+
+    async def host(fn: str, args: dict[str, Any]) -> Any:
+        return None
+
+    sb = SubprocessSandbox(hardening=False)
+    await sb.start(host)
+    try:
+        res = await sb.execute(
+            "import subprocess, sys\n"
+            "probe = 'import os\\nopen_fds = []\\nfor fd in range(3, 256):\\n"
+            "    try:\\n        os.fstat(fd)\\n    except OSError:\\n        continue\\n"
+            "    open_fds.append(fd)\\nprint(open_fds)'\n"
+            "run = subprocess.run([sys.executable, '-c', probe], capture_output=True, text=True, close_fds=False)\n"
+            "print(run.stdout)",
+            60,
+        )
+        assert res.error is None, res.stderr
+        assert res.stdout.strip() == "[]"
+    finally:
+        await sb.close()

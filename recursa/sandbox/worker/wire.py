@@ -160,7 +160,9 @@ class WorkerChannel:
         self._role.acquire()
         self._lent = False
         self._reader_on = threading.Event()
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._wake_r, self._wake_w = os.pipe()  # not inherited; os.pipe2 is missing on macOS
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         self._buf = bytearray()
         self._fds: collections.deque[int] = collections.deque()
         self._main_poll = select.poll()
