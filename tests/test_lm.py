@@ -482,6 +482,20 @@ async def test_text_usage_and_headers_reach_the_server(provider: str, echo_serve
         assert rec.headers["anthropic-version"] == "2023-06-01"
 
 
+@BOTH
+async def test_surrogates_in_a_prompt_go_out_as_valid_utf8(provider: str, echo_server: FakeServer) -> None:
+    # Text decoded with surrogateescape (a context file with a stray byte) holds lone surrogates,
+    # and a str can hold a pair of them; neither has a UTF-8 form of its own.
+    client = client_for(provider, echo_server, "model-x")
+    try:
+        out = await client.complete(request("byte \udcff, pair \ud83d\ude00"))
+    finally:
+        await client.aclose()
+    (rec,) = echo_server.requests
+    assert rec.messages[-1]["content"] == "byte \ufffd, pair \U0001f600"
+    assert out.text == "echo: byte \ufffd, pair \U0001f600"
+
+
 async def test_organization_and_project_come_from_the_sdk_environment_variables(
     echo_server: FakeServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

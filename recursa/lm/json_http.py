@@ -92,7 +92,7 @@ class JsonPoster:
         / UnicodeDecodeError for a 2xx whose body is not JSON."""
         if self._session is None or self._session.closed:
             self._session = self._new_session()
-        data = json.dumps(body, ensure_ascii=False).encode("utf-8", "surrogatepass")
+        data = _utf8_json(body)
         send_headers = {**self.headers, **headers} if headers else self.headers
         try:
             async with self._session.post(
@@ -116,6 +116,18 @@ class JsonPoster:
         session, self._session = self._session, None
         if session is not None and not session.closed:
             await session.close()
+
+
+def _utf8_json(body: Mapping[str, Any]) -> bytes:
+    """The body as UTF-8 JSON. A str can hold surrogates, which have no UTF-8 form (text decoded
+    with `surrogateescape`, a string cut inside a UTF-16 pair): sent as they are, they made the whole
+    request invalid UTF-8, which a strict server refuses. Two that form a pair go out as the
+    character they encode, a lone one as U+FFFD (as browsers' encoders send it)."""
+    text = json.dumps(body, ensure_ascii=False)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace").encode("utf-8")
 
 
 def _error_body(raw: bytes) -> Any:
