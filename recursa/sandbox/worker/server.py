@@ -101,7 +101,7 @@ def _no_core_dumps() -> dict[str, Any]:
 # a cell (reading the answer, the trace, the next model request) takes a few tenths of a millisecond
 # on a CPU that has been idle, and a snapshot forked into it (the fork, the snapshot's own start-up,
 # the dry run: three busy processes on two CPUs) had made that work about 0.8 ms longer with a 0.1 s
-# model. Back to back (an instant model) the next request ends the wait at once.
+# model. Back to back (an instant model) the next request ends the wait as soon as it arrives.
 _SETTLE_S = 0.001
 
 
