@@ -15,6 +15,7 @@ from recursa.lm.json_http import JsonPoster, shared_tls_context
 from recursa.lm.openai_client import OpenAIClient
 from recursa.loop.subcalls import _gather_items
 from recursa.testing.fake_server import FakeServer
+from recursa.trace.redact import Redactor
 
 
 async def test_the_first_item_runs_before_the_later_ones_are_started_and_order_is_kept() -> None:
@@ -26,7 +27,7 @@ async def test_the_first_item_runs_before_the_later_ones_are_started_and_order_i
         seen.append(f"after first step {i}")
         return f"a{i}"
 
-    assert await _gather_items([item(i) for i in range(5)]) == [f"a{i}" for i in range(5)]
+    assert await _gather_items([item(i) for i in range(5)], Redactor()) == [f"a{i}" for i in range(5)]
     # Started all at once, every item would start before any took its second step.
     assert seen.index("after first step 0") < seen.index("start 4")
 
@@ -45,7 +46,7 @@ async def test_a_cancelled_batch_cancels_what_started_and_closes_the_rest() -> N
         return "never"
 
     coros = [item(i) for i in range(6)]
-    batch = asyncio.ensure_future(_gather_items(coros))
+    batch = asyncio.ensure_future(_gather_items(coros, Redactor()))
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     batch.cancel()

@@ -23,7 +23,6 @@ from recursa.result import RLMResult
 from recursa.sandbox.base import CallbackError
 from recursa.tools.calling import call_with_tools
 from recursa.tools.runner import ToolFailure
-from recursa.trace.redact import Redactor
 from recursa.usage import Usage
 
 # Failures of the call itself (not of how it was called): what subcall_errors="return" turns into text.
@@ -274,7 +273,7 @@ class SubcallHandler:
         return outcome
 
 
-async def _gather_items(coros: list[Awaitable[str]], redact: Callable[[str], str] | None = None) -> list[Any]:
+async def _gather_items(coros: list[Awaitable[str]], redact: Callable[[str], str]) -> list[Any]:
     """Run every item; a failed item becomes an error record (its message scrubbed with `redact`)
     so paid-for answers are never lost.
 
@@ -298,7 +297,6 @@ async def _gather_items(coros: list[Awaitable[str]], redact: Callable[[str], str
             coro.close()  # type: ignore[attr-defined]
         raise
     results = await asyncio.gather(*tasks, return_exceptions=True)
-    redact = redact or Redactor()
     out: list[Any] = []
     for item in results:
         if isinstance(item, CallbackError):
