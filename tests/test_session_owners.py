@@ -5,11 +5,13 @@ lists none."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -113,16 +115,15 @@ def test_client_secrets_separate_holders_of_one_key(srv) -> None:
     assert httpx.get(srv.url + "/v1/recursa/sessions", headers=_headers("wrong-key")).status_code == 401
 
 
-async def test_mcp_sessions_belong_to_their_caller(tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def _mcp_callers(settings: ServeSettings) -> AsyncIterator[tuple[Any, Any]]:
+    """Alice's and Bob's MCP clients, each with their own key, on an MCP server for `settings`."""
     pytest.importorskip("mcp")
     from mcp import Client
     from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 
     from recursa.serve.mcp_server import build_mcp_server, with_bearer_key
 
-    settings = ServeSettings(
-        model=ROOT, sub_model="scripted/oracle", trace_dir=tmp_path, api_keys={"alice": ALICE, "bob": BOB}
-    )
     server = build_mcp_server(settings)
     app = with_bearer_key(server.streamable_http_app(streamable_http_path="/mcp"), [ALICE, BOB])
 
@@ -133,22 +134,30 @@ async def test_mcp_sessions_belong_to_their_caller(tmp_path: Path) -> None:
     with BackgroundServer(app) as http:
         url = http.url + "/mcp"
         async with client(url, ALICE) as alice, client(url, BOB) as bob:
-            opened = await alice.call_tool("recursa_session_open", {"context_text": PRIVATE})
-            sid = opened.structured_content["session"]
-            assert len(sid) >= 32
-            theirs = await bob.call_tool(
-                "recursa_session_ask", {"session": sid, "question": "RUN: FINAL(context)"}
-            )
-            assert theirs.is_error and "no open session" in theirs.content[0].text
-            assert PRIVATE not in theirs.content[0].text
-            closed = await bob.call_tool("recursa_session_close", {"session": sid})
-            assert closed.structured_content["result"] is False
-            mine = await alice.call_tool(
-                "recursa_session_ask", {"session": sid, "question": "RUN: FINAL(context)"}
-            )
-            assert mine.structured_content["answer"] == PRIVATE
-            closed = await alice.call_tool("recursa_session_close", {"session": sid})
-            assert closed.structured_content["result"] is True
+            yield alice, bob
+
+
+async def test_mcp_sessions_belong_to_their_caller(tmp_path: Path) -> None:
+    settings = ServeSettings(
+        model=ROOT, sub_model="scripted/oracle", trace_dir=tmp_path, api_keys={"alice": ALICE, "bob": BOB}
+    )
+    async with _mcp_callers(settings) as (alice, bob):
+        opened = await alice.call_tool("recursa_session_open", {"context_text": PRIVATE})
+        sid = opened.structured_content["session"]
+        assert len(sid) >= 32
+        theirs = await bob.call_tool(
+            "recursa_session_ask", {"session": sid, "question": "RUN: FINAL(context)"}
+        )
+        assert theirs.is_error and "no open session" in theirs.content[0].text
+        assert PRIVATE not in theirs.content[0].text
+        closed = await bob.call_tool("recursa_session_close", {"session": sid})
+        assert closed.structured_content["result"] is False
+        mine = await alice.call_tool(
+            "recursa_session_ask", {"session": sid, "question": "RUN: FINAL(context)"}
+        )
+        assert mine.structured_content["answer"] == PRIVATE
+        closed = await alice.call_tool("recursa_session_close", {"session": sid})
+        assert closed.structured_content["result"] is True
 
 
 def test_recursa_serve_reads_per_client_keys_from_a_file(tmp_path: Path) -> None:
@@ -225,12 +234,6 @@ def test_the_per_caller_default_is_a_quarter_of_the_server_cap() -> None:
 
 
 async def test_mcp_sessions_count_against_their_callers_share(tmp_path: Path) -> None:
-    pytest.importorskip("mcp")
-    from mcp import Client
-    from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
-
-    from recursa.serve.mcp_server import build_mcp_server, with_bearer_key
-
     settings = ServeSettings(
         model=ROOT,
         sub_model="scripted/oracle",
@@ -239,27 +242,18 @@ async def test_mcp_sessions_count_against_their_callers_share(tmp_path: Path) ->
         max_sessions=4,
         max_sessions_per_caller=1,
     )
-    server = build_mcp_server(settings)
-    app = with_bearer_key(server.streamable_http_app(streamable_http_path="/mcp"), [ALICE, BOB])
-
-    def client(url: str, key: str) -> Client:
-        http = create_mcp_http_client(headers=_headers(key))
-        return Client(streamable_http_client(url, http_client=http), read_timeout_seconds=60)
-
-    with BackgroundServer(app) as http:
-        url = http.url + "/mcp"
-        async with client(url, ALICE) as alice, client(url, BOB) as bob:
-            first = await alice.call_tool("recursa_session_open", {"context_text": "c"})
-            assert not first.is_error
-            second = await alice.call_tool("recursa_session_open", {"context_text": "c"})
-            assert second.is_error and "--max-sessions-per-caller 1" in second.content[0].text
-            theirs = await bob.call_tool("recursa_session_open", {"context_text": "c"})
-            assert not theirs.is_error
-            for who, opened in ((alice, first), (bob, theirs)):
-                sid = opened.structured_content["session"]
-                assert (await who.call_tool("recursa_session_close", {"session": sid})).structured_content[
-                    "result"
-                ]
+    async with _mcp_callers(settings) as (alice, bob):
+        first = await alice.call_tool("recursa_session_open", {"context_text": "c"})
+        assert not first.is_error
+        second = await alice.call_tool("recursa_session_open", {"context_text": "c"})
+        assert second.is_error and "--max-sessions-per-caller 1" in second.content[0].text
+        theirs = await bob.call_tool("recursa_session_open", {"context_text": "c"})
+        assert not theirs.is_error
+        for who, opened in ((alice, first), (bob, theirs)):
+            sid = opened.structured_content["session"]
+            assert (await who.call_tool("recursa_session_close", {"session": sid})).structured_content[
+                "result"
+            ]
 
 
 def test_one_caller_cannot_push_others_responses_out_of_the_chain() -> None:
