@@ -158,7 +158,6 @@ class WorkerChannel:
         # Reading: see "receiving" below. The main thread holds the role from the start.
         self._role = threading.Lock()
         self._role.acquire()
-        self._lent = False
         self._reader_on = threading.Event()
         self._wake_r, self._wake_w = os.pipe()  # not inherited; os.pipe2 is missing on macOS
         os.set_blocking(self._wake_r, False)
@@ -230,8 +229,7 @@ class WorkerChannel:
 
     def lend_reader(self) -> None:
         """Main thread, before running a cell: let the reader thread read until `next_request`."""
-        if not self._lent:
-            self._lent = True
+        if not self._reader_on.is_set():
             self._role.release()
             self._reader_on.set()
 
@@ -258,14 +256,13 @@ class WorkerChannel:
         return not self.inbox.empty() or bool(self._main_poll.poll(0))
 
     def _park_reader(self) -> None:
-        if self._lent:
+        if self._reader_on.is_set():
             self._reader_on.clear()
             try:
                 os.write(self._wake_w, b"\0")  # out of its wait for data: it must not read now
             except BlockingIOError:
                 pass  # the pipe is full of such bytes: the reader wakes anyway
             self._role.acquire()
-            self._lent = False
 
     def _read_loop(self) -> None:
         # The reader waits for data without the role, so that parking it costs the main thread a
@@ -357,7 +354,7 @@ class WorkerChannel:
             self._deliver(msg)
             return
         self.inbox.put(msg)
-        if msg.get("op") == "shutdown" and self._lent:
+        if msg.get("op") == "shutdown" and self._reader_on.is_set():
             raise EOFError("the host asked the worker to stop")
 
     def _deliver(self, msg: dict[str, Any]) -> None:
