@@ -48,6 +48,7 @@ class ProseFinal:
     # code never ran, so the word is not the answer the model meant.
     unrun: bool = False
     line: int = -1  # the index of the prose line it starts on (-1: not on a line of its own)
+    end_line: int = -1  # the index of the prose line it ends on (its argument may span lines)
 
 
 class FenceLike(Protocol):
@@ -67,11 +68,17 @@ def find_final(prose: list[str], fences: Sequence[FenceLike]) -> ProseFinal | No
     final = PROSE_FINAL.search(text)
     if var and (not final or var.start() <= final.start()):
         name = _unquote(_without_keyword(_balanced_argument(text, var.end()), _NAME_KEYWORDS).strip("`"))
-        return ProseFinal("FINAL_VAR", name.strip(), line=text.count("\n", 0, var.start()))
+        return ProseFinal("FINAL_VAR", name.strip(), **_lines_of(text, var))
     if final:
         argument = _unboxed(_without_keyword(_balanced_argument(text, final.end()), _VALUE_KEYWORDS))
-        return ProseFinal("FINAL", argument, line=text.count("\n", 0, final.start()))
+        return ProseFinal("FINAL", argument, **_lines_of(text, final))
     return _loose_final(prose, fences) or _tagged_or_boxed(text)
+
+
+def _lines_of(text: str, marker: re.Match[str]) -> dict[str, int]:
+    """The prose lines a FINAL( ... ) spans: up to its closing parenthesis, else to the end."""
+    end = argument_end(text, marker.end())
+    return {"line": text.count("\n", 0, marker.start()), "end_line": text.count("\n", 0, end or len(text))}
 
 
 def fenced_final(fences: Sequence[FenceLike]) -> ProseFinal | None:
@@ -132,7 +139,7 @@ def _loose_final(prose: list[str], fences: Sequence[FenceLike]) -> ProseFinal | 
     for index, line in enumerate(prose):
         var = _LOOSE_FINAL_VAR.match(line)
         if var is not None:
-            return ProseFinal("FINAL_VAR", var.group(1), loose=True)
+            return ProseFinal("FINAL_VAR", var.group(1), loose=True, line=index, end_line=index)
         m = _LOOSE_FINAL.match(line)
         if m is None:
             continue
@@ -144,7 +151,7 @@ def _loose_final(prose: list[str], fences: Sequence[FenceLike]) -> ProseFinal | 
         if rest:
             # "Final Answer: The final answer is $\boxed{42}$. I hope it is correct." (the Minerva
             # format math models are trained on): the boxed part is the answer.
-            return ProseFinal("FINAL", boxed(rest) or rest, loose=True, line=index)
+            return ProseFinal("FINAL", boxed(rest) or rest, loose=True, line=index, end_line=index)
     return None
 
 
@@ -218,11 +225,13 @@ def _tagged_or_boxed(text: str) -> ProseFinal | None:
     for m in tags[::-1]:
         inner = _strip_decor(m.group(1))
         if inner:
-            return ProseFinal("FINAL", boxed(inner) or inner, loose=True, line=text.count("\n", 0, m.start()))
+            lines = {"line": text.count("\n", 0, m.start()), "end_line": text.count("\n", 0, m.end())}
+            return ProseFinal("FINAL", boxed(inner) or inner, loose=True, **lines)
     found = _last_boxed(text)
     if found is None:
         return None
-    return ProseFinal("FINAL", found[0], loose=True, line=text.count("\n", 0, found[1]))
+    line = text.count("\n", 0, found[1])
+    return ProseFinal("FINAL", found[0], loose=True, line=line, end_line=line)
 
 
 # Keywords a model may name FINAL's one argument with (FINAL(answer="Paris")): the answer is the
