@@ -133,10 +133,11 @@ def parse_reply(reply: str, *, unfenced_code: bool = True) -> ParsedReply:
             final = final or written
     if final is not None and final.protocol == "FINAL" and is_identifier(final.text):
         final.unrun = assigned_in(prose, final.text)
-    # An answer's own lines are never code to run, even where its argument quotes code.
-    answer_lines = (
-        set(range(final.line, final.end_line + 1)) if final is not None and final.line >= 0 else set()
-    )
+    # An answer's own lines are never code to run, even where its argument quotes code; an indented
+    # FINAL (`if n > 2:` then `    FINAL("long")`) is a line of the code around it.
+    answer_lines: set[int] = set()
+    if final is not None and 0 <= final.line < len(prose) and not prose[final.line][:1].isspace():
+        answer_lines = set(range(final.line, final.end_line + 1))
     runs = (
         []
         if blocks or any(f.runnable for f in fences)
@@ -148,6 +149,11 @@ def parse_reply(reply: str, *, unfenced_code: bool = True) -> ParsedReply:
     elif runs and final is None:
         notes.append(_unfenced_note(runs, ran=False))
     parsed = ParsedReply(blocks, final, len(others), others, notes, unfenced=bool(runs and unfenced_code))
+    if parsed.unfenced and final is not None and any(r.start <= final.line < r.end for r in runs):
+        # An indented FINAL inside the code that runs: the cell calls it (and is told it waits for the
+        # output); what the forced last call would take.
+        parsed.prose_final, parsed.last_call_final = None, final
+        return parsed
     if final is None:
         inline = inline_final(prose)
         if inline is not None and not blocks:  # beside code it is usually a plan: the output comes first
