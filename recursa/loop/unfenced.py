@@ -85,14 +85,14 @@ def find_unfenced(lines: list[str], barriers: set[int] | frozenset[int] = frozen
     runs: list[Unfenced] = []
     segment_start = 0
     for stop in [*sorted(b for b in barriers if 0 <= b < len(lines)), len(lines)]:
-        i = segment_start
+        i = floor = segment_start
         while i < stop and budget[0] > 0:
-            found = _run_from(lines, i, stop, budget) if _may_start(lines[i]) else None
+            found = _run_from(lines, i, stop, floor, budget) if _may_start(lines[i]) else None
             if found is None:
                 i += 1
                 continue
             runs.append(found)
-            i = found.end
+            i = floor = found.end
         segment_start = stop + 1
     return runs
 
@@ -109,7 +109,7 @@ def _may_start(line: str) -> bool:
     return stripped.endswith((":", "\\", ",")) or opened or stripped.count('"""') % 2 == 1
 
 
-def _run_from(lines: list[str], start: int, stop: int, budget: list[int]) -> Unfenced | None:
+def _run_from(lines: list[str], start: int, stop: int, floor: int, budget: list[int]) -> Unfenced | None:
     end = _trim_blank(lines, start, stop)
     for _ in range(_SHRINKS):
         if end <= start or budget[0] <= 0:
@@ -126,11 +126,11 @@ def _run_from(lines: list[str], start: int, stop: int, budget: list[int]) -> Unf
             continue
         except (ValueError, MemoryError, RecursionError):
             return None
-        return _as_run(lines, start, tree)
+        return _as_run(lines, start, floor, tree)
     return None
 
 
-def _as_run(lines: list[str], start: int, tree: ast.Module) -> Unfenced | None:
+def _as_run(lines: list[str], start: int, floor: int, tree: ast.Module) -> Unfenced | None:
     body = list(tree.body)
     bound = _bound_names(tree)
     while body and _is_words(body[0], bound) and _alone(body, 0):
@@ -144,11 +144,11 @@ def _as_run(lines: list[str], start: int, tree: ast.Module) -> Unfenced | None:
         return None
     first = start + body[0].lineno - 1
     last = start + (body[-1].end_lineno or body[-1].lineno)
-    # Decorators and comments just above the first statement belong to it.
+    # Decorators and comment lines just above the first statement belong to it.
     decorators = getattr(body[0], "decorator_list", [])
     if decorators:
         first = start + min(d.lineno for d in decorators) - 1
-    while first > start and lines[first - 1].lstrip().startswith(("#", "@")):
+    while first > floor and lines[first - 1].startswith("#"):
         first -= 1
     return Unfenced("\n".join(lines[first:last]).strip("\n"), first, last)
 
