@@ -3,6 +3,11 @@ server (0.2 s per request, 64 slots) running in its own process, as a real model
 Prints the batch's wall time (from the trace's exec event) against the ideal
 ceil(N / slots) * latency, and the same for a plain `llm_query` loop and for 16 user threads.
 
+Two more rows give the floor of the HTTP client recursa's model clients use: the same N POSTs
+through aiohttp alone (one fresh session per row, `concurrency` at a time, timed around the gather),
+once with new connections, as each RLM run starts, and once over connections opened beforehand
+(`aiohttp+`). What the `batched` rows take beyond them is what recursa's own layers cost.
+
 The server's own times for each batched row (from its ledger) say where the rest goes: `spread ms`,
 from the first request's arrival to the first wave's last (`slots`-th); `refill ms`, the median
 time from a reply leaving the server to the freed slot's next request arriving; `outside ms`, the
@@ -115,6 +120,37 @@ def measure(base_url: str, pattern: str, n: int, concurrency: int = 64) -> tuple
         return cell["duration_s"], cell["ts"]
 
 
+async def _aiohttp_alone(base_url: str, n: int, concurrency: int, preconnect: bool) -> float:
+    import aiohttp
+
+    body = json.dumps({"model": "bench-sub", "messages": [{"role": "user", "content": "item 0"}]}).encode()
+    headers = {"Content-Type": "application/json", "Authorization": "Bearer local"}
+    url = f"{base_url}/chat/completions"
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        if preconnect:  # a GET the server answers 404 to, only to leave a kept-alive connection behind
+
+            async def connect() -> None:
+                async with session.get(f"{base_url}/connect") as resp:
+                    await resp.read()
+
+            await asyncio.gather(*(connect() for _ in range(concurrency)))
+        gate = asyncio.Semaphore(concurrency)
+
+        async def post() -> None:
+            async with gate, session.post(url, data=body, headers=headers) as resp:
+                json.loads(await resp.read())
+
+        started = time.perf_counter()
+        await asyncio.gather(*(post() for _ in range(n)))
+        return time.perf_counter() - started
+
+
+def aiohttp_alone(base_url: str, n: int, concurrency: int, preconnect: bool) -> tuple[float, float]:
+    """(wall time, when it ended as a time.time() value) of n POSTs through aiohttp alone."""
+    wall = asyncio.run(_aiohttp_alone(base_url, n, concurrency, preconnect))
+    return wall, time.time()
+
+
 def server_times(root_url: str, slots: int) -> tuple[float, float, float] | None:
     """(spread, median refill, first arrival to last reply) in seconds, from the server's ledger."""
     with urllib.request.urlopen(f"{root_url}/ledger") as r:
@@ -184,15 +220,21 @@ def main() -> None:
         )
         collections = FullCollections()
         rows = [("batched", n) for n in map(int, args.sizes.split(",")) for _ in range(args.repeat)]
+        largest = max(map(int, args.sizes.split(",")))
+        rows += [(alone, largest) for alone in ("aiohttp", "aiohttp+") for _ in range(args.repeat)]
         rows += [("threads", args.loop_size), ("loop", args.loop_size)]
         for pattern, n in rows:
             started = time.perf_counter()
             reset(root_url)
-            wall, ended = measure(base_url, pattern, n, args.concurrency)
+            if pattern.startswith("aiohttp"):
+                wall, ended = aiohttp_alone(base_url, n, args.concurrency, pattern.endswith("+"))
+            else:
+                wall, ended = measure(base_url, pattern, n, args.concurrency)
             ideal = (
                 n if pattern == "loop" else math.ceil(n / (16 if pattern == "threads" else args.slots))
             ) * args.latency
-            times = server_times(root_url, args.slots) if pattern == "batched" else None
+            with_ledger = pattern == "batched" or pattern.startswith("aiohttp")
+            times = server_times(root_url, args.slots) if with_ledger else None
             extra = ""
             if times is not None:
                 spread, refill, inside = times

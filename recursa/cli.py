@@ -450,8 +450,9 @@ def _fake_server(argv: list[str]) -> int:
 
 def _scrubbed(exc: BaseException, args: argparse.Namespace) -> str:
     """An error's message for the terminal, without the key given on the command line or anything
-    key-like (a provider's message may quote a header or a URL's ?key=)."""
-    return redact(str(exc), getattr(args, "api_key", None))
+    key-like (a provider's message may quote a header or a URL's ?key=). Paths stay: the reader is
+    the user whose files they are."""
+    return redact(str(exc), getattr(args, "api_key", None), paths=False)
 
 
 def main(argv: list[str] | None = None) -> int:

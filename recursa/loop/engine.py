@@ -303,10 +303,12 @@ class RunEngine:
     async def _open_sandbox(self) -> tuple[Sandbox, list[str]]:
         """The run's REPL with its context and tools, and any tool set-up problems to report."""
         if self.options.sandbox is not None:  # a session's REPL: context and tools already in place
+            self.tree.show_scratch(self.options.sandbox)
             return self.options.sandbox, []
         sandbox = self.tree.new_sandbox()
         self._sandbox = sandbox
         await sandbox.start(SubcallHandler(self))
+        self.tree.show_scratch(sandbox)
         await sandbox.load_context(self.payload)
         problems: list[str] = []
         tools = self.tools()

@@ -90,6 +90,13 @@ class CallTree:
             self._child_slots[depth] = asyncio.Semaphore(self.config.max_parallel_children)
         return self._child_slots[depth]
 
+    def show_scratch(self, sandbox: Sandbox) -> None:
+        """Host messages name paths in `sandbox`'s own folder relative to it (trace/hostpaths.py)."""
+        scratch = getattr(sandbox, "scratch_dir", None)
+        shown = self.trace.redact.shown
+        if isinstance(scratch, str) and scratch not in shown:
+            shown.append(scratch)
+
     def new_sandbox(self) -> Sandbox:
         if self.abandoned:  # a REPL that started after abandon() would have nobody to reap it
             raise SandboxError("this run was abandoned (its owner dropped it); no REPL starts for it")

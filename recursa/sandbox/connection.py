@@ -19,6 +19,7 @@ from recursa.sandbox.frames import ProtocolError, RefusedFrame
 from recursa.sandbox.processes import WorkerProcess
 from recursa.sandbox.protocol import Channel
 from recursa.sandbox.worker_log import WorkerLog
+from recursa.trace.hostpaths import scrub_paths
 
 _LOG_TAIL_CHARS = 2000
 # After the process is seen to exit, frames it sent just before may still be in the channel: let the
@@ -204,10 +205,12 @@ class Connection:
             value = await self.handler(fn, args)
             # Encoding here turns a non-JSON (or oversized) result into an error reply, not a crash.
             data = self.chan.encode({"op": "reply", "id": call_id, "ok": True, "value": value})
+        # Every host message into the sandbox passes here: whatever the handler (an RLM's scrubs with
+        # its Redactor, which knows the run's keys; others may not), no host path gets through.
         except CallbackError as exc:
-            data = self.chan.encode(_error_reply(call_id, exc.kind, str(exc)))
+            data = self.chan.encode(_error_reply(call_id, exc.kind, scrub_paths(str(exc))))
         except Exception as exc:
-            data = self.chan.encode(_error_reply(call_id, type(exc).__name__, str(exc)))
+            data = self.chan.encode(_error_reply(call_id, type(exc).__name__, scrub_paths(str(exc))))
         with contextlib.suppress(OSError, ValueError):
             await self.chan.send_encoded(data)
 

@@ -190,6 +190,7 @@ class HostHardening:
         limit = self.options.max_processes if self.options is not None else None
         isolation = describe(report, bwrap=self.using_bwrap, process_limit=limit)
         isolation["memory"] = self._memory(isolation, report)
+        isolation["scratch"] = self._scratch(isolation, report)
         isolation["tasks"] = self._tasks(report, isolation)
         if self.using_bwrap and pid == proc_pid:
             isolation["warnings"].append("the worker's pid inside bwrap was not found: timeouts kill it")
@@ -222,6 +223,32 @@ class HostHardening:
                     stacklevel=4,
                 )
         return pid, isolation
+
+    def _scratch(self, isolation: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+        """What bounds the scratch folder (the REPL's cwd): {"bytes": its total cap or None, "by":
+        the mechanism that holds}, plus "file_bytes" (RLIMIT_FSIZE) and, when no total cap holds,
+        "why". Only what the worker reported as applied is claimed."""
+        file_bytes = (isolation.get("rlimits") or {}).get("fsize")
+        tmpfs = isolation.get("memory", {}).get("tmpfs_bytes", {}).get("scratch")
+        out: dict[str, Any] = {"bytes": tmpfs, "file_bytes": file_bytes}
+        if tmpfs is not None and self.using_bwrap:
+            out["by"] = "tmpfs (bwrap)"
+        elif tmpfs is not None:
+            own = (
+                "user and mount namespaces"
+                if report.get("scratch_tmpfs_by") == "user+mount"
+                else "mount namespace"
+            )
+            out["by"] = f"tmpfs (the worker's own {own})"
+        else:
+            out["by"] = "RLIMIT_FSIZE (per file; no total)" if file_bytes is not None else "none"
+            if self.options is None:
+                out["why"] = "hardening is off"
+            elif self.options.max_scratch_bytes is None:
+                out["why"] = "max_scratch_bytes is None"
+            else:
+                out["why"] = str(report.get("scratch_tmpfs_error") or "the worker mounted no tmpfs")
+        return out
 
     def _tasks(self, report: dict[str, Any], isolation: dict[str, Any]) -> str:
         """What caps the number of tasks: "pids cgroup" (exact), "RLIMIT_NPROC" (exact, bwrap's

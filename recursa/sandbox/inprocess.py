@@ -33,6 +33,7 @@ from recursa.sandbox.protocol import exec_result_from_wire, final_from_wire
 from recursa.sandbox.worker.context import ContextSource
 from recursa.sandbox.worker.errors import RemoteError
 from recursa.sandbox.worker.repl import Repl
+from recursa.trace.hostpaths import scrub_paths
 
 
 class _ReplThread:
@@ -124,9 +125,9 @@ class InProcessSandbox:
             # Through JSON like the worker channel, so both sandboxes hand the code the same values.
             return json.loads(json.dumps(fut.result()))
         except CallbackError as exc:
-            raise RemoteError(exc.kind, str(exc)) from None
+            raise RemoteError(exc.kind, scrub_paths(str(exc))) from None
         except Exception as exc:
-            raise RemoteError(type(exc).__name__, str(exc)) from None
+            raise RemoteError(type(exc).__name__, scrub_paths(str(exc))) from None
         except BaseException:
             fut.cancel()  # interrupted while waiting: stop the host-side work too
             raise

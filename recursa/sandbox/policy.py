@@ -40,8 +40,9 @@ class Hardening:
     max_scratch_bytes: the scratch folder (the REPL's cwd, HOME and TMPDIR) is a tmpfs of this
         size, so files written there are bounded memory, gone with the REPL: bwrap mounts it, and
         without bwrap the worker does, in a mount namespace of its own, where it may (CAP_SYS_ADMIN:
-        a root host). Elsewhere, or with None, it is the host's folder itself (bounded per file
-        only, by max_file_bytes); `isolation["memory"]` says which.
+        a root host; else a user namespace of its own, where the kernel lets users make them).
+        Elsewhere, or with None, it is the host's folder itself (bounded per file only, by
+        max_file_bytes); `isolation["scratch"]` says which.
     allow_read: extra paths the code may read (read-only), e.g. a data folder.
     allow_site_packages: let code import installed third-party packages (numpy, ...). Off by
         default: only the standard library is readable.

@@ -101,7 +101,7 @@ def create_app(settings: ServeSettings) -> FastAPI:
     async def _internal(_: Request, exc: Exception) -> JSONResponse:
         # The traceback's text, scrubbed: an exception's message may carry a key.
         trace = "".join(traceback.format_exception(exc))
-        log.error("internal error while serving a request\n%s", settings.redact(trace.rstrip()))
+        log.error("internal error while serving a request\n%s", settings.redact(trace.rstrip(), log=True))
         body = ApiError(500, f"internal server error ({type(exc).__name__})", type="server_error").body()
         return JSONResponse(body, status_code=500)
 

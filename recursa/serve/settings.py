@@ -118,10 +118,12 @@ class ServeSettings:
             "(recursa acp --allow-base-url URL)"
         )
 
-    def redact(self, text: str) -> str:
-        """`text` (an error message for a client or a log) without this server's keys (the model
-        provider's, its clients') or anything key-like."""
-        return Redactor([self.upstream_api_key, self.api_key, *self.api_keys.values()])(text)
+    def redact(self, text: str, *, log: bool = False) -> str:
+        """`text` (an error message for a client or, `log=True`, the operator's log) without this
+        server's keys (the model provider's, its clients') or anything key-like; and, unless it is
+        for the log, without the host's file paths (trace/hostpaths.py)."""
+        keys = [self.upstream_api_key, self.api_key, *self.api_keys.values()]
+        return Redactor(keys, paths=not log)(text)
 
     @property
     def sessions_per_caller(self) -> int:

@@ -1,4 +1,4 @@
-"""Keep API keys out of traces, logs, error messages and what the host tells the sandbox.
+"""Keep API keys (and host paths) out of traces, logs, error messages and what the host tells the sandbox.
 
 The one scrubber for every text that leaves the host's hands (trace lines, an exception's message
 sent into the REPL or to a client, a log line). It removes:
@@ -11,6 +11,8 @@ sent into the REPL or to a client, a log line). It removes:
 - key-like query parameters (`?key=`, `&api_key=`, `access_token=`, `sig=`...) and a URL's password.
 Only values of 8 token characters or more are taken, so code that builds such a header or URL
 from a variable (`f"Bearer {token}"`) reads the same afterwards.
+Messages also lose the host's file paths (trace/hostpaths.py), except where the reader is the
+operator: the CLI's messages and the server's log are made with `paths=False`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable
+
+from recursa.trace.hostpaths import scrub_paths
 
 REDACTED = "[REDACTED]"
 
@@ -44,10 +48,14 @@ _KEY_ENV_NAME = re.compile(r"(?i)(API_?KEY|TOKEN|SECRET|PASSWORD|ACCESS_KEY)$")
 
 
 class Redactor:
-    """Replaces keys in text with [REDACTED] (see the module doc); `secrets`: the keys a run was
-    configured with, beside those the environment holds."""
+    """Replaces keys in text with [REDACTED] and host paths with `<host path>/NAME` (see the module
+    doc); `secrets`: the keys a run was configured with, beside those the environment holds;
+    `paths=False`: keep paths, for text only the operator reads (a CLI message, a server log)."""
 
-    def __init__(self, secrets: Iterable[str | None] | None = None) -> None:
+    def __init__(self, secrets: Iterable[str | None] | None = None, *, paths: bool = True) -> None:
+        self.paths = paths
+        # Folders the sandboxes of this run work in: their paths are shown relative (hostpaths.py).
+        self.shown: list[str] = []
         given = [s for s in (secrets or []) if s and len(s) >= 4]
         values = given + [v for name, v in os.environ.items() if _KEY_ENV_NAME.search(name) and len(v) >= 8]
         # Longest first, so a key that contains another is replaced whole. A configured key shorter
@@ -60,6 +68,8 @@ class Redactor:
     def __call__(self, text: str) -> str:
         """Everything the module doc lists: for messages (an exception's, a log line)."""
         text = self.bulk(text)
+        if self.paths:
+            text = scrub_paths(text, self.shown)
         for secret in self._short:
             if secret in text:
                 text = text.replace(secret, REDACTED)
@@ -72,7 +82,8 @@ class Redactor:
     def bulk(self, text: str) -> str:
         """The known keys and the common key shapes only: for whole trace lines (model replies,
         REPL output), where running every pattern would cost several ms per 100 KB. Messages from
-        the host (errors) are scrubbed in full where they are made."""
+        the host (errors) are scrubbed in full where they are made. Paths stay: this text is the
+        model's and the sandbox's own, which sees its own paths."""
         for secret in self._secrets:
             if secret in text:
                 text = text.replace(secret, REDACTED)
@@ -92,6 +103,6 @@ def _outside_word(text: str, m: re.Match[str]) -> str:
     return m.group(0) if at and (text[at - 1].isalnum() or text[at - 1] == "_") else REDACTED
 
 
-def redact(text: str, *secrets: str | None) -> str:
-    """`text` scrubbed in full by a Redactor that also knows `secrets`."""
-    return Redactor(secrets)(text)
+def redact(text: str, *secrets: str | None, paths: bool = True) -> str:
+    """`text` scrubbed in full by a Redactor that also knows `secrets` (`paths`: as Redactor's)."""
+    return Redactor(secrets, paths=paths)(text)

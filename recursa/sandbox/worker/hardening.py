@@ -136,15 +136,17 @@ def _drop_capabilities(libc: Any, sysnr: dict[str, int], report: Report) -> None
 
 def _scratch_tmpfs(want: dict[str, Any], report: Report) -> None:
     """Without bwrap: the scratch folder as a sized tmpfs in a mount namespace of the worker's own,
-    where the kernel allows it (CAP_SYS_ADMIN, e.g. a root host without bubblewrap). Elsewhere the
-    folder stays the host's, bounded per file only, and the report says why."""
+    where the kernel allows it (CAP_SYS_ADMIN, e.g. a root host without bubblewrap, or else a user
+    namespace of its own: mounts.py). Elsewhere the folder stays the host's, bounded per file only,
+    and the report says why."""
     try:
-        scratch_tmpfs(str(want["path"]), int(want["bytes"]))
+        how = scratch_tmpfs(str(want["path"]), int(want["bytes"]))
     except (OSError, KeyError, TypeError, ValueError) as exc:
         report.data["scratch_tmpfs"] = None
         report.data["scratch_tmpfs_error"] = str(exc)
     else:
         report.data["scratch_tmpfs"] = int(want["bytes"])
+        report.data["scratch_tmpfs_by"] = how
 
 
 def _probe(report: Report) -> None:
@@ -184,7 +186,6 @@ def apply(spec: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     report = Report()
     machine = report.data["machine"]
-    report.data["namespaces"] = _namespaces(spec.get("host_namespaces") or {})
     _set_rlimits(spec, report)
     if sys.platform != "linux" or machine not in SYSCALLS:
         report.warn(f"no Landlock/seccomp support for {sys.platform}/{machine}: only rlimits apply")
@@ -194,6 +195,8 @@ def apply(spec: dict[str, Any]) -> dict[str, Any]:
     libc = libc_handle()
     if isinstance(spec.get("scratch_tmpfs"), dict):  # first: it needs capabilities, mount and unshare
         _scratch_tmpfs(spec["scratch_tmpfs"], report)
+    # After the mount: the namespaces it made are the worker's own too.
+    report.data["namespaces"] = _namespaces(spec.get("host_namespaces") or {})
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         report.warn(f"prctl(PR_SET_NO_NEW_PRIVS) failed: {errno_text()}")
     report.data["no_new_privs"] = libc.prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1

@@ -2,14 +2,16 @@
 
 Standard library only. A tmpfs has a size the kernel enforces for all its files together (a write
 past it fails with ENOSPC), which no rlimit does for a folder: RLIMIT_FSIZE caps each file. bwrap
-mounts the scratch folder this way; a worker started without bwrap does it itself where it may
-(CAP_SYS_ADMIN: a root host without bubblewrap), before it drops its capabilities, and a zygote's
-child does it for /dev/shm and its scratch folder (zygote.py).
+mounts the scratch folder this way; a worker started without bwrap does it itself, before it drops
+its capabilities: in a mount namespace of its own where it has CAP_SYS_ADMIN (a root host without
+bubblewrap), else in a user namespace of its own (an unprivileged host, where the kernel lets users
+make them); and a zygote's child does it for /dev/shm and its scratch folder (zygote.py).
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 
 TYPE_CHECKING = False
@@ -18,6 +20,7 @@ if TYPE_CHECKING:
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
 _MS_REC = 1 << 14
 _MS_PRIVATE = 1 << 18
 _MS_NOSUID = 1 << 1
@@ -65,9 +68,66 @@ def mount_tmpfs(path: str, mode: str, size: int | None) -> None:
     )
 
 
-def scratch_tmpfs(scratch: str, size: int) -> None:
+def own_user_namespace() -> None:
+    """Enter a user namespace and a mount namespace of this process's own, as an unprivileged process
+    may: inside, it holds every capability over the new mount namespace (none over the host's), so
+    it may mount a tmpfs there. Its uid and gid map to themselves, so files keep their owners and
+    every permission check on the host's files is what it was. The capabilities are dropped right
+    after (hardening.py), and seccomp then refuses unshare, setns and mount to the code.
+
+    Raises OSError where the kernel refuses. Nothing has changed then, unless the refusal comes
+    after unshare (a map that cannot be written): the process then stays in the new namespace with
+    its ids unmapped (shown as the overflow id inside), which changes no access to the host's files.
+    """
+    if _read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == "1":
+        # unshare would succeed there, into a namespace AppArmor gives no capability in.
+        raise OSError(
+            errno.EPERM,
+            "unprivileged user namespaces are restricted (kernel.apparmor_restrict_unprivileged_userns=1)",
+        )
+    uid, gid = os.geteuid(), os.getegid()
+    handle = libc()
+    check(handle.unshare(CLONE_NEWUSER | CLONE_NEWNS), "unshare(user and mount namespaces)")
+    _write("/proc/self/setgroups", "deny")  # the kernel's condition for an unprivileged gid_map
+    _write("/proc/self/uid_map", f"{uid} {uid} 1")
+    _write("/proc/self/gid_map", f"{gid} {gid} 1")
+    check(handle.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "making mounts private")
+
+
+def scratch_tmpfs(scratch: str, size: int) -> str:
     """Make the worker's scratch folder (its cwd) a tmpfs of `size` bytes, in a mount namespace of
-    its own. Raises OSError where the kernel refuses (no CAP_SYS_ADMIN): nothing has changed then."""
-    private_namespace()
+    its own; returns the namespaces that allowed it: "mount" (CAP_SYS_ADMIN) or "user+mount" (a user
+    namespace of its own). Raises OSError where the kernel refuses both."""
+    try:
+        private_namespace()
+        how = "mount"
+    except OSError as exc:
+        if exc.errno != errno.EPERM:
+            raise
+        try:
+            own_user_namespace()
+        except OSError as second:
+            raise OSError(second.errno, f"{exc.strerror}; {second.strerror}") from None
+        how = "user+mount"
     mount_tmpfs(scratch, "mode=0700", size)
     os.chdir(scratch)  # the cwd still named the folder under the mount
+    return how
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise OSError(exc.errno, f"writing {path}: {exc.strerror}") from None
