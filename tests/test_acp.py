@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from pathlib import Path
@@ -154,3 +155,60 @@ async def test_a_client_chosen_base_url_never_gets_the_operators_key(tmp_path: P
     assert {r.key_digest for r in foreign.requests} == {key_digest(client_key)}
     assert {r.key_digest for r in allowed.requests} == {key_digest(operator_key)}
     assert all(operator_key not in text and client_key not in text for text in refusals)
+
+
+async def test_cancel_mid_prompt_while_another_session_runs_and_bad_runtime_options(tmp_path: Path) -> None:
+    from recursa.trace import load
+
+    def answer(model: str, messages: list[dict]) -> str:
+        if model == "slow":
+            return code("import time\ntime.sleep(120)")
+        return "FINAL(quick)"
+
+    client = Recorder()
+    where = "_meta.recursa/runtime-v1"
+    with FakeServer(responder=answer) as server:
+        args = ["-m", "recursa.cli", "acp", "--model", "openai/quick", "--base-url", server.base_url,
+                "--trace-dir", str(tmp_path)]  # fmt: skip
+        async with spawn_agent_process(client, sys.executable, *args, env=agent_env()) as (conn, _proc):
+            await conn.initialize(protocol_version=PROTOCOL_VERSION)
+            slow = await conn.new_session(
+                cwd=str(tmp_path), mcp_servers=[], **{where[6:]: {"model": "openai/slow"}}
+            )
+            quick = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+            running = asyncio.create_task(
+                conn.prompt(session_id=slow.session_id, prompt=[text_block("wait")])
+            )
+            # The other session answers while the slow one's cell runs.
+            reply = await conn.prompt(session_id=quick.session_id, prompt=[text_block("say quick")])
+            assert reply.stop_reason == "end_turn" and not running.done()
+            refusals = []
+            for meta in (
+                {"max_depth": "2"},
+                {"budget": {"max_calls": 1}},
+                {"budget": "small"},
+                {"modle": "openai/x"},
+                {"call_headers": "yes"},
+                {"session_id": quick.session_id},  # someone else's session: not taken over
+            ):
+                with pytest.raises(RequestError) as refused:
+                    await conn.new_session(cwd=str(tmp_path), mcp_servers=[], **{where[6:]: meta})
+                refusals.append(str(refused.value.data))
+            await conn.cancel(session_id=slow.session_id)
+            cancelled = await running
+            again = await conn.prompt(session_id=quick.session_id, prompt=[text_block("say quick")])
+    assert cancelled.stop_reason == "cancelled" and again.stop_reason == "end_turn"
+    assert f"{where}.max_depth='2': give a whole number" in refusals[0]
+    assert f"{where}.budget['max_calls'] is not an option" in refusals[1]
+    assert f"{where}.budget is a str" in refusals[2]
+    assert f"{where}.modle is not an option" in refusals[3] and "model" in refusals[3]
+    assert f"{where}.call_headers='yes': give true or false" in refusals[4]
+    assert f"session_id {quick.session_id!r} is in use" in refusals[5]
+    slow_runs = [p for p in _traces(tmp_path) if any(e.get("model") == "openai/slow" for e in load(p).events)]
+    (trace,) = slow_runs
+    ends = [e for e in load(trace).events if e["type"] == "run_end"]
+    assert len(ends) == 1 and ends[0]["stop_reason"] == "cancelled"
+
+
+def _traces(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.jsonl"))

@@ -11,6 +11,7 @@ import pytest
 
 from recursa import Budget
 from recursa.env import EnvError, RLMEnv
+from recursa.errors import ConfigError
 from recursa.testing.fake_server import FakeServer
 from recursa.trace import load
 from recursa.train import export_rl
@@ -266,3 +267,39 @@ async def test_token_ids_the_trainer_gives_are_the_turns_token_counts(tmp_path: 
     await episode.step({"content": "FINAL(1)", "input_tokens": 400, "token_ids": [1, 2]})
     assert (episode.usage.input_tokens, episode.usage.output_tokens) == (700, 22)
     await env.aclose()
+
+
+async def test_starts_beyond_the_repl_bound_wait_their_turn_with_wait_for_repl(tmp_path: Path) -> None:
+    import asyncio
+
+    env = RLMEnv(max_depth=0, trace_dir=tmp_path, max_live_repls=2, wait_for_repl=600)
+    running = [await env.start("q?", CONTEXT, task_id=f"r{i}") for i in range(2)]
+    waiting = []
+    for i in range(3):  # each is queued before the next one starts
+        waiting.append(asyncio.create_task(env.start("q?", CONTEXT, task_id=f"w{i}")))
+        await asyncio.sleep(0)  # the new task runs up to its wait
+        assert env.quota.waiting == i + 1
+    cancelled = waiting.pop(1)  # a waiter that gives up holds no slot
+    cancelled.cancel()
+    await asyncio.wait([cancelled])
+    served = []
+    for episode in running:
+        await episode.step("FINAL(done)")  # a finished episode hands its slot to the first in line
+        served.append(await waiting.pop(0))
+    assert [e.task_id for e in served] == ["w0", "w2"] and env.live_repls == 2 and env.quota.waiting == 0
+    # A start that cannot get a slot in time says what to do.
+    impatient = RLMEnv(max_depth=0, trace_dir=tmp_path, max_live_repls=1, wait_for_repl=0.05)
+    held = await impatient.start("q?", CONTEXT)
+    with pytest.raises(EnvError, match=r"waited 0.05 s for a REPL: 1 REPLs are alive.*wait_for_repl"):
+        await impatient.start("q?", CONTEXT)
+    await held.close()
+    assert impatient.live_repls == 0
+    for episode in served:
+        obs = await episode.step(code("print('served')"))
+        assert "served" in obs[0]["content"]
+        await episode.close()
+    assert env.live_repls == 0
+    await env.aclose()
+    await impatient.aclose()
+    with pytest.raises(ConfigError, match="wait_for_repl=-1"):
+        RLMEnv(max_depth=0, wait_for_repl=-1)

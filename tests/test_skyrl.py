@@ -96,3 +96,46 @@ def test_registered_under_the_documented_id() -> None:
     assert (
         isinstance(env, skyrl_gym.envs.base_text_env.BaseTextEnv) and env.max_turns == 4
     )  # 3 turns + the answer
+
+
+@pytest.mark.parametrize(
+    ("extras", "named"),
+    [
+        ({"max_turns": "ten"}, "extras['max_turns']='ten': give a whole number >= 1 (a number, not text)"),
+        ({"max_turns": True}, "extras['max_turns']=True"),
+        ({"max_turns": 2.5}, "extras['max_turns']=2.5"),
+        ({"repl_timeout": "fast"}, "extras['repl_timeout']='fast': give a number of seconds > 0"),
+        ({"max_turn": 3}, "extras['max_turn'] is not an option; did you mean 'max_turns'?"),
+        ({"repl_timout": 3}, "did you mean 'repl_timeout'?"),
+        ({"budget": {"max_calls": 3}}, "extras['budget']['max_calls'] is not an option"),
+        ({"budget": {"max_llm_calls": "3"}}, "extras['budget']['max_llm_calls']='3': a str, not a number"),
+        ({"lm_callback": "http://engine"}, "extras['lm_callback'] is a str, not a function"),
+        ({"judge_reward_fn": 1.0}, "extras['judge_reward_fn'] is a float, not a function"),
+        ({"reward_spec": {"ground_truth": "x", "reward_fn": "exact"}}, "extras['reward_spec']['reward_fn']"),
+        ({"reward_spec": "heron"}, "extras['reward_spec'] is a str; give a dict"),
+        ({"extra_info": "ctx"}, "extras['extra_info'] is a str; give a dict"),
+        ({"family": "oolongg"}, "extras['family']: unknown task family 'oolongg'"),
+        ({"custom_system_prompt": 5}, "extras['custom_system_prompt']: give a non-empty string, not an int"),
+    ],
+)
+def test_a_bad_extra_is_refused_naming_its_key(extras: dict, named: str) -> None:
+    # Before, these fell back to defaults without a word (a typo, a non-function callback or reward
+    # function, a reward_spec that is not a dict), or failed as int()'s ValueError naming nothing.
+    with pytest.raises(adapter.ConfigError) as refused:
+        skyrl_gym.make(adapter.ENV_ID, env_config={}, extras={"sandbox": "inprocess", **extras})
+    assert named in str(refused.value)
+
+
+def test_a_datasets_own_keys_pass_and_init_again_ends_the_previous_episode(tmp_path: Path) -> None:
+    extras = {"data_source": "x", "uid": 3, "max_tokens": 10, "env_class": adapter.ENV_ID,
+              "extra_info": {"context_text": CONTEXT}, "trace_dir": str(tmp_path), "max_turns": 3.0}  # fmt: skip
+    env = skyrl_gym.make(adapter.ENV_ID, env_config={}, extras=extras)
+    assert env.max_turns == 4
+    prompt = [{"role": "user", "content": "What is the code word?"}]
+    env.init(prompt)
+    first = env.episode
+    env.init(prompt)  # a generator reusing the object: the first episode is closed, not leaked
+    assert first.stop_reason == "cancelled" and env._env.live_repls == 1
+    assert env.step("FINAL(heron)")["done"]
+    env.close()
+    assert env._env.live_repls == 0

@@ -28,6 +28,7 @@ from recursa.env.callback import CallbackClient, ChildCall, SubCall
 from recursa.env.episode import Episode, Scorer
 from recursa.env.shared import EnvError, EpisodeHost, PerLoop, Prepaid, PrivateLoop, ReplQuota
 from recursa.errors import ConfigError
+from recursa.knobs import wait_value
 from recursa.lm.base import LMClient
 from recursa.lm.prices import ModelPrice, PriceBook
 from recursa.lm.registry import make_client, parse_model
@@ -56,6 +57,8 @@ class RLMEnv:
     `max_turns`: code turns before the root is asked once more, for its answer only.
     `max_reply_chars`: longer replies are refused (the trace keeps replies whole up to 100,000).
     `max_live_repls`: REPL processes alive at once over all episodes (children included).
+    `wait_for_repl`: seconds `start` waits for a slot when `max_live_repls` are alive, first come
+    first served, before it raises (0: raise at once). Child RLMs never wait.
     `fork`: fork REPLs from one warm zygote shared by the episodes (subprocess sandboxes only).
     The other options are `RLM`'s.
     """
@@ -82,6 +85,7 @@ class RLMEnv:
         max_output_chars: int = 20_000,
         max_reply_chars: int = 100_000,
         max_live_repls: int = 256,
+        wait_for_repl: float = 0.0,
         max_concurrency: int = 64,
         max_parallel_children: int = 32,
         max_output_tokens: int = 16_384,
@@ -111,6 +115,7 @@ class RLMEnv:
         ):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ConfigError(f"RLMEnv({name}={value!r}): {name} must be an int >= {low}.")
+        self.wait_for_repl = wait_value("RLMEnv: wait_for_repl", wait_for_repl)
         sub = sub_model or DEFAULT_POLICY
         self.config = RLMConfig(
             model=model or sub,
@@ -209,7 +214,11 @@ class RLMEnv:
             raise EnvError("the question is empty: pass the question to answer as a non-empty str.")
         if scorer is not None and not callable(scorer):
             raise EnvError("scorer= takes a function answer -> float (e.g. task.score).")
-        quota = Prepaid(self.quota)  # raises the error that says what to do when none is left
+        if self.wait_for_repl > 0:
+            await self.quota.take_waiting(self.wait_for_repl)
+            quota = Prepaid(self.quota, taken=True)
+        else:
+            quota = Prepaid(self.quota)  # raises the error that says what to do when none is left
         try:
             payload = await load_payload(context)
         except BaseException:

@@ -13,7 +13,9 @@ A drop-in replacement for SkyRL's own RLM environment: it takes the same knobs f
 of its own: `max_depth`, `sub_model` / `base_url` / `api_key` (an OpenAI-compatible server for the
 sub-calls), `sub_call` (an async function, as for `RLMEnv`), `budget` (a dict of `Budget` fields),
 `family` (a `recursa.tasks` family whose scorer gives the reward), `scorer` (answer -> float),
-`sandbox`, `trace_dir`, `max_live_repls`. With `subcall_fn`, `rlm_query` children are the
+`sandbox`, `trace_dir`, `max_live_repls`, `wait_for_repl`. Every knob is checked when the
+environment is made (`checked_extras`): a wrong kind or a misspelt name is refused naming the key.
+With `subcall_fn`, `rlm_query` children are the
 generator's own rollouts (as in SkyRL); without it, recursa child RLMs whose turns go where the
 other sub-calls go.
 
@@ -28,15 +30,25 @@ import functools
 import json
 import threading
 from collections.abc import Callable
+from os import PathLike
 from typing import Any
 
 from skyrl_gym import register as _register
 from skyrl_gym import registry as _registry
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType
 
-from recursa.budget import Budget
 from recursa.env import ChildCall, Episode, RLMEnv, SubCall
 from recursa.errors import ConfigError
+from recursa.knobs import (
+    budget_value,
+    check_keys,
+    function_value,
+    int_value,
+    kind,
+    seconds_value,
+    text_value,
+    wait_value,
+)
 from recursa.lm.base import Message
 from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION
 from recursa.tasks import Task, get
@@ -44,7 +56,7 @@ from recursa.tools.spec import host_tool
 
 ENV_ID = "recursa-rlm"
 _SETTINGS = ("max_turns", "repl_timeout", "max_depth", "sub_model", "base_url", "api_key", "budget",
-             "sandbox", "trace_dir", "max_live_repls", "max_output_chars")  # fmt: skip
+             "sandbox", "trace_dir", "max_live_repls", "max_output_chars", "wait_for_repl")  # fmt: skip
 
 _envs: dict[str, RLMEnv] = {}
 _envs_lock = threading.Lock()
@@ -55,10 +67,10 @@ class RecursaRLMEnv(BaseTextEnv):
 
     def __init__(self, env_config: Any = None, extras: dict[str, Any] | None = None) -> None:
         super().__init__()
-        self.extras = dict(extras or {})
+        self.extras = checked_extras(extras)
         self.env_config = env_config
         # The generator's cap on steps: max_turns code turns, then the one reply that may only answer.
-        self.max_turns = int(self.extras.get("max_turns", 10)) + 1
+        self.max_turns = self.extras.get("max_turns", 10) + 1
         self.episode: Episode | None = None
         self._reward = 0.0
         self._env = shared_env(self.extras)
@@ -68,6 +80,8 @@ class RecursaRLMEnv(BaseTextEnv):
             raise ConfigError(
                 "RecursaRLMEnv.init(prompt): prompt must be a list of {'role', 'content'} messages"
             )
+        if self.episode is not None:  # init again: the generator reuses the object for a new rollout
+            self.episode.close_sync()
         text = "\n".join(str(m.get("content") or "") for m in prompt if m.get("content"))
         context = _context(self.extras)
         question = text if context is not None else PROMPT_AS_CONTEXT_QUESTION
@@ -146,27 +160,93 @@ def shared_env(extras: dict[str, Any]) -> RLMEnv:
 
 def _make_env(extras: dict[str, Any]) -> RLMEnv:
     budget = extras.get("budget")
-    if budget is not None and not isinstance(budget, dict | Budget):
-        raise ConfigError("extras['budget'] takes a dict of Budget fields, e.g. {'max_llm_calls': 200}")
     delegated = extras.get("lm_callback") is not None or extras.get("sub_call") is not None
     sub_model = extras.get("sub_model")
     # SkyRL's subcall_fn runs rlm_query's children in the trainer: that takes a depth of 2.
     default_depth = 2 if extras.get("subcall_fn") is not None else 1 if (delegated or sub_model) else 0
-    max_depth = int(extras.get("max_depth", default_depth))
     return RLMEnv(
         sub_model,
         base_url=extras.get("base_url"),
         api_key=extras.get("api_key"),
         sub_call=_no_sub_call if delegated and not sub_model else None,
-        max_depth=max_depth,
-        max_turns=int(extras.get("max_turns", 10)),
-        exec_timeout=float(extras.get("repl_timeout", 180.0)),
-        budget=Budget(**budget) if isinstance(budget, dict) else budget,
+        max_depth=extras.get("max_depth", default_depth),
+        max_turns=extras.get("max_turns", 10),
+        exec_timeout=extras.get("repl_timeout", 180.0),
+        budget=budget,
         sandbox=extras.get("sandbox", "auto"),
         trace_dir=extras.get("trace_dir"),
-        max_live_repls=int(extras.get("max_live_repls", 256)),
-        max_output_chars=int(extras.get("max_output_chars", 20_000)),
+        max_live_repls=extras.get("max_live_repls", 256),
+        max_output_chars=extras.get("max_output_chars", 20_000),
+        wait_for_repl=extras.get("wait_for_repl", 0.0),
     )
+
+
+# What each extra must be, and the reader that checks it (and makes it what RLMEnv takes).
+def _fn(signature: str) -> Callable[[str, Any], Any]:
+    return lambda name, value: function_value(name, value, signature)
+
+
+_EXTRAS: dict[str, Callable[[str, Any], Any]] = {
+    "max_turns": lambda n, v: int_value(n, v, 1),
+    "repl_timeout": seconds_value,
+    "max_depth": lambda n, v: int_value(n, v, 0),
+    "depth": lambda n, v: int_value(n, v, 0),
+    "max_live_repls": lambda n, v: int_value(n, v, 1),
+    "max_output_chars": lambda n, v: int_value(n, v, 1),
+    "wait_for_repl": wait_value,
+    "sub_model": text_value,
+    "base_url": text_value,
+    "api_key": text_value,
+    "sandbox": text_value,
+    "custom_system_prompt": text_value,
+    "family": lambda n, v: get(text_value(n, v)).name,
+    "trace_dir": lambda n, v: v if isinstance(v, PathLike) else text_value(n, v),
+    "budget": budget_value,
+    "lm_callback": _fn("(prompts: list[str]) -> list[str]"),
+    "subcall_fn": _fn("(prompt, context=None) -> str"),
+    "sub_call": _fn("async (messages, depth, parent_id) -> str"),
+    "judge_reward_fn": _fn("(answer) -> float"),
+    "scorer": _fn("(answer) -> float"),
+    "extra_info": lambda n, v: _dict_value(n, v),
+    "reward_spec": lambda n, v: _dict_value(n, v),
+}
+_PASSED = ("custom_tools", "context", "task_id")  # checked where they are used
+
+
+def checked_extras(extras: Any) -> dict[str, Any]:
+    """The extras with every knob checked: a wrong type, or a near miss of a knob's name
+    (`max_turn`), is a ConfigError naming `extras[key]`. Other keys (a dataset row's own, such as
+    `data_source`) pass through untouched, as SkyRL hands the whole row over."""
+    if extras is None:
+        return {}
+    if not isinstance(extras, dict):
+        raise ConfigError(f"extras is {kind(extras)}; give a dict (the dataset row's extras)")
+    check_keys(extras, [*_EXTRAS, *_PASSED], lambda key: f"extras[{key!r}]", strict=False)
+    checked = dict(extras)
+    for key, read in _EXTRAS.items():
+        if extras.get(key) is not None:
+            try:
+                checked[key] = read(f"extras[{key!r}]", extras[key])
+            except ConfigError:
+                raise
+            except ValueError as exc:  # e.g. an unknown task family
+                raise ConfigError(f"extras[{key!r}]: {exc}") from None
+    spec = checked.get("reward_spec") or {}
+    if spec.get("reward_fn") is not None:
+        function_value("extras['reward_spec']['reward_fn']", spec["reward_fn"], "(answer) -> float")
+    if spec.get("family") is not None:
+        name = "extras['reward_spec']['family']"
+        try:
+            get(text_value(name, spec["family"]))
+        except ValueError as exc:
+            raise ConfigError(f"{name}: {exc}") from None
+    return checked
+
+
+def _dict_value(name: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return value
+    raise ConfigError(f"{name} is {kind(value)}; give a dict")
 
 
 async def _no_sub_call(messages: list[Message], depth: int, parent_id: str | None) -> str:

@@ -40,8 +40,8 @@ from acp.schema import (
     PromptResponse,
 )
 
-from recursa.budget import Budget
 from recursa.errors import RecursaError
+from recursa.knobs import budget_value, check_keys, flag_value, int_value, text_value
 from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION
 from recursa.loop.tree import new_id
 from recursa.rlm import RLM
@@ -92,17 +92,23 @@ class RecursaAgent:
     async def new_session(
         self, cwd: str, mcp_servers: list[Any] | None = None, **kwargs: Any
     ) -> NewSessionResponse:
-        overrides = kwargs.get(RUNTIME_KEY) or {}
-        if not isinstance(overrides, dict):
+        given = kwargs.get(RUNTIME_KEY) or {}
+        if not isinstance(given, dict):
             raise RequestError.invalid_params({"message": f"_meta.{RUNTIME_KEY} must be an object"})
         try:
+            overrides = _checked_runtime(given)
             self._rlm(overrides)  # a bad model, key, base URL or budget fails here, not on the first prompt
         except (RecursaError, TypeError, ValueError) as exc:
             said = str(exc)
             message = said if said.startswith(f"_meta.{RUNTIME_KEY}") else f"_meta.{RUNTIME_KEY}: {said}"
-            raise RequestError.invalid_params({"message": self._redact(message, overrides)}) from None
-        session_id = overrides.get("session_id") if isinstance(overrides.get("session_id"), str) else None
-        session_id = session_id or new_id("acp")
+            raise RequestError.invalid_params({"message": self._redact(message, given)}) from None
+        session_id = overrides.get("session_id") or new_id("acp")
+        if session_id in self._sessions:  # a client's id must not take over a session that exists
+            raise RequestError.invalid_params(
+                {
+                    "message": f"_meta.{RUNTIME_KEY}.session_id {session_id!r} is in use; choose another or omit it"
+                }
+            )
         self._sessions[session_id] = _Session(dict(overrides), cwd)
         return NewSessionResponse(session_id=session_id)
 
@@ -179,9 +185,9 @@ class RecursaAgent:
             sub_model=pick["sub_model"],
             base_url=base_url,
             api_key=api_key,
-            max_depth=int(pick["max_depth"]),
-            max_iterations=int(pick["max_iterations"]),
-            budget=Budget(**budget) if isinstance(budget, dict) else s.budget,
+            max_depth=pick["max_depth"],
+            max_iterations=pick["max_iterations"],
+            budget=budget if budget is not None else s.budget,
             sandbox=s.sandbox,
             trace_dir=s.trace_dir,
             trace=s.trace,
@@ -216,6 +222,31 @@ class RecursaAgent:
             return
         update = update_agent_thought(text_block(text)) if thought else update_agent_message(text_block(text))
         await self._conn.session_update(session_id=session_id, update=update)
+
+
+_RUNTIME: dict[str, Any] = {
+    "model": text_value,
+    "sub_model": text_value,
+    "base_url": text_value,
+    "api_key": None,  # ServeSettings.client_upstream checks it, with the key kept out of the message
+    "max_depth": lambda n, v: int_value(n, v, 0),
+    "max_iterations": lambda n, v: int_value(n, v, 1),
+    "budget": budget_value,
+    "call_headers": flag_value,
+    "session_id": text_value,
+}
+
+
+def _checked_runtime(given: dict[str, Any]) -> dict[str, Any]:
+    """The session's runtime options, each checked and named as `_meta.recursa/runtime-v1.<key>`;
+    an unknown key is refused, so a misspelt one never leaves the operator's default in place."""
+    where = f"_meta.{RUNTIME_KEY}"
+    check_keys(given, list(_RUNTIME), lambda key: f"{where}.{key}", strict=True)
+    checked = dict(given)
+    for key, read in _RUNTIME.items():
+        if read is not None and given.get(key) is not None:
+            checked[key] = read(f"{where}.{key}", given[key])
+    return checked
 
 
 def _both(first: Any, second: Any) -> Any:
