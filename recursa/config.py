@@ -61,6 +61,9 @@ class RLMConfig:
     # LM client objects given in place of model names (lm/custom.py), by the "client/<name>" spec
     # that stands for each in model, sub_model and allowed_models.
     clients: dict[str, Any] = field(default_factory=dict, repr=False)
+    # A reply with no code block whose lines are plain Python runs them (loop/unfenced.py); False only
+    # tells the model that code runs from ```repl blocks.
+    unfenced_code: bool = True
 
     def validate(self) -> None:
         """Raise ConfigError for the first setting that cannot work, naming it and a value that would."""
@@ -111,6 +114,11 @@ class RLMConfig:
         for name, value, ok, what, example in numbers:
             if not ok:
                 raise ConfigError(f"RLM({name}={value!r}): {name} must be {what}; e.g. {name}={example}.")
+        if not isinstance(self.unfenced_code, bool):
+            raise ConfigError(
+                f"RLM(unfenced_code={self.unfenced_code!r}): unfenced_code must be True (run Python a reply "
+                "writes outside a code block) or False (only tell the model to use a ```repl block)."
+            )
         if self.subcall_errors not in ("raise", "return"):
             raise ConfigError(
                 f"RLM(subcall_errors={self.subcall_errors!r}): subcall_errors must be 'raise' (an exception "

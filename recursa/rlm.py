@@ -74,6 +74,8 @@ class RLM:
         tips: strategy text added to the root's prompt.
         root_window_tokens: compact the root's history past 80% of this many tokens.
         allowed_models: further models generated code may name in `llm_query(model=...)`.
+        unfenced_code: run Python a reply writes without a ```repl fence (docs/concepts.md, "How
+            replies are read"); False only tells the model to fence its code.
     """
 
     def __init__(
@@ -113,6 +115,7 @@ class RLM:
         tips: str | None = None,
         root_window_tokens: int | None = None,
         allowed_models: Sequence[str | Any] = (),
+        unfenced_code: bool = True,
     ) -> None:
         # A model may be a "provider/model" name or an LM client object (docs/clients.md).
         clients = ClientSet()
@@ -158,6 +161,7 @@ class RLM:
             root_window_tokens=root_window_tokens,
             allowed_models=allowed_models,  # type: ignore[arg-type]  (validate() names a wrong type)
             clients=dict(clients.clients),
+            unfenced_code=unfenced_code,
         )
         self.config.validate()
         _check_tool_names(self.config.tools, self.config.sub_tools)

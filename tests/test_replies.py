@@ -9,6 +9,7 @@ A case (JSON; any text may be a list of lines, joined with newlines):
   final                null, or {"protocol", "text", "loose"}: the answer written in prose
   not_run              tags of the fences that do not run ("" for a bare fence); default none
   notes                how many notes the reader leaves for the model; default 0
+  unfenced_code        optional: false reads (and runs) the reply with RLM(unfenced_code=False)
   run                  optional: context, then (the root's later replies), sub (the sub-model's reply),
                        max_iterations, executed (every block run, in order), answer, protocol,
                        stop_reason, value (when it differs from answer), feedback (texts the
@@ -58,7 +59,7 @@ def test_the_corpus_is_large_and_ids_are_unique():
 
 @pytest.mark.parametrize("case", CASES)
 def test_reply(case, request):
-    parsed = parse_reply(_text(case["reply"]))
+    parsed = parse_reply(_text(case["reply"]), unfenced_code=case.get("unfenced_code", True))
     assert parsed.code_blocks == [_text(b) for b in case["blocks"]]
     final = case["final"]
     if final is None:
@@ -87,6 +88,7 @@ def _run(case: dict[str, Any], server: Any, script: Any, request: Any) -> None:
         api_key="test-key-0123456789",
         trace_dir=tmp_path,
         max_iterations=spec.get("max_iterations", 4),
+        unfenced_code=case.get("unfenced_code", True),
     )
     result = rlm.run(spec.get("question", "What is the answer?"), _text(spec.get("context", "ctx")))
     assert result.stop_reason == spec.get("stop_reason", "final"), result.error

@@ -41,7 +41,12 @@ async def resolve_prose_final(
         elif await _is_expression_over_variables(prose.text, sandbox):
             # FINAL(f"Total: {total}") or FINAL(len(rows)): the model meant the value, so it is
             # computed in the REPL (an exec in the trace) rather than returned as source text.
-            res = await evaluate(f"FINAL({prose.text})")
+            code = f"FINAL({prose.text})"
+            if not retry and _several_arguments(prose.text):
+                # FINAL(total, count) in the last call: no turn is left to be told FINAL takes one
+                # value, so the answer is what prose FINAL means, its text, each name's value in it.
+                code = f'FINAL(", ".join(str(_v) for _v in ({prose.text},)))'
+            res = await evaluate(code)
             if res.final is not None:
                 res.final.protocol = "FINAL"
                 return res.final
@@ -70,6 +75,15 @@ async def _is_expression_over_variables(text: str, sandbox: Sandbox) -> bool:
     if not names:  # a literal (42, "text", [1, 2]) is the answer as written; an f-string is computed
         return any(isinstance(n, ast.JoinedStr) for n in nodes)
     return bool(names & {*await sandbox.variable_names(), "context"})
+
+
+def _several_arguments(text: str) -> bool:
+    """FINAL(a, b): written as two arguments (not one parenthesized tuple)."""
+    try:
+        call = ast.parse(f"FINAL({text})", mode="eval").body
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return False
+    return isinstance(call, ast.Call) and len(call.args) > 1 and not call.keywords
 
 
 def empty_answer(final: FinalAnswer) -> str | None:

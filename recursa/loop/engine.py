@@ -371,7 +371,7 @@ class RunEngine:
         self._remember({"role": "assistant", "content": reply})
         problems = await self._repl() if self.turn == 1 else []
         if reply.strip():
-            outcome = await self._act(parse_reply(reply), self.turn)
+            outcome = await self._act(parse_reply(reply, unfenced_code=self.config.unfenced_code), self.turn)
         else:
             outcome = _Outcome(None, EMPTY_REPLY_MESSAGE)
         if problems:
@@ -540,6 +540,15 @@ class RunEngine:
             results.append(res)
             if res.partial is not None:
                 self._partial = res.partial
+            if res.final is not None and parsed.unfenced:
+                # Code written outside a fence that answers in the same breath: as with a prose FINAL
+                # next to code, the model has not seen the output, so the answer waits for it.
+                res.notes.append(
+                    f"Your code called {res.final.protocol}(...) in the same reply that wrote the code, "
+                    "before you had seen its output, so it was not taken as the answer. If the output "
+                    "confirms it, give the answer again in your next reply."
+                )
+                break
             if res.final is not None:
                 empty = empty_answer(res.final)
                 if empty is None:

@@ -47,6 +47,8 @@ class ProseFinal:
     # FINAL(name) where the reply's prose assigns `name` in code outside any fence (`x = ...`): that
     # code never ran, so the word is not the answer the model meant.
     unrun: bool = False
+    line: int = -1  # the index of the prose line it starts on (-1: not on a line of its own)
+    end_line: int = -1  # the index of the prose line it ends on (its argument may span lines)
 
 
 class FenceLike(Protocol):
@@ -65,11 +67,18 @@ def find_final(prose: list[str], fences: Sequence[FenceLike]) -> ProseFinal | No
     var = PROSE_FINAL_VAR.search(text)
     final = PROSE_FINAL.search(text)
     if var and (not final or var.start() <= final.start()):
-        name = _unquote(_balanced_argument(text, var.end()).strip("`")).strip()
-        return ProseFinal("FINAL_VAR", name)
+        name = _unquote(_without_keyword(_balanced_argument(text, var.end()), _NAME_KEYWORDS).strip("`"))
+        return ProseFinal("FINAL_VAR", name.strip(), **_lines_of(text, var))
     if final:
-        return ProseFinal("FINAL", _balanced_argument(text, final.end()))
-    return _loose_final(prose, fences)
+        argument = _unboxed(_without_keyword(_balanced_argument(text, final.end()), _VALUE_KEYWORDS))
+        return ProseFinal("FINAL", argument, **_lines_of(text, final))
+    return _loose_final(prose, fences) or _tagged_or_boxed(text)
+
+
+def _lines_of(text: str, marker: re.Match[str]) -> dict[str, int]:
+    """The prose lines a FINAL( ... ) spans: up to its closing parenthesis, else to the end."""
+    end = argument_end(text, marker.end())
+    return {"line": text.count("\n", 0, marker.start()), "end_line": text.count("\n", 0, end or len(text))}
 
 
 def fenced_final(fences: Sequence[FenceLike]) -> ProseFinal | None:
@@ -100,8 +109,10 @@ def inline_final(prose: list[str]) -> ProseFinal | None:
     assert end is not None
     argument = _unquote(text[found.end() : end].strip())
     if found.group("var") or found.group("title_var"):
-        return ProseFinal("FINAL_VAR", _unquote(argument.strip("`")).strip())
-    return ProseFinal("FINAL", argument)
+        return ProseFinal(
+            "FINAL_VAR", _unquote(_without_keyword(argument, _NAME_KEYWORDS).strip("`")).strip()
+        )
+    return ProseFinal("FINAL", _unboxed(_without_keyword(argument, _VALUE_KEYWORDS)))
 
 
 def final_as_text(code: str) -> ProseFinal | None:
@@ -128,7 +139,7 @@ def _loose_final(prose: list[str], fences: Sequence[FenceLike]) -> ProseFinal | 
     for index, line in enumerate(prose):
         var = _LOOSE_FINAL_VAR.match(line)
         if var is not None:
-            return ProseFinal("FINAL_VAR", var.group(1), loose=True)
+            return ProseFinal("FINAL_VAR", var.group(1), loose=True, line=index, end_line=index)
         m = _LOOSE_FINAL.match(line)
         if m is None:
             continue
@@ -138,8 +149,100 @@ def _loose_final(prose: list[str], fences: Sequence[FenceLike]) -> ProseFinal | 
         if not rest:
             rest = _following_text(prose, index + 1, fences)
         if rest:
-            return ProseFinal("FINAL", rest, loose=True)
+            # "Final Answer: The final answer is $\boxed{42}$. I hope it is correct." (the Minerva
+            # format math models are trained on): the boxed part is the answer.
+            return ProseFinal("FINAL", boxed(rest) or rest, loose=True, line=index, end_line=index)
     return None
+
+
+# Math-trained models (Qwen, DeepSeek-R1) answer with \boxed{...}, in $...$ or \[ ... \]; others wrap
+# the answer in <answer> tags. Both are answers written without FINAL: taken where `FINAL 345` is.
+_BOXED = re.compile(r"\\(?:boxed|fbox)[ \t]*\{")
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+_MATH_DELIMITERS = re.compile(r"^(?:\$\$?|\\\[|\\\()\s*(?P<inner>.*?)\s*(?:\$\$?|\\\]|\\\))$", re.DOTALL)
+_TEXT_COMMAND = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox)[ \t]*\{")
+
+
+def boxed(text: str) -> str | None:
+    """What the last \\boxed{...} in `text` holds, read to its matching brace (so nested braces, as
+    in \\boxed{\\frac{1}{2}}, stay inside); a \\text{...} around all of it is dropped. None if there
+    is none, or it is empty or never closed."""
+    found = _last_boxed(text)
+    return found[0] if found else None
+
+
+def _last_boxed(text: str) -> tuple[str, int] | None:
+    for m in list(_BOXED.finditer(text))[-SPAN_TRIES:][::-1]:
+        inner = _braced(text, m.end())
+        if inner is not None and inner.strip():
+            return _without_text_command(inner.strip()), m.start()
+    return None
+
+
+def _braced(text: str, start: int) -> str | None:
+    """The text from `start` up to the `}` that balances the `{` before it (escaped braces skipped)."""
+    depth = 1
+    i = start
+    stop = min(len(text), start + SPAN_WINDOW)
+    while i < stop:
+        ch = text[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start:i]
+        i += 1
+    return None
+
+
+def _without_text_command(text: str) -> str:
+    m = _TEXT_COMMAND.match(text)
+    if m is not None and _braced(text, m.end()) == text[m.end() : -1]:
+        return text[m.end() : -1].strip()
+    return text
+
+
+def _unboxed(text: str) -> str:
+    """FINAL($\\boxed{42}$) or FINAL(\\boxed{42}): the boxed text, when the box is all there is."""
+    bare = text.strip()
+    delimited = _MATH_DELIMITERS.match(bare)
+    if delimited is not None:
+        bare = delimited.group("inner")
+    m = _BOXED.match(bare)
+    if m is not None and _braced(bare, m.end()) == bare[m.end() : -1]:
+        return boxed(bare) or text
+    return text
+
+
+def _tagged_or_boxed(text: str) -> ProseFinal | None:
+    """An answer in <answer>...</answer> (the last such), else the last \\boxed{...}: loose answers."""
+    cut = text.lower().rfind("</answer>")
+    tags = list(_ANSWER_TAG.finditer(text[: cut + len("</answer>")])) if cut >= 0 else []
+    for m in tags[::-1]:
+        inner = _strip_decor(m.group(1))
+        if inner:
+            lines = {"line": text.count("\n", 0, m.start()), "end_line": text.count("\n", 0, m.end())}
+            return ProseFinal("FINAL", boxed(inner) or inner, loose=True, **lines)
+    found = _last_boxed(text)
+    if found is None:
+        return None
+    line = text.count("\n", 0, found[1])
+    return ProseFinal("FINAL", found[0], loose=True, line=line, end_line=line)
+
+
+# Keywords a model may name FINAL's one argument with (FINAL(answer="Paris")): the answer is the
+# value. Only these: "FINAL(x = 5)" is the text of a math answer. The REPL's FINAL takes the same.
+_VALUE_KEYWORDS = ("value", "answer", "result", "text", "content", "final_answer")
+_NAME_KEYWORDS = ("name", "var", "var_name", "variable", "variable_name")
+
+
+def _without_keyword(argument: str, keywords: tuple[str, ...]) -> str:
+    m = re.match(rf"(?:{'|'.join(keywords)})[ \t]*=(?!=)[ \t]*(?P<rest>\S.*)\Z", argument.strip(), re.DOTALL)
+    return _unquote(m.group("rest").strip()) if m is not None else argument
 
 
 def _following_text(prose: list[str], start: int, fences: Sequence[FenceLike]) -> str:

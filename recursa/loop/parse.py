@@ -39,6 +39,7 @@ from recursa.loop.finals import (
     inline_final,
     is_identifier,
 )
+from recursa.loop.unfenced import Unfenced, find_unfenced
 
 # ```repl is the paper's fence; models trained on notebooks write ```python (any case), Gemini's
 # code-execution habit is ```tool_code. All of them run.
@@ -112,9 +113,14 @@ class ParsedReply:
     # answer while turns are left (as often a plan or an expected output), but what the forced last
     # call takes rather than the whole reply.
     last_call_final: ProseFinal | None = None
+    # The code blocks are Python the reply wrote outside any fence (recursa/loop/unfenced.py): they
+    # run, but an answer they give is not taken, since the model has not seen their output.
+    unfenced: bool = False
 
 
-def parse_reply(reply: str) -> ParsedReply:
+def parse_reply(reply: str, *, unfenced_code: bool = True) -> ParsedReply:
+    """The reply's code blocks and answer. `unfenced_code`: a reply with no runnable block whose
+    lines hold plain Python (recursa/loop/unfenced.py) runs those lines; False only tells the model."""
     text, notes = _clean(reply or "")
     fences, prose = read_fences(text, notes)
     blocks = [_without_prompts(f.text, notes) for f in fences if f.runnable and f.text.strip()]
@@ -127,7 +133,27 @@ def parse_reply(reply: str) -> ParsedReply:
             final = final or written
     if final is not None and final.protocol == "FINAL" and is_identifier(final.text):
         final.unrun = assigned_in(prose, final.text)
-    parsed = ParsedReply(blocks, final, len(others), others, notes)
+    # An answer's own lines are never code to run, even where its argument quotes code; an indented
+    # FINAL (`if n > 2:` then `    FINAL("long")`) is a line of the code around it.
+    answer_lines: set[int] = set()
+    if final is not None and 0 <= final.line < len(prose) and not prose[final.line][:1].isspace():
+        answer_lines = set(range(final.line, final.end_line + 1))
+    runs = (
+        []
+        if blocks or any(f.runnable for f in fences)
+        else find_unfenced(prose, {f.at for f in fences} | answer_lines)
+    )
+    if runs and unfenced_code:
+        blocks = [r.code for r in runs]
+        notes.append(_unfenced_note(runs, ran=True))
+    elif runs and final is None:
+        notes.append(_unfenced_note(runs, ran=False))
+    parsed = ParsedReply(blocks, final, len(others), others, notes, unfenced=bool(runs and unfenced_code))
+    if parsed.unfenced and final is not None and any(r.start <= final.line < r.end for r in runs):
+        # An indented FINAL inside the code that runs: the cell calls it (and is told it waits for the
+        # output); what the forced last call would take.
+        parsed.prose_final, parsed.last_call_final = None, final
+        return parsed
     if final is None:
         inline = inline_final(prose)
         if inline is not None and not blocks:  # beside code it is usually a plan: the output comes first
@@ -137,6 +163,16 @@ def parse_reply(reply: str) -> ParsedReply:
             )
         parsed.last_call_final = inline or (None if blocks else fenced_final(fences))
     return parsed
+
+
+def _unfenced_note(runs: list[Unfenced], *, ran: bool) -> str:
+    first = runs[0].code.split("\n", 1)[0].strip()
+    shown = first if len(first) <= 60 else first[:57] + "..."
+    what = f"Python outside a code block (from `{shown}`{' and more' if len(runs) > 1 else ''})"
+    how = "Write code in a block: a line ```repl before it and a line ``` after it."
+    if ran:
+        return f"Your reply had {what}; it ran as a cell, and its output is above. {how}"
+    return f"Your reply had {what}; it did not run. {how}"
 
 
 def find_prose_final(prose: str) -> ProseFinal | None:

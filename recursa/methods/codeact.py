@@ -87,7 +87,7 @@ class CodeAct:
             reply = await run.call(messages, new=messages[sent:])
             sent = len(messages) + 1
             messages.append({"role": "assistant", "content": reply})
-            parsed = parse_reply(reply)
+            parsed = parse_reply(reply, unfenced_code=False)  # the baseline as published: fenced code only
             if not parsed.code_blocks:
                 final = parsed.prose_final
                 if final is not None and final.protocol == "FINAL":

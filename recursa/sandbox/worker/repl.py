@@ -12,7 +12,7 @@ from .capture import Capture
 from .context import ContextSource, decode_pieces
 from .errors import BudgetExceeded, RemoteError, SubcallError, ToolError, error_for
 from .prose import answer_annotations, final_hint, mend, prose_answer
-from .values import describe_size, final_payload, render, render_repr
+from .values import describe_size, final_payload, one_answer, render, render_repr
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -93,13 +93,13 @@ class Repl:
             args = {"prompts": prompts, "contexts": contexts}
             return self._batch_results("rlm_query_batched", call("rlm_query_batched", args))
 
-        def FINAL(value: Any) -> None:
-            """Hand back `value` as the final answer (the last call in a cell wins)."""
-            self._final = final_payload(value, "FINAL")
+        def FINAL(*args: Any, **kwargs: Any) -> None:
+            """Hand back one value as the final answer (the last call in a cell wins)."""
+            self._final = final_payload(one_answer("FINAL", args, kwargs), "FINAL")
 
-        def FINAL_VAR(name: Any) -> None:
+        def FINAL_VAR(*args: Any, **kwargs: Any) -> None:
             """Hand back the value of the variable called `name` (a str) as the final answer."""
-            self._final = self._final_var(name)
+            self._final = self._final_var(one_answer("FINAL_VAR", args, kwargs))
 
         def SHOW_VARS() -> None:
             """Print the variables you defined, with their types and sizes."""

@@ -76,3 +76,42 @@ def render_repr(value: Any) -> str:
         return repr(value)
     except Exception as exc:
         return f"<{type(value).__name__} whose repr failed: {type(exc).__name__}: {exc}>"
+
+
+# Keywords a model may name the one argument with (FINAL(answer=42), FINAL_VAR(name="x")): one of
+# these alone is unambiguous. Any other keyword (FINAL(x=5)) could be text ("x = 5") or a value.
+_VALUE_KEYWORDS = frozenset({"value", "answer", "result", "text", "content", "final_answer"})
+_NAME_KEYWORDS = frozenset({"name", "var", "var_name", "variable", "variable_name"})
+
+
+def one_answer(fn: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The single argument of FINAL / FINAL_VAR, or a TypeError that says how to answer.
+
+    FINAL(x, y) raises rather than answering with the tuple: FINAL's value becomes result.value
+    (what answer_schema validates and code reads), and nothing tells whether the model meant a tuple,
+    a list, or text ("x, y", or print-like "The answer is 42"). Guessing would hand the user a value
+    the model never chose; the error costs one turn and names the fix. FINAL_VAR and the `answer`
+    dict take one value the same way, so all three hold several values the same way: in one value."""
+    keywords = _NAME_KEYWORDS if fn == "FINAL_VAR" else _VALUE_KEYWORDS
+    if len(args) == 1 and not kwargs:
+        return args[0]
+    if not args and len(kwargs) == 1 and next(iter(kwargs)) in keywords:
+        return next(iter(kwargs.values()))
+    if not args and len(kwargs) == 1:
+        key = next(iter(kwargs))
+        raise TypeError(
+            f"{fn} takes its one {'variable name' if fn == 'FINAL_VAR' else 'value'} without a keyword, "
+            f"got {key}=...: write {fn}(...) with the value alone."
+        )
+    given = [*(type(a).__name__ for a in args), *(f"{k}=" for k in kwargs)]
+    got = f"{len(given)} arguments ({', '.join(given[:6])})" if given else "no argument"
+    if fn == "FINAL_VAR":
+        raise TypeError(
+            f"FINAL_VAR takes the name of one variable, got {got}. To answer with several values, put "
+            'them in one variable first (result = [a, b]) and write FINAL_VAR("result").'
+        )
+    raise TypeError(
+        f"FINAL takes one value, the whole answer, got {got}. To answer with several values, pass "
+        'them as one: FINAL([a, b]) for a list, FINAL({"a": a, "b": b}) for a dict, or '
+        'FINAL(f"{a}, {b}") for text.'
+    )

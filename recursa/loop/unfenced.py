@@ -1,0 +1,243 @@
+"""Python written without a code fence: the runs of lines in a reply that are a program, not prose.
+
+Small and mid-size models often reply with bare code, or a sentence and then code, and no ``` fence.
+Such a run is looked for only in a reply with no runnable block, and it counts only when it is
+plainly code, so prose is never run:
+- it compiles as Python, from the first line of the run to its last (prose around it is left out:
+  a run ends where Python stops reading it);
+- its syntax tree does something only code does: an import, a loop, a `with`, a `try`, a definition,
+  an `if`, a comprehension, a call of a builtin, of a REPL name (`print`, `llm_query`, ...), of a
+  name the run binds or of a method on one of those (or on a standard-library module), or an index or
+  attribute of a REPL name (`context[:500]`). A lone name ("Paris"), words joined by `is`/`not`
+  ("not found"), arithmetic (`x = 5`, `b = a + 2` in a math derivation) or a call of an unknown
+  name ("Paris (France)") are not;
+- lines that are only such words at either end of a run (a trailing "Done") are left out of it;
+- a FINAL(...) line does not make a run code: a lone answer line stays an answer written in prose.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import re
+import sys
+from dataclasses import dataclass
+
+# What the REPL defines (recursa/sandbox/worker/repl.py), the spellings of FINAL it accepts included.
+REPL_NAMES = frozenset(
+    {
+        "context",
+        "llm_query",
+        "llm_query_batched",
+        "llm_batch",
+        "rlm_query",
+        "rlm_query_batched",
+        "SHOW_VARS",
+        "answer",
+        *("FINAL", "FINAL_VAR", "FINAL_ANSWER", "final", "Final", "final_answer", "Final_Answer"),
+        *("final_var", "Final_var", "Final_Var"),
+    }
+)
+_ANSWER_NAMES = REPL_NAMES & {n for n in REPL_NAMES if n.lower().startswith("final")}
+_BUILTINS = frozenset(dir(builtins))
+_STDLIB = frozenset(sys.stdlib_module_names)
+_CODE_ONLY = (
+    ast.Import,
+    ast.ImportFrom,
+    ast.For,
+    ast.AsyncFor,
+    ast.While,
+    ast.With,
+    ast.AsyncWith,
+    ast.Try,
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.ClassDef,
+    ast.If,
+    ast.ListComp,
+    ast.SetComp,
+    ast.DictComp,
+    ast.GeneratorExp,
+    ast.Lambda,
+    *([ast.TryStar] if sys.version_info >= (3, 11) else []),
+)
+_DECORATOR = re.compile(r"@[A-Za-z_][\w.]*(?:\(.*\))?[ \t]*$")
+# Bounds: a reply of thousands of lines (a model stuck in a loop) is not searched line by line.
+_MAX_LINES = 2_000
+_MAX_CHARS = 200_000
+_MAX_COMPILES = 300
+_SHRINKS = 12
+
+
+@dataclass(frozen=True)
+class Unfenced:
+    code: str
+    start: int  # index of its first line among the lines searched
+    end: int  # index past its last line
+
+
+def find_unfenced(lines: list[str], barriers: set[int] | frozenset[int] = frozenset()) -> list[Unfenced]:
+    """The runs of plainly-code lines in `lines`, in order; a run never spans a line in `barriers`
+    (where a fenced block of another language stood)."""
+    if len(lines) > _MAX_LINES or sum(map(len, lines)) > _MAX_CHARS:
+        return []
+    budget = [_MAX_COMPILES]
+    runs: list[Unfenced] = []
+    segment_start = 0
+    for stop in [*sorted(b for b in barriers if 0 <= b < len(lines)), len(lines)]:
+        i = floor = segment_start
+        while i < stop and budget[0] > 0:
+            found = _run_from(lines, i, stop, floor, budget) if _may_start(lines[i]) else None
+            if found is None:
+                i += 1
+                continue
+            runs.append(found)
+            i = floor = found.end
+        segment_start = stop + 1
+    return runs
+
+
+def _may_start(line: str) -> bool:
+    """A line a run can begin with: not indented, not a comment or a markdown mark, and either
+    Python on its own or the opening of a statement that goes on (a `:` header, an open bracket)."""
+    if not line.strip() or line[0] in " \t#>*-+|`~!$%&=<\\" or line.lstrip()[:1].isdigit():
+        return False
+    if _tree(line) is not None or _DECORATOR.match(line):
+        return True
+    stripped = line.rstrip()
+    opened = sum(stripped.count(c) for c in "([{") > sum(stripped.count(c) for c in ")]}")
+    return stripped.endswith((":", "\\", ",")) or opened or stripped.count('"""') % 2 == 1
+
+
+def _run_from(lines: list[str], start: int, stop: int, floor: int, budget: list[int]) -> Unfenced | None:
+    end = _trim_blank(lines, start, stop)
+    for _ in range(_SHRINKS):
+        if end <= start or budget[0] <= 0:
+            return None
+        budget[0] -= 1
+        source = "\n".join(lines[start:end])
+        try:
+            tree = compile(source, "<reply>", "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
+        except SyntaxError as exc:
+            bad = (exc.lineno or 1) - 1  # where Python stopped reading: the run ends before it
+            if bad <= 0:
+                return None
+            end = _trim_blank(lines, start, start + min(bad, end - start - 1))
+            continue
+        except (ValueError, MemoryError, RecursionError):
+            return None
+        return _as_run(lines, start, floor, tree)
+    return None
+
+
+def _as_run(lines: list[str], start: int, floor: int, tree: ast.Module) -> Unfenced | None:
+    body = list(tree.body)
+    bound = _bound_names(tree)
+    while body and _is_words(body[0], bound) and _alone(body, 0):
+        body.pop(0)
+    while body and _is_words(body[-1], bound) and _alone(body, len(body) - 1):
+        body.pop()
+    if not body:
+        return None
+    work = [s for s in body if not _is_answer(s) and not (isinstance(s, ast.AnnAssign) and s.value is None)]
+    if not _plainly_code(work, bound):
+        return None
+    first = start + body[0].lineno - 1
+    last = start + (body[-1].end_lineno or body[-1].lineno)
+    # Decorators and comment lines just above the first statement belong to it.
+    decorators = getattr(body[0], "decorator_list", [])
+    if decorators:
+        first = start + min(d.lineno for d in decorators) - 1
+    while first > floor and lines[first - 1].startswith("#"):
+        first -= 1
+    return Unfenced("\n".join(lines[first:last]).strip("\n"), first, last)
+
+
+def _alone(body: list[ast.stmt], index: int) -> bool:
+    """Whether the statement has its lines to itself (no `a; b` sharing a line with a neighbour)."""
+    stmt = body[index]
+    before = body[index - 1] if index > 0 else None
+    after = body[index + 1] if index + 1 < len(body) else None
+    return (before is None or (before.end_lineno or before.lineno) < stmt.lineno) and (
+        after is None or after.lineno > (stmt.end_lineno or stmt.lineno)
+    )
+
+
+def _trim_blank(lines: list[str], start: int, end: int) -> int:
+    while end > start and not lines[end - 1].strip():
+        end -= 1
+    return end
+
+
+def _tree(source: str) -> ast.Module | None:
+    try:
+        return compile(source, "<reply>", "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return None
+
+
+def _bound_names(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+    return names
+
+
+def _is_words(stmt: ast.stmt, bound: set[str]) -> bool:
+    """A statement prose can be: a bare expression of constants and names nobody defined, with no
+    call, index or attribute ("Done", "not found", "42", "x is one"), or a label and what follows it,
+    which Python reads as an annotation ("Output: 42", "Result: FINAL_VAR(x)")."""
+    if isinstance(stmt, ast.AnnAssign) and stmt.value is None:
+        return True
+    if not isinstance(stmt, ast.Expr):
+        return False
+    for node in ast.walk(stmt.value):
+        if isinstance(node, (ast.Call, ast.Subscript, ast.Attribute, ast.JoinedStr)):
+            return False
+        if isinstance(node, ast.Name) and (node.id in bound or node.id in REPL_NAMES):
+            return False
+    return True
+
+
+def _is_answer(stmt: ast.stmt) -> bool:
+    """FINAL(...) / FINAL_VAR(...) as a statement of its own, or `FINAL: x`."""
+    if isinstance(stmt, ast.AnnAssign):
+        return isinstance(stmt.target, ast.Name) and stmt.target.id in _ANSWER_NAMES and stmt.value is None
+    call = stmt.value if isinstance(stmt, ast.Expr) else None
+    return isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in _ANSWER_NAMES
+
+
+def _plainly_code(body: list[ast.stmt], bound: set[str]) -> bool:
+    known = bound | REPL_NAMES | _BUILTINS
+    for stmt in body:
+        for node in ast.walk(stmt):
+            if isinstance(node, _CODE_ONLY):
+                return True
+            if isinstance(node, ast.Call):
+                root, through = _root(node.func)
+                if isinstance(root, ast.Name) and (root.id in known or (through and root.id in _STDLIB)):
+                    return True
+                if isinstance(root, ast.Constant) and through:  # "\n".join(parts), "{}".format(x)
+                    return True
+            elif isinstance(node, (ast.Subscript, ast.Attribute)):
+                root, _ = _root(node)
+                if isinstance(root, ast.Name) and (root.id in REPL_NAMES or root.id in bound):
+                    return True
+    return False
+
+
+def _root(node: ast.expr) -> tuple[ast.expr, bool]:
+    """The name (or constant) an expression such as `a.b(c)[0].d` starts from, and whether any
+    attribute, index or call was on the way."""
+    through = False
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+        through = True
+    return node, through
