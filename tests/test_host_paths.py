@@ -208,3 +208,25 @@ def test_the_operators_own_views_keep_paths():
     message = "cannot read '/home/alice/data/x.txt'"
     assert Redactor(paths=False)(message) == message
     assert "alice" not in Redactor()(message)
+
+
+async def test_an_mcp_client_over_http_is_told_the_trace_by_name_only(tmp_path):
+    # Over stdio the client started the server on its own machine and opens the trace by its path;
+    # over HTTP the folder is the server's, as for `recursa serve`.
+    pytest.importorskip("mcp")
+    from recursa.serve.settings import ServeSettings
+    from tests.test_session_owners import ALICE, BOB, ROOT, _mcp_callers
+
+    settings = ServeSettings(
+        model=ROOT, sub_model="scripted/oracle", trace_dir=tmp_path, api_keys={"alice": ALICE, "bob": BOB}
+    )
+    async with _mcp_callers(settings) as (alice, _bob):
+        opened = await alice.call_tool("recursa_session_open", {"context_text": "c"})
+        asked = await alice.call_tool(
+            "recursa_session_ask",
+            {"session": opened.structured_content["session"], "question": "RUN: FINAL(1)"},
+        )
+        answered = await alice.call_tool("recursa_answer", {"question": "RUN: FINAL(2)", "context_text": "c"})
+    for result in (opened, asked, answered):
+        trace = result.structured_content["trace_path"]
+        assert trace.endswith(".jsonl") and "/" not in trace and (tmp_path / trace).is_file(), trace

@@ -210,8 +210,11 @@ def test_one_caller_cannot_take_every_session(tmp_path: Path) -> None:
         assert minted.status_code == 429 and minted.json()["error"]["code"] == "too_many_sessions_per_caller"
         # Everyone else still gets sessions: another key, and holders of the shared key apart.
         assert answer(ask(srv, _headers(BOB), "b1", "FINAL('ok')", context="c")) == "ok"
-        for secret in ("first-client-secret-000", "second-client-secret-00"):
+        for secret in ("first-client-secret-000", "second-client-secret-00", "third-client-secret-000"):
             assert answer(ask(srv, _headers(SHARED, secret), "s-one", "FINAL('ok')", context="c")) == "ok"
+        # Each minted secret is a new share under the shared key, but the server's cap bounds them all.
+        over = ask(srv, _headers(SHARED, "fourth-client-secret-00"), "s-one", "FINAL('ok')", context="c")
+        assert over.status_code == 429 and over.json()["error"]["code"] == "too_many_sessions", over.text
         # A session Alice closes is room for her next one; her open ones still answer.
         assert answer(ask(srv, alice, "a1", "FINAL('again')")) == "again"
         assert close(srv, alice, "a2") == 200

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -151,10 +152,8 @@ def build_mcp_server(settings: ServeSettings, *, name: str = "recursa") -> MCPSe
         except RecursaError as exc:
             await sessions.close(owner, session_id)
             raise ToolError(settings.redact(f"cannot open the session: {exc}")) from None
-        trace = handle.session.trace_path
-        return SessionInfo(
-            session=session_id, idle_ttl_s=settings.session_ttl_s, trace_path=str(trace) if trace else None
-        )
+        trace = _trace_shown(handle.session.trace_path, ctx)
+        return SessionInfo(session=session_id, idle_ttl_s=settings.session_ttl_s, trace_path=trace)
 
     async def recursa_session_ask(session: str, question: str, ctx: Context) -> Answer:
         """Answer one more question in an open session: same REPL, variables and context as before."""
@@ -201,6 +200,15 @@ def _owner(settings: ServeSettings, ctx: Context) -> str:
         return identify(settings, headers.get("authorization", ""), headers.get(CLIENT_HEADER)).owner
     except ApiError as exc:
         raise ToolError(exc.message) from None
+
+
+def _trace_shown(trace: Path | None, ctx: Context) -> str | None:
+    """A run's trace as the client is told it: over stdio the path (the client started this process
+    on its own machine and opens the file); over HTTP the file's name only, as `recursa serve` gives
+    it, since the folder is the server's (its user's home, its layout: trace/hostpaths.py)."""
+    if trace is None:
+        return None
+    return str(trace) if ctx.headers is None else trace.name
 
 
 def _spec(
@@ -277,7 +285,7 @@ async def _drive(run: LiveRun, ctx: Context, max_iterations: int) -> Answer:
         cost_usd=round(u.cost_usd, 10),
         duration_s=round(result.duration_s, 4),
         error=result.error,
-        trace_path=str(result.trace_path) if result.trace_path else None,
+        trace_path=_trace_shown(result.trace_path, ctx),
         skipped_files=result.skipped_files,
     )
 
