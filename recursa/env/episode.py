@@ -18,7 +18,7 @@ from typing import Any
 from recursa.context import ContextPayload
 from recursa.env.rollouts import Rollouts, episode_rows
 from recursa.env.shared import EnvError, EpisodeHost, Prepaid
-from recursa.lm.base import LMResponse, Message
+from recursa.lm.base import LMResponse, Message, valid_unicode
 from recursa.loop.engine import RunEngine
 from recursa.result import RLMResult
 from recursa.usage import Usage
@@ -64,8 +64,9 @@ class Episode:
     # -- what the trainer reads ----------------------------------------------------------------
     @property
     def messages(self) -> list[Message]:
-        """The conversation so far, OpenAI format: what the policy continues (a copy)."""
-        return [dict(m) for m in self._engine.messages]
+        """The conversation so far, OpenAI format: what the policy continues (a copy, valid Unicode:
+        see `valid_unicode`)."""
+        return [valid_unicode(dict(m)) for m in self._engine.messages]
 
     @property
     def done(self) -> bool:
@@ -81,7 +82,8 @@ class Episode:
 
     @property
     def answer(self) -> str:
-        return self.result.answer
+        """The answer as text (valid Unicode, as the scorer gets it; `value` is the value itself)."""
+        return valid_unicode(self.result.answer)
 
     @property
     def value(self) -> Any:
@@ -131,7 +133,7 @@ class Episode:
         finally:
             self._stepping = False
             self._step_task = None
-        return [dict(m) for m in appended[1:]]
+        return [valid_unicode(dict(m)) for m in appended[1:]]
 
     def step_sync(self, reply: Any) -> list[Message]:
         """The blocking form of `step`, for episodes from `env.start_sync`."""
