@@ -5,6 +5,7 @@ or pointed at another vendor's API."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -164,3 +165,35 @@ def test_an_anthropic_client_is_told_which_apis_are_served(srv):
     client = anthropic.Anthropic(base_url=srv.url, api_key=KEY, max_retries=0)
     with pytest.raises(anthropic.NotFoundError, match="Chat Completions API"):
         client.messages.create(model="recursa", max_tokens=100, messages=[{"role": "user", "content": "q"}])
+
+
+# -- values that ask for nothing ------------------------------------------------------------------
+
+
+def test_fields_that_ask_for_nothing_are_accepted_as_absent(srv):
+    # Clients fill fields in with their empty values; the Responses endpoint took these already.
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0)
+    for fields in (
+        {"tools": []},
+        {"tool_choice": "auto"},
+        {"tools": [], "tool_choice": "auto"},
+        {"top_logprobs": 0},
+    ):
+        r = client.chat.completions.create(model="recursa", messages=HELLO, **fields)
+        assert r.choices[0].message.content == "hello" and not r.choices[0].message.tool_calls, fields
+    r = client.responses.create(
+        model="recursa", instructions="ctx", input="RUN: FINAL('hello')", top_logprobs=0
+    )
+    assert r.output_text == "hello"
+
+
+def test_an_assistant_refusal_part_in_the_history_is_read_as_its_text(srv):
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0)
+    messages: list[Any] = [
+        {"role": "user", "content": "the document"},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "I will not summarise it"}]},
+        {"role": "user", "content": "describe"},
+    ]
+    r = client.chat.completions.create(model="recursa", messages=messages)
+    seen = json.loads(r.choices[0].message.content or "")
+    assert seen["tail"].endswith("[assistant]\nI will not summarise it"), seen

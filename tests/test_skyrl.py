@@ -139,3 +139,24 @@ def test_a_datasets_own_keys_pass_and_init_again_ends_the_previous_episode(tmp_p
     assert env.step("FINAL(heron)")["done"]
     env.close()
     assert env._env.live_repls == 0
+
+
+def test_close_while_a_step_runs_on_another_thread_ends_it(tmp_path: Path) -> None:
+    # A generator that gives up on a rollout (a timeout around the executor) closes the environment
+    # while its step still runs on a worker thread; close() used to raise there instead.
+    import concurrent.futures
+    import threading
+
+    running = threading.Event()
+    extras = {"extra_info": {"context_text": CONTEXT}, "trace_dir": str(tmp_path),
+              "custom_tools": {"started": lambda: running.set()}}  # fmt: skip
+    env = skyrl_gym.make(adapter.ENV_ID, env_config={}, extras=extras)
+    env.init([{"role": "user", "content": "What is the code word?"}])
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        step = pool.submit(env.step, code("started()\nimport time\ntime.sleep(300)"))
+        running.wait()
+        env.close()
+        with pytest.raises(concurrent.futures.CancelledError):
+            step.result()
+    env.close()  # again: nothing to do
+    assert env.episode.stop_reason == "cancelled" and env._env.live_repls == 0

@@ -172,6 +172,11 @@ class Episode:
     def close_sync(self) -> None:
         self._host.private.run(self._on_private("close_sync", self.close()))
 
+    def abort_sync(self) -> None:
+        """The blocking form of `abort`: a `step_sync` running on another thread is cancelled (it
+        raises `concurrent.futures.CancelledError` there) and the episode closed."""
+        self._host.private.run(self._on_private("abort_sync", self.abort()))
+
     async def __aenter__(self) -> Episode:
         return self
 

@@ -81,7 +81,7 @@ class RecursaRLMEnv(BaseTextEnv):
                 "RecursaRLMEnv.init(prompt): prompt must be a list of {'role', 'content'} messages"
             )
         if self.episode is not None:  # init again: the generator reuses the object for a new rollout
-            self.episode.close_sync()
+            self.episode.abort_sync()
         text = "\n".join(str(m.get("content") or "") for m in prompt if m.get("content"))
         context = _context(self.extras)
         question = text if context is not None else PROMPT_AS_CONTEXT_QUESTION
@@ -120,8 +120,11 @@ class RecursaRLMEnv(BaseTextEnv):
         )
 
     def close(self) -> None:
+        """End the episode, also while a step of it runs on another thread (a generator that gave
+        up on a rollout): that step is cancelled. Calling it again does nothing, as skyrl_gym's
+        `Env.close` promises."""
         if self.episode is not None:
-            self.episode.close_sync()
+            self.episode.abort_sync()
 
     def get_metrics(self) -> dict[str, Any]:
         episode = self.episode
