@@ -17,7 +17,7 @@ from typing import Any
 
 from recursa.context import ContextPayload
 from recursa.env.rollouts import Rollouts, episode_rows
-from recursa.env.shared import EnvError, EpisodeHost, Prepaid
+from recursa.env.shared import EnvError, EpisodeHost, Prepaid, ReplyRefused
 from recursa.lm.base import LMResponse, Message, valid_unicode
 from recursa.loop.engine import RunEngine
 from recursa.result import RLMResult
@@ -172,6 +172,11 @@ class Episode:
     def close_sync(self) -> None:
         self._host.private.run(self._on_private("close_sync", self.close()))
 
+    def abort_sync(self) -> None:
+        """The blocking form of `abort`: a `step_sync` running on another thread is cancelled (it
+        raises `concurrent.futures.CancelledError` there) and the episode closed."""
+        self._host.private.run(self._on_private("abort_sync", self.abort()))
+
     async def __aenter__(self) -> Episode:
         return self
 
@@ -235,12 +240,16 @@ class Episode:
 
     def _response(self, reply: Any) -> LMResponse:
         """The trainer's reply as the engine takes it, or EnvError (the episode is unchanged)."""
-        reply, extra = reply_text(reply, "the reply")
+        try:
+            reply, extra = reply_text(reply, "the reply")
+        except EnvError as exc:
+            raise ReplyRefused(str(exc)) from None
         limit = self._host.max_reply_chars
         if len(reply) > limit:
-            raise EnvError(
+            raise ReplyRefused(
                 f"the reply has {len(reply):,} characters, over RLMEnv(max_reply_chars={limit:,}); cap the "
-                "policy's generation length or raise max_reply_chars. Nothing ran; step again."
+                "policy's generation length or raise max_reply_chars. Nothing ran; step again.",
+                too_long=len(reply),
             )
         prompt_chars = sum(len(m.get("content") or "") for m in self._engine.messages)
         # Counts the trainer gives, else the length of the token ids it gives, else an estimate.
