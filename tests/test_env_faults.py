@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from recursa import Budget
-from recursa.env import EnvError, RLMEnv
+from recursa.env import EnvError, RLMEnv, group_rollouts
 from recursa.errors import ConfigError
 from recursa.testing.fake_server import FakeServer
 from recursa.trace import load
@@ -303,3 +304,57 @@ async def test_starts_beyond_the_repl_bound_wait_their_turn_with_wait_for_repl(t
     await impatient.aclose()
     with pytest.raises(ConfigError, match="wait_for_repl=-1"):
         RLMEnv(max_depth=0, wait_for_repl=-1)
+
+
+def _utf8(value: object) -> bool:
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+async def test_what_the_trainer_gets_is_valid_unicode_when_the_context_held_undecodable_bytes(
+    tmp_path: Path,
+) -> None:
+    # Bytes that are not UTF-8, read with surrogateescape, become lone surrogates in the REPL; the
+    # REPL's output, the answer and the rows carried them on to the trainer (whose tokenizer
+    # refuses them) and `recursa export rl` failed writing them.
+    context = (b"name: caf\xe9 \xff\n" * 3).decode("utf-8", "surrogateescape")
+    env = RLMEnv(max_depth=0, trace_dir=tmp_path)
+    episode = await env.start("What is the name?", context, task_id="t1", scorer=lambda a: float("caf" in a))
+    obs = await episode.step(code("name = context.split()[1] + ' ' + context.split()[2]\nprint(name)"))
+    await episode.step(code("FINAL(name + ' \\ud83d\\ude00')"))  # a pair of surrogates: one character
+    assert "caf\ufffd \ufffd" in obs[0]["content"] and episode.answer == "caf\ufffd \ufffd \U0001f600"
+    assert episode.reward == 1.0 and _utf8(episode.messages) and _utf8(obs)
+    rows = episode.rollouts()
+    assert _utf8(rows)
+    scores = tmp_path / "scores.jsonl"
+    scores.write_text(json.dumps({"run_id": episode.run_id, "task_id": "t1", "score": 1.0}) + "\n")
+    out = tmp_path / "rows.jsonl"
+    export_rl([episode.trace_path], out, scores=scores)
+    assert [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()] == rows
+    await env.aclose()
+
+
+@pytest.mark.parametrize(
+    ("returned", "named"),
+    [
+        (float("nan"), "returned nan"),
+        (float("inf"), "returned inf"),
+        (None, "returned None (a NoneType)"),
+        ("0.5", "returned '0.5' (a str)"),
+    ],
+)
+async def test_a_reward_that_is_not_a_finite_number_is_refused(tmp_path: Path, returned, named) -> None:
+    # A NaN reward made every advantage of its group NaN (and group_rollouts then failed inside
+    # statistics with AttributeError); now the scorer's step says what it returned.
+    env = RLMEnv(max_depth=0, trace_dir=tmp_path)
+    episode = await env.start("q?", CONTEXT, scorer=lambda answer: returned)
+    with pytest.raises(EnvError, match=rf"the scorer {re.escape(named)}; a reward must be a finite number"):
+        await episode.step("FINAL(42)")
+    assert episode.done and episode.reward is None
+    with pytest.raises(EnvError, match=r"group_rollouts: reward 1 is nan; a reward must be a finite number"):
+        group_rollouts([episode, episode], rewards=[1.0, float("nan")])
+    assert episode.rollouts(reward=True)[-1]["reward"] == 1.0
+    await env.aclose()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,10 @@ def test_access_log_has_a_line_per_request_without_key_or_context(tmp_path, acce
     for line in lines:
         assert KEY not in line and "wrong-key" not in line and SECRET_CONTEXT not in line
         assert "token=abc" not in line
+    # Each answer's x-request-id (errors too) is in its own line, so a client's report finds it.
+    ids = [r.headers.get("x-request-id") for r in (ok, streamed, refused, missing)]
+    assert all(i and re.fullmatch(r"req_[0-9a-f]{24}", i) for i in ids) and len(set(ids)) == 4, ids
+    assert sorted(line.split(" ")[4] for line in lines) == sorted(ids)
 
 
 def test_access_log_can_be_turned_off(tmp_path, access_lines):

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from recursa.context import ContextPayload
-from recursa.env.rollouts import Rollouts, episode_rows
-from recursa.env.shared import EnvError, EpisodeHost, Prepaid
-from recursa.lm.base import LMResponse, Message
+from recursa.env.rollouts import Rollouts, checked_reward, episode_rows
+from recursa.env.shared import EnvError, EpisodeHost, Prepaid, ReplyRefused
+from recursa.lm.base import LMResponse, Message, valid_unicode
 from recursa.loop.engine import RunEngine
 from recursa.result import RLMResult
 from recursa.usage import Usage
@@ -64,8 +64,9 @@ class Episode:
     # -- what the trainer reads ----------------------------------------------------------------
     @property
     def messages(self) -> list[Message]:
-        """The conversation so far, OpenAI format: what the policy continues (a copy)."""
-        return [dict(m) for m in self._engine.messages]
+        """The conversation so far, OpenAI format: what the policy continues (a copy, valid Unicode:
+        see `valid_unicode`)."""
+        return [valid_unicode(dict(m)) for m in self._engine.messages]
 
     @property
     def done(self) -> bool:
@@ -81,7 +82,8 @@ class Episode:
 
     @property
     def answer(self) -> str:
-        return self.result.answer
+        """The answer as text (valid Unicode, as the scorer gets it; `value` is the value itself)."""
+        return valid_unicode(self.result.answer)
 
     @property
     def value(self) -> Any:
@@ -131,7 +133,7 @@ class Episode:
         finally:
             self._stepping = False
             self._step_task = None
-        return [dict(m) for m in appended[1:]]
+        return [valid_unicode(dict(m)) for m in appended[1:]]
 
     def step_sync(self, reply: Any) -> list[Message]:
         """The blocking form of `step`, for episodes from `env.start_sync`."""
@@ -170,6 +172,11 @@ class Episode:
     def close_sync(self) -> None:
         self._host.private.run(self._on_private("close_sync", self.close()))
 
+    def abort_sync(self) -> None:
+        """The blocking form of `abort`: a `step_sync` running on another thread is cancelled (it
+        raises `concurrent.futures.CancelledError` there) and the episode closed."""
+        self._host.private.run(self._on_private("abort_sync", self.abort()))
+
     async def __aenter__(self) -> Episode:
         return self
 
@@ -199,7 +206,9 @@ class Episode:
         the root's last step. `recursa.env.group_rollouts` fills in group-relative advantages."""
         if not self.done:
             raise EnvError("rollouts() of an episode that is still running: step it until episode.done")
-        value = reward if reward is not None else (self.reward or 0.0)
+        value = (
+            checked_reward(reward, "rollouts(reward=...) is") if reward is not None else (self.reward or 0.0)
+        )
         spec = Rollouts(value, advantage, group_id or self.task_id or "all", group_size, self.task_id)
         return episode_rows(self._events, self.run_id, spec, child_weight, include_subcalls)
 
@@ -233,12 +242,16 @@ class Episode:
 
     def _response(self, reply: Any) -> LMResponse:
         """The trainer's reply as the engine takes it, or EnvError (the episode is unchanged)."""
-        reply, extra = reply_text(reply, "the reply")
+        try:
+            reply, extra = reply_text(reply, "the reply")
+        except EnvError as exc:
+            raise ReplyRefused(str(exc)) from None
         limit = self._host.max_reply_chars
         if len(reply) > limit:
-            raise EnvError(
+            raise ReplyRefused(
                 f"the reply has {len(reply):,} characters, over RLMEnv(max_reply_chars={limit:,}); cap the "
-                "policy's generation length or raise max_reply_chars. Nothing ran; step again."
+                "policy's generation length or raise max_reply_chars. Nothing ran; step again.",
+                too_long=len(reply),
             )
         prompt_chars = sum(len(m.get("content") or "") for m in self._engine.messages)
         # Counts the trainer gives, else the length of the token ids it gives, else an estimate.
@@ -281,9 +294,9 @@ class Episode:
             value = self._scorer(self.answer)
             if inspect.isawaitable(value):
                 value = await value
-            return float(value)
         except Exception as exc:
             raise EnvError(f"the scorer raised {type(exc).__name__}: {exc}") from exc
+        return checked_reward(value, "the scorer returned")
 
 
 def reply_text(reply: Any, what: str) -> tuple[str, dict[str, Any]]:

@@ -110,3 +110,23 @@ def estimate_tokens_upper(messages: list[Message], max_output_tokens: int = 0) -
 def _utf8_len(text: str) -> int:
     # Every call prices the whole history: ASCII text (most of it) is measured without encoding.
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def valid_unicode(value: Any) -> Any:
+    """`value` (a str, or dicts and lists holding them) with every surrogate made valid Unicode: two
+    that form a pair become the character they encode, a lone one U+FFFD. A str can hold them (a
+    context decoded with `surrogateescape`, a string cut inside a UTF-16 pair) and the REPL passes
+    them on, but a trainer's tokenizer, a UTF-8 file and a strict JSON reader all refuse them."""
+    if isinstance(value, str):
+        if value.isascii():
+            return value
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+        return value
+    if isinstance(value, dict):
+        return {k: valid_unicode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [valid_unicode(v) for v in value]
+    return value

@@ -64,8 +64,8 @@ _CODE_ONLY = (
 _DECORATOR = re.compile(r"@[A-Za-z_][\w.]*(?:\(.*\))?[ \t]*$")
 # Bounds: a reply of thousands of lines (a model stuck in a loop) is not searched line by line.
 _MAX_LINES = 2_000
-_MAX_CHARS = 200_000
-_MAX_COMPILES = 300
+_MAX_CHARS = 100_000
+_COMPILE_BUDGET = 1_000_000  # characters handed to the compiler over all tries, for one reply
 _SHRINKS = 12
 
 
@@ -81,18 +81,16 @@ def find_unfenced(lines: list[str], barriers: set[int] | frozenset[int] = frozen
     (where a fenced block of another language stood)."""
     if len(lines) > _MAX_LINES or sum(map(len, lines)) > _MAX_CHARS:
         return []
-    budget = [_MAX_COMPILES]
+    budget = [_COMPILE_BUDGET]
     runs: list[Unfenced] = []
     segment_start = 0
     for stop in [*sorted(b for b in barriers if 0 <= b < len(lines)), len(lines)]:
         i = floor = segment_start
         while i < stop and budget[0] > 0:
-            found = _run_from(lines, i, stop, floor, budget) if _may_start(lines[i]) else None
-            if found is None:
-                i += 1
-                continue
-            runs.append(found)
-            i = floor = found.end
+            found, i = _run_from(lines, i, stop, floor, budget) if _may_start(lines[i]) else (None, i + 1)
+            if found is not None:
+                runs.append(found)
+                floor = found.end
         segment_start = stop + 1
     return runs
 
@@ -105,38 +103,46 @@ def _may_start(line: str) -> bool:
     if _tree(line) is not None or _DECORATOR.match(line):
         return True
     stripped = line.rstrip()
+    if stripped.endswith(":"):  # a header only if a body under it makes it Python ("Here it is:" is not)
+        return _tree(stripped + "\n    pass") is not None
     opened = sum(stripped.count(c) for c in "([{") > sum(stripped.count(c) for c in ")]}")
-    return stripped.endswith((":", "\\", ",")) or opened or stripped.count('"""') % 2 == 1
+    return stripped.endswith(("\\", ",")) or opened or stripped.count('"""') % 2 == 1
 
 
-def _run_from(lines: list[str], start: int, stop: int, floor: int, budget: list[int]) -> Unfenced | None:
+def _run_from(
+    lines: list[str], start: int, stop: int, floor: int, budget: list[int]
+) -> tuple[Unfenced | None, int]:
+    """The run that starts at `start`, if any, and the line to look on from."""
     end = _trim_blank(lines, start, stop)
     for _ in range(_SHRINKS):
-        if end <= start or budget[0] <= 0:
-            return None
-        budget[0] -= 1
         source = "\n".join(lines[start:end])
+        if end <= start or budget[0] < len(source):
+            break
+        budget[0] -= len(source)
         try:
             tree = compile(source, "<reply>", "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
         except SyntaxError as exc:
             bad = (exc.lineno or 1) - 1  # where Python stopped reading: the run ends before it
             if bad <= 0:
-                return None
+                break
             end = _trim_blank(lines, start, start + min(bad, end - start - 1))
             continue
         except (ValueError, MemoryError, RecursionError):
-            return None
-        return _as_run(lines, start, floor, tree)
-    return None
+            break
+        # Python read lines[start:end]; if that is not code, no part of it is: look on after it.
+        return _as_run(lines, start, floor, tree), max(end, start + 1)
+    return None, start + 1
 
 
 def _as_run(lines: list[str], start: int, floor: int, tree: ast.Module) -> Unfenced | None:
-    body = list(tree.body)
+    body = tree.body
     bound = _bound_names(tree)
-    while body and _is_words(body[0], bound) and _alone(body, 0):
-        body.pop(0)
-    while body and _is_words(body[-1], bound) and _alone(body, len(body) - 1):
-        body.pop()
+    lo, hi = 0, len(body)
+    while lo < hi and _is_words(body[lo], bound) and _alone(body, lo):
+        lo += 1
+    while hi > lo and _is_words(body[hi - 1], bound) and _alone(body, hi - 1):
+        hi -= 1
+    body = body[lo:hi]
     if not body:
         return None
     work = [s for s in body if not _is_answer(s) and not (isinstance(s, ast.AnnAssign) and s.value is None)]

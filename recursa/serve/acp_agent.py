@@ -42,6 +42,7 @@ from acp.schema import (
 
 from recursa.errors import RecursaError
 from recursa.knobs import budget_value, check_keys, flag_value, int_value, text_value
+from recursa.lm.base import valid_unicode
 from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION
 from recursa.loop.tree import new_id
 from recursa.rlm import RLM
@@ -220,6 +221,7 @@ class RecursaAgent:
     async def _say(self, session_id: str, text: str, *, thought: bool) -> None:
         if self._conn is None:
             return
+        text = valid_unicode(text)  # a surrogate from the context would make the message invalid JSON text
         update = update_agent_thought(text_block(text)) if thought else update_agent_message(text_block(text))
         await self._conn.session_update(session_id=session_id, update=update)
 

@@ -5,9 +5,15 @@ from __future__ import annotations
 import re
 from typing import Any
 
+SHOULD_RETRY = "x-should-retry"
+
 
 class ApiError(Exception):
-    """An error answered in OpenAI's format: {"error": {"message", "type", "param", "code"}}."""
+    """An error answered in OpenAI's format: {"error": {"message", "type", "param", "code"}}.
+
+    `retry=False` adds `x-should-retry: false`, which the OpenAI and Anthropic SDKs obey: they
+    retry a 409, a 429 and every 5xx on their own (twice by default), and for some of ours a retry
+    can only repeat a whole run, or the same refusal."""
 
     def __init__(
         self,
@@ -17,6 +23,7 @@ class ApiError(Exception):
         type: str = "invalid_request_error",
         code: str | None = None,
         param: str | None = None,
+        retry: bool | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -24,6 +31,13 @@ class ApiError(Exception):
         self.type = type
         self.code = code
         self.param = param
+        self.retry = retry
+
+    def headers(self) -> dict[str, str]:
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else {}
+        if self.retry is not None:
+            headers[SHOULD_RETRY] = "true" if self.retry else "false"
+        return headers
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}

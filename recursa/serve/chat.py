@@ -32,6 +32,7 @@ Emit = Callable[[bytes], Awaitable[None]]
 
 SESSION_HEADER = "x-recursa-session"
 HEARTBEAT_S = 10.0  # an SSE comment this often keeps proxies from closing an idle stream
+KEEP_ALIVE = b": keep-alive\n\n"
 CONTENT_PIECE = 64_000  # a FINAL_VAR answer of many MB goes out in pieces of this many characters
 
 
@@ -167,7 +168,10 @@ class ChatService:
                 400, f"the run could not start: {_session_note(run, exc)}", code="run_failed"
             ) from None
         if result.stop_reason == "error" and not result.answer:
-            raise ApiError(502, f"the run failed: {result.error}", type="server_error", code="run_failed")
+            # The run retried its own model calls already: a client's retry would repeat it whole.
+            raise ApiError(
+                502, f"the run failed: {result.error}", type="server_error", code="run_failed", retry=False
+            )
         return result
 
     # -- streaming -----------------------------------------------------------------------------
@@ -201,10 +205,22 @@ async def _race(acquire: Awaitable[Any], release: Callable[[], None], gone: asyn
     raise ClientGone
 
 
+async def _keep_alive(emit: Emit) -> None:
+    """An SSE comment every HEARTBEAT_S until cancelled, or until the client is gone."""
+    try:
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            await emit(KEEP_ALIVE)
+    except ClientGone:
+        return  # whoever waits on the same client sees it too, and ends the stream
+
+
 def _closed_under(run: LiveRun) -> ApiError:
     # Only a session's run is cancelled while its client still waits: DELETE closed the session.
     name = run.session.id if run.session is not None else "?"
-    return ApiError(409, f"session {name!r} was closed while this question ran", code="session_closed")
+    return ApiError(
+        409, f"session {name!r} was closed while this question ran", code="session_closed", retry=False
+    )
 
 
 def _session_note(run: LiveRun, exc: Exception) -> str:
@@ -231,9 +247,18 @@ def run_summary(result: RLMResult, session: str | None = None) -> dict[str, Any]
 
 def finish_reason(result: RLMResult, cut: bool = False, shape: AnswerShape | None = None) -> str:
     # Out of budget or time is the RLM's version of running out of output tokens.
-    if cut or result.stop_reason in ("budget", "timeout"):
+    if cut or result.stop_reason in ("budget", "timeout") or _unfit(result, shape):
         return "length"
     return "tool_calls" if shape is not None and shape.kind == "tool" else "stop"
+
+
+def _unfit(result: RLMResult, shape: AnswerShape | None) -> bool:
+    """The run ran out of turns with an answer the requested schema refuses (its `error` says how).
+    Cut short like a budget stop, so the SDKs' parse helpers say a limit was reached rather than
+    that the server sent invalid JSON with finish_reason "stop"."""
+    return (
+        shape is not None and shape.schema is not None and result.value is None and result.error is not None
+    )
 
 
 def shaped_answer(result: RLMResult, shape: AnswerShape) -> tuple[str, bool]:
@@ -348,12 +373,21 @@ class SSERun(Response):
         acquired = False
         try:
             await self.opening(emit)
+            # Waiting for the session or a run slot can take minutes: keep-alive comments meanwhile,
+            # as while the run goes on, or a proxy closes the stream before the run even starts.
+            beat = asyncio.ensure_future(_keep_alive(emit))
+            refused: ApiError | None = None
             try:
                 await self.service.acquire(self.run, gone)
-            except ApiError as exc:  # the session closed while this request waited for it
-                await self._error(emit, exc.message, exc.type, exc.code)
-            else:
                 acquired = True
+            except ApiError as exc:  # the session closed while this request waited for it
+                refused = exc
+            finally:
+                beat.cancel()
+                await asyncio.wait({beat})
+            if refused is not None:
+                await self._error(emit, refused.message, refused.type, refused.code)
+            else:
                 self.service.track(self.run)
                 self.run.start()
                 await self._pump(emit, gone)
@@ -380,7 +414,7 @@ class SSERun(Response):
                 if gone in done:
                     raise ClientGone
                 if not done:
-                    await emit(b": keep-alive\n\n")
+                    await emit(KEEP_ALIVE)
                     continue
                 batch = pending.result()
                 pending = None

@@ -133,7 +133,14 @@ def check_known(body: dict[str, Any], standard: frozenset[str], refused: dict[st
         )
     for name, why in refused.items():
         value = body.get(name)
-        if value is None or value is False or value == {} or value == []:
+        # A value that asks for nothing (top_logprobs 0, logit_bias {}) is as good as none.
+        if (
+            value is None
+            or value is False
+            or value == {}
+            or value == []
+            or (type(value) is int and value == 0)
+        ):
             continue
         raise bad(f"`{name}` is not supported: {why}", name, "unsupported_parameter")
 
@@ -220,10 +227,11 @@ def _response_format(value: Any, shape: AnswerShape) -> None:
 
 
 def _tools(tools: Any, choice: Any, shape: AnswerShape) -> None:
-    if choice is None or choice == "none":
-        if tools is not None and choice is None:
-            raise bad(f"`tools` are not supported here: {_TOOLS_WHY}", "tools", "unsupported_parameter")
-        return  # "none": the model may call no tool, which is what an RLM does anyway
+    # No tools offered (`[]` as absent, as the Responses API takes it): "auto" has nothing to pick.
+    if choice == "none" or (tools in (None, []) and choice in (None, "auto")):
+        return  # the model may call no tool, which is what an RLM does anyway
+    if choice is None:
+        raise bad(f"`tools` are not supported here: {_TOOLS_WHY}", "tools", "unsupported_parameter")
     if choice in ("auto", "required"):
         force_function(None if choice == "auto" else _functions(tools), choice, shape, _TOOLS_WHY)
         return

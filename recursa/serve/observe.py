@@ -2,9 +2,10 @@
 
 The access log goes to the `recursa.serve.access` logger at INFO, one line per request:
 
-    POST /v1/chat/completions 200 1.284s run=run_1a2b3c4d5e6f
+    POST /v1/chat/completions 200 1.284s req_5f0c2a9e81d4b7c3a6e0f912 run=run_1a2b3c4d5e6f
 
-(method, path without its query, status, duration until the last byte, and the run it started).
+(method, path without its query, status, duration until the last byte, the request id the answer's
+`x-request-id` header gave the client, and the run it started).
 It never holds a header, a key, a session id, a message or a context. `recursa serve` prints it on
 stderr; an application that mounts `create_app` decides where that logger goes.
 
@@ -15,6 +16,7 @@ embedding application) never share or clash over counters.
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -41,7 +43,10 @@ KNOWN_PATHS = (
 )
 # The method is client input too (any token is a valid HTTP method): label only the standard ones.
 KNOWN_METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
-RUN_STATE_KEY = "recursa_run"  # request.state attribute the chat endpoint sets to its LiveRun
+RUN_STATE_KEY = "recursa_run"
+# Every answer carries one (errors and streams too), as OpenAI's do: the SDKs expose it (`.request_id`),
+# and the access log line has it, so a client's report can be matched to the server's line.
+REQUEST_ID_HEADER = b"x-request-id"  # request.state attribute the chat endpoint sets to its LiveRun
 
 
 class Metrics:
@@ -101,8 +106,8 @@ class Metrics:
 
 
 class ObserveMiddleware:
-    """An access log line and a request count for each HTTP request (a plain ASGI middleware, so
-    a streamed answer is timed to its last byte)."""
+    """A request id (the `x-request-id` header), an access log line and a request count for each
+    HTTP request (a plain ASGI middleware, so a streamed answer is timed to its last byte)."""
 
     def __init__(self, app: ASGIApp, *, log: bool, metrics: Metrics | None) -> None:
         self.app = app
@@ -110,16 +115,20 @@ class ObserveMiddleware:
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or (not self.log and self.metrics is None):
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
         status = 0
+        # Ours, never the client's: a client-sent id in the log would be client-written text there.
+        request_id = f"req_{secrets.token_hex(12)}"
 
         async def watch(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = int(message["status"])
+                headers = [*message.get("headers", ()), (REQUEST_ID_HEADER, request_id.encode())]
+                message = {**message, "headers": headers}
             await send(message)
 
         try:
@@ -133,11 +142,12 @@ class ObserveMiddleware:
                 run = (scope.get("state") or {}).get(RUN_STATE_KEY)
                 run_id = getattr(run, "run_id", None)
                 access_log.info(
-                    "%s %s %d %.3fs%s",
+                    "%s %s %d %.3fs %s%s",
                     _printable(method),
                     _printable(_without_secrets(path)),
                     status,
                     time.perf_counter() - started,
+                    request_id,
                     f" run={run_id}" if run_id else "",
                 )
 

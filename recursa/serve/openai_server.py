@@ -35,12 +35,16 @@ from recursa.serve.settings import ServeSettings
 
 log = logging.getLogger("recursa.serve")
 
-# APIs of OpenAI's that an RLM does not answer, and what a client should use instead.
-_OTHER_APIS = ("/v1/completions", "/v1/embeddings")
+# APIs that an RLM does not answer (OpenAI's legacy ones, Anthropic's Messages), and what a client
+# should use instead.
+_OTHER_APIS = ("/v1/completions", "/v1/embeddings", "/v1/messages")
 _OTHER_API_HELP = (
-    "this server answers the Chat Completions API (POST /v1/chat/completions) and the Responses API "
-    "(POST /v1/responses); point the client at one of them"
+    "this server answers OpenAI's Chat Completions API (POST /v1/chat/completions) and Responses API "
+    "(POST /v1/responses); point the client at one of them (an Anthropic client cannot: use an "
+    "OpenAI-compatible one)"
 )
+# Paths a client reaches when its base URL lacks the /v1 that OpenAI-compatible servers expect.
+_UNDER_V1 = ("/chat/completions", "/responses", "/models", "/completions", "/embeddings")
 
 _NOT_STORED = (
     "this server stores no responses (store is accepted and keeps nothing), so none can be retrieved, "
@@ -70,10 +74,9 @@ def create_app(settings: ServeSettings) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
         body = exc.body()
         body["error"]["message"] = settings.redact(exc.message)  # may quote a failed run's error
-        return JSONResponse(body, status_code=exc.status, headers=headers)
+        return JSONResponse(body, status_code=exc.status, headers=exc.headers())
 
     @app.exception_handler(ClientGone)
     async def _gone(_: Request, __: ClientGone) -> Response:
@@ -87,6 +90,11 @@ def create_app(settings: ServeSettings) -> FastAPI:
         path = request.url.path
         if exc.status_code == 404 and path.rstrip("/") in _OTHER_APIS:
             message = _OTHER_API_HELP
+        elif exc.status_code == 404 and any(path == p or path.startswith(p + "/") for p in _UNDER_V1):
+            base = str(request.base_url).rstrip("/")
+            message = (
+                f"no such endpoint: this server's API is under /v1; set the client's base URL to {base}/v1"
+            )
         elif exc.status_code in (404, 405) and path.startswith("/v1/responses/"):
             # retrieve, delete, cancel, input_items: all about stored responses, which there are none of
             not_found = ApiError(404, _NOT_STORED, code="response_not_found")

@@ -213,11 +213,13 @@ def _content(content: Any, where: str) -> tuple[str, list[tuple[str, str]]]:
 def _part(part: dict[str, Any], kind: Any, at: str) -> str | tuple[str, str]:
     if kind == "text" and isinstance(part.get("text"), str):
         return str(part["text"])
+    if kind == "refusal" and isinstance(part.get("refusal"), str):
+        return str(part["refusal"])  # an assistant message replayed as the SDK typed it
     if kind == "file":
         return file_part(part.get("file"), at)
     if kind in ("image_url", "input_audio"):
         raise bad(f"{at}: {kind} parts are not supported; an RLM reads text (send text or a text file)", at)
-    raise bad(f"{at} must be a text part or a file part", at)
+    raise bad(f"{at} must be a text part, a file part or (in an assistant message) a refusal part", at)
 
 
 PartReader = Callable[[dict[str, Any], Any, str], str | tuple[str, str]]

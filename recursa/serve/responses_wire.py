@@ -21,6 +21,7 @@ from recursa.result import RLMResult
 from recursa.serve.chat import (
     CONTENT_PIECE,
     HEARTBEAT_S,
+    KEEP_ALIVE,
     ChatService,
     Emit,
     SSERun,
@@ -159,7 +160,7 @@ class ResponsesSSE(SSERun):
             # a comment now and then keeps proxies from closing a stream that sends nothing else.
             if time.monotonic() - self.quiet_since >= HEARTBEAT_S:
                 self.quiet_since = time.monotonic()
-                await emit(b": keep-alive\n\n")
+                await emit(KEEP_ALIVE)
             return
         at = len(self.output)
         if self.reasoning is None:

@@ -215,6 +215,7 @@ class SessionStore:
                 type="rate_limit_error",
                 param="recursa.session",
                 code="too_many_sessions",
+                retry=False,  # room comes when a session closes or expires, not in seconds
             )
         quota = quota_of(owner)
         mine = sum(1 for held, _ in self.open if quota_of(held) == quota)
@@ -227,6 +228,7 @@ class SessionStore:
                 type="rate_limit_error",
                 param="recursa.session",
                 code="too_many_sessions_per_caller",
+                retry=False,  # room comes when a session closes or expires, not in seconds
             )
 
     def _key(self, req: ChatRequest) -> ContextKey:

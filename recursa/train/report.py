@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recursa.lm.base import valid_unicode
 from recursa.train.errors import ExportError
 
 # Named examples of skipped inputs kept per reason: enough to find the files, not a flood.
@@ -116,7 +117,8 @@ def write_jsonl(rows: Iterable[dict[str, Any]], out: str | Path) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(partial, "w", encoding="utf-8") as fh:
             for row in rows:
-                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+                # A surrogate (from a context read with surrogateescape) has no UTF-8 form.
+                fh.write(json.dumps(valid_unicode(row), ensure_ascii=False) + "\n")
                 n += 1
         os.replace(partial, path)
     except OSError as exc:

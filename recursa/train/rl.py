@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from recursa.lm.base import valid_unicode
 from recursa.trace import RunNode
 from recursa.train.common import TracePaths, check_out, export_to, finished_nodes, load_scored
 from recursa.train.errors import ExportError
@@ -208,8 +209,9 @@ def _row(
     step: Step, node: RunNode, shared: Trajectory, weight: float, is_last: bool, reward: float
 ) -> dict[str, Any]:
     return {
-        "prompt": step.prompt,
-        "response": step.response,
+        # Valid Unicode for the trainer's tokenizer, in memory (Episode.rollouts) as in the file.
+        "prompt": valid_unicode(step.prompt),
+        "response": valid_unicode(step.response),
         "trajectory_id": shared.trajectory_id,
         "run_id": node.run_id,
         "parent_run_id": node.parent_run_id,

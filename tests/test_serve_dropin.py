@@ -1,0 +1,229 @@
+"""`recursa serve` as outside testers drive it with real clients, where they found it differing
+from the model server those clients expect: what the SDKs' own retries do to a failed run, a
+streamed request that waits for a run slot behind a proxy, request ids, a base URL without `/v1`
+or pointed at another vendor's API."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi")
+import httpx
+import openai
+from pydantic import BaseModel
+
+from recursa.asgi.background import BackgroundServer
+from recursa.serve import chat
+from recursa.serve.openai_server import create_app
+from recursa.serve.settings import ServeSettings
+from tests.serve_helpers import descendants, install_test_root, wait_until
+
+KEY = "dropin-test-key-0123456789"
+ROOT = install_test_root()
+HELLO = [{"role": "system", "content": "ctx"}, {"role": "user", "content": "RUN: FINAL('hello')"}]
+SLEEPER = [
+    {"role": "system", "content": "ctx"},
+    {"role": "user", "content": "RUN: import time\ntime.sleep(60)"},
+]
+
+
+def _settings(tmp_path, **overrides: Any) -> ServeSettings:
+    values: dict[str, Any] = {
+        "model": ROOT,
+        "sub_model": "scripted/oracle",
+        "trace_dir": tmp_path / "traces",
+        "api_key": KEY,
+    }
+    return ServeSettings(**{**values, **overrides})
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory) -> Iterator[BackgroundServer]:
+    with BackgroundServer(create_app(_settings(tmp_path_factory.mktemp("dropin")))) as server:
+        yield server
+
+
+class Person(BaseModel):
+    name: str
+
+
+class _Counting(httpx.Client):
+    """An httpx client for the SDK that counts the requests it sends (retries included)."""
+
+    def __init__(self) -> None:
+        super().__init__(event_hooks={"request": [self._count]})
+        self.sent = 0
+
+    def _count(self, _: httpx.Request) -> None:
+        self.sent += 1
+
+
+class _Broken:
+    """A root model whose every call fails: the run fails after recursa's own retries."""
+
+    model = "broken"
+
+    async def complete(self, request: Any) -> Any:
+        raise RuntimeError("the upstream is down")
+
+
+# -- the SDKs' retries ----------------------------------------------------------------------------
+
+
+def test_a_failed_run_is_not_run_again_by_the_sdks_own_retries(tmp_path):
+    # The openai SDK (and LangChain and the Agents SDK through it) retries a 5xx twice by default:
+    # each retry was a whole new run, with its own model calls, after the run had retried them.
+    with BackgroundServer(create_app(_settings(tmp_path, model=_Broken()))) as server:
+        http = _Counting()
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, http_client=http)  # retries on
+        with pytest.raises(openai.InternalServerError, match="the run failed") as failed:
+            client.chat.completions.create(model="recursa", messages=HELLO)
+        assert failed.value.response.headers["x-should-retry"] == "false"
+        with pytest.raises(openai.InternalServerError, match="the run failed"):
+            client.responses.create(model="recursa", instructions="ctx", input="q")
+        assert http.sent == 2
+        assert server.app.state.service.served == 2  # one run each
+
+
+def test_a_full_session_cap_is_not_retried_in_vain(tmp_path):
+    with BackgroundServer(create_app(_settings(tmp_path, max_sessions=1))) as server:
+        http = _Counting()
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, http_client=http)
+        client.chat.completions.create(
+            model="recursa", messages=HELLO, extra_body={"recursa": {"session": "new"}}
+        )
+        with pytest.raises(openai.RateLimitError, match="open sessions") as full:
+            client.chat.completions.create(
+                model="recursa", messages=HELLO, extra_body={"recursa": {"session": "new"}}
+            )
+        assert full.value.response.headers["x-should-retry"] == "false"
+        assert http.sent == 2
+
+
+# -- streams wait with keep-alives ----------------------------------------------------------------
+
+
+def test_a_stream_waiting_for_a_run_slot_gets_keep_alives(tmp_path, monkeypatch):
+    # A proxy closes a stream that sends nothing for a minute or so; the wait for a slot can be longer.
+    monkeypatch.setattr(chat, "HEARTBEAT_S", 0.05)
+    baseline = descendants(os.getpid())
+    with (
+        BackgroundServer(create_app(_settings(tmp_path, max_runs=1))) as server,
+        httpx.Client(base_url=server.url, headers={"authorization": f"Bearer {KEY}"}, timeout=20) as http,
+    ):
+        service = server.app.state.service
+        body = {"model": "recursa", "stream": True, "messages": SLEEPER}
+        with http.stream("POST", "/v1/chat/completions", json=body) as holder:
+            assert holder.status_code == 200
+            wait_until(lambda: len(service.active) == 1, what="the first run to hold the only slot")
+            for path, waiting in (
+                ("/v1/chat/completions", body),
+                ("/v1/responses", {"model": "recursa", "stream": True, "input": SLEEPER}),
+            ):
+                with http.stream("POST", path, json=waiting) as queued:
+                    lines = queued.iter_lines()
+                    seen = []
+                    while not any(line.startswith(": keep-alive") for line in seen):
+                        seen.append(next(lines))  # without keep-alives: a read timeout
+                    assert len(service.active) == 1  # still waiting: the slot is the first run's
+                    assert not any('"delta": {"reasoning_content"' in line for line in seen)
+        wait_until(lambda: not service.active, what="every run to be cancelled")
+        wait_until(lambda: not (descendants(os.getpid()) - baseline), what="the sandboxes to be reaped")
+
+
+# -- request ids ----------------------------------------------------------------------------------
+
+
+def test_answers_and_errors_carry_a_request_id_the_sdk_exposes(srv):
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(model="recursa", messages=HELLO)
+    assert raw.parse().choices[0].message.content == "hello"
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="recursa", messages=HELLO, n=2)
+    with client.chat.completions.with_streaming_response.create(
+        model="recursa", messages=HELLO, stream=True
+    ) as streamed:
+        ids = [raw.request_id, refused.value.request_id, streamed.request_id]
+    assert all(i is not None and i.startswith("req_") for i in ids) and len(set(ids)) == 3, ids
+
+
+# -- clients pointed at the wrong place -----------------------------------------------------------
+
+
+def test_a_base_url_without_v1_gets_a_404_that_says_to_add_it(srv):
+    client = openai.OpenAI(base_url=srv.url, api_key=KEY, max_retries=0)
+    with pytest.raises(openai.NotFoundError, match=r"/v1") as missing:
+        client.chat.completions.create(model="recursa", messages=HELLO)
+    assert f"{srv.url}/v1" in str(missing.value)
+    litellm = pytest.importorskip("litellm")
+    with pytest.raises(litellm.NotFoundError, match=r"/v1"):
+        litellm.completion(model="openai/recursa", api_base=srv.url, api_key=KEY, messages=HELLO)
+
+
+def test_an_anthropic_client_is_told_which_apis_are_served(srv):
+    anthropic = pytest.importorskip("anthropic")
+    client = anthropic.Anthropic(base_url=srv.url, api_key=KEY, max_retries=0)
+    with pytest.raises(anthropic.NotFoundError, match="Chat Completions API"):
+        client.messages.create(model="recursa", max_tokens=100, messages=[{"role": "user", "content": "q"}])
+
+
+# -- values that ask for nothing ------------------------------------------------------------------
+
+
+def test_fields_that_ask_for_nothing_are_accepted_as_absent(srv):
+    # Clients fill fields in with their empty values; the Responses endpoint took these already.
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0)
+    for fields in (
+        {"tools": []},
+        {"tool_choice": "auto"},
+        {"tools": [], "tool_choice": "auto"},
+        {"top_logprobs": 0},
+    ):
+        r = client.chat.completions.create(model="recursa", messages=HELLO, **fields)
+        assert r.choices[0].message.content == "hello" and not r.choices[0].message.tool_calls, fields
+    r = client.responses.create(
+        model="recursa", instructions="ctx", input="RUN: FINAL('hello')", top_logprobs=0
+    )
+    assert r.output_text == "hello"
+
+
+def test_an_assistant_refusal_part_in_the_history_is_read_as_its_text(srv):
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0)
+    messages: list[Any] = [
+        {"role": "user", "content": "the document"},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "I will not summarise it"}]},
+        {"role": "user", "content": "describe"},
+    ]
+    r = client.chat.completions.create(model="recursa", messages=messages)
+    seen = json.loads(r.choices[0].message.content or "")
+    assert seen["tail"].endswith("[assistant]\nI will not summarise it"), seen
+
+
+# -- a typed answer the run could not give --------------------------------------------------------
+
+
+def test_an_answer_that_never_fit_the_schema_is_cut_short_not_stop(srv):
+    # Out of turns with answers that do not match: finish_reason "stop" made every SDK report that
+    # the server sent invalid JSON; "length" is what they report as "a limit was reached".
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0)
+    messages = [{"role": "system", "content": "ctx"}, {"role": "user", "content": "RUN: FINAL('not json')"}]
+    once = {"recursa": {"max_iterations": 1}}
+    with pytest.raises(openai.LengthFinishReasonError) as cut:
+        client.chat.completions.parse(
+            model="recursa", messages=messages, response_format=Person, extra_body=once
+        )
+    assert "does not match answer_schema" in cut.value.completion.model_extra["recursa"]["error"]
+    r = client.responses.create(
+        model="recursa",
+        input=messages,
+        text={"format": {"type": "json_schema", "name": "Person", "schema": Person.model_json_schema()}},
+        extra_body=once,
+    )
+    assert r.status == "incomplete" and r.incomplete_details is not None
+    plain = client.chat.completions.create(model="recursa", messages=messages, extra_body=once)
+    assert plain.choices[0].finish_reason == "stop"  # without a schema, the last answer is the answer
