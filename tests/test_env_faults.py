@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from recursa import Budget
-from recursa.env import EnvError, RLMEnv
+from recursa.env import EnvError, RLMEnv, group_rollouts
 from recursa.errors import ConfigError
 from recursa.testing.fake_server import FakeServer
 from recursa.trace import load
@@ -333,4 +334,27 @@ async def test_what_the_trainer_gets_is_valid_unicode_when_the_context_held_unde
     out = tmp_path / "rows.jsonl"
     export_rl([episode.trace_path], out, scores=scores)
     assert [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()] == rows
+    await env.aclose()
+
+
+@pytest.mark.parametrize(
+    ("returned", "named"),
+    [
+        (float("nan"), "returned nan"),
+        (float("inf"), "returned inf"),
+        (None, "returned None (a NoneType)"),
+        ("0.5", "returned '0.5' (a str)"),
+    ],
+)
+async def test_a_reward_that_is_not_a_finite_number_is_refused(tmp_path: Path, returned, named) -> None:
+    # A NaN reward made every advantage of its group NaN (and group_rollouts then failed inside
+    # statistics with AttributeError); now the scorer's step says what it returned.
+    env = RLMEnv(max_depth=0, trace_dir=tmp_path)
+    episode = await env.start("q?", CONTEXT, scorer=lambda answer: returned)
+    with pytest.raises(EnvError, match=rf"the scorer {re.escape(named)}; a reward must be a finite number"):
+        await episode.step("FINAL(42)")
+    assert episode.done and episode.reward is None
+    with pytest.raises(EnvError, match=r"group_rollouts: reward 1 is nan; a reward must be a finite number"):
+        group_rollouts([episode, episode], rewards=[1.0, float("nan")])
+    assert episode.rollouts(reward=True)[-1]["reward"] == 1.0
     await env.aclose()

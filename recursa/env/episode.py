@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from recursa.context import ContextPayload
-from recursa.env.rollouts import Rollouts, episode_rows
+from recursa.env.rollouts import Rollouts, checked_reward, episode_rows
 from recursa.env.shared import EnvError, EpisodeHost, Prepaid, ReplyRefused
 from recursa.lm.base import LMResponse, Message, valid_unicode
 from recursa.loop.engine import RunEngine
@@ -206,7 +206,9 @@ class Episode:
         the root's last step. `recursa.env.group_rollouts` fills in group-relative advantages."""
         if not self.done:
             raise EnvError("rollouts() of an episode that is still running: step it until episode.done")
-        value = reward if reward is not None else (self.reward or 0.0)
+        value = (
+            checked_reward(reward, "rollouts(reward=...) is") if reward is not None else (self.reward or 0.0)
+        )
         spec = Rollouts(value, advantage, group_id or self.task_id or "all", group_size, self.task_id)
         return episode_rows(self._events, self.run_id, spec, child_weight, include_subcalls)
 
@@ -292,9 +294,9 @@ class Episode:
             value = self._scorer(self.answer)
             if inspect.isawaitable(value):
                 value = await value
-            return float(value)
         except Exception as exc:
             raise EnvError(f"the scorer raised {type(exc).__name__}: {exc}") from exc
+        return checked_reward(value, "the scorer returned")
 
 
 def reply_text(reply: Any, what: str) -> tuple[str, dict[str, Any]]:
