@@ -182,6 +182,9 @@ def test_a_served_run_that_cannot_read_its_context_file_names_the_file_only(tmp_
         ("open 'C:\\Users\\carol\\x.txt' failed", "'<host path>\\x.txt'", "carol"),
         ("PosixPath('/data/my files/report 1.pdf')", "PosixPath('<host path>/report 1.pdf')", "/data"),
         ("/mnt/nas/projects/q3/x.csv:12: bad row", "<host path>/x.csv:12: bad row", "/mnt"),
+        ('{"file": "\\/home\\/alice\\/x.txt"}', "<host path>\\/x.txt", "alice"),
+        ("GET /files?path=%2Fhome%2Falice%2Fx.txt failed", "<host path>%2Fx.txt", "alice"),
+        ("cannot open ../../home/alice/notes/x.md", "<host path>/x.md", "alice"),
     ],
 )
 def test_the_path_scrubber_takes_every_form(text, kept, gone):
@@ -202,6 +205,16 @@ def test_the_path_scrubber_takes_every_form(text, kept, gone):
 )
 def test_urls_ratios_and_relative_paths_are_left_alone(text):
     assert scrub_paths(text) == text
+
+
+def test_an_oserrors_file_names_are_scrubbed_too():
+    # str(OSError) is made from .filename and .filename2, not from args.
+    exc = Redactor().exception(
+        OSError(2, "No such file or directory", "/home/alice/a b.txt", None, "/srv/x/c")
+    )
+    assert str(exc) == "[Errno 2] No such file or directory: '<host path>/a b.txt' -> '<host path>/c'", str(
+        exc
+    )
 
 
 def test_the_operators_own_views_keep_paths():
