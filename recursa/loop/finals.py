@@ -241,6 +241,12 @@ _NAME_KEYWORDS = ("name", "var", "var_name", "variable", "variable_name")
 
 
 def _without_keyword(argument: str, keywords: tuple[str, ...]) -> str:
+    try:
+        call = ast.parse(f"f({argument})", mode="eval").body
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        call = None
+    if isinstance(call, ast.Call) and (call.args or len(call.keywords) != 1):
+        return argument  # FINAL(answer="a", note="b"): several arguments, kept as written
     m = re.match(rf"(?:{'|'.join(keywords)})[ \t]*=(?!=)[ \t]*(?P<rest>\S.*)\Z", argument.strip(), re.DOTALL)
     return _unquote(m.group("rest").strip()) if m is not None else argument
 
@@ -386,7 +392,7 @@ def _string_end(text: str, i: int) -> int | None:
 
 
 def _unquote(text: str) -> str:
-    if text[:1] in ("'", '"') and text[-1:] == text[:1]:
+    if text[:1] in ("'", '"'):
         # A Python string literal ("He said \\"hi\\"", '\\n'-escaped lines) means what Python reads.
         try:
             value = ast.literal_eval(text)
@@ -394,6 +400,10 @@ def _unquote(text: str) -> str:
             value = None
         if isinstance(value, str):
             return value
+        if isinstance(value, tuple) and value and all(isinstance(v, (str, int, float)) for v in value):
+            return joined_text(value)  # FINAL("Paris", "France"): several values, as text
+        if _is_tuple(text) or text[-1:] != text[:1]:
+            return text  # FINAL("Total:", total): Python over REPL names, evaluated as written
     for quote in ('"""', "'''", '"', "'"):
         if len(text) >= 2 * len(quote) and text.startswith(quote) and text.endswith(quote):
             return text[len(quote) : -len(quote)]
@@ -414,6 +424,22 @@ def _unquote(text: str) -> str:
         ):
             return inner
     return text
+
+
+def joined_text(values: tuple[str | int | float, ...]) -> str:
+    """Several values written as one answer, as text: joined with ", ", or a space after a label
+    ("Total:", 42 reads "Total: 42")."""
+    out = str(values[0])
+    for value in values[1:]:
+        out += (" " if out.endswith(":") else ", ") + str(value)
+    return out
+
+
+def _is_tuple(text: str) -> bool:
+    try:
+        return isinstance(ast.parse(text, mode="eval").body, ast.Tuple)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return False
 
 
 def assigned_in(prose: list[str], name: str) -> bool:
