@@ -16,6 +16,7 @@ import pytest
 
 from recursa import RLM, host_tool
 from recursa.sandbox import make_sandbox
+from recursa.testing.fake_state import Fault, FaultRule, FaultSchedule
 from recursa.trace.hostpaths import HOST_PATH, scrub_paths
 from recursa.trace.redact import Redactor
 from tests.test_escapes import feedback_before
@@ -112,6 +113,33 @@ def test_a_path_in_the_sandboxs_own_folder_is_shown_as_the_code_names_it(server,
     assert "recursa-repl-" not in result.trace_path.read_text()
 
 
+def test_a_failing_sub_model_call_names_no_host_path(server, script, tmp_path):
+    # A model server on the same machine (vLLM, llama.cpp) may quote where its weights live.
+    script.root(
+        "root-model",
+        code("try:\n    llm_query('hi')\nexcept Exception as e:\n    print('caught', type(e).__name__, e)"),
+        code("FINAL('done')"),
+    )
+    script.sub("sub-model", lambda prompt: "unused")
+    message = f"cannot load model: [Errno 2] No such file or directory: '{SECRET_DIR}/weights/model.gguf'"
+    server.faults = FaultSchedule(FaultRule(Fault(400, message=message), model="sub-model", times=None))
+    try:
+        result = RLM(
+            "openai/root-model",
+            base_url=server.base_url,
+            api_key="k",
+            sub_model=SUB,
+            trace_dir=tmp_path,
+            max_retries=0,
+        ).run("q", "ctx")
+    finally:
+        server.faults = None
+    told = feedback_before(server, 2)
+    assert "caught SubcallError" in told and f"'{HOST_PATH}/model.gguf'" in told, told
+    assert_clean(told, "the REPL output shown to the root")
+    assert_clean(result.trace_path.read_text(), "the trace file")
+
+
 def test_every_error_reply_into_the_sandbox_is_scrubbed_whatever_the_handler():
     # A handler of one's own (an integration's, a test's) need not scrub: the channel does.
     async def handler(fn, args):
@@ -182,6 +210,9 @@ def test_a_served_run_that_cannot_read_its_context_file_names_the_file_only(tmp_
         ("open 'C:\\Users\\carol\\x.txt' failed", "'<host path>\\x.txt'", "carol"),
         ("PosixPath('/data/my files/report 1.pdf')", "PosixPath('<host path>/report 1.pdf')", "/data"),
         ("/mnt/nas/projects/q3/x.csv:12: bad row", "<host path>/x.csv:12: bad row", "/mnt"),
+        ('{"file": "\\/home\\/alice\\/x.txt"}', "<host path>\\/x.txt", "alice"),
+        ("GET /files?path=%2Fhome%2Falice%2Fx.txt failed", "<host path>%2Fx.txt", "alice"),
+        ("cannot open ../../home/alice/notes/x.md", "<host path>/x.md", "alice"),
     ],
 )
 def test_the_path_scrubber_takes_every_form(text, kept, gone):
@@ -202,6 +233,16 @@ def test_the_path_scrubber_takes_every_form(text, kept, gone):
 )
 def test_urls_ratios_and_relative_paths_are_left_alone(text):
     assert scrub_paths(text) == text
+
+
+def test_an_oserrors_file_names_are_scrubbed_too():
+    # str(OSError) is made from .filename and .filename2, not from args.
+    exc = Redactor().exception(
+        OSError(2, "No such file or directory", "/home/alice/a b.txt", None, "/srv/x/c")
+    )
+    assert str(exc) == "[Errno 2] No such file or directory: '<host path>/a b.txt' -> '<host path>/c'", str(
+        exc
+    )
 
 
 def test_the_operators_own_views_keep_paths():

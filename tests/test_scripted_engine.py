@@ -104,6 +104,7 @@ def test_the_messy_style_writes_like_real_models_and_still_solves(persona, tmp_p
         "Output:\n```",
         "<think>",
         "<|im_end|>",
+        "Next I run this code.",
     ):
         assert form in text, form
     if persona == "gpt5-like":  # it answers in prose: the forms without parentheses show up too

@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("fastapi")
 import httpx
 import openai
+from pydantic import BaseModel
 
 from recursa.asgi.background import BackgroundServer
 from recursa.serve import chat
@@ -45,6 +46,10 @@ def _settings(tmp_path, **overrides: Any) -> ServeSettings:
 def srv(tmp_path_factory) -> Iterator[BackgroundServer]:
     with BackgroundServer(create_app(_settings(tmp_path_factory.mktemp("dropin")))) as server:
         yield server
+
+
+class Person(BaseModel):
+    name: str
 
 
 class _Counting(httpx.Client):
@@ -197,3 +202,28 @@ def test_an_assistant_refusal_part_in_the_history_is_read_as_its_text(srv):
     r = client.chat.completions.create(model="recursa", messages=messages)
     seen = json.loads(r.choices[0].message.content or "")
     assert seen["tail"].endswith("[assistant]\nI will not summarise it"), seen
+
+
+# -- a typed answer the run could not give --------------------------------------------------------
+
+
+def test_an_answer_that_never_fit_the_schema_is_cut_short_not_stop(srv):
+    # Out of turns with answers that do not match: finish_reason "stop" made every SDK report that
+    # the server sent invalid JSON; "length" is what they report as "a limit was reached".
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0)
+    messages = [{"role": "system", "content": "ctx"}, {"role": "user", "content": "RUN: FINAL('not json')"}]
+    once = {"recursa": {"max_iterations": 1}}
+    with pytest.raises(openai.LengthFinishReasonError) as cut:
+        client.chat.completions.parse(
+            model="recursa", messages=messages, response_format=Person, extra_body=once
+        )
+    assert "does not match answer_schema" in cut.value.completion.model_extra["recursa"]["error"]
+    r = client.responses.create(
+        model="recursa",
+        input=messages,
+        text={"format": {"type": "json_schema", "name": "Person", "schema": Person.model_json_schema()}},
+        extra_body=once,
+    )
+    assert r.status == "incomplete" and r.incomplete_details is not None
+    plain = client.chat.completions.create(model="recursa", messages=messages, extra_body=once)
+    assert plain.choices[0].finish_reason == "stop"  # without a schema, the last answer is the answer

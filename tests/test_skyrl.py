@@ -160,3 +160,35 @@ def test_close_while_a_step_runs_on_another_thread_ends_it(tmp_path: Path) -> No
             step.result()
     env.close()  # again: nothing to do
     assert env.episode.stop_reason == "cancelled" and env._env.live_repls == 0
+
+
+def test_an_over_long_generation_is_told_to_the_policy_not_raised_at_the_trainer(tmp_path: Path) -> None:
+    # A policy stuck repeating itself up to the length cap is ordinary in RL: SkyRL's own
+    # environment runs any str, so a refused reply used to stop the generator with EnvError.
+    extras = {"extra_info": {"context_text": CONTEXT}, "reward_spec": {"ground_truth": "heron"},
+              "trace_dir": str(tmp_path), "max_reply_chars": 2_000}  # fmt: skip
+    env = skyrl_gym.make(adapter.ENV_ID, env_config={}, extras=extras)
+    env.init([{"role": "user", "content": "What is the code word?"}])
+    out = env.step(code("print('again ' * 1000)") + " again" * 1000)
+    assert not out["done"] and out["reward"] == 0.0
+    (said,) = out["observations"]
+    assert said["role"] == "user" and "had 6,034 characters, more than the 2,000 allowed" in said["content"]
+    assert "max_reply_chars=2,000" in out["metadata"]["refused"] and env.episode.turn == 0
+    out = env.step("FINAL(heron)")
+    assert out["done"] and out["reward"] == 1.0 and env.get_metrics()["turns_used"] == 2
+    env.close()
+
+
+def test_an_lm_callback_that_breaks_skyrls_contract_fails_the_call_saying_so(tmp_path: Path) -> None:
+    # [None] used to reach the REPL as the model's reply "None", looking like an answer.
+    extras = {"lm_callback": lambda prompts: [None], "extra_info": {"context_text": CONTEXT},
+              "trace_dir": str(tmp_path)}  # fmt: skip
+    env = skyrl_gym.make(adapter.ENV_ID, env_config={}, extras=extras)
+    env.init([{"role": "user", "content": "What is the code word?"}])
+    out = env.step(
+        code("try:\n    print(repr(llm_query('hi')))\nexcept Exception as e:\n    print('failed:', e)")
+    )
+    said = out["observations"][0]["content"]
+    assert "failed:" in said and "extras['lm_callback'] returned a list of 1 whose first item is None" in said
+    assert "one str per prompt" in said
+    env.close()

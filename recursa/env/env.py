@@ -210,7 +210,11 @@ class RLMEnv:
         if system_prompt is not None and (not isinstance(system_prompt, str) or not system_prompt.strip()):
             raise EnvError("system_prompt= takes the system message as a non-empty str (or None for ours).")
         own_tools = _episode_tools(self.config.tools, tools)
-        if not isinstance(question, str) or not question.strip():
+        if not isinstance(question, str):
+            raise EnvError(
+                f"the question is a {type(question).__name__}: pass the question to answer as a str."
+            )
+        if not question.strip():
             raise EnvError("the question is empty: pass the question to answer as a non-empty str.")
         if scorer is not None and not callable(scorer):
             raise EnvError("scorer= takes a function answer -> float (e.g. task.score).")

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from recursa.context import ContextPayload
-from recursa.env.rollouts import Rollouts, episode_rows
-from recursa.env.shared import EnvError, EpisodeHost, Prepaid
+from recursa.env.rollouts import Rollouts, checked_reward, episode_rows
+from recursa.env.shared import EnvError, EpisodeHost, Prepaid, ReplyRefused
+from recursa.env.tokens import given_count, token_fields
 from recursa.lm.base import LMResponse, Message, valid_unicode
 from recursa.loop.engine import RunEngine
 from recursa.result import RLMResult
@@ -206,7 +207,9 @@ class Episode:
         the root's last step. `recursa.env.group_rollouts` fills in group-relative advantages."""
         if not self.done:
             raise EnvError("rollouts() of an episode that is still running: step it until episode.done")
-        value = reward if reward is not None else (self.reward or 0.0)
+        value = (
+            checked_reward(reward, "rollouts(reward=...) is") if reward is not None else (self.reward or 0.0)
+        )
         spec = Rollouts(value, advantage, group_id or self.task_id or "all", group_size, self.task_id)
         return episode_rows(self._events, self.run_id, spec, child_weight, include_subcalls)
 
@@ -240,17 +243,25 @@ class Episode:
 
     def _response(self, reply: Any) -> LMResponse:
         """The trainer's reply as the engine takes it, or EnvError (the episode is unchanged)."""
-        reply, extra = reply_text(reply, "the reply")
+        try:
+            reply, extra = reply_text(reply, "the reply")
+        except EnvError as exc:
+            raise ReplyRefused(str(exc)) from None
         limit = self._host.max_reply_chars
         if len(reply) > limit:
-            raise EnvError(
+            raise ReplyRefused(
                 f"the reply has {len(reply):,} characters, over RLMEnv(max_reply_chars={limit:,}); cap the "
-                "policy's generation length or raise max_reply_chars. Nothing ran; step again."
+                "policy's generation length or raise max_reply_chars. Nothing ran; step again.",
+                too_long=len(reply),
             )
+        try:
+            tokens = token_fields(extra, "the reply")
+        except EnvError as exc:
+            raise ReplyRefused(str(exc)) from None
         prompt_chars = sum(len(m.get("content") or "") for m in self._engine.messages)
         # Counts the trainer gives, else the length of the token ids it gives, else an estimate.
-        given_in = _given(extra.get("input_tokens"), extra.get("prompt_token_ids"))
-        given_out = _given(extra.get("output_tokens"), extra.get("token_ids"))
+        given_in = given_count(tokens["input_tokens"], tokens["prompt_token_ids"])
+        given_out = given_count(tokens["output_tokens"], tokens["token_ids"])
         response = LMResponse(
             text=reply,
             input_tokens=_count(given_in, prompt_chars),
@@ -259,9 +270,8 @@ class Episode:
             finish_reason=extra.get("finish_reason") if isinstance(extra.get("finish_reason"), str) else None,
         )
         for name in _TOKEN_FIELDS:
-            value = extra.get(name)
-            if isinstance(value, list):
-                setattr(response, name, list(value))
+            if tokens[name] is not None:
+                setattr(response, name, tokens[name])
         return response
 
     async def _end(self) -> None:
@@ -288,9 +298,9 @@ class Episode:
             value = self._scorer(self.answer)
             if inspect.isawaitable(value):
                 value = await value
-            return float(value)
         except Exception as exc:
             raise EnvError(f"the scorer raised {type(exc).__name__}: {exc}") from exc
+        return checked_reward(value, "the scorer returned")
 
 
 def reply_text(reply: Any, what: str) -> tuple[str, dict[str, Any]]:
@@ -339,12 +349,6 @@ def _parts_text(parts: list[Any], what: str) -> str:
                 "{'type': 'text', 'text': ...} only"
             )
     return "".join(texts)
-
-
-def _given(count: Any, token_ids: Any) -> int | None:
-    if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
-        return count
-    return len(token_ids) if isinstance(token_ids, list) else None
 
 
 def _count(given: Any, chars: int) -> int:

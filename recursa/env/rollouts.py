@@ -7,10 +7,13 @@ a round trip through trace files.
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from recursa.env.shared import EnvError
 from recursa.trace.reader import run_tree
 from recursa.train.rl import Trajectory, grpo_advantages, trajectory_rows
 
@@ -64,6 +67,15 @@ def episode_rows(
     return trajectory_rows(root, shared, child_weight=child_weight, include_subcalls=include_subcalls)
 
 
+def checked_reward(value: Any, said: str) -> float:
+    """A reward as a float: a real number (a bool counts as 1.0 / 0.0), finite. NaN would make every
+    advantage of its group NaN, and infinity every other one zero."""
+    if isinstance(value, numbers.Real) and math.isfinite(float(value)):
+        return float(value)
+    what = repr(value) if isinstance(value, numbers.Real) else f"{value!r} (a {type(value).__name__})"
+    raise EnvError(f"{said} {what}; a reward must be a finite number")
+
+
 def group_rollouts(
     episodes: Sequence[FinishedEpisode],
     rewards: Sequence[float] | None = None,
@@ -79,7 +91,8 @@ def group_rollouts(
         return []
     values = list(rewards) if rewards is not None else [e.reward or 0.0 for e in episodes]
     if len(values) != len(episodes):
-        raise ValueError(f"group_rollouts: {len(episodes)} episodes but {len(values)} rewards")
+        raise EnvError(f"group_rollouts: {len(episodes)} episodes but {len(values)} rewards")
+    values = [checked_reward(v, f"group_rollouts: reward {i} is") for i, v in enumerate(values)]
     advantages, zero = grpo_advantages(values)
     key = group_id or episodes[0].task_id or "group"
     rows: list[dict[str, Any]] = []

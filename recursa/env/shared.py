@@ -28,6 +28,15 @@ class EnvError(RecursaError, ValueError):
     """An environment or episode was used in a way that cannot work; the message says the fix."""
 
 
+class ReplyRefused(EnvError):
+    """The trainer's reply was refused before anything ran (not text, or over `max_reply_chars`):
+    the episode is unchanged. `too_long` holds the reply's length when that was the reason."""
+
+    def __init__(self, message: str, too_long: int | None = None) -> None:
+        super().__init__(message)
+        self.too_long = too_long
+
+
 class ReplQuota:
     """A bound on the REPL processes alive at once across every episode of an environment.
 

@@ -37,7 +37,7 @@ from skyrl_gym import register as _register
 from skyrl_gym import registry as _registry
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType
 
-from recursa.env import ChildCall, Episode, RLMEnv, SubCall
+from recursa.env import ChildCall, Episode, ReplyRefused, RLMEnv, SubCall
 from recursa.errors import ConfigError
 from recursa.knobs import (
     budget_value,
@@ -56,7 +56,8 @@ from recursa.tools.spec import host_tool
 
 ENV_ID = "recursa-rlm"
 _SETTINGS = ("max_turns", "repl_timeout", "max_depth", "sub_model", "base_url", "api_key", "budget",
-             "sandbox", "trace_dir", "max_live_repls", "max_output_chars", "wait_for_repl")  # fmt: skip
+             "sandbox", "trace_dir", "max_live_repls", "max_output_chars", "wait_for_repl",
+             "max_reply_chars")  # fmt: skip
 
 _envs: dict[str, RLMEnv] = {}
 _envs_lock = threading.Lock()
@@ -101,7 +102,13 @@ class RecursaRLMEnv(BaseTextEnv):
     def step(self, action: str) -> BaseTextEnvStepOutput:
         episode = self._live("step")
         self.turns += 1
-        observations = episode.step_sync(action)
+        try:
+            observations = episode.step_sync(action)
+        except ReplyRefused as exc:
+            # What the policy generates is hostile input: one over-long generation (a repetition
+            # loop up to the length cap) must not stop the trainer. SkyRL's own environment runs
+            # any str; here nothing runs, the policy is told, and the step counts toward max_turns.
+            return self._refused(episode, exc)
         done = episode.done
         if done:
             self._reward = float(episode.reward or 0.0)
@@ -115,6 +122,30 @@ class RecursaRLMEnv(BaseTextEnv):
                 "stop_reason": episode.stop_reason,
                 "answer": episode.answer if done else None,
                 "trace_path": str(episode.trace_path) if episode.trace_path else None,
+            },
+            postprocessed_action=None,
+        )
+
+    def _refused(self, episode: Episode, exc: ReplyRefused) -> BaseTextEnvStepOutput:
+        if exc.too_long is not None:
+            said = (
+                f"Your reply had {exc.too_long:,} characters, more than the "
+                f"{self._env.max_reply_chars:,} allowed, so nothing in it ran. Reply again, shorter: "
+                "one ```repl block of code, or FINAL(your answer)."
+            )
+        else:
+            said = "Your reply was not text, so nothing in it ran. Reply with text."
+        return BaseTextEnvStepOutput(
+            observations=[{"role": "user", "content": said}],
+            reward=0.0,
+            done=False,
+            metadata={
+                "run_id": episode.run_id,
+                "turn": episode.turn,
+                "stop_reason": None,
+                "answer": None,
+                "trace_path": str(episode.trace_path) if episode.trace_path else None,
+                "refused": str(exc),
             },
             postprocessed_action=None,
         )
@@ -181,6 +212,7 @@ def _make_env(extras: dict[str, Any]) -> RLMEnv:
         max_live_repls=extras.get("max_live_repls", 256),
         max_output_chars=extras.get("max_output_chars", 20_000),
         wait_for_repl=extras.get("wait_for_repl", 0.0),
+        max_reply_chars=extras.get("max_reply_chars", 100_000),
     )
 
 
@@ -196,6 +228,7 @@ _EXTRAS: dict[str, Callable[[str, Any], Any]] = {
     "depth": lambda n, v: int_value(n, v, 0),
     "max_live_repls": lambda n, v: int_value(n, v, 1),
     "max_output_chars": lambda n, v: int_value(n, v, 1),
+    "max_reply_chars": lambda n, v: int_value(n, v, 1),
     "wait_for_repl": wait_value,
     "sub_model": text_value,
     "base_url": text_value,
@@ -267,7 +300,23 @@ def _sub_call(extras: dict[str, Any]) -> SubCall | None:
 
     async def via_lm_callback(messages: list[Message], depth: int, parent_id: str | None) -> str:
         replies = await asyncio.to_thread(callback, [_transcript(messages)])
-        return str(replies[0])
+        # SkyRL's contract: one reply (a str) per prompt. str(None) or a list's repr as the
+        # model's reply would look like an answer; the failed call says what came back instead.
+        if not isinstance(replies, list | tuple) or len(replies) != 1 or not isinstance(replies[0], str):
+            got = (
+                f"a {type(replies).__name__} of {len(replies)}"
+                if isinstance(replies, list | tuple)
+                else kind(replies)
+            )
+            first = (
+                f" whose first item is {kind(replies[0])}"
+                if isinstance(replies, list | tuple) and replies
+                else ""
+            )
+            raise TypeError(
+                f"extras['lm_callback'] returned {got}{first}; it must return a list with one str per prompt"
+            )
+        return replies[0]
 
     return via_lm_callback
 

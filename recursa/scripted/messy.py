@@ -3,7 +3,7 @@
 The scripted roots write tidy ```repl blocks and FINAL(...) lines. Real models do not: they tag
 fences ```python or ```Python, show a JSON shape first, nest code in numbered lists, double an
 opener, write the output they expect after the code, think aloud in <think> with draft code, leak
-chat-template tokens, and answer with `FINAL 345`, `**FINAL**(x)`, `Final Answer: x`, `final(x)` or
+chat-template tokens, write code with no fence at all, and answer with `FINAL 345`, `**FINAL**(x)`, `Final Answer: x`, `final(x)` or
 `<answer>FINAL(x)</answer>`. With
 `style=messy` each reply is rewritten into one of those forms (chosen by turn and seed, so a run is
 reproducible), keeping what it means: the same code runs and the same answer comes back, so
@@ -18,7 +18,20 @@ _BLOCK = re.compile(r"^```repl\n(.*?)\n```$", re.MULTILINE | re.DOTALL)
 _PROSE_FINAL = re.compile(r"^FINAL\((.*)\)$", re.MULTILINE)
 _PROSE_FINAL_VAR = re.compile(r"^FINAL_VAR\((\w+)\)$", re.MULTILINE)
 
-_FENCE_FORMS = ("python", "Python", "json-first", "listed", "doubled", "output-after", "think", "token")
+_FENCE_FORMS = (
+    "python",
+    "Python",
+    "json-first",
+    "listed",
+    "doubled",
+    "output-after",
+    "think",
+    "token",
+    "unfenced",
+)
+# Code that answers (FINAL(...) in the cell) is never written unfenced: an answer in unfenced code
+# waits a turn for its output, which would change what the run does.
+_ANSWERS = re.compile(r"\b(?:FINAL|FINAL_VAR|final|final_var)\s*\(|\banswer\s*\[")
 _FINAL_FORMS = (
     "FINAL {}",
     "**FINAL**({})",
@@ -50,8 +63,11 @@ def messy_reply(reply: str, turn: int, seed: int = 0) -> str:
 
 
 def _fence(code: str, form: str) -> str:
-    if form in ("python", "Python"):
-        return f"```{form}\n{code}\n```"
+    if form == "unfenced" and not _ANSWERS.search(code):
+        # Small models: a sentence, then the code with no fence at all (loop/unfenced.py runs it).
+        return f"Next I run this code.\n\n{code}\n"
+    if form in ("python", "Python", "unfenced"):
+        return f"```{'python' if form == 'unfenced' else form}\n{code}\n```"
     if form == "json-first":
         return (
             'What I expect back has this shape:\n```json\n{"result": "..."}\n```\n'

@@ -247,9 +247,18 @@ def run_summary(result: RLMResult, session: str | None = None) -> dict[str, Any]
 
 def finish_reason(result: RLMResult, cut: bool = False, shape: AnswerShape | None = None) -> str:
     # Out of budget or time is the RLM's version of running out of output tokens.
-    if cut or result.stop_reason in ("budget", "timeout"):
+    if cut or result.stop_reason in ("budget", "timeout") or _unfit(result, shape):
         return "length"
     return "tool_calls" if shape is not None and shape.kind == "tool" else "stop"
+
+
+def _unfit(result: RLMResult, shape: AnswerShape | None) -> bool:
+    """The run ran out of turns with an answer the requested schema refuses (its `error` says how).
+    Cut short like a budget stop, so the SDKs' parse helpers say a limit was reached rather than
+    that the server sent invalid JSON with finish_reason "stop"."""
+    return (
+        shape is not None and shape.schema is not None and result.value is None and result.error is not None
+    )
 
 
 def shaped_answer(result: RLMResult, shape: AnswerShape) -> tuple[str, bool]:

@@ -188,6 +188,7 @@ class InputMessage:
     role: str
     text: str
     files: list[tuple[str, str]]  # (name, text)
+    where: str = "messages"  # the request field it came from, for errors ("messages[2]", "input")
 
 
 def _messages(raw: Any) -> list[InputMessage]:
@@ -202,7 +203,7 @@ def _messages(raw: Any) -> list[InputMessage]:
         if role not in ROLES:
             raise bad(f"{where}.role must be one of {', '.join(ROLES)}", f"{where}.role")
         text, files = _content(m.get("content"), f"{where}.content")
-        out.append(InputMessage(role, text, files))
+        out.append(InputMessage(role, text, files, where))
     return out
 
 
@@ -286,8 +287,11 @@ def _apply_context(
         raise bad("recursa.question must be a non-empty string", "recursa.question")
 
     last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=None)
+    listed = messages[-1].where.partition("[")[0] if messages else "messages"  # "messages" or "input"
     if question is None and last_user is None:
-        raise bad("`messages` has no user message: the last user message is the question", "messages")
+        raise bad(f"`{listed}` has no user message: the last user message is the question", listed)
+    # Where an empty question came from: the client can only fix what the error names.
+    empty = _empty_question(None if last_user is None else messages[last_user].where)
 
     if question is not None:
         req.question = question
@@ -313,7 +317,7 @@ def _apply_context(
         else:
             req.context_url = value
         if not req.question.strip():
-            raise bad("the question is empty: the last user message (or recursa.question) is the question")
+            raise empty
         return
 
     # Each document keeps a header ("[role]" or "[file: name]") unless it is the only one.
@@ -329,8 +333,19 @@ def _apply_context(
         req.question = PROMPT_AS_CONTEXT_QUESTION
         req.completion_mode = True
     if not docs:
-        raise bad("the request is empty: send a user message with the question (and context)", "messages")
+        raise bad("the request is empty: send a user message with the question (and context)", listed)
+    if not req.question.strip():
+        raise empty
     req.context = docs[0][0] if len(docs) == 1 else [header for _, header in docs]
+
+
+def _empty_question(where: str | None) -> ApiError:
+    at = f"{where}.content" if where and where.endswith("]") else (where or "recursa.question")
+    return bad(
+        f"the question is empty: the last user message ({at}) is the question; put the question there, "
+        "or send it as recursa.question",
+        at,
+    )
 
 
 def provider_of(model: Any) -> str | None:

@@ -181,12 +181,12 @@ def _instructions(value: Any) -> list[InputMessage]:
         return []
     if not isinstance(value, str):
         raise bad("`instructions` must be a string", "instructions")
-    return [InputMessage("system", value, [])]
+    return [InputMessage("system", value, [], "instructions")]
 
 
 def _input(raw: Any) -> list[InputMessage]:
     if isinstance(raw, str):
-        return [InputMessage("user", raw, [])]
+        return [InputMessage("user", raw, [], "input")]
     if not isinstance(raw, list) or not raw:
         raise bad("`input` must be a string or a non-empty list of input items", "input")
     out: list[InputMessage] = []
@@ -200,11 +200,11 @@ def _input(raw: Any) -> list[InputMessage]:
             if role not in INPUT_ROLES:
                 raise bad(f"{where}.role must be one of {', '.join(INPUT_ROLES)}", f"{where}.role")
             text, files = _content(item.get("content"), f"{where}.content")
-            out.append(InputMessage(role, text, files))
+            out.append(InputMessage(role, text, files, where))
         elif kind == "function_call_output":
             # A tool's output the client replays, kept as Chat Completions keeps a tool message.
             text, files = _content(item.get("output"), f"{where}.output")
-            out.append(InputMessage("tool", text, files))
+            out.append(InputMessage("tool", text, files, where))
         elif kind in ("function_call", "reasoning"):
             continue  # a replayed call (its arguments are not context) or a replayed summary of steps
         elif kind == "item_reference":

@@ -29,8 +29,9 @@ from collections.abc import Iterable
 HOST_PATH = "<host path>"
 
 # A path's start: not inside a word, a URL (`//host/a/b`: the slash after the host follows a letter)
-# or a path already shown as `<host path>/x`. `file://` URLs are taken on purpose.
-_START = r"(?:(?<![\w.~>/\\-])|(?<=file://))"
+# or a path already shown as `<host path>/x` or `./x`. `file://` URLs and `../../home/...` (which
+# climbs to a named folder) are taken on purpose.
+_START = r"(?:(?<![\w.~>/\\-])|(?<=file://)|(?<=\.\.))"
 # A component of an unquoted path ends at white space and at the punctuation prose and tracebacks put
 # around a path (`"...", line 3`, `x.py:12`, `(at /a/b)`); a quoted one runs to its closing quote.
 _PART = r"[^\s/\\:'\"`<>|;,()\[\]{}]+"
@@ -40,6 +41,10 @@ _WINDOWS = r"(?:[A-Za-z]:|\\\\[^\\\s'\"]+)\\+[^\\\s'\"<>|:;,()]+(?:\\+[^\\\s'\"<
 _UNQUOTED = re.compile(rf"{_START}(?:{_WINDOWS}|/{_PART}(?:/{_PART})+/?|~[\w.-]*/{_PART}(?:/{_PART})*/?)")
 _QUOTED_START = r"(?:/|~[\w.-]*/|[A-Za-z]:\\|\\\\)"
 _QUOTED = re.compile(rf"'({_QUOTED_START}[^'\n]*)'" + rf'|"({_QUOTED_START}[^"\n]*)"')
+# The same paths as other formats write them: JSON with escaped slashes (`\/home\/alice\/x`) and
+# URL-encoded (`?path=%2Fhome%2Falice%2Fx`).
+_ESCAPED = re.compile(r"(?<![\w>\\])(?:\\/[^\s\\/'\"<>|;,()\[\]{}:]+){2,}")
+_ENCODED = re.compile(r"(?i)(?<![\w%])(?:%2F[\w.~+-]+){2,}")
 _KEPT = re.compile(r"^/(?:dev/|v\d+[a-z]*(?:/|$))")
 _HOME_PARENTS = frozenset({"home", "Users", "export", "u", "users"})
 
@@ -59,7 +64,7 @@ _LOGINS = _login_names()
 def scrub_paths(text: str, shown: Iterable[str] = ()) -> str:
     """`text` with every absolute host path replaced as the module doc says; `shown`: folders the
     sandbox works in, whose paths are shown relative to them."""
-    if "/" not in text and "\\" not in text:
+    if "/" not in text and "\\" not in text and "%2" not in text.upper():
         return text
     roots = [r.rstrip("/") for r in shown if r and r != "/"]
 
@@ -67,12 +72,12 @@ def scrub_paths(text: str, shown: Iterable[str] = ()) -> str:
         return _neutral(path, roots)
 
     text = _QUOTED.sub(lambda m: f"'{one(m[1])}'" if m[1] is not None else f'"{one(m[2])}"', text)
-    return _UNQUOTED.sub(lambda m: one(m.group(0)), text)
+    text = _UNQUOTED.sub(lambda m: one(m.group(0)), text)
+    text = _ESCAPED.sub(lambda m: one(m.group(0).replace("\\/", "/")).replace("/", "\\/"), text)
+    return _ENCODED.sub(lambda m: one(re.sub("(?i)%2F", "/", m.group(0))).replace("/", "%2F"), text)
 
 
 def _neutral(path: str, roots: list[str]) -> str:
-    if path.startswith("file://"):
-        path = path[len("file://") :]
     if _KEPT.match(path):
         return path
     for root in roots:

@@ -95,6 +95,12 @@ class Redactor:
         """`exc` with its message scrubbed (in place, so its class and attributes stay)."""
         if any(isinstance(a, str) for a in exc.args):
             exc.args = tuple(self(a) if isinstance(a, str) else a for a in exc.args)
+        if isinstance(exc, OSError):  # its message is made from these, not from args
+            for name in ("filename", "filename2"):
+                value = getattr(exc, name, None)
+                if isinstance(value, str):
+                    quote = '"' if "'" in value else "'"  # quoted, a path with spaces is taken whole
+                    setattr(exc, name, self(f"{quote}{value}{quote}")[1:-1])
         return exc
 
 
