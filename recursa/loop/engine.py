@@ -17,7 +17,7 @@ from recursa.loop.compaction import WindowTracker, compacted_history, split_for_
 from recursa.loop.feedback import EMPTY_REPLY_MESSAGE, LAST_CALL_MESSAGE, NO_CODE_MESSAGE, fence_hint
 from recursa.loop.importable import modules_line
 from recursa.loop.options import RunOptions
-from recursa.loop.output import render_turn
+from recursa.loop.output import render_turn, until_timed_out
 from recursa.loop.parse import ParsedReply, parse_reply
 from recursa.loop.prompts import (
     PromptSettings,
@@ -535,7 +535,7 @@ class RunEngine:
             return _Outcome(None, await missing_variable_message(self._sandbox, parsed.prose_final.text))
         assert self._sandbox is not None
         results: list[ExecResult] = []
-        for index, code in enumerate(parsed.code_blocks, 1):
+        for index, code in until_timed_out(parsed.code_blocks, results):
             res = await self._execute(code, turn, index)
             results.append(res)
             if res.partial is not None:
