@@ -311,7 +311,11 @@ def _add_bench_parser(sub: Any) -> None:
         default="base,rlm",
         help="base,codeact,codeact-bm25,codeact-subcalls,summary,rlm,rlm-nosub,rlm-tips,rlm-subtools",
     )
-    add_model_names(bench, default_model="scripted/gpt5-like")
+    add_model_names(
+        bench,
+        default_model="scripted/gpt5-like",
+        default_sub_model="scripted/oracle for a scripted --model, else --model",
+    )
     bench.add_argument(
         "--executor",
         default="local",

@@ -156,9 +156,11 @@ def _loose_final(prose: list[str], fences: Sequence[FenceLike]) -> ProseFinal | 
 
 
 # Math-trained models (Qwen, DeepSeek-R1) answer with \boxed{...}, in $...$ or \[ ... \]; others wrap
-# the answer in <answer> tags. Both are answers written without FINAL: taken where `FINAL 345` is.
+# the answer in <answer> (<final_answer>, <final>) tags. Both are answers written without FINAL:
+# taken where `FINAL 345` is.
 _BOXED = re.compile(r"\\(?:boxed|fbox)[ \t]*\{")
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+_ANSWER_TAG = re.compile(r"<(answer|final_answer|final)>(.*?)</\1>", re.DOTALL | re.IGNORECASE)
+_TAG_CLOSERS = ("</answer>", "</final_answer>", "</final>")
 _MATH_DELIMITERS = re.compile(r"^(?:\$\$?|\\\[|\\\()\s*(?P<inner>.*?)\s*(?:\$\$?|\\\]|\\\))$", re.DOTALL)
 _TEXT_COMMAND = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox)[ \t]*\{")
 
@@ -219,11 +221,15 @@ def _unboxed(text: str) -> str:
 
 
 def _tagged_or_boxed(text: str) -> ProseFinal | None:
-    """An answer in <answer>...</answer> (the last such), else the last \\boxed{...}: loose answers."""
-    cut = text.lower().rfind("</answer>")
-    tags = list(_ANSWER_TAG.finditer(text[: cut + len("</answer>")])) if cut >= 0 else []
+    """An answer in <answer>...</answer> (or <final_answer>, <final>; the last such), else the last
+    \\boxed{...}: loose answers."""
+    # Searched only up to the last closing tag: an opener repeated with no close after it must not
+    # make the lazy pattern quadratic.
+    lowered = text.lower()
+    cut = max((lowered.rfind(c) + len(c) for c in _TAG_CLOSERS if c in lowered), default=0)
+    tags = list(_ANSWER_TAG.finditer(text[:cut])) if cut else []
     for m in tags[::-1]:
-        inner = _strip_decor(m.group(1))
+        inner = _strip_decor(m.group(2))
         if inner:
             lines = {"line": text.count("\n", 0, m.start()), "end_line": text.count("\n", 0, m.end())}
             return ProseFinal("FINAL", boxed(inner) or inner, loose=True, **lines)
