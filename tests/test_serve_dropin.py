@@ -227,3 +227,22 @@ def test_an_answer_that_never_fit_the_schema_is_cut_short_not_stop(srv):
     assert r.status == "incomplete" and r.incomplete_details is not None
     plain = client.chat.completions.create(model="recursa", messages=messages, extra_body=once)
     assert plain.choices[0].finish_reason == "stop"  # without a schema, the last answer is the answer
+
+
+def test_stored_completion_and_conversation_endpoints_say_nothing_is_stored(srv):
+    # `store: true` is accepted (and keeps nothing): the SDK calls that read stored completions back
+    # get a 404 that says so, as the Responses API's do, not a bare 404 or 405.
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0)
+    calls = (
+        lambda: client.chat.completions.list(),
+        lambda: client.chat.completions.retrieve("chatcmpl-1"),
+        lambda: client.chat.completions.update("chatcmpl-1", metadata={"k": "v"}),
+        lambda: client.chat.completions.delete("chatcmpl-1"),
+        lambda: client.chat.completions.messages.list("chatcmpl-1"),
+    )
+    for call in calls:
+        with pytest.raises(openai.NotFoundError, match="stores no chat completions") as missing:
+            call()
+        assert missing.value.code == "completion_not_found"
+    with pytest.raises(openai.NotFoundError, match="keeps no conversations"):
+        client.conversations.create()

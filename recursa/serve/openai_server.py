@@ -51,6 +51,25 @@ _NOT_STORED = (
     "listed, cancelled or deleted; a response of a session can be continued with previous_response_id"
 )
 
+_NO_COMPLETIONS_STORED = (
+    "this server stores no chat completions (store is accepted and keeps nothing), so none can be "
+    "listed, retrieved, updated or deleted; each run's trace stays on the server, and a conversation "
+    'can go on in a session (extra_body={"recursa": {"session": "new"}})'
+)
+_NO_CONVERSATIONS = (
+    "this server keeps no conversations; send the whole conversation with each request, or go on in a "
+    'session (extra_body={"recursa": {"session": "new"}}, then previous_response_id or the session id)'
+)
+
+
+def _about_stored_completions(status: int, method: str, path: str) -> bool:
+    """GET /v1/chat/completions (the list) and anything under /v1/chat/completions/{id}: the stored
+    completions API, which `store` would feed on OpenAI's servers."""
+    if path.startswith("/v1/chat/completions/"):
+        return status in (404, 405)
+    return status == 405 and method == "GET" and path.rstrip("/") == "/v1/chat/completions"
+
+
 # Bodies above this size are parsed on a worker thread so other requests keep being served.
 _PARSE_IN_THREAD_BYTES = 1_000_000
 
@@ -98,6 +117,12 @@ def create_app(settings: ServeSettings) -> FastAPI:
         elif exc.status_code in (404, 405) and path.startswith("/v1/responses/"):
             # retrieve, delete, cancel, input_items: all about stored responses, which there are none of
             not_found = ApiError(404, _NOT_STORED, code="response_not_found")
+            return JSONResponse(not_found.body(), status_code=404)
+        elif _about_stored_completions(exc.status_code, request.method, path):
+            not_found = ApiError(404, _NO_COMPLETIONS_STORED, code="completion_not_found")
+            return JSONResponse(not_found.body(), status_code=404)
+        elif exc.status_code == 404 and path.startswith("/v1/conversations"):
+            not_found = ApiError(404, _NO_CONVERSATIONS, code="conversation_not_found")
             return JSONResponse(not_found.body(), status_code=404)
         return JSONResponse(ApiError(exc.status_code, message).body(), status_code=exc.status_code)
 
