@@ -358,3 +358,35 @@ async def test_a_reward_that_is_not_a_finite_number_is_refused(tmp_path: Path, r
         group_rollouts([episode, episode], rewards=[1.0, float("nan")])
     assert episode.rollouts(reward=True)[-1]["reward"] == 1.0
     await env.aclose()
+
+
+async def test_token_fields_as_arrays_and_tuples_reach_the_rows_and_bad_ones_are_named(
+    tmp_path: Path,
+) -> None:
+    # An engine hands token ids over as numpy arrays (or tuples) and counts as numpy ints; every form
+    # but a list used to be dropped without a word: rows without token ids, usage estimated.
+    np = pytest.importorskip("numpy")
+
+    async def sub_call(messages, depth, parent_id):
+        return {"text": "sub", "token_ids": np.array([5, 6]), "logprobs": (-0.1, -0.2)}
+
+    env = RLMEnv(sub_call=sub_call, max_depth=1, trace_dir=tmp_path)
+    episode = await env.start("q?", CONTEXT)
+    reply = {"content": code("print(llm_query('a'))"), "token_ids": np.array([1, 2, 3]),
+             "logprobs": np.array([-0.5, -0.25, -0.125]), "input_tokens": np.int64(40)}  # fmt: skip
+    await episode.step(reply)
+    for bad, named in (
+        ({"token_ids": ["a", "b"]}, "the reply's token_ids holds 'a'; give a flat list of token ids"),
+        ({"token_ids": np.array([[1, 2]])}, r"the reply's token_ids holds \[1, 2\]"),
+        ({"logprobs": "-0.5"}, "the reply's logprobs is a str; give a list"),
+        ({"output_tokens": -3}, "the reply's output_tokens is -3; give a whole number >= 0"),
+    ):
+        with pytest.raises(EnvError, match=named):
+            await episode.step({"content": "FINAL(1)", **bad})
+    await episode.step({"content": "FINAL(1)", "token_ids": (7, 8)})
+    root, last, sub = episode.rollouts(include_subcalls=True)
+    assert (root["response_token_ids"], root["response_logprobs"]) == ([1, 2, 3], [-0.5, -0.25, -0.125])
+    assert last["response_token_ids"] == [7, 8]
+    assert (sub["response_token_ids"], sub["response_logprobs"]) == ([5, 6], [-0.1, -0.2])
+    assert episode.usage.output_tokens == 3 + 2 + 2 and episode.turn == 2
+    await env.aclose()

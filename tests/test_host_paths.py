@@ -16,6 +16,7 @@ import pytest
 
 from recursa import RLM, host_tool
 from recursa.sandbox import make_sandbox
+from recursa.testing.fake_state import Fault, FaultRule, FaultSchedule
 from recursa.trace.hostpaths import HOST_PATH, scrub_paths
 from recursa.trace.redact import Redactor
 from tests.test_escapes import feedback_before
@@ -110,6 +111,33 @@ def test_a_path_in_the_sandboxs_own_folder_is_shown_as_the_code_names_it(server,
     assert result.stop_reason == "final", result.error
     assert "No such file or directory: './sub/gone.txt'" in result.answer, result.answer
     assert "recursa-repl-" not in result.trace_path.read_text()
+
+
+def test_a_failing_sub_model_call_names_no_host_path(server, script, tmp_path):
+    # A model server on the same machine (vLLM, llama.cpp) may quote where its weights live.
+    script.root(
+        "root-model",
+        code("try:\n    llm_query('hi')\nexcept Exception as e:\n    print('caught', type(e).__name__, e)"),
+        code("FINAL('done')"),
+    )
+    script.sub("sub-model", lambda prompt: "unused")
+    message = f"cannot load model: [Errno 2] No such file or directory: '{SECRET_DIR}/weights/model.gguf'"
+    server.faults = FaultSchedule(FaultRule(Fault(400, message=message), model="sub-model", times=None))
+    try:
+        result = RLM(
+            "openai/root-model",
+            base_url=server.base_url,
+            api_key="k",
+            sub_model=SUB,
+            trace_dir=tmp_path,
+            max_retries=0,
+        ).run("q", "ctx")
+    finally:
+        server.faults = None
+    told = feedback_before(server, 2)
+    assert "caught SubcallError" in told and f"'{HOST_PATH}/model.gguf'" in told, told
+    assert_clean(told, "the REPL output shown to the root")
+    assert_clean(result.trace_path.read_text(), "the trace file")
 
 
 def test_every_error_reply_into_the_sandbox_is_scrubbed_whatever_the_handler():

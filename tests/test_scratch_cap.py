@@ -4,7 +4,8 @@ A worker started without bwrap makes its scratch folder (its cwd, HOME and TMPDI
 `max_scratch_bytes` in a mount namespace of its own. With CAP_SYS_ADMIN (a root host) that is a plain
 mount namespace; an unprivileged worker makes a user namespace first, where the kernel lets users
 make them. Without either the folder is the host's, capped per file only (RLIMIT_FSIZE), and
-`isolation["scratch"]` must say so, never a cap that does not hold.
+`isolation["scratch"]` must say so, never a cap that does not hold. The same user namespace gives
+a non-root host without a control group an exact task cap: RLIMIT_NPROC counts in it alone.
 
 This machine's tests run as root, so the worker is run as an unprivileged user here: its Python is
 a wrapper that hands it the scratch folder and then drops to uid/gid 65534 (setpriv), so the worker
@@ -160,3 +161,53 @@ def test_isolation_claims_no_scratch_cap_that_does_not_hold() -> None:
     scratch = host._scratch(isolation, report)
     assert scratch["bytes"] is None and scratch["by"] == "RLIMIT_FSIZE (per file; no total)"
     assert scratch["file_bytes"] == 6 << 20 and "Operation not permitted" in scratch["why"]
+
+
+# Forks children that wait, until the kernel refuses one; then ends them.
+FORK_TO_THE_CAP = (
+    "import os, time\n"
+    "kids, refused = [], None\n"
+    "for _ in range(64):\n"
+    "    try:\n"
+    "        pid = os.fork()\n"
+    "    except OSError as e:\n"
+    "        refused = type(e).__name__\n"
+    "        break\n"
+    "    if pid == 0:\n"
+    "        time.sleep(60)\n"
+    "        os._exit(0)\n"
+    "    kids.append(pid)\n"
+    "for pid in kids:\n"
+    "    os.kill(pid, 9)\n"
+    "    os.waitpid(pid, 0)\n"
+    "print(len(kids), refused)\n"
+)
+
+
+def test_an_unprivileged_workers_own_user_namespace_caps_its_tasks_exactly(unprivileged) -> None:
+    # No control group: RLIMIT_NPROC, set inside the worker's own user namespace, counts the
+    # sandbox's tasks alone; forks past max_processes fail at once instead of racing the poller.
+    kw, python = unprivileged
+    if not _user_namespaces_allowed(python):
+        pytest.skip("this kernel lets no unprivileged user make a user namespace (the mechanism is absent)")
+
+    async def main() -> tuple[str, dict[str, Any]]:
+        hardening = Hardening(max_scratch_bytes=8 << 20, max_processes=12, cgroups=False)
+        sb = SubprocessSandbox(hardening=hardening, bwrap=False, snapshots=False, **kw)
+
+        async def no_calls(fn: str, args: dict[str, Any]) -> Any:
+            return None
+
+        await sb.start(no_calls)
+        try:
+            res = await sb.execute(FORK_TO_THE_CAP, timeout=30)
+            after = await sb.execute("print('alive')", timeout=30)
+            assert after.stdout == "alive\n", after
+            return res.stdout + (res.error or ""), dict(sb.isolation)
+        finally:
+            await sb.close()
+
+    out, isolation = asyncio.run(main())
+    assert isolation["tasks"] == "RLIMIT_NPROC" and isolation["rlimits"]["nproc"] == 12, isolation
+    forked, refused = out.split()
+    assert refused == "BlockingIOError" and 0 < int(forked) < 12, out

@@ -15,6 +15,7 @@ from typing import Any
 
 from recursa.env.episode import reply_text
 from recursa.env.shared import EnvError
+from recursa.env.tokens import given_count, token_fields
 from recursa.errors import LMError
 from recursa.lm.base import LMRequest, LMResponse, Message
 
@@ -64,18 +65,21 @@ def _response(outcome: Any, messages: list[Message]) -> LMResponse:
         outcome = {**outcome, "content": outcome["text"]}
     try:
         outcome, extra = reply_text(outcome, "sub_call's reply")
+        tokens = token_fields(extra, "sub_call's reply")
     except EnvError as exc:
         raise LMError(
             f"{exc} (sub_call returns the reply as a str, or a dict with it under 'text')"
         ) from None
     prompt_chars = sum(len(m.get("content") or "") for m in messages)
+    given_out = given_count(tokens["output_tokens"], tokens["token_ids"])
     return LMResponse(
         text=outcome,
-        input_tokens=_count(extra.get("input_tokens"), prompt_chars),
-        output_tokens=_count(extra.get("output_tokens"), len(outcome)),
-        token_ids=_ints(extra.get("token_ids")),
-        prompt_token_ids=_ints(extra.get("prompt_token_ids")),
-        logprobs=_floats(extra.get("logprobs")),
+        input_tokens=_count(given_count(tokens["input_tokens"], tokens["prompt_token_ids"]), prompt_chars),
+        output_tokens=_count(given_out, len(outcome)),
+        usage_estimated=given_out is None,  # as for the trainer's own turns: the trace marks it
+        token_ids=tokens["token_ids"],
+        prompt_token_ids=tokens["prompt_token_ids"],
+        logprobs=tokens["logprobs"],
         model=str(extra.get("model")) if extra.get("model") else None,
     )
 
@@ -84,15 +88,3 @@ def _count(given: Any, chars: int) -> int:
     if isinstance(given, int) and not isinstance(given, bool) and given >= 0:
         return given
     return max(1, chars // _CHARS_PER_TOKEN)
-
-
-def _ints(value: Any) -> list[int] | None:
-    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        return list(value)
-    return None
-
-
-def _floats(value: Any) -> list[float] | None:
-    if isinstance(value, list) and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value):
-        return [float(v) for v in value]
-    return None

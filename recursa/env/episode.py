@@ -18,6 +18,7 @@ from typing import Any
 from recursa.context import ContextPayload
 from recursa.env.rollouts import Rollouts, checked_reward, episode_rows
 from recursa.env.shared import EnvError, EpisodeHost, Prepaid, ReplyRefused
+from recursa.env.tokens import given_count, token_fields
 from recursa.lm.base import LMResponse, Message, valid_unicode
 from recursa.loop.engine import RunEngine
 from recursa.result import RLMResult
@@ -253,10 +254,14 @@ class Episode:
                 "policy's generation length or raise max_reply_chars. Nothing ran; step again.",
                 too_long=len(reply),
             )
+        try:
+            tokens = token_fields(extra, "the reply")
+        except EnvError as exc:
+            raise ReplyRefused(str(exc)) from None
         prompt_chars = sum(len(m.get("content") or "") for m in self._engine.messages)
         # Counts the trainer gives, else the length of the token ids it gives, else an estimate.
-        given_in = _given(extra.get("input_tokens"), extra.get("prompt_token_ids"))
-        given_out = _given(extra.get("output_tokens"), extra.get("token_ids"))
+        given_in = given_count(tokens["input_tokens"], tokens["prompt_token_ids"])
+        given_out = given_count(tokens["output_tokens"], tokens["token_ids"])
         response = LMResponse(
             text=reply,
             input_tokens=_count(given_in, prompt_chars),
@@ -265,9 +270,8 @@ class Episode:
             finish_reason=extra.get("finish_reason") if isinstance(extra.get("finish_reason"), str) else None,
         )
         for name in _TOKEN_FIELDS:
-            value = extra.get(name)
-            if isinstance(value, list):
-                setattr(response, name, list(value))
+            if tokens[name] is not None:
+                setattr(response, name, tokens[name])
         return response
 
     async def _end(self) -> None:
@@ -345,12 +349,6 @@ def _parts_text(parts: list[Any], what: str) -> str:
                 "{'type': 'text', 'text': ...} only"
             )
     return "".join(texts)
-
-
-def _given(count: Any, token_ids: Any) -> int | None:
-    if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
-        return count
-    return len(token_ids) if isinstance(token_ids, list) else None
 
 
 def _count(given: Any, chars: int) -> int:

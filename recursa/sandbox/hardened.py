@@ -151,6 +151,11 @@ class HostHardening:
         elif self.options.max_scratch_bytes is not None:
             # No bwrap to mount a sized scratch: the worker mounts one itself where it may.
             spec["scratch_tmpfs"] = {"path": scratch, "bytes": self.options.max_scratch_bytes}
+            if not grouped:
+                # Where that takes a user namespace of its own, RLIMIT_NPROC counts in it alone, as
+                # in bwrap's: the worker sets it there (never in the host's, where it would count
+                # all the user's tasks), and not as root, whom it does not bind.
+                spec["scratch_tmpfs"]["max_tasks"] = self.options.max_processes
         return {"hardening": spec}
 
     def start_failed(self, log_tail: str) -> bool:

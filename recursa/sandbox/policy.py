@@ -32,8 +32,8 @@ class Hardening:
     max_processes: tasks (processes and their threads) the REPL may have at once, itself, its keeper
         and its snapshot included. Where the host can make a control group (cgroups.py) the kernel
         enforces it exactly: a fork or thread past it fails (BlockingIOError, RuntimeError "can't
-        start new thread"). Elsewhere RLIMIT_NPROC does inside bwrap's user namespace for a non-root
-        host; and the host's poller (guard.py) counts processes, kills the extra ones and
+        start new thread"). Elsewhere RLIMIT_NPROC does inside a user namespace of the sandbox's own
+        for a non-root host (bwrap's, or the worker's for its scratch tmpfs); and the host's poller (guard.py) counts processes, kills the extra ones and
         interrupts the cell. `isolation["tasks"]` says which holds.
     max_shm_bytes: the size of the REPL's private /dev/shm (and /tmp) under bwrap: files there are
         memory that no rlimit counts. None: no size of ours (the kernel's default, half the RAM).

@@ -147,6 +147,15 @@ def _scratch_tmpfs(want: dict[str, Any], report: Report) -> None:
     else:
         report.data["scratch_tmpfs"] = int(want["bytes"])
         report.data["scratch_tmpfs_by"] = how
+        tasks = want.get("max_tasks")
+        if how == "user+mount" and isinstance(tasks, int) and os.geteuid() != 0:
+            # The kernel counts RLIMIT_NPROC per user namespace: in this one, the sandbox's tasks only.
+            try:
+                resource.setrlimit(resource.RLIMIT_NPROC, (tasks, tasks))
+            except (ValueError, OSError) as exc:
+                report.warn(f"setrlimit(nproc) failed: {exc}")
+            else:
+                report.data["rlimits"]["nproc"] = resource.getrlimit(resource.RLIMIT_NPROC)[1]
 
 
 def _probe(report: Report) -> None:
