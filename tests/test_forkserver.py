@@ -240,3 +240,37 @@ def test_the_worker_takes_a_zygote_control_socket() -> None:
     assert parse_args(["--zygote", "5"]) == (5, {"_zygote": True})
     with pytest.raises(SystemExit, match="one of --fd and --zygote"):
         parse_args(["--zygote", "5", "--fd", "6"])
+
+
+async def test_closing_forked_workers_kills_their_group_without_scanning_every_process(monkeypatch) -> None:
+    """A forked worker's group is killed by number: a /proc scan for members first (one read per
+    process on the machine, on every close) could only find what killpg itself finds."""
+    import recursa.sandbox.processes as processes
+
+    scans: list[int] = []
+
+    def counted(pgid: int) -> list[tuple[int, int, str]]:
+        scans.append(pgid)
+        return []
+
+    server = ForkServer()
+    plain = await forked(server)
+    restored = await forked(server, snapshots=True, grace_s=0.3)
+    try:
+        await restored.execute("kept = 1", 5)
+        assert (await restored.execute("sum(range(10**13))", 0.3)).restored  # now an adopted snapshot
+        assert plain._worker is not None and restored._worker is not None
+        handles = [plain._worker.process, restored._worker.process]
+        assert isinstance(handles[0], processes.ForkedProcess)
+        assert isinstance(handles[1], processes.AdoptedProcess)
+        pids = [h.pid for h in handles]
+        assert all(pid is not None and alive(pid) for pid in pids)
+        monkeypatch.setattr(processes, "group_members", counted)
+        await plain.close()
+        await restored.close()
+        assert scans == []
+        assert not any(alive(pid) for pid in pids if pid is not None)
+    finally:
+        await plain.close()
+        await restored.close()
+        await server.close()

@@ -177,3 +177,18 @@ def test_an_over_long_generation_is_told_to_the_policy_not_raised_at_the_trainer
     out = env.step("FINAL(heron)")
     assert out["done"] and out["reward"] == 1.0 and env.get_metrics()["turns_used"] == 2
     env.close()
+
+
+def test_an_lm_callback_that_breaks_skyrls_contract_fails_the_call_saying_so(tmp_path: Path) -> None:
+    # [None] used to reach the REPL as the model's reply "None", looking like an answer.
+    extras = {"lm_callback": lambda prompts: [None], "extra_info": {"context_text": CONTEXT},
+              "trace_dir": str(tmp_path)}  # fmt: skip
+    env = skyrl_gym.make(adapter.ENV_ID, env_config={}, extras=extras)
+    env.init([{"role": "user", "content": "What is the code word?"}])
+    out = env.step(
+        code("try:\n    print(repr(llm_query('hi')))\nexcept Exception as e:\n    print('failed:', e)")
+    )
+    said = out["observations"][0]["content"]
+    assert "failed:" in said and "extras['lm_callback'] returned a list of 1 whose first item is None" in said
+    assert "one str per prompt" in said
+    env.close()

@@ -300,7 +300,23 @@ def _sub_call(extras: dict[str, Any]) -> SubCall | None:
 
     async def via_lm_callback(messages: list[Message], depth: int, parent_id: str | None) -> str:
         replies = await asyncio.to_thread(callback, [_transcript(messages)])
-        return str(replies[0])
+        # SkyRL's contract: one reply (a str) per prompt. str(None) or a list's repr as the
+        # model's reply would look like an answer; the failed call says what came back instead.
+        if not isinstance(replies, list | tuple) or len(replies) != 1 or not isinstance(replies[0], str):
+            got = (
+                f"a {type(replies).__name__} of {len(replies)}"
+                if isinstance(replies, list | tuple)
+                else kind(replies)
+            )
+            first = (
+                f" whose first item is {kind(replies[0])}"
+                if isinstance(replies, list | tuple) and replies
+                else ""
+            )
+            raise TypeError(
+                f"extras['lm_callback'] returned {got}{first}; it must return a list with one str per prompt"
+            )
+        return replies[0]
 
     return via_lm_callback
 

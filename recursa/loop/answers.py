@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Awaitable, Callable
 
-from recursa.loop.finals import ProseFinal, is_identifier
+from recursa.loop.finals import ProseFinal, is_identifier, joined_text
 from recursa.loop.output import render_turn
 from recursa.sandbox.base import ExecResult, FinalAnswer, Sandbox
 
@@ -41,12 +41,16 @@ async def resolve_prose_final(
         elif await _is_expression_over_variables(prose.text, sandbox):
             # FINAL(f"Total: {total}") or FINAL(len(rows)): the model meant the value, so it is
             # computed in the REPL (an exec in the trace) rather than returned as source text.
-            code = f"FINAL({prose.text})"
-            if not retry and _several_arguments(prose.text):
+            several = not retry and _several_arguments(prose.text)
+            if several:
                 # FINAL(total, count) in the last call: no turn is left to be told FINAL takes one
-                # value, so the answer is what prose FINAL means, its text, each name's value in it.
-                code = f'FINAL(", ".join(str(_v) for _v in ({prose.text},)))'
-            res = await evaluate(code)
+                # value, so the answer is what prose FINAL means, text: the values, as text, joined.
+                res = await evaluate(f"FINAL([str(_v) for _v in ({prose.text},)])")
+            else:
+                res = await evaluate(f"FINAL({prose.text})")
+            if several and res.final is not None and isinstance(res.final.value, list):
+                text = joined_text(tuple(str(v) for v in res.final.value))
+                return FinalAnswer(text=text, value=text, protocol="FINAL")
             if res.final is not None:
                 res.final.protocol = "FINAL"
                 return res.final

@@ -14,7 +14,13 @@ from recursa.lm.base import CallMeta, LMResponse, Message
 from recursa.lm.prices import PriceBook
 from recursa.loop.answers import empty_answer, missing_variable_message, resolve_prose_final
 from recursa.loop.compaction import WindowTracker, compacted_history, split_for_compaction, summary_prompt
-from recursa.loop.feedback import EMPTY_REPLY_MESSAGE, LAST_CALL_MESSAGE, NO_CODE_MESSAGE, fence_hint
+from recursa.loop.feedback import (
+    EMPTY_REPLY_MESSAGE,
+    LAST_CALL_MESSAGE,
+    NO_CODE_MESSAGE,
+    fence_hint,
+    unfenced_answer_note,
+)
 from recursa.loop.importable import modules_line
 from recursa.loop.options import RunOptions
 from recursa.loop.output import render_turn
@@ -540,14 +546,8 @@ class RunEngine:
             results.append(res)
             if res.partial is not None:
                 self._partial = res.partial
-            if res.final is not None and parsed.unfenced:
-                # Code written outside a fence that answers in the same breath: as with a prose FINAL
-                # next to code, the model has not seen the output, so the answer waits for it.
-                res.notes.append(
-                    f"Your code called {res.final.protocol}(...) in the same reply that wrote the code, "
-                    "before you had seen its output, so it was not taken as the answer. If the output "
-                    "confirms it, give the answer again in your next reply."
-                )
+            if res.final is not None and parsed.unfenced:  # it answers before its output was seen
+                res.notes.append(unfenced_answer_note(res.final.protocol))
                 break
             if res.final is not None:
                 empty = empty_answer(res.final)

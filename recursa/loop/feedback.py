@@ -33,3 +33,14 @@ def fence_hint(parsed: ParsedReply) -> str:
         else f"{n} code fences without the `repl` tag; they did not run"
     )
     return f" (Your reply had {what} ({kinds}). Only blocks opened with ```repl or ```python run.)"
+
+
+def unfenced_answer_note(protocol: str) -> str:
+    """Code written outside a fence that answers in the same reply: as with a prose FINAL next to
+    code, the model has not seen the output, so the answer waits for it."""
+    how = 'set answer["ready"]' if protocol == "answer" else f"called {protocol}(...)"
+    return (
+        f"Your code {how} in the same reply that wrote the code, before you had seen its output, so "
+        "it was not taken as the answer. If the output confirms it, give the answer again in your next "
+        "reply."
+    )

@@ -156,9 +156,11 @@ def _loose_final(prose: list[str], fences: Sequence[FenceLike]) -> ProseFinal | 
 
 
 # Math-trained models (Qwen, DeepSeek-R1) answer with \boxed{...}, in $...$ or \[ ... \]; others wrap
-# the answer in <answer> tags. Both are answers written without FINAL: taken where `FINAL 345` is.
+# the answer in <answer> (<final_answer>, <final>) tags. Both are answers written without FINAL:
+# taken where `FINAL 345` is.
 _BOXED = re.compile(r"\\(?:boxed|fbox)[ \t]*\{")
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+_ANSWER_TAG = re.compile(r"<(answer|final_answer|final)>(.*?)</\1>", re.DOTALL | re.IGNORECASE)
+_TAG_CLOSERS = ("</answer>", "</final_answer>", "</final>")
 _MATH_DELIMITERS = re.compile(r"^(?:\$\$?|\\\[|\\\()\s*(?P<inner>.*?)\s*(?:\$\$?|\\\]|\\\))$", re.DOTALL)
 _TEXT_COMMAND = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox)[ \t]*\{")
 
@@ -219,11 +221,15 @@ def _unboxed(text: str) -> str:
 
 
 def _tagged_or_boxed(text: str) -> ProseFinal | None:
-    """An answer in <answer>...</answer> (the last such), else the last \\boxed{...}: loose answers."""
-    cut = text.lower().rfind("</answer>")
-    tags = list(_ANSWER_TAG.finditer(text[: cut + len("</answer>")])) if cut >= 0 else []
+    """An answer in <answer>...</answer> (or <final_answer>, <final>; the last such), else the last
+    \\boxed{...}: loose answers."""
+    # Searched only up to the last closing tag: an opener repeated with no close after it must not
+    # make the lazy pattern quadratic.
+    lowered = text.lower()
+    cut = max((lowered.rfind(c) + len(c) for c in _TAG_CLOSERS if c in lowered), default=0)
+    tags = list(_ANSWER_TAG.finditer(text[:cut])) if cut else []
     for m in tags[::-1]:
-        inner = _strip_decor(m.group(1))
+        inner = _strip_decor(m.group(2))
         if inner:
             lines = {"line": text.count("\n", 0, m.start()), "end_line": text.count("\n", 0, m.end())}
             return ProseFinal("FINAL", boxed(inner) or inner, loose=True, **lines)
@@ -241,6 +247,12 @@ _NAME_KEYWORDS = ("name", "var", "var_name", "variable", "variable_name")
 
 
 def _without_keyword(argument: str, keywords: tuple[str, ...]) -> str:
+    try:
+        call = ast.parse(f"f({argument})", mode="eval").body
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        call = None
+    if isinstance(call, ast.Call) and (call.args or len(call.keywords) != 1):
+        return argument  # FINAL(answer="a", note="b"): several arguments, kept as written
     m = re.match(rf"(?:{'|'.join(keywords)})[ \t]*=(?!=)[ \t]*(?P<rest>\S.*)\Z", argument.strip(), re.DOTALL)
     return _unquote(m.group("rest").strip()) if m is not None else argument
 
@@ -386,7 +398,7 @@ def _string_end(text: str, i: int) -> int | None:
 
 
 def _unquote(text: str) -> str:
-    if text[:1] in ("'", '"') and text[-1:] == text[:1]:
+    if text[:1] in ("'", '"'):
         # A Python string literal ("He said \\"hi\\"", '\\n'-escaped lines) means what Python reads.
         try:
             value = ast.literal_eval(text)
@@ -394,6 +406,10 @@ def _unquote(text: str) -> str:
             value = None
         if isinstance(value, str):
             return value
+        if isinstance(value, tuple) and value and all(isinstance(v, (str, int, float)) for v in value):
+            return joined_text(value)  # FINAL("Paris", "France"): several values, as text
+        if _is_tuple(text) or text[-1:] != text[:1]:
+            return text  # FINAL("Total:", total): Python over REPL names, evaluated as written
     for quote in ('"""', "'''", '"', "'"):
         if len(text) >= 2 * len(quote) and text.startswith(quote) and text.endswith(quote):
             return text[len(quote) : -len(quote)]
@@ -414,6 +430,22 @@ def _unquote(text: str) -> str:
         ):
             return inner
     return text
+
+
+def joined_text(values: tuple[str | int | float, ...]) -> str:
+    """Several values written as one answer, as text: joined with ", ", or a space after a label
+    ("Total:", 42 reads "Total: 42")."""
+    out = str(values[0])
+    for value in values[1:]:
+        out += (" " if out.endswith(":") else ", ") + str(value)
+    return out
+
+
+def _is_tuple(text: str) -> bool:
+    try:
+        return isinstance(ast.parse(text, mode="eval").body, ast.Tuple)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return False
 
 
 def assigned_in(prose: list[str], name: str) -> bool:

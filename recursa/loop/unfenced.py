@@ -21,6 +21,7 @@ import ast
 import builtins
 import re
 import sys
+import textwrap
 from dataclasses import dataclass
 
 # What the REPL defines (recursa/sandbox/worker/repl.py), the spellings of FINAL it accepts included.
@@ -82,6 +83,32 @@ def find_unfenced(lines: list[str], barriers: set[int] | frozenset[int] = frozen
     if len(lines) > _MAX_LINES or sum(map(len, lines)) > _MAX_CHARS:
         return []
     budget = [_COMPILE_BUDGET]
+    found = _runs(lines, barriers, budget)
+    if found:
+        return found
+    # Code indented as a markdown code block, or under a list item ("1. Split it:" then "   x = ..."):
+    # read again with each stretch of indented lines moved to the left. Only when nothing was found
+    # as written: inside code, an indented line after a blank one is the body of a loop.
+    moved = _dedented(lines)
+    return _runs(moved, barriers, budget) if moved != lines else []
+
+
+def _dedented(lines: list[str]) -> list[str]:
+    out = list(lines)
+    i = 0
+    while i < len(lines):
+        if not lines[i][:1].isspace() or not lines[i].strip():
+            i += 1
+            continue
+        j = i
+        while j < len(lines) and (lines[j][:1].isspace() or not lines[j].strip()):
+            j += 1
+        out[i:j] = textwrap.dedent("\n".join(lines[i:j])).split("\n")
+        i = j
+    return out
+
+
+def _runs(lines: list[str], barriers: set[int] | frozenset[int], budget: list[int]) -> list[Unfenced]:
     runs: list[Unfenced] = []
     segment_start = 0
     for stop in [*sorted(b for b in barriers if 0 <= b < len(lines)), len(lines)]:
