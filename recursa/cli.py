@@ -209,7 +209,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         if result.error:
-            print(f"stopped early: {result.error}", file=sys.stderr)
+            print(f"stopped early: {for_cli(result.error)}", file=sys.stderr)
         if result.skipped_files:
             from recursa.cli_chat import skipped_note
 
