@@ -209,7 +209,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         if result.error:
-            print(f"stopped early: {result.error}", file=sys.stderr)
+            print(f"stopped early: {for_cli(result.error)}", file=sys.stderr)
         if result.skipped_files:
             from recursa.cli_chat import skipped_note
 
@@ -311,7 +311,11 @@ def _add_bench_parser(sub: Any) -> None:
         default="base,rlm",
         help="base,codeact,codeact-bm25,codeact-subcalls,summary,rlm,rlm-nosub,rlm-tips,rlm-subtools",
     )
-    add_model_names(bench, default_model="scripted/gpt5-like")
+    add_model_names(
+        bench,
+        default_model="scripted/gpt5-like",
+        default_sub_model="scripted/oracle for a scripted --model, else --model",
+    )
     bench.add_argument(
         "--executor",
         default="local",

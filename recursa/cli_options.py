@@ -52,7 +52,9 @@ class HelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
-def add_model_names(p: argparse.ArgumentParser, default_model: str = DEFAULT_MODEL) -> None:
+def add_model_names(
+    p: argparse.ArgumentParser, default_model: str = DEFAULT_MODEL, default_sub_model: str = "--model"
+) -> None:
     """--model, --sub-model and --base-url, each defaulting to its RECURSA_* variable."""
     p.add_argument(
         "--model",
@@ -63,7 +65,7 @@ def add_model_names(p: argparse.ArgumentParser, default_model: str = DEFAULT_MOD
     p.add_argument(
         "--sub-model",
         default=os.environ.get("RECURSA_SUB_MODEL"),
-        help="model behind llm_query in the REPL (default: $RECURSA_SUB_MODEL, else --model)",
+        help=f"model behind llm_query in the REPL (default: $RECURSA_SUB_MODEL, else {default_sub_model})",
     )
     p.add_argument(
         "--base-url",

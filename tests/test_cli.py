@@ -154,3 +154,20 @@ def test_unreachable_server_ends_with_an_error_status_not_a_traceback(tmp_path):
     assert out.returncode == 3
     assert f"cannot connect to 127.0.0.1:{port} (connection refused)" in out.stderr
     assert "Traceback" not in out.stderr and "event loop" not in out.stderr
+
+
+def test_an_early_stop_is_told_in_flags_not_python_arguments(tmp_path):
+    """A rejected key stops the run; the reason the CLI prints names --api-key-env, not api_key=."""
+    from recursa.testing.fake_server import FakeServer
+
+    (tmp_path / "ctx.txt").write_text("some text")
+    with FakeServer(api_key="the-right-key") as srv:
+        out = recursa(
+            *("run", "q", "--context", str(tmp_path / "ctx.txt"), "--model", "openai/scripted/gpt5-like"),
+            *("--base-url", srv.base_url, "--trace-dir", str(tmp_path)),
+            env={"OPENAI_API_KEY": "a-wrong-key-0123456789"},
+        )
+    assert out.returncode == 3
+    assert "rejected the API key (HTTP 401)" in out.stderr
+    assert "--api-key-env NAME" in out.stderr and "api_key=" not in out.stderr
+    assert "a-wrong-key-0123456789" not in out.stderr

@@ -390,3 +390,19 @@ async def test_token_fields_as_arrays_and_tuples_reach_the_rows_and_bad_ones_are
     assert (sub["response_token_ids"], sub["response_logprobs"]) == ([5, 6], [-0.1, -0.2])
     assert episode.usage.output_tokens == 3 + 2 + 2 and episode.turn == 2
     await env.aclose()
+
+
+async def test_a_reply_of_many_blocks_that_never_end_costs_one_timeout(tmp_path: Path) -> None:
+    # Each block may run exec_timeout: 50 blocks of `while True: pass` (a degenerate generation)
+    # held one step for 50 timeouts. The blocks after one that ran out of time are not run.
+    env = RLMEnv(max_depth=0, trace_dir=tmp_path, exec_timeout=0.5)
+    episode = await env.start("q?", CONTEXT)
+    reply = code("x = 1") + "\n" + "\n".join(code("while True:\n    x += 1") for _ in range(50))
+    (said,) = await episode.step(reply)
+    content = said["content"]
+    assert "[block 2 of 2]" in content and "the 49 block(s) after it in your reply were not run" in content
+    execs = [e for e in load(episode.trace_path).events if e["type"] == "exec"]
+    assert [e["block"] for e in execs] == [1, 2] and execs[1]["timed_out"]
+    (said,) = await episode.step(code("print(x > 1)"))  # the variables are kept
+    assert "True" in said["content"]
+    await env.aclose()

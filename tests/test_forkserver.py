@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from recursa import RLM
@@ -273,4 +274,24 @@ async def test_closing_forked_workers_kills_their_group_without_scanning_every_p
     finally:
         await plain.close()
         await restored.close()
+        await server.close()
+
+
+HIDDEN = os.path.realpath(aiohttp.__file__)  # in site-packages: its files stay unreadable in a worker
+
+
+async def test_a_forked_worker_applies_the_zygotes_open_rules_and_keeps_none_of_them() -> None:
+    """The zygote opens every read rule's path once; each worker adds its rules from those
+    descriptors and closes them before any cell runs."""
+    server = ForkServer()
+    sb = await forked(server)
+    try:
+        report = sb._hardening.last_report
+        assert report["landlock_rules"] > 100, report["landlock_rules"]  # the stdlib split entry by entry
+        open_fds = "import os\nn = 0\nfor fd in range(4096):\n    try:\n        os.fstat(fd)\n        n += 1\n    except OSError:\n        pass\nprint(n)"
+        assert int(await out(sb, open_fds)) < 32
+        assert await out(sb, "import json, email.message, xml.dom.minidom\nprint('ok')") == "ok\n"
+        assert "PermissionError" in await out(sb, f"open({HIDDEN!r}).read()")
+    finally:
+        await sb.close()
         await server.close()

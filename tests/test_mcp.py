@@ -227,3 +227,15 @@ def test_http_transport_caps_request_bodies(tmp_path):
             srv.url + "/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"}, headers=headers
         )
         assert ping.status_code == 400 and "Missing session ID" in ping.text
+
+
+async def test_an_answer_holding_surrogates_reaches_the_client(tmp_path):
+    # The SDK's JSON cannot encode a surrogate: the client got "Error executing tool" instead.
+    from tests.serve_helpers import install_test_root
+
+    server = build_mcp_server(ServeSettings(model=install_test_root(), sub_model=SUB, trace_dir=tmp_path))
+    question = "RUN: FINAL('lone \\udc80 pair \\ud83d\\ude00 end')"
+    async with Client(server) as client:
+        result = await client.call_tool(TOOL_NAME, {"question": question, "context_text": "ctx"})
+    assert not result.is_error, result.content
+    assert result.structured_content["answer"] == "lone \ufffd pair \U0001f600 end"

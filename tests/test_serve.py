@@ -385,7 +385,8 @@ def test_models_lists_the_served_names(client):
             "does not exist",
         ),
         ("GET", "/v1/nothing-here", None, 404, "no such endpoint"),
-        ("GET", "/v1/chat/completions", None, 405, "method not allowed"),
+        ("PUT", "/v1/chat/completions", None, 405, "method not allowed"),
+        ("GET", "/v1/chat/completions", None, 404, "stores no chat completions"),  # the stored list
     ],
 )
 def test_bad_requests_get_openai_format_errors_and_the_server_keeps_serving(

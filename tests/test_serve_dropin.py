@@ -227,3 +227,58 @@ def test_an_answer_that_never_fit_the_schema_is_cut_short_not_stop(srv):
     assert r.status == "incomplete" and r.incomplete_details is not None
     plain = client.chat.completions.create(model="recursa", messages=messages, extra_body=once)
     assert plain.choices[0].finish_reason == "stop"  # without a schema, the last answer is the answer
+
+
+def test_stored_completion_and_conversation_endpoints_say_nothing_is_stored(srv):
+    # `store: true` is accepted (and keeps nothing): the SDK calls that read stored completions back
+    # get a 404 that says so, as the Responses API's do, not a bare 404 or 405.
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0)
+    calls = (
+        lambda: client.chat.completions.list(),
+        lambda: client.chat.completions.retrieve("chatcmpl-1"),
+        lambda: client.chat.completions.update("chatcmpl-1", metadata={"k": "v"}),
+        lambda: client.chat.completions.delete("chatcmpl-1"),
+        lambda: client.chat.completions.messages.list("chatcmpl-1"),
+    )
+    for call in calls:
+        with pytest.raises(openai.NotFoundError, match="stores no chat completions") as missing:
+            call()
+        assert missing.value.code == "completion_not_found"
+    with pytest.raises(openai.NotFoundError, match="keeps no conversations"):
+        client.conversations.create()
+
+
+# -- answers holding surrogates -------------------------------------------------------------------
+
+# A str in the REPL can hold surrogates (bytes decoded with surrogateescape, a string cut inside a
+# UTF-16 pair); they have no UTF-8 form.
+SURROGATES = [
+    {"role": "system", "content": "ctx"},
+    {"role": "user", "content": "RUN: FINAL('lone \\udc80 pair \\ud83d\\ude00 end')"},
+]
+CLEANED = "lone \ufffd pair \U0001f600 end"
+
+
+def test_an_answer_holding_surrogates_reaches_every_client_as_valid_utf8(srv):
+    # It was a 500 after the run had finished (which the SDKs retried: the run again, the same 500)
+    # and a stream cut off before its end.
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0)
+    r = client.chat.completions.create(model="recursa", messages=SURROGATES)
+    assert r.choices[0].message.content == CLEANED
+    chunks = list(client.chat.completions.create(model="recursa", messages=SURROGATES, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == CLEANED
+    assert client.responses.create(model="recursa", input=SURROGATES).output_text == CLEANED
+    events = list(client.responses.create(model="recursa", input=SURROGATES, stream=True))
+    assert events[-1].type == "response.completed" and events[-1].response.output_text == CLEANED
+
+
+def test_an_internal_error_is_not_retried_by_the_sdks(srv, monkeypatch):
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a fault of the server's")
+
+    monkeypatch.setattr(chat, "completion_body", broken)
+    http = _Counting()
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, http_client=http)  # retries on
+    with pytest.raises(openai.InternalServerError, match="internal server error") as failed:
+        client.chat.completions.create(model="recursa", messages=HELLO)
+    assert failed.value.response.headers["x-should-retry"] == "false" and http.sent == 1

@@ -130,3 +130,14 @@ def valid_unicode(value: Any) -> Any:
     if isinstance(value, list):
         return [valid_unicode(v) for v in value]
     return value
+
+
+def utf8_json(value: Any) -> bytes:
+    """`value` as UTF-8 JSON, with surrogates made valid as `valid_unicode` does: sent as they are,
+    they have no UTF-8 form, so encoding the body failed (or sent invalid UTF-8) wherever a str held
+    them. Text with none (nearly all of it) is encoded once, unchanged."""
+    text = json.dumps(value, ensure_ascii=False)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace").encode("utf-8")

@@ -25,6 +25,7 @@ import aiohttp
 from aiohttp.helpers import get_env_proxy_for_url
 from yarl import URL
 
+from recursa.lm.base import utf8_json
 from recursa.version import __version__
 
 USER_AGENT = f"recursa/{__version__}"
@@ -123,11 +124,7 @@ def _utf8_json(body: Mapping[str, Any]) -> bytes:
     with `surrogateescape`, a string cut inside a UTF-16 pair): sent as they are, they made the whole
     request invalid UTF-8, which a strict server refuses. Two that form a pair go out as the
     character they encode, a lone one as U+FFFD (as browsers' encoders send it)."""
-    text = json.dumps(body, ensure_ascii=False)
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace").encode("utf-8")
+    return utf8_json(body)
 
 
 def _error_body(raw: bytes) -> Any:

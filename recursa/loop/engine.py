@@ -23,7 +23,7 @@ from recursa.loop.feedback import (
 )
 from recursa.loop.importable import modules_line
 from recursa.loop.options import RunOptions
-from recursa.loop.output import render_turn
+from recursa.loop.output import render_turn, until_timed_out
 from recursa.loop.parse import ParsedReply, parse_reply
 from recursa.loop.prompts import (
     PromptSettings,
@@ -541,7 +541,7 @@ class RunEngine:
             return _Outcome(None, await missing_variable_message(self._sandbox, parsed.prose_final.text))
         assert self._sandbox is not None
         results: list[ExecResult] = []
-        for index, code in enumerate(parsed.code_blocks, 1):
+        for index, code in until_timed_out(parsed.code_blocks, results):
             res = await self._execute(code, turn, index)
             results.append(res)
             if res.partial is not None:

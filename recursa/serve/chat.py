@@ -5,7 +5,6 @@ a run slot (recursa.serve.sessions)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -16,6 +15,7 @@ from starlette.responses import Response
 from recursa.errors import RecursaError
 from recursa.result import RLMResult
 from recursa.serve.api_error import for_request
+from recursa.serve.bodies import sse_event
 from recursa.serve.fields import AnswerShape
 from recursa.serve.observe import Metrics
 from recursa.serve.request import ApiError, ChatRequest
@@ -345,7 +345,7 @@ class SSERun(Response):
             **({"usage": None} if self.req.shape.include_usage else {}),
             **extra,
         }
-        return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
+        return sse_event(body)
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         gone = asyncio.ensure_future(wait_disconnect(receive))
@@ -481,4 +481,4 @@ class SSERun(Response):
 
     async def _error(self, emit: Emit, message: str, kind: str, code: str | None) -> None:
         body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
-        await emit(b"data: " + json.dumps(body).encode() + b"\n\n")
+        await emit(sse_event(body))

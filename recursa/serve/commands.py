@@ -274,6 +274,18 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cannot_listen(host: str, port: int, exc: OSError) -> ConfigError:
+    busy = exc.errno == errno.EADDRINUSE
+    return ConfigError(
+        f"cannot listen on {host}:{port} ({exc.strerror}); "
+        + (
+            "another program is using the port: stop it, or pick another with --port N"
+            if busy
+            else "check --host and --port"
+        )
+    )
+
+
 def _listen(host: str, port: int) -> socket.socket:
     """The listening socket, bound now so that a port in use is one clear line, not a traceback."""
     try:
@@ -288,15 +300,7 @@ def _listen(host: str, port: int) -> socket.socket:
         sock.listen(2048)
     except OSError as exc:
         sock.close()
-        busy = exc.errno == errno.EADDRINUSE
-        raise ConfigError(
-            f"cannot listen on {host}:{port} ({exc.strerror}); "
-            + (
-                "another program is using the port: stop it, or pick another with --port N"
-                if busy
-                else "check --host and --port"
-            )
-        ) from None
+        raise _cannot_listen(host, port, exc) from None
     sock.set_inheritable(True)
     return sock
 
@@ -372,6 +376,10 @@ def _view(args: argparse.Namespace) -> int:
         viewer = ViewerServer(trace, host=args.host, port=args.port)
     except TraceFormatError as exc:
         raise ConfigError(str(exc)) from None
+    except OSError as exc:
+        if args.html or exc.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
+            raise
+        raise _cannot_listen(args.host, args.port, exc) from None
     print(f"recursa view: {viewer.url}  (Ctrl+C to stop)", file=sys.stderr)
     if not args.no_browser:
         import webbrowser

@@ -23,6 +23,7 @@ from pydantic import BaseModel
 
 from recursa.budget import Budget, cap_problem, positive_phrase
 from recursa.errors import RecursaError
+from recursa.lm.base import valid_unicode
 from recursa.serve.admission import BodyLimit
 from recursa.serve.callers import CLIENT_HEADER, identify, new_session_id
 from recursa.serve.request import ApiError, bearer_token, key_matches
@@ -274,20 +275,23 @@ async def _drive(run: LiveRun, ctx: Context, max_iterations: int) -> Answer:
         f"done after {result.iterations} turns: {result.stop_reason}, {u.llm_calls} LM calls, ${u.cost_usd:.4f}",
     )
     if result.stop_reason == "error" and not result.answer:
-        raise ToolError(f"the run failed: {result.error}")
-    return Answer(
-        answer=result.answer,
-        stop_reason=result.stop_reason,
-        iterations=result.iterations,
-        llm_calls=u.llm_calls,
-        input_tokens=u.input_tokens,
-        output_tokens=u.output_tokens,
-        cost_usd=round(u.cost_usd, 10),
-        duration_s=round(result.duration_s, 4),
-        error=result.error,
-        trace_path=_trace_shown(result.trace_path, ctx),
-        skipped_files=result.skipped_files,
-    )
+        raise ToolError(valid_unicode(f"the run failed: {result.error}"))
+    # valid_unicode: the answer (and a skipped file's name) can hold surrogates, which the SDK's JSON
+    # cannot encode: the client got "Error executing tool" instead of the answer.
+    fields = {
+        "answer": result.answer,
+        "stop_reason": result.stop_reason,
+        "iterations": result.iterations,
+        "llm_calls": u.llm_calls,
+        "input_tokens": u.input_tokens,
+        "output_tokens": u.output_tokens,
+        "cost_usd": round(u.cost_usd, 10),
+        "duration_s": round(result.duration_s, 4),
+        "error": result.error,
+        "trace_path": _trace_shown(result.trace_path, ctx),
+        "skipped_files": result.skipped_files,
+    }
+    return Answer.model_validate(valid_unicode(fields))
 
 
 def http_app(

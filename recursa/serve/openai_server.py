@@ -21,11 +21,12 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from recursa.errors import ConfigError
 from recursa.serve.admission import AdmissionLimit
+from recursa.serve.bodies import JSONBody
 from recursa.serve.callers import CLIENT_HEADER, identify
 from recursa.serve.chat import SESSION_HEADER, ChatService, ClientGone
 from recursa.serve.observe import RUN_STATE_KEY, Metrics, ObserveMiddleware
@@ -51,6 +52,25 @@ _NOT_STORED = (
     "listed, cancelled or deleted; a response of a session can be continued with previous_response_id"
 )
 
+_NO_COMPLETIONS_STORED = (
+    "this server stores no chat completions (store is accepted and keeps nothing), so none can be "
+    "listed, retrieved, updated or deleted; each run's trace stays on the server, and a conversation "
+    'can go on in a session (extra_body={"recursa": {"session": "new"}})'
+)
+_NO_CONVERSATIONS = (
+    "this server keeps no conversations; send the whole conversation with each request, or go on in a "
+    'session (extra_body={"recursa": {"session": "new"}}, then previous_response_id or the session id)'
+)
+
+
+def _about_stored_completions(status: int, method: str, path: str) -> bool:
+    """GET /v1/chat/completions (the list) and anything under /v1/chat/completions/{id}: the stored
+    completions API, which `store` would feed on OpenAI's servers."""
+    if path.startswith("/v1/chat/completions/"):
+        return status in (404, 405)
+    return status == 405 and method == "GET" and path.rstrip("/") == "/v1/chat/completions"
+
+
 # Bodies above this size are parsed on a worker thread so other requests keep being served.
 _PARSE_IN_THREAD_BYTES = 1_000_000
 
@@ -65,7 +85,14 @@ def create_app(settings: ServeSettings) -> FastAPI:
         yield
         await service.aclose()  # open sessions hold REPL processes: reap them on the way out
 
-    app = FastAPI(title="recursa", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app = FastAPI(
+        title="recursa",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        lifespan=lifespan,
+        default_response_class=JSONBody,
+    )
     app.state.service = service
     # Added first, so it runs inside the access log and metrics: a 429 is logged and counted.
     app.add_middleware(AdmissionLimit, limit=settings.max_runs + settings.max_waiting)
@@ -73,17 +100,17 @@ def create_app(settings: ServeSettings) -> FastAPI:
     started = int(time.time())
 
     @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+    async def _api_error(_: Request, exc: ApiError) -> JSONBody:
         body = exc.body()
         body["error"]["message"] = settings.redact(exc.message)  # may quote a failed run's error
-        return JSONResponse(body, status_code=exc.status, headers=exc.headers())
+        return JSONBody(body, status_code=exc.status, headers=exc.headers())
 
     @app.exception_handler(ClientGone)
     async def _gone(_: Request, __: ClientGone) -> Response:
         return Response(status_code=499)  # nobody is listening; nginx's code for "client closed"
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONBody:
         message = {404: "no such endpoint", 405: "method not allowed here"}.get(
             exc.status_code, str(exc.detail)
         )
@@ -98,20 +125,30 @@ def create_app(settings: ServeSettings) -> FastAPI:
         elif exc.status_code in (404, 405) and path.startswith("/v1/responses/"):
             # retrieve, delete, cancel, input_items: all about stored responses, which there are none of
             not_found = ApiError(404, _NOT_STORED, code="response_not_found")
-            return JSONResponse(not_found.body(), status_code=404)
-        return JSONResponse(ApiError(exc.status_code, message).body(), status_code=exc.status_code)
+            return JSONBody(not_found.body(), status_code=404)
+        elif _about_stored_completions(exc.status_code, request.method, path):
+            not_found = ApiError(404, _NO_COMPLETIONS_STORED, code="completion_not_found")
+            return JSONBody(not_found.body(), status_code=404)
+        elif exc.status_code == 404 and path.startswith("/v1/conversations"):
+            not_found = ApiError(404, _NO_CONVERSATIONS, code="conversation_not_found")
+            return JSONBody(not_found.body(), status_code=404)
+        return JSONBody(ApiError(exc.status_code, message).body(), status_code=exc.status_code)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(bad(f"invalid request: {exc.errors()[:3]}").body(), status_code=400)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONBody:
+        return JSONBody(bad(f"invalid request: {exc.errors()[:3]}").body(), status_code=400)
 
     @app.exception_handler(Exception)
-    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+    async def _internal(_: Request, exc: Exception) -> JSONBody:
         # The traceback's text, scrubbed: an exception's message may carry a key.
         trace = "".join(traceback.format_exception(exc))
         log.error("internal error while serving a request\n%s", settings.redact(trace.rstrip(), log=True))
-        body = ApiError(500, f"internal server error ({type(exc).__name__})", type="server_error").body()
-        return JSONResponse(body, status_code=500)
+        # A fault of ours does not heal in the second an SDK waits, and here it may come after a whole
+        # run: the SDKs' retries would run the question again, for the same fault.
+        error = ApiError(
+            500, f"internal server error ({type(exc).__name__})", type="server_error", retry=False
+        )
+        return JSONBody(error.body(), status_code=500, headers=error.headers())
 
     def authorize(request: Request) -> Caller:
         headers = request.headers
@@ -154,7 +191,7 @@ def create_app(settings: ServeSettings) -> FastAPI:
         if req.stream:
             return service.stream(req, run)
         headers = {SESSION_HEADER: req.session} if req.session else None
-        return JSONResponse(await service.complete(req, run, request.receive), headers=headers)
+        return JSONBody(await service.complete(req, run, request.receive), headers=headers)
 
     @app.post("/v1/responses")
     async def responses(request: Request) -> Any:

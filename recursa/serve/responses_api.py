@@ -16,9 +16,9 @@ from collections import deque
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
+from recursa.serve.bodies import JSONBody
 from recursa.serve.callers import quota_of
 from recursa.serve.chat import SESSION_HEADER, ChatService
 from recursa.serve.observe import RUN_STATE_KEY
@@ -82,7 +82,7 @@ async def create_response(
         renderer = StepRenderer()
         steps = "".join(renderer.render(e) for e in run.events_so_far())
     headers = {SESSION_HEADER: req.session} if req.session else None
-    return JSONResponse(response_body(call, response_id, result, steps), headers=headers)
+    return JSONBody(response_body(call, response_id, result, steps), headers=headers)
 
 
 def _continue(service: ChatService, chain: ResponseChain, call: ResponsesRequest, caller: Caller) -> None:

@@ -12,12 +12,12 @@ when the run failed). Every event has its `sequence_number`.
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from typing import Any
 
 from recursa.result import RLMResult
+from recursa.serve.bodies import sse_event
 from recursa.serve.chat import (
     CONTENT_PIECE,
     HEARTBEAT_S,
@@ -145,7 +145,7 @@ class ResponsesSSE(SSERun):
     def _event(self, kind: str, **fields: Any) -> bytes:
         body = {"type": kind, "sequence_number": self.sequence, **fields}
         self.sequence += 1
-        return f"event: {kind}\ndata: ".encode() + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
+        return sse_event(body, kind)
 
     def _response(self, **kwargs: Any) -> dict[str, Any]:
         return response_object(self.id, self.call, self.created, **kwargs)

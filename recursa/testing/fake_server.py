@@ -390,13 +390,22 @@ def _sim_request(rec: RequestRecord) -> SimRequest:
     )
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults in the help, but not `None`: those flags take the profile's value (said once, below)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`recursa fake-server`: serve in the foreground until Ctrl-C."""
     parser = argparse.ArgumentParser(
         prog="recursa fake-server",
         description="Offline OpenAI/Anthropic-compatible model server answering with scripted models "
-        "(model names: scripted/gpt5-like, scripted/oracle, ... as `recursa models` lists them).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "(model names: scripted/gpt5-like, scripted/oracle, ... as `recursa models` lists them). "
+        "A flag left out takes its --profile's value; without a profile the server answers at once, "
+        "64 requests at a time, with no queue limit and no prefix cache.",
+        formatter_class=_HelpFormatter,
     )
     parser.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (0: any free port)")
     parser.add_argument(

@@ -20,7 +20,7 @@ import socket
 import sys
 import time
 
-from .landlock import apply_landlock, kernel_abi, read_plan
+from .landlock import apply_landlock, kernel_abi, open_plan, release_opened_plans
 from .mounts import scratch_tmpfs
 from .seccomp import apply_seccomp, seccomp_filter
 from .syscalls import (
@@ -179,7 +179,7 @@ def _probe(report: Report) -> None:
 
 def prepare(spec: dict[str, Any]) -> None:
     """What `apply(spec)` would work out that is the same for every worker: do it now, once."""
-    read_plan(spec)
+    open_plan(spec)
     with contextlib.suppress(KeyError):  # a machine without a table: apply() says so
         seccomp_filter(os.uname().machine, own_pid=0, own_pgid=0, restrict_signals=False)
 
@@ -192,6 +192,13 @@ def apply(spec: dict[str, Any]) -> dict[str, Any]:
            "landlock": bool, "landlock_max_abi": int | None, "seccomp": bool,
            "host_namespaces": {"pid": "pid:[4026531836]", ...}}
     """
+    try:
+        return _apply(spec)
+    finally:
+        release_opened_plans()  # a zygote's open rule paths, inherited: not for the cells
+
+
+def _apply(spec: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     report = Report()
     machine = report.data["machine"]
