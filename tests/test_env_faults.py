@@ -357,6 +357,10 @@ async def test_a_reward_that_is_not_a_finite_number_is_refused(tmp_path: Path, r
     with pytest.raises(EnvError, match=r"group_rollouts: reward 1 is nan; a reward must be a finite number"):
         group_rollouts([episode, episode], rewards=[1.0, float("nan")])
     assert episode.rollouts(reward=True)[-1]["reward"] == 1.0
+    with pytest.raises(EnvError, match=r"rollouts\(advantage=...\) is nan; an advantage must be a finite"):
+        episode.rollouts(advantage=float("nan"))
+    with pytest.raises(EnvError, match=r"rollouts\(group_size=0\)"):
+        episode.rollouts(group_size=0)
     await env.aclose()
 
 

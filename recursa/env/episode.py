@@ -210,6 +210,11 @@ class Episode:
         value = (
             checked_reward(reward, "rollouts(reward=...) is") if reward is not None else (self.reward or 0.0)
         )
+        advantage = checked_reward(advantage, "rollouts(advantage=...) is", "an advantage")
+        if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
+            raise EnvError(
+                f"rollouts(group_size={group_size!r}): give the number of episodes in the group, >= 1"
+            )
         spec = Rollouts(value, advantage, group_id or self.task_id or "all", group_size, self.task_id)
         return episode_rows(self._events, self.run_id, spec, child_weight, include_subcalls)
 
