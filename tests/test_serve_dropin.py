@@ -185,6 +185,7 @@ def test_fields_that_ask_for_nothing_are_accepted_as_absent(srv):
         {"tool_choice": "auto"},
         {"tools": [], "tool_choice": "auto"},
         {"top_logprobs": 0},
+        {"function_call": "none", "functions": []},
     ):
         r = client.chat.completions.create(model="recursa", messages=HELLO, **fields)
         assert r.choices[0].message.content == "hello" and not r.choices[0].message.tool_calls, fields
