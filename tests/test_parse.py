@@ -1,5 +1,7 @@
-from recursa.loop.output import truncate_middle
+from recursa.loop.output import render_turn, truncate_middle
 from recursa.loop.parse import parse_reply
+from recursa.sandbox.base import ExecResult
+from recursa.sandbox.worker.capture import Capture
 
 
 def test_blocks_run_in_order_and_python_fences_count():
@@ -46,3 +48,18 @@ def test_truncate_middle_keeps_head_and_tail_and_counts():
     assert out.startswith("A" * 100) and out.endswith("B" * 80)
     assert "1,800 characters omitted" in out
     assert truncate_middle("short", 200) == "short"
+
+
+def test_output_the_worker_cut_to_the_limit_is_shown_with_one_count():
+    # 60,006 characters printed under max_output_chars=1000: the worker keeps 500 + 500 and marks
+    # the rest; the host used to cut that again for the marker's length, showing a second marker
+    # whose count overlapped the first.
+    capture = Capture(1000)
+    capture.out.write("A" * 30_000 + "MIDDLE" + "Z" * 30_000)
+    stdout, stderr, omitted = capture.finish()
+    shown = render_turn([ExecResult(stdout=stdout, stderr=stderr, omitted_chars=omitted)], 1000)
+    assert shown.count("characters omitted") == 1 and "59,006 characters omitted" in shown
+    assert shown.startswith("A" * 500 + "\n[") and shown.endswith("]\n" + "Z" * 500)
+    # Several blocks that together pass the limit are still cut, and say how much in all.
+    two = [ExecResult(stdout=stdout, stderr="", omitted_chars=omitted)] * 2
+    assert len(render_turn(two, 1000)) < 1_100 and "characters omitted" in render_turn(two, 1000)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 from recursa.sandbox.base import ExecResult
+
+# How the worker marks what it cut from a cell's output (sandbox/worker/capture.py).
+_WORKER_CUT = re.compile(r"\n\[\.\.\. [\d,]+ characters omitted \.\.\.\]\n")
 
 
 def truncate_middle(text: str, limit: int, already_omitted: int = 0) -> str:
@@ -42,7 +46,12 @@ def render_turn(results: list[ExecResult], limit: int) -> str:
         omitted += cut
         label = f"[block {i} of {len(results)}]\n" if len(results) > 1 else ""
         texts.append(label + body)
-    return truncate_middle("\n\n".join(texts), limit, omitted)
+    text = "\n\n".join(texts)
+    if omitted and len(_WORKER_CUT.sub("", text)) <= limit:
+        # The worker already cut this output to the limit and marked where and how much; cutting
+        # again for the marker's few characters would show two markers with overlapping counts.
+        return text
+    return truncate_middle(text, limit, omitted)
 
 
 def until_timed_out(blocks: list[str], results: list[ExecResult]) -> Iterator[tuple[int, str]]:
