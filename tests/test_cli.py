@@ -171,3 +171,36 @@ def test_an_early_stop_is_told_in_flags_not_python_arguments(tmp_path):
     assert "rejected the API key (HTTP 401)" in out.stderr
     assert "--api-key-env NAME" in out.stderr and "api_key=" not in out.stderr
     assert "a-wrong-key-0123456789" not in out.stderr
+
+
+@pytest.mark.parametrize("command", [["serve"], ["mcp", "--http"]])
+def test_a_server_on_a_non_loopback_name_without_a_key_warns(tmp_path, command):
+    # 127.0.0.2 is a loopback address under another name: the test binds nothing outside the machine.
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    flags = [
+        "--model",
+        "scripted/gpt5-like",
+        "--host",
+        "127.0.0.2",
+        "--port",
+        "0",
+        "--trace-dir",
+        str(tmp_path),
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "recursa.cli", *command, *flags],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        lines = []
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if "http://" in line:  # the announcement comes after the warning
+                break
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert any("warning: listening on 127.0.0.2 without --api-key" in line for line in lines), lines

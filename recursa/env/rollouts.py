@@ -67,13 +67,13 @@ def episode_rows(
     return trajectory_rows(root, shared, child_weight=child_weight, include_subcalls=include_subcalls)
 
 
-def checked_reward(value: Any, said: str) -> float:
+def checked_reward(value: Any, said: str, noun: str = "a reward") -> float:
     """A reward as a float: a real number (a bool counts as 1.0 / 0.0), finite. NaN would make every
     advantage of its group NaN, and infinity every other one zero."""
     if isinstance(value, numbers.Real) and math.isfinite(float(value)):
         return float(value)
     what = repr(value) if isinstance(value, numbers.Real) else f"{value!r} (a {type(value).__name__})"
-    raise EnvError(f"{said} {what}; a reward must be a finite number")
+    raise EnvError(f"{said} {what}; {noun} must be a finite number")
 
 
 def group_rollouts(

@@ -253,12 +253,7 @@ def _serve(args: argparse.Namespace) -> int:
             ) from None
     app = create_app(settings)
     sock = _listen(args.host, args.port)  # a busy port is reported before the URL is announced
-    if args.host not in LOOPBACK and not settings.api_key and not settings.api_keys:
-        print(
-            f"recursa serve: warning: listening on {args.host} without --api-key; anyone who can reach "
-            "this port can spend your model budget",
-            file=sys.stderr,
-        )
+    _warn_if_open("recursa serve", args.host, settings)
     print(
         f"recursa serve: {settings.model} as model {settings.served_model_name!r} at "
         f"http://{args.host}:{args.port}/v1",
@@ -272,6 +267,15 @@ def _serve(args: argparse.Namespace) -> int:
     server = uvicorn.Server(config)
     server.run(sockets=[sock])
     return 0
+
+
+def _warn_if_open(command: str, host: str, settings: ServeSettings) -> None:
+    if host not in LOOPBACK and not settings.api_key and not settings.api_keys:
+        print(
+            f"{command}: warning: listening on {host} without --api-key; anyone who can reach "
+            "this port can spend your model budget",
+            file=sys.stderr,
+        )
 
 
 def _cannot_listen(host: str, port: int, exc: OSError) -> ConfigError:
@@ -337,6 +341,7 @@ def _mcp(args: argparse.Namespace) -> int:
 
     app = http_app(server, settings, path=args.path, host=args.host)
     sock = _listen(args.host, args.port)  # a busy port is reported before the URL is announced
+    _warn_if_open("recursa mcp", args.host, settings)
     print(f"recursa mcp: streamable HTTP at http://{args.host}:{args.port}{args.path}", file=sys.stderr)
     from recursa.asgi.slow_clients import head_timeout_protocol
 
