@@ -18,6 +18,8 @@ import openai
 from pydantic import BaseModel
 
 from recursa.asgi.background import BackgroundServer
+from recursa.scripted import policy_names, register
+from recursa.scripted.conversation import is_rlm_conversation
 from recursa.serve import chat
 from recursa.serve.openai_server import create_app
 from recursa.serve.settings import ServeSettings
@@ -183,6 +185,7 @@ def test_fields_that_ask_for_nothing_are_accepted_as_absent(srv):
         {"tool_choice": "auto"},
         {"tools": [], "tool_choice": "auto"},
         {"top_logprobs": 0},
+        {"function_call": "none", "functions": []},
     ):
         r = client.chat.completions.create(model="recursa", messages=HELLO, **fields)
         assert r.choices[0].message.content == "hello" and not r.choices[0].message.tool_calls, fields
@@ -282,3 +285,32 @@ def test_an_internal_error_is_not_retried_by_the_sdks(srv, monkeypatch):
     with pytest.raises(openai.InternalServerError, match="internal server error") as failed:
         client.chat.completions.create(model="recursa", messages=HELLO)
     assert failed.value.response.headers["x-should-retry"] == "false" and http.sent == 1
+
+
+# -- DSPy -----------------------------------------------------------------------------------------
+
+DSPY_ROOT = "dropin-dspy"
+# What a model answers in DSPy's chat format: each output field under its marker, then `completed`.
+DSPY_REPLY = "[[ ## reasoning ## ]]\\ntwo and two\\n\\n[[ ## answer ## ]]\\n4\\n\\n[[ ## completed ## ]]"
+
+
+def _dspy_policy(messages: list[Any]) -> str:
+    if not is_rlm_conversation(messages):
+        return "sub-answer"
+    return f'Answering in the format asked for.\n```repl\nFINAL("{DSPY_REPLY}")\n```'
+
+
+def test_dspy_predict_and_chain_of_thought_through_the_server(tmp_path):
+    dspy = pytest.importorskip("dspy")
+    if DSPY_ROOT not in policy_names():
+        register(DSPY_ROOT)(lambda: _dspy_policy)
+    settings = _settings(tmp_path, model=f"scripted/{DSPY_ROOT}")
+    with BackgroundServer(create_app(settings)) as server:
+        # num_retries=0: LiteLLM, under dspy.LM, retries every error itself (3 times by default),
+        # whatever the server says; a failed run would run four times (docs/clients.md).
+        lm = dspy.LM("openai/recursa", api_base=server.url + "/v1", api_key=KEY, cache=False, num_retries=0)
+        with dspy.context(lm=lm):
+            assert dspy.Predict("question -> answer")(question="What is 2 + 2?").answer == "4"
+            thought = dspy.ChainOfThought("question -> answer")(question="What is 2 + 2?")
+        assert thought.answer == "4" and thought.reasoning == "two and two"
+        assert server.app.state.service.served == 2
