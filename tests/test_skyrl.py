@@ -137,6 +137,8 @@ def test_a_datasets_own_keys_pass_and_init_again_ends_the_previous_episode(tmp_p
     env.init(prompt)  # a generator reusing the object: the first episode is closed, not leaked
     assert first.stop_reason == "cancelled" and env._env.live_repls == 1
     assert env.step("FINAL(heron)")["done"]
+    with pytest.raises(adapter.ConfigError, match=r"step\(\) after the episode is done.*call init\(prompt\)"):
+        env.step("FINAL(heron)")
     env.close()
     assert env._env.live_repls == 0
 

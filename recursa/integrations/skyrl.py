@@ -109,6 +109,11 @@ class RecursaRLMEnv(BaseTextEnv):
 
     def step(self, action: str) -> BaseTextEnvStepOutput:
         episode = self._live("step")
+        if episode.done:  # in this API's words, not RLMEnv's
+            raise ConfigError(
+                f"RecursaRLMEnv.step() after the episode is done (stop_reason={episode.stop_reason!r}); "
+                "call init(prompt) to start the next one"
+            )
         self.turns += 1
         try:
             observations = episode.step_sync(action)
