@@ -166,13 +166,24 @@ def parse_reply(reply: str, *, unfenced_code: bool = True) -> ParsedReply:
 
 
 def _unfenced_note(runs: list[Unfenced], *, ran: bool) -> str:
-    first = runs[0].code.split("\n", 1)[0].strip()
-    shown = first if len(first) <= 60 else first[:57] + "..."
-    what = f"Python outside a code block (from `{shown}`{' and more' if len(runs) > 1 else ''})"
+    first, last = runs[0].code.split("\n"), runs[-1].code.split("\n")
+    lines = sum(r.code.count("\n") + 1 for r in runs)
+    span = f"`{_shown(first[0])}`" + (f" to `{_shown(last[-1])}`" if lines > 1 else "")
+    what = f"Python outside a code block ({lines} line{'s' if lines > 1 else ''}, {span})"
     how = "Write code in a block: a line ```repl before it and a line ``` after it."
+    broken = "".join(
+        f" Python could not read the line after it, {r.broken}, so that line and the code after it did not run."
+        for r in runs
+        if r.broken
+    )
     if ran:
-        return f"Your reply had {what}; it ran as a cell, and its output is above. {how}"
-    return f"Your reply had {what}; it did not run. {how}"
+        return f"Your reply had {what}; it ran as a cell, and its output is above.{broken} {how}"
+    return f"Your reply had {what}; it did not run.{broken} {how}"
+
+
+def _shown(line: str) -> str:
+    line = line.strip()
+    return line if len(line) <= 60 else line[:57] + "..."
 
 
 def find_prose_final(prose: str) -> ProseFinal | None:

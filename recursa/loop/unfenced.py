@@ -70,11 +70,23 @@ _COMPILE_BUDGET = 1_000_000  # characters handed to the compiler over all tries,
 _SHRINKS = 12
 
 
+# A line that reads like a statement (`x = ...`, `print(...)`, `for x in y:`): where one right after a
+# run is what stopped Python, the run was cut short by a mistake in the code, not by prose.
+_LOOKS_LIKE_CODE = re.compile(
+    r"^(?:[A-Za-z_][\w.]*(?:\[[^\]]*\])?[ \t]*(?:[-+*/%|&]|//)?=(?!=)|[A-Za-z_][\w.]*\("
+    r"|(?:for|while|if|elif|with|def|class|try|except)\b.*:[ \t]*$|(?:import|from)[ \t]+[\w.]+[ \t]*(?:import\b.*)?$)"
+)
+_TICKED = re.compile(r"^`([^`]+)`[ \t]*$")  # a whole line written as inline code: `x = len(context)`
+
+
 @dataclass(frozen=True)
 class Unfenced:
     code: str
     start: int  # index of its first line among the lines searched
     end: int  # index past its last line
+    # The code-like line right after the run that Python could not read, with why: the run stops
+    # there, and the model must hear that the rest did not run.
+    broken: str | None = None
 
 
 def find_unfenced(lines: list[str], barriers: set[int] | frozenset[int] = frozenset()) -> list[Unfenced]:
@@ -83,6 +95,7 @@ def find_unfenced(lines: list[str], barriers: set[int] | frozenset[int] = frozen
     if len(lines) > _MAX_LINES or sum(map(len, lines)) > _MAX_CHARS:
         return []
     budget = [_COMPILE_BUDGET]
+    lines = [_TICKED.sub(r"\1", line) for line in lines]
     found = _runs(lines, barriers, budget)
     if found:
         return found
@@ -116,10 +129,28 @@ def _runs(lines: list[str], barriers: set[int] | frozenset[int], budget: list[in
         while i < stop and budget[0] > 0:
             found, i = _run_from(lines, i, stop, floor, budget) if _may_start(lines[i]) else (None, i + 1)
             if found is not None:
+                found = _with_breakage(lines, found, stop)
                 runs.append(found)
                 floor = found.end
+                if found.broken:  # code after a mistake would run without what the mistake defines
+                    break
         segment_start = stop + 1
     return runs
+
+
+def _with_breakage(lines: list[str], run: Unfenced, stop: int) -> Unfenced:
+    after = next((k for k in range(run.end, stop) if lines[k].strip()), None)
+    if after is None or not _LOOKS_LIKE_CODE.match(lines[after]):
+        return run
+    try:
+        compile(
+            "\n".join(lines[run.start : after + 1]), "<reply>", "exec", ast.PyCF_ONLY_AST, dont_inherit=True
+        )
+    except SyntaxError as exc:
+        return Unfenced(run.code, run.start, run.end, f"`{lines[after].strip()[:80]}` ({exc.msg})")
+    except (ValueError, MemoryError, RecursionError):
+        pass
+    return run
 
 
 def _may_start(line: str) -> bool:
