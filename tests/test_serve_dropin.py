@@ -1,7 +1,8 @@
-"""`recursa serve` as outside testers drive it with real clients, where they found it differing
-from the model server those clients expect: what the SDKs' own retries do to a failed run, a
-streamed request that waits for a run slot behind a proxy, request ids, a base URL without `/v1`
-or pointed at another vendor's API."""
+"""`recursa serve` as outside testers drive it with real clients (openai, litellm, anthropic, dspy),
+where they found it differing from the model server those clients expect: what the SDKs' own
+retries do to a failed run, a streamed request that waits for a run slot behind a proxy, request
+ids, a base URL without `/v1` or pointed at another vendor's API, fields that ask for nothing,
+stored-completion calls, an answer that never fit the schema, answers holding surrogates."""
 
 from __future__ import annotations
 
@@ -80,8 +81,7 @@ class _Broken:
 def test_a_failed_run_is_not_run_again_by_the_sdks_own_retries(tmp_path):
     # The openai SDK (and LangChain and the Agents SDK through it) retries a 5xx twice by default:
     # each retry was a whole new run, with its own model calls, after the run had retried them.
-    with BackgroundServer(create_app(_settings(tmp_path, model=_Broken()))) as server:
-        http = _Counting()
+    with BackgroundServer(create_app(_settings(tmp_path, model=_Broken()))) as server, _Counting() as http:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, http_client=http)  # retries on
         with pytest.raises(openai.InternalServerError, match="the run failed") as failed:
             client.chat.completions.create(model="recursa", messages=HELLO)
@@ -93,8 +93,7 @@ def test_a_failed_run_is_not_run_again_by_the_sdks_own_retries(tmp_path):
 
 
 def test_a_full_session_cap_is_not_retried_in_vain(tmp_path):
-    with BackgroundServer(create_app(_settings(tmp_path, max_sessions=1))) as server:
-        http = _Counting()
+    with BackgroundServer(create_app(_settings(tmp_path, max_sessions=1))) as server, _Counting() as http:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, http_client=http)
         client.chat.completions.create(
             model="recursa", messages=HELLO, extra_body={"recursa": {"session": "new"}}
@@ -280,10 +279,10 @@ def test_an_internal_error_is_not_retried_by_the_sdks(srv, monkeypatch):
         raise RuntimeError("a fault of the server's")
 
     monkeypatch.setattr(chat, "completion_body", broken)
-    http = _Counting()
-    client = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, http_client=http)  # retries on
-    with pytest.raises(openai.InternalServerError, match="internal server error") as failed:
-        client.chat.completions.create(model="recursa", messages=HELLO)
+    with _Counting() as http:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, http_client=http)  # retries on
+        with pytest.raises(openai.InternalServerError, match="internal server error") as failed:
+            client.chat.completions.create(model="recursa", messages=HELLO)
     assert failed.value.response.headers["x-should-retry"] == "false" and http.sent == 1
 
 
