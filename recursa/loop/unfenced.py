@@ -6,13 +6,19 @@ plainly code, so prose is never run:
 - it compiles as Python, from the first line of the run to its last (prose around it is left out:
   a run ends where Python stops reading it);
 - its syntax tree does something only code does: an import, a loop, a `with`, a `try`, a definition,
-  an `if`, a comprehension, a call of a builtin, of a REPL name (`print`, `llm_query`, ...), of a
-  name the run binds or of a method on one of those (or on a standard-library module), or an index or
-  attribute of a REPL name (`context[:500]`). A lone name ("Paris"), words joined by `is`/`not`
-  ("not found"), arithmetic (`x = 5`, `b = a + 2` in a math derivation) or a call of an unknown
-  name ("Paris (France)") are not;
+  an `if`, a comprehension, a lambda, a call of a builtin, of a REPL name (`print`, `llm_query`,
+  ...), of a name the run binds or of a method on one of those (or on a standard-library module or
+  a literal), or an index or attribute of a REPL name or a name the run binds (`context[:500]`).
+  A lone name ("Paris"), words joined by `is`/`not` ("not found"), a label ("Output: 42", an
+  annotation to Python), arithmetic (`x = 5`, `b = a + 2` in a math derivation) or a call of an
+  unknown name ("Paris (France)") are not;
 - lines that are only such words at either end of a run (a trailing "Done") are left out of it;
-- a FINAL(...) line does not make a run code: a lone answer line stays an answer written in prose.
+- a FINAL(...) line does not make a run code: a lone answer line stays an answer written in prose;
+- a line written whole as inline code (`x = 1` in backticks) is read as that code, and when nothing
+  is found as written, indented stretches (a markdown code block, code under a list item) are read
+  again moved to the left;
+- a run followed by a line that reads like code but does not compile (a typo) ends the search: the
+  caller tells the model which line stopped Python, rather than running what comes after it.
 """
 
 from __future__ import annotations
