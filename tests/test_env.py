@@ -366,7 +366,16 @@ def test_configuration_errors_name_the_fix() -> None:
         RLMEnv(max_depth=0, max_turns=0)
     with pytest.raises(ConfigError, match="max_live_repls"):
         RLMEnv(max_depth=0, max_live_repls=0)
+    # These failed as Python's own TypeErrors, naming no option (or RLM's instead of RLMEnv's).
+    with pytest.raises(ConfigError, match=r"RLMEnv\(max_depth='2'\): max_depth must be an int >= 0"):
+        RLMEnv(max_depth="2", sub_call=lambda messages, depth, parent_id: "x")
+    with pytest.raises(ConfigError, match=r"RLMEnv\(trace_dir=5\): give a folder"):
+        RLMEnv(max_depth=0, trace_dir=5)
+    with pytest.raises(ConfigError, match=r"RLMEnv\(tools=...\) takes functions; got int 5"):
+        RLMEnv(max_depth=0, tools=[5])
     env = RLMEnv(max_depth=0, budget=Budget(max_llm_calls=5))
     with pytest.raises(EnvError, match="question is empty"):
         env.start_sync("", CONTEXT)
+    with pytest.raises(EnvError, match="the question is a bytes: pass the question to answer as a str"):
+        env.start_sync(b"q?", CONTEXT)
     env.close()

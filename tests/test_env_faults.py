@@ -410,3 +410,29 @@ async def test_a_reply_of_many_blocks_that_never_end_costs_one_timeout(tmp_path:
     (said,) = await episode.step(code("print(x > 1)"))  # the variables are kept
     assert "True" in said["content"]
     await env.aclose()
+
+
+async def test_a_blocking_scorer_runs_off_the_event_loop(tmp_path: Path) -> None:
+    # A judge that blocks (an HTTP call to a grader) ran on the loop and stalled every episode on
+    # it, all of a SkyRL generator's included; an async scorer still runs on the loop.
+    import threading
+
+    loop_thread = threading.get_ident()
+    ran_on: dict[str, int] = {}
+
+    def judge(answer: str) -> float:
+        ran_on["sync"] = threading.get_ident()
+        return 1.0
+
+    class AsyncJudge:
+        async def __call__(self, answer: str) -> float:
+            ran_on["async"] = threading.get_ident()
+            return 0.5
+
+    env = RLMEnv(max_depth=0, trace_dir=tmp_path)
+    for scorer, reward in ((judge, 1.0), (AsyncJudge(), 0.5)):
+        episode = await env.start("q?", CONTEXT, scorer=scorer)
+        await episode.step("FINAL(42)")
+        assert episode.reward == reward
+    assert ran_on["sync"] != loop_thread and ran_on["async"] == loop_thread
+    await env.aclose()

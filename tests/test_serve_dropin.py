@@ -1,10 +1,12 @@
-"""`recursa serve` as outside testers drive it with real clients, where they found it differing
-from the model server those clients expect: what the SDKs' own retries do to a failed run, a
-streamed request that waits for a run slot behind a proxy, request ids, a base URL without `/v1`
-or pointed at another vendor's API."""
+"""`recursa serve` as outside testers drive it with real clients (openai, litellm, anthropic, dspy),
+where they found it differing from the model server those clients expect: what the SDKs' own
+retries do to a failed run, a streamed request that waits for a run slot behind a proxy, request
+ids, a base URL without `/v1` or pointed at another vendor's API, fields that ask for nothing,
+stored-completion calls, an answer that never fit the schema, answers holding surrogates."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from collections.abc import Iterator
@@ -18,6 +20,8 @@ import openai
 from pydantic import BaseModel
 
 from recursa.asgi.background import BackgroundServer
+from recursa.scripted import policy_names, register
+from recursa.scripted.conversation import is_rlm_conversation
 from recursa.serve import chat
 from recursa.serve.openai_server import create_app
 from recursa.serve.settings import ServeSettings
@@ -78,8 +82,7 @@ class _Broken:
 def test_a_failed_run_is_not_run_again_by_the_sdks_own_retries(tmp_path):
     # The openai SDK (and LangChain and the Agents SDK through it) retries a 5xx twice by default:
     # each retry was a whole new run, with its own model calls, after the run had retried them.
-    with BackgroundServer(create_app(_settings(tmp_path, model=_Broken()))) as server:
-        http = _Counting()
+    with BackgroundServer(create_app(_settings(tmp_path, model=_Broken()))) as server, _Counting() as http:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, http_client=http)  # retries on
         with pytest.raises(openai.InternalServerError, match="the run failed") as failed:
             client.chat.completions.create(model="recursa", messages=HELLO)
@@ -91,8 +94,7 @@ def test_a_failed_run_is_not_run_again_by_the_sdks_own_retries(tmp_path):
 
 
 def test_a_full_session_cap_is_not_retried_in_vain(tmp_path):
-    with BackgroundServer(create_app(_settings(tmp_path, max_sessions=1))) as server:
-        http = _Counting()
+    with BackgroundServer(create_app(_settings(tmp_path, max_sessions=1))) as server, _Counting() as http:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, http_client=http)
         client.chat.completions.create(
             model="recursa", messages=HELLO, extra_body={"recursa": {"session": "new"}}
@@ -183,6 +185,7 @@ def test_fields_that_ask_for_nothing_are_accepted_as_absent(srv):
         {"tool_choice": "auto"},
         {"tools": [], "tool_choice": "auto"},
         {"top_logprobs": 0},
+        {"function_call": "none", "functions": []},
     ):
         r = client.chat.completions.create(model="recursa", messages=HELLO, **fields)
         assert r.choices[0].message.content == "hello" and not r.choices[0].message.tool_calls, fields
@@ -277,8 +280,48 @@ def test_an_internal_error_is_not_retried_by_the_sdks(srv, monkeypatch):
         raise RuntimeError("a fault of the server's")
 
     monkeypatch.setattr(chat, "completion_body", broken)
-    http = _Counting()
-    client = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, http_client=http)  # retries on
-    with pytest.raises(openai.InternalServerError, match="internal server error") as failed:
-        client.chat.completions.create(model="recursa", messages=HELLO)
+    with _Counting() as http:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, http_client=http)  # retries on
+        with pytest.raises(openai.InternalServerError, match="internal server error") as failed:
+            client.chat.completions.create(model="recursa", messages=HELLO)
     assert failed.value.response.headers["x-should-retry"] == "false" and http.sent == 1
+
+
+# -- DSPy -----------------------------------------------------------------------------------------
+
+DSPY_ROOT = "dropin-dspy"
+# What a model answers in DSPy's chat format: each output field under its marker, then `completed`.
+DSPY_REPLY = "[[ ## reasoning ## ]]\\ntwo and two\\n\\n[[ ## answer ## ]]\\n4\\n\\n[[ ## completed ## ]]"
+
+
+def _dspy_policy(messages: list[Any]) -> str:
+    if not is_rlm_conversation(messages):
+        return "sub-answer"
+    return f'Answering in the format asked for.\n```repl\nFINAL("{DSPY_REPLY}")\n```'
+
+
+def test_dspy_predict_and_chain_of_thought_through_the_server(tmp_path):
+    dspy = pytest.importorskip("dspy")
+    if DSPY_ROOT not in policy_names():
+        register(DSPY_ROOT)(lambda: _dspy_policy)
+    settings = _settings(tmp_path, model=f"scripted/{DSPY_ROOT}")
+    with BackgroundServer(create_app(settings)) as server:
+        # num_retries=0: LiteLLM, under dspy.LM, retries every error itself (3 times by default),
+        # whatever the server says; a failed run would run four times (docs/clients.md).
+        lm = dspy.LM("openai/recursa", api_base=server.url + "/v1", api_key=KEY, cache=False, num_retries=0)
+        with dspy.context(lm=lm):
+            assert dspy.Predict("question -> answer")(question="What is 2 + 2?").answer == "4"
+            thought = dspy.ChainOfThought("question -> answer")(question="What is 2 + 2?")
+        assert thought.answer == "4" and thought.reasoning == "two and two"
+        assert server.app.state.service.served == 2
+
+
+def test_a_compressed_body_is_refused_naming_the_header_and_a_byte_order_mark_is_read(srv):
+    body = json.dumps({"model": "recursa", "messages": HELLO}).encode()
+    headers = {"authorization": f"Bearer {KEY}", "content-type": "application/json"}
+    url = srv.url + "/v1/chat/completions"
+    zipped = httpx.post(url, content=gzip.compress(body), headers={**headers, "content-encoding": "gzip"})
+    assert zipped.status_code == 415, zipped.text  # it was a 400 "the request body is not valid JSON"
+    assert "Content-Encoding 'gzip'" in zipped.json()["error"]["message"]
+    marked = httpx.post(url, content=b"\xef\xbb\xbf" + body, headers=headers, timeout=60)
+    assert marked.status_code == 200 and marked.json()["choices"][0]["message"]["content"] == "hello"

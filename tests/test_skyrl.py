@@ -137,6 +137,8 @@ def test_a_datasets_own_keys_pass_and_init_again_ends_the_previous_episode(tmp_p
     env.init(prompt)  # a generator reusing the object: the first episode is closed, not leaked
     assert first.stop_reason == "cancelled" and env._env.live_repls == 1
     assert env.step("FINAL(heron)")["done"]
+    with pytest.raises(adapter.ConfigError, match=r"step\(\) after the episode is done.*call init\(prompt\)"):
+        env.step("FINAL(heron)")
     env.close()
     assert env._env.live_repls == 0
 
@@ -192,3 +194,21 @@ def test_an_lm_callback_that_breaks_skyrls_contract_fails_the_call_saying_so(tmp
     assert "failed:" in said and "extras['lm_callback'] returned a list of 1 whose first item is None" in said
     assert "one str per prompt" in said
     env.close()
+
+
+def test_env_config_gives_defaults_that_a_rows_extras_override() -> None:
+    # SkyRL passes its config for the environment id as env_config; it was ignored without a word.
+    omegaconf = pytest.importorskip("omegaconf")
+    config = omegaconf.OmegaConf.create(
+        {"max_turns": 4, "budget": {"max_llm_calls": 50}, "sandbox": "inprocess"}
+    )
+    env = skyrl_gym.make(adapter.ENV_ID, env_config=config, extras={"data_source": "x"})
+    assert env.max_turns == 5 and env._env.config.budget.max_llm_calls == 50
+    env = skyrl_gym.make(adapter.ENV_ID, env_config=config, extras={"max_turns": 2})
+    assert env.max_turns == 3
+    with pytest.raises(
+        adapter.ConfigError, match=r"env_config\['data_source'\] is not an option; the options are"
+    ):
+        skyrl_gym.make(adapter.ENV_ID, env_config={"data_source": "x"}, extras={})
+    with pytest.raises(adapter.ConfigError, match=r"env_config\['max_turns'\]='4'"):
+        skyrl_gym.make(adapter.ENV_ID, env_config={"max_turns": "4"}, extras={})

@@ -16,6 +16,7 @@ is listed in shared.py.
 from __future__ import annotations
 
 import dataclasses
+import os
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -104,6 +105,16 @@ class RLMEnv:
             raise ConfigError(
                 "RLMEnv(sub_call=...) takes an async function (messages, depth, parent_id) -> str."
             )
+        if not isinstance(max_depth, int) or isinstance(max_depth, bool) or max_depth < 0:  # compared below
+            raise ConfigError(
+                f"RLMEnv(max_depth={max_depth!r}): max_depth must be an int >= 0; e.g. max_depth=1."
+            )
+        if trace_dir is not None and not isinstance(trace_dir, str | os.PathLike):
+            raise ConfigError(f"RLMEnv(trace_dir={trace_dir!r}): give a folder as a str or a Path, or None.")
+        try:
+            made_tools, made_sub_tools = make_tools(list(tools)), make_sub_tools(list(sub_tools))
+        except ConfigError as exc:
+            raise ConfigError(str(exc).replace("RLM(", "RLMEnv(")) from None
         if sub_model is None and sub_call is None and max_depth > 0:
             raise ConfigError(
                 "RLMEnv: sub-calls need a model: pass sub_model='openai/<served name>' with base_url=..., "
@@ -143,8 +154,8 @@ class RLMEnv:
             call_headers=True,  # trainers behind the base URL attribute calls by these headers
             sampling=sampling,
             subcall_errors=subcall_errors,
-            tools=make_tools(list(tools)),
-            sub_tools=make_sub_tools(list(sub_tools)),
+            tools=made_tools,
+            sub_tools=made_sub_tools,
             tips=tips,
         )
         try:

@@ -300,12 +300,22 @@ class Episode:
             return 0.0  # no answer to score (an error, a budget stop without a partial answer)
         assert self._scorer is not None
         try:
-            value = self._scorer(self.answer)
+            if _is_async(self._scorer):
+                value = self._scorer(self.answer)
+            else:
+                # Off the loop: a judge that blocks (an HTTP call to a grader) would otherwise stall
+                # every episode on this loop, all of a SkyRL generator's included, while it waits.
+                value = await asyncio.to_thread(self._scorer, self.answer)
             if inspect.isawaitable(value):
                 value = await value
         except Exception as exc:
             raise EnvError(f"the scorer raised {type(exc).__name__}: {exc}") from exc
         return checked_reward(value, "the scorer returned")
+
+
+def _is_async(fn: Any) -> bool:
+    call = type(fn).__call__ if not inspect.isfunction(fn) and not inspect.ismethod(fn) else None
+    return inspect.iscoroutinefunction(fn) or (call is not None and inspect.iscoroutinefunction(call))
 
 
 def reply_text(reply: Any, what: str) -> tuple[str, dict[str, Any]]:

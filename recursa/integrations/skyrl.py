@@ -19,6 +19,9 @@ With `subcall_fn`, `rlm_query` children are the
 generator's own rollouts (as in SkyRL); without it, recursa child RLMs whose turns go where the
 other sub-calls go.
 
+The same knobs in `env_config` (SkyRL's config for this environment id) are defaults that a
+row's extras override.
+
 Episodes of environments with the same settings share one `RLMEnv` (its event loop thread, fork
 server and connection pool), so a generator's hundreds of environments cost one of each.
 """
@@ -29,7 +32,7 @@ import asyncio
 import functools
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from os import PathLike
 from typing import Any
 
@@ -68,7 +71,12 @@ class RecursaRLMEnv(BaseTextEnv):
 
     def __init__(self, env_config: Any = None, extras: dict[str, Any] | None = None) -> None:
         super().__init__()
-        self.extras = checked_extras(extras)
+        # SkyRL hands over its config for this environment id (`env_config`) and the dataset row's
+        # `extras`: the config's knobs are the defaults, a row's override them.
+        self.extras = {
+            **checked_extras(env_config or None, "env_config", strict=True),
+            **checked_extras(extras),
+        }
         self.env_config = env_config
         # The generator's cap on steps: max_turns code turns, then the one reply that may only answer.
         self.max_turns = self.extras.get("max_turns", 10) + 1
@@ -101,6 +109,11 @@ class RecursaRLMEnv(BaseTextEnv):
 
     def step(self, action: str) -> BaseTextEnvStepOutput:
         episode = self._live("step")
+        if episode.done:  # in this API's words, not RLMEnv's
+            raise ConfigError(
+                f"RecursaRLMEnv.step() after the episode is done (stop_reason={episode.stop_reason!r}); "
+                "call init(prompt) to start the next one"
+            )
         self.turns += 1
         try:
             observations = episode.step_sync(action)
@@ -249,39 +262,40 @@ _EXTRAS: dict[str, Callable[[str, Any], Any]] = {
 _PASSED = ("custom_tools", "context", "task_id")  # checked where they are used
 
 
-def checked_extras(extras: Any) -> dict[str, Any]:
+def checked_extras(extras: Any, name: str = "extras", *, strict: bool = False) -> dict[str, Any]:
     """The extras with every knob checked: a wrong type, or a near miss of a knob's name
     (`max_turn`), is a ConfigError naming `extras[key]`. Other keys (a dataset row's own, such as
-    `data_source`) pass through untouched, as SkyRL hands the whole row over."""
+    `data_source`) pass through untouched, as SkyRL hands the whole row over; with `strict` (the
+    environment's own `env_config`) they are refused too."""
     if extras is None:
         return {}
-    if not isinstance(extras, dict):
-        raise ConfigError(f"extras is {kind(extras)}; give a dict (the dataset row's extras)")
-    check_keys(extras, [*_EXTRAS, *_PASSED], lambda key: f"extras[{key!r}]", strict=False)
+    if not isinstance(extras, Mapping):
+        raise ConfigError(f"{name} is {kind(extras)}; give a dict")
+    check_keys(extras, [*_EXTRAS, *_PASSED], lambda key: f"{name}[{key!r}]", strict=strict)
     checked = dict(extras)
     for key, read in _EXTRAS.items():
         if extras.get(key) is not None:
             try:
-                checked[key] = read(f"extras[{key!r}]", extras[key])
+                checked[key] = read(f"{name}[{key!r}]", extras[key])
             except ConfigError:
                 raise
             except ValueError as exc:  # e.g. an unknown task family
-                raise ConfigError(f"extras[{key!r}]: {exc}") from None
+                raise ConfigError(f"{name}[{key!r}]: {exc}") from None
     spec = checked.get("reward_spec") or {}
     if spec.get("reward_fn") is not None:
-        function_value("extras['reward_spec']['reward_fn']", spec["reward_fn"], "(answer) -> float")
+        function_value(f"{name}['reward_spec']['reward_fn']", spec["reward_fn"], "(answer) -> float")
     if spec.get("family") is not None:
-        name = "extras['reward_spec']['family']"
+        where = f"{name}['reward_spec']['family']"
         try:
-            get(text_value(name, spec["family"]))
+            get(text_value(where, spec["family"]))
         except ValueError as exc:
-            raise ConfigError(f"{name}: {exc}") from None
+            raise ConfigError(f"{where}: {exc}") from None
     return checked
 
 
 def _dict_value(name: str, value: Any) -> dict[str, Any]:
-    if isinstance(value, dict):
-        return value
+    if isinstance(value, Mapping):  # a dict, or OmegaConf's DictConfig from a trainer's config
+        return dict(value)
     raise ConfigError(f"{name} is {kind(value)}; give a dict")
 
 

@@ -6,13 +6,19 @@ plainly code, so prose is never run:
 - it compiles as Python, from the first line of the run to its last (prose around it is left out:
   a run ends where Python stops reading it);
 - its syntax tree does something only code does: an import, a loop, a `with`, a `try`, a definition,
-  an `if`, a comprehension, a call of a builtin, of a REPL name (`print`, `llm_query`, ...), of a
-  name the run binds or of a method on one of those (or on a standard-library module), or an index or
-  attribute of a REPL name (`context[:500]`). A lone name ("Paris"), words joined by `is`/`not`
-  ("not found"), arithmetic (`x = 5`, `b = a + 2` in a math derivation) or a call of an unknown
-  name ("Paris (France)") are not;
+  an `if`, a comprehension, a lambda, a call of a builtin, of a REPL name (`print`, `llm_query`,
+  ...), of a name the run binds or of a method on one of those (or on a standard-library module or
+  a literal), or an index or attribute of a REPL name or a name the run binds (`context[:500]`).
+  A lone name ("Paris"), words joined by `is`/`not` ("not found"), a label ("Output: 42", an
+  annotation to Python), arithmetic (`x = 5`, `b = a + 2` in a math derivation) or a call of an
+  unknown name ("Paris (France)") are not;
 - lines that are only such words at either end of a run (a trailing "Done") are left out of it;
-- a FINAL(...) line does not make a run code: a lone answer line stays an answer written in prose.
+- a FINAL(...) line does not make a run code: a lone answer line stays an answer written in prose;
+- a line written whole as inline code (`x = 1` in backticks) is read as that code, and when nothing
+  is found as written, indented stretches (a markdown code block, code under a list item) are read
+  again moved to the left;
+- a run followed by a line that reads like code but does not compile (a typo) ends the search: the
+  caller tells the model which line stopped Python, rather than running what comes after it.
 """
 
 from __future__ import annotations
@@ -70,11 +76,23 @@ _COMPILE_BUDGET = 1_000_000  # characters handed to the compiler over all tries,
 _SHRINKS = 12
 
 
+# A line that reads like a statement (`x = ...`, `print(...)`, `for x in y:`): where one right after a
+# run is what stopped Python, the run was cut short by a mistake in the code, not by prose.
+_LOOKS_LIKE_CODE = re.compile(
+    r"^(?:[A-Za-z_][\w.]*(?:\[[^\]]*\])?[ \t]*(?:[-+*/%|&]|//)?=(?!=)|[A-Za-z_][\w.]*\("
+    r"|(?:for|while|if|elif|with|def|class|try|except)\b.*:[ \t]*$|(?:import|from)[ \t]+[\w.]+[ \t]*(?:import\b.*)?$)"
+)
+_TICKED = re.compile(r"^`([^`]+)`[ \t]*$")  # a whole line written as inline code: `x = len(context)`
+
+
 @dataclass(frozen=True)
 class Unfenced:
     code: str
     start: int  # index of its first line among the lines searched
     end: int  # index past its last line
+    # The code-like line right after the run that Python could not read, with why: the run stops
+    # there, and the model must hear that the rest did not run.
+    broken: str | None = None
 
 
 def find_unfenced(lines: list[str], barriers: set[int] | frozenset[int] = frozenset()) -> list[Unfenced]:
@@ -83,6 +101,7 @@ def find_unfenced(lines: list[str], barriers: set[int] | frozenset[int] = frozen
     if len(lines) > _MAX_LINES or sum(map(len, lines)) > _MAX_CHARS:
         return []
     budget = [_COMPILE_BUDGET]
+    lines = [_TICKED.sub(r"\1", line) for line in lines]
     found = _runs(lines, barriers, budget)
     if found:
         return found
@@ -116,10 +135,28 @@ def _runs(lines: list[str], barriers: set[int] | frozenset[int], budget: list[in
         while i < stop and budget[0] > 0:
             found, i = _run_from(lines, i, stop, floor, budget) if _may_start(lines[i]) else (None, i + 1)
             if found is not None:
+                found = _with_breakage(lines, found, stop)
                 runs.append(found)
                 floor = found.end
+                if found.broken:  # code after a mistake would run without what the mistake defines
+                    break
         segment_start = stop + 1
     return runs
+
+
+def _with_breakage(lines: list[str], run: Unfenced, stop: int) -> Unfenced:
+    after = next((k for k in range(run.end, stop) if lines[k].strip()), None)
+    if after is None or not _LOOKS_LIKE_CODE.match(lines[after]):
+        return run
+    try:
+        compile(
+            "\n".join(lines[run.start : after + 1]), "<reply>", "exec", ast.PyCF_ONLY_AST, dont_inherit=True
+        )
+    except SyntaxError as exc:
+        return Unfenced(run.code, run.start, run.end, f"`{lines[after].strip()[:80]}` ({exc.msg})")
+    except (ValueError, MemoryError, RecursionError):
+        pass
+    return run
 
 
 def _may_start(line: str) -> bool:

@@ -133,12 +133,12 @@ def check_known(body: dict[str, Any], standard: frozenset[str], refused: dict[st
         )
     for name, why in refused.items():
         value = body.get(name)
-        # A value that asks for nothing (top_logprobs 0, logit_bias {}) is as good as none.
+        # A value that asks for nothing (top_logprobs 0, logit_bias {}, function_call "none") is as
+        # good as none: clients fill fields in with their empty values.
         if (
             value is None
             or value is False
-            or value == {}
-            or value == []
+            or value in ({}, [], "none")
             or (type(value) is int and value == 0)
         ):
             continue
