@@ -6,6 +6,7 @@ stored-completion calls, an answer that never fit the schema, answers holding su
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from collections.abc import Iterator
@@ -313,3 +314,14 @@ def test_dspy_predict_and_chain_of_thought_through_the_server(tmp_path):
             thought = dspy.ChainOfThought("question -> answer")(question="What is 2 + 2?")
         assert thought.answer == "4" and thought.reasoning == "two and two"
         assert server.app.state.service.served == 2
+
+
+def test_a_compressed_body_is_refused_naming_the_header_and_a_byte_order_mark_is_read(srv):
+    body = json.dumps({"model": "recursa", "messages": HELLO}).encode()
+    headers = {"authorization": f"Bearer {KEY}", "content-type": "application/json"}
+    url = srv.url + "/v1/chat/completions"
+    zipped = httpx.post(url, content=gzip.compress(body), headers={**headers, "content-encoding": "gzip"})
+    assert zipped.status_code == 415, zipped.text  # it was a 400 "the request body is not valid JSON"
+    assert "Content-Encoding 'gzip'" in zipped.json()["error"]["message"]
+    marked = httpx.post(url, content=b"\xef\xbb\xbf" + body, headers=headers, timeout=60)
+    assert marked.status_code == 200 and marked.json()["choices"][0]["message"]["content"] == "hello"

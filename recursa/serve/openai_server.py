@@ -239,9 +239,20 @@ def _metrics(settings: ServeSettings) -> Metrics | None:
 
 
 async def _read_json(request: Request, max_bytes: int) -> Any:
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        # Read as it came, a compressed body was "not valid JSON", which sent its sender looking in
+        # the wrong place; inflating it would need a cap on what it inflates to as well.
+        raise ApiError(
+            415,
+            f"request bodies with Content-Encoding {encoding!r} are not accepted here; send the JSON "
+            "uncompressed",
+            code="unsupported_content_encoding",
+        )
     raw = await read_capped(
         request.headers.get("content-length"), request.stream(), max_bytes, _too_large(max_bytes)
     )
+    raw = raw.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark, which JSON readers may ignore
     try:
         if len(raw) > _PARSE_IN_THREAD_BYTES:
             return await asyncio.to_thread(json.loads, raw)
