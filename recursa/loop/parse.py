@@ -138,17 +138,29 @@ def parse_reply(reply: str, *, unfenced_code: bool = True) -> ParsedReply:
     answer_lines: set[int] = set()
     if final is not None and 0 <= final.line < len(prose) and not prose[final.line][:1].isspace():
         answer_lines = set(range(final.line, final.end_line + 1))
-    runs = (
-        []
-        if blocks or any(f.runnable for f in fences)
-        else find_unfenced(prose, {f.at for f in fences} | answer_lines)
-    )
-    if runs and unfenced_code:
+    no_block = not blocks and not any(f.runnable for f in fences)
+    runs = find_unfenced(prose, {f.at for f in fences} | answer_lines) if no_block else []
+    # A fence with no language tag holding plain Python is read by the same rule as Python with no
+    # fence at all: more plainly code, not less. Output or a plan shown in one (`42`, `FINAL(3)`) is not.
+    bare = [
+        (f, found) for f in fences if no_block and not f.tag and (found := find_unfenced(f.text.split("\n")))
+    ]
+    if bare and unfenced_code:
+        others = [f.tag for f in fences if not f.runnable and all(f is not g for g, _ in bare)]
+        placed = [(r.start, r.code) for r in runs] + [
+            (f.at, "\n\n".join(r.code for r in found)) for f, found in bare
+        ]
+        blocks = [code for _at, code in sorted(placed, key=lambda p: p[0])]
+        notes.append(_bare_fence_note(len(bare)))
+        if runs:
+            notes.append(_unfenced_note(runs, ran=True))
+    elif runs and unfenced_code:
         blocks = [r.code for r in runs]
         notes.append(_unfenced_note(runs, ran=True))
     elif runs and final is None:
         notes.append(_unfenced_note(runs, ran=False))
-    parsed = ParsedReply(blocks, final, len(others), others, notes, unfenced=bool(runs and unfenced_code))
+    ran_unfenced = bool((runs or bare) and unfenced_code)
+    parsed = ParsedReply(blocks, final, len(others), others, notes, unfenced=ran_unfenced)
     if parsed.unfenced and final is not None and any(r.start <= final.line < r.end for r in runs):
         # An indented FINAL inside the code that runs: the cell calls it (and is told it waits for the
         # output); what the forced last call would take.
@@ -179,6 +191,14 @@ def _unfenced_note(runs: list[Unfenced], *, ran: bool) -> str:
     if ran:
         return f"Your reply had {what}; it ran as a cell, and its output is above.{broken} {how}"
     return f"Your reply had {what}; it did not run.{broken} {how}"
+
+
+def _bare_fence_note(n: int) -> str:
+    what = "a code block" if n == 1 else f"{n} code blocks"
+    return (
+        f"Your reply had Python in {what} with no language after the ```; it ran as a cell, and its "
+        "output is above. Name the language so that it is certain to run: a line ```repl before it."
+    )
 
 
 def _shown(line: str) -> str:
