@@ -15,7 +15,7 @@ from recursa.env.callback import CallbackClient, ChildCall, SubCall
 from recursa.env.env import RLMEnv
 from recursa.env.episode import Episode, Scorer
 from recursa.env.rollouts import group_rollouts
-from recursa.env.shared import EnvError, ReplyRefused
+from recursa.env.shared import EnvError, ReplsFull, ReplyRefused
 
 __all__ = [
     "CallbackClient",
@@ -23,6 +23,7 @@ __all__ = [
     "EnvError",
     "Episode",
     "RLMEnv",
+    "ReplsFull",
     "ReplyRefused",
     "Scorer",
     "SubCall",

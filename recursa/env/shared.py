@@ -37,6 +37,10 @@ class ReplyRefused(EnvError):
         self.too_long = too_long
 
 
+class ReplsFull(EnvError):
+    """`max_live_repls` REPLs are alive (and a waiting start's `wait_for_repl` ran out)."""
+
+
 class ReplQuota:
     """A bound on the REPL processes alive at once across every episode of an environment.
 
@@ -55,7 +59,7 @@ class ReplQuota:
     def take(self) -> None:
         with self._lock:
             if self.live >= self.limit:
-                raise EnvError(self._full())
+                raise ReplsFull(self._full())
             self.live += 1
 
     async def take_waiting(self, seconds: float) -> None:
@@ -80,7 +84,7 @@ class ReplQuota:
             if granted:
                 self.give()  # cancelled after a slot was handed over: pass it on
             if isinstance(exc, TimeoutError):
-                raise EnvError(f"waited {seconds:g} s for a REPL: {self._full()}") from None
+                raise ReplsFull(f"waited {seconds:g} s for a REPL: {self._full()}") from None
             raise
 
     def give(self) -> None:

@@ -40,7 +40,7 @@ from skyrl_gym import register as _register
 from skyrl_gym import registry as _registry
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType
 
-from recursa.env import ChildCall, Episode, ReplyRefused, RLMEnv, SubCall
+from recursa.env import ChildCall, Episode, ReplsFull, ReplyRefused, RLMEnv, SubCall
 from recursa.errors import ConfigError
 from recursa.knobs import (
     budget_value,
@@ -95,16 +95,24 @@ class RecursaRLMEnv(BaseTextEnv):
         context = _context(self.extras)
         question = text if context is not None else PROMPT_AS_CONTEXT_QUESTION
         system = self.extras.get("custom_system_prompt")
-        self.episode = self._env.start_sync(
-            question,
-            context if context is not None else text,
-            task_id=_task_id(self.extras),
-            scorer=_scorer(self.extras, question, context),
-            sub_call=_sub_call(self.extras),
-            child_call=_child_call(self.extras),
-            tools=_custom_tools(self.extras.get("custom_tools")),
-            system_prompt=system if isinstance(system, str) and system.strip() else None,
-        )
+        try:
+            self.episode = self._env.start_sync(
+                question,
+                context if context is not None else text,
+                task_id=_task_id(self.extras),
+                scorer=_scorer(self.extras, question, context),
+                sub_call=_sub_call(self.extras),
+                child_call=_child_call(self.extras),
+                tools=_custom_tools(self.extras.get("custom_tools")),
+                system_prompt=system if isinstance(system, str) and system.strip() else None,
+            )
+        except ReplsFull:  # the REPL bound, in the words of this API's knobs
+            raise ReplsFull(
+                f"{self._env.live_repls} REPLs are alive, the most extras['max_live_repls']="
+                f"{self._env.quota.limit} allows: close finished environments (env.close()), run fewer "
+                "rollouts at once, raise extras['max_live_repls'], or let init wait for a slot with "
+                "extras['wait_for_repl'] (seconds)"
+            ) from None
         return self.episode.messages, {"run_id": self.episode.run_id}
 
     def step(self, action: str) -> BaseTextEnvStepOutput:
