@@ -30,21 +30,12 @@ import sys
 import textwrap
 from dataclasses import dataclass
 
-# What the REPL defines (recursa/sandbox/worker/repl.py), the spellings of FINAL it accepts included.
-REPL_NAMES = frozenset(
-    {
-        "context",
-        "llm_query",
-        "llm_query_batched",
-        "llm_batch",
-        "rlm_query",
-        "rlm_query_batched",
-        "SHOW_VARS",
-        "answer",
-        *("FINAL", "FINAL_VAR", "FINAL_ANSWER", "final", "Final", "final_answer", "Final_Answer"),
-        *("final_var", "Final_var", "Final_Var"),
-    }
-)
+from recursa.tools.spec import RESERVED_NAMES
+
+# What the REPL defines: the names it restores after every cell (recursa.tools.RESERVED_NAMES) and
+# the other spellings of FINAL / FINAL_VAR it accepts (recursa/sandbox/worker/repl.py).
+REPL_NAMES = RESERVED_NAMES | {"FINAL_ANSWER", "final", "Final", "final_answer", "Final_Answer"}
+REPL_NAMES |= {"final_var", "Final_var", "Final_Var"}
 _ANSWER_NAMES = REPL_NAMES & {n for n in REPL_NAMES if n.lower().startswith("final")}
 _BUILTINS = frozenset(dir(builtins))
 _STDLIB = frozenset(sys.stdlib_module_names)
