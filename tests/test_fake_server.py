@@ -197,18 +197,15 @@ def test_anthropic_streaming(server: FakeServer) -> None:
 async def test_concurrent_requests_overlap() -> None:
     async with FakeServer(responder=echo, latency_s=0.2, slots=64) as srv:
         async with openai.AsyncOpenAI(base_url=srv.base_url, api_key="k", max_retries=0) as client:
-            t0 = time.perf_counter()
             replies = await asyncio.gather(
                 *(
                     client.chat.completions.create(model="m", messages=[{"role": "user", "content": str(i)}])
                     for i in range(32)
                 )
             )
-            wall = time.perf_counter() - t0
     assert sorted(r.choices[0].message.content or "" for r in replies) == sorted(
         f"m heard: {i}" for i in range(32)
     )
-    assert wall < 32 * 0.2 / 4
     assert srv.max_in_flight >= 16
     records = srv.requests
     assert len(records) == 32 and all(r.finished_at - r.started_at >= 0.2 for r in records)

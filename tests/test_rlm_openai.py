@@ -148,9 +148,6 @@ def test_batch_runs_in_parallel_and_two_batches_in_one_run_work(server, script, 
     sub_records = subs(server)
     assert len(sub_records) == 64
     assert request_overlap(sub_records[:32]) >= 16 and request_overlap(sub_records[32:]) >= 16
-    trace = load(result.trace_path)
-    batch_time = trace.root.of_type("exec")[0]["duration_s"]
-    assert batch_time < 32 * 0.2 / 4  # far from sequential
 
 
 @pytest.mark.serial  # asserts calls overlap or finish in time: not beside another test
@@ -208,9 +205,7 @@ def test_depth_two_children_run_in_parallel(server, script, tmp_path):
     trace = load(result.trace_path)
     children = trace.root.children
     assert len(children) == 6 and all(c.depth == 1 and c.stop_reason == "final" for c in children)
-    # Six children of three 0.1 s turns each: in parallel about 0.3 s, in series about 1.8 s.
-    batch_time = trace.root.of_type("exec")[0]["duration_s"]
-    assert batch_time < 1.2
+    # The children ran side by side: their first turns were at the server at once.
     first_turns = [r for r in server.requests if r.model == "sub-model" and len(r.messages) == 2]
     assert request_overlap(first_turns) >= 3
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import re
-import time
 from collections import Counter
 
 import pytest
@@ -76,14 +75,10 @@ def test_sizes_are_honoured_within_five_percent(family: str, size: int) -> None:
 
 
 @pytest.mark.serial  # asserts calls overlap or finish in time: not beside another test
-def test_generation_is_fast() -> None:
+def test_ten_million_characters_are_generated_to_size() -> None:
+    # How fast is benchmarks/families_10m.py's to say (the suite times nothing).
     for family in ("niah", "oolong"):
-        started = time.perf_counter()
-        generate(family, 1_000_000, seed=1)
-        assert time.perf_counter() - started < 1.0
-        started = time.perf_counter()
         big = generate(family, 10_000_000, seed=1)
-        assert time.perf_counter() - started < 5.0
         assert abs(big.size_chars - 10_000_000) < 100_000
 
 
