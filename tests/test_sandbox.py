@@ -392,15 +392,20 @@ def _wait_until_gone(pid: int, timeout: float) -> None:
 
 
 async def test_worker_dying_between_cells_is_noticed(proc_sandbox: SubprocessSandbox) -> None:
-    pid = proc_sandbox.pid
-    assert pid is not None
-    os.kill(pid, 9)
-    # The worker is the keeper's child, not ours (see worker/keeper.py): wait until the keeper reaped it
-    # (a zombie leader whose threads are still exiting does not count as exited yet).
-    await asyncio.to_thread(_wait_until_gone, pid, 2.0)
-    r = await run(proc_sandbox, "1 + 1")
-    assert r.stdout == "2\n"
-    assert any("had stopped" in n and "restored from a snapshot" in n for n in r.notes)
+    for first in (True, False):
+        if not first:  # a cell has run: its state comes back from the snapshot forked after it
+            await run(proc_sandbox, "x = 1")
+            assert await proc_sandbox.wait_snapshot() is not None
+        pid = proc_sandbox.pid
+        assert pid is not None
+        os.kill(pid, 9)
+        # The worker is the keeper's child, not ours (see worker/keeper.py): wait until the keeper reaped
+        # it (a zombie leader whose threads are still exiting does not count as exited yet).
+        await asyncio.to_thread(_wait_until_gone, pid, 2.0)
+        r = await run(proc_sandbox, "1 + 1" if first else "x + 1")
+        assert r.stdout == "2\n"
+        said = "before any code ran; it was started again" if first else "restored from a snapshot"
+        assert any("had stopped" in n and said in n for n in r.notes), r.notes
 
 
 # -- isolation and lifecycle ---------------------------------------------------------------------

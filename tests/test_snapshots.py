@@ -158,6 +158,37 @@ async def test_crash_in_a_cell_is_restored(sandbox: SubprocessSandbox) -> None:
     assert r.stdout == "'kept'\n"
 
 
+# -- the first cell: a state no cell has changed ------------------------------------------------
+
+
+@pytest.mark.parametrize("cell", [C_LOOP, "import os\nos._exit(3)"], ids=["killed", "crashed"])
+async def test_a_lost_first_cell_comes_back_to_the_started_state_without_a_snapshot(
+    host: Host, cell: str
+) -> None:
+    """Before the first cell the worker keeps no snapshot (two forks per REPL saved): a restart with
+    the context and definitions replayed is that state, and is reported as a restore."""
+    sb = SubprocessSandbox(grace_s=0.2)
+    await sb.start(host)
+    try:
+        await sb.load_context(build_payload("the context"))
+        await sb.define([{"name": "unit", "kind": "value", "value": "kg"}])
+        assert await sb.wait_snapshot(timeout=0.3) is None
+        first = sb.pid
+        r = await sb.execute(cell, 0.3)
+        assert r.restarted and r.restored, r
+        (note,) = r.notes
+        assert "restored to its state before this cell" in note and "no earlier cell had run" in note
+        assert sb.pid != first
+        r = await sb.execute("print(context, unit)", 5)
+        assert (r.stdout, r.error, r.notes) == ("the context kg\n", None, [])
+        await sb.execute("x = 'kept'", 5)  # from the second cell on, snapshots as before
+        r = await sb.execute(f"x = 'lost'\n{C_LOOP}", 0.3)
+        assert r.restored and "earlier ones are kept" in r.notes[0]
+        assert (await sb.execute("x", 5)).stdout == "'kept'\n"
+    finally:
+        await sb.close()
+
+
 # -- when there is no snapshot ------------------------------------------------------------------
 
 

@@ -35,6 +35,7 @@ from recursa.sandbox.cgroups import TaskGroup
 from recursa.sandbox.connection import Connection, WorkerGone
 from recursa.sandbox.processes import WorkerProcess
 from recursa.sandbox.protocol import FrameSocket, ProtocolError, exec_result_from_wire, final_from_wire
+from recursa.sandbox.recovery import Recovery
 from recursa.sandbox.worker_log import WorkerLog
 
 _DRAIN_S = 0.2
@@ -108,6 +109,10 @@ class WorkerHost:
         self._worker: Connection | None = None
         self._context: ContextSpec | None = None
         self._definitions: dict[str, dict[str, Any]] = {}  # define() entries, replayed on a restart
+        # Cells sent since the current worker's state was new (a start or restart; a snapshot that
+        # takes over carries its state on). At 0 a restart restores that state exactly, so the
+        # worker keeps no snapshot of it (worker/server.py).
+        self._cells_run = 0
         self._lock = asyncio.Lock()
         self._carry_notes: list[str] = []  # for the next ExecResult (e.g. a restart between cells)
         self._closed = False
@@ -151,8 +156,9 @@ class WorkerHost:
         return self._worker.snapshot_pid if self._worker is not None else None
 
     async def wait_snapshot(self, timeout: float = 5.0) -> int | None:
-        """Wait until the worker has announced its snapshot of the state after the last request
-        (it forks it just after answering); returns its pid, None without one."""
+        """Wait until the worker has announced its snapshot of the state after the last cell (it
+        forks it just after answering); returns its pid, None without one (before the first cell
+        there is none: a restart restores that state)."""
         worker = self._worker
         if worker is None or worker.control is None:
             return None
@@ -180,6 +186,7 @@ class WorkerHost:
     async def _new_worker(self) -> Connection:
         conn = await self._spawn()
         self._cleanup.process = conn.process
+        self._cells_run = 0
         if self.snapshots:
             await self._arm_snapshots(conn)
         return conn
@@ -198,11 +205,6 @@ class WorkerHost:
             theirs.close()
         ours.setblocking(False)
         conn.control = ours
-        # The worker forks its first snapshot right away; wait for it (about a millisecond), so
-        # that even a crash in the very first cell finds one.
-        reported = asyncio.ensure_future(conn.snapshot_reported.wait())
-        await asyncio.wait({reported, conn.reader}, timeout=self.start_timeout, return_when="FIRST_COMPLETED")
-        reported.cancel()
 
     async def _replace_worker(self) -> None:
         """Kill the current worker and start a fresh one with the context loaded again."""
@@ -302,9 +304,6 @@ class WorkerHost:
 
         return add
 
-    def _reload_note(self) -> str:
-        return " (`context` is loaded again)" if self._context is not None else ""
-
     async def _live_worker(self) -> Connection:
         if self._closed:
             raise SandboxError("this sandbox was closed; create a new one")
@@ -315,29 +314,27 @@ class WorkerHost:
         if not worker.alive:
             await worker.process.wait_exit(1.0)
             why = worker.describe_exit()
-            new, why_not = await self._restore_or_restart(worker)
-            if new is not None:
-                self._carry_notes.append(
-                    f"The REPL process had stopped ({why}); it was restored from a snapshot of its state at "
-                    f"the end of your last code block, so your variables are kept.{_threads_note(new)}"
-                )
-            else:
-                self._carry_notes.append(
-                    f"The REPL process had stopped ({why}) and was restarted: all variables were lost"
-                    f"{self._reload_note()} (no snapshot to restore from: {why_not})."
-                )
+            recovery = await self._restore_or_restart(worker, fresh=self._fresh())
+            self._carry_notes.append(recovery.note(f"The REPL process had stopped ({why})", "between"))
         assert self._worker is not None
         return self._worker
 
-    async def _restore_or_restart(self, worker: Connection) -> tuple[Connection | None, str]:
-        """Replace a stuck or dead current worker: by its snapshot when one is ready (returned),
-        else by a fresh worker with the context loaded again (None, and why there was no snapshot)."""
-        new, why_not = await self._take_over(worker)
-        if new is not None:
-            self._worker = new
-            return new, ""
+    def _fresh(self) -> bool:
+        """Whether the worker's state is still as a start made it (no cell sent since): then a
+        restart restores it exactly, and there is no snapshot of it to take over."""
+        return self.snapshots and self._cells_run == 0
+
+    async def _restore_or_restart(self, worker: Connection, *, fresh: bool) -> Recovery:
+        """Replace a stuck or dead current worker: by its snapshot when one is ready, else by a
+        fresh worker with the context loaded again (which restores a `fresh` state exactly)."""
+        why_not = ""
+        if not fresh:
+            new, why_not = await self._take_over(worker)
+            if new is not None:
+                self._worker = new
+                return Recovery("snapshot", False, restored=new.restored or {})
         await self._replace_worker()  # kills `worker`, the current one
-        return None, why_not
+        return Recovery("fresh" if fresh else "restart", self._context is not None, why_not)
 
     async def close(self) -> None:
         if self._closed:
@@ -466,6 +463,8 @@ class WorkerHost:
             worker = await self._live_worker()
             notes, self._carry_notes = self._carry_notes, []
             started = time.perf_counter()
+            fresh = self._fresh()  # this is the first cell on a start's state
+            self._cells_run += 1
             fut = await worker.request({"op": "exec", "code": code, "max_output_chars": limit})
             timed_out = False
             try:
@@ -476,9 +475,9 @@ class WorkerHost:
                     worker.interrupt()
                     frame = await asyncio.wait_for(asyncio.shield(fut), self.grace_s)
             except TimeoutError:
-                result = await self._recover(worker, started, timeout, killed=True)
+                result = await self._recover(worker, started, timeout, killed=True, fresh=fresh)
             except WorkerGone:
-                result = await self._recover(worker, started, timeout if timed_out else None)
+                result = await self._recover(worker, started, timeout if timed_out else None, fresh=fresh)
             except asyncio.CancelledError:
                 worker.interrupt()  # the caller gave up: do not leave the cell running
                 raise
@@ -505,9 +504,16 @@ class WorkerHost:
         return []
 
     async def _recover(
-        self, worker: Connection, started: float, timeout: float | None, *, killed: bool = False
+        self,
+        worker: Connection,
+        started: float,
+        timeout: float | None,
+        *,
+        killed: bool = False,
+        fresh: bool = False,
     ) -> ExecResult:
-        """After a cell that had to be killed (or killed its process): restore, else restart."""
+        """After a cell that had to be killed (or killed its process): restore, else restart.
+        `fresh`: the cell was the first on a start's state, which a restart restores exactly."""
         if not killed:
             await worker.process.wait_exit(1.0)  # the channel closes before the exit is complete
         how = worker.describe_exit()
@@ -522,25 +528,15 @@ class WorkerHost:
             error = f"the REPL process died while running this cell ({how})"
             what = f"the REPL process died ({how})"
         tail = worker.log_tail()
-        new, why_not = await self._restore_or_restart(worker)
-        if new is not None:
-            note = (
-                f"{what}; the REPL was restored to its state before this cell: variables this cell set or "
-                f"changed are lost, earlier ones are kept.{_threads_note(new)}"
-            )
-        else:
-            note = (
-                f"{what}; the REPL was restarted and all variables were lost{self._reload_note()} "
-                f"(no snapshot to restore from: {why_not})"
-            )
+        recovery = await self._restore_or_restart(worker, fresh=fresh)
         return ExecResult(
             stdout="",
             stderr=f"[REPL process output before it stopped]\n{tail}" if tail else "",
             error=error,
             timed_out=timeout is not None,
             restarted=True,
-            restored=new is not None,
-            notes=[note],
+            restored=recovery.kept,
+            notes=[recovery.note(what, "cell")],
             duration_s=time.perf_counter() - started,
         )
 
@@ -556,17 +552,10 @@ class WorkerHost:
                     worker.interrupt()
                     return await asyncio.wait_for(asyncio.shield(fut), self.grace_s)
             except (TimeoutError, WorkerGone):
-                new, why_not = await self._restore_or_restart(worker)
-                if new is not None:
-                    self._carry_notes.append(
-                        "Reading a REPL variable hung or crashed the REPL; it was restored to its state at the "
-                        f"end of your last code block, so your variables are kept.{_threads_note(new)}"
-                    )
-                else:
-                    self._carry_notes.append(
-                        "Reading a REPL variable hung or crashed the REPL, so it was restarted: all variables "
-                        f"were lost{self._reload_note()} (no snapshot to restore from: {why_not})."
-                    )
+                recovery = await self._restore_or_restart(worker, fresh=self._fresh())
+                self._carry_notes.append(
+                    recovery.note("Reading a REPL variable hung or crashed the REPL", "read")
+                )
                 return None
 
     async def get_variable(self, name: str) -> FinalAnswer | None:
@@ -582,15 +571,3 @@ class WorkerHost:
         reply = await self._ask({"op": "list_vars"})
         names = reply.get("names") if reply else None
         return [str(n) for n in names] if isinstance(names, list) else []
-
-
-def _threads_note(conn: Connection) -> str:
-    """What a snapshot cannot bring back: threads and processes the old worker was running."""
-    info = conn.restored or {}
-    out = ""
-    threads, procs = info.get("threads_lost"), info.get("strays_killed")
-    if isinstance(threads, int) and threads > 0:
-        out += f" {threads} thread(s) started by earlier code are no longer running."
-    if isinstance(procs, int) and procs > 0:
-        out += f" {procs} process{'es' if procs > 1 else ''} started by earlier code were stopped."
-    return out

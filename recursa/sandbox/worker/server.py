@@ -114,6 +114,10 @@ class Server:
         self.group = group
         self.repl = Repl(self._call)
         self.snapshots = Snapshots()
+        # No cell has run in this process yet: the host restores this state by starting a worker
+        # again (context and definitions are replayed), so it needs no snapshot. The two it used to
+        # fork (at standby and after the context) were a fifth of a short-lived child REPL's CPU.
+        self._pristine = True
         self._early: dict[str, Any] | None = None  # a request read while settling (see _settle)
         self.chan = self._connect(WorkerChannel(transport, lines=lines))
 
@@ -165,10 +169,12 @@ class Server:
                 break
             if op == "standby":
                 self.snapshots.arm(int(msg.get("_fd", -1)))
-                if self.snapshots.armed:
+                if self.snapshots.armed and not self._pristine:
                     self._snapshot()
                 continue
-            if op == "exec" and self.snapshots.armed and not self.snapshots.alive():
+            if op == "exec" and self._pristine:
+                self._pristine = False
+            elif op == "exec" and self.snapshots.armed and not self.snapshots.alive():
                 if self._snapshot():
                     continue  # this process is a snapshot that took over: that cell was not ours
             elif op == "load_context":
@@ -187,7 +193,7 @@ class Server:
                     self.group.leave_cell()  # before the answer: the host then kills what stayed
             if reply is not None:
                 self.chan.send(reply)
-            if op in ("exec", "load_context") and self.snapshots.armed:
+            if op in ("exec", "load_context") and self.snapshots.armed and not self._pristine:
                 # Snapshot the state after this cell now, while the host reads the result and asks
                 # its model: the next cell then starts without paying for the fork.
                 self._settle()
