@@ -27,6 +27,21 @@ CHROMIUM_ARGS = [
 ]
 
 
+# A cell that writes three files of 5 MiB: past an 8 MiB scratch cap the last two fail.
+FILL_SCRATCH = (
+    "import os\n"
+    "done = []\n"
+    "for i in range(3):\n"
+    "    try:\n"
+    "        with open(f'part{i}', 'wb') as f:\n"
+    "            f.write(b'x' * (5 << 20))\n"
+    "        done.append('ok')\n"
+    "    except OSError as e:\n"
+    "        done.append(e.strerror)\n"
+    "print(done)\n"
+)
+
+
 def max_overlap(intervals: Iterable[tuple[float, float]]) -> int:
     """The most [start, end) intervals open at one instant (an end sorts before a start at a tie)."""
     spans = list(intervals)

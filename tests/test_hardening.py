@@ -30,6 +30,7 @@ from recursa.sandbox.policy import describe
 from recursa.sandbox.worker import landlock as hmod
 from recursa.sandbox.worker import seccomp
 from recursa.sandbox.worker_log import WorkerLog
+from tests.helpers import FILL_SCRATCH
 
 linux_only = pytest.mark.skipif(hmod.landlock_abi() < 6, reason="needs Landlock ABI >= 6 (Linux 6.12+)")
 needs_bwrap = pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap (bwrap) is not installed")
@@ -539,20 +540,6 @@ def _may_mount() -> bool:
 
         os._exit(0 if ctypes.CDLL(None, use_errno=True).unshare(0x00020000) == 0 else 1)
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
-
-
-FILL_SCRATCH = (
-    "import os\n"
-    "done = []\n"
-    "for i in range(3):\n"
-    "    try:\n"
-    "        with open(f'part{i}', 'wb') as f:\n"
-    "            f.write(b'x' * (5 << 20))\n"
-    "        done.append('ok')\n"
-    "    except OSError as e:\n"
-    "        done.append(e.strerror)\n"
-    "print(done)\n"
-)
 
 
 @pytest.mark.skipif(not _may_mount(), reason="no CAP_SYS_ADMIN here: a worker without bwrap cannot mount")

@@ -28,22 +28,11 @@ import pytest
 
 from recursa.sandbox import Hardening, SubprocessSandbox
 from recursa.sandbox.hardened import HostHardening
+from tests.helpers import FILL_SCRATCH
 
 NOBODY = 65534
 CLONE_NEWUSER_AND_NS = 0x10000000 | 0x00020000
 # Three files of 5 MiB: each under the 6 MiB per-file limit, together past the 8 MiB scratch cap.
-FILL_SCRATCH = (
-    "import os\n"
-    "done = []\n"
-    "for i in range(3):\n"
-    "    try:\n"
-    "        with open(f'part{i}', 'wb') as f:\n"
-    "            f.write(b'x' * (5 << 20))\n"
-    "        done.append('ok')\n"
-    "    except OSError as e:\n"
-    "        done.append(e.strerror)\n"
-    "print(done, os.geteuid())\n"
-)
 CAPS = Hardening(max_scratch_bytes=8 << 20, max_file_bytes=6 << 20, cgroups=False)
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="mount namespaces are Linux's")
@@ -106,7 +95,7 @@ async def _fill(kw: dict[str, Any]) -> tuple[str, dict[str, Any], list[str]]:
 
     await sb.start(no_calls)
     try:
-        res = await sb.execute(FILL_SCRATCH, timeout=30)
+        res = await sb.execute(FILL_SCRATCH + "print(os.geteuid())\n", timeout=30)
         return res.stdout + (res.error or ""), dict(sb.isolation), os.listdir(sb.scratch_dir or "")
     finally:
         await sb.close()
@@ -139,7 +128,8 @@ def test_an_unprivileged_worker_caps_its_scratch_folder_in_its_own_user_namespac
     if not _user_namespaces_allowed(python):
         pytest.skip("this kernel lets no unprivileged user make a user namespace (the mechanism is absent)")
     out, isolation, left = asyncio.run(_fill(kw))
-    assert out.startswith("['ok', 'No space left on device', 'No space left on device']"), out
+    assert out.startswith("['ok', 'No space left on device', 'No space left on device']\n"), out
+    assert out.splitlines()[1] == str(NOBODY), out  # as the unprivileged user
     assert out.split("]")[1].strip() != "0", "the worker ran as root: the test shows nothing"
     assert isolation["scratch"] == {
         "bytes": 8 << 20,
