@@ -123,7 +123,7 @@ def valid_unicode(value: Any) -> Any:
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
-            return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+            return _paired(value)
         return value
     if isinstance(value, dict):
         return {k: valid_unicode(v) for k, v in value.items()}
@@ -140,4 +140,10 @@ def utf8_json(value: Any) -> bytes:
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError:
-        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace").encode("utf-8")
+        return _paired(text).encode("utf-8")
+
+
+def _paired(text: str) -> str:
+    """`text` with each surrogate pair made the character it encodes and each lone surrogate U+FFFD
+    (what browsers' encoders send): through UTF-16, which joins pairs, replacing what it cannot."""
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")

@@ -93,7 +93,7 @@ class JsonPoster:
         / UnicodeDecodeError for a 2xx whose body is not JSON."""
         if self._session is None or self._session.closed:
             self._session = self._new_session()
-        data = _utf8_json(body)
+        data = utf8_json(body)  # surrogates made valid: a strict server refuses invalid UTF-8
         send_headers = {**self.headers, **headers} if headers else self.headers
         try:
             async with self._session.post(
@@ -117,14 +117,6 @@ class JsonPoster:
         session, self._session = self._session, None
         if session is not None and not session.closed:
             await session.close()
-
-
-def _utf8_json(body: Mapping[str, Any]) -> bytes:
-    """The body as UTF-8 JSON. A str can hold surrogates, which have no UTF-8 form (text decoded
-    with `surrogateescape`, a string cut inside a UTF-16 pair): sent as they are, they made the whole
-    request invalid UTF-8, which a strict server refuses. Two that form a pair go out as the
-    character they encode, a lone one as U+FFFD (as browsers' encoders send it)."""
-    return utf8_json(body)
 
 
 def _error_body(raw: bytes) -> Any:
