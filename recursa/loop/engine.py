@@ -19,11 +19,11 @@ from recursa.loop.feedback import (
     LAST_CALL_MESSAGE,
     NO_CODE_MESSAGE,
     fence_hint,
-    unfenced_answer_note,
+    why_stop_after,
 )
 from recursa.loop.importable import modules_line
 from recursa.loop.options import RunOptions
-from recursa.loop.output import render_turn, until_timed_out
+from recursa.loop.output import render_turn
 from recursa.loop.parse import ParsedReply, parse_reply
 from recursa.loop.prompts import (
     PromptSettings,
@@ -541,19 +541,19 @@ class RunEngine:
             return _Outcome(None, await missing_variable_message(self._sandbox, parsed.prose_final.text))
         assert self._sandbox is not None
         results: list[ExecResult] = []
-        for index, code in until_timed_out(parsed.code_blocks, results):
+        for index, code in enumerate(parsed.code_blocks, 1):
             res = await self._execute(code, turn, index)
             results.append(res)
             if res.partial is not None:
                 self._partial = res.partial
-            if res.final is not None and parsed.unfenced:  # it answers before its output was seen
-                res.notes.append(unfenced_answer_note(res.final.protocol))
-                break
-            if res.final is not None:
+            if res.final is not None and not parsed.unfenced:
                 empty = empty_answer(res.final)
                 if empty is None:
                     return _Outcome(res.final, None)
                 res.notes.append(empty)
+                break
+            if (stop := why_stop_after(res, parsed.unfenced, len(parsed.code_blocks) - index)) is not None:
+                res.notes.append(stop)
                 break
         feedback = "REPL output:\n" + render_turn(results, self.config.max_output_chars)
         if parsed.prose_final is not None:

@@ -4,6 +4,7 @@ that did not run, or the last call for an answer."""
 from __future__ import annotations
 
 from recursa.loop.parse import ParsedReply
+from recursa.sandbox.base import ExecResult
 
 NO_CODE_MESSAGE = (
     "Your reply had no ```repl code block and no final answer, so nothing ran. Write code in a "
@@ -35,12 +36,27 @@ def fence_hint(parsed: ParsedReply) -> str:
     return f" (Your reply had {what} ({kinds}). Only blocks opened with ```repl or ```python run.)"
 
 
-def unfenced_answer_note(protocol: str) -> str:
-    """Code written outside a fence that answers in the same reply: as with a prose FINAL next to
-    code, the model has not seen the output, so the answer waits for it."""
-    how = 'set answer["ready"]' if protocol == "answer" else f"called {protocol}(...)"
-    return (
-        f"Your code {how} in the same reply that wrote the code, before you had seen its output, so "
-        "it was not taken as the answer. If the output confirms it, give the answer again in your next "
-        "reply."
-    )
+def why_stop_after(res: ExecResult, unfenced: bool, blocks_left: int) -> str | None:
+    """Why the rest of a reply's blocks do not run after this one (the note for the model), or None.
+
+    - Code written outside a fence that answers: as with a prose FINAL next to code, the model has
+      not seen the output, so the answer waits for it.
+    - A block that ran out of time: the later ones would start from its unfinished state, and since
+      each may take the whole timeout, a reply of many blocks that all loop forever (a degenerate
+      generation) would hold the turn that many times over.
+    """
+    if res.final is not None and unfenced:
+        protocol = res.final.protocol
+        how = 'set answer["ready"]' if protocol == "answer" else f"called {protocol}(...)"
+        return (
+            f"Your code {how} in the same reply that wrote the code, before you had seen its output, so "
+            "it was not taken as the answer. If the output confirms it, give the answer again in your next "
+            "reply."
+        )
+    if res.timed_out and res.final is None and blocks_left > 0:
+        return (
+            f"This block ran out of time, so the {blocks_left} block(s) after it in your reply were not "
+            "run (they would have started from its unfinished state). Make this step faster, then "
+            "send the rest again."
+        )
+    return None

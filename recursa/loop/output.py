@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 from recursa.sandbox.base import ExecResult
 
@@ -52,21 +51,3 @@ def render_turn(results: list[ExecResult], limit: int) -> str:
         # again for the marker's few characters would show two markers with overlapping counts.
         return text
     return truncate_middle(text, limit, omitted)
-
-
-def until_timed_out(blocks: list[str], results: list[ExecResult]) -> Iterator[tuple[int, str]]:
-    """A reply's blocks, numbered from 1, until one runs out of time (its result is the last of
-    `results`, which the caller appends to as it runs each): the later ones would start from its
-    unfinished state, and since each may take the whole timeout, a reply of many blocks that all
-    loop forever (a degenerate generation) would hold the turn that many times over."""
-    for index, code in enumerate(blocks, 1):
-        last = results[-1] if results else None
-        if last is not None and last.timed_out and last.final is None:
-            left = len(blocks) - index + 1
-            last.notes.append(
-                f"This block ran out of time, so the {left} block(s) after it in your reply were not "
-                "run (they would have started from its unfinished state). Make this step faster, then "
-                "send the rest again."
-            )
-            return
-        yield index, code
