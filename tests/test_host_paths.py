@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,6 +26,17 @@ from tests.test_rlm_openai import SUB, code
 
 SECRET_DIR = "/home/alice/secrets"  # a path that exists nowhere: the tool's error names it
 LEAKS = ("/home/alice", "alice", "secrets/", "site-packages", "/usr/lib/python")
+
+
+def _rlm(server: Any, tmp_path: Path, **options: Any) -> RLM:
+    return RLM(
+        "openai/root-model",
+        base_url=server.base_url,
+        api_key="k",
+        sub_model=SUB,
+        trace_dir=tmp_path,
+        **options,
+    )
 
 
 @host_tool
@@ -60,14 +73,7 @@ def test_a_host_tool_failing_on_a_file_names_the_file_only(server, script, tmp_p
         ),
         code("FINAL(said)"),
     )
-    result = RLM(
-        "openai/root-model",
-        base_url=server.base_url,
-        api_key="k",
-        sub_model=SUB,
-        trace_dir=tmp_path,
-        tools=[read_note, crash],
-    ).run("q", "ctx")
+    result = _rlm(server, tmp_path, tools=[read_note, crash]).run("q", "ctx")
     told = feedback_before(server, 2)
     # Still useful: the tool, the exception's type and message, the file's name.
     assert "caught ToolError read_note raised FileNotFoundError" in told, told
@@ -100,14 +106,7 @@ def test_a_path_in_the_sandboxs_own_folder_is_shown_as_the_code_names_it(server,
         ),
         code("FINAL(said)"),
     )
-    result = RLM(
-        "openai/root-model",
-        base_url=server.base_url,
-        api_key="k",
-        sub_model=SUB,
-        trace_dir=tmp_path,
-        tools=[stat_file],
-    ).run("q", "ctx")
+    result = _rlm(server, tmp_path, tools=[stat_file]).run("q", "ctx")
     assert result.stop_reason == "final", result.error
     assert "No such file or directory: './sub/gone.txt'" in result.answer, result.answer
     assert "recursa-repl-" not in result.trace_path.read_text()
@@ -124,14 +123,7 @@ def test_a_failing_sub_model_call_names_no_host_path(server, script, tmp_path):
     message = f"cannot load model: [Errno 2] No such file or directory: '{SECRET_DIR}/weights/model.gguf'"
     server.faults = FaultSchedule(FaultRule(Fault(400, message=message), model="sub-model", times=None))
     try:
-        result = RLM(
-            "openai/root-model",
-            base_url=server.base_url,
-            api_key="k",
-            sub_model=SUB,
-            trace_dir=tmp_path,
-            max_retries=0,
-        ).run("q", "ctx")
+        result = _rlm(server, tmp_path, max_retries=0).run("q", "ctx")
     finally:
         server.faults = None
     told = feedback_before(server, 2)
