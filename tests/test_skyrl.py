@@ -10,6 +10,7 @@ import pytest
 
 skyrl_gym = pytest.importorskip("skyrl_gym", reason="skyrl-gym is not installed (pip install recursa[skyrl])")
 
+from recursa.env import ReplsFull  # noqa: E402
 from recursa.integrations import skyrl as adapter  # noqa: E402
 from recursa.testing.fake_server import FakeServer  # noqa: E402
 
@@ -141,7 +142,7 @@ def test_a_datasets_own_keys_pass_and_init_again_ends_the_previous_episode(tmp_p
     )
     one.init(prompt)
     with pytest.raises(
-        adapter.ReplsFull, match=r"extras\['max_live_repls'\]=1 allows.*extras\['wait_for_repl'\]"
+        ReplsFull, match=r"extras\['max_live_repls'\]=1 allows.*extras\['wait_for_repl'\]"
     ):
         two.init(prompt)  # the bound's error in this API's knobs, not RLMEnv's
     one.close()

@@ -64,6 +64,7 @@ class RunEngine:
         depth: int = 0,
         parent_run_id: str | None = None,
         parent_scopes: list[Usage] | None = None,
+        ancestors: tuple[str, ...] = (),
         run_id: str | None = None,
         options: RunOptions | None = None,
     ) -> None:
@@ -75,6 +76,7 @@ class RunEngine:
         self.depth = depth
         self.parent_run_id = parent_run_id
         self.run_id = run_id or new_id("run")
+        self.ancestors = ancestors  # the run ids above this one, its parent's first
         self.usage = Usage()
         self.usage_scopes = [self.usage, *(parent_scopes or [])]
         self.model = self.config.model_for_depth(depth)
@@ -120,6 +122,7 @@ class RunEngine:
             depth=self.depth + 1,
             parent_run_id=self.run_id,
             parent_scopes=self.usage_scopes,
+            ancestors=(self.run_id, *self.ancestors),
             options=self.options.for_child(),
         )
         try:
@@ -311,7 +314,7 @@ class RunEngine:
         if self.options.sandbox is not None:  # a session's REPL: context and tools already in place
             self.tree.show_scratch(self.options.sandbox)
             return self.options.sandbox, []
-        sandbox = self.tree.new_sandbox()
+        sandbox = await self.tree.open_sandbox(self.depth, self.ancestors)
         self._sandbox = sandbox
         await sandbox.start(SubcallHandler(self))
         self.tree.show_scratch(sandbox)
