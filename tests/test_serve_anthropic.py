@@ -273,9 +273,10 @@ def test_a_failed_run_is_not_run_again_by_the_sdks_own_retries(tmp_path):
         model = "broken"
 
         async def complete(self, request: Any) -> Any:
-            raise RuntimeError("the upstream is down")
+            # What an upstream error may quote: the key it was given, a file on the host.
+            raise RuntimeError(f"the upstream is down (key {KEY}, log /home/alice/upstream/err.log)")
 
-    with BackgroundServer(create_app(_settings(tmp_path, model=Broken()))) as server:
+    with BackgroundServer(create_app(_settings(tmp_path, model=Broken(), upstream_api_key=KEY))) as server:
         service = server.app.state.service
         sdk = anthropic.Anthropic(base_url=server.url, api_key=KEY)  # the SDK's default: 2 retries
         with pytest.raises(anthropic.InternalServerError, match="the run failed") as failed:
@@ -284,12 +285,16 @@ def test_a_failed_run_is_not_run_again_by_the_sdks_own_retries(tmp_path):
         assert failed.value.body["error"]["type"] == "api_error"
         assert service.served == 1  # one run: no retry ran it again
         # Streamed, the failure comes as an error event after message_start.
-        with pytest.raises(anthropic.APIStatusError, match="the run failed"):
+        with pytest.raises(anthropic.APIStatusError, match="the run failed") as streamed:
             with sdk.messages.stream(
                 model="recursa", max_tokens=10, system=CONTEXT, messages=_user("q")
             ) as s:
                 s.get_final_message()
-        assert service.served == 2
+        assert streamed.value.body["error"]["type"] == "api_error"
+        for error in (failed.value, streamed.value):
+            said = json.dumps(error.body)
+            assert "the upstream is down" in said and KEY not in said and "alice" not in said, said
+        wait_until(lambda: service.served == 2, what="the streamed run to be counted")  # ends after the event
 
 
 def test_models_list_and_retrieve_read_the_served_names(client):
@@ -380,12 +385,18 @@ def test_a_stream_waiting_for_a_run_slot_gets_pings(tmp_path, monkeypatch):
         wait_until(lambda: not (descendants(os.getpid()) - baseline), what="the sandboxes to be reaped")
 
 
+def _access_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "recursa.serve.access"]
+
+
 def test_messages_requests_are_logged_and_counted(srv, client, caplog):
     with caplog.at_level(logging.INFO, logger="recursa.serve.access"):
         client.messages.create(model="recursa", max_tokens=100, system=CONTEXT, messages=_user(HELLO))
         with pytest.raises(anthropic.NotFoundError):
             client.messages.count_tokens(model="recursa", messages=_user("q"))
-    lines = [r.getMessage() for r in caplog.records if r.name == "recursa.serve.access"]
+        # A line is written once the last byte is sent, which the client may see first.
+        wait_until(lambda: len(_access_lines(caplog)) >= 2, what="both requests' access log lines")
+    lines = _access_lines(caplog)
     assert any(line.startswith("POST /v1/messages 200 ") and " run=run_" in line for line in lines), lines
     assert any(line.startswith("POST /v1/messages/count_tokens 404 ") for line in lines), lines
     assert not any(KEY in line or CONTEXT in line for line in lines)
