@@ -161,10 +161,18 @@ async def test_a_dead_zygote_means_workers_start_anew() -> None:
         await server.close()
 
 
-async def test_a_worker_the_zygote_cannot_prepare_is_started_anew_and_forks_stop() -> None:
+@pytest.mark.parametrize("seen", [True, False], ids=["seen", "gone-before-seen"])
+async def test_a_worker_the_zygote_cannot_prepare_is_started_anew_and_forks_stop(
+    seen: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     server = ForkServer()
     first = await forked(server)
     assert server.root is not None
+    if not seen:
+        # The worker dies at once; on a loaded host it can be gone (reaped: the zygote ignores
+        # SIGCHLD) before the host looks its pid up. That stopped the zygote, killing `first`'s
+        # worker with it, and the reason said only that the pid was not found.
+        monkeypatch.setattr("recursa.sandbox.forkserver.inner_pid", lambda outer, ns: None)
     broken = SubprocessSandbox(bwrap=True, fork_server=server)
     broken.scratch_dir = os.path.join(server.root, "not-there")  # the forked child cannot chdir
     broken._zygote_root = server.root

@@ -21,7 +21,7 @@ from recursa.sandbox.protocol import Channel
 from recursa.sandbox.worker_log import WorkerLog
 from recursa.trace.hostpaths import scrub_paths
 
-_LOG_TAIL_CHARS = 2000
+LOG_TAIL_CHARS = 2000
 # After the process is seen to exit, frames it sent just before may still be in the channel: let the
 # reader drain them, but do not wait for an end-of-file a forked grandchild could hold back forever.
 _EXIT_DRAIN_S = 0.2
@@ -317,7 +317,7 @@ class Connection:
         return how
 
     def log_tail(self) -> str:
-        return self.log.tail(_LOG_TAIL_CHARS) if self.log is not None else ""
+        return self.log.tail(LOG_TAIL_CHARS) if self.log is not None else ""
 
 
 class KeeperNotes:
@@ -335,7 +335,7 @@ class KeeperNotes:
                 break
             if not chunk:
                 break
-            self.text = (self.text + chunk.decode("utf-8", "replace"))[-_LOG_TAIL_CHARS:]
+            self.text = (self.text + chunk.decode("utf-8", "replace"))[-LOG_TAIL_CHARS:]
         return self.text
 
     def close(self) -> int:

@@ -133,20 +133,14 @@ class ForkServer:
         Raises ZygoteGone (and gives no more workers) if the zygote cannot. The exchange with the
         zygote runs to its end even if the caller is cancelled, on copies of the descriptors, so
         the next request never reads this one's reply; a worker forked for a caller that gave up
-        finds its channel closed and exits."""
+        finds its channel closed and exits. WorkerVanished: the worker exited before it was seen
+        (the zygote keeps running)."""
         fds = [os.dup(channel), os.dup(log), *map(os.dup, extra)]
-        gave_up = asyncio.Event()
-        exchange = asyncio.ensure_future(self._exchange(fds, request, timeout, gave_up))
+        exchange = asyncio.ensure_future(self._exchange(fds, request, timeout))
         exchange.add_done_callback(_retrieved)  # its caller may be gone: nobody else reads it
-        try:
-            return await asyncio.shield(exchange)
-        except asyncio.CancelledError:
-            gave_up.set()
-            raise
+        return await asyncio.shield(exchange)
 
-    async def _exchange(
-        self, fds: list[int], request: dict[str, Any], timeout: float, gave_up: asyncio.Event
-    ) -> int:
+    async def _exchange(self, fds: list[int], request: dict[str, Any], timeout: float) -> int:
         assert self._turn is not None
         try:
             async with self._turn:
@@ -158,10 +152,11 @@ class ForkServer:
                 except ForkRefused as exc:
                     self.retire(str(exc))  # its workers so far are fine: they keep running
                     raise
-                except WorkerVanished as exc:
-                    if gave_up.is_set():  # its caller closed the channel, so the worker exited: normal
-                        raise
-                    await asyncio.to_thread(self._retire, zygote, str(exc))
+                except WorkerVanished:
+                    # The worker exited before its pid was looked up: its caller closed the channel
+                    # (normal), or it died at once, e.g. unable to prepare. That is no reason to stop
+                    # the zygote and kill the healthy workers it forked: the sandbox reads why from
+                    # the worker's log and retires this fork server, as for any failed forked worker.
                     raise
                 except ZygoteGone as exc:
                     await asyncio.to_thread(self._retire, zygote, str(exc))

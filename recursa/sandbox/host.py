@@ -32,7 +32,7 @@ from recursa.context import ContextPayload
 from recursa.errors import ContextError, SandboxError
 from recursa.sandbox.base import CallHandler, ExecResult, FinalAnswer
 from recursa.sandbox.cgroups import TaskGroup
-from recursa.sandbox.connection import Connection, WorkerGone
+from recursa.sandbox.connection import LOG_TAIL_CHARS, Connection, WorkerGone
 from recursa.sandbox.processes import WorkerProcess
 from recursa.sandbox.protocol import FrameSocket, ProtocolError, exec_result_from_wire, final_from_wire
 from recursa.sandbox.recovery import Recovery
@@ -230,13 +230,18 @@ class WorkerHost:
     ) -> tuple[SandboxError, str]:
         """Kill a worker that did not come up and release its log: the error to raise, and its log tail."""
         await worker.kill()
-        if worker.log is not None:
+        why = "did not start in time" if isinstance(exc, TimeoutError) else f"failed to start ({exc})"
+        failed = await self._gone_error(worker.log, who, why)
+        self._release_log(worker)
+        return failed
+
+    async def _gone_error(self, log: WorkerLog | None, who: str, why: str) -> tuple[SandboxError, str]:
+        """The error for a worker that is gone, with the tail of its log, and that tail."""
+        if log is not None:
             # The worker is gone but what it wrote may still sit in the pipe, unread by the log's
             # thread on a busy host: the tail names why it failed (and whether bwrap could not start).
-            await asyncio.to_thread(worker.log.wait_drained, _LOG_DRAIN_S)
-        tail = worker.log_tail()
-        self._release_log(worker)
-        why = "did not start in time" if isinstance(exc, TimeoutError) else f"failed to start ({exc})"
+            await asyncio.to_thread(log.wait_drained, _LOG_DRAIN_S)
+        tail = log.tail(LOG_TAIL_CHARS) if log is not None else ""
         return SandboxError(f"{who} {why}" + (f":\n{tail}" if tail else "")), tail
 
     def _release_log(self, conn: Connection) -> None:

@@ -29,7 +29,7 @@ from recursa.errors import SandboxError
 from recursa.sandbox.bwrap import inner_pid
 from recursa.sandbox.bytecode import worker_entry
 from recursa.sandbox.connection import Connection, WorkerGone
-from recursa.sandbox.forkserver import ZYGOTE_CAPS, ForkServer, ZygoteGone, ZygoteRecipe
+from recursa.sandbox.forkserver import ZYGOTE_CAPS, ForkServer, WorkerVanished, ZygoteGone, ZygoteRecipe
 from recursa.sandbox.hardened import HostHardening, not_started
 from recursa.sandbox.host import ContextSpec, WorkerHost
 from recursa.sandbox.policy import Hardening
@@ -194,7 +194,15 @@ class SubprocessSandbox(WorkerHost):
             self._cleanup.fds.discard(notes)
             with contextlib.suppress(OSError):
                 os.close(notes)
-            if isinstance(exc, (ZygoteGone, ProcessLookupError)):
+            if isinstance(exc, (WorkerVanished, ProcessLookupError)):
+                # It exited before the host could watch it (one that cannot even prepare dies at
+                # once, and a loaded host looks late): a failed forked worker, as below.
+                error, _tail = await self._gone_error(
+                    log, "the forked REPL worker", "exited before it was seen"
+                )
+                server.retire(str(error))
+                return None
+            if isinstance(exc, ZygoteGone):
                 return None
             raise
         finally:
