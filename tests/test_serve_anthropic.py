@@ -20,6 +20,7 @@ import httpx
 from recursa import Budget
 from recursa.asgi.background import BackgroundServer
 from recursa.serve import chat
+from recursa.serve.fields import AnswerShape
 from recursa.serve.openai_server import create_app
 from recursa.serve.settings import ServeSettings
 from recursa.trace import load
@@ -207,6 +208,20 @@ def test_max_tokens_and_stop_sequences_cut_the_answer(client):
     )
     assert stopped.content[0].text == "hello fro"
     assert stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == "m the"
+
+
+@pytest.mark.parametrize(
+    ("stops", "answer", "expected"),
+    [
+        (("bcd", "c"), "abcd", ("ab", "c")),  # "c" is complete first, though "bcd" starts earlier
+        (("zz", "b"), "abcb", ("a", "b")),
+        (("zz",), "abc", ("abc", None)),
+    ],
+)
+def test_the_stop_sequence_completed_first_ends_the_answer(stops, answer, expected):
+    shape = AnswerShape(stop=stops)
+    found = shape.first_stop(answer)
+    assert (shape.cut(answer)[0], found[1] if found else None) == expected
 
 
 def test_output_config_format_makes_the_answer_json(client):

@@ -258,7 +258,7 @@ def _serve(args: argparse.Namespace) -> int:
     _warn_if_open("recursa serve", args.host, settings)
     print(
         f"recursa serve: {settings.model} as model {settings.served_model_name!r} at "
-        f"http://{args.host}:{args.port}/v1",
+        f"http://{args.host}:{args.port}/v1 (Anthropic clients: base URL http://{args.host}:{args.port})",
         file=sys.stderr,
     )
     if settings.access_log:
