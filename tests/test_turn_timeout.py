@@ -50,16 +50,16 @@ class Replies:
     def __init__(self, *replies: str) -> None:
         self.replies = list(replies)
         self.model = "turns"
-        self.requests: list[LMRequest] = []
+        self.prompts: list[list[dict]] = []
 
     async def complete(self, request: LMRequest) -> str:
-        self.requests.append(request)
+        self.prompts.append(list(request.messages))  # as sent: the run goes on appending to its list
         turn = sum(1 for m in request.messages if m["role"] == "assistant")
         return self.replies[min(turn, len(self.replies) - 1)]
 
     def told(self, turn: int) -> str:
         """What the model was told after its reply of `turn` (the last message of the next request)."""
-        return str(self.requests[turn].messages[-1]["content"])
+        return str(self.prompts[turn][-1]["content"])
 
 
 def execs(trace_path: str | Path) -> list[dict]:
