@@ -517,16 +517,22 @@ def drive_cli(case: dict[str, Any], outcome: CliOutcome) -> None:
 
 
 def drive_request(case: dict[str, Any]) -> None:
-    """A request body `recursa serve` refuses: an OpenAI-format error naming the field and the fix
-    (a Chat Completions body, or a Responses one when it says "$api": "responses")."""
+    """A request body `recursa serve` refuses: an error naming the field and the fix (a Chat
+    Completions body, or a Responses or Messages one when it says "$api": "responses" or "messages")."""
     pytest.importorskip("fastapi")
+    from recursa.serve.messages_request import parse_messages_request
     from recursa.serve.request import ApiError, parse_chat_request
     from recursa.serve.responses_request import parse_responses_request
     from recursa.serve.settings import ServeSettings
 
     body = dict(case["input"]["body"])
     model = body.pop("$model", "scripted/gpt5-like")
-    parse = parse_responses_request if body.pop("$api", "chat") == "responses" else parse_chat_request
+    parsers = {
+        "chat": parse_chat_request,
+        "responses": parse_responses_request,
+        "messages": parse_messages_request,
+    }
+    parse = parsers[body.pop("$api", "chat")]
     body.setdefault("model", "recursa")
     expect = case["expect"]
     with pytest.raises(ApiError) as info:

@@ -1,7 +1,7 @@
 """`recursa serve` as outside testers drive it with real clients (openai, litellm, anthropic, dspy),
 where they found it differing from the model server those clients expect: what the SDKs' own
 retries do to a failed run, a streamed request that waits for a run slot behind a proxy, request
-ids, a base URL without `/v1` or pointed at another vendor's API, fields that ask for nothing,
+ids, a base URL without `/v1` or pointed at an API not served, fields that ask for nothing,
 stored-completion calls, an answer that never fit the schema, answers holding surrogates."""
 
 from __future__ import annotations
@@ -167,11 +167,11 @@ def test_a_base_url_without_v1_gets_a_404_that_says_to_add_it(srv):
         litellm.completion(model="openai/recursa", api_base=srv.url, api_key=KEY, messages=HELLO)
 
 
-def test_an_anthropic_client_is_told_which_apis_are_served(srv):
-    anthropic = pytest.importorskip("anthropic")
-    client = anthropic.Anthropic(base_url=srv.url, api_key=KEY, max_retries=0)
-    with pytest.raises(anthropic.NotFoundError, match="Chat Completions API"):
-        client.messages.create(model="recursa", max_tokens=100, messages=[{"role": "user", "content": "q"}])
+def test_a_client_of_a_legacy_api_is_told_which_apis_are_served(srv):
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0)
+    with pytest.raises(openai.NotFoundError, match="Chat Completions API") as missing:
+        client.completions.create(model="recursa", prompt="q")
+    assert "Messages API (POST /v1/messages)" in str(missing.value)
 
 
 # -- values that ask for nothing ------------------------------------------------------------------

@@ -10,6 +10,7 @@ import pytest
 
 skyrl_gym = pytest.importorskip("skyrl_gym", reason="skyrl-gym is not installed (pip install recursa[skyrl])")
 
+from recursa.env import ReplsFull  # noqa: E402
 from recursa.integrations import skyrl as adapter  # noqa: E402
 from recursa.testing.fake_server import FakeServer  # noqa: E402
 
@@ -140,9 +141,7 @@ def test_a_datasets_own_keys_pass_and_init_again_ends_the_previous_episode(tmp_p
         skyrl_gym.make(adapter.ENV_ID, env_config={}, extras={**extras, "max_live_repls": 1}) for _ in "12"
     )
     one.init(prompt)
-    with pytest.raises(
-        adapter.ReplsFull, match=r"extras\['max_live_repls'\]=1 allows.*extras\['wait_for_repl'\]"
-    ):
+    with pytest.raises(ReplsFull, match=r"extras\['max_live_repls'\]=1 allows.*extras\['wait_for_repl'\]"):
         two.init(prompt)  # the bound's error in this API's knobs, not RLMEnv's
     one.close()
     assert env.step("FINAL(heron)")["done"]

@@ -14,8 +14,9 @@ Adapters for trainers live in recursa.integrations (SkyRL-gym, verifiers). See d
 from recursa.env.callback import CallbackClient, ChildCall, SubCall
 from recursa.env.env import RLMEnv
 from recursa.env.episode import Episode, Scorer
+from recursa.env.quota import ReplsFull
 from recursa.env.rollouts import group_rollouts
-from recursa.env.shared import EnvError, ReplsFull, ReplyRefused
+from recursa.env.shared import EnvError, ReplyRefused
 
 __all__ = [
     "CallbackClient",

@@ -27,7 +27,8 @@ from recursa.config import RLMConfig
 from recursa.context import load_payload
 from recursa.env.callback import CallbackClient, ChildCall, SubCall
 from recursa.env.episode import Episode, Scorer
-from recursa.env.shared import EnvError, EpisodeHost, PerLoop, Prepaid, PrivateLoop, ReplQuota
+from recursa.env.quota import Prepaid, ReplQuota
+from recursa.env.shared import EnvError, EpisodeHost, PerLoop, PrivateLoop
 from recursa.errors import ConfigError
 from recursa.knobs import wait_value
 from recursa.lm.base import LMClient
@@ -57,9 +58,13 @@ class RLMEnv:
     model name (chooses the prompt template; recorded in traces and rows), by default `sub_model`.
     `max_turns`: code turns before the root is asked once more, for its answer only.
     `max_reply_chars`: longer replies are refused (the trace keeps replies whole up to 100,000).
-    `max_live_repls`: REPL processes alive at once over all episodes (children included).
-    `wait_for_repl`: seconds `start` waits for a slot when `max_live_repls` are alive, first come
-    first served, before it raises (0: raise at once). Child RLMs never wait.
+    `max_live_repls`: REPL processes alive at once over all episodes (children included). With
+    child RLMs (max_depth >= 2, no `child_call`) a start leaves max_depth - 1 slots free for them, so
+    an admitted episode can always run its children; a slot given back goes to a waiting child
+    before a waiting start. A child waits for a slot at most as long as its parent's cell may run
+    (`exec_timeout`), and is refused at once (`ReplsFull`) when every slot belongs to a run waiting
+    for children, which needs `max_live_repls < max_depth` (rules: recursa/env/quota.py).
+    `wait_for_repl`: seconds `start` waits for a slot, in line, before it raises (0: raise at once).
     `fork`: fork REPLs from one warm zygote shared by the episodes (subprocess sandboxes only).
     The other options are `RLM`'s.
     """
@@ -231,11 +236,14 @@ class RLMEnv:
             raise EnvError("the question is empty: pass the question to answer as a non-empty str.")
         if scorer is not None and not callable(scorer):
             raise EnvError("scorer= takes a function answer -> float (e.g. task.score).")
+        # The levels of child RLMs with REPLs of their own below the root: a start leaves slots free
+        # for one such chain (quota.py), so that an admitted episode can always run its children.
+        chain = self.config.max_depth - 1 if child_call is None and self.config.max_depth >= 2 else 0
         if self.wait_for_repl > 0:
-            await self.quota.take_waiting(self.wait_for_repl)
-            quota = Prepaid(self.quota, taken=True)
+            await self.quota.take_waiting(self.wait_for_repl, self.quota.need(chain, 0))
+            quota = Prepaid(self.quota, chain, taken=True)
         else:
-            quota = Prepaid(self.quota)  # raises the error that says what to do when none is left
+            quota = Prepaid(self.quota, chain)  # raises the error that says what to do when none is left
         try:
             payload = await load_payload(context)
         except BaseException:

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from recursa.context import ContextPayload
+from recursa.env.quota import Prepaid
 from recursa.env.rollouts import Rollouts, checked_reward, episode_rows
-from recursa.env.shared import EnvError, EpisodeHost, Prepaid, ReplyRefused
+from recursa.env.shared import EnvError, EpisodeHost, ReplyRefused
 from recursa.env.tokens import given_count, token_fields
 from recursa.lm.base import LMResponse, Message, valid_unicode
 from recursa.loop.engine import RunEngine

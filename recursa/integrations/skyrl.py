@@ -40,7 +40,8 @@ from skyrl_gym import register as _register
 from skyrl_gym import registry as _registry
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType
 
-from recursa.env import ChildCall, Episode, ReplsFull, ReplyRefused, RLMEnv, SubCall
+from recursa.env import ChildCall, Episode, ReplyRefused, RLMEnv, SubCall
+from recursa.env.quota import QuotaWords
 from recursa.errors import ConfigError
 from recursa.knobs import (
     budget_value,
@@ -61,6 +62,15 @@ ENV_ID = "recursa-rlm"
 _SETTINGS = ("max_turns", "repl_timeout", "turn_timeout", "max_depth", "sub_model", "base_url", "api_key",
              "budget", "sandbox", "trace_dir", "max_live_repls", "max_output_chars", "wait_for_repl",
              "max_reply_chars")  # fmt: skip
+
+SKYRL_WORDS = QuotaWords(
+    limit="extras['max_live_repls']={n}",
+    knob="extras['max_live_repls']",
+    depth="extras['max_depth']",
+    close="close finished environments (env.close())",
+    fewer="run fewer rollouts at once",
+    wait="let init wait for a slot with extras['wait_for_repl'] (seconds)",
+)
 
 _envs: dict[str, RLMEnv] = {}
 _envs_lock = threading.Lock()
@@ -95,24 +105,16 @@ class RecursaRLMEnv(BaseTextEnv):
         context = _context(self.extras)
         question = text if context is not None else PROMPT_AS_CONTEXT_QUESTION
         system = self.extras.get("custom_system_prompt")
-        try:
-            self.episode = self._env.start_sync(
-                question,
-                context if context is not None else text,
-                task_id=_task_id(self.extras),
-                scorer=_scorer(self.extras, question, context),
-                sub_call=_sub_call(self.extras),
-                child_call=_child_call(self.extras),
-                tools=_custom_tools(self.extras.get("custom_tools")),
-                system_prompt=system if isinstance(system, str) and system.strip() else None,
-            )
-        except ReplsFull:  # the REPL bound, in the words of this API's knobs
-            raise ReplsFull(
-                f"{self._env.live_repls} REPLs are alive, the most extras['max_live_repls']="
-                f"{self._env.quota.limit} allows: close finished environments (env.close()), run fewer "
-                "rollouts at once, raise extras['max_live_repls'], or let init wait for a slot with "
-                "extras['wait_for_repl'] (seconds)"
-            ) from None
+        self.episode = self._env.start_sync(
+            question,
+            context if context is not None else text,
+            task_id=_task_id(self.extras),
+            scorer=_scorer(self.extras, question, context),
+            sub_call=_sub_call(self.extras),
+            child_call=_child_call(self.extras),
+            tools=_custom_tools(self.extras.get("custom_tools")),
+            system_prompt=system if isinstance(system, str) and system.strip() else None,
+        )
         return self.episode.messages, {"run_id": self.episode.run_id}
 
     def step(self, action: str) -> BaseTextEnvStepOutput:
@@ -219,7 +221,7 @@ def _make_env(extras: dict[str, Any]) -> RLMEnv:
     sub_model = extras.get("sub_model")
     # SkyRL's subcall_fn runs rlm_query's children in the trainer: that takes a depth of 2.
     default_depth = 2 if extras.get("subcall_fn") is not None else 1 if (delegated or sub_model) else 0
-    return RLMEnv(
+    env = RLMEnv(
         sub_model,
         base_url=extras.get("base_url"),
         api_key=extras.get("api_key"),
@@ -236,6 +238,8 @@ def _make_env(extras: dict[str, Any]) -> RLMEnv:
         wait_for_repl=extras.get("wait_for_repl", 0.0),
         max_reply_chars=extras.get("max_reply_chars", 100_000),
     )
+    env.quota.words = SKYRL_WORDS  # the REPL bound's errors, a child's too, in this API's knobs
+    return env
 
 
 # What each extra must be, and the reader that checks it (and makes it what RLMEnv takes).

@@ -46,8 +46,8 @@ class RunEngine:
         question: str,
         payload: ContextPayload,
         depth: int = 0,
-        parent_run_id: str | None = None,
         parent_scopes: list[Usage] | None = None,
+        ancestors: tuple[str, ...] = (),
         run_id: str | None = None,
         options: RunOptions | None = None,
     ) -> None:
@@ -57,7 +57,8 @@ class RunEngine:
         self.question = question
         self.payload = payload
         self.depth = depth
-        self.parent_run_id = parent_run_id
+        self.ancestors = ancestors  # the run ids above this one, its parent's first
+        self.parent_run_id = ancestors[0] if ancestors else None
         self.run_id = run_id or new_id("run")
         self.usage = Usage()
         self.usage_scopes = [self.usage, *(parent_scopes or [])]
@@ -102,8 +103,8 @@ class RunEngine:
             question=question,
             payload=payload,
             depth=self.depth + 1,
-            parent_run_id=self.run_id,
             parent_scopes=self.usage_scopes,
+            ancestors=(self.run_id, *self.ancestors),
             options=self.options.for_child(),
         )
         try:
@@ -295,8 +296,7 @@ class RunEngine:
         if self.options.sandbox is not None:  # a session's REPL: context and tools already in place
             self.tree.show_scratch(self.options.sandbox)
             return self.options.sandbox, []
-        sandbox = self.tree.new_sandbox()
-        self._sandbox = sandbox
+        self._sandbox = sandbox = await self.tree.open_sandbox(self.depth, self.ancestors)
         await sandbox.start(SubcallHandler(self))
         self.tree.show_scratch(sandbox)
         await sandbox.load_context(self.payload)

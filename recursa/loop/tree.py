@@ -7,7 +7,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from recursa.budget import Ledger
 from recursa.config import RLMConfig
@@ -30,6 +30,16 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(6)}"
 
 
+class ReplBound(Protocol):
+    """A bound on live REPLs shared by several call trees (recursa.env's quota)."""
+
+    def take(self) -> None: ...
+
+    async def take_for_run(self, depth: int, ancestors: tuple[str, ...], seconds: float) -> None: ...
+
+    def give(self) -> None: ...
+
+
 @dataclass
 class CallTree:
     config: RLMConfig
@@ -41,9 +51,10 @@ class CallTree:
     _child_slots: dict[int, asyncio.Semaphore] = field(default_factory=dict)
     _closing: dict[Sandbox, asyncio.Future[None]] = field(default_factory=dict)  # closes under way
     fork_server: ForkServer | None = None  # forks the REPLs of a tree with child RLMs (new_sandbox)
-    # A bound on REPLs shared with other trees (recursa.env): take() before a REPL starts, raising
-    # an error that says what to do when none is left; give() once it is closed.
-    repl_quota: Any = None
+    # A bound on REPLs shared with other trees (recursa.env): a slot is taken before a REPL starts
+    # (take_for_run may wait for one, or raise an error that says what to do), given back once the
+    # REPL is closed.
+    repl_quota: ReplBound | None = None
     abandoned: bool = False  # abandon() ran: no REPL may start any more
     # recursa.env: the trainer runs rlm_query's children itself (SkyRL's subcall_fn), as
     # `async fn(prompt, context, depth, parent_id) -> str`; None: recursa child runs.
@@ -97,7 +108,29 @@ class CallTree:
         if isinstance(scratch, str) and scratch not in shown:
             shown.append(scratch)
 
-    def new_sandbox(self) -> Sandbox:
+    async def open_sandbox(self, depth: int, ancestors: tuple[str, ...]) -> Sandbox:
+        """`new_sandbox` for a run at `depth` below the runs `ancestors` (its parent first), after
+        its slot of a shared REPL bound: a child RLM may wait for one (as long as its parent's cell
+        may run), which its ancestors' slots are reported as waiting for (recursa/env/quota.py)."""
+        if self.repl_quota is None:
+            return self.new_sandbox()
+        await self.repl_quota.take_for_run(depth, ancestors, self.config.exec_timeout)
+        return self.new_sandbox(slot_taken=True)
+
+    def new_sandbox(self, *, slot_taken: bool = False) -> Sandbox:
+        """A new REPL (not started); `slot_taken`: its slot of the REPL bound is held already."""
+        if self.repl_quota is not None and not slot_taken:
+            self.repl_quota.take()
+        try:
+            sandbox = self._make_sandbox()
+        except BaseException:
+            if self.repl_quota is not None:
+                self.repl_quota.give()
+            raise
+        self.live_sandboxes.add(sandbox)
+        return sandbox
+
+    def _make_sandbox(self) -> Sandbox:
         if self.abandoned:  # a REPL that started after abandon() would have nobody to reap it
             raise SandboxError("this run was abandoned (its owner dropped it); no REPL starts for it")
         options = {"max_output_chars": self.config.max_output_chars, **(self.config.sandbox_options or {})}
@@ -112,19 +145,13 @@ class CallTree:
             if self.fork_server is None:
                 self.fork_server = ForkServer()
             options["fork_server"] = self.fork_server
-        if self.repl_quota is not None:
-            self.repl_quota.take()
         try:
-            sandbox = make_sandbox(self.config.sandbox, **options)
+            return make_sandbox(self.config.sandbox, **options)
         except TypeError as exc:  # an option the sandbox does not take
-            if self.repl_quota is not None:
-                self.repl_quota.give()
             raise ConfigError(
                 f"RLM(sandbox_options=...) does not fit sandbox {self.config.sandbox!r}: {exc}. "
                 "See the sandbox's constructor (recursa.sandbox) for the options it accepts."
             ) from None
-        self.live_sandboxes.add(sandbox)
-        return sandbox
 
     async def release_sandbox(self, sandbox: Sandbox) -> None:
         """Close a run's REPL. The close is a task of its own: a caller cancelled while it waits

@@ -18,17 +18,21 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from recursa.serve.api_error import MESSAGES_PATH, ApiError
+from recursa.serve.observe import REQUEST_ID_KEY
+
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 CHAT_PATH = "/v1/chat/completions"
-RUN_PATHS = frozenset((CHAT_PATH, "/v1/responses"))  # the endpoints that start runs, counted together
+# The endpoints that start runs, counted together.
+RUN_PATHS = frozenset((CHAT_PATH, "/v1/responses", MESSAGES_PATH))
 
 
 class AdmissionLimit:
-    """ASGI middleware: at most `limit` chat and responses requests in progress; more get 429 with Retry-After."""
+    """ASGI middleware: at most `limit` requests that start runs in progress; more get 429 with Retry-After."""
 
     def __init__(self, app: ASGIApp, *, limit: int, retry_after_s: int = 1) -> None:
         self.app = app
@@ -41,7 +45,7 @@ class AdmissionLimit:
             await self.app(scope, receive, send)
             return
         if self.in_progress >= self.limit:
-            await self._busy(send)
+            await self._busy(send, scope["path"], (scope.get("state") or {}).get(REQUEST_ID_KEY))
             return
         self.in_progress += 1
         try:
@@ -49,20 +53,15 @@ class AdmissionLimit:
         finally:
             self.in_progress -= 1
 
-    async def _busy(self, send: Send) -> None:
-        body = json.dumps(
-            {
-                "error": {
-                    "message": (
-                        f"this server is busy: {self.limit} requests are running or waiting for a run "
-                        "slot, its limit (--max-runs plus --max-waiting); retry later"
-                    ),
-                    "type": "rate_limit_error",
-                    "param": None,
-                    "code": "server_busy",
-                }
-            }
-        ).encode()
+    async def _busy(self, send: Send, path: str, request_id: str | None) -> None:
+        busy = ApiError(
+            429,
+            f"this server is busy: {self.limit} requests are running or waiting for a run slot, its limit "
+            "(--max-runs plus --max-waiting); retry later",
+            type="rate_limit_error",
+            code="server_busy",
+        )
+        body = json.dumps(busy.body_for(path, request_id)).encode()
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),

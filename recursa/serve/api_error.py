@@ -1,4 +1,5 @@
-"""Errors answered in OpenAI's format, so every SDK raises its usual exception."""
+"""Errors answered in the format of the API a client speaks (OpenAI's, or Anthropic's on the
+Messages API), so every SDK raises its usual exception."""
 
 from __future__ import annotations
 
@@ -6,6 +7,16 @@ import re
 from typing import Any
 
 SHOULD_RETRY = "x-should-retry"
+MESSAGES_PATH = "/v1/messages"  # Anthropic's Messages API: its errors take Anthropic's shape
+# Anthropic's error types by HTTP status; it gives any other 4xx as an invalid_request_error.
+_ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
 
 
 class ApiError(Exception):
@@ -41,6 +52,30 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def anthropic_body(self, request_id: str | None = None) -> dict[str, Any]:
+        """The error in Anthropic's shape: {"type": "error", "error": {"type", "message"}}."""
+        body: dict[str, Any] = {
+            "type": "error",
+            "error": {"type": anthropic_type(self.status), "message": self.message},
+        }
+        if request_id:
+            body["request_id"] = request_id
+        return body
+
+    def body_for(self, path: str, request_id: str | None = None) -> dict[str, Any]:
+        """The body in the shape of the API that `path` belongs to."""
+        return self.anthropic_body(request_id) if speaks_anthropic(path) else self.body()
+
+
+def speaks_anthropic(path: str) -> bool:
+    return path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/")
+
+
+def anthropic_type(status: int) -> str:
+    if status >= 500 and status != 529:
+        return "api_error"
+    return _ANTHROPIC_TYPES.get(status, "invalid_request_error")
 
 
 def bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:

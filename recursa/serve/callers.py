@@ -30,9 +30,14 @@ MIN_CLIENT_SECRET = 16
 MIN_SHARED_SESSION_ID = 16
 
 
-def identify(settings: ServeSettings, authorization: str, client_secret: str | None) -> Caller:
-    """The caller of an HTTP request, or ApiError 401 (bad key) / 400 (bad client secret)."""
-    owner, private = _by_key(settings, bearer_token(authorization))
+def identify(
+    settings: ServeSettings, authorization: str, client_secret: str | None, api_key: str | None = None
+) -> Caller:
+    """The caller of an HTTP request, or ApiError 401 (bad key) / 400 (bad client secret). The key
+    comes as `Authorization: Bearer <key>` (OpenAI's clients) or in `api_key`, the `x-api-key`
+    header (Anthropic's)."""
+    tokens = [t for t in (bearer_token(authorization), (api_key or "").strip()) if t]
+    owner, private = _by_key(settings, tokens)
     if client_secret is not None:
         if len(client_secret) < MIN_CLIENT_SECRET:
             raise ApiError(
@@ -51,23 +56,24 @@ def identify(settings: ServeSettings, authorization: str, client_secret: str | N
 AUTH_ERROR = "authentication_error"
 
 
-def _by_key(settings: ServeSettings, token: str | None) -> tuple[str, bool]:
+def _by_key(settings: ServeSettings, tokens: list[str]) -> tuple[str, bool]:
     if not settings.api_key and not settings.api_keys:
         return "open", False
-    if token is None:
+    if not tokens:
         raise ApiError(
             401,
-            "missing API key: send it as `Authorization: Bearer <key>`",
+            "missing API key: send it as `Authorization: Bearer <key>` (or as `x-api-key: <key>`)",
             type=AUTH_ERROR,
             code="invalid_api_key",
         )
     found: tuple[str, bool] | None = None
     # Every key is compared (in constant time), so the time taken says nothing about which matched.
-    for name, key in settings.api_keys.items():
-        if key_matches(token, key) and found is None:
-            found = (f"key:{name}", True)
-    if settings.api_key and key_matches(token, settings.api_key) and found is None:
-        found = ("shared", False)
+    for token in tokens:
+        for name, key in settings.api_keys.items():
+            if key_matches(token, key) and found is None:
+                found = (f"key:{name}", True)
+        if settings.api_key and key_matches(token, settings.api_key) and found is None:
+            found = ("shared", False)
     if found is None:
         raise ApiError(401, "incorrect API key", type=AUTH_ERROR, code="invalid_api_key")
     return found

@@ -36,6 +36,11 @@ KEEP_ALIVE = b": keep-alive\n\n"
 CONTENT_PIECE = 64_000  # a FINAL_VAR answer of many MB goes out in pieces of this many characters
 
 
+def pieces(text: str) -> list[str]:
+    """`text` in the pieces a stream sends it in (none for an empty text)."""
+    return [text[start : start + CONTENT_PIECE] for start in range(0, len(text), CONTENT_PIECE)]
+
+
 class ClientGone(Exception):
     """The HTTP client disconnected."""
 
@@ -205,12 +210,12 @@ async def _race(acquire: Awaitable[Any], release: Callable[[], None], gone: asyn
     raise ClientGone
 
 
-async def _keep_alive(emit: Emit) -> None:
-    """An SSE comment every HEARTBEAT_S until cancelled, or until the client is gone."""
+async def _keep_alive(beat: Callable[[], Awaitable[None]]) -> None:
+    """A keep-alive (`beat`) every HEARTBEAT_S until cancelled, or until the client is gone."""
     try:
         while True:
             await asyncio.sleep(HEARTBEAT_S)
-            await emit(KEEP_ALIVE)
+            await beat()
     except ClientGone:
         return  # whoever waits on the same client sees it too, and ends the stream
 
@@ -329,6 +334,20 @@ class SSERun(Response):
         self.id = _new_id()
         self.created = int(time.time())
         self.renderer = StepRenderer()
+        self.last_beat = time.monotonic()
+
+    # What keeps an idle stream open: an SSE comment here; the Messages API sends its ping event.
+    keep_alive = KEEP_ALIVE
+
+    async def beat(self, emit: Emit) -> None:
+        self.last_beat = time.monotonic()
+        await emit(self.keep_alive)
+
+    async def beat_if_quiet(self, emit: Emit) -> None:
+        """A keep-alive when none went out for HEARTBEAT_S: for APIs that show the run's steps only
+        when asked, so a stream whose steps are not sent still shows proxies it is alive."""
+        if time.monotonic() - self.last_beat >= HEARTBEAT_S:
+            await self.beat(emit)
 
     def _chunk(self, delta: dict[str, Any] | None, finish: str | None = None, **extra: Any) -> bytes:
         """One chunk; `delta` None makes the usage chunk (no choices). Asked for usage, every chunk
@@ -375,7 +394,7 @@ class SSERun(Response):
             await self.opening(emit)
             # Waiting for the session or a run slot can take minutes: keep-alive comments meanwhile,
             # as while the run goes on, or a proxy closes the stream before the run even starts.
-            beat = asyncio.ensure_future(_keep_alive(emit))
+            beat = asyncio.ensure_future(_keep_alive(lambda: self.beat(emit)))
             refused: ApiError | None = None
             try:
                 await self.service.acquire(self.run, gone)
@@ -414,7 +433,7 @@ class SSERun(Response):
                 if gone in done:
                     raise ClientGone
                 if not done:
-                    await emit(KEEP_ALIVE)
+                    await self.beat(emit)
                     continue
                 batch = pending.result()
                 pending = None
@@ -466,8 +485,7 @@ class SSERun(Response):
         if shape.kind == "tool":
             call = tool_call(shape, "")
             await emit(self._chunk({"tool_calls": [{"index": 0, **call}]}))
-        for start in range(0, len(answer), CONTENT_PIECE):
-            piece = answer[start : start + CONTENT_PIECE]
+        for piece in pieces(answer):
             if shape.kind == "tool":
                 delta = {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
                 await emit(self._chunk(delta))

@@ -23,7 +23,8 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 def add_parsers(sub: Any, add_model_options: Callable[[argparse.ArgumentParser], None]) -> None:
     serve = sub.add_parser(
         "serve",
-        help="an OpenAI-compatible HTTP server (Chat Completions and Responses APIs): an RLM as a model",
+        help="an OpenAI-compatible HTTP server (Chat Completions and Responses APIs, and Anthropic's "
+        "Messages API): an RLM as a model",
     )
     add_model_options(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
@@ -31,7 +32,8 @@ def add_parsers(sub: Any, add_model_options: Callable[[argparse.ArgumentParser],
     serve.add_argument(
         "--api-key",
         default=os.environ.get("RECURSA_SERVE_API_KEY"),
-        help="clients must send it as a bearer key (default: $RECURSA_SERVE_API_KEY; none: no auth)",
+        help="clients must send it as a bearer key or in x-api-key (default: $RECURSA_SERVE_API_KEY; none: "
+        "no auth)",
     )
     serve.add_argument(
         "--no-access-log",

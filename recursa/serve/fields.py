@@ -109,12 +109,21 @@ class AnswerShape:
             f"{self.max_answer_chars:,} characters); a longer one is cut off."
         )
 
-    def cut(self, answer: str) -> tuple[str, bool]:
-        """The answer as the client gets it, and whether the token limit cut it."""
+    def first_stop(self, answer: str) -> tuple[int, str] | None:
+        """Where the answer stops and the stop sequence that stops it: the one whose first
+        occurrence ends first, as a model writing the answer would have stopped there."""
+        found: tuple[int, str] | None = None
         for seq in self.stop:
             at = answer.find(seq)
-            if at >= 0:
-                answer = answer[:at]
+            if at >= 0 and (found is None or at + len(seq) < found[0] + len(found[1])):
+                found = (at, seq)
+        return found
+
+    def cut(self, answer: str) -> tuple[str, bool]:
+        """The answer as the client gets it, and whether the token limit cut it."""
+        stop = self.first_stop(answer)
+        if stop is not None:
+            answer = answer[: stop[0]]
         limit = self.max_answer_chars
         if limit is not None and len(answer) > limit:
             return answer[:limit], True

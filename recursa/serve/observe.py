@@ -5,7 +5,7 @@ The access log goes to the `recursa.serve.access` logger at INFO, one line per r
     POST /v1/chat/completions 200 1.284s req_5f0c2a9e81d4b7c3a6e0f912 run=run_1a2b3c4d5e6f
 
 (method, path without its query, status, duration until the last byte, the request id the answer's
-`x-request-id` header gave the client, and the run it started).
+`x-request-id` and `request-id` headers gave the client, and the run it started).
 It never holds a header, a key, a session id, a message or a context. `recursa serve` prints it on
 stderr; an application that mounts `create_app` decides where that logger goes.
 
@@ -36,6 +36,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 KNOWN_PATHS = (
     "/v1/chat/completions",
     "/v1/responses",
+    "/v1/messages/count_tokens",  # before /v1/messages, which would take it as one of its own
+    "/v1/messages",
     "/v1/models",
     "/health",
     "/metrics",
@@ -43,10 +45,12 @@ KNOWN_PATHS = (
 )
 # The method is client input too (any token is a valid HTTP method): label only the standard ones.
 KNOWN_METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
-RUN_STATE_KEY = "recursa_run"
-# Every answer carries one (errors and streams too), as OpenAI's do: the SDKs expose it (`.request_id`),
-# and the access log line has it, so a client's report can be matched to the server's line.
-REQUEST_ID_HEADER = b"x-request-id"  # request.state attribute the chat endpoint sets to its LiveRun
+RUN_STATE_KEY = "recursa_run"  # request.state attribute the run endpoints set to their LiveRun
+REQUEST_ID_KEY = "recursa_request_id"  # request.state attribute holding the request's id
+# Every answer carries one (errors and streams too), as OpenAI's and Anthropic's do, under each
+# one's header name: the SDKs expose it (`.request_id`), and the access log line has it, so a
+# client's report can be matched to the server's line.
+REQUEST_ID_HEADERS = (b"x-request-id", b"request-id")
 
 
 class Metrics:
@@ -106,7 +110,7 @@ class Metrics:
 
 
 class ObserveMiddleware:
-    """A request id (the `x-request-id` header), an access log line and a request count for each
+    """A request id (the `x-request-id` and `request-id` headers), an access log line and a request count for each
     HTTP request (a plain ASGI middleware, so a streamed answer is timed to its last byte)."""
 
     def __init__(self, app: ASGIApp, *, log: bool, metrics: Metrics | None) -> None:
@@ -122,12 +126,14 @@ class ObserveMiddleware:
         status = 0
         # Ours, never the client's: a client-sent id in the log would be client-written text there.
         request_id = f"req_{secrets.token_hex(12)}"
+        scope.setdefault("state", {})[REQUEST_ID_KEY] = request_id  # for the Messages API's error bodies
+        stamped = [(name, request_id.encode()) for name in REQUEST_ID_HEADERS]
 
         async def watch(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = int(message["status"])
-                headers = [*message.get("headers", ()), (REQUEST_ID_HEADER, request_id.encode())]
+                headers = [*message.get("headers", ()), *stamped]
                 message = {**message, "headers": headers}
             await send(message)
 

@@ -1,11 +1,13 @@
 """An RLM as an OpenAI-compatible model: `POST /v1/chat/completions` and `POST /v1/responses` (JSON
-or SSE), `GET /v1/models`, `GET /health`, and sessions (`GET /v1/recursa/sessions`, `DELETE /v1/recursa/sessions/{id}`).
+or SSE), `GET /v1/models`, `GET /health`, and sessions (`GET /v1/recursa/sessions`, `DELETE /v1/recursa/sessions/{id}`);
+and as an Anthropic model: `POST /v1/messages` (recursa.serve.messages_api).
 
     app = create_app(ServeSettings(model="openai/gpt-5-mini", sub_model="openai/gpt-5-nano"))
     uvicorn.run(app, host="127.0.0.1", port=8000)     # or: recursa serve --model ...
 
 Every error, including unknown routes and bodies that are not JSON, is answered in OpenAI's error
-format, so SDKs raise their usual exceptions; the server keeps serving after any of them.
+format (Anthropic's under /v1/messages), so SDKs raise their usual exceptions; the server keeps
+serving after any of them.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 import traceback
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -29,20 +32,22 @@ from recursa.serve.admission import AdmissionLimit
 from recursa.serve.bodies import JSONBody
 from recursa.serve.callers import CLIENT_HEADER, identify
 from recursa.serve.chat import SESSION_HEADER, ChatService, ClientGone
-from recursa.serve.observe import RUN_STATE_KEY, Metrics, ObserveMiddleware
+from recursa.serve.messages_api import create_message, no_token_count
+from recursa.serve.observe import REQUEST_ID_KEY, RUN_STATE_KEY, Metrics, ObserveMiddleware
 from recursa.serve.request import ApiError, Caller, bad, parse_chat_request, read_capped
 from recursa.serve.responses_api import ResponseChain, create_response
 from recursa.serve.settings import ServeSettings
 
 log = logging.getLogger("recursa.serve")
 
-# APIs that an RLM does not answer (OpenAI's legacy ones, Anthropic's Messages), and what a client
-# should use instead.
-_OTHER_APIS = ("/v1/completions", "/v1/embeddings", "/v1/messages")
+# APIs that an RLM does not answer (OpenAI's legacy ones), and what a client should use instead.
+_OTHER_APIS = ("/v1/completions", "/v1/embeddings")
 _OTHER_API_HELP = (
     "this server answers OpenAI's Chat Completions API (POST /v1/chat/completions) and Responses API "
-    "(POST /v1/responses); point the client at one of them (an Anthropic client cannot: use an "
-    "OpenAI-compatible one)"
+    "(POST /v1/responses), and Anthropic's Messages API (POST /v1/messages); point the client at one of them"
+)
+_NO_BATCHES = (
+    "this server runs no message batches (nothing is stored to poll); send each request to POST /v1/messages"
 )
 # Paths a client reaches when its base URL lacks the /v1 that OpenAI-compatible servers expect.
 _UNDER_V1 = ("/chat/completions", "/responses", "/models", "/completions", "/embeddings")
@@ -99,11 +104,16 @@ def create_app(settings: ServeSettings) -> FastAPI:
     app.add_middleware(ObserveMiddleware, log=settings.access_log, metrics=metrics)
     started = int(time.time())
 
+    def answer(request: Request, error: ApiError) -> JSONBody:
+        """`error` in the shape of the API the request spoke."""
+        request_id = getattr(request.state, REQUEST_ID_KEY, None)
+        body = error.body_for(request.url.path, request_id)
+        return JSONBody(body, status_code=error.status, headers=error.headers())
+
     @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> JSONBody:
-        body = exc.body()
-        body["error"]["message"] = settings.redact(exc.message)  # may quote a failed run's error
-        return JSONBody(body, status_code=exc.status, headers=exc.headers())
+    async def _api_error(request: Request, exc: ApiError) -> JSONBody:
+        exc.message = settings.redact(exc.message)  # may quote a failed run's error
+        return answer(request, exc)
 
     @app.exception_handler(ClientGone)
     async def _gone(_: Request, __: ClientGone) -> Response:
@@ -117,6 +127,12 @@ def create_app(settings: ServeSettings) -> FastAPI:
         path = request.url.path
         if exc.status_code == 404 and path.rstrip("/") in _OTHER_APIS:
             message = _OTHER_API_HELP
+        elif exc.status_code == 404 and path.startswith("/v1/messages/batches"):
+            message = _NO_BATCHES
+        elif exc.status_code == 404 and (path.startswith("/v1/v1/") or path.rstrip("/") == "/messages"):
+            # Anthropic's clients add /v1/messages to their base URL themselves.
+            base = str(request.base_url).rstrip("/")
+            message = f"no such endpoint: an Anthropic client's base URL is this server's root, {base}"
         elif exc.status_code == 404 and any(path == p or path.startswith(p + "/") for p in _UNDER_V1):
             base = str(request.base_url).rstrip("/")
             message = (
@@ -124,22 +140,19 @@ def create_app(settings: ServeSettings) -> FastAPI:
             )
         elif exc.status_code in (404, 405) and path.startswith("/v1/responses/"):
             # retrieve, delete, cancel, input_items: all about stored responses, which there are none of
-            not_found = ApiError(404, _NOT_STORED, code="response_not_found")
-            return JSONBody(not_found.body(), status_code=404)
+            return answer(request, ApiError(404, _NOT_STORED, code="response_not_found"))
         elif _about_stored_completions(exc.status_code, request.method, path):
-            not_found = ApiError(404, _NO_COMPLETIONS_STORED, code="completion_not_found")
-            return JSONBody(not_found.body(), status_code=404)
+            return answer(request, ApiError(404, _NO_COMPLETIONS_STORED, code="completion_not_found"))
         elif exc.status_code == 404 and path.startswith("/v1/conversations"):
-            not_found = ApiError(404, _NO_CONVERSATIONS, code="conversation_not_found")
-            return JSONBody(not_found.body(), status_code=404)
-        return JSONBody(ApiError(exc.status_code, message).body(), status_code=exc.status_code)
+            return answer(request, ApiError(404, _NO_CONVERSATIONS, code="conversation_not_found"))
+        return answer(request, ApiError(exc.status_code, message))
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONBody:
-        return JSONBody(bad(f"invalid request: {exc.errors()[:3]}").body(), status_code=400)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONBody:
+        return answer(request, bad(f"invalid request: {exc.errors()[:3]}"))
 
     @app.exception_handler(Exception)
-    async def _internal(_: Request, exc: Exception) -> JSONBody:
+    async def _internal(request: Request, exc: Exception) -> JSONBody:
         # The traceback's text, scrubbed: an exception's message may carry a key.
         trace = "".join(traceback.format_exception(exc))
         log.error("internal error while serving a request\n%s", settings.redact(trace.rstrip(), log=True))
@@ -148,11 +161,13 @@ def create_app(settings: ServeSettings) -> FastAPI:
         error = ApiError(
             500, f"internal server error ({type(exc).__name__})", type="server_error", retry=False
         )
-        return JSONBody(error.body(), status_code=500, headers=error.headers())
+        return answer(request, error)
 
     def authorize(request: Request) -> Caller:
         headers = request.headers
-        return identify(settings, headers.get("authorization", ""), headers.get(CLIENT_HEADER))
+        return identify(
+            settings, headers.get("authorization", ""), headers.get(CLIENT_HEADER), headers.get("x-api-key")
+        )
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -165,13 +180,32 @@ def create_app(settings: ServeSettings) -> FastAPI:
             "sessions": len(service.sessions.open),
         }
 
+    since = datetime.fromtimestamp(started, UTC).isoformat().replace("+00:00", "Z")
+
     def model_card(name: str) -> dict[str, Any]:
-        return {"id": name, "object": "model", "created": started, "owned_by": "recursa"}
+        # OpenAI's fields and Anthropic's side by side: each SDK reads its own and ignores the others.
+        return {
+            "id": name,
+            "object": "model",
+            "created": started,
+            "owned_by": "recursa",
+            "type": "model",
+            "display_name": name,
+            "created_at": since,
+        }
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
         authorize(request)
-        return {"object": "list", "data": [model_card(n) for n in settings.model_names]}
+        names = settings.model_names
+        cards = [model_card(n) for n in names]
+        return {
+            "object": "list",
+            "data": cards,
+            "has_more": False,
+            "first_id": names[0],
+            "last_id": names[-1],
+        }
 
     @app.get("/v1/models/{name:path}")
     async def one_model(name: str, request: Request) -> dict[str, Any]:
@@ -198,6 +232,17 @@ def create_app(settings: ServeSettings) -> FastAPI:
         caller = authorize(request)
         body = await _read_json(request, settings.max_context_bytes)
         return await create_response(service, chain, request, caller, body)
+
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Any:
+        caller = authorize(request)
+        body = await _read_json(request, settings.max_context_bytes)
+        return await create_message(service, request, caller, body)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request) -> Any:
+        authorize(request)
+        raise no_token_count()
 
     if metrics is not None:
 

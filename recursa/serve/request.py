@@ -223,13 +223,13 @@ def _part(part: dict[str, Any], kind: Any, at: str) -> str | tuple[str, str]:
     raise bad(f"{at} must be a text part, a file part or (in an assistant message) a refusal part", at)
 
 
-PartReader = Callable[[dict[str, Any], Any, str], str | tuple[str, str]]
+PartReader = Callable[[dict[str, Any], Any, str], str | tuple[str, str] | None]
 
 
 def read_content(content: Any, where: str, read_part: PartReader) -> tuple[str, list[tuple[str, str]]]:
     """The text and inline files of a message's `content`: a string, or a list of parts that
-    `read_part(part, type, where)` reads into a text or a (name, text) file. The two APIs share the
-    walk and name their parts differently."""
+    `read_part(part, type, where)` reads into a text, a (name, text) file or None (a part left out).
+    The APIs share the walk and name their parts differently."""
     if content is None:
         return "", []
     if isinstance(content, str):
@@ -241,6 +241,8 @@ def read_content(content: Any, where: str, read_part: PartReader) -> tuple[str, 
     for j, part in enumerate(content):
         fields = part if isinstance(part, dict) else {}
         read = read_part(fields, fields.get("type"), f"{where}[{j}]")
+        if read is None:
+            continue
         if isinstance(read, str):
             texts.append(read)
         else:

@@ -19,13 +19,11 @@ from typing import Any
 from recursa.result import RLMResult
 from recursa.serve.bodies import sse_event
 from recursa.serve.chat import (
-    CONTENT_PIECE,
-    HEARTBEAT_S,
-    KEEP_ALIVE,
     ChatService,
     Emit,
     SSERun,
     finish_reason,
+    pieces,
     run_summary,
     shaped_answer,
 )
@@ -140,7 +138,6 @@ class ResponsesSSE(SSERun):
         self.output: list[dict[str, Any]] = []  # finished items, in output_index order
         self.reasoning: dict[str, Any] | None = None  # the open reasoning item, while steps arrive
         self.steps_text: list[str] = []
-        self.quiet_since = time.monotonic()  # when the last keep-alive went out (no summary asked for)
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         body = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -156,11 +153,8 @@ class ResponsesSSE(SSERun):
 
     async def steps(self, emit: Emit, text: str) -> None:
         if not self.call.summary:
-            # As with OpenAI's reasoning models, steps are shown only when a summary is asked for;
-            # a comment now and then keeps proxies from closing a stream that sends nothing else.
-            if time.monotonic() - self.quiet_since >= HEARTBEAT_S:
-                self.quiet_since = time.monotonic()
-                await emit(KEEP_ALIVE)
+            # As with OpenAI's reasoning models, steps are shown only when a summary is asked for.
+            await self.beat_if_quiet(emit)
             return
         at = len(self.output)
         if self.reasoning is None:
@@ -198,8 +192,7 @@ class ResponsesSSE(SSERun):
             item = function_item(new_id("fc"), new_id("call"), shape.tool_name, "", status="in_progress")
             await emit(self._event("response.output_item.added", output_index=at, item=item))
             where = {"item_id": item["id"], "output_index": at}
-            for start in range(0, len(answer), CONTENT_PIECE):
-                piece = answer[start : start + CONTENT_PIECE]
+            for piece in pieces(answer):
                 await emit(self._event("response.function_call_arguments.delta", **where, delta=piece))
             await emit(self._event("response.function_call_arguments.done", **where, arguments=answer))
             item = {**item, "arguments": answer, "status": "completed"}
@@ -208,8 +201,7 @@ class ResponsesSSE(SSERun):
             await emit(self._event("response.output_item.added", output_index=at, item=item))
             where = {"item_id": item["id"], "output_index": at, "content_index": 0}
             await emit(self._event("response.content_part.added", **where, part=output_text("")))
-            for start in range(0, len(answer), CONTENT_PIECE):
-                piece = answer[start : start + CONTENT_PIECE]
+            for piece in pieces(answer):
                 await emit(self._event("response.output_text.delta", **where, delta=piece, logprobs=[]))
             await emit(self._event("response.output_text.done", **where, text=answer, logprobs=[]))
             await emit(self._event("response.content_part.done", **where, part=output_text(answer)))

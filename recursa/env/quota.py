@@ -1,0 +1,266 @@
+"""The bound on REPL processes alive at once over every episode of an environment, and the rule
+for who gets a slot.
+
+A REPL slot is held by a run (an episode's root or one of its child RLMs) for its whole life. A
+parent's code waits for its rlm_query children, so slots can be held by runs that wait for slots:
+handing every slot to whoever asked first can leave all of them with parents and none for the
+children they wait on. The rule, in `ReplQuota`:
+
+1. Headroom. A run at depth d whose episode's child RLMs go `chain` levels deep (max_depth - 1;
+   0 when the trainer runs the children, or max_depth <= 1) gets a slot only if
+   `need = min(chain, limit - 1) - d` slots stay free after it: a start leaves room for one whole
+   chain of children below it. With `limit >= max_depth` that is enough for every admitted episode
+   to run its children in turn: whenever all the runs holding slots wait for children, the deepest
+   of those children fits in what the last run admitted left free.
+2. Children first. A slot given back goes to a waiting child before a waiting start (the deepest
+   child first, then the longest waiting); starts are served first come, first served, and none
+   while a child waits. Admitted episodes finish sooner, and their slots come back sooner.
+3. Bounded waits. A child waits at most `seconds` (the parent's cell time, exec_timeout: its cell
+   ends the wait then anyway); a start waits `wait_for_repl`, or not at all.
+4. A named refusal, never a hang. When every slot is held by a run that waits, itself or through a
+   running child, for a child waiting in line, and no waiter fits, no slot can come back: the newest
+   waiting child is refused with `ReplsFull` at once (its rlm_query fails saying which knob to
+   raise), then the next, until that is no longer so. By rule 1 this happens only with
+   `limit < max_depth`.
+
+Episodes may run on several event loops and threads (the blocking API): the state is under a
+threading lock and waiters are woken on their own loops with call_soon_threadsafe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from recursa.env.shared import EnvError
+
+
+class ReplsFull(EnvError):
+    """No REPL slot under `max_live_repls`: a start refused at once or whose `wait_for_repl` ran out,
+    or a child RLM that waited as long as its parent's cell may, or that no slot can ever free."""
+
+
+@dataclass(frozen=True)
+class QuotaWords:
+    """How the bound's errors name its knobs, in the words of the interface in use."""
+
+    limit: str = "RLMEnv(max_live_repls={n})"
+    knob: str = "max_live_repls"
+    depth: str = "max_depth"
+    close: str = "close finished episodes (await episode.close())"
+    fewer: str = "run fewer episodes at once"
+    wait: str = "let starts wait for a slot with RLMEnv(wait_for_repl=seconds)"
+
+
+@dataclass(eq=False)
+class _Waiter:
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[None]
+    need: int  # slots that must stay free after this one is granted
+    depth: int = 0  # 0: an episode's start
+    ancestors: tuple[str, ...] = ()  # a child's parent, grandparent, ...: runs that wait for it
+    state: str = "waiting"  # then "granted", "refused" (why in `reason`) or "gone" (its loop closed)
+    reason: str = ""
+
+
+class ReplQuota:
+    """A bound on the REPL processes alive at once across every episode of an environment; see the
+    module docstring for who gets a slot. `words` name the knobs in the caller's interface."""
+
+    def __init__(self, limit: int, words: QuotaWords | None = None) -> None:
+        self.limit = limit
+        self.live = 0
+        self.words = words or QuotaWords()
+        self._lock = threading.Lock()  # episodes on the blocking API run on another thread
+        self._starts: collections.deque[_Waiter] = collections.deque()
+        self._children: list[_Waiter] = []  # in order of arrival
+
+    def need(self, chain: int, depth: int) -> int:
+        """The slots a run at `depth` leaves free for the child RLMs below it (rule 1)."""
+        return max(0, min(chain, self.limit - 1) - depth)
+
+    @property
+    def waiting(self) -> int:
+        with self._lock:
+            return len(self._starts) + len(self._children)
+
+    # -- starts --------------------------------------------------------------------------------
+    def take(self, need: int = 0) -> None:
+        """A slot for a start that does not wait, or ReplsFull saying what to do."""
+        with self._lock:
+            if self._starts or self._children or not self._fits(need):
+                raise ReplsFull(self._full(need))
+            self.live += 1
+
+    async def take_waiting(self, seconds: float, need: int = 0) -> None:
+        """A slot for a start, waiting up to `seconds` in line behind earlier starts and any child."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if not self._starts and not self._children and self._fits(need):
+                self.live += 1
+                return
+            waiter = _Waiter(loop, loop.create_future(), need)
+            self._starts.append(waiter)
+        await self._wait(waiter, seconds, lambda: f"waited {seconds:g} s for a REPL: {self._full(need)}")
+
+    # -- children ------------------------------------------------------------------------------
+    async def take_child(self, seconds: float, need: int, depth: int, ancestors: tuple[str, ...]) -> None:
+        """A slot for a child RLM at `depth` whose ancestors' runs wait for it: at once if one fits,
+        else in line ahead of every start, for up to `seconds`; ReplsFull when none can come."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._fits(need):
+                self.live += 1
+                return
+            waiter = _Waiter(loop, loop.create_future(), need, depth, ancestors)
+            self._children.append(waiter)
+            self._settle()  # this wait may be the one that leaves every slot with a waiting parent
+
+        def timed_out() -> str:
+            return (
+                f"the child RLM waited {seconds:g} s for a REPL: {self.live} REPLs are alive, the most "
+                f"{self._limit()} allows: {self.words.close}, {self.words.fewer}, or raise {self.words.knob}"
+            )
+
+        await self._wait(waiter, seconds, timed_out)
+
+    # -- giving back ---------------------------------------------------------------------------
+    def give(self) -> None:
+        with self._lock:
+            self.live = max(0, self.live - 1)
+            self._settle()
+
+    # -- inside --------------------------------------------------------------------------------
+    def _fits(self, need: int) -> bool:
+        return self.live + 1 + need <= self.limit
+
+    async def _wait(self, waiter: _Waiter, seconds: float, timed_out: Callable[[], str]) -> None:
+        try:
+            async with asyncio.timeout(seconds):
+                await waiter.future
+        except BaseException as exc:
+            with self._lock:
+                state = waiter.state
+                if state == "waiting":  # it leaves the line holding nothing
+                    if waiter in self._children:
+                        self._children.remove(waiter)
+                    else:
+                        self._starts.remove(waiter)
+                    self._settle()  # its parent may wait for nothing now; starts may be served
+            if state == "granted":
+                if isinstance(exc, TimeoutError):
+                    return  # the slot came as the time ran out: keep it
+                self.give()  # cancelled after a slot was handed over: pass it on
+            if state == "refused":
+                raise ReplsFull(waiter.reason) from None
+            if isinstance(exc, TimeoutError):
+                raise ReplsFull(timed_out()) from None
+            raise
+        if waiter.state == "refused":
+            raise ReplsFull(waiter.reason)
+
+    def _settle(self) -> None:
+        """Hand out what fits (rule 2), then refuse what can never be served (rule 4). Under the lock."""
+        while True:
+            # Deepest first (a sort is stable: then longest waiting).
+            for waiter in sorted(self._children, key=lambda w: -w.depth):
+                if self._fits(waiter.need):
+                    self._children.remove(waiter)
+                    self._grant(waiter)
+            while not self._children and self._starts and self._fits(self._starts[0].need):
+                self._grant(self._starts.popleft())
+            if not self._deadlocked():
+                return
+            newest = self._children.pop()
+            newest.state, newest.reason = "refused", self._deadlock_message()
+            _wake_on(newest)
+
+    def _grant(self, waiter: _Waiter) -> None:
+        if _wake_on(waiter):
+            waiter.state = "granted"
+            self.live += 1
+        else:
+            waiter.state = "gone"
+
+    def _deadlocked(self) -> bool:
+        """Every slot is held by a run that waits for a child in line (the children's ancestors are
+        the runs that wait, each holding one slot), and none of those children fits."""
+        if not self._children or self.live == 0:
+            return False
+        waiting_runs = {run for waiter in self._children for run in waiter.ancestors}
+        return len(waiting_runs) >= self.live
+
+    def _limit(self) -> str:
+        return self.words.limit.format(n=self.limit)
+
+    def _full(self, need: int) -> str:
+        kept = f", keeping {need} free for running episodes' child RLMs" if need else ""
+        return (
+            f"{self.live} REPLs are alive, the most {self._limit()} allows{kept}: {self.words.close}, "
+            f"{self.words.fewer}, raise {self.words.knob}, or {self.words.wait}"
+        )
+
+    def _deadlock_message(self) -> str:
+        return (
+            f"no REPL can start for this child RLM: all {self.live} REPLs alive ({self._limit()}) belong "
+            "to runs that wait for child RLMs of their own, so none can end to free one; raise "
+            f"{self.words.knob} to at least {self.words.depth} (one REPL per level of child RLMs) or "
+            f"{self.words.fewer}"
+        )
+
+
+def _wake_on(waiter: _Waiter) -> bool:
+    try:
+        waiter.loop.call_soon_threadsafe(_wake, waiter.future)
+    except RuntimeError:  # its loop is closed: nobody is waiting there any more
+        return False
+    return True
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class Prepaid:
+    """One episode's share of the quota. The root's slot is taken when the episode starts (its REPL
+    starts in the background), so a burst of starts cannot overshoot the bound; its child RLMs
+    take theirs as they open their REPLs. `chain`: the levels of child RLMs with REPLs below the
+    root (rule 1)."""
+
+    def __init__(self, quota: ReplQuota, chain: int, *, taken: bool = False) -> None:
+        if not taken:
+            quota.take(quota.need(chain, 0))
+        self.quota = quota
+        self.chain = chain
+        self._prepaid = True
+        self._lock = threading.Lock()
+
+    def _use_prepaid(self) -> bool:
+        with self._lock:
+            prepaid, self._prepaid = self._prepaid, False
+        return prepaid
+
+    def take(self) -> None:
+        if not self._use_prepaid():
+            self.quota.take()
+
+    async def take_for_run(self, depth: int, ancestors: tuple[str, ...], seconds: float) -> None:
+        """The slot of a run's REPL: the root's was taken at the start; a child waits for its own."""
+        if depth == 0 and self._use_prepaid():
+            return
+        if depth == 0:
+            self.quota.take()
+            return
+        await self.quota.take_child(seconds, self.quota.need(self.chain, depth), depth, ancestors)
+
+    def give(self) -> None:
+        self.quota.give()
+
+    def refund(self) -> None:
+        """The episode ended before its REPL started: hand back the slot taken for it."""
+        if self._use_prepaid():
+            self.quota.give()
