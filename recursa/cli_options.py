@@ -128,6 +128,21 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--sandbox", default="auto", choices=SANDBOXES, help="where the REPL runs")
     p.add_argument(
+        "--exec-timeout",
+        metavar="SECONDS",
+        type=float,
+        default=120.0,
+        help="seconds one REPL code block may run before it is interrupted (its variables are kept)",
+    )
+    p.add_argument(
+        "--turn-timeout",
+        metavar="SECONDS",
+        type=float,
+        default=None,
+        help="seconds all the code blocks of one model reply may run together; each block runs at most "
+        "--exec-timeout and what is left of this (default: the --exec-timeout value)",
+    )
+    p.add_argument(
         "--trace-dir",
         metavar="DIR",
         default=None,
@@ -149,6 +164,8 @@ def rlm_kwargs(args: argparse.Namespace, question: str = "") -> dict[str, Any]:
         "sandbox": args.sandbox,
         "trace_dir": args.trace_dir,
         "max_output_tokens": args.max_output_tokens,
+        "exec_timeout": args.exec_timeout,
+        "turn_timeout": args.turn_timeout,
     }
     if args.api_key_env:
         kwargs["api_key"] = api_key_from_env(args.api_key_env)
@@ -276,6 +293,8 @@ FLAGS = {
     "prompt": "--prompt",
     "sandbox": "--sandbox",
     "trace_dir": "--trace-dir",
+    "exec_timeout": "--exec-timeout",
+    "turn_timeout": "--turn-timeout",
 }
 _PRICES_CALL = re.compile(r"RLM\(\.\.\., prices=\{.*?\}\}\)")
 _CALL = re.compile(r"(?:RLM|Budget)\((\w+)=([^()]*?)\)")
@@ -283,6 +302,7 @@ _CALL = re.compile(r"(?:RLM|Budget)\((\w+)=([^()]*?)\)")
 _PYTHON_ONLY = (
     (", or trace=False for no trace", ""),
     (" or None (no cap)", ", or leave the flag out for no cap"),
+    (" (or None: the same as exec_timeout)", ""),
 )
 _NAME = re.compile(
     r"(?<![\w.-])(" + "|".join(sorted(FLAGS, key=len, reverse=True)) + r")(=([^\s,;)]*))?(?![\w(])"

@@ -30,6 +30,8 @@ class RLMConfig:
     sandbox: str = "auto"
     sandbox_options: dict[str, Any] | None = None  # passed to the sandbox's constructor
     exec_timeout: float = 120.0
+    # Seconds for all the code of one reply together (loop/blocks.py); None: the same as exec_timeout.
+    turn_timeout: float | None = None
     max_output_chars: int = 20_000
     max_concurrency: int = 64
     max_parallel_children: int = 32  # child runs (each with its own REPL process) at once, per depth
@@ -101,6 +103,16 @@ class RLMConfig:
             )
             for name, ex in (("exec_timeout", "120"), ("request_timeout", "600"))
         ]
+        turn = self.turn_timeout
+        numbers.append(
+            (
+                "turn_timeout",
+                turn,
+                turn is None or (_is_number(turn) and turn > 0),
+                "a number of seconds > 0 (or None: the same as exec_timeout)",
+                "120",
+            )
+        )
         window = self.root_window_tokens
         numbers.append(
             (
@@ -214,6 +226,10 @@ class RLMConfig:
                         f"RLM(sandbox_options=...): sandbox {self.sandbox!r} takes no option "
                         f"{', '.join(map(repr, unknown))}; its options: {', '.join(accepted)}."
                     )
+
+    def turn_seconds(self) -> float:
+        """Seconds for all the code of one reply together: turn_timeout, else exec_timeout."""
+        return self.exec_timeout if self.turn_timeout is None else self.turn_timeout
 
     def subcall_models(self) -> list[str]:
         """The models llm_query(model=...) may use: the sub-model first, then the rest configured."""

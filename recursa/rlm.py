@@ -49,6 +49,8 @@ class RLM:
             "modal" or "e2b" (docs/sandbox.md).
         sandbox_options: passed to the sandbox, e.g. {"hardening": Hardening(...)}.
         exec_timeout: seconds one REPL cell may run before it is interrupted.
+        turn_timeout: seconds all the code of one reply may run together (default: exec_timeout);
+            each block runs at most exec_timeout and what is left of this (docs/concepts.md).
         max_output_chars: REPL output shown to the root per cell (head and tail beyond it).
         max_concurrency: model calls in flight at once over the whole tree.
         max_parallel_children: child runs at once, per depth level.
@@ -91,6 +93,7 @@ class RLM:
         sandbox: str = "auto",
         sandbox_options: dict[str, Any] | None = None,
         exec_timeout: float = 120.0,
+        turn_timeout: float | None = None,
         max_output_chars: int = 20_000,
         max_concurrency: int = 64,
         max_parallel_children: int = 32,
@@ -136,6 +139,7 @@ class RLM:
             sandbox=sandbox,
             sandbox_options=dict(sandbox_options) if isinstance(sandbox_options, dict) else sandbox_options,
             exec_timeout=exec_timeout,
+            turn_timeout=turn_timeout,
             max_output_chars=max_output_chars,
             max_concurrency=max_concurrency,
             max_parallel_children=max_parallel_children,

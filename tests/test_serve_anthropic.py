@@ -20,8 +20,10 @@ import httpx
 from recursa import Budget
 from recursa.asgi.background import BackgroundServer
 from recursa.serve import chat
+from recursa.serve.fields import AnswerShape
 from recursa.serve.openai_server import create_app
 from recursa.serve.settings import ServeSettings
+from recursa.trace import load
 from tests.serve_helpers import descendants, install_test_root, wait_until
 
 KEY = "anthropic-test-key-0123456789"
@@ -86,6 +88,7 @@ def _is_anthropic_error(response: httpx.Response) -> bool:
         body.get("type") == "error"
         and error.get("type") == ERROR_TYPES.get(response.status_code)
         and isinstance(error.get("message"), str)
+        and body.get("request_id") == response.headers["request-id"] == response.headers["x-request-id"]
         and "Traceback" not in response.text
     )
 
@@ -158,6 +161,39 @@ def test_thinking_carries_the_runs_steps(client):
     assert again.content[0].text == "hello from the rlm"
 
 
+def test_a_session_keeps_the_repl_between_messages(client):
+    first = client.messages.with_raw_response.create(
+        model="recursa",
+        max_tokens=100,
+        system=CONTEXT,
+        messages=_user("RUN: kept = 'from the first question'\nFINAL('kept')"),
+        extra_body={"recursa": {"session": "new"}},
+    )
+    session = first.parse().model_extra["recursa"]["session"]
+    assert first.headers["x-recursa-session"] == session
+    again = client.messages.create(
+        model="recursa",
+        max_tokens=100,
+        messages=_user("RUN: FINAL(kept)"),
+        extra_body={"recursa": {"session": session}},
+    )
+    assert again.content[0].text == "from the first question"
+
+
+def test_sampling_fields_reach_the_root_models_calls(srv, client):
+    message = client.messages.create(
+        model="recursa",
+        max_tokens=100,
+        system=CONTEXT,
+        messages=_user(HELLO),
+        extra_body={"temperature": 0.2, "top_p": 0.8, "top_k": 5, "output_config": {"effort": "low"}},
+    )
+    trace = srv.app.state.service.settings.trace_dir / message.model_extra["recursa"]["trace"]
+    roots = [e for e in load(trace).events if e["type"] == "lm_call" and e["purpose"] == "root"]
+    want = {"temperature": 0.2, "top_p": 0.8, "top_k": 5, "reasoning_effort": "low"}
+    assert roots and all(e.get("sampling") == want for e in roots)
+
+
 def test_max_tokens_and_stop_sequences_cut_the_answer(client):
     long = client.messages.create(
         model="recursa", max_tokens=5, system=CONTEXT, messages=_user("RUN: FINAL('x' * 100)")
@@ -172,6 +208,20 @@ def test_max_tokens_and_stop_sequences_cut_the_answer(client):
     )
     assert stopped.content[0].text == "hello fro"
     assert stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == "m the"
+
+
+@pytest.mark.parametrize(
+    ("stops", "answer", "expected"),
+    [
+        (("bcd", "c"), "abcd", ("ab", "c")),  # "c" is complete first, though "bcd" starts earlier
+        (("zz", "b"), "abcb", ("a", "b")),
+        (("zz",), "abc", ("abc", None)),
+    ],
+)
+def test_the_stop_sequence_completed_first_ends_the_answer(stops, answer, expected):
+    shape = AnswerShape(stop=stops)
+    found = shape.first_stop(answer)
+    assert (shape.cut(answer)[0], found[1] if found else None) == expected
 
 
 def test_output_config_format_makes_the_answer_json(client):
@@ -356,7 +406,7 @@ def test_other_paths_and_methods_under_messages_answer_in_anthropics_shape(srv):
 # -- keep-alives, the access log and metrics --------------------------------------------------------
 
 
-def test_a_stream_waiting_for_a_run_slot_gets_pings(tmp_path, monkeypatch):
+def test_a_stream_waiting_for_a_run_slot_gets_pings_and_a_full_server_a_429(tmp_path, monkeypatch):
     monkeypatch.setattr(chat, "HEARTBEAT_S", 0.05)
     baseline = descendants(os.getpid())
     body = {
@@ -367,7 +417,7 @@ def test_a_stream_waiting_for_a_run_slot_gets_pings(tmp_path, monkeypatch):
         "messages": _user(FOREVER),
     }
     with (
-        BackgroundServer(create_app(_settings(tmp_path, max_runs=1))) as server,
+        BackgroundServer(create_app(_settings(tmp_path, max_runs=1, max_waiting=1))) as server,
         httpx.Client(base_url=server.url, headers={"x-api-key": KEY}, timeout=20) as http,
     ):
         service = server.app.state.service
@@ -381,6 +431,12 @@ def test_a_stream_waiting_for_a_run_slot_gets_pings(tmp_path, monkeypatch):
                 while "event: ping" not in seen:
                     seen.append(next(lines))  # without pings: a read timeout
                 assert len(service.active) == 1  # still waiting: the slot is the first run's
+                # One running and one waiting is this server's limit: a third is turned away at once.
+                sdk = anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0)
+                with pytest.raises(anthropic.RateLimitError, match="server is busy") as busy:
+                    sdk.messages.create(model="recursa", max_tokens=10, messages=_user("q"))
+                assert busy.value.body["error"]["type"] == "rate_limit_error"
+                assert busy.value.body["request_id"] == busy.value.request_id
         wait_until(lambda: not service.active, what="every run to be cancelled")
         wait_until(lambda: not (descendants(os.getpid()) - baseline), what="the sandboxes to be reaped")
 

@@ -57,6 +57,7 @@ class RunConfig:
     window_tokens: int | None = None
     base_overflow: str = "fail"
     exec_timeout: float = 120.0
+    turn_timeout: float | None = None
     max_concurrency: int = 64
     max_retries: int = 4
     price_as: dict[str, str] | None = None
@@ -75,6 +76,7 @@ class RunConfig:
             window_tokens=self.window_tokens,
             base_overflow=self.base_overflow,
             exec_timeout=self.exec_timeout,
+            turn_timeout=self.turn_timeout,
             max_concurrency=self.max_concurrency,
             max_retries=self.max_retries,
             on_event=on_event,

@@ -104,6 +104,7 @@ def _check_models(config: RunConfig) -> None:
             max_iterations=config.max_iterations,
             max_output_tokens=config.max_output_tokens,
             exec_timeout=config.exec_timeout,
+            turn_timeout=config.turn_timeout,
             max_concurrency=config.max_concurrency,
             max_retries=config.max_retries,
             trace=False,
@@ -303,7 +304,7 @@ def run(task: str, **options: Any) -> BenchReport:
     ("local" or "ray"), out, knobs ("name=value,..." for the family), concurrency (instances at once,
     local), ray_actors, ray_address, progress, and per-row settings: sandbox, max_iterations,
     max_output_tokens, max_usd, max_tokens, max_seconds (each per row), window_tokens,
-    base_overflow ("fail" or "truncate"), exec_timeout, price_as.
+    base_overflow ("fail" or "truncate"), exec_timeout, turn_timeout, price_as.
     """
     try:
         asyncio.get_running_loop()

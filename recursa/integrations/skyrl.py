@@ -13,11 +13,11 @@ A drop-in replacement for SkyRL's own RLM environment: it takes the same knobs f
 of its own: `max_depth`, `sub_model` / `base_url` / `api_key` (an OpenAI-compatible server for the
 sub-calls), `sub_call` (an async function, as for `RLMEnv`), `budget` (a dict of `Budget` fields),
 `family` (a `recursa.tasks` family whose scorer gives the reward), `scorer` (answer -> float),
+`turn_timeout` (seconds for all the code of one step together; default: `repl_timeout`),
 `sandbox`, `trace_dir`, `max_live_repls`, `wait_for_repl`. Every knob is checked when the
 environment is made (`checked_extras`): a wrong kind or a misspelt name is refused naming the key.
-With `subcall_fn`, `rlm_query` children are the
-generator's own rollouts (as in SkyRL); without it, recursa child RLMs whose turns go where the
-other sub-calls go.
+With `subcall_fn`, `rlm_query` children are the generator's own rollouts (as in SkyRL); without
+it, recursa child RLMs whose turns go where the other sub-calls go.
 
 The same knobs in `env_config` (SkyRL's config for this environment id) are defaults that a
 row's extras override.
@@ -59,8 +59,8 @@ from recursa.tasks import Task, get
 from recursa.tools.spec import host_tool
 
 ENV_ID = "recursa-rlm"
-_SETTINGS = ("max_turns", "repl_timeout", "max_depth", "sub_model", "base_url", "api_key", "budget",
-             "sandbox", "trace_dir", "max_live_repls", "max_output_chars", "wait_for_repl",
+_SETTINGS = ("max_turns", "repl_timeout", "turn_timeout", "max_depth", "sub_model", "base_url", "api_key",
+             "budget", "sandbox", "trace_dir", "max_live_repls", "max_output_chars", "wait_for_repl",
              "max_reply_chars")  # fmt: skip
 
 SKYRL_WORDS = QuotaWords(
@@ -229,6 +229,7 @@ def _make_env(extras: dict[str, Any]) -> RLMEnv:
         max_depth=extras.get("max_depth", default_depth),
         max_turns=extras.get("max_turns", 10),
         exec_timeout=extras.get("repl_timeout", 180.0),
+        turn_timeout=extras.get("turn_timeout"),
         budget=budget,
         sandbox=extras.get("sandbox", "auto"),
         trace_dir=extras.get("trace_dir"),
@@ -249,6 +250,7 @@ def _fn(signature: str) -> Callable[[str, Any], Any]:
 _EXTRAS: dict[str, Callable[[str, Any], Any]] = {
     "max_turns": lambda n, v: int_value(n, v, 1),
     "repl_timeout": seconds_value,
+    "turn_timeout": seconds_value,
     "max_depth": lambda n, v: int_value(n, v, 0),
     "depth": lambda n, v: int_value(n, v, 0),
     "max_live_repls": lambda n, v: int_value(n, v, 1),

@@ -6,25 +6,17 @@ import asyncio
 import contextlib
 import itertools
 import time
-from dataclasses import dataclass
 
 from recursa.context import ContextPayload
 from recursa.errors import BudgetExceeded, LMError, RecursaError
 from recursa.lm.base import CallMeta, LMResponse, Message
 from recursa.lm.prices import PriceBook
-from recursa.loop.answers import empty_answer, missing_variable_message, resolve_prose_final
+from recursa.loop.blocks import Outcome, ReplyCode
 from recursa.loop.compaction import WindowTracker, compacted_history, split_for_compaction, summary_prompt
-from recursa.loop.feedback import (
-    EMPTY_REPLY_MESSAGE,
-    LAST_CALL_MESSAGE,
-    NO_CODE_MESSAGE,
-    fence_hint,
-    why_stop_after,
-)
+from recursa.loop.feedback import EMPTY_REPLY_MESSAGE, LAST_CALL_MESSAGE, NO_CODE_MESSAGE
 from recursa.loop.importable import modules_line
 from recursa.loop.options import RunOptions
-from recursa.loop.output import render_turn
-from recursa.loop.parse import ParsedReply, parse_reply
+from recursa.loop.parse import parse_reply
 from recursa.loop.prompts import (
     PromptSettings,
     first_message,
@@ -36,21 +28,13 @@ from recursa.loop.prompts import (
 from recursa.loop.subcalls import SubcallHandler
 from recursa.loop.tree import CallTree, new_id
 from recursa.result import RLMResult
-from recursa.sandbox.base import ExecResult, FinalAnswer, Sandbox
+from recursa.sandbox.base import FinalAnswer, Sandbox
 from recursa.tools.spec import Tool
 from recursa.trace.writer import TRACE_FORMAT, fold
 from recursa.usage import Usage
 
 # The question repeated in each feedback message is cut to this many characters.
 _REMINDER_CHARS = 500
-# Outputs shown in the trace are folded: the root saw at most max_output_chars of them anyway.
-_TRACE_OUTPUT_CHARS = 20_000
-
-
-@dataclass
-class _Outcome:
-    final: FinalAnswer | None
-    feedback: str | None
 
 
 class RunEngine:
@@ -377,9 +361,15 @@ class RunEngine:
         self._remember({"role": "assistant", "content": reply})
         problems = await self._repl() if self.turn == 1 else []
         if reply.strip():
-            outcome = await self._act(parse_reply(reply, unfenced_code=self.config.unfenced_code), self.turn)
+            code = self._code(self.turn)
+            parsed = parse_reply(reply, unfenced_code=self.config.unfenced_code)
+            try:
+                outcome = await code.run(parsed, retry=self.turn < self.config.max_iterations)
+            finally:  # also when the run's deadline stops a later block: the partial answer is kept
+                if code.partial is not None:
+                    self._partial = code.partial
         else:
-            outcome = _Outcome(None, EMPTY_REPLY_MESSAGE)
+            outcome = Outcome(None, EMPTY_REPLY_MESSAGE)
         if problems:
             outcome.feedback = "\n".join(problems) + "\n\n" + (outcome.feedback or NO_CODE_MESSAGE)
         if outcome.final is not None:
@@ -476,6 +466,20 @@ class RunEngine:
         )
         return response
 
+    def _code(self, turn: int) -> ReplyCode:
+        """What the code of the reply of `turn` runs with (loop/blocks.py)."""
+        assert self._sandbox is not None
+        c = self.config
+        return ReplyCode(
+            self._sandbox,
+            self.tree.trace,
+            self.run_id,
+            turn,
+            c.exec_timeout,
+            c.turn_seconds(),
+            c.max_output_chars,
+        )
+
     async def _last_call(self, given: LMResponse | None) -> None:
         """Out of turns: one more reply, which may only answer."""
         result = self.result
@@ -487,7 +491,7 @@ class RunEngine:
             # "So the answer is FINAL(42)." or a fenced FINAL: its argument, not the whole reply.
             parsed.prose_final = parsed.last_call_final
         if parsed.prose_final is not None:
-            resolved = await self._resolve_prose_final(parsed, turn=self.turn + 1)
+            resolved = await self._code(self.turn + 1).resolve(parsed.prose_final, retry=False)
             final = resolved if isinstance(resolved, FinalAnswer) else None
         if final is None:
             text = reply.strip()
@@ -518,83 +522,3 @@ class RunEngine:
         result.value = final.value
         result.answer_protocol = final.protocol
         result.stop_reason = "final"
-
-    # -- one reply -----------------------------------------------------------------------------
-    async def _act(self, parsed: ParsedReply, turn: int) -> _Outcome:
-        outcome = await self._run_reply(parsed, turn)
-        if parsed.notes and outcome.final is None:
-            outcome.feedback = (outcome.feedback or NO_CODE_MESSAGE) + "".join(
-                f"\n\n[note] {note}" for note in parsed.notes
-            )
-        return outcome
-
-    async def _run_reply(self, parsed: ParsedReply, turn: int) -> _Outcome:
-        if not parsed.code_blocks:
-            if parsed.prose_final is None:
-                return _Outcome(None, NO_CODE_MESSAGE + fence_hint(parsed))
-            final = await self._resolve_prose_final(parsed, turn)
-            if isinstance(final, str):  # an expression that failed when evaluated: why
-                return _Outcome(None, final)
-            if final is not None:
-                empty = empty_answer(final)
-                return _Outcome(None, empty) if empty else _Outcome(final, None)
-            return _Outcome(None, await missing_variable_message(self._sandbox, parsed.prose_final.text))
-        assert self._sandbox is not None
-        results: list[ExecResult] = []
-        for index, code in enumerate(parsed.code_blocks, 1):
-            res = await self._execute(code, turn, index)
-            results.append(res)
-            if res.partial is not None:
-                self._partial = res.partial
-            if res.final is not None and not parsed.unfenced:
-                empty = empty_answer(res.final)
-                if empty is None:
-                    return _Outcome(res.final, None)
-                res.notes.append(empty)
-                break
-            if (stop := why_stop_after(res, parsed.unfenced, len(parsed.code_blocks) - index)) is not None:
-                res.notes.append(stop)
-                break
-        feedback = "REPL output:\n" + render_turn(results, self.config.max_output_chars)
-        if parsed.prose_final is not None:
-            feedback += (
-                f"\n\n[note] Your reply also wrote {parsed.prose_final.protocol}(...) next to code whose "
-                "output you had not seen, so it was not accepted. If the output above confirms it, "
-                "give the answer again in your next reply, with no code beside it."
-            )
-        return _Outcome(None, feedback)
-
-    async def _resolve_prose_final(self, parsed: ParsedReply, turn: int) -> FinalAnswer | str | None:
-        assert parsed.prose_final is not None and self._sandbox is not None
-        return await resolve_prose_final(
-            parsed.prose_final,
-            self._sandbox,
-            lambda code: self._execute(code, turn, 1),
-            retry=self.turn < self.config.max_iterations,
-            max_output_chars=self.config.max_output_chars,
-        )
-
-    async def _execute(self, code: str, turn: int, index: int) -> ExecResult:
-        """Run one block in the REPL and record it in the trace."""
-        assert self._sandbox is not None
-        res = await self._sandbox.execute(code, timeout=self.config.exec_timeout)
-        self.tree.trace.emit(
-            "exec",
-            run_id=self.run_id,
-            turn=turn,
-            block=index,
-            code=code,
-            stdout=fold(res.stdout, _TRACE_OUTPUT_CHARS),
-            stderr=fold(res.stderr, _TRACE_OUTPUT_CHARS),
-            omitted_chars=res.omitted_chars,
-            error=res.error,
-            timed_out=res.timed_out,
-            restarted=res.restarted,
-            restored_names=res.restored_names,
-            notes=res.notes,
-            final=None
-            if res.final is None
-            else {"protocol": res.final.protocol, "text": fold(res.final.text)},
-            duration_s=round(res.duration_s, 6),
-        )
-        return res

@@ -36,11 +36,15 @@ def fence_hint(parsed: ParsedReply) -> str:
     return f" (Your reply had {what} ({kinds}). Only blocks opened with ```repl or ```python run.)"
 
 
-def why_stop_after(res: ExecResult, unfenced: bool, blocks_left: int) -> str | None:
+def why_stop_after(
+    res: ExecResult, unfenced: bool, blocks_left: int, *, out_of_reply_time: float | None = None
+) -> str | None:
     """Why the rest of a reply's blocks do not run after this one (the note for the model), or None.
 
     - Code written outside a fence that answers: as with a prose FINAL next to code, the model has
       not seen the output, so the answer waits for it.
+    - The reply's time for code ran out (`out_of_reply_time`: its seconds, when this block was cut
+      by it or ended with none of it left): its blocks together may take no longer than that.
     - A block that ran out of time: the later ones would start from its unfinished state, and since
       each may take the whole timeout, a reply of many blocks that all loop forever (a degenerate
       generation) would hold the turn that many times over.
@@ -53,10 +57,20 @@ def why_stop_after(res: ExecResult, unfenced: bool, blocks_left: int) -> str | N
             "it was not taken as the answer. If the output confirms it, give the answer again in your next "
             "reply."
         )
-    if res.timed_out and res.final is None and blocks_left > 0:
+    if res.final is not None:
+        return None
+    later = f"the {blocks_left} block(s) after it in your reply were not run"
+    if out_of_reply_time is not None and (res.timed_out or blocks_left > 0):
+        budget = f"The time for all the code of one reply ({out_of_reply_time:g} s for its blocks together)"
+        if not res.timed_out:
+            return f"{budget} was used up by the end of this block, so {later}. Do less per reply."
+        what = (
+            f"so this block was interrupted and {later}" if blocks_left else "so this block was interrupted"
+        )
+        return f"{budget} ran out during this block, {what}. Split the work over several replies."
+    if res.timed_out and blocks_left > 0:
         return (
-            f"This block ran out of time, so the {blocks_left} block(s) after it in your reply were not "
-            "run (they would have started from its unfinished state). Make this step faster, then "
-            "send the rest again."
+            f"This block ran out of time, so {later} (they would have started from its unfinished "
+            "state). Make this step faster, then send the rest again."
         )
     return None

@@ -75,6 +75,7 @@ class MethodSettings:
     base_overflow: str = "fail"  # "fail" | "truncate"
     notes_chars: int = 8_000  # the summary agent's notes budget
     exec_timeout: float = 120.0
+    turn_timeout: float | None = None  # all the code of one reply (a CodeAct step); None: exec_timeout
     max_concurrency: int = 64
     max_retries: int = 4
     prices: dict[str, Any] | None = None
@@ -90,6 +91,7 @@ class MethodSettings:
             "budget": self.budget,
             "sandbox": self.sandbox,
             "exec_timeout": self.exec_timeout,
+            "turn_timeout": self.turn_timeout,
             "max_concurrency": self.max_concurrency,
             "max_retries": self.max_retries,
             "trace_dir": self.trace_dir,

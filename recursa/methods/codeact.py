@@ -17,6 +17,8 @@ from typing import Any
 from recursa.context import build_payload
 from recursa.errors import BudgetExceeded, ConfigError, LMError
 from recursa.lm.base import Message
+from recursa.loop.blocks import ReplyClock
+from recursa.loop.feedback import why_stop_after
 from recursa.loop.output import render_turn
 from recursa.loop.parse import parse_reply
 from recursa.methods.base import MethodResult, MethodSettings, context_text
@@ -99,12 +101,32 @@ class CodeAct:
                 messages.append({"role": "user", "content": _NO_CODE})
                 continue
             results: list[ExecResult] = []
-            for code in parsed.code_blocks:
-                res = await sandbox.execute(code, timeout=settings.exec_timeout)
-                run.emit("exec", turn=turn, code=code, stdout=res.stdout[:20_000], error=res.error)
+            # One clock for the step's blocks, as for an RLM's reply (recursa/loop/blocks.py).
+            clock = ReplyClock(run.config.turn_seconds())
+            exec_timeout = run.config.exec_timeout
+            for index, code in enumerate(parsed.code_blocks, 1):
+                timeout = clock.timeout(exec_timeout)
+                res = await sandbox.execute(code, timeout=timeout)
+                ran_out = clock.out_of_time(res, timeout, exec_timeout)
+                left = len(parsed.code_blocks) - index
+                stop = why_stop_after(res, False, left, out_of_reply_time=ran_out)
+                if stop is not None:
+                    res.notes.append(stop)
+                run.emit(
+                    "exec",
+                    turn=turn,
+                    block=index,
+                    code=code,
+                    stdout=res.stdout[:20_000],
+                    error=res.error,
+                    timed_out=res.timed_out,
+                    notes=res.notes,
+                )
                 results.append(res)
                 if res.final is not None:
                     return run.result(res.final.text)
+                if stop is not None:
+                    break
             messages.append({"role": "user", "content": "Output:\n" + render_turn(results, 20_000)})
         return run.result(
             "", stop_reason="max_iterations", error=f"no answer after {settings.max_iterations} steps"

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from recursa.serve.api_error import MESSAGES_PATH, ApiError
+from recursa.serve.observe import REQUEST_ID_KEY
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -44,7 +45,7 @@ class AdmissionLimit:
             await self.app(scope, receive, send)
             return
         if self.in_progress >= self.limit:
-            await self._busy(send, scope["path"])
+            await self._busy(send, scope["path"], (scope.get("state") or {}).get(REQUEST_ID_KEY))
             return
         self.in_progress += 1
         try:
@@ -52,7 +53,7 @@ class AdmissionLimit:
         finally:
             self.in_progress -= 1
 
-    async def _busy(self, send: Send, path: str) -> None:
+    async def _busy(self, send: Send, path: str, request_id: str | None) -> None:
         busy = ApiError(
             429,
             f"this server is busy: {self.limit} requests are running or waiting for a run slot, its limit "
@@ -60,7 +61,7 @@ class AdmissionLimit:
             type="rate_limit_error",
             code="server_busy",
         )
-        body = json.dumps(busy.body_for(path)).encode()
+        body = json.dumps(busy.body_for(path, request_id)).encode()
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),

@@ -172,7 +172,8 @@ def _settings(args: argparse.Namespace, roots: list[str]) -> Any:
         on_event = OtelListener()
     kwargs = rlm_kwargs(args)
     # What ServeSettings has no field of its own for goes to every run's RLM(...).
-    options = {k: kwargs.pop(k) for k in ("prices", "prompt", "max_output_tokens") if k in kwargs}
+    rlm_only = ("prices", "prompt", "max_output_tokens", "exec_timeout", "turn_timeout")
+    options = {k: kwargs.pop(k) for k in rlm_only if k in kwargs}
     return ServeSettings(
         api_keys=_read_api_keys(args.api_keys_file) if getattr(args, "api_keys_file", None) else {},
         model=args.model,
@@ -258,7 +259,7 @@ def _serve(args: argparse.Namespace) -> int:
     _warn_if_open("recursa serve", args.host, settings)
     print(
         f"recursa serve: {settings.model} as model {settings.served_model_name!r} at "
-        f"http://{args.host}:{args.port}/v1",
+        f"http://{args.host}:{args.port}/v1 (Anthropic clients: base URL http://{args.host}:{args.port})",
         file=sys.stderr,
     )
     if settings.access_log:

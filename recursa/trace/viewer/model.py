@@ -363,6 +363,7 @@ class _Builder:
                 "notes",
                 "final",
                 "duration_s",
+                "timeout_s",
             )
             if e.get(k) not in (None, [], "")
         }

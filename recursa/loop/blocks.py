@@ -1,0 +1,173 @@
+"""Runs the code of one reply: its ```repl blocks in order (or the Python it wrote without a fence),
+or the expression a prose FINAL stands for, and says what the model is told about it.
+
+All the code of one reply runs under one clock, `turn_timeout` seconds (by default exec_timeout):
+each block gets exec_timeout or what is left of the reply's time, whichever is less. Without it a
+reply of many blocks that each stop just short of exec_timeout (a degenerate or hostile generation)
+held the turn that many timeouts over: a `run()`, a trainer's step, a served request. A block cut by
+the reply's clock is a timed-out block like any other (the REPL keeps or restores its state), and no
+block starts once the reply's time is used up.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from recursa.loop.answers import empty_answer, missing_variable_message, resolve_prose_final
+from recursa.loop.feedback import NO_CODE_MESSAGE, fence_hint, why_stop_after
+from recursa.loop.finals import ProseFinal
+from recursa.loop.output import render_turn
+from recursa.loop.parse import ParsedReply
+from recursa.sandbox.base import ExecResult, FinalAnswer, Sandbox
+from recursa.trace.writer import TraceWriter, fold
+
+# Outputs shown in the trace are folded: the root saw at most max_output_chars of them anyway.
+_TRACE_OUTPUT_CHARS = 20_000
+# Less than this left of a reply's time starts no further block: interrupting it would cost more.
+_MIN_BLOCK_S = 0.01
+
+
+@dataclass
+class Outcome:
+    """What one reply came to: an answer, or the feedback for the model's next turn."""
+
+    final: FinalAnswer | None
+    feedback: str | None
+
+
+class ReplyClock:
+    """The time left for the code of one reply; it starts with the reply's first block."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._ends: float | None = None
+
+    def timeout(self, exec_timeout: float) -> float:
+        """The next block's timeout: exec_timeout, or the reply's time left when that is less."""
+        now = time.monotonic()
+        if self._ends is None:
+            self._ends = now + self.seconds
+        return min(exec_timeout, self._ends - now)
+
+    def out_of_time(self, res: ExecResult, timeout: float, exec_timeout: float) -> float | None:
+        """The reply's seconds when its time ran out during the block `res` reports (run with
+        `timeout`) or left no time worth starting another; else None (what why_stop_after takes)."""
+        assert self._ends is not None
+        if res.timed_out:
+            cut = timeout < exec_timeout  # the reply's clock, not the cell's limit, stopped it
+        else:
+            cut = self._ends - time.monotonic() < _MIN_BLOCK_S
+        return self.seconds if cut else None
+
+
+@dataclass
+class ReplyCode:
+    """What the code of one reply (of turn `turn`) runs with, and where it is recorded.
+
+    `partial`: answer["content"] that the reply's code set without marking it ready."""
+
+    sandbox: Sandbox
+    trace: TraceWriter
+    run_id: str
+    turn: int
+    exec_timeout: float
+    turn_timeout: float
+    max_output_chars: int
+    partial: str | None = None
+
+    async def run(self, parsed: ParsedReply, *, retry: bool) -> Outcome:
+        """Run the reply's code, or resolve its answer. `retry`: turns are left to fix a prose
+        FINAL whose expression failed."""
+        outcome = await self._run(parsed, retry)
+        if parsed.notes and outcome.final is None:
+            outcome.feedback = (outcome.feedback or NO_CODE_MESSAGE) + "".join(
+                f"\n\n[note] {note}" for note in parsed.notes
+            )
+        return outcome
+
+    async def resolve(self, prose: ProseFinal, *, retry: bool) -> FinalAnswer | str | None:
+        """The answer a prose FINAL / FINAL_VAR stands for (answers.resolve_prose_final); an
+        expression it evaluates runs as the reply's code, under the reply's clock."""
+        clock = ReplyClock(self.turn_timeout)
+        return await resolve_prose_final(
+            prose,
+            self.sandbox,
+            lambda code: self._evaluate(code, clock),
+            retry=retry,
+            max_output_chars=self.max_output_chars,
+        )
+
+    async def _run(self, parsed: ParsedReply, retry: bool) -> Outcome:
+        if not parsed.code_blocks:
+            if parsed.prose_final is None:
+                return Outcome(None, NO_CODE_MESSAGE + fence_hint(parsed))
+            final = await self.resolve(parsed.prose_final, retry=retry)
+            if isinstance(final, str):  # an expression that failed when evaluated: why
+                return Outcome(None, final)
+            if final is not None:
+                empty = empty_answer(final)
+                return Outcome(None, empty) if empty else Outcome(final, None)
+            return Outcome(None, await missing_variable_message(self.sandbox, parsed.prose_final.text))
+        clock = ReplyClock(self.turn_timeout)
+        results: list[ExecResult] = []
+        blocks = parsed.code_blocks
+        for index, code in enumerate(blocks, 1):
+            timeout = clock.timeout(self.exec_timeout)
+            res = await self.sandbox.execute(code, timeout=timeout)
+            results.append(res)
+            if res.partial is not None:
+                self.partial = res.partial
+            if res.final is not None and not parsed.unfenced:
+                stop = empty_answer(res.final)  # an answer that holds nothing is not taken
+                if stop is None:
+                    self._record(code, index, res, timeout)
+                    return Outcome(res.final, None)
+            else:
+                ran_out = clock.out_of_time(res, timeout, self.exec_timeout)
+                stop = why_stop_after(res, parsed.unfenced, len(blocks) - index, out_of_reply_time=ran_out)
+            if stop is not None:
+                res.notes.append(stop)  # before the record: the trace shows why the rest did not run
+            self._record(code, index, res, timeout)
+            if stop is not None:
+                break
+        feedback = "REPL output:\n" + render_turn(results, self.max_output_chars)
+        if parsed.prose_final is not None:
+            feedback += (
+                f"\n\n[note] Your reply also wrote {parsed.prose_final.protocol}(...) next to code whose "
+                "output you had not seen, so it was not accepted. If the output above confirms it, "
+                "give the answer again in your next reply, with no code beside it."
+            )
+        return Outcome(None, feedback)
+
+    async def _evaluate(self, code: str, clock: ReplyClock) -> ExecResult:
+        """The one block a prose FINAL's expression runs as."""
+        timeout = clock.timeout(self.exec_timeout)
+        res = await self.sandbox.execute(code, timeout=timeout)
+        ran_out = clock.out_of_time(res, timeout, self.exec_timeout)
+        if (stop := why_stop_after(res, False, 0, out_of_reply_time=ran_out)) is not None:
+            res.notes.append(stop)
+        self._record(code, 1, res, timeout)
+        return res
+
+    def _record(self, code: str, index: int, res: ExecResult, timeout: float) -> None:
+        self.trace.emit(
+            "exec",
+            run_id=self.run_id,
+            turn=self.turn,
+            block=index,
+            code=code,
+            stdout=fold(res.stdout, _TRACE_OUTPUT_CHARS),
+            stderr=fold(res.stderr, _TRACE_OUTPUT_CHARS),
+            omitted_chars=res.omitted_chars,
+            error=res.error,
+            timed_out=res.timed_out,
+            restarted=res.restarted,
+            restored_names=res.restored_names,
+            notes=res.notes,
+            final=None
+            if res.final is None
+            else {"protocol": res.final.protocol, "text": fold(res.final.text)},
+            duration_s=round(res.duration_s, 6),
+            timeout_s=round(timeout, 6),  # exec_timeout, or less when the reply's time was running out
+        )
