@@ -227,6 +227,45 @@ async def test_a_run_cancelled_while_its_repl_is_starting_leaves_no_process(
     assert not left, f"processes left after a cancelled start: {left}"
 
 
+@pytest.mark.parametrize("fork", [False, True], ids=["started", "forked"])
+async def test_a_start_cancelled_as_its_worker_comes_up_is_cancelled(monkeypatch, fork):
+    # On a loaded host a run's first reply is back before its REPL, so a caller's timeout finds the
+    # run waiting for the REPL's start. If the worker's "ready" came in that same loop turn, Python
+    # 3.11's asyncio.wait_for returned it and dropped the cancellation: the run went on into its
+    # cell (a 100 s sleep in the caller-timeout test below, which then hit pytest's timeout).
+    from recursa.sandbox import SubprocessSandbox
+    from recursa.sandbox.connection import Connection
+    from recursa.sandbox.forkserver import ForkServer
+
+    starting: list[asyncio.Task[None]] = []
+    dispatch = Connection._dispatch
+
+    def ready_then_cancel(self: Connection, frame: dict[str, Any]) -> None:
+        dispatch(self, frame)
+        if frame.get("op") == "ready" and starting:
+            starting.pop().cancel()  # in the loop turn the worker's "ready" is handled in
+
+    server = ForkServer() if fork else None
+    warm = SubprocessSandbox(fork_server=server)  # starts the zygote, if any, uncancelled
+    await warm.start(_no_calls)
+    monkeypatch.setattr(Connection, "_dispatch", ready_then_cancel)
+    sb = SubprocessSandbox(fork_server=server)
+    starting.append(asyncio.ensure_future(sb.start(_no_calls)))
+    task = starting[0]
+    try:
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        await sb.close()
+        await warm.close()
+        if server is not None:
+            await server.close()
+
+
+async def _no_calls(fn: str, args: dict[str, Any]) -> Any:
+    return None
+
+
 async def test_cancelling_a_run_stops_its_in_flight_model_calls(server, script, tmp_path):
     def respond(model: str, messages: list[dict[str, Any]]) -> str:
         if model == "root-model":

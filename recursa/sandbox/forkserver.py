@@ -248,7 +248,8 @@ class _Zygote:
         try:
             # A non-blocking send that cannot block: one small message is ever in flight.
             socket.send_fds(self.control, [json.dumps(request).encode()], fds)
-            data = await asyncio.wait_for(loop.sock_recv(self.control, 4096), timeout)
+            async with asyncio.timeout(timeout):
+                data = await loop.sock_recv(self.control, 4096)
             reply = json.loads(data or b'{"error": "the zygote exited"}')
         except (OSError, ValueError, TimeoutError) as exc:
             raise ZygoteGone(f"the zygote stopped answering: {exc or type(exc).__name__}") from None

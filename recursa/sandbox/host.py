@@ -163,7 +163,8 @@ class WorkerHost:
         if worker is None or worker.control is None:
             return None
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(worker.snapshot_reported.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await worker.snapshot_reported.wait()
         return worker.snapshot_pid
 
     async def start(self, handler: CallHandler) -> None:
@@ -277,7 +278,8 @@ class WorkerHost:
             return None, "the snapshot could not be reached"
         conn = Connection(FrameSocket(main_ours), self._handler)
         try:
-            restored = await asyncio.wait_for(asyncio.shield(conn.ready), self.restore_timeout)
+            async with asyncio.timeout(self.restore_timeout):
+                restored = await asyncio.shield(conn.ready)
             process = old.process.adopt(restored)
         except (TimeoutError, WorkerGone, OSError) as exc:
             await conn.release()
@@ -353,7 +355,8 @@ class WorkerHost:
             busy = bool(worker.pending) and worker.process.can_signal
             if worker.alive and not busy:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._ask_to_exit(worker), _SHUTDOWN_S)
+                    async with asyncio.timeout(_SHUTDOWN_S):
+                        await self._ask_to_exit(worker)
             await worker.kill()
             self._release_log(worker)
         self._context = None  # its fd is closed by the cleanup below
@@ -474,11 +477,13 @@ class WorkerHost:
             timed_out = False
             try:
                 try:
-                    frame = await asyncio.wait_for(asyncio.shield(fut), timeout)
+                    async with asyncio.timeout(timeout):
+                        frame = await asyncio.shield(fut)
                 except TimeoutError:
                     timed_out = True
                     worker.interrupt()
-                    frame = await asyncio.wait_for(asyncio.shield(fut), self.grace_s)
+                    async with asyncio.timeout(self.grace_s):
+                        frame = await asyncio.shield(fut)
             except TimeoutError:
                 result = await self._recover(worker, started, timeout, killed=True, fresh=fresh)
             except WorkerGone:
@@ -552,10 +557,12 @@ class WorkerHost:
             fut = await worker.request(frame)
             try:
                 try:
-                    return await asyncio.wait_for(asyncio.shield(fut), self.query_timeout)
+                    async with asyncio.timeout(self.query_timeout):
+                        return await asyncio.shield(fut)
                 except TimeoutError:
                     worker.interrupt()
-                    return await asyncio.wait_for(asyncio.shield(fut), self.grace_s)
+                    async with asyncio.timeout(self.grace_s):
+                        return await asyncio.shield(fut)
             except (TimeoutError, WorkerGone):
                 recovery = await self._restore_or_restart(worker, fresh=self._fresh())
                 self._carry_notes.append(

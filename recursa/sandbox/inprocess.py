@@ -175,11 +175,13 @@ class InProcessSandbox:
             timed_out = False
             try:
                 try:
-                    raw = await asyncio.wait_for(asyncio.shield(fut), timeout)
+                    async with asyncio.timeout(timeout):
+                        raw = await asyncio.shield(fut)
                 except TimeoutError:
                     timed_out = True
                     thread.interrupt()
-                    raw = await asyncio.wait_for(asyncio.shield(fut), self.grace_s)
+                    async with asyncio.timeout(self.grace_s):
+                        raw = await asyncio.shield(fut)
             except TimeoutError:
                 await self._abandon(thread)
                 return ExecResult(
@@ -227,7 +229,8 @@ class InProcessSandbox:
             thread = self._live()
             fut = thread.submit(lambda: fn(thread.repl))
             try:
-                return await asyncio.wait_for(asyncio.shield(fut), self.query_timeout)
+                async with asyncio.timeout(self.query_timeout):
+                    return await asyncio.shield(fut)
             except (TimeoutError, KeyboardInterrupt):
                 await self._abandon(thread)
                 self._carry_notes.append(

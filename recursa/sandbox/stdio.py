@@ -106,7 +106,8 @@ async def boot_worker(host: WorkerHost, worker: Connection, who: str = "the REPL
     """
     try:
         await worker.chan.send_encoded(worker_source())
-        ready = await asyncio.wait_for(asyncio.shield(worker.ready), host.start_timeout)
+        async with asyncio.timeout(host.start_timeout):
+            ready = await asyncio.shield(worker.ready)
     except (TimeoutError, WorkerGone, OSError) as exc:
         error, _ = await host._failed_start(worker, exc, who)
         raise error from None

@@ -215,7 +215,8 @@ class SubprocessSandbox(WorkerHost):
         self._cleanup.process = worker.process
         failure: BaseException | None = None
         try:
-            ready = await asyncio.wait_for(asyncio.shield(worker.ready), self.start_timeout)
+            async with asyncio.timeout(self.start_timeout):
+                ready = await asyncio.shield(worker.ready)
         except (TimeoutError, WorkerGone) as exc:
             failure = exc
         else:
@@ -278,7 +279,8 @@ class SubprocessSandbox(WorkerHost):
         worker = Connection(FrameSocket(ours), self._handler, LocalProcess(proc), log=log, notes_fd=notes)
         self._cleanup.process = worker.process
         try:
-            ready = await asyncio.wait_for(asyncio.shield(worker.ready), self.start_timeout)
+            async with asyncio.timeout(self.start_timeout):
+                ready = await asyncio.shield(worker.ready)
         except (TimeoutError, WorkerGone) as exc:
             error, tail = await self._failed_start(worker, exc, "the REPL worker")
             if isinstance(exc, WorkerGone) and self._hardening.start_failed(tail):

@@ -54,7 +54,8 @@ async def _drop(receive: Receive, *, reset: bool) -> None:
         transport.close()
     # uvicorn logs an unfinished response as an error unless it has seen the connection go first.
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(receive(), 1.0)
+        async with asyncio.timeout(1.0):
+            await receive()
 
 
 class Dropped(Response):

@@ -85,7 +85,8 @@ class ToolRunner:
         else:
             work = _in_daemon_thread(functools.partial(tool.fn, *bound.args, **bound.kwargs))
         try:
-            return await asyncio.wait_for(work, timeout)
+            async with asyncio.timeout(timeout):
+                return await work
         except TimeoutError:
             raise ToolFailure(
                 f"{tool.name} did not return within {timeout:g} s and was abandoned; try a smaller request."
