@@ -169,22 +169,18 @@ def parse_shape(body: dict[str, Any], provider: str | None) -> AnswerShape:
     return shape
 
 
+def check_types(body: dict[str, Any], names: tuple[str, ...], kind: type, what: str) -> None:
+    """A 400 naming the first of `names` that is present but not a `kind` ("must be `what`")."""
+    for name in names:
+        value = body.get(name)
+        if value is not None and not isinstance(value, kind):
+            raise bad(f"`{name}` must be {what}", name)
+
+
 def check_no_effect(body: dict[str, Any]) -> None:
-    for name in (
-        "user",
-        "safety_identifier",
-        "prompt_cache_key",
-        "prompt_cache_retention",
-        "service_tier",
-        "verbosity",
-    ):
-        value = body.get(name)
-        if value is not None and not isinstance(value, str):
-            raise bad(f"`{name}` must be a string", name)
-    for name in ("store", "parallel_tool_calls"):
-        value = body.get(name)
-        if value is not None and not isinstance(value, bool):
-            raise bad(f"`{name}` must be true or false", name)
+    strings = ("user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention", "service_tier")
+    check_types(body, (*strings, "verbosity"), str, "a string")
+    check_types(body, ("store", "parallel_tool_calls"), bool, "true or false")
     metadata = body.get("metadata")
     if metadata is not None and (
         not isinstance(metadata, dict)

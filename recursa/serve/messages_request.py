@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from recursa.serve.api_error import bad
-from recursa.serve.fields import AnswerShape, check_known, sampling
+from recursa.serve.fields import AnswerShape, check_known, check_types, sampling
 from recursa.serve.request import (
     ChatRequest,
     InputMessage,
@@ -135,14 +135,9 @@ def _check_no_effect(body: dict[str, Any]) -> None:
         user = metadata.get("user_id")
         if user is not None and not isinstance(user, str):
             raise bad("`metadata.user_id` must be a string", "metadata.user_id")
-    for name in ("user_profile_id", "workspace_id", "service_tier", "speed", "inference_geo"):
-        value = body.get(name)
-        if value is not None and not isinstance(value, str):
-            raise bad(f"`{name}` must be a string", name)
-    for name in ("cache_control", "diagnostics", "context_management"):
-        value = body.get(name)
-        if value is not None and not isinstance(value, dict):
-            raise bad(f"`{name}` must be an object", name)
+    strings = ("user_profile_id", "workspace_id", "service_tier", "speed", "inference_geo")
+    check_types(body, strings, str, "a string")
+    check_types(body, ("cache_control", "diagnostics", "context_management"), dict, "an object")
 
 
 # -- system and messages --------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from recursa.serve.fields import (
     AnswerShape,
     check_known,
     check_no_effect,
+    check_types,
     force_function,
     sampling,
 )
@@ -163,14 +164,8 @@ def _check_no_effect(body: dict[str, Any]) -> None:
         isinstance(max_calls, bool) or not isinstance(max_calls, int) or max_calls < 0
     ):
         raise bad("`max_tool_calls` must be a non-negative integer", "max_tool_calls")
-    for name in ("context_management",):
-        value = body.get(name)
-        if value is not None and not isinstance(value, list):
-            raise bad(f"`{name}` must be a list", name)
-    for name in ("prompt_cache_options", "image", "background_options"):
-        value = body.get(name)
-        if value is not None and not isinstance(value, dict):
-            raise bad(f"`{name}` must be an object", name)
+    check_types(body, ("context_management",), list, "a list")
+    check_types(body, ("prompt_cache_options", "image", "background_options"), dict, "an object")
 
 
 # -- instructions and input -----------------------------------------------------------------------
