@@ -685,3 +685,25 @@ async def test_a_context_read_from_a_file_keeps_its_buffer(host: Host, tmp_path:
     finally:
         await sb.close()
         payload.close()
+
+
+async def test_a_sandbox_killed_while_loading_its_context_closes_no_descriptor_twice(host: Host) -> None:
+    # kill_now (an abandoned episode's finalizer, maybe on another thread) closes the sandbox's
+    # descriptors; the load it cut short then ended by closing its copy of the context memfd again.
+    # By then that number may be a file opened since: here, the ones opened just after the kill.
+    sb = SubprocessSandbox()
+    await sb.start(host)
+    load = asyncio.create_task(sb.load_context(build_payload("ctx " * 1000)))
+    while sb._context is None:  # noqa: ASYNC110 - the load has its memfd copy, waits for the worker
+        await asyncio.sleep(0)
+    sb.kill_now()
+    opened = [os.open(os.devnull, os.O_RDONLY) for _ in range(8)]  # the lowest free numbers
+    try:
+        with pytest.raises(SandboxError):
+            await load
+        for fd in opened:
+            os.fstat(fd)  # EBADF if the load's end closed it
+    finally:
+        for fd in opened:
+            os.close(fd)
+        await sb.close()

@@ -22,6 +22,7 @@ import errno
 import os
 import shutil
 import socket
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -66,6 +67,16 @@ class Cleanup:
         self.scratch: str | None = None
         self.fds: set[int] = set()  # the keeper's notes pipe and our copy of the context memfd
         self.group: TaskGroup | None = None  # its control group (cgroups.py), if it has one
+        self._fds_lock = threading.Lock()  # the finalizer may run on any thread (garbage collection)
+
+    def close_fd(self, fd: int) -> None:
+        """Close one of `fds`, unless the finalizer closed it already: a number closed twice may by
+        then be a file someone else opened (another run's context, on another thread)."""
+        with self._fds_lock:
+            if fd not in self.fds:
+                return
+            self.fds.discard(fd)
+        os.close(fd)
 
     def __call__(self) -> None:
         process, self.process = self.process, None
@@ -74,10 +85,11 @@ class Cleanup:
         group, self.group = self.group, None
         if group is not None:
             group.discard()  # while the killed are still exiting it stays listed, removed later
-        for fd in self.fds:
+        with self._fds_lock:
+            fds, self.fds = self.fds, set()
+        for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        self.fds.clear()
         if self.scratch:
             shutil.rmtree(self.scratch, ignore_errors=True)
 
@@ -252,8 +264,7 @@ class WorkerHost:
             log.spawned()  # nothing more is read from it: the reader ends with the worker
         fd = notes.close() if notes is not None else -1
         if fd >= 0:
-            self._cleanup.fds.discard(fd)
-            os.close(fd)
+            self._cleanup.close_fd(fd)
 
     async def _take_over(self, old: Connection) -> tuple[Connection | None, str]:
         """Let `old`'s waiting snapshot replace it: (new connection, "") or (None, why not)."""
@@ -404,8 +415,7 @@ class WorkerHost:
 
     def _drop_context_fd(self, spec: ContextSpec) -> None:
         if spec.fd >= 0:
-            self._cleanup.fds.discard(spec.fd)
-            os.close(spec.fd)
+            self._cleanup.close_fd(spec.fd)
             spec.fd = -1
 
     async def _send_context(self, worker: Connection, spec: ContextSpec) -> None:

@@ -191,9 +191,8 @@ class SubprocessSandbox(WorkerHost):
         except BaseException as exc:  # also a cancelled start: a worker forked anyway sees EOF, exits
             ours.close()
             log.spawned()
-            self._cleanup.fds.discard(notes)
-            with contextlib.suppress(OSError):
-                os.close(notes)
+            if notes >= 0:
+                self._cleanup.close_fd(notes)
             if isinstance(exc, (WorkerVanished, ProcessLookupError)):
                 # It exited before the host could watch it (one that cannot even prepare dies at
                 # once, and a loaded host looks late): a failed forked worker, as below.
@@ -255,20 +254,20 @@ class SubprocessSandbox(WorkerHost):
                 start_new_session=True,  # its own process group: one killpg stops everything it started
             ),
             (theirs, ours),
-            (log.write_fd, *handed.values(), *([notes] if notes >= 0 else [])),
+            (log.write_fd, *handed.values()),
         )
         try:
             proc = await asyncio.to_thread(launch.run)
         except asyncio.CancelledError:
-            self._cleanup.fds.discard(notes)
+            if notes >= 0:  # our end of the notes pipe, held by _cleanup: its finalizer may have closed it
+                self._cleanup.close_fd(notes)
             launch.abandon()
             raise
         except OSError as exc:
             ours.close()
             log.spawned()
-            self._cleanup.fds.discard(notes)
-            with contextlib.suppress(OSError):
-                os.close(notes)
+            if notes >= 0:
+                self._cleanup.close_fd(notes)
             raise SandboxError(f"cannot start the REPL worker with {self.python!r}: {exc}") from None
         finally:
             if not launch.abandoned:
