@@ -116,6 +116,20 @@ def test_the_expression_of_a_prose_final_runs_under_the_reply_s_clock(tmp_path: 
     assert "(0.5 s for its blocks together) ran out during this block" in root.told(2)
 
 
+def test_the_variable_a_prose_final_var_names_is_read_under_the_reply_s_clock(tmp_path: Path) -> None:
+    # FINAL_VAR(x)'s text is x's __str__, which the model wrote: read under the sandbox's own 30 s
+    # query timeout it ran whole and its value was taken; cut by the reply's clock, the model is told.
+    slow = code("class Slow:\n    def __str__(self):\n        import time\n        time.sleep(3)\n"
+                "        return 'late'\nx = Slow()")  # fmt: skip
+    root = Replies(slow, "FINAL_VAR(x)", "FINAL(in time)")
+    rlm = RLM(root, max_depth=0, exec_timeout=30, turn_timeout=0.5, trace_dir=tmp_path,
+              sandbox_options={"grace_s": 0.2})  # fmt: skip
+    result = rlm.run("q", "ctx")
+    assert result.answer == "in time", result.error
+    assert "`x` exists, but its value could not be turned into text" in root.told(2)
+    assert "ran past the reply's time for code" in root.told(2)
+
+
 async def test_an_episode_step_stops_the_blocks_of_a_reply_when_its_time_is_used(tmp_path: Path) -> None:
     env = RLMEnv(max_depth=0, exec_timeout=30, turn_timeout=CAP, trace_dir=tmp_path)
     episode = await env.start("q?", "ctx")

@@ -15,12 +15,15 @@ async def resolve_prose_final(
     prose: ProseFinal,
     sandbox: Sandbox,
     evaluate: Callable[[str], Awaitable[ExecResult]],
+    read: Callable[[str], Awaitable[FinalAnswer | None]],
     *,
     retry: bool,
     max_output_chars: int,
 ) -> FinalAnswer | str | None:
     """The answer a prose FINAL / FINAL_VAR stands for; None for a FINAL_VAR naming nothing, or a
-    message (when `retry`: turns are left) when FINAL(expression) over REPL variables failed."""
+    message (when `retry`: turns are left) when FINAL(expression) over REPL variables failed.
+    `evaluate` runs an expression, `read` a variable's value as text (its __str__ is model code):
+    both under the reply's clock."""
     if prose.protocol == "FINAL":
         # FINAL(result) / "FINAL result" naming a variable the code made means that variable
         # (returning the word "result" was the reference implementation's classic misread).
@@ -34,7 +37,7 @@ async def resolve_prose_final(
                     "answer in your next reply."
                 )
             if prose.text in await sandbox.variable_names():
-                found = await sandbox.get_variable(prose.text)
+                found = await read(prose.text)
                 if found is not None:
                     found.protocol, found.var_name = "FINAL_VAR", prose.text
                     return found
@@ -63,7 +66,7 @@ async def resolve_prose_final(
         return FinalAnswer(text=prose.text, value=prose.text, protocol="FINAL")
     if not is_identifier(prose.text):
         return None
-    final = await sandbox.get_variable(prose.text)
+    final = await read(prose.text)
     if final is not None:
         final.protocol, final.var_name = "FINAL_VAR", prose.text
     return final
@@ -119,8 +122,9 @@ async def missing_variable_message(sandbox: Sandbox, name: str) -> str:
     names = await sandbox.variable_names()
     if name in names:  # it exists, but the REPL could not read it as text
         return (
-            f"FINAL_VAR({name}): `{name}` exists, but its value cannot be turned into text (its __str__ "
-            "and __repr__ raise). Build the answer as text from it in a ```repl block first."
+            f"FINAL_VAR({name}): `{name}` exists, but its value could not be turned into text (its __str__ "
+            "and __repr__ raise, or ran past the reply's time for code). Build the answer as text from it "
+            "in a ```repl block first."
         )
     listed = ", ".join(names[:30]) if names else "none yet"
     return (

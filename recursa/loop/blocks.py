@@ -1,5 +1,6 @@
 """Runs the code of one reply: its ```repl blocks in order (or the Python it wrote without a fence),
-or the expression a prose FINAL stands for, and says what the model is told about it.
+or the expression a prose FINAL stands for (or reads the variable a FINAL_VAR names, whose text is
+its __str__: model code too), and says what the model is told about it.
 
 All the code of one reply runs under one clock, `turn_timeout` seconds (by default exec_timeout):
 each block gets exec_timeout or what is left of the reply's time, whichever is less. Without it a
@@ -94,6 +95,7 @@ class ReplyCode:
             prose,
             self.sandbox,
             lambda code: self._evaluate(code, clock),
+            lambda name: self.sandbox.get_variable(name, timeout=clock.timeout(self.exec_timeout)),
             retry=retry,
             max_output_chars=self.max_output_chars,
         )

@@ -95,7 +95,9 @@ class CodeAct:
                 if final is not None and final.protocol == "FINAL":
                     return run.result(final.text)
                 if final is not None:
-                    found = await sandbox.get_variable(final.text)
+                    # Its text is the value's __str__, model code: the step's time for code bounds it.
+                    seconds = min(run.config.exec_timeout, run.config.turn_seconds())
+                    found = await sandbox.get_variable(final.text, timeout=seconds)
                     if found is not None:
                         return run.result(found.text)
                 messages.append({"role": "user", "content": _NO_CODE})

@@ -73,8 +73,10 @@ class Sandbox(Protocol):
 
     async def execute(self, code: str, timeout: float) -> ExecResult: ...
 
-    async def get_variable(self, name: str) -> FinalAnswer | None:
-        """The value of a REPL variable as a FinalAnswer (for a prose FINAL_VAR), None if undefined."""
+    async def get_variable(self, name: str, timeout: float | None = None) -> FinalAnswer | None:
+        """The value of a REPL variable as a FinalAnswer (for a prose FINAL_VAR), None if undefined
+        or unreadable. Its text comes from the value's __str__, code the model wrote: `timeout`
+        bounds it (what is left of the reply's time for code; None: the sandbox's query_timeout)."""
         ...
 
     async def variable_names(self) -> list[str]: ...

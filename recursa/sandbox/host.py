@@ -560,14 +560,15 @@ class WorkerHost:
             duration_s=time.perf_counter() - started,
         )
 
-    async def _ask(self, frame: dict[str, Any]) -> dict[str, Any] | None:
-        """A get_var / list_vars request under the same deadline policy as a cell."""
+    async def _ask(self, frame: dict[str, Any], timeout: float | None = None) -> dict[str, Any] | None:
+        """A get_var / list_vars request under the same deadline policy as a cell (`timeout`, by
+        default query_timeout)."""
         async with self._lock:
             worker = await self._live_worker()
             fut = await worker.request(frame)
             try:
                 try:
-                    async with asyncio.timeout(self.query_timeout):
+                    async with asyncio.timeout(self.query_timeout if timeout is None else timeout):
                         return await asyncio.shield(fut)
                 except TimeoutError:
                     worker.interrupt()
@@ -580,8 +581,8 @@ class WorkerHost:
                 )
                 return None
 
-    async def get_variable(self, name: str) -> FinalAnswer | None:
-        reply = await self._ask({"op": "get_var", "name": name})
+    async def get_variable(self, name: str, timeout: float | None = None) -> FinalAnswer | None:
+        reply = await self._ask({"op": "get_var", "name": name}, timeout)
         if not reply or not reply.get("found"):
             return None
         final = final_from_wire(reply.get("final"))

@@ -224,12 +224,12 @@ class InProcessSandbox:
             reply = await thread.submit(lambda: thread.repl.define(entries))
             return list(reply.get("errors", []))
 
-    async def _ask(self, fn: Callable[[Repl], Any]) -> Any:
+    async def _ask(self, fn: Callable[[Repl], Any], timeout: float | None = None) -> Any:
         async with self._lock:
             thread = self._live()
             fut = thread.submit(lambda: fn(thread.repl))
             try:
-                async with asyncio.timeout(self.query_timeout):
+                async with asyncio.timeout(self.query_timeout if timeout is None else timeout):
                     return await asyncio.shield(fut)
             except (TimeoutError, KeyboardInterrupt):
                 await self._abandon(thread)
@@ -238,8 +238,8 @@ class InProcessSandbox:
                 )
                 return None
 
-    async def get_variable(self, name: str) -> FinalAnswer | None:
-        reply = await self._ask(lambda repl: repl.get_var(name))
+    async def get_variable(self, name: str, timeout: float | None = None) -> FinalAnswer | None:
+        reply = await self._ask(lambda repl: repl.get_var(name), timeout)
         if not reply or not reply.get("found"):
             return None
         return final_from_wire(reply.get("final"))
