@@ -260,7 +260,10 @@ def test_a_wrong_or_missing_key_is_an_authentication_error(srv):
     [
         ({"temprature": 0.5}, "temprature"),
         ({"tools": [{"name": "lookup", "input_schema": {"type": "object"}}]}, "tools"),
-        ({"tool_choice": {"type": "any"}, "tools": [{"name": "f", "input_schema": {}}]}, "tool_choice"),
+        (
+            {"tool_choice": {"type": "tool", "name": "f"}, "tools": [{"name": "f"}]},
+            r"tools\[0\]\.input_schema",
+        ),
         ({"container": "c-1"}, "container"),
         ({"temperature": 1.5}, "temperature"),
         ({"thinking": {"type": "sometimes"}}, "thinking"),
@@ -290,7 +293,10 @@ def test_a_bad_field_is_a_bad_request_naming_it(client, extra, named):
             [{"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}],
             "document",
         ),
-        ([{"type": "tool_result", "tool_use_id": "toolu_1", "content": "42"}], "tool_result"),
+        (
+            [{"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}}],
+            "server_tool_use",
+        ),
     ],
 )
 def test_blocks_an_rlm_does_not_read_are_refused_saying_why(client, content, named):

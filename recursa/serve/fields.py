@@ -257,17 +257,20 @@ def force_function(
     shape: AnswerShape,
     why: str,
     format_field: str = "response_format",
+    spelled: str | None = None,
 ) -> None:
     """Make the function a request forces (`choice`: "auto", "required" or a function's name;
     `functions`: name -> parameters' JSON Schema) the answer's shape; refuse, saying `why`, any
-    choice that would leave the model free to pick a tool. Shared by both APIs' shapes of tools
-    (`format_field`: the API's field for a JSON answer, which cannot be asked for as well)."""
+    choice that would leave the model free to pick a tool. Shared by the APIs' shapes of tools
+    (`format_field`: the API's field for a JSON answer, which cannot be asked for as well;
+    `spelled`: how the API writes "auto" or "required", for the error)."""
+    shown = spelled or f'"{choice}"'
     if choice == "auto" or functions is None:
-        raise bad(f'tool_choice "auto" is not supported: {why}', "tool_choice", "unsupported_parameter")
+        raise bad(f"tool_choice {shown} is not supported: {why}", "tool_choice", "unsupported_parameter")
     if choice == "required":
         if len(functions) != 1:
             raise bad(
-                f'tool_choice "required" with {len(functions)} tools is not supported: {why}',
+                f"tool_choice {shown} with {len(functions)} tools is not supported: {why}",
                 "tool_choice",
                 "unsupported_parameter",
             )

@@ -4,7 +4,8 @@ The request is parsed by recursa.serve.messages_request, run by recursa.serve.ch
 (admission, sessions, cancellation), and answered here in the Messages shape: a `message` object,
 or its SSE stream: message_start, then (with `thinking`) a thinking block whose text is the run's
 steps as they happen, then the answer as a text block (content_block_start, content_block_delta
-text_delta..., content_block_stop), message_delta (stop_reason, usage) and message_stop; `ping`
+text_delta..., content_block_stop) or, for a forced tool, a tool_use block (its input's JSON in
+input_json_delta pieces), message_delta (stop_reason, usage) and message_stop; `ping`
 events keep an idle stream open, and a run that fails ends the stream with an `error` event.
 Errors before the stream are Anthropic's error objects (recursa.serve.api_error).
 """
@@ -12,6 +13,7 @@ Errors before the stream are Anthropic's error objects (recursa.serve.api_error)
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
@@ -22,6 +24,7 @@ from recursa.serve.api_error import ApiError, anthropic_type
 from recursa.serve.bodies import JSONBody, sse_event
 from recursa.serve.chat import SESSION_HEADER, ChatService, Emit, SSERun, finish_reason, pieces, run_summary
 from recursa.serve.messages_request import MessagesRequest, parse_messages_request
+from recursa.serve.messages_tools import new_tool_use_id, tool_input, tool_use_block
 from recursa.serve.observe import RUN_STATE_KEY
 from recursa.serve.request import Caller
 from recursa.serve.runs import LiveRun
@@ -70,18 +73,30 @@ def usage_object(result: RLMResult) -> dict[str, Any]:
     }
 
 
-def answer_and_stop(call: MessagesRequest, result: RLMResult) -> tuple[str, str, str | None]:
-    """The answer as the client gets it, its stop_reason and the stop sequence that ended it."""
+@dataclass
+class Answer:
+    """The answer as the client gets it: its text (for a tool, the input's JSON), how it stopped."""
+
+    text: str
+    stop_reason: str
+    stop_sequence: str | None = None
+    tool_input: dict[str, Any] | None = None  # a forced tool's input: the answer is a tool_use block
+
+
+def final_answer(call: MessagesRequest, result: RLMResult) -> Answer:
     shape = call.req.shape
     stop = shape.first_stop(result.answer)
-    answer, cut = shape.cut(result.answer)
+    text, cut = shape.cut(result.answer)
+    # An answer that is not a JSON object (cut short, or never fitting the schema) cannot be a
+    # tool's input: it comes back as text, with the stop_reason that says why.
+    value = tool_input(text) if shape.kind == "tool" else None
     # Out of budget or time (or out of turns without an answer the schema takes) is the RLM's
     # version of running out of output tokens, as finish_reason "length" in Chat Completions.
     if finish_reason(result, cut, shape) == "length":
-        return answer, "max_tokens", None
+        return Answer(text, "max_tokens", None, value)
     if stop is not None:
-        return answer, "stop_sequence", stop[1]
-    return answer, "end_turn", None
+        return Answer(text, "stop_sequence", stop[1], value)
+    return Answer(text, "end_turn" if value is None else "tool_use", None, value)
 
 
 def thinking_block(steps: str) -> dict[str, Any]:
@@ -113,15 +128,18 @@ def message_body(
     call: MessagesRequest, message_id: str, result: RLMResult, steps: str | None
 ) -> dict[str, Any]:
     """The whole `message` object of a run that ended (the non-streaming answer)."""
-    answer, stop_reason, stop_sequence = answer_and_stop(call, result)
+    answer = final_answer(call, result)
     content = [thinking_block(steps)] if steps is not None else []
-    content.append(text_block(answer))
+    if answer.tool_input is not None:
+        content.append(tool_use_block(new_tool_use_id(), call.req.shape.tool_name, answer.tool_input))
+    else:
+        content.append(text_block(answer.text))
     return message_object(
         call,
         message_id,
         content,
-        stop_reason=stop_reason,
-        stop_sequence=stop_sequence,
+        stop_reason=answer.stop_reason,
+        stop_sequence=answer.stop_sequence,
         usage=usage_object(result),
         recursa=run_summary(result, call.req.session),
     )
@@ -171,14 +189,20 @@ class MessagesSSE(SSERun):
 
     async def answer(self, emit: Emit, result: RLMResult) -> None:
         await self._close_thinking(emit)
-        answer, stop_reason, stop_sequence = answer_and_stop(self.call, result)
-        await self._start_block(emit, text_block(""))
-        for piece in pieces(answer):
-            await self._delta(emit, {"type": "text_delta", "text": piece})
+        answer = final_answer(self.call, result)
+        if answer.tool_input is not None:
+            # As Anthropic streams a tool call: the block with an empty input, then the input's JSON.
+            await self._start_block(emit, tool_use_block(new_tool_use_id(), self.req.shape.tool_name, {}))
+            for piece in pieces(answer.text):
+                await self._delta(emit, {"type": "input_json_delta", "partial_json": piece})
+        else:
+            await self._start_block(emit, text_block(""))
+            for piece in pieces(answer.text):
+                await self._delta(emit, {"type": "text_delta", "text": piece})
         await self._stop_block(emit)
         delta = {
             "type": "message_delta",
-            "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+            "delta": {"stop_reason": answer.stop_reason, "stop_sequence": answer.stop_sequence},
             "usage": usage_object(result),
             "recursa": run_summary(result, self.req.session),
         }

@@ -12,8 +12,10 @@ No field is dropped silently: each is honoured, accepted with the reason it chan
 - `temperature`, `top_p`, `top_k`, `output_config.effort`: sent with the root model's calls;
 - `output_config.format` json_schema: the answer's JSON Schema, as `response_format`;
 - `thinking` (enabled or adaptive): the run's steps come back as a thinking block;
-- `tools` with `tool_choice` none: accepted (the RLM calls none of the client's tools); any other
-  use of tools is refused, as an RLM never hands a tool call back.
+- `tools` with a `tool_choice` forcing one tool: the answer is that tool's `tool_use` block, and
+  a replayed conversation may hold it and its `tool_result` (recursa.serve.messages_tools);
+  `tool_choice` none: accepted (the RLM calls none of the client's tools). Tools the model could
+  choose among are refused, as an RLM never calls the client's tools.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 
 from recursa.serve.api_error import bad
 from recursa.serve.fields import AnswerShape, check_known, check_types, sampling
+from recursa.serve.messages_tools import TOOLS_WHY, ToolReplay, parse_tools
 from recursa.serve.request import (
     ChatRequest,
     InputMessage,
@@ -77,11 +80,6 @@ HONOURED = (
     "recursa",
 )
 STANDARD = frozenset((*HONOURED, *NO_EFFECT, *REFUSED))
-TOOLS_WHY = (
-    "an RLM runs its own code (with the tools its server gives it) and never hands a tool_use block back "
-    "to the client; for a typed answer send output_config.format "
-    '{"type": "json_schema", "schema": {...}}; tool_choice {"type": "none"} is accepted'
-)
 # Content blocks an RLM does not read, and why (the 400's message names the block and the fix).
 _NOT_TEXT = "an RLM reads text: send the text itself, as a text block or as recursa.context"
 _BLOCKS_WHY = {
@@ -89,9 +87,8 @@ _BLOCKS_WHY = {
     "document": _NOT_TEXT + " (or, on the server, recursa.context_path)",
     "search_result": _NOT_TEXT,
     "container_upload": "this server runs no Anthropic containers; " + _NOT_TEXT,
-    "tool_use": "no tool call is ever handed out, so there is none to replay: " + TOOLS_WHY,
-    "server_tool_use": "no tool call is ever handed out, so there is none to replay: " + TOOLS_WHY,
-    "tool_result": "no tool call is ever handed out, so there is no result to return: " + TOOLS_WHY,
+    "server_tool_use": "this server runs none of Anthropic's own tools, so there is no call to replay: "
+    + TOOLS_WHY,
 }
 # Blocks of the answers this server gave, as a client replays its conversation: the steps of an
 # earlier run (its thinking block) are not part of what was said, so they are left out.
@@ -162,6 +159,7 @@ def _turns(raw: Any) -> list[InputMessage]:
     if not isinstance(raw, list) or not raw:
         raise bad("`messages` must be a non-empty list of {role, content} turns", "messages")
     out: list[InputMessage] = []
+    replay = ToolReplay()
     for i, turn in enumerate(raw):
         where = f"messages[{i}]"
         if not isinstance(turn, dict):
@@ -176,9 +174,33 @@ def _turns(raw: Any) -> list[InputMessage]:
         content = turn.get("content")
         if not isinstance(content, (str, list)):
             raise bad(f"{where}.content must be a string or a list of content blocks", f"{where}.content")
-        text, _ = read_content(content, f"{where}.content", _block)
-        out.append(InputMessage(role, text, [], where))
+        replay.begin(role)
+        text, results = _turn_content(content, f"{where}.content", role, replay)
+        # Tool results first (they answer the turn before), then what the user wrote; a turn of
+        # results only is no user message, as in chat a tool message after the question is not one.
+        out.extend(results)
+        if text or not results:
+            out.append(InputMessage(role, text, [], where))
     return out
+
+
+def _turn_content(content: Any, where: str, role: str, replay: ToolReplay) -> tuple[str, list[InputMessage]]:
+    """A turn's text, and its tool_result blocks as tool messages."""
+    results: list[InputMessage] = []
+
+    def block(part: dict[str, Any], kind: Any, at: str) -> str | None:
+        if kind == "tool_use":
+            replay.call(part, role, at)
+            return None  # the call is not context, as a replayed tool_calls message in chat
+        if kind == "tool_result":
+            replay.result(part, role, at)
+            output, _ = read_content(part.get("content"), f"{at}.content", _block)
+            results.append(InputMessage("tool", output, [], at))
+            return None
+        return _block(part, kind, at)
+
+    text, _ = read_content(content, where, block)
+    return text, results
 
 
 def _block(block: dict[str, Any], kind: Any, at: str) -> str | None:
@@ -210,7 +232,7 @@ def _shape(body: dict[str, Any], provider: str | None) -> tuple[AnswerShape, boo
     top_k = shape.sampling.get("top_k")
     if top_k is not None and top_k < 1:
         raise bad("`top_k` must be a positive integer", "top_k")
-    _tools(body.get("tools"), body.get("tool_choice"))
+    parse_tools(body.get("tools"), body.get("tool_choice"), shape)
     return shape, _thinking(body.get("thinking"))
 
 
@@ -270,18 +292,6 @@ def _output_config(value: Any, shape: AnswerShape) -> str | None:
         raise bad(f"`output_config.effort` must be one of {', '.join(EFFORTS)}", "output_config.effort")
     # OpenAI-compatible root models take up to "xhigh": "max" asks for the most there is.
     return "xhigh" if effort == "max" else effort
-
-
-def _tools(tools: Any, choice: Any) -> None:
-    kind = choice.get("type") if isinstance(choice, dict) else None
-    if choice is not None and kind not in ("none", "auto", "any", "tool"):
-        raise bad('`tool_choice` must be an object such as {"type": "none"}', "tool_choice")
-    if kind == "none" or (not tools and kind in (None, "auto")):
-        return  # no tool to call, or none allowed: the RLM calls none of the client's, as always
-    if tools is not None and not isinstance(tools, list):
-        raise bad("`tools` must be a list of tool definitions", "tools")
-    field = "tools" if kind in (None, "auto") else "tool_choice"
-    raise bad(f"`{field}` is not supported here: {TOOLS_WHY}", field, "unsupported_parameter")
 
 
 def _thinking(value: Any) -> bool:
