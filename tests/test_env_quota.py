@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from recursa.env import ReplsFull, RLMEnv
+from recursa.env import EnvError, ReplsFull, RLMEnv
 from recursa.env.quota import QuotaWords, ReplQuota
 
 CONTEXT = "alpha line\nbeta line\n"
@@ -169,3 +169,35 @@ def test_a_slot_given_back_on_one_thread_wakes_a_child_waiting_on_another_loop()
     quota.give()  # from this thread: the child's loop is woken with call_soon_threadsafe
     thread.join(GUARD_S)
     assert served.is_set() and quota.live == 1 and quota.waiting == 0
+
+
+def test_env_close_refuses_the_start_sync_that_waits_for_a_slot(tmp_path: Path) -> None:
+    # A start_sync waiting in line on the blocking API's loop when close() stopped it waited for
+    # good, and the slot given back later went to it: held by nobody, for good.
+    def waiting_start(env: RLMEnv) -> tuple[threading.Thread, list[object]]:
+        got: list[object] = []
+
+        def start() -> None:
+            try:
+                got.append(env.start_sync("q?", CONTEXT))
+            except Exception as exc:
+                got.append(exc)
+
+        thread = threading.Thread(target=start, daemon=True)
+        thread.start()
+        while env.quota.waiting == 0 and thread.is_alive():
+            threading.Event().wait(0.01)
+        return thread, got
+
+    for holder in ("outside", "episode"):  # the slot: held elsewhere, or by an episode close() ends
+        env = make_env(tmp_path, max_live_repls=1, max_depth=1, wait_for_repl=GUARD_S)
+        held = env.quota.take() if holder == "outside" else env.start_sync("q?", CONTEXT)
+        thread, got = waiting_start(env)
+        env.close()
+        thread.join(GUARD_S)
+        assert not thread.is_alive() and len(got) == 1 and isinstance(got[0], EnvError), (holder, got)
+        assert "the environment was closed (env.close())" in str(got[0])
+        assert env.quota.waiting == 0
+        if held is None:
+            env.quota.give()
+        assert env.live_repls == 0

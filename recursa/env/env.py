@@ -15,6 +15,7 @@ is listed in shared.py.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import weakref
@@ -191,6 +192,7 @@ class RLMEnv:
         self.quota = ReplQuota(max_live_repls)
         self._shared = PerLoop()
         self._private = PrivateLoop()
+        self._closing = False  # close() is closing the blocking API's episodes and loop
         # Open episodes, for aclose(); weak, so that a dropped episode is reaped by its finalizer.
         self._episodes: weakref.WeakSet[Episode] = weakref.WeakSet()
 
@@ -244,6 +246,10 @@ class RLMEnv:
             quota = Prepaid(self.quota, chain, taken=True)
         else:
             quota = Prepaid(self.quota, chain)  # raises the error that says what to do when none is left
+        if self._closing and self._private.owns(asyncio.get_running_loop()):
+            # A start_sync that got its slot from an episode close() just closed: its loop stops next.
+            quota.refund()
+            raise EnvError("the environment was closed (env.close()) while this start waited for a REPL slot")
         try:
             payload = await load_payload(context)
         except BaseException:
@@ -346,10 +352,15 @@ class RLMEnv:
             raise failure
 
     def close(self) -> None:
-        """Close the episodes on the private loop (the blocking API) and stop that loop."""
-        if self._private.started:
-            self._private.run(self.aclose())
-        self._private.stop()
+        """Close the episodes on the private loop (the blocking API) and stop that loop; a start_sync
+        still waiting for a REPL slot on another thread raises EnvError."""
+        self._closing = True
+        try:
+            if self._private.started:
+                self._private.run(self.aclose())
+            self._private.stop()
+        finally:
+            self._closing = False
 
     async def __aenter__(self) -> RLMEnv:
         return self

@@ -117,9 +117,34 @@ class PrivateLoop:
         except KeyboardInterrupt:
             future.cancel()
             raise
+        except concurrent.futures.CancelledError:
+            if self._loop is not loop:  # stop() cancelled it
+                raise EnvError(
+                    "the environment was closed (env.close()) while this blocking call ran, e.g. a "
+                    "start_sync waiting for a REPL slot; close the environment after its last episode"
+                ) from None
+            raise
 
     def stop(self) -> None:
+        """Stop the loop. What still runs on it (a start_sync of another thread waiting for a REPL
+        slot) is cancelled first: on a stopped loop its caller would wait for good, and a slot
+        handed to it later would be held by nobody."""
         with self._lock:
             loop, self._loop = self._loop, None
-        if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(loop.stop)
+        if loop is None or loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not loop:
+            asyncio.run_coroutine_threadsafe(_cancel_the_rest(), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
+
+
+async def _cancel_the_rest() -> None:
+    here = asyncio.current_task()
+    tasks = [task for task in asyncio.all_tasks() if task is not here]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
