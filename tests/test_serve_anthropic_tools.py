@@ -125,6 +125,17 @@ def test_an_answer_that_never_fits_the_schema_stops_at_max_tokens(client):
     assert message.stop_reason == "max_tokens"
     assert [b.type for b in message.content] == ["text"]  # not a JSON object: no tool input to give
     assert message.model_extra["recursa"]["error"]
+    with client.messages.stream(
+        model="recursa",
+        max_tokens=1000,
+        system=CONTEXT,
+        messages=_user(HELLO),
+        tools=[TOOL],
+        tool_choice=FORCED,
+        extra_body={"recursa": {"max_iterations": 2}},
+    ) as stream:
+        streamed = stream.get_final_message()
+    assert streamed.stop_reason == "max_tokens" and [b.type for b in streamed.content] == ["text"]
 
 
 @pytest.mark.parametrize(
