@@ -707,3 +707,18 @@ async def test_a_sandbox_killed_while_loading_its_context_closes_no_descriptor_t
         for fd in opened:
             os.close(fd)
         await sb.close()
+
+
+async def test_a_cell_interrupted_as_soon_as_the_worker_is_up_does_not_end_the_worker(host: Host) -> None:
+    # A reply's last sliver of time can interrupt the first cell of a fresh worker at once: the
+    # SIGINT landed before the worker had its own handler, and Python's ended the process.
+    for _ in range(3):
+        sb = SubprocessSandbox(snapshots=False)
+        await sb.start(host)
+        try:
+            pid = sb.pid
+            r = await sb.execute("x = 1", timeout=0)
+            assert r.timed_out and not r.restarted and r.error is None, (r.error, r.notes)
+            assert sb.pid == pid
+        finally:
+            await sb.close()

@@ -234,3 +234,23 @@ def test_a_bad_timeout_flag_is_told_as_a_flag(tmp_path: Path, flag: str, value: 
     )  # fmt: skip
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert f"{flag} {value}" in out.stderr and f"{flag} must be a number of seconds > 0" in out.stderr
+
+
+@pytest.mark.parametrize("flag", ["--turn-timeout", "--exec-timeout"])
+def test_a_bad_timeout_flag_stops_the_acp_agent_at_start(
+    flag: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `recursa acp` does not check the model at start (a session may name its own), so a bad run
+    # option reached every session's RLM(...) as a Python error instead of stopping the agent.
+    pytest.importorskip("acp", reason="the acp extra is not installed (pip install recursa[acp])")
+    from recursa.cli import main
+    from recursa.serve import acp_agent
+
+    served: list[object] = []
+
+    async def serve_stdio(settings: object) -> None:  # the agent, had it started: nothing to read here
+        served.append(settings)
+
+    monkeypatch.setattr(acp_agent, "serve_stdio", serve_stdio)
+    assert main(["acp", "--model", "scripted/oracle", flag, "0"]) == 2 and not served
+    assert f"{flag} 0.0: {flag} must be a number of seconds > 0" in capsys.readouterr().err

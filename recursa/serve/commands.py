@@ -230,6 +230,24 @@ def _check_model(settings: Any) -> None:
     )
 
 
+def _check_options(settings: Any) -> None:
+    """Fail at start-up for a bad run option (--exec-timeout 0, --max-depth -1) where the model is not
+    checked then (an ACP session may name its own model and key): sessions cannot change these."""
+    import dataclasses
+
+    from recursa.config import RLMConfig
+
+    fields = {f.name for f in dataclasses.fields(RLMConfig)}
+    RLMConfig(
+        model=settings.model,
+        sub_model=settings.sub_model or settings.model,
+        max_depth=settings.max_depth,
+        max_iterations=settings.max_iterations,
+        budget=settings.budget,
+        **{k: v for k, v in settings.rlm_options.items() if k in fields},
+    ).validate()
+
+
 def _serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
@@ -364,6 +382,7 @@ def _acp(args: argparse.Namespace) -> int:
                 f"--allow-base-url {url!r} is not an http(s) URL; e.g. http://127.0.0.1:8000/v1"
             )
     settings.allowed_base_urls = tuple(args.allow_base_url or [])
+    _check_options(settings)
     import asyncio
 
     asyncio.run(serve_stdio(settings))

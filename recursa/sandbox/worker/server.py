@@ -158,6 +158,9 @@ class Server:
             "python": sys.version.split()[0],
             "hardening": hardening,
         }
+        # Before `ready`: a host may interrupt the first cell at once (a reply's last sliver of time),
+        # and Python's own handler would end this process with a KeyboardInterrupt outside any cell.
+        signal.signal(signal.SIGINT, self._on_sigint)
         self.chan.send(ready)
         self.chan.start_reader()
         while True:
