@@ -125,6 +125,17 @@ def test_an_answer_that_never_fits_the_schema_stops_at_max_tokens(client):
     assert message.stop_reason == "max_tokens"
     assert [b.type for b in message.content] == ["text"]  # not a JSON object: no tool input to give
     assert message.model_extra["recursa"]["error"]
+    with client.messages.stream(
+        model="recursa",
+        max_tokens=1000,
+        system=CONTEXT,
+        messages=_user(HELLO),
+        tools=[TOOL],
+        tool_choice=FORCED,
+        extra_body={"recursa": {"max_iterations": 2}},
+    ) as stream:
+        streamed = stream.get_final_message()
+    assert streamed.stop_reason == "max_tokens" and [b.type for b in streamed.content] == ["text"]
 
 
 @pytest.mark.parametrize(
@@ -228,17 +239,28 @@ def test_langchain_chat_anthropic_invoke_stream_and_structured_output(srv):
 # -- LiteLLM's anthropic/ provider ------------------------------------------------------------------
 
 
-def test_litellm_anthropic_provider_with_response_format(srv, monkeypatch):
+def test_litellm_anthropic_provider_with_response_format_and_a_forced_tool(srv, monkeypatch):
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     litellm = pytest.importorskip("litellm")
     monkeypatch.setattr(litellm, "telemetry", False)
-    answer = litellm.completion(
-        model="anthropic/recursa",
-        api_base=srv.url,
-        api_key=KEY,
-        num_retries=0,
-        max_tokens=1000,
-        messages=[{"role": "system", "content": CONTEXT}, *_user(PERSON)],
-        response_format=Person,
-    )
+    asked = {
+        "model": "anthropic/recursa",
+        "api_base": srv.url,
+        "api_key": KEY,
+        "num_retries": 0,
+        "max_tokens": 1000,
+        "messages": [{"role": "system", "content": CONTEXT}, *_user(PERSON)],
+    }
+    # LiteLLM sends response_format to an anthropic/ model as a forced tool of its own.
+    answer = litellm.completion(**asked, response_format=Person)
     assert Person.model_validate_json(answer.choices[0].message.content) == Person(name="Ada", age=36)
+    # An OpenAI-shaped forced function becomes the Messages API's forced tool, and comes back a call.
+    function = {"name": "record_person", "parameters": Person.model_json_schema()}
+    called = litellm.completion(
+        **asked,
+        tools=[{"type": "function", "function": function}],
+        tool_choice={"type": "function", "function": {"name": "record_person"}},
+    )
+    [call] = called.choices[0].message.tool_calls
+    assert call.function.name == "record_person" and called.choices[0].finish_reason == "tool_calls"
+    assert Person.model_validate_json(call.function.arguments) == Person(name="Ada", age=36)

@@ -60,8 +60,8 @@ NO_EFFECT = {
 # Refused: field -> why an RLM cannot honour it.
 REFUSED = {
     "container": "this server runs the RLM's code in its own sandbox, not in Anthropic's containers",
-    "mcp_servers": "an RLM uses the tools its server's operator gives it (RLM(tools=...)) and never hands a "
-    "tool call back",
+    "mcp_servers": "an RLM uses the tools its server's operator gives it (RLM(tools=...)), not servers a "
+    "request names",
 }
 HONOURED = (
     "model",
