@@ -436,3 +436,35 @@ async def test_a_blocking_scorer_runs_off_the_event_loop(tmp_path: Path) -> None
         assert episode.reward == reward
     assert ran_on["sync"] != loop_thread and ran_on["async"] == loop_thread
     await env.aclose()
+
+
+async def test_a_blocking_sub_call_or_child_call_runs_off_the_event_loop(tmp_path: Path) -> None:
+    # A trainer's plain function that blocks (a call to its engine) ran on the loop: every episode
+    # on it stalled, and no clock there could fire (a reply's time for code, a request timeout).
+    import threading
+
+    loop_thread = threading.get_ident()
+    ran_on: dict[str, int] = {}
+
+    def sub_call(messages: list[dict], depth: int, parent_id: str | None) -> str:
+        ran_on["sub_call"] = threading.get_ident()
+        return "sub answer"
+
+    def child_call(prompt: str, context: object, depth: int, parent_id: str) -> str:
+        ran_on["child_call"] = threading.get_ident()
+        return "child answer"
+
+    async def async_child_call(prompt: str, context: object, depth: int, parent_id: str) -> str:
+        ran_on["async child_call"] = threading.get_ident()
+        return "async child answer"
+
+    env = RLMEnv(sub_call=sub_call, child_call=child_call, max_depth=2, trace_dir=tmp_path)
+    episode = await env.start("q?", CONTEXT)
+    (obs,) = await episode.step(code("print(llm_query('hi'), rlm_query('sub', context='x'))"))
+    assert "sub answer child answer" in obs["content"]
+    episode = await env.start("q?", CONTEXT, child_call=async_child_call)
+    (obs,) = await episode.step(code("print(rlm_query('sub', context='x'))"))
+    assert "async child answer" in obs["content"]
+    assert ran_on["sub_call"] != loop_thread and ran_on["child_call"] != loop_thread
+    assert ran_on["async child_call"] == loop_thread
+    await env.aclose()

@@ -9,7 +9,6 @@ rollouts too. The function returns the reply text, or a dict with `text` and, wh
 from __future__ import annotations
 
 import asyncio
-import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,6 +17,7 @@ from recursa.env.shared import EnvError
 from recursa.env.tokens import given_count, token_fields
 from recursa.errors import LMError
 from recursa.lm.base import LMRequest, LMResponse, Message
+from recursa.loop.subcalls import call_trainer_fn
 
 SubCall = Callable[[list[Message], int, str | None], Awaitable[Any]]
 # rlm_query's children run by the trainer: (prompt, context, depth, parent_id) -> the child's answer.
@@ -42,9 +42,7 @@ class CallbackClient:
         messages = [dict(m) for m in request.messages]  # the trainer may keep or change its copy
         try:
             async with asyncio.timeout(self.timeout):
-                outcome = self.fn(messages, meta.depth, meta.parent_id)
-                if inspect.isawaitable(outcome):
-                    outcome = await outcome
+                outcome = await call_trainer_fn(self.fn, messages, meta.depth, meta.parent_id)
         except TimeoutError:
             raise LMError(
                 f"sub_call gave no answer within {self.timeout:g} s; raise RLMEnv(request_timeout=...) if "

@@ -22,6 +22,7 @@ from recursa.env.shared import EnvError, EpisodeHost, ReplyRefused
 from recursa.env.tokens import given_count, token_fields
 from recursa.lm.base import LMResponse, Message, valid_unicode
 from recursa.loop.engine import RunEngine
+from recursa.loop.subcalls import is_async
 from recursa.result import RLMResult
 from recursa.usage import Usage
 
@@ -301,7 +302,7 @@ class Episode:
             return 0.0  # no answer to score (an error, a budget stop without a partial answer)
         assert self._scorer is not None
         try:
-            if _is_async(self._scorer):
+            if is_async(self._scorer):
                 value = self._scorer(self.answer)
             else:
                 # Off the loop: a judge that blocks (an HTTP call to a grader) would otherwise stall
@@ -312,11 +313,6 @@ class Episode:
         except Exception as exc:
             raise EnvError(f"the scorer raised {type(exc).__name__}: {exc}") from exc
         return checked_reward(value, "the scorer returned")
-
-
-def _is_async(fn: Any) -> bool:
-    call = type(fn).__call__ if not inspect.isfunction(fn) and not inspect.ismethod(fn) else None
-    return inspect.iscoroutinefunction(fn) or (call is not None and inspect.iscoroutinefunction(call))
 
 
 def reply_text(reply: Any, what: str) -> tuple[str, dict[str, Any]]:

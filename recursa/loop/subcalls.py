@@ -257,9 +257,9 @@ class SubcallHandler:
         run = self.run
         async with run.tree.child_slots(run.depth + 1):
             try:
-                outcome = run.tree.child_call(prompt, context, run.depth + 1, run.run_id)
-                if inspect.isawaitable(outcome):
-                    outcome = await outcome
+                outcome = await call_trainer_fn(
+                    run.tree.child_call, prompt, context, run.depth + 1, run.run_id
+                )
             except Exception as exc:  # the trainer's function failed: a failed call, as a server error is
                 raise CallbackError(
                     "SubcallError", f"rlm_query: the trainer's child run failed: {type(exc).__name__}: {exc}"
@@ -271,6 +271,22 @@ class SubcallHandler:
                 "child's answer as a str",
             )
         return outcome
+
+
+def is_async(fn: Any) -> bool:
+    """An async function, or an object whose __call__ is one."""
+    call = type(fn).__call__ if not inspect.isfunction(fn) and not inspect.ismethod(fn) else None
+    return inspect.iscoroutinefunction(fn) or (call is not None and inspect.iscoroutinefunction(call))
+
+
+async def call_trainer_fn(fn: Callable[..., Any], *args: Any) -> Any:
+    """What a trainer's function (child_call, sub_call) returns: an async one runs on the loop, a
+    plain one on a thread. One that blocks (a call to the trainer's engine) ran on the loop and
+    stalled every run on it, and every clock there: a reply's time for code, a request timeout."""
+    outcome = fn(*args) if is_async(fn) else await asyncio.to_thread(fn, *args)
+    if inspect.isawaitable(outcome):
+        outcome = await outcome
+    return outcome
 
 
 async def _gather_items(coros: list[Awaitable[str]], redact: Callable[[str], str]) -> list[Any]:
