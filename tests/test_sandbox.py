@@ -722,3 +722,19 @@ async def test_a_cell_interrupted_as_soon_as_the_worker_is_up_does_not_end_the_w
             assert sb.pid == pid
         finally:
             await sb.close()
+
+
+async def test_listing_the_variables_runs_none_of_the_code_s_own_methods(host: Host) -> None:
+    # A key of globals() that is an object of the code's own: its startswith ran in the listing
+    # (a prose FINAL's check, outside any cell's timeout) and hung it until the query timeout.
+    sb = SubprocessSandbox(query_timeout=0.5, grace_s=0.2)
+    await sb.start(host)
+    try:
+        await sb.execute(
+            "import time\nclass Key:\n    def startswith(self, prefix):\n        time.sleep(30)\n"
+            "globals()[Key()] = 1\nx = 2",
+            timeout=10,
+        )
+        assert await sb.variable_names() == ["Key", "x"]
+    finally:
+        await sb.close()

@@ -188,10 +188,13 @@ class Repl:
         )
 
     def user_variables(self) -> list[str]:
+        # `type(n) is str` first: code may key globals() with an object of its own, whose methods
+        # (startswith, __lt__) would run here, outside any cell's timeout.
         return sorted(
             n
             for n, v in self.ns.items()
-            if not n.startswith("_")
+            if type(n) is str
+            and not n.startswith("_")
             and (n not in self._reserved or (n == "answer" and v is not self._answer))
             and v is not self._aliases.get(n, _MISSING)
             and type(v) is not type(sys)
