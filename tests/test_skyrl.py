@@ -137,13 +137,19 @@ def test_a_datasets_own_keys_pass_and_init_again_ends_the_previous_episode(tmp_p
     first = env.episode
     env.init(prompt)  # a generator reusing the object: the first episode is closed, not leaked
     assert first.stop_reason == "cancelled" and env._env.live_repls == 1
+    # Rows whose other settings differ (max_turns here) make an RLMEnv each, under one bound.
     one, two = (
-        skyrl_gym.make(adapter.ENV_ID, env_config={}, extras={**extras, "max_live_repls": 1}) for _ in "12"
+        skyrl_gym.make(adapter.ENV_ID, env_config={}, extras={**extras, "max_live_repls": 1, "max_turns": n})
+        for n in (3, 4)
     )
+    assert one._env is not two._env
     one.init(prompt)
     with pytest.raises(ReplsFull, match=r"extras\['max_live_repls'\]=1 allows.*extras\['wait_for_repl'\]"):
         two.init(prompt)  # the bound's error in this API's knobs, not RLMEnv's
     one.close()
+    two.init(prompt)  # the slot one gave back
+    two.close()
+    assert one._env.live_repls == two._env.live_repls == 0
     assert env.step("FINAL(heron)")["done"]
     with pytest.raises(adapter.ConfigError, match=r"step\(\) after the episode is done.*call init\(prompt\)"):
         env.step("FINAL(heron)")

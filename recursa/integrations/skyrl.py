@@ -41,7 +41,7 @@ from skyrl_gym import registry as _registry
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType
 
 from recursa.env import ChildCall, Episode, ReplyRefused, RLMEnv, SubCall
-from recursa.env.quota import QuotaWords
+from recursa.env.quota import QuotaWords, ReplQuota
 from recursa.errors import ConfigError
 from recursa.knobs import (
     budget_value,
@@ -73,6 +73,10 @@ SKYRL_WORDS = QuotaWords(
 )
 
 _envs: dict[str, RLMEnv] = {}
+# One REPL bound per max_live_repls value, shared by the environments of rows whose other settings
+# differ (a per-row budget, max_turns or trace_dir makes an RLMEnv each): with one bound per
+# RLMEnv, N such groups could keep N times max_live_repls REPLs alive.
+_quotas: dict[int, ReplQuota] = {}
 _envs_lock = threading.Lock()
 
 
@@ -238,7 +242,11 @@ def _make_env(extras: dict[str, Any]) -> RLMEnv:
         wait_for_repl=extras.get("wait_for_repl", 0.0),
         max_reply_chars=extras.get("max_reply_chars", 100_000),
     )
-    env.quota.words = SKYRL_WORDS  # the REPL bound's errors, a child's too, in this API's knobs
+    quota = _quotas.get(env.quota.limit)  # shared_env holds _envs_lock
+    if quota is None:
+        # The bound's errors, a child's too, in this API's knobs.
+        quota = _quotas[env.quota.limit] = ReplQuota(env.quota.limit, SKYRL_WORDS)
+    env.quota = quota
     return env
 
 
