@@ -129,15 +129,21 @@ async def test_a_child_no_slot_can_ever_free_is_refused_at_once_naming_the_knob(
 
 async def test_the_start_that_would_take_the_childrens_slot_is_refused_saying_so(tmp_path: Path) -> None:
     env = make_env(tmp_path, max_live_repls=2)
+    trainers_child = {"child_call": lambda *args: "trainer's child"}
     first = await env.start("q?", CONTEXT)
     with pytest.raises(ReplsFull, match=r"1 REPLs are alive.*keeping 1 free for running episodes' child"):
         await env.start("q?", CONTEXT)
-    # With the trainer running the children (child_call) no slot is kept for them.
-    second = await env.start("q?", CONTEXT, child_call=lambda *args: "trainer's child")
+    # Nor may an episode whose children the trainer runs (child_call) take the slot first's need:
+    # it was admitted, and first's rlm_query then waited exec_timeout and failed.
+    with pytest.raises(ReplsFull, match=r"keeping 1 free for running episodes' child"):
+        await env.start("q?", CONTEXT, **trainers_child)
+    await first.close()
+    # With only such episodes admitted, no slot is kept for children.
+    episodes = [await env.start("q?", CONTEXT, **trainers_child) for _ in "12"]
     assert env.live_repls == 2
-    for episode in (first, second):
+    for episode in episodes:
         await episode.close()
-    assert env.live_repls == 0
+    assert env.live_repls == 0 and env.quota.waiting == 0
     await env.aclose()
 
 

@@ -60,8 +60,9 @@ class RLMEnv:
     `max_turns`: code turns before the root is asked once more, for its answer only.
     `max_reply_chars`: longer replies are refused (the trace keeps replies whole up to 100,000).
     `max_live_repls`: REPL processes alive at once over all episodes (children included). With
-    child RLMs (max_depth >= 2, no `child_call`) a start leaves max_depth - 1 slots free for them, so
-    an admitted episode can always run its children; a slot given back goes to a waiting child
+    child RLMs (max_depth >= 2, no `child_call`) a start leaves max_depth - 1 slots free for them
+    (any start does, while such an episode is open), so an admitted episode can always run its
+    children; a slot given back goes to a waiting child
     before a waiting start. A child waits for a slot at most as long as its parent's cell may run
     (`exec_timeout`), and is refused at once (`ReplsFull`) when every slot belongs to a run waiting
     for children, which needs `max_live_repls < max_depth` (rules: recursa/env/quota.py).
@@ -242,7 +243,7 @@ class RLMEnv:
         # for one such chain (quota.py), so that an admitted episode can always run its children.
         chain = self.config.max_depth - 1 if child_call is None and self.config.max_depth >= 2 else 0
         if self.wait_for_repl > 0:
-            await self.quota.take_waiting(self.wait_for_repl, self.quota.need(chain, 0))
+            await self.quota.take_waiting(self.wait_for_repl, chain)
             quota = Prepaid(self.quota, chain, taken=True)
         else:
             quota = Prepaid(self.quota, chain)  # raises the error that says what to do when none is left

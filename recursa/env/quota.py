@@ -9,7 +9,8 @@ children they wait on. The rule, in `ReplQuota`:
 1. Headroom. A run at depth d whose episode's child RLMs go `chain` levels deep (max_depth - 1;
    0 when the trainer runs the children, or max_depth <= 1) gets a slot only if
    `need = min(chain, limit - 1) - d` slots stay free after it: a start leaves room for one whole
-   chain of children below it. With `limit >= max_depth` that is enough for every admitted episode
+   chain of children below it, and for the deepest chain of any episode admitted and not yet
+   ended (an episode without children of its own must not take the room another's need). With `limit >= max_depth` that is enough for every admitted episode
    to run its children in turn: whenever all the runs holding slots wait for children, the deepest
    of those children fits in what the last run admitted left free.
 2. Children first. A slot given back goes to a waiting child before a waiting start (the deepest
@@ -59,11 +60,12 @@ class QuotaWords:
 class _Waiter:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[None]
-    need: int  # slots that must stay free after this one is granted
+    need: int  # slots that must stay free after this one is granted (a start's: see _start_need)
     depth: int = 0  # 0: an episode's start
     ancestors: tuple[str, ...] = ()  # a child's parent, grandparent, ...: runs that wait for it
     state: str = "waiting"  # then "granted", "refused" (why in `reason`) or "gone" (its loop closed)
     reason: str = ""
+    chain: int = 0  # a start's: the levels of child RLMs its episode runs
 
 
 class ReplQuota:
@@ -77,6 +79,7 @@ class ReplQuota:
         self._lock = threading.Lock()  # episodes on the blocking API run on another thread
         self._starts: collections.deque[_Waiter] = collections.deque()
         self._children: list[_Waiter] = []  # in order of arrival
+        self._chains: collections.Counter[int] = collections.Counter()  # admitted episodes' chains
 
     def need(self, chain: int, depth: int) -> int:
         """The slots a run at `depth` leaves free for the child RLMs below it (rule 1)."""
@@ -89,22 +92,45 @@ class ReplQuota:
 
     # -- starts --------------------------------------------------------------------------------
     def take(self, need: int = 0) -> None:
-        """A slot for a start that does not wait, or ReplsFull saying what to do."""
+        """A slot that does not wait, `need` left free after it, or ReplsFull saying what to do."""
         with self._lock:
             if self._starts or self._children or not self._fits(need):
                 raise ReplsFull(self._full(need))
             self.live += 1
 
-    async def take_waiting(self, seconds: float, need: int = 0) -> None:
-        """A slot for a start, waiting up to `seconds` in line behind earlier starts and any child."""
+    def take_start(self, chain: int) -> None:
+        """The slot of an episode whose child RLMs go `chain` levels deep, without waiting; the
+        episode counts as admitted until `end_episode(chain)`."""
+        with self._lock:
+            need = self._start_need(chain)
+            if self._starts or self._children or not self._fits(need):
+                raise ReplsFull(self._full(need))
+            self.live += 1
+            self._chains[chain] += 1
+
+    async def take_waiting(self, seconds: float, chain: int = 0) -> None:
+        """`take_start`, waiting up to `seconds` in line behind earlier starts and any child."""
         loop = asyncio.get_running_loop()
         with self._lock:
-            if not self._starts and not self._children and self._fits(need):
+            if not self._starts and not self._children and self._fits(self._start_need(chain)):
                 self.live += 1
+                self._chains[chain] += 1
                 return
-            waiter = _Waiter(loop, loop.create_future(), need)
+            waiter = _Waiter(loop, loop.create_future(), 0, chain=chain)
             self._starts.append(waiter)
-        await self._wait(waiter, seconds, lambda: f"waited {seconds:g} s for a REPL: {self._full(need)}")
+
+        def timed_out() -> str:
+            return f"waited {seconds:g} s for a REPL: {self._full(self._start_need(chain))}"
+
+        await self._wait(waiter, seconds, timed_out)
+
+    def end_episode(self, chain: int) -> None:
+        """An admitted episode is over: the room kept for its children is free for starts again."""
+        with self._lock:
+            self._chains[chain] -= 1
+            if self._chains[chain] <= 0:
+                del self._chains[chain]
+            self._settle()
 
     # -- children ------------------------------------------------------------------------------
     async def take_child(self, seconds: float, need: int, depth: int, ancestors: tuple[str, ...]) -> None:
@@ -137,6 +163,10 @@ class ReplQuota:
     def _fits(self, need: int) -> bool:
         return self.live + 1 + need <= self.limit
 
+    def _start_need(self, chain: int) -> int:
+        """What a start leaves free: room for its own chain and the deepest admitted episode's."""
+        return self.need(max(chain, max(self._chains, default=0)), 0)
+
     async def _wait(self, waiter: _Waiter, seconds: float, timed_out: Callable[[], str]) -> None:
         try:
             async with asyncio.timeout(seconds):
@@ -153,6 +183,8 @@ class ReplQuota:
             if state == "granted":
                 if isinstance(exc, TimeoutError):
                     return  # the slot came as the time ran out: keep it
+                if waiter.depth == 0:
+                    self.end_episode(waiter.chain)  # a start that will not run after all
                 self.give()  # cancelled after a slot was handed over: pass it on
             if state == "refused":
                 raise ReplsFull(waiter.reason) from None
@@ -170,8 +202,11 @@ class ReplQuota:
                 if self._fits(waiter.need):
                     self._children.remove(waiter)
                     self._grant(waiter)
-            while not self._children and self._starts and self._fits(self._starts[0].need):
-                self._grant(self._starts.popleft())
+            while not self._children and self._starts and self._fits(self._start_need(self._starts[0].chain)):
+                start = self._starts.popleft()
+                self._grant(start)
+                if start.state == "granted":
+                    self._chains[start.chain] += 1
             if not self._deadlocked():
                 return
             newest = self._children.pop()
@@ -233,10 +268,11 @@ class Prepaid:
 
     def __init__(self, quota: ReplQuota, chain: int, *, taken: bool = False) -> None:
         if not taken:
-            quota.take(quota.need(chain, 0))
+            quota.take_start(chain)  # else take_waiting(seconds, chain) gave it
         self.quota = quota
         self.chain = chain
         self._prepaid = True
+        self._ended = False
         self._lock = threading.Lock()
 
     def _use_prepaid(self) -> bool:
@@ -261,6 +297,11 @@ class Prepaid:
         self.quota.give()
 
     def refund(self) -> None:
-        """The episode ended before its REPL started: hand back the slot taken for it."""
+        """The episode is over: hand back the slot taken for its REPL if that never started, and
+        the room kept for its children. Safe to call again."""
+        with self._lock:
+            ended, self._ended = self._ended, True
         if self._use_prepaid():
             self.quota.give()
+        if not ended:
+            self.quota.end_episode(self.chain)
