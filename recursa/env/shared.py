@@ -21,6 +21,7 @@ from recursa.lm.base import LMClient
 from recursa.sandbox.forkserver import ForkServer
 
 T = TypeVar("T")
+_STOP_S = 5.0  # how long stop() lets what it cancelled on the private loop wind down
 
 
 class EnvError(RecursaError, ValueError):
@@ -147,4 +148,5 @@ async def _cancel_the_rest() -> None:
     tasks = [task for task in asyncio.all_tasks() if task is not here]
     for task in tasks:
         task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    if tasks:  # bounded: a task that will not end must not hold close() up
+        await asyncio.wait(tasks, timeout=_STOP_S)
