@@ -28,7 +28,7 @@ from recursa.serve.messages_tools import new_tool_use_id, tool_input, tool_use_b
 from recursa.serve.observe import RUN_STATE_KEY
 from recursa.serve.request import Caller
 from recursa.serve.runs import LiveRun
-from recursa.serve.steps import StepRenderer
+from recursa.serve.steps import all_steps
 
 PING = sse_event({"type": "ping"}, "ping")
 # Why POST /v1/messages/count_tokens is a 404 here (docs/serving.md says the same).
@@ -54,10 +54,7 @@ async def create_message(service: ChatService, request: Request, caller: Caller,
     if req.stream:
         return MessagesSSE(service, call, run)
     result = await service.outcome(run, request.receive)
-    steps = None
-    if call.thinking:
-        renderer = StepRenderer()
-        steps = "".join(renderer.render(e) for e in run.events_so_far())
+    steps = all_steps(run.events_so_far()) if call.thinking else None
     headers = {SESSION_HEADER: req.session} if req.session else None
     return JSONBody(message_body(call, new_message_id(), result, steps), headers=headers)
 

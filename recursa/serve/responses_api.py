@@ -25,7 +25,7 @@ from recursa.serve.observe import RUN_STATE_KEY
 from recursa.serve.request import Caller, bad
 from recursa.serve.responses_request import ResponsesRequest, parse_responses_request
 from recursa.serve.responses_wire import ResponsesSSE, new_id, response_body
-from recursa.serve.steps import StepRenderer
+from recursa.serve.steps import all_steps
 
 _CHAIN_LIMIT = 100_000  # remembered responses; the oldest are forgotten first
 _CHAIN_SHARE = 4  # one caller holds at most 1/_CHAIN_SHARE of them: its own oldest go first
@@ -77,10 +77,7 @@ async def create_response(
     if req.stream:
         return ResponsesSSE(service, call, run, response_id)
     result = await service.outcome(run, request.receive)
-    steps = None
-    if call.summary:
-        renderer = StepRenderer()
-        steps = "".join(renderer.render(e) for e in run.events_so_far())
+    steps = all_steps(run.events_so_far()) if call.summary else None
     headers = {SESSION_HEADER: req.session} if req.session else None
     return JSONBody(response_body(call, response_id, result, steps), headers=headers)
 

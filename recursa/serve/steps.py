@@ -7,6 +7,7 @@ execution, so a fan-out of 1,000 prompts is one line, not 1,000.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -105,3 +106,9 @@ class StepRenderer:
         body = _clip(output, self.output_chars).rstrip()
         shown = f"```output\n{body}\n```\n" if body else ""
         return f"REPL ({', '.join(notes)}):\n{shown}"
+
+
+def all_steps(events: Iterable[dict[str, Any]]) -> str:
+    """Every step of a run that ended, as one text (a non-streaming answer's steps or thinking)."""
+    renderer = StepRenderer()
+    return "".join(renderer.render(e) for e in events)
