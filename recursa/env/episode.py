@@ -22,7 +22,7 @@ from recursa.env.shared import EnvError, EpisodeHost, ReplyRefused
 from recursa.env.tokens import given_count, token_fields
 from recursa.lm.base import LMResponse, Message, valid_unicode
 from recursa.loop.engine import RunEngine
-from recursa.loop.subcalls import is_async
+from recursa.loop.subcalls import call_trainer_fn
 from recursa.result import RLMResult
 from recursa.usage import Usage
 
@@ -302,14 +302,9 @@ class Episode:
             return 0.0  # no answer to score (an error, a budget stop without a partial answer)
         assert self._scorer is not None
         try:
-            if is_async(self._scorer):
-                value = self._scorer(self.answer)
-            else:
-                # Off the loop: a judge that blocks (an HTTP call to a grader) would otherwise stall
-                # every episode on this loop, all of a SkyRL generator's included, while it waits.
-                value = await asyncio.to_thread(self._scorer, self.answer)
-            if inspect.isawaitable(value):
-                value = await value
+            # A plain scorer runs off the loop: a judge that blocks (an HTTP call to a grader) would
+            # otherwise stall every episode on this loop, a SkyRL generator's included.
+            value = await call_trainer_fn(self._scorer, self.answer)
         except Exception as exc:
             raise EnvError(f"the scorer raised {type(exc).__name__}: {exc}") from exc
         return checked_reward(value, "the scorer returned")

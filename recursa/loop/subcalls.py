@@ -273,17 +273,17 @@ class SubcallHandler:
         return outcome
 
 
-def is_async(fn: Any) -> bool:
+def _is_async(fn: Any) -> bool:
     """An async function, or an object whose __call__ is one."""
     call = type(fn).__call__ if not inspect.isfunction(fn) and not inspect.ismethod(fn) else None
     return inspect.iscoroutinefunction(fn) or (call is not None and inspect.iscoroutinefunction(call))
 
 
 async def call_trainer_fn(fn: Callable[..., Any], *args: Any) -> Any:
-    """What a trainer's function (child_call, sub_call) returns: an async one runs on the loop, a
+    """What a trainer's function (child_call, sub_call, a scorer) returns: an async one runs on the loop, a
     plain one on a thread. One that blocks (a call to the trainer's engine) ran on the loop and
     stalled every run on it, and every clock there: a reply's time for code, a request timeout."""
-    outcome = fn(*args) if is_async(fn) else await asyncio.to_thread(fn, *args)
+    outcome = fn(*args) if _is_async(fn) else await asyncio.to_thread(fn, *args)
     if inspect.isawaitable(outcome):
         outcome = await outcome
     return outcome
