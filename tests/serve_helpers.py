@@ -4,11 +4,15 @@ to see the process tree (to check that sandboxes are reaped)."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
+from typing import Any
 
+from recursa.budget import Budget
 from recursa.lm.base import Message
 from recursa.sandbox.proc import descendants  # noqa: F401  (re-exported for the serve tests)
 from recursa.scripted import policy_names, register
 from recursa.scripted.conversation import is_rlm_conversation
+from recursa.serve.settings import ServeSettings
 
 from .helpers import max_overlap, wait_until  # noqa: F401  (re-exported for the serve tests)
 
@@ -49,3 +53,24 @@ def install_test_root() -> str:
     if TEST_ROOT not in policy_names():
         register(TEST_ROOT)(lambda: _policy)
     return f"scripted/{TEST_ROOT}"
+
+
+# Questions for the test root (see _policy): an answer at once, a dict answer, a cell that never ends.
+HELLO = "RUN: FINAL('hello from the rlm')"
+PERSON = 'RUN: person = {"name": "Ada", "age": 36}\nFINAL_VAR("person")'
+FOREVER = "RUN: import time\nwhile True: time.sleep(0.01)"
+CONTEXT = "the context: a short note"
+
+
+def serve_settings(trace_root: Path, api_key: str, **overrides: Any) -> ServeSettings:
+    """A server running the test root over the oracle sub-model, at most 30 model calls a run, with
+    its traces under `trace_root`; `overrides` replace any of these."""
+    options: dict[str, Any] = {
+        "model": install_test_root(),
+        "sub_model": "scripted/oracle",
+        "trace_dir": trace_root / "traces",
+        "api_key": api_key,
+        "budget": Budget(max_llm_calls=30),
+        **overrides,
+    }
+    return ServeSettings(**options)

@@ -17,20 +17,23 @@ pytest.importorskip("anthropic")
 import anthropic
 import httpx
 
-from recursa import Budget
 from recursa.asgi.background import BackgroundServer
 from recursa.serve import chat
 from recursa.serve.fields import AnswerShape
 from recursa.serve.openai_server import create_app
-from recursa.serve.settings import ServeSettings
 from recursa.trace import load
-from tests.serve_helpers import descendants, install_test_root, wait_until
+from tests.serve_helpers import (
+    CONTEXT,
+    FOREVER,
+    HELLO,
+    descendants,
+    install_test_root,
+    serve_settings,
+    wait_until,
+)
 
 KEY = "anthropic-test-key-0123456789"
 ROOT = install_test_root()
-HELLO = "RUN: FINAL('hello from the rlm')"
-CONTEXT = "the context: a short note"
-FOREVER = "RUN: import time\nwhile True: time.sleep(0.01)"
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -41,21 +44,9 @@ ERROR_TYPES = {
 }
 
 
-def _settings(tmp_path, **overrides: Any) -> ServeSettings:
-    options: dict[str, Any] = {
-        "model": ROOT,
-        "sub_model": "scripted/oracle",
-        "trace_dir": tmp_path / "traces",
-        "api_key": KEY,
-        "budget": Budget(max_llm_calls=30),
-        **overrides,
-    }
-    return ServeSettings(**options)
-
-
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory) -> Iterator[BackgroundServer]:
-    settings = _settings(tmp_path_factory.mktemp("anthropic"), max_context_bytes=200_000)
+    settings = serve_settings(tmp_path_factory.mktemp("anthropic"), KEY, max_context_bytes=200_000)
     with BackgroundServer(create_app(settings)) as server:
         yield server
 
@@ -332,7 +323,9 @@ def test_a_failed_run_is_not_run_again_by_the_sdks_own_retries(tmp_path):
             # What an upstream error may quote: the key it was given, a file on the host.
             raise RuntimeError(f"the upstream is down (key {KEY}, log /home/alice/upstream/err.log)")
 
-    with BackgroundServer(create_app(_settings(tmp_path, model=Broken(), upstream_api_key=KEY))) as server:
+    with BackgroundServer(
+        create_app(serve_settings(tmp_path, KEY, model=Broken(), upstream_api_key=KEY))
+    ) as server:
         service = server.app.state.service
         sdk = anthropic.Anthropic(base_url=server.url, api_key=KEY)  # the SDK's default: 2 retries
         with pytest.raises(anthropic.InternalServerError, match="the run failed") as failed:
@@ -423,7 +416,7 @@ def test_a_stream_waiting_for_a_run_slot_gets_pings_and_a_full_server_a_429(tmp_
         "messages": _user(FOREVER),
     }
     with (
-        BackgroundServer(create_app(_settings(tmp_path, max_runs=1, max_waiting=1))) as server,
+        BackgroundServer(create_app(serve_settings(tmp_path, KEY, max_runs=1, max_waiting=1))) as server,
         httpx.Client(base_url=server.url, headers={"x-api-key": KEY}, timeout=20) as http,
     ):
         service = server.app.state.service

@@ -17,17 +17,11 @@ pytest.importorskip("anthropic")
 import anthropic
 from pydantic import BaseModel
 
-from recursa import Budget
 from recursa.asgi.background import BackgroundServer
 from recursa.serve.openai_server import create_app
-from recursa.serve.settings import ServeSettings
-from tests.serve_helpers import install_test_root
+from tests.serve_helpers import CONTEXT, HELLO, PERSON, serve_settings
 
 KEY = "anthropic-tools-key-0123456789"
-ROOT = install_test_root()
-PERSON = 'RUN: person = {"name": "Ada", "age": 36}\nFINAL_VAR("person")'
-HELLO = "RUN: FINAL('hello from the rlm')"
-CONTEXT = "the context: a short note"
 
 
 class Person(BaseModel):
@@ -44,13 +38,7 @@ FORCED = {"type": "tool", "name": "record_person"}
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory) -> Iterator[BackgroundServer]:
-    settings = ServeSettings(
-        model=ROOT,
-        sub_model="scripted/oracle",
-        trace_dir=tmp_path_factory.mktemp("anthropic-tools") / "traces",
-        api_key=KEY,
-        budget=Budget(max_llm_calls=30),
-    )
+    settings = serve_settings(tmp_path_factory.mktemp("anthropic-tools"), KEY)
     with BackgroundServer(create_app(settings)) as server:
         yield server
 

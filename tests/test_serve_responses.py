@@ -18,19 +18,12 @@ import httpx
 import openai
 from pydantic import BaseModel
 
-from recursa import Budget
 from recursa.asgi.background import BackgroundServer
 from recursa.serve.openai_server import create_app
 from recursa.serve.responses_request import NO_EFFECT, REFUSED
-from recursa.serve.settings import ServeSettings
-from tests.serve_helpers import install_test_root, wait_until
+from tests.serve_helpers import CONTEXT, FOREVER, HELLO, PERSON, serve_settings, wait_until
 
 KEY = "responses-test-key-0123456789"
-ROOT = install_test_root()
-PERSON = 'RUN: person = {"name": "Ada", "age": 36}\nFINAL_VAR("person")'
-HELLO = "RUN: FINAL('hello from the rlm')"
-CONTEXT = "the context: a short note"
-FOREVER = "RUN: import time\nwhile True: time.sleep(0.01)"
 
 
 class Person(BaseModel):
@@ -38,21 +31,9 @@ class Person(BaseModel):
     age: int
 
 
-def _settings(tmp_path, **overrides: Any) -> ServeSettings:
-    options: dict[str, Any] = {
-        "model": ROOT,
-        "sub_model": "scripted/oracle",
-        "trace_dir": tmp_path / "traces",
-        "api_key": KEY,
-        "budget": Budget(max_llm_calls=30),
-        **overrides,
-    }
-    return ServeSettings(**options)
-
-
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory) -> Iterator[BackgroundServer]:
-    with BackgroundServer(create_app(_settings(tmp_path_factory.mktemp("responses")))) as server:
+    with BackgroundServer(create_app(serve_settings(tmp_path_factory.mktemp("responses"), KEY))) as server:
         yield server
 
 
@@ -444,7 +425,7 @@ def test_access_log_metrics_and_admission_cover_responses(tmp_path, access_lines
     waiting room as chat: one run going and none allowed to wait, a second request is a 429."""
     auth = {"Authorization": f"Bearer {KEY}"}
     forever = {"model": "recursa", "instructions": CONTEXT, "input": FOREVER, "stream": True}
-    with BackgroundServer(create_app(_settings(tmp_path, max_runs=1, max_waiting=0))) as srv:
+    with BackgroundServer(create_app(serve_settings(tmp_path, KEY, max_runs=1, max_waiting=0))) as srv:
         ok = _post(srv, instructions=CONTEXT, input=HELLO)
         service = srv.app.state.service
         with httpx.stream(
