@@ -76,7 +76,8 @@ class Cleanup:
             if fd not in self.fds:
                 return
             self.fds.discard(fd)
-        os.close(fd)
+        with contextlib.suppress(OSError):  # called from error paths: never hide the error they handle
+            os.close(fd)
 
     def __call__(self) -> None:
         process, self.process = self.process, None
