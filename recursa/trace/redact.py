@@ -123,7 +123,9 @@ class Redactor:
 
 def _looks_random(token: str) -> bool:
     return (
-        any(c.isupper() for c in token) and any(c.islower() for c in token) and any(c.isdigit() for c in token)
+        any(c.isupper() for c in token)
+        and any(c.islower() for c in token)
+        and any(c.isdigit() for c in token)
     )
 
 
