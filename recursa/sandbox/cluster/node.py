@@ -73,13 +73,14 @@ class NodeHost:
         self._outbox: dict[str, asyncio.Queue[Call]] = {}
         self._waiting: dict[int, tuple[str, asyncio.Future[Any]]] = {}
         self._ids = itertools.count(1)
+        self.opened = 0  # REPLs ever started here
 
     # -- facts ------------------------------------------------------------------------------------
 
     def describe(self) -> dict[str, Any]:
         """Where this host runs and how full it is."""
         return {"hostname": socket.gethostname(), "pid": os.getpid(), "live_repls": len(self.repls),
-                "contexts": len(self._contexts)}  # fmt: skip
+                "opened": self.opened, "contexts": len(self._contexts)}  # fmt: skip
 
     # -- REPL life ---------------------------------------------------------------------------------
 
@@ -88,6 +89,7 @@ class NodeHost:
         if self.max_repls is not None and len(self.repls) >= self.max_repls:
             return {"full": True}
         sandbox = self._make_sandbox(self.kind, **options)
+        self.opened += 1
         self.repls[repl] = sandbox
         self._owner[repl] = client
         self._outbox.setdefault(client, asyncio.Queue())
