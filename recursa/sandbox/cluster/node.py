@@ -53,6 +53,28 @@ class NodeContext:
         )
 
 
+def tree_rss(root: int) -> int:
+    """Resident bytes of `root` and every process below it (its REPL workers), from /proc."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(f"/proc/{entry}/stat", "rb") as stat:
+                    parents[int(entry)] = int(stat.read().rsplit(b")", 1)[1].split()[1])
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in tree]
+        tree.update(children)
+        frontier.extend(children)
+    total = 0
+    for pid in tree:
+        with contextlib.suppress(OSError, ValueError):
+            with open(f"/proc/{pid}/statm", "rb") as statm:
+                total += int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return total
+
+
 class NodeHost:
     """Every REPL of this process's drivers on one node, behind a handful of async methods."""
 
@@ -80,7 +102,7 @@ class NodeHost:
     def describe(self) -> dict[str, Any]:
         """Where this host runs and how full it is."""
         return {"hostname": socket.gethostname(), "pid": os.getpid(), "live_repls": len(self.repls),
-                "opened": self.opened, "contexts": len(self._contexts)}  # fmt: skip
+                "opened": self.opened, "contexts": len(self._contexts), "rss_bytes": tree_rss(os.getpid())}  # fmt: skip
 
     # -- REPL life ---------------------------------------------------------------------------------
 
