@@ -25,6 +25,7 @@ from typing import Any
 from recursa.context import ContextInfo, ContextPayload
 from recursa.errors import SandboxError
 from recursa.sandbox.base import CallbackError, ExecResult, FinalAnswer, Sandbox
+from recursa.sandbox.forkserver import ForkServer
 
 # A call-back as it crosses to the driver: (client, repl, call id, function, arguments).
 Call = tuple[str, str, int, str, dict[str, Any]]
@@ -84,10 +85,15 @@ class NodeHost:
         *,
         kind: str = "auto",
         max_repls: int | None = None,
+        fork: bool = True,
     ) -> None:
         self._make_sandbox = make_sandbox
         self.kind = kind
         self.max_repls = max_repls
+        # REPLs on a node start in bursts (an environment's episodes, a batch of children): as on
+        # one machine, they fork from one warm zygote rather than each start an interpreter.
+        self._fork = fork
+        self._fork_server: ForkServer | None = None
         self.repls: dict[str, Sandbox] = {}
         self._owner: dict[str, str] = {}  # repl -> the client (driver-side pool) it answers to
         self._contexts: dict[str, NodeContext] = {}
@@ -110,6 +116,10 @@ class NodeHost:
         """Start a REPL for `client`; its isolation report, or {"full": True} at this node's bound."""
         if self.max_repls is not None and len(self.repls) >= self.max_repls:
             return {"full": True}
+        if self._fork and "fork_server" not in options:
+            if self._fork_server is None:
+                self._fork_server = ForkServer()
+            options = {**options, "fork_server": self._fork_server}
         sandbox = self._make_sandbox(self.kind, **options)
         self.opened += 1
         self.repls[repl] = sandbox
@@ -255,3 +265,6 @@ class NodeHost:
         for repl in list(self.repls):
             with contextlib.suppress(Exception):
                 await self._drop(repl)
+        if self._fork_server is not None:
+            await self._fork_server.close()
+            self._fork_server = None
