@@ -21,7 +21,7 @@ from recursa.config import BUILTIN_TEMPLATES
 from recursa.errors import ConfigError
 
 DEFAULT_MODEL = "openai/gpt-5-mini"
-SANDBOXES = ("auto", "subprocess", "inprocess", "docker", "podman", "modal", "e2b")
+SANDBOXES = ("auto", "subprocess", "inprocess", "docker", "podman", "modal", "e2b", "ray")
 # The environment variables the command line reads, and what for (`recursa models` lists them).
 ENV_VARS = {
     "RECURSA_MODEL": "default for --model",
