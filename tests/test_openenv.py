@@ -27,11 +27,14 @@ from recursa.tasks import generate
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "training" / "trl_openenv.py"
 
 
-async def until(condition, seconds: float = 10.0) -> None:
-    """The server ends a session after the client has gone: wait for that, boundedly."""
-    async with asyncio.timeout(seconds):
-        while not condition():
-            await asyncio.sleep(0.01)
+async def until(condition) -> None:
+    """The server ends a session after the client has gone, on its own thread: wait for that, at
+    most 10 s."""
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the server did not close the session's episode within 10 s")
 
 
 @pytest.fixture(scope="module")
