@@ -66,6 +66,10 @@ class RLMConfig:
     # A reply with no code block whose lines are plain Python runs them (loop/unfenced.py); False only
     # tells the model that code runs from ```repl blocks.
     unfenced_code: bool = True
+    # The conversation the root sees (recursa/loop/dialects/): a registered name or a Dialect object,
+    # and the options of a named one (e.g. the "tools" dialect's tool_name and tool_argument).
+    dialect: Any = "recursa"
+    dialect_options: dict[str, Any] | None = None
 
     def validate(self) -> None:
         """Raise ConfigError for the first setting that cannot work, naming it and a value that would."""

@@ -61,6 +61,7 @@ class RunConfig:
     max_concurrency: int = 64
     max_retries: int = 4
     price_as: dict[str, str] | None = None
+    dialect: str = "recursa"
 
     def settings(self, on_event: Any = None) -> MethodSettings:
         return MethodSettings(
@@ -80,6 +81,7 @@ class RunConfig:
             max_concurrency=self.max_concurrency,
             max_retries=self.max_retries,
             on_event=on_event,
+            dialect=self.dialect,
         )
 
     def public(self) -> dict[str, Any]:

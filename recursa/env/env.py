@@ -36,6 +36,7 @@ from recursa.lm.base import LMClient
 from recursa.lm.prices import ModelPrice, PriceBook
 from recursa.lm.registry import make_client, parse_model
 from recursa.lm.retry import RetryPolicy
+from recursa.loop.dialects import checked_dialect
 from recursa.loop.engine import RunEngine
 from recursa.loop.options import RunOptions
 from recursa.loop.tree import CallTree, new_id
@@ -68,6 +69,8 @@ class RLMEnv:
     for children, which needs `max_live_repls < max_depth` (rules: recursa/env/quota.py).
     `wait_for_repl`: seconds `start` waits for a slot, in line, before it raises (0: raise at once).
     `fork`: fork REPLs from one warm zygote shared by the episodes (subprocess sandboxes only).
+    `dialect`: the conversation the policy was trained on (docs/dialects.md); under "tools" a step
+    takes an assistant message with `tool_calls`, and `messages` carry them in OpenAI's format.
     The other options are `RLM`'s.
     """
 
@@ -108,6 +111,8 @@ class RLMEnv:
         trace: bool = True,
         on_event: Callable[[dict[str, Any]], None] | None = None,
         fork: bool = True,
+        dialect: str | Any = "recursa",
+        dialect_options: dict[str, Any] | None = None,
     ) -> None:
         if sub_call is not None and not callable(sub_call):
             raise ConfigError(
@@ -166,6 +171,8 @@ class RLMEnv:
             tools=made_tools,
             sub_tools=made_sub_tools,
             tips=tips,
+            dialect=dialect,
+            dialect_options=dialect_options,
         )
         try:
             self.config.validate()
@@ -178,6 +185,7 @@ class RLMEnv:
                 f"RLMEnv: unknown sandbox {sandbox!r}; choose one of: {', '.join(SANDBOX_KINDS)}"
             )
         parse_model(self.config.model)
+        checked_dialect(dialect, dialect_options, "RLMEnv")
         self.prices = PriceBook(prices)
         self.sub_call = sub_call
         self.child_call = _checked_child_call(child_call)
