@@ -22,7 +22,7 @@ from recursa.errors import ConfigError
 from recursa.loop.dialects import dialect_names
 
 DEFAULT_MODEL = "openai/gpt-5-mini"
-SANDBOXES = ("auto", "subprocess", "inprocess", "docker", "podman", "modal", "e2b")
+SANDBOXES = ("auto", "subprocess", "inprocess", "docker", "podman", "modal", "e2b", "ray")
 # The environment variables the command line reads, and what for (`recursa models` lists them).
 ENV_VARS = {
     "RECURSA_MODEL": "default for --model",
@@ -363,7 +363,9 @@ def _flag(name: str, value: str) -> str | None:
     flag = FLAGS.get(name)
     if flag is None:
         return None
-    value = value.strip().strip("'\"").rstrip(".")
-    if value in ("...", ""):
+    # `name='value'.` ends a sentence: the period stays after the flag's value, the quotes go.
+    raw = value.strip()
+    value = raw.rstrip(".").strip("'\"")
+    if not value:
         return flag
-    return f"{flag.split()[0]} {value}"
+    return f"{flag.split()[0]} {value}" + ("." if raw.endswith(".") else "")
