@@ -78,6 +78,8 @@ class RLM:
         allowed_models: further models generated code may name in `llm_query(model=...)`.
         unfenced_code: run Python a reply writes without a ```repl fence (docs/concepts.md, "How
             replies are read"); False only tells the model to fence its code.
+        cache_subcalls: answer identical sub-calls (model, messages, sampling, tools) once per
+            run or session; `result.usage.cache_hits` counts the calls answered from the cache.
     """
 
     def __init__(
@@ -119,6 +121,7 @@ class RLM:
         root_window_tokens: int | None = None,
         allowed_models: Sequence[str | Any] = (),
         unfenced_code: bool = True,
+        cache_subcalls: bool = False,
     ) -> None:
         # A model may be a "provider/model" name or an LM client object (docs/clients.md).
         clients = ClientSet()
@@ -166,6 +169,7 @@ class RLM:
             allowed_models=allowed_models,  # type: ignore[arg-type]  (validate() names a wrong type)
             clients=dict(clients.clients),
             unfenced_code=unfenced_code,
+            cache_subcalls=cache_subcalls,
         )
         self.config.validate()
         _check_tool_names(self.config.tools, self.config.sub_tools)

@@ -58,7 +58,8 @@ class LMResponse:
     text: str
     input_tokens: int
     output_tokens: int
-    cached_tokens: int = 0
+    cached_tokens: int = 0  # read from the provider's prompt cache; part of input_tokens
+    cache_write_tokens: int = 0  # written to it (Anthropic); part of input_tokens
     provider_cost_usd: float | None = None  # a cost the provider reported wins over our price table
     model: str | None = None  # the model name the provider says answered
     finish_reason: str | None = None
