@@ -60,6 +60,7 @@ SCRIPTS = [
     Script(
         "subcall_cache", "subcall_cache.py", ["--group", "4", "--chars", "20000", "--families", "oolong,niah"], []
     ),
+    Script("prompt_cache", "prompt_cache.py", ["--turns", "6"], []),
     Script("families_10m", "families_10m.py", ["--tokens", "20k"], []),
     Script(
         "viewer_load",

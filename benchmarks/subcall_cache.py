@@ -91,22 +91,30 @@ def main() -> None:
     args = parser.parse_args()
     rate_in, rate_out = (float(v) for v in args.price.split(","))
     prices = {f"openai/{SUB}": {"input_per_mtok": rate_in, "output_per_mtok": rate_out}}
-    print(f"group of {args.group} samples ({' / '.join(PERSONAS)} alternating), contexts of "
-          f"{args.chars:,} characters, sub-calls priced at ${rate_in}/${rate_out} per M in/out; load "
-          f"{os.getloadavg()[0]:.2f}")
-    print(f"{'family':14} {'cache':>5} {'sub-calls sent':>14} {'cache hits':>10} {'input tok':>10} "
-          f"{'sub cost $':>11} {'saved $':>9} {'saved':>6}")
+    print(
+        f"group of {args.group} samples ({' / '.join(PERSONAS)} alternating), contexts of "
+        f"{args.chars:,} characters, sub-calls priced at ${rate_in}/${rate_out} per M in/out; load "
+        f"{os.getloadavg()[0]:.2f}"
+    )
+    print(
+        f"{'family':14} {'cache':>5} {'sub-calls sent':>14} {'cache hits':>10} {'input tok':>10} "
+        f"{'sub cost $':>11} {'saved $':>9} {'saved':>6}"
+    )
     with FakeServer(latency_s=0.0) as server, tempfile.TemporaryDirectory() as workdir:
         for family in args.families.split(","):
             task = generate(family, args.chars, seed=7)
             off = asyncio.run(run_group(server, task, args.group, False, prices, workdir))
             on = asyncio.run(run_group(server, task, args.group, True, prices, workdir))
             if off.answers != on.answers:
-                print(f"failed: {family}: the answers differ with the cache on: {off.answers} vs {on.answers}")
+                print(
+                    f"failed: {family}: the answers differ with the cache on: {off.answers} vs {on.answers}"
+                )
             for label, o in (("off", off), ("on", on)):
                 saved = 1 - o.cost_usd / off.cost_usd if off.cost_usd else 0.0
-                print(f"{family:14} {label:>5} {o.sent:>14} {o.hits:>10} {o.input_tokens:>10,} "
-                      f"{o.cost_usd:>11.5f} {o.saved_usd:>9.5f} {saved:>6.0%}")
+                print(
+                    f"{family:14} {label:>5} {o.sent:>14} {o.hits:>10} {o.input_tokens:>10,} "
+                    f"{o.cost_usd:>11.5f} {o.saved_usd:>9.5f} {saved:>6.0%}"
+                )
 
 
 if __name__ == "__main__":

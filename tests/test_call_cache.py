@@ -10,16 +10,12 @@ import pytest
 from recursa.env import RLMEnv
 from recursa.errors import ConfigError
 from recursa.lm.base import LMResponse
-from recursa.lm.call_cache import CallCache, Cached
+from recursa.lm.call_cache import Cached, CallCache
 from recursa.testing.fake_state import FaultRule, FaultSchedule
 from tests.test_escapes import feedback_before
 from tests.test_rlm_openai import code, make_rlm, subs
 
-REPEATS = (
-    "out = llm_query_batched(['a', 'a', 'b', 'a'])\n"
-    "again = llm_query('a')\n"
-    "print(out, again)"
-)
+REPEATS = "out = llm_query_batched(['a', 'a', 'b', 'a'])\nagain = llm_query('a')\nprint(out, again)"
 
 
 def sub_prompts(server) -> list[str]:
@@ -45,7 +41,9 @@ def test_identical_sub_calls_are_sent_once_and_counted_apart(server, script, tmp
     events = cache_events(result.trace_path)
     hits = [e for e in events if e.get("cache_hit")]
     assert len(events) == 5 and len(hits) == 3
-    assert {e["cache_hit"] for e in hits} <= {"waited", "stored"} and "stored" in {e["cache_hit"] for e in hits}
+    assert {e["cache_hit"] for e in hits} <= {"waited", "stored"} and "stored" in {
+        e["cache_hit"] for e in hits
+    }
     assert all(e["usage"]["llm_calls"] == 0 and e["usage"]["input_tokens"] == 0 for e in hits)
 
 
@@ -89,7 +87,9 @@ def test_a_session_shares_the_cache_between_questions(server, script, tmp_path):
 
 async def test_episodes_of_one_task_share_answers(server, script, tmp_path):
     script.sub("policy", lambda p: f"<{p}>")
-    env = RLMEnv("openai/policy", base_url=server.base_url, api_key="k", trace_dir=tmp_path, cache_subcalls=True)
+    env = RLMEnv(
+        "openai/policy", base_url=server.base_url, api_key="k", trace_dir=tmp_path, cache_subcalls=True
+    )
     try:
         group = [await env.start("q", "ctx", task_id="t1") for _ in range(2)]
         other = await env.start("q", "ctx", task_id="t2")

@@ -51,6 +51,10 @@ class LMRequest:
     temperature: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     tools: list[dict[str, Any]] | None = None  # {"name", "description", "parameters"} offered to the model
+    # Set on calls whose conversation goes on (a run's own turns): the same key on every turn of
+    # one run. Clients pass it to what helps the provider's prompt cache (Anthropic cache_control
+    # marks, OpenAI's prompt_cache_key); None (sub-calls) asks for nothing.
+    cache_key: str | None = None
 
 
 @dataclass

@@ -191,6 +191,7 @@ class ModelGateway:
             temperature=temperature,
             extra=sampling,
             tools=tools,
+            cache_key=None if meta.purpose == "sub" else f"recursa-{meta.run_id}",
         )
         state = _CallState(spec, reservation, (worst_tokens, worst_usd), usage_scopes)
         try:
