@@ -128,6 +128,24 @@ def test_an_unreachable_address_names_it() -> None:
     assert issubclass(NodeLost, SandboxLost)
 
 
+def test_bench_rows_run_their_repls_on_the_cluster(cluster: dict, tmp_path: Path) -> None:
+    from recursa.bench import run as run_bench
+
+    def opened() -> dict[str, int]:
+        return {node_id: ray.get(host.describe.remote())["opened"] for node_id, host in node_hosts()}
+
+    before = opened()
+    report = run_bench("niah", sizes=[4_000], n=2, methods="rlm", out=tmp_path / "bench", progress=False,
+                       sandbox="ray", sandbox_options={"resources": {"node_a": 1}})  # fmt: skip
+    assert [r["status"] for r in report.rows] == ["ok", "ok"], report.rows
+    assert report.mean_score() == 1.0
+    # Each row's REPL went to the node the placement named, and is closed.
+    after = opened()
+    assert after[cluster["a"]] - before.get(cluster["a"], 0) == 2
+    assert all(after[n] == before.get(n, 0) for n in after if n != cluster["a"])
+    assert ray.get(dict(node_hosts())[cluster["a"]].describe.remote())["live_repls"] == 0
+
+
 def test_env_on_the_cluster_a_lost_node_fails_only_its_episodes_and_close_reaps(cluster: dict, tmp_path: Path) -> None:
     # Last in the module: it takes node b out of the cluster.
     doomed = next(n for n in cluster["cluster"].worker_nodes if n.node_id == cluster["b"])
