@@ -56,6 +56,8 @@ class RLMConfig:
     tools_for_children: bool = True
     sub_tools: list[Any] = field(default_factory=list)
     sub_tool_rounds: int = 8
+    # MCP servers whose tools join `tools` / `sub_tools` for each call tree (tools/mcp_config.py).
+    mcp_servers: list[Any] = field(default_factory=list)
     tips: str | None = None
     root_window_tokens: int | None = None
     # Models generated code may name in llm_query(model=...), besides model and sub_model (issue 16).

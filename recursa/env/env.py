@@ -41,6 +41,7 @@ from recursa.loop.options import RunOptions
 from recursa.loop.tree import CallTree, new_id
 from recursa.sandbox import SANDBOX_KINDS
 from recursa.sandbox.forkserver import ForkServer
+from recursa.tools.mcp_config import parse_mcp_servers
 from recursa.tools.spec import Tool, make_sub_tools, make_tools
 
 _FORKING_SANDBOXES = ("auto", "subprocess")
@@ -86,6 +87,7 @@ class RLMEnv:
         prompt: str | Path | None = None,
         tools: Sequence[Callable[..., Any]] = (),
         sub_tools: Sequence[Callable[..., Any]] = (),
+        mcp_servers: Any = None,
         tips: str | None = None,
         sandbox: str = "auto",
         sandbox_options: dict[str, Any] | None = None,
@@ -165,6 +167,7 @@ class RLMEnv:
             subcall_errors=subcall_errors,
             tools=made_tools,
             sub_tools=made_sub_tools,
+            mcp_servers=parse_mcp_servers(mcp_servers, "RLMEnv(mcp_servers=...)"),  # type: ignore[arg-type]
             tips=tips,
         )
         try:
@@ -263,6 +266,7 @@ class RLMEnv:
         tree.repl_quota = quota
         tree.child_call = child_call
         try:
+            await tree.connect_mcp()
             self._share(tree, sub_call)
             options = RunOptions(
                 tips=tips if tips is not None else self.config.tips, system_prompt=system_prompt
