@@ -163,6 +163,13 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="folder for the JSONL traces (default: ~/.cache/recursa/traces)",
     )
+    p.add_argument(
+        "--mcp-servers",
+        metavar="FILE",
+        default=None,
+        help='MCP servers whose tools the REPL code calls: a JSON file as MCP clients write it, e.g. '
+        '{"mcpServers": {"time": {"command": "uvx", "args": ["mcp-server-time"]}}} (docs/tools.md)',
+    )
 
 
 def rlm_kwargs(args: argparse.Namespace, question: str = "") -> dict[str, Any]:
@@ -191,6 +198,10 @@ def rlm_kwargs(args: argparse.Namespace, question: str = "") -> dict[str, Any]:
     if args.dialect != "recursa" or args.dialect_option:
         kwargs["dialect"] = args.dialect
         kwargs["dialect_options"] = dialect_options(args.dialect_option)
+    if getattr(args, "mcp_servers", None):
+        from recursa.tools.mcp_config import parse_mcp_servers
+
+        kwargs["mcp_servers"] = parse_mcp_servers(args.mcp_servers, "--mcp-servers")
     return kwargs
 
 
