@@ -333,7 +333,9 @@ def _flag(name: str, value: str) -> str | None:
     flag = FLAGS.get(name)
     if flag is None:
         return None
-    value = value.strip().strip("'\"").rstrip(".")
-    if value in ("...", ""):
+    # `name='value'.` ends a sentence: the period stays after the flag's value, the quotes go.
+    raw = value.strip()
+    value = raw.rstrip(".").strip("'\"")
+    if not value:
         return flag
-    return f"{flag.split()[0]} {value}"
+    return f"{flag.split()[0]} {value}" + ("." if raw.endswith(".") else "")

@@ -59,6 +59,8 @@ class CallTree:
     # recursa.env: the trainer runs rlm_query's children itself (SkyRL's subcall_fn), as
     # `async fn(prompt, context, depth, parent_id) -> str`; None: recursa child runs.
     child_call: Any = None
+    # Where this tree's REPLs gather on a cluster (sandbox="ray"): children next to their parent.
+    placement: str = field(default_factory=lambda: new_id("tree"))
 
     @classmethod
     def create(cls, config: RLMConfig, prices: PriceBook, root_run_id: str) -> CallTree:
@@ -134,6 +136,8 @@ class CallTree:
         if self.abandoned:  # a REPL that started after abandon() would have nobody to reap it
             raise SandboxError("this run was abandoned (its owner dropped it); no REPL starts for it")
         options = {"max_output_chars": self.config.max_output_chars, **(self.config.sandbox_options or {})}
+        if self.config.sandbox == "ray":
+            options.setdefault("affinity", self.placement)
         if (
             self.config.max_depth >= 2
             and self.config.sandbox in _FORKING_SANDBOXES

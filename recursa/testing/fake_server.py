@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import Any
 
 from recursa.asgi.background import BackgroundServer
+from recursa.asgi.ports import port
 from recursa.testing.fake_app import build_app
 from recursa.testing.fake_state import (
     Fault,
@@ -407,7 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "64 requests at a time, with no queue limit and no prefix cache.",
         formatter_class=_HelpFormatter,
     )
-    parser.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (0: any free port)")
+    parser.add_argument("--port", type=port, default=8765, help="port on 127.0.0.1 (0: any free port)")
     parser.add_argument(
         "--profile",
         default=None,
