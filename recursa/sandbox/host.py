@@ -482,7 +482,7 @@ class WorkerHost:
             started = time.perf_counter()
             fresh = self._fresh()  # this is the first cell on a start's state
             self._cells_run += 1
-            self._enter_cell(worker)
+            await self._enter_cell(worker, fresh)
             fut = await worker.request({"op": "exec", "code": code, "max_output_chars": limit})
             timed_out, answered = False, None
             try:
@@ -515,7 +515,7 @@ class WorkerHost:
             result.notes[:0] = notes
             return result
 
-    def _enter_cell(self, worker: Connection) -> None:
+    async def _enter_cell(self, worker: Connection, fresh: bool) -> None:
         """Before a cell: put the worker where what the cell starts can be told apart."""
 
     async def _end_cell(self, answered: Connection | None) -> int:

@@ -340,7 +340,15 @@ class SubprocessSandbox(WorkerHost):
             self._cleanup.fds.add(notes)
         return handed, notes
 
-    def _enter_cell(self, worker: Connection) -> None:
+    async def _enter_cell(self, worker: Connection, fresh: bool) -> None:
+        if not self._hardening.cells_grouped:
+            return
+        if not fresh and worker.control is not None and not worker.snapshot_reported.is_set():
+            # The worker forks its snapshot of the last state after its answer: moved into the cell
+            # group before that, the snapshot would be among what the host kills at the cell's end.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.restore_timeout):
+                    await worker.snapshot_reported.wait()
         self._hardening.enter_cell(worker.pid)
 
     async def _end_cell(self, answered: Connection | None) -> int:
