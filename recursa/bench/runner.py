@@ -197,6 +197,9 @@ async def arun(
         raise BenchError(
             f"out {str(out_dir)!r} is a file; give a folder for the results (re-use one to resume)"
         )
+    if run_options.get("sandbox") == "ray" and ray_address is not None:
+        # The rows' REPLs join the cluster the rows run on (or, run locally, the one named).
+        run_options["sandbox_options"] = {"address": ray_address, **(run_options.get("sandbox_options") or {})}
     try:
         config = RunConfig(
             model=model, sub_model=sub_model, base_url=base_url, api_key=api_key, **run_options

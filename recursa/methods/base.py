@@ -71,6 +71,7 @@ class MethodSettings:
     base_url: str | None = None
     api_key: str | None = field(default=None, repr=False)
     sandbox: str = "auto"
+    sandbox_options: dict[str, Any] | None = None
     max_iterations: int = 30  # RLM root turns; CodeAct steps
     max_output_tokens: int = 16_384
     budget: Budget = field(default_factory=Budget)  # per task instance
@@ -94,6 +95,7 @@ class MethodSettings:
             "max_iterations": self.max_iterations,
             "budget": self.budget,
             "sandbox": self.sandbox,
+            "sandbox_options": self.sandbox_options,
             "exec_timeout": self.exec_timeout,
             "turn_timeout": self.turn_timeout,
             "max_concurrency": self.max_concurrency,
