@@ -33,9 +33,11 @@ from recursa.env.shared import EnvError, EpisodeHost, PerLoop, PrivateLoop
 from recursa.errors import ConfigError
 from recursa.knobs import wait_value
 from recursa.lm.base import LMClient
+from recursa.lm.call_cache import CallCache
 from recursa.lm.prices import ModelPrice, PriceBook
 from recursa.lm.registry import make_client, parse_model
 from recursa.lm.retry import RetryPolicy
+from recursa.loop.dialects import checked_dialect
 from recursa.loop.engine import RunEngine
 from recursa.loop.options import RunOptions
 from recursa.loop.tree import CallTree, new_id
@@ -69,6 +71,10 @@ class RLMEnv:
     for children, which needs `max_live_repls < max_depth` (rules: recursa/env/quota.py).
     `wait_for_repl`: seconds `start` waits for a slot, in line, before it raises (0: raise at once).
     `fork`: fork REPLs from one warm zygote shared by the episodes (subprocess sandboxes only).
+    `cache_subcalls`: identical sub-calls are answered once per episode, and once across the
+    episodes of one `task_id` that are alive together (a group of samples of one task).
+    `dialect`: the conversation the policy was trained on (docs/dialects.md); under "tools" a step
+    takes an assistant message with `tool_calls`, and `messages` carry them in OpenAI's format.
     The other options are `RLM`'s.
     """
 
@@ -110,6 +116,9 @@ class RLMEnv:
         trace: bool = True,
         on_event: Callable[[dict[str, Any]], None] | None = None,
         fork: bool = True,
+        cache_subcalls: bool = False,
+        dialect: str | Any = "recursa",
+        dialect_options: dict[str, Any] | None = None,
     ) -> None:
         if sub_call is not None and not callable(sub_call):
             raise ConfigError(
@@ -169,6 +178,9 @@ class RLMEnv:
             sub_tools=made_sub_tools,
             mcp_servers=parse_mcp_servers(mcp_servers, "RLMEnv(mcp_servers=...)"),  # type: ignore[arg-type]
             tips=tips,
+            cache_subcalls=cache_subcalls,
+            dialect=dialect,
+            dialect_options=dialect_options,
         )
         try:
             self.config.validate()
@@ -181,6 +193,7 @@ class RLMEnv:
                 f"RLMEnv: unknown sandbox {sandbox!r}; choose one of: {', '.join(SANDBOX_KINDS)}"
             )
         parse_model(self.config.model)
+        checked_dialect(dialect, dialect_options, "RLMEnv")
         self.prices = PriceBook(prices)
         self.sub_call = sub_call
         self.child_call = _checked_child_call(child_call)
@@ -197,6 +210,8 @@ class RLMEnv:
         self._shared = PerLoop()
         self._private = PrivateLoop()
         self._closing = False  # close() is closing the blocking API's episodes and loop
+        # The call caches of the groups (episodes of one task_id) with an episode alive.
+        self._group_caches: weakref.WeakValueDictionary[str, CallCache] = weakref.WeakValueDictionary()
         # Open episodes, for aclose(); weak, so that a dropped episode is reaped by its finalizer.
         self._episodes: weakref.WeakSet[Episode] = weakref.WeakSet()
 
@@ -265,6 +280,9 @@ class RLMEnv:
         tree = CallTree.create(config, self.prices, run_id)
         tree.repl_quota = quota
         tree.child_call = child_call
+        if tree.gateway.call_cache is not None and task_id is not None:
+            # A group's episodes (samples of one task) answer their identical sub-calls once.
+            tree.gateway.call_cache = self._group_caches.setdefault(task_id, tree.gateway.call_cache)
         try:
             await tree.connect_mcp()
             self._share(tree, sub_call)

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from recursa.budget import Ledger
 from recursa.config import RLMConfig
 from recursa.errors import ConfigError, SandboxError
+from recursa.lm.call_cache import CallCache
 from recursa.lm.gateway import ClientSettings, ModelGateway
 from recursa.lm.limiter import Limiter
 from recursa.lm.prices import PriceBook
@@ -87,6 +88,8 @@ class CallTree:
             sampling={role: dict(opts) for role, opts in (config.sampling or {}).items()},
         )
         gateway = ModelGateway(ledger=ledger, limiter=limiter, prices=prices, trace=trace, settings=settings)
+        if config.cache_subcalls:
+            gateway.call_cache = CallCache()
         if config.clients:
             gateway.share(config.clients)  # the user's own client objects: used, never closed here
         return cls(config, ledger, gateway, trace, _tool_runner(config, redactor))
