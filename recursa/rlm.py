@@ -84,6 +84,8 @@ class RLM:
             replies are read"); False only tells the model to fence its code.
         cache_subcalls: answer identical sub-calls (model, messages, sampling, tools) once per
             run or session; `result.usage.cache_hits` counts the calls answered from the cache.
+        context_windows: tokens per call by model, over genai-prices' figures (docs/concepts.md,
+            "Context windows").
     """
 
     def __init__(
@@ -127,6 +129,7 @@ class RLM:
         allowed_models: Sequence[str | Any] = (),
         unfenced_code: bool = True,
         cache_subcalls: bool = False,
+        context_windows: dict[str, int] | None = None,
     ) -> None:
         # A model may be a "provider/model" name or an LM client object (docs/clients.md).
         clients = ClientSet()
@@ -176,6 +179,7 @@ class RLM:
             clients=dict(clients.clients),
             unfenced_code=unfenced_code,
             cache_subcalls=cache_subcalls,
+            context_windows=dict(context_windows) if isinstance(context_windows, dict) else context_windows,
         )
         self.config.validate()
         _check_tool_names(self.config.tools, self.config.sub_tools)

@@ -114,6 +114,7 @@ class RLMEnv:
         on_event: Callable[[dict[str, Any]], None] | None = None,
         fork: bool = True,
         cache_subcalls: bool = False,
+        context_windows: dict[str, int] | None = None,
     ) -> None:
         if sub_call is not None and not callable(sub_call):
             raise ConfigError(
@@ -174,6 +175,7 @@ class RLMEnv:
             mcp_servers=parse_mcp_servers(mcp_servers, "RLMEnv(mcp_servers=...)"),  # type: ignore[arg-type]
             tips=tips,
             cache_subcalls=cache_subcalls,
+            context_windows=dict(context_windows) if isinstance(context_windows, dict) else context_windows,
         )
         try:
             self.config.validate()
