@@ -73,6 +73,10 @@ class RLMConfig:
     cache_subcalls: bool = False
     # Tokens per call by model ("provider/model" or a bare name), over genai-prices' figures (lm/windows.py).
     context_windows: dict[str, int] | None = None
+    # The conversation the root sees (recursa/loop/dialects/): a registered name or a Dialect object,
+    # and the options of a named one (e.g. the "tools" dialect's tool_name and tool_argument).
+    dialect: Any = "recursa"
+    dialect_options: dict[str, Any] | None = None
 
     def validate(self) -> None:
         """Raise ConfigError for the first setting that cannot work, naming it and a value that would."""
