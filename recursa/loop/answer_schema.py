@@ -17,8 +17,6 @@ from recursa.errors import ConfigError
 from recursa.extras import install_hint
 from recursa.sandbox.base import FinalAnswer
 
-# How the first message introduces the schema (the scripted roots find it by this sentence).
-SCHEMA_INTRO = "Your final answer must be a value matching this JSON schema"
 # The schema is shown to the model once, in its first message; a huge one is cut.
 _SCHEMA_CHARS = 6_000
 _SHOWN_ERRORS = 8
@@ -63,8 +61,8 @@ class AnswerCheck:
 
     def instructions(self) -> str:
         return (
-            f"{SCHEMA_INTRO} (build it in code as a dict or list and return it with FINAL_VAR, or "
-            f"give it as JSON text):\n{self.json_schema}"
+            "Your final answer must be a value matching this JSON schema (build it in code as a dict or "
+            f"list and return it with FINAL_VAR, or give it as JSON text):\n{self.json_schema}"
         )
 
     def check(self, final: FinalAnswer) -> tuple[Any, list[str]]:

@@ -19,8 +19,9 @@ import json
 import re
 from typing import Any
 
-from recursa.loop.answer_schema import SCHEMA_INTRO
-
+# How the engine's first message introduces the schema (loop/answer_schema.py; read as a model reads
+# it, since the offline models sit beside the loop and import nothing of it).
+SCHEMA_INTRO = "must be a value matching this JSON schema"
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _MARKER = re.compile(r"\[\[ ## (\w+) ## \]\]")
 _CLOSING = "completed"
