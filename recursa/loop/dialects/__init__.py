@@ -17,6 +17,7 @@ from recursa.errors import ConfigError
 from recursa.loop.dialects.base import Dialect
 from recursa.loop.dialects.native import RecursaDialect
 from recursa.loop.dialects.rlms import RlmsDialect
+from recursa.loop.dialects.skyrl import SkyRLDialect
 from recursa.loop.dialects.tools import ToolsDialect
 
 DEFAULT_DIALECT = "recursa"
@@ -24,6 +25,7 @@ _REGISTRY: dict[str, Callable[..., Dialect]] = {
     "recursa": RecursaDialect,
     "tools": ToolsDialect,
     "rlms": RlmsDialect,
+    "skyrl": SkyRLDialect,
 }
 
 

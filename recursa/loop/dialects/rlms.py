@@ -20,18 +20,16 @@ from recursa.loop.dialects.base import (
     Cell,
     CellResult,
     Opening,
+    PeerNames,
     Reading,
     Runner,
     TurnNotes,
     TurnPromptKind,
-    simple_names,
 )
 from recursa.loop.parse import ParsedReply
 from recursa.sandbox.base import ExecResult
 
 INSTALL = "pip install 'recursa[rlms]' (the official package, rlms==0.1.3)"
-# How the package's REPL lists its own names first: the answer dict, then the context and its alias.
-_FIRST_NAMES = ("answer", "context_0", "context")
 
 
 def load_rlms() -> SimpleNamespace:
@@ -56,7 +54,7 @@ class RlmsDialect:
         self.rlm = load_rlms()
         self.orchestrator = bool(orchestrator)
         self._last_call = _default_answer_message(self.rlm)
-        self._names: list[str] | None = None  # the variables listed after the last cell that ran through
+        self._names = PeerNames(("answer", "context_0", "context"))
 
     def tools(self) -> list[dict[str, Any]] | None:
         return None
@@ -104,11 +102,7 @@ class RlmsDialect:
         blocks = []
         for code in reading.cells[0].parsed.code_blocks:
             res = await runner.execute(code)
-            # The package's REPL keeps a cell's names only when it ran to the end: after an
-            # exception it lists what it had before.
-            if not res.error or self._names is None:
-                self._names = simple_names(await runner.names(), _FIRST_NAMES)
-            names = self._names
+            names = await self._names.after(res, runner)
             result = types.REPLResult(stdout=res.stdout, stderr=_stderr(res), locals=dict.fromkeys(names, ""))
             blocks.append(types.CodeBlock(code=code, result=result))
             if res.final is not None and res.final.protocol == "answer":
