@@ -8,7 +8,8 @@ from typing import Any
 
 from recursa.usage import Usage
 
-STOP_REASONS = ("final", "max_iterations", "budget", "timeout", "error", "cancelled")
+# "context_window": the root's next call could not fit its model's window, even after compaction.
+STOP_REASONS = ("final", "max_iterations", "budget", "timeout", "error", "cancelled", "context_window")
 
 
 @dataclass

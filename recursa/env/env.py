@@ -117,6 +117,7 @@ class RLMEnv:
         on_event: Callable[[dict[str, Any]], None] | None = None,
         fork: bool = True,
         cache_subcalls: bool = False,
+        context_windows: dict[str, int] | None = None,
         dialect: str | Any = "recursa",
         dialect_options: dict[str, Any] | None = None,
     ) -> None:
@@ -179,6 +180,7 @@ class RLMEnv:
             mcp_servers=parse_mcp_servers(mcp_servers, "RLMEnv(mcp_servers=...)"),  # type: ignore[arg-type]
             tips=tips,
             cache_subcalls=cache_subcalls,
+            context_windows=dict(context_windows) if isinstance(context_windows, dict) else context_windows,
             dialect=dialect,
             dialect_options=dialect_options,
         )
@@ -193,7 +195,7 @@ class RLMEnv:
                 f"RLMEnv: unknown sandbox {sandbox!r}; choose one of: {', '.join(SANDBOX_KINDS)}"
             )
         parse_model(self.config.model)
-        checked_dialect(dialect, dialect_options, "RLMEnv")
+        self.dialect = checked_dialect(dialect, dialect_options, "RLMEnv")
         self.prices = PriceBook(prices)
         self.sub_call = sub_call
         self.child_call = _checked_child_call(child_call)
