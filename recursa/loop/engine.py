@@ -16,7 +16,7 @@ from recursa.loop.compaction import WindowTracker, compacted_history, split_for_
 from recursa.loop.feedback import EMPTY_REPLY_MESSAGE, LAST_CALL_MESSAGE, NO_CODE_MESSAGE
 from recursa.loop.importable import modules_line
 from recursa.loop.options import RunOptions
-from recursa.loop.parse import parse_reply
+from recursa.loop.parse import read_reply
 from recursa.loop.prompts import (
     PromptSettings,
     first_message,
@@ -25,6 +25,7 @@ from recursa.loop.prompts import (
     template_for,
     tools_text,
 )
+from recursa.loop.rules import DEFAULT_RULES, ReplyRules
 from recursa.loop.subcalls import SubcallHandler
 from recursa.loop.tree import CallTree, new_id
 from recursa.result import RLMResult
@@ -92,6 +93,13 @@ class RunEngine:
         self._warming: asyncio.Task[None] | None = None
         self._pending: BaseException | None = None  # raised by finish(): a cancellation or a bug
         self._finished = False
+
+    @property
+    def reply_rules(self) -> ReplyRules:
+        """The rules this run's replies are read by (recursa/loop/rules.py)."""
+        if not self.config.unfenced_code:
+            return DEFAULT_RULES.without("unfenced_code", "bare_fence_code")
+        return DEFAULT_RULES
 
     def new_call_id(self) -> str:
         return f"{self.run_id}.c{next(self._call_ids)}"
@@ -362,7 +370,7 @@ class RunEngine:
         problems = await self._repl() if self.turn == 1 else []
         if reply.strip():
             code = self._code(self.turn)
-            parsed = parse_reply(reply, unfenced_code=self.config.unfenced_code)
+            parsed = read_reply(reply, self.reply_rules)
             try:
                 outcome = await code.run(parsed, retry=self.turn < self.config.max_iterations)
             finally:  # also when the run's deadline stops a later block: the partial answer is kept
@@ -478,6 +486,7 @@ class RunEngine:
             c.exec_timeout,
             c.turn_seconds(),
             c.max_output_chars,
+            self.reply_rules.beside_code_taken(),
         )
 
     async def _last_call(self, given: LMResponse | None) -> None:
@@ -485,13 +494,12 @@ class RunEngine:
         result = self.result
         reply = await self._reply(given, "final")
         self._remember({"role": "assistant", "content": reply})
-        parsed = parse_reply(reply)
+        # Any answer the reply wrote counts now, also one the turn would not take ("So the answer is
+        # FINAL(42)." or a fenced FINAL): its argument, rather than the whole reply.
+        parsed = read_reply(reply, self.reply_rules)
         final: FinalAnswer | None = None
-        if parsed.prose_final is None and parsed.last_call_final is not None:
-            # "So the answer is FINAL(42)." or a fenced FINAL: its argument, not the whole reply.
-            parsed.prose_final = parsed.last_call_final
-        if parsed.prose_final is not None:
-            resolved = await self._code(self.turn + 1).resolve(parsed.prose_final, retry=False)
+        if parsed.answer is not None:
+            resolved = await self._code(self.turn + 1).resolve(parsed.answer.written, retry=False)
             final = resolved if isinstance(resolved, FinalAnswer) else None
         if final is None:
             text = reply.strip()
