@@ -21,7 +21,7 @@ from recursa.config import BUILTIN_TEMPLATES
 from recursa.errors import ConfigError
 
 DEFAULT_MODEL = "openai/gpt-5-mini"
-SANDBOXES = ("auto", "subprocess", "inprocess", "docker", "podman", "modal", "e2b")
+SANDBOXES = ("auto", "subprocess", "inprocess", "docker", "podman", "modal", "e2b", "ray")
 # The environment variables the command line reads, and what for (`recursa models` lists them).
 ENV_VARS = {
     "RECURSA_MODEL": "default for --model",
@@ -148,6 +148,13 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="folder for the JSONL traces (default: ~/.cache/recursa/traces)",
     )
+    p.add_argument(
+        "--mcp-servers",
+        metavar="FILE",
+        default=None,
+        help='MCP servers whose tools the REPL code calls: a JSON file as MCP clients write it, e.g. '
+        '{"mcpServers": {"time": {"command": "uvx", "args": ["mcp-server-time"]}}} (docs/tools.md)',
+    )
 
 
 def rlm_kwargs(args: argparse.Namespace, question: str = "") -> dict[str, Any]:
@@ -173,6 +180,10 @@ def rlm_kwargs(args: argparse.Namespace, question: str = "") -> dict[str, Any]:
         kwargs["prices"] = load_prices(args.prices)
     if args.prompt:
         kwargs["prompt"] = args.prompt
+    if getattr(args, "mcp_servers", None):
+        from recursa.tools.mcp_config import parse_mcp_servers
+
+        kwargs["mcp_servers"] = parse_mcp_servers(args.mcp_servers, "--mcp-servers")
     return kwargs
 
 
@@ -333,7 +344,9 @@ def _flag(name: str, value: str) -> str | None:
     flag = FLAGS.get(name)
     if flag is None:
         return None
-    value = value.strip().strip("'\"").rstrip(".")
-    if value in ("...", ""):
+    # `name='value'.` ends a sentence: the period stays after the flag's value, the quotes go.
+    raw = value.strip()
+    value = raw.rstrip(".").strip("'\"")
+    if not value:
         return flag
-    return f"{flag.split()[0]} {value}"
+    return f"{flag.split()[0]} {value}" + ("." if raw.endswith(".") else "")

@@ -56,6 +56,8 @@ class RLMConfig:
     tools_for_children: bool = True
     sub_tools: list[Any] = field(default_factory=list)
     sub_tool_rounds: int = 8
+    # MCP servers whose tools join `tools` / `sub_tools` for each call tree (tools/mcp_config.py).
+    mcp_servers: list[Any] = field(default_factory=list)
     tips: str | None = None
     root_window_tokens: int | None = None
     # Models generated code may name in llm_query(model=...), besides model and sub_model (issue 16).
@@ -66,6 +68,9 @@ class RLMConfig:
     # A reply with no code block whose lines are plain Python runs them (loop/unfenced.py); False only
     # tells the model that code runs from ```repl blocks.
     unfenced_code: bool = True
+    # Identical sub-calls (model, messages, sampling, tools) answered once per call tree, session or
+    # RLMEnv group (lm/call_cache.py).
+    cache_subcalls: bool = False
 
     def validate(self) -> None:
         """Raise ConfigError for the first setting that cannot work, naming it and a value that would."""
@@ -130,6 +135,11 @@ class RLMConfig:
             raise ConfigError(
                 f"RLM(unfenced_code={self.unfenced_code!r}): unfenced_code must be True (run Python a reply "
                 "writes outside a code block) or False (only tell the model to use a ```repl block)."
+            )
+        if not isinstance(self.cache_subcalls, bool):
+            raise ConfigError(
+                f"RLM(cache_subcalls={self.cache_subcalls!r}): cache_subcalls must be True (identical "
+                "sub-calls are answered once) or False (every sub-call is sent)."
             )
         if self.subcall_errors not in ("raise", "return"):
             raise ConfigError(

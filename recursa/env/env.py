@@ -33,6 +33,7 @@ from recursa.env.shared import EnvError, EpisodeHost, PerLoop, PrivateLoop
 from recursa.errors import ConfigError
 from recursa.knobs import wait_value
 from recursa.lm.base import LMClient
+from recursa.lm.call_cache import CallCache
 from recursa.lm.prices import ModelPrice, PriceBook
 from recursa.lm.registry import make_client, parse_model
 from recursa.lm.retry import RetryPolicy
@@ -41,6 +42,7 @@ from recursa.loop.options import RunOptions
 from recursa.loop.tree import CallTree, new_id
 from recursa.sandbox import SANDBOX_KINDS
 from recursa.sandbox.forkserver import ForkServer
+from recursa.tools.mcp_config import parse_mcp_servers
 from recursa.tools.spec import Tool, make_sub_tools, make_tools
 
 _FORKING_SANDBOXES = ("auto", "subprocess")
@@ -68,6 +70,8 @@ class RLMEnv:
     for children, which needs `max_live_repls < max_depth` (rules: recursa/env/quota.py).
     `wait_for_repl`: seconds `start` waits for a slot, in line, before it raises (0: raise at once).
     `fork`: fork REPLs from one warm zygote shared by the episodes (subprocess sandboxes only).
+    `cache_subcalls`: identical sub-calls are answered once per episode, and once across the
+    episodes of one `task_id` that are alive together (a group of samples of one task).
     The other options are `RLM`'s.
     """
 
@@ -86,6 +90,7 @@ class RLMEnv:
         prompt: str | Path | None = None,
         tools: Sequence[Callable[..., Any]] = (),
         sub_tools: Sequence[Callable[..., Any]] = (),
+        mcp_servers: Any = None,
         tips: str | None = None,
         sandbox: str = "auto",
         sandbox_options: dict[str, Any] | None = None,
@@ -108,6 +113,7 @@ class RLMEnv:
         trace: bool = True,
         on_event: Callable[[dict[str, Any]], None] | None = None,
         fork: bool = True,
+        cache_subcalls: bool = False,
     ) -> None:
         if sub_call is not None and not callable(sub_call):
             raise ConfigError(
@@ -165,7 +171,9 @@ class RLMEnv:
             subcall_errors=subcall_errors,
             tools=made_tools,
             sub_tools=made_sub_tools,
+            mcp_servers=parse_mcp_servers(mcp_servers, "RLMEnv(mcp_servers=...)"),  # type: ignore[arg-type]
             tips=tips,
+            cache_subcalls=cache_subcalls,
         )
         try:
             self.config.validate()
@@ -194,6 +202,8 @@ class RLMEnv:
         self._shared = PerLoop()
         self._private = PrivateLoop()
         self._closing = False  # close() is closing the blocking API's episodes and loop
+        # The call caches of the groups (episodes of one task_id) with an episode alive.
+        self._group_caches: weakref.WeakValueDictionary[str, CallCache] = weakref.WeakValueDictionary()
         # Open episodes, for aclose(); weak, so that a dropped episode is reaped by its finalizer.
         self._episodes: weakref.WeakSet[Episode] = weakref.WeakSet()
 
@@ -262,7 +272,11 @@ class RLMEnv:
         tree = CallTree.create(config, self.prices, run_id)
         tree.repl_quota = quota
         tree.child_call = child_call
+        if tree.gateway.call_cache is not None and task_id is not None:
+            # A group's episodes (samples of one task) answer their identical sub-calls once.
+            tree.gateway.call_cache = self._group_caches.setdefault(task_id, tree.gateway.call_cache)
         try:
+            await tree.connect_mcp()
             self._share(tree, sub_call)
             options = RunOptions(
                 tips=tips if tips is not None else self.config.tips, system_prompt=system_prompt

@@ -9,7 +9,8 @@ A `ForkServer` forks workers from one warm zygote inside bwrap (forkserver.py): 
 child RLMs use one, so that a burst of children does not start a burst of interpreters.
 
 The same worker also runs in a container (`"docker"`, `"podman"`: containers.py) or in a remote
-sandbox (`"modal"`, `"e2b"`: remote.py, optional extras), over its stdin and stdout.
+sandbox (`"modal"`, `"e2b"`: remote.py, optional extras), over its stdin and stdout, and on the
+nodes of a Ray cluster (`"ray"`: cluster/, the node's own local sandbox run by a host actor there).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from recursa.errors import ConfigError
 from recursa.sandbox.base import CallbackError, CallHandler, ExecResult, FinalAnswer, Sandbox
+from recursa.sandbox.cluster import RaySandbox
 from recursa.sandbox.containers import ContainerSandbox
 from recursa.sandbox.forkserver import ForkServer
 from recursa.sandbox.inprocess import InProcessSandbox
@@ -27,7 +29,7 @@ from recursa.sandbox.remote import E2BSandbox, ModalSandbox
 from recursa.sandbox.stdio import StdioSandbox
 from recursa.sandbox.subprocess import SubprocessSandbox
 
-SANDBOX_KINDS = ("auto", "subprocess", "inprocess", "docker", "podman", "modal", "e2b")
+SANDBOX_KINDS = ("auto", "subprocess", "inprocess", "docker", "podman", "modal", "e2b", "ray")
 
 __all__ = [
     "SANDBOX_KINDS",
@@ -41,6 +43,7 @@ __all__ = [
     "Hardening",
     "InProcessSandbox",
     "ModalSandbox",
+    "RaySandbox",
     "Sandbox",
     "StdioSandbox",
     "SubprocessSandbox",
@@ -68,4 +71,6 @@ def make_sandbox(kind: str = "auto", **options: Any) -> Sandbox:
         return ModalSandbox(**options)  # ConfigError naming the extra when the SDK is missing
     if kind == "e2b":
         return E2BSandbox(**options)
+    if kind == "ray":
+        return RaySandbox(make_sandbox=make_sandbox, **options)  # ConfigError naming the extra
     raise ConfigError(f"unknown sandbox {kind!r}; choose one of: {', '.join(SANDBOX_KINDS)}")
