@@ -1,5 +1,5 @@
 """The corpus of root-model replies under tests/replies/: how real models of each family write, and
-what recursa must make of it. Every case goes through `parse_reply`; cases with a `run` section also
+what recursa must make of it. Every case goes through `read_reply`; cases with a `run` section also
 go through a whole run, with the REPL, against the fake server.
 
 A case (JSON; any text may be a list of lines, joined with newlines):
