@@ -21,6 +21,7 @@ from recursa.cli_options import (
 )
 from recursa.errors import ConfigError, RecursaError
 from recursa.extras import install_hint
+from recursa.loop.dialects import dialect_names
 from recursa.trace.redact import redact
 from recursa.version import __version__
 
@@ -148,6 +149,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--sub-model", default="scripted/oracle", help="model behind llm_query")
     demo.add_argument("--sandbox", default="auto", choices=SANDBOXES, help="where the REPL runs")
+    demo.add_argument(
+        "--dialect", default="recursa", choices=dialect_names(), help="the root's conversation (docs/dialects.md)"
+    )
     demo.add_argument(
         "--trace-dir",
         default=None,
@@ -295,6 +299,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             sandbox=args.sandbox,
             trace_dir=args.trace_dir,
             on_event=progress,
+            dialect=args.dialect,
         )
     if args.json:
         print(json.dumps(report.to_dict(), ensure_ascii=False))
@@ -362,6 +367,9 @@ def _add_bench_parser(sub: Any) -> None:
         help="what the base-model method does with a context over --window",
     )
     bench.add_argument("--max-retries", type=int, default=4, help="retries per model call")
+    bench.add_argument(
+        "--dialect", default="recursa", choices=dialect_names(), help="the RLM root's conversation (docs/dialects.md)"
+    )
     bench.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -392,6 +400,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         window_tokens=args.window,
         base_overflow=args.base_overflow,
         max_retries=args.max_retries,
+        dialect=args.dialect,
     )
     if args.json:
         from recursa.bench import summary_table

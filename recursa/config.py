@@ -71,6 +71,10 @@ class RLMConfig:
     # Identical sub-calls (model, messages, sampling, tools) answered once per call tree, session or
     # RLMEnv group (lm/call_cache.py).
     cache_subcalls: bool = False
+    # The conversation the root sees (recursa/loop/dialects/): a registered name or a Dialect object,
+    # and the options of a named one (e.g. the "tools" dialect's tool_name and tool_argument).
+    dialect: Any = "recursa"
+    dialect_options: dict[str, Any] | None = None
 
     def validate(self) -> None:
         """Raise ConfigError for the first setting that cannot work, naming it and a value that would."""

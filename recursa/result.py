@@ -30,6 +30,7 @@ class RLMResult:
     # The root prompt used: "default", a family variant ("qwen", "small", "claude"), "answer-dict",
     # or the template file given as RLM(prompt=...).
     prompt_variant: str | None = None
+    dialect: str = "recursa"  # the conversation the root had (recursa/loop/dialects/)
 
     def __str__(self) -> str:
         return self.answer
@@ -48,4 +49,5 @@ class RLMResult:
             "isolation": self.isolation,
             "skipped_files": self.skipped_files,
             "prompt_variant": self.prompt_variant,
+            "dialect": self.dialect,
         }

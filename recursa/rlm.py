@@ -16,6 +16,7 @@ from recursa.lm.custom import ClientSet
 from recursa.lm.prices import ModelPrice, PriceBook
 from recursa.lm.registry import make_client, parse_model
 from recursa.loop.answer_schema import AnswerCheck
+from recursa.loop.dialects import checked_dialect
 from recursa.loop.engine import RunEngine
 from recursa.loop.options import RunOptions
 from recursa.loop.prompts import fixed_text, template_for
@@ -84,6 +85,9 @@ class RLM:
             replies are read"); False only tells the model to fence its code.
         cache_subcalls: answer identical sub-calls (model, messages, sampling, tools) once per
             run or session; `result.usage.cache_hits` counts the calls answered from the cache.
+        dialect: the conversation the root sees: "recursa" (default), "tools" (native tool calls),
+            "rlms", "skyrl", "verifiers", or a Dialect object (docs/dialects.md).
+        dialect_options: options of a named dialect, e.g. {"tool_name": "python"} for "tools".
     """
 
     def __init__(
@@ -127,6 +131,8 @@ class RLM:
         allowed_models: Sequence[str | Any] = (),
         unfenced_code: bool = True,
         cache_subcalls: bool = False,
+        dialect: str | Any = "recursa",
+        dialect_options: dict[str, Any] | None = None,
     ) -> None:
         # A model may be a "provider/model" name or an LM client object (docs/clients.md).
         clients = ClientSet()
@@ -176,8 +182,11 @@ class RLM:
             clients=dict(clients.clients),
             unfenced_code=unfenced_code,
             cache_subcalls=cache_subcalls,
+            dialect=dialect,
+            dialect_options=dialect_options,
         )
         self.config.validate()
+        checked_dialect(dialect, dialect_options, "RLM")
         _check_tool_names(self.config.tools, self.config.sub_tools)
         self.prices = PriceBook(prices)
         clients.alias_prices(self.prices)

@@ -37,6 +37,7 @@ from recursa.lm.call_cache import CallCache
 from recursa.lm.prices import ModelPrice, PriceBook
 from recursa.lm.registry import make_client, parse_model
 from recursa.lm.retry import RetryPolicy
+from recursa.loop.dialects import checked_dialect
 from recursa.loop.engine import RunEngine
 from recursa.loop.options import RunOptions
 from recursa.loop.tree import CallTree, new_id
@@ -72,6 +73,8 @@ class RLMEnv:
     `fork`: fork REPLs from one warm zygote shared by the episodes (subprocess sandboxes only).
     `cache_subcalls`: identical sub-calls are answered once per episode, and once across the
     episodes of one `task_id` that are alive together (a group of samples of one task).
+    `dialect`: the conversation the policy was trained on (docs/dialects.md); under "tools" a step
+    takes an assistant message with `tool_calls`, and `messages` carry them in OpenAI's format.
     The other options are `RLM`'s.
     """
 
@@ -114,6 +117,8 @@ class RLMEnv:
         on_event: Callable[[dict[str, Any]], None] | None = None,
         fork: bool = True,
         cache_subcalls: bool = False,
+        dialect: str | Any = "recursa",
+        dialect_options: dict[str, Any] | None = None,
     ) -> None:
         if sub_call is not None and not callable(sub_call):
             raise ConfigError(
@@ -174,6 +179,8 @@ class RLMEnv:
             mcp_servers=parse_mcp_servers(mcp_servers, "RLMEnv(mcp_servers=...)"),  # type: ignore[arg-type]
             tips=tips,
             cache_subcalls=cache_subcalls,
+            dialect=dialect,
+            dialect_options=dialect_options,
         )
         try:
             self.config.validate()
@@ -186,6 +193,7 @@ class RLMEnv:
                 f"RLMEnv: unknown sandbox {sandbox!r}; choose one of: {', '.join(SANDBOX_KINDS)}"
             )
         parse_model(self.config.model)
+        checked_dialect(dialect, dialect_options, "RLMEnv")
         self.prices = PriceBook(prices)
         self.sub_call = sub_call
         self.child_call = _checked_child_call(child_call)

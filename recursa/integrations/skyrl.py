@@ -14,7 +14,8 @@ of its own: `max_depth`, `sub_model` / `base_url` / `api_key` (an OpenAI-compati
 sub-calls), `sub_call` (an async function, as for `RLMEnv`), `budget` (a dict of `Budget` fields),
 `family` (a `recursa.tasks` family whose scorer gives the reward), `scorer` (answer -> float),
 `turn_timeout` (seconds for all the code of one step together; default: `repl_timeout`),
-`sandbox`, `trace_dir`, `max_live_repls`, `wait_for_repl`. Every knob is checked when the
+`sandbox`, `trace_dir`, `max_live_repls`, `wait_for_repl`, `dialect` (the conversation: "skyrl"
+for SkyRL's own, exactly; see docs/dialects.md) and `dialect_options`. Every knob is checked when the
 environment is made (`checked_extras`): a wrong kind or a misspelt name is refused naming the key.
 With `subcall_fn`, `rlm_query` children are the generator's own rollouts (as in SkyRL); without
 it, recursa child RLMs whose turns go where the other sub-calls go.
@@ -61,7 +62,7 @@ from recursa.tools.spec import host_tool
 ENV_ID = "recursa-rlm"
 _SETTINGS = ("max_turns", "repl_timeout", "turn_timeout", "max_depth", "sub_model", "base_url", "api_key",
              "budget", "sandbox", "trace_dir", "max_live_repls", "max_output_chars", "wait_for_repl",
-             "max_reply_chars")  # fmt: skip
+             "max_reply_chars", "dialect", "dialect_options")  # fmt: skip
 
 SKYRL_WORDS = QuotaWords(
     limit="extras['max_live_repls']={n}",
@@ -241,6 +242,8 @@ def _make_env(extras: dict[str, Any]) -> RLMEnv:
         max_output_chars=extras.get("max_output_chars", 20_000),
         wait_for_repl=extras.get("wait_for_repl", 0.0),
         max_reply_chars=extras.get("max_reply_chars", 100_000),
+        dialect=extras.get("dialect", "recursa"),
+        dialect_options=extras.get("dialect_options"),
     )
     quota = _quotas.get(env.quota.limit)  # shared_env holds _envs_lock
     if quota is None:
@@ -269,6 +272,8 @@ _EXTRAS: dict[str, Callable[[str, Any], Any]] = {
     "base_url": text_value,
     "api_key": text_value,
     "sandbox": text_value,
+    "dialect": text_value,
+    "dialect_options": lambda n, v: _dict_value(n, v),
     "custom_system_prompt": text_value,
     "family": lambda n, v: get(text_value(n, v)).name,
     "trace_dir": lambda n, v: v if isinstance(v, PathLike) else text_value(n, v),

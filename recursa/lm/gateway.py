@@ -471,7 +471,8 @@ def _token_fields(response: LMResponse) -> dict[str, Any]:
         "logprobs": response.logprobs,
         "token_ids": response.token_ids,
         "prompt_token_ids": response.prompt_token_ids,
-        "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in response.tool_calls] or None,
+        "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in response.tool_calls]
+        or None,
     }
     return {k: v for k, v in fields.items() if v is not None}
 

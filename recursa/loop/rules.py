@@ -377,3 +377,11 @@ class ReplyRules:
 
 
 DEFAULT_RULES = ReplyRules()
+
+
+def rules_of(dialect: object, *, unfenced_code: bool = True) -> ReplyRules:
+    """The rules a dialect reads replies by (its `rules`, else every rule), without the code rules
+    when RLM(unfenced_code=False) says Python outside a ```repl fence does not run."""
+    rules = getattr(dialect, "rules", None)
+    rules = rules if isinstance(rules, ReplyRules) else DEFAULT_RULES
+    return rules if unfenced_code else rules.without(*(r.name for r in rules.of_stage("code")))

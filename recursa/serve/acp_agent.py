@@ -8,7 +8,8 @@ root turn and REPL cell), the answer as the agent's message, and the prompt's re
 holds `recursa/run-v1` (run id, stop reason, usage, trace path).
 
 A client may set the model per session through the new session's `_meta` under `recursa/runtime-v1`:
-{"model", "sub_model", "base_url", "api_key", "max_depth", "max_iterations", "budget": {...}}; it
+{"model", "sub_model", "base_url", "api_key", "max_depth", "max_iterations", "budget": {...},
+"dialect"}; it
 overrides the operator's flags for that session only (verifiers points the model at its own
 endpoint this way). The API key it sends is used for that session's calls and never echoed back.
 A `base_url` of the client's choosing gets the operator's key only if the operator allowed it
@@ -201,6 +202,9 @@ class RecursaAgent:
             overrides.get("base_url"), overrides.get("api_key"), f"_meta.{RUNTIME_KEY}"
         )
         budget = overrides.get("budget")
+        options = dict(s.rlm_options)
+        if overrides.get("dialect") is not None:  # the conversation the session's model was trained on
+            options["dialect"] = overrides["dialect"]
         return RLM(
             pick["model"],
             sub_model=pick["sub_model"],
@@ -214,7 +218,7 @@ class RecursaAgent:
             trace=s.trace,
             call_headers=bool(overrides.get("call_headers", False)),
             on_event=_both(s.on_event, on_event),
-            **{**s.rlm_options, "mcp_servers": mcp_servers},
+            **{**options, "mcp_servers": mcp_servers},
         )
 
     async def _run(self, session_id: str, session: _Session, question: str, context: Any) -> Any:
@@ -257,6 +261,7 @@ _RUNTIME: dict[str, Any] = {
     "budget": budget_value,
     "call_headers": flag_value,
     "session_id": text_value,
+    "dialect": text_value,
 }
 
 
