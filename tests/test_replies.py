@@ -29,6 +29,7 @@ import pytest
 from recursa import RLM
 from recursa.loop.parse import Reply, read_reply
 from recursa.loop.rules import DEFAULT_RULES, RULES
+from recursa.outcomes import ANSWER_PROTOCOLS, STOP_REASONS
 from recursa.trace import load
 
 CORPUS = Path(__file__).parent / "replies"
@@ -127,6 +128,8 @@ def _run(case: dict[str, Any], server: Any, script: Any, request: Any) -> None:
     )
     result = rlm.run(spec.get("question", "What is the answer?"), _text(spec.get("context", "ctx")))
     assert result.stop_reason == spec.get("stop_reason", "final"), result.error
+    end = next(e for e in load(result.trace_path).events if e["type"] == "run_end")
+    assert end["stop_reason"] in STOP_REASONS and end["answer_protocol"] in ANSWER_PROTOCOLS
     assert result.answer == _text(spec["answer"])
     if "value" in spec:
         assert result.value == spec["value"]

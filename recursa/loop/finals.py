@@ -12,7 +12,7 @@ import ast
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 # An answer line may carry markdown around it: "**FINAL**(x)", "- FINAL(x)", "`FINAL(x)`", "> FINAL", a
 # tag ("<answer>FINAL(x)</answer>") or a label that says what follows ("**Answer:** FINAL(x)").
@@ -67,7 +67,7 @@ _FENCED_ANSWER_TAGS = frozenset({"", "text", "txt", "plaintext", "markdown", "md
 
 @dataclass
 class ProseFinal:
-    protocol: str  # "FINAL" | "FINAL_VAR"
+    protocol: Literal["FINAL", "FINAL_VAR"]
     text: str  # the answer text (FINAL) or the variable name (FINAL_VAR)
     loose: bool = False  # written without parentheses ("FINAL 345", "Final Answer: ...")
     # FINAL(name) where the reply's prose assigns `name` in code outside any fence (`x = ...`): that
