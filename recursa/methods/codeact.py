@@ -21,7 +21,7 @@ from recursa.loop.blocks import ReplyClock
 from recursa.loop.feedback import why_stop_after
 from recursa.loop.output import render_turn
 from recursa.loop.parse import read_reply
-from recursa.loop.rules import DEFAULT_RULES
+from recursa.loop.rules import rules_of
 from recursa.methods.base import MethodResult, MethodSettings, context_text
 from recursa.methods.base_model import fit_to_window
 from recursa.methods.prompts import (
@@ -39,7 +39,7 @@ from recursa.tasks.base import Task
 from recursa.tools.runner import ToolFailure
 
 # The baseline as published reads fenced code only.
-_FENCED_ONLY = DEFAULT_RULES.without("unfenced_code", "bare_fence_code")
+_FENCED_ONLY = rules_of(None, unfenced_code=False)
 _PLACEHOLDER = "(CodeAct keeps the text in its prompt; the code environment does not have it.)"
 _NO_CODE = (
     "Your reply had no ```repl code block and no final answer. Write code in a ```repl block, or "
