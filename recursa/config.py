@@ -71,6 +71,8 @@ class RLMConfig:
     # Identical sub-calls (model, messages, sampling, tools) answered once per call tree, session or
     # RLMEnv group (lm/call_cache.py).
     cache_subcalls: bool = False
+    # Tokens per call by model ("provider/model" or a bare name), over genai-prices' figures (lm/windows.py).
+    context_windows: dict[str, int] | None = None
     # The conversation the root sees (recursa/loop/dialects/): a registered name or a Dialect object,
     # and the options of a named one (e.g. the "tools" dialect's tool_name and tool_argument).
     dialect: Any = "recursa"
@@ -144,6 +146,15 @@ class RLMConfig:
             raise ConfigError(
                 f"RLM(cache_subcalls={self.cache_subcalls!r}): cache_subcalls must be True (identical "
                 "sub-calls are answered once) or False (every sub-call is sent)."
+            )
+        windows = self.context_windows
+        if windows is not None and (
+            not isinstance(windows, dict)
+            or any(not isinstance(k, str) or not _is_int(v) or v < 1 for k, v in windows.items())
+        ):
+            raise ConfigError(
+                f"RLM(context_windows={windows!r}): give a dict of model name to its window in tokens, "
+                "an int >= 1, e.g. context_windows={'openai/my-vllm-model': 32_768}."
             )
         if self.subcall_errors not in ("raise", "return"):
             raise ConfigError(

@@ -85,6 +85,8 @@ class RLM:
             replies are read"); False only tells the model to fence its code.
         cache_subcalls: answer identical sub-calls (model, messages, sampling, tools) once per
             run or session; `result.usage.cache_hits` counts the calls answered from the cache.
+        context_windows: tokens per call by model, over genai-prices' figures (docs/concepts.md,
+            "Context windows").
         dialect: the conversation the root sees: "recursa" (default), "tools" (native tool calls),
             "rlms", "skyrl", "verifiers", or a Dialect object (docs/dialects.md).
         dialect_options: options of a named dialect, e.g. {"tool_name": "python"} for "tools".
@@ -131,6 +133,7 @@ class RLM:
         allowed_models: Sequence[str | Any] = (),
         unfenced_code: bool = True,
         cache_subcalls: bool = False,
+        context_windows: dict[str, int] | None = None,
         dialect: str | Any = "recursa",
         dialect_options: dict[str, Any] | None = None,
     ) -> None:
@@ -182,6 +185,7 @@ class RLM:
             clients=dict(clients.clients),
             unfenced_code=unfenced_code,
             cache_subcalls=cache_subcalls,
+            context_windows=dict(context_windows) if isinstance(context_windows, dict) else context_windows,
             dialect=dialect,
             dialect_options=dialect_options,
         )

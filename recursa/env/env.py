@@ -117,6 +117,7 @@ class RLMEnv:
         on_event: Callable[[dict[str, Any]], None] | None = None,
         fork: bool = True,
         cache_subcalls: bool = False,
+        context_windows: dict[str, int] | None = None,
         dialect: str | Any = "recursa",
         dialect_options: dict[str, Any] | None = None,
     ) -> None:
@@ -179,6 +180,7 @@ class RLMEnv:
             mcp_servers=parse_mcp_servers(mcp_servers, "RLMEnv(mcp_servers=...)"),  # type: ignore[arg-type]
             tips=tips,
             cache_subcalls=cache_subcalls,
+            context_windows=dict(context_windows) if isinstance(context_windows, dict) else context_windows,
             dialect=dialect,
             dialect_options=dialect_options,
         )

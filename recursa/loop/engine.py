@@ -8,8 +8,9 @@ import itertools
 import time
 from typing import Any
 
+from recursa.config import RLMConfig
 from recursa.context import ContextPayload
-from recursa.errors import BudgetExceeded, LMError, RecursaError, SandboxLost
+from recursa.errors import BudgetExceeded, ContextLengthError, LMError, RecursaError, SandboxLost
 from recursa.lm.base import CallMeta, LMResponse, Message
 from recursa.lm.prices import PriceBook
 from recursa.loop.blocks import ReplyCode
@@ -67,9 +68,7 @@ class RunEngine:
         self.options = options or RunOptions()
         self._sandbox: Sandbox | None = None
         self._partial: str | None = None  # answer["content"] set by code but never marked ready
-        self._window = (
-            WindowTracker(self.config.root_window_tokens) if self.config.root_window_tokens else None
-        )
+        self._window = _window_tracker(self.config, tree.gateway.windows.window(self.model))
         self._history: list[Message] = []  # every root message, also after compactions
         # The stepping state (begin, step, finish): recursa.env steps a run with a trainer's replies.
         self.messages: list[Message] = []  # what the root sees next (compaction may shorten it)
@@ -222,6 +221,13 @@ class RunEngine:
             r.stop_reason, r.error = "timeout", f"the run's time budget of {seconds:g} s ran out"
         elif isinstance(exc, BudgetExceeded):
             r.stop_reason, r.error = ("timeout" if exc.limit == "max_seconds" else "budget"), str(exc)
+        elif isinstance(exc, ContextLengthError):
+            r.stop_reason = "context_window"
+            r.error = (
+                f"the root's next call does not fit {self.model}'s context window ({exc}). The history "
+                "could not be compacted further; lower max_output_chars or max_output_tokens, or set "
+                "RLM(root_window_tokens=...) to compact earlier"
+            )
         elif isinstance(exc, LMError):
             r.stop_reason, r.error = "error", f"the root model call failed: {exc}"
         elif isinstance(exc, SandboxLost):
@@ -578,3 +584,14 @@ class RunEngine:
         result.value = final.value
         result.answer_protocol = final.protocol
         result.stop_reason = "final"
+
+
+def _window_tracker(config: RLMConfig, model_window: int | None) -> WindowTracker | None:
+    """Compaction's tracker: at RLM(root_window_tokens=...), else at the root model's own window
+    (less the reply's max_output_tokens) when it is known, so a long run compacts before a call
+    could overflow; None: no window known, no compaction."""
+    if config.root_window_tokens:
+        return WindowTracker(config.root_window_tokens)
+    if model_window is not None and model_window - config.max_output_tokens >= 1_000:
+        return WindowTracker(model_window - config.max_output_tokens)
+    return None
