@@ -195,7 +195,7 @@ class RLMEnv:
                 f"RLMEnv: unknown sandbox {sandbox!r}; choose one of: {', '.join(SANDBOX_KINDS)}"
             )
         parse_model(self.config.model)
-        checked_dialect(dialect, dialect_options, "RLMEnv")
+        self.dialect = checked_dialect(dialect, dialect_options, "RLMEnv")
         self.prices = PriceBook(prices)
         self.sub_call = sub_call
         self.child_call = _checked_child_call(child_call)

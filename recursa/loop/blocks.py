@@ -139,6 +139,10 @@ class ReplyCode:
             return []
         return [n for n in names if isinstance(n, str)]
 
+    async def value(self, name: str) -> FinalAnswer | None:
+        """A variable's value as an answer (its __str__, model code, under the reply's clock)."""
+        return await self.sandbox.get_variable(name, timeout=self.clock.timeout(self.exec_timeout))
+
     async def resolve(self, prose: ProseFinal, *, retry: bool) -> FinalAnswer | str | None:
         """The answer a prose FINAL / FINAL_VAR stands for (answers.resolve_prose_final); an
         expression it evaluates runs as the reply's code, under the reply's clock."""

@@ -424,13 +424,13 @@ class RunEngine:
             cell.final, cell.text = None, self.options.answer_check.feedback(errors)
             break
         left = self.config.max_iterations - self.turn
+        notes = TurnNotes(self.turn, left, self.config.max_iterations, "\n".join(problems), self._reminder())
+        for message in self.dialect.feedback(reading, results, notes):
+            self._remember(message)
         if left == 0 and not self.dialect.final_call:  # the dialect stops here, with no answer
             result.stop_reason = "max_iterations"
             self.done = True
             return
-        notes = TurnNotes(self.turn, left, self.config.max_iterations, "\n".join(problems), self._reminder())
-        for message in self.dialect.feedback(reading, results, notes):
-            self._remember(message)
         self._next_prompt(left)
 
     async def _reply(self, given: LMResponse | None, purpose: str) -> LMResponse:

@@ -96,6 +96,8 @@ class Runner(Protocol):
 
     async def names(self) -> list[str]: ...
 
+    async def value(self, name: str) -> FinalAnswer | None: ...
+
 
 class Dialect(Protocol):
     name: str
@@ -165,10 +167,21 @@ async def run_in_order(reading: Reading, runner: Runner, *, retry: bool) -> list
     return results
 
 
-def simple_names(names: list[str], first: Sequence[str]) -> list[str]:
-    """Variable names as the peers list them: theirs first (`first`), then the rest in the order the
-    code made them."""
-    return [*first, *(n for n in names if n not in first)]
+class PeerNames:
+    """The variables a peer's REPL lists after a cell (rlms, SkyRL): its own names first (`first`),
+    then the rest in the order the code made them. Those REPLs keep a cell's names only when it ran
+    to the end, so after an exception the list is the one before it."""
+
+    def __init__(self, first: Sequence[str], hidden: Sequence[str] = ()) -> None:
+        self.first = tuple(first)
+        self.hidden = set(hidden) | set(first)  # recursa's own names the peer's REPL does not have
+        self.names: list[str] | None = None
+
+    async def after(self, res: ExecResult, runner: Runner) -> list[str]:
+        if not res.error or self.names is None:
+            made = await runner.names()
+            self.names = [*self.first, *(n for n in made if n not in self.hidden)]
+        return self.names
 
 
 def tool_schema(name: str, argument: str, description: str) -> dict[str, Any]:
