@@ -103,10 +103,13 @@ class PrivateLoop:
         if running is loop:
             loop.call_soon(loop.stop)
             return
-        asyncio.run_coroutine_threadsafe(_cancel_the_rest(), loop).result()
-        loop.call_soon_threadsafe(loop.stop)
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=_STOP_S)
+        # A thread no longer alive (interpreter exit ends daemon threads) runs nothing: waiting on
+        # its loop would never end.
+        if thread is not None and thread.is_alive():
+            asyncio.run_coroutine_threadsafe(_cancel_the_rest(), loop).result()
+            loop.call_soon_threadsafe(loop.stop)
+            if thread is not threading.current_thread():
+                thread.join(timeout=_STOP_S)
         if not loop.is_running():
             loop.close()
 
