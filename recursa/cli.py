@@ -181,6 +181,10 @@ def _parser() -> argparse.ArgumentParser:
     from recursa.serve.commands import add_parsers as add_serving_parsers
 
     add_serving_parsers(sub, add_model_options)  # serve, mcp, view
+
+    from recursa.integrations.openenv_cli import add_parser as add_openenv_parser
+
+    add_openenv_parser(sub, add_model_options)
     _show_defaults(parser)
     return parser
 
@@ -436,6 +440,12 @@ def _cmd_serving(args: argparse.Namespace) -> int:
     return run_command(args)
 
 
+def _cmd_openenv(args: argparse.Namespace) -> int:
+    from recursa.integrations.openenv_cli import run
+
+    return run(args)
+
+
 def _cmd_models(args: argparse.Namespace) -> int:
     from recursa.cli_models import listing, render
 
@@ -455,6 +465,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "mcp": _cmd_serving,
     "acp": _cmd_serving,
     "view": _cmd_serving,
+    "openenv": _cmd_openenv,
 }
 
 
