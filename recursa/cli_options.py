@@ -19,9 +19,10 @@ from typing import Any
 
 from recursa.config import BUILTIN_TEMPLATES
 from recursa.errors import ConfigError
+from recursa.loop.dialects import dialect_names
 
 DEFAULT_MODEL = "openai/gpt-5-mini"
-SANDBOXES = ("auto", "subprocess", "inprocess", "docker", "podman", "modal", "e2b")
+SANDBOXES = ("auto", "subprocess", "inprocess", "docker", "podman", "modal", "e2b", "ray")
 # The environment variables the command line reads, and what for (`recursa models` lists them).
 ENV_VARS = {
     "RECURSA_MODEL": "default for --model",
@@ -128,6 +129,20 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--sandbox", default="auto", choices=SANDBOXES, help="where the REPL runs")
     p.add_argument(
+        "--dialect",
+        default="recursa",
+        choices=dialect_names(),
+        help="the conversation the root model sees: recursa's own, native tool calls (tools), or the "
+        "conversation a model was trained on elsewhere (docs/dialects.md)",
+    )
+    p.add_argument(
+        "--dialect-option",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="an option of the dialect, e.g. tool_name=python for --dialect tools (repeatable)",
+    )
+    p.add_argument(
         "--exec-timeout",
         metavar="SECONDS",
         type=float,
@@ -147,6 +162,13 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         default=None,
         help="folder for the JSONL traces (default: ~/.cache/recursa/traces)",
+    )
+    p.add_argument(
+        "--mcp-servers",
+        metavar="FILE",
+        default=None,
+        help='MCP servers whose tools the REPL code calls: a JSON file as MCP clients write it, e.g. '
+        '{"mcpServers": {"time": {"command": "uvx", "args": ["mcp-server-time"]}}} (docs/tools.md)',
     )
 
 
@@ -173,7 +195,24 @@ def rlm_kwargs(args: argparse.Namespace, question: str = "") -> dict[str, Any]:
         kwargs["prices"] = load_prices(args.prices)
     if args.prompt:
         kwargs["prompt"] = args.prompt
+    if args.dialect != "recursa" or args.dialect_option:
+        kwargs["dialect"] = args.dialect
+        kwargs["dialect_options"] = dialect_options(args.dialect_option)
+    if getattr(args, "mcp_servers", None):
+        from recursa.tools.mcp_config import parse_mcp_servers
+
+        kwargs["mcp_servers"] = parse_mcp_servers(args.mcp_servers, "--mcp-servers")
     return kwargs
+
+
+def dialect_options(pairs: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--dialect-option {pair!r}: write KEY=VALUE, e.g. --dialect-option tool_name=python")
+        out[key.strip()] = value
+    return out
 
 
 def api_key_from_env(name: str) -> str:
@@ -295,6 +334,8 @@ FLAGS = {
     "trace_dir": "--trace-dir",
     "exec_timeout": "--exec-timeout",
     "turn_timeout": "--turn-timeout",
+    "dialect": "--dialect",
+    "dialect_options": "--dialect-option KEY=VALUE",
 }
 _PRICES_CALL = re.compile(r"RLM\(\.\.\., prices=\{.*?\}\}\)")
 _CALL = re.compile(r"(?:RLM|Budget)\((\w+)=([^()]*?)\)")

@@ -56,6 +56,8 @@ class RLMConfig:
     tools_for_children: bool = True
     sub_tools: list[Any] = field(default_factory=list)
     sub_tool_rounds: int = 8
+    # MCP servers whose tools join `tools` / `sub_tools` for each call tree (tools/mcp_config.py).
+    mcp_servers: list[Any] = field(default_factory=list)
     tips: str | None = None
     root_window_tokens: int | None = None
     # Models generated code may name in llm_query(model=...), besides model and sub_model (issue 16).
@@ -66,6 +68,15 @@ class RLMConfig:
     # A reply with no code block whose lines are plain Python runs them (loop/unfenced.py); False only
     # tells the model that code runs from ```repl blocks.
     unfenced_code: bool = True
+    # Identical sub-calls (model, messages, sampling, tools) answered once per call tree, session or
+    # RLMEnv group (lm/call_cache.py).
+    cache_subcalls: bool = False
+    # Tokens per call by model ("provider/model" or a bare name), over genai-prices' figures (lm/windows.py).
+    context_windows: dict[str, int] | None = None
+    # The conversation the root sees (recursa/loop/dialects/): a registered name or a Dialect object,
+    # and the options of a named one (e.g. the "tools" dialect's tool_name and tool_argument).
+    dialect: Any = "recursa"
+    dialect_options: dict[str, Any] | None = None
 
     def validate(self) -> None:
         """Raise ConfigError for the first setting that cannot work, naming it and a value that would."""
@@ -130,6 +141,20 @@ class RLMConfig:
             raise ConfigError(
                 f"RLM(unfenced_code={self.unfenced_code!r}): unfenced_code must be True (run Python a reply "
                 "writes outside a code block) or False (only tell the model to use a ```repl block)."
+            )
+        if not isinstance(self.cache_subcalls, bool):
+            raise ConfigError(
+                f"RLM(cache_subcalls={self.cache_subcalls!r}): cache_subcalls must be True (identical "
+                "sub-calls are answered once) or False (every sub-call is sent)."
+            )
+        windows = self.context_windows
+        if windows is not None and (
+            not isinstance(windows, dict)
+            or any(not isinstance(k, str) or not _is_int(v) or v < 1 for k, v in windows.items())
+        ):
+            raise ConfigError(
+                f"RLM(context_windows={windows!r}): give a dict of model name to its window in tokens, "
+                "an int >= 1, e.g. context_windows={'openai/my-vllm-model': 32_768}."
             )
         if self.subcall_errors not in ("raise", "return"):
             raise ConfigError(

@@ -17,6 +17,7 @@ from recursa.lm.custom import ClientSet
 from recursa.lm.prices import ModelPrice, PriceBook
 from recursa.lm.registry import make_client, parse_model
 from recursa.loop.answer_schema import AnswerCheck
+from recursa.loop.dialects import checked_dialect
 from recursa.loop.engine import RunEngine
 from recursa.loop.options import RunOptions
 from recursa.loop.prompts import fixed_text, template_for
@@ -25,6 +26,7 @@ from recursa.loop.tree import CallTree, new_id
 from recursa.result import RLMResult
 from recursa.sandbox import SANDBOX_KINDS
 from recursa.session import Session
+from recursa.tools.mcp_config import parse_mcp_servers
 from recursa.tools.spec import Tool, make_sub_tools, make_tools
 
 
@@ -73,11 +75,21 @@ class RLM:
         tools_for_children: child runs get `tools` too.
         sub_tools: functions only sub-models call, through function calling.
         sub_tool_rounds: tool turns a sub-model may take before it must answer.
+        mcp_servers: MCP servers whose tools the REPL code (or sub-models) call, connected for each
+            run or session: a list of entries as MCP clients configure them, a dict name -> entry,
+            or a JSON config file (docs/tools.md, "MCP servers").
         tips: strategy text added to the root's prompt.
         root_window_tokens: compact the root's history past 80% of this many tokens.
         allowed_models: further models generated code may name in `llm_query(model=...)`.
         unfenced_code: run Python a reply writes without a ```repl fence (docs/concepts.md, "How
             replies are read"); False only tells the model to fence its code.
+        cache_subcalls: answer identical sub-calls (model, messages, sampling, tools) once per
+            run or session; `result.usage.cache_hits` counts the calls answered from the cache.
+        context_windows: tokens per call by model, over genai-prices' figures (docs/concepts.md,
+            "Context windows").
+        dialect: the conversation the root sees: "recursa" (default), "tools" (native tool calls),
+            "rlms", "skyrl", "verifiers", or a Dialect object (docs/dialects.md).
+        dialect_options: options of a named dialect, e.g. {"tool_name": "python"} for "tools".
     """
 
     def __init__(
@@ -115,10 +127,15 @@ class RLM:
         tools_for_children: bool = True,
         sub_tools: Sequence[Callable[..., Any]] = (),
         sub_tool_rounds: int = 8,
+        mcp_servers: Any = None,
         tips: str | None = None,
         root_window_tokens: int | None = None,
         allowed_models: Sequence[str | Any] = (),
         unfenced_code: bool = True,
+        cache_subcalls: bool = False,
+        context_windows: dict[str, int] | None = None,
+        dialect: str | Any = "recursa",
+        dialect_options: dict[str, Any] | None = None,
     ) -> None:
         # A model may be a "provider/model" name or an LM client object (docs/clients.md).
         clients = ClientSet()
@@ -161,13 +178,19 @@ class RLM:
             tools_for_children=tools_for_children,
             sub_tools=make_sub_tools(list(sub_tools)),
             sub_tool_rounds=sub_tool_rounds,
+            mcp_servers=parse_mcp_servers(mcp_servers),  # type: ignore[arg-type]
             tips=tips,
             root_window_tokens=root_window_tokens,
             allowed_models=allowed_models,  # type: ignore[arg-type]  (validate() names a wrong type)
             clients=dict(clients.clients),
             unfenced_code=unfenced_code,
+            cache_subcalls=cache_subcalls,
+            context_windows=dict(context_windows) if isinstance(context_windows, dict) else context_windows,
+            dialect=dialect,
+            dialect_options=dialect_options,
         )
         self.config.validate()
+        checked_dialect(dialect, dialect_options, "RLM")
         _check_tool_names(self.config.tools, self.config.sub_tools)
         self.prices = PriceBook(prices)
         clients.alias_prices(self.prices)
@@ -205,6 +228,7 @@ class RLM:
         run_id = new_id("run")
         tree = CallTree.create(self.config, self.prices, run_id)
         try:
+            await tree.connect_mcp()
             engine = RunEngine(
                 tree, self.prices, question=question, payload=payload, run_id=run_id, options=options
             )

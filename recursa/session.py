@@ -149,10 +149,11 @@ class Session:
         payload = await load_payload(self.context)
         tree = CallTree.create(self.rlm.config, self.rlm.prices, self.session_id)
         try:
+            await tree.connect_mcp()
             sandbox = tree.new_sandbox()
             await sandbox.start(self._relay)
             await sandbox.load_context(payload)
-            tools = self.rlm.config.tools
+            tools = tree.config.tools
             if tools:
                 problems = await sandbox.define([t.to_worker() for t in tools])
                 if problems:
@@ -200,7 +201,7 @@ class Session:
             return
         try:
             self._blocking(self.aclose())
-            self._blocking(_cancel_leftovers())
+            self._blocking(cancel_leftovers())
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             if self._thread is not None:
@@ -226,9 +227,9 @@ class Session:
             raise
 
 
-async def _cancel_leftovers() -> None:
-    """Cancel what is still scheduled on a blocking session's private loop before it stops, so no
-    task is destroyed while pending (e.g. a sandbox's process guard)."""
+async def cancel_leftovers() -> None:
+    """Cancel what is still scheduled on a private loop (a blocking session's, the DSPy
+    interpreter's) before it stops, so no task is destroyed while pending at interpreter exit."""
     current = asyncio.current_task()
     leftovers = [t for t in asyncio.all_tasks() if t is not current]
     for task in leftovers:

@@ -128,6 +128,55 @@ def test_an_unreachable_address_names_it() -> None:
     assert issubclass(NodeLost, SandboxLost)
 
 
+def test_bench_rows_run_their_repls_on_the_cluster(cluster: dict, tmp_path: Path) -> None:
+    from recursa.bench import run as run_bench
+
+    def opened() -> dict[str, int]:
+        return {node_id: ray.get(host.describe.remote())["opened"] for node_id, host in node_hosts()}
+
+    before = opened()
+    report = run_bench("niah", sizes=[4_000], n=2, methods="rlm", out=tmp_path / "bench", progress=False,
+                       sandbox="ray", sandbox_options={"resources": {"node_a": 1}})  # fmt: skip
+    assert [r["status"] for r in report.rows] == ["ok", "ok"], report.rows
+    assert report.mean_score() == 1.0
+    # Each row's REPL went to the node the placement named, and is closed.
+    after = opened()
+    assert after[cluster["a"]] - before.get(cluster["a"], 0) == 2
+    assert all(after[n] == before.get(n, 0) for n in after if n != cluster["a"])
+    assert ray.get(dict(node_hosts())[cluster["a"]].describe.remote())["live_repls"] == 0
+
+
+def test_children_join_their_parents_node_unless_spread(cluster: dict, tmp_path: Path) -> None:
+    code = "```repl\nanswers = rlm_query_batched(['a?', 'b?', 'c?'], ['x', 'y', 'z'])\nprint(answers)\n```"
+    for placement, expect_one in (("tree", True), ("spread", False)):
+        env = RLMEnv("scripted/gpt5-like", sandbox="ray", trace_dir=tmp_path, max_turns=3, max_depth=2,
+                     sandbox_options=ray_options(placement=placement))  # fmt: skip
+        try:
+            episode = env.start_sync("q?", "the context\n")
+            episode.step_sync(code)
+            children = [e["isolation"].get("ray_node") for e in episode.events if e["type"] == "run_end"]
+            parent = episode.result.isolation["ray_node"]
+        finally:
+            env.close()
+        assert len(children) == 3 and None not in children, episode.events[-3:]
+        assert (set(children) == {parent}) is expect_one, (placement, parent, children)
+
+
+def test_skyrl_rows_run_on_the_cluster_unchanged(cluster: dict) -> None:
+    skyrl_gym = pytest.importorskip("skyrl_gym", reason="skyrl-gym is not installed (the skyrl extra)")
+    from recursa.integrations import skyrl as adapter
+
+    env = skyrl_gym.make(adapter.ENV_ID, env_config={}, extras={
+        "sandbox": "ray", "max_turns": 3, "reward_spec": {"ground_truth": "14"},
+        "extra_info": {"context_text": "fourteen letters"}})  # fmt: skip
+    env.init([{"role": "user", "content": "How long is the context?"}])
+    first = env.step("```repl\nprint(len(context))\n```")
+    assert not first["done"] and "16" in first["observations"][0]["content"]
+    last = env.step("FINAL(16)")
+    assert last["done"]
+    env.close()
+
+
 def test_env_on_the_cluster_a_lost_node_fails_only_its_episodes_and_close_reaps(cluster: dict, tmp_path: Path) -> None:
     # Last in the module: it takes node b out of the cluster.
     doomed = next(n for n in cluster["cluster"].worker_nodes if n.node_id == cluster["b"])

@@ -113,6 +113,7 @@ def _check_models(config: RunConfig) -> None:
             turn_timeout=config.turn_timeout,
             max_concurrency=config.max_concurrency,
             max_retries=config.max_retries,
+            dialect=config.dialect,
             trace=False,
         )
     except ConfigError as exc:
@@ -197,6 +198,9 @@ async def arun(
         raise BenchError(
             f"out {str(out_dir)!r} is a file; give a folder for the results (re-use one to resume)"
         )
+    if run_options.get("sandbox") == "ray" and ray_address is not None:
+        # The rows' REPLs join the cluster the rows run on (or, run locally, the one named).
+        run_options["sandbox_options"] = {"address": ray_address, **(run_options.get("sandbox_options") or {})}
     try:
         config = RunConfig(
             model=model, sub_model=sub_model, base_url=base_url, api_key=api_key, **run_options

@@ -14,7 +14,8 @@ of its own: `max_depth`, `sub_model` / `base_url` / `api_key` (an OpenAI-compati
 sub-calls), `sub_call` (an async function, as for `RLMEnv`), `budget` (a dict of `Budget` fields),
 `family` (a `recursa.tasks` family whose scorer gives the reward), `scorer` (answer -> float),
 `turn_timeout` (seconds for all the code of one step together; default: `repl_timeout`),
-`sandbox`, `trace_dir`, `max_live_repls`, `wait_for_repl`. Every knob is checked when the
+`sandbox`, `trace_dir`, `max_live_repls`, `wait_for_repl`, `dialect` (the conversation: "skyrl"
+for SkyRL's own, exactly; see docs/dialects.md) and `dialect_options`. Every knob is checked when the
 environment is made (`checked_extras`): a wrong kind or a misspelt name is refused naming the key.
 With `subcall_fn`, `rlm_query` children are the generator's own rollouts (as in SkyRL); without
 it, recursa child RLMs whose turns go where the other sub-calls go.
@@ -61,7 +62,7 @@ from recursa.tools.spec import host_tool
 ENV_ID = "recursa-rlm"
 _SETTINGS = ("max_turns", "repl_timeout", "turn_timeout", "max_depth", "sub_model", "base_url", "api_key",
              "budget", "sandbox", "trace_dir", "max_live_repls", "max_output_chars", "wait_for_repl",
-             "max_reply_chars")  # fmt: skip
+             "max_reply_chars", "dialect", "dialect_options")  # fmt: skip
 
 SKYRL_WORDS = QuotaWords(
     limit="extras['max_live_repls']={n}",
@@ -92,11 +93,16 @@ class RecursaRLMEnv(BaseTextEnv):
             **checked_extras(extras),
         }
         self.env_config = env_config
-        # The generator's cap on steps: max_turns code turns, then the one reply that may only answer.
-        self.max_turns = self.extras.get("max_turns", 10) + 1
+        self._env = shared_env(self.extras)
+        # The generator's cap on steps: max_turns code turns, then the one reply that may only
+        # answer (none under SkyRL's own dialect, whose episode ends after max_turns).
+        self.max_turns = self.extras.get("max_turns", 10) + (1 if self._env.dialect.final_call else 0)
         self.episode: Episode | None = None
         self._reward = 0.0
-        self._env = shared_env(self.extras)
+        self._scored = False  # a scorer was given (else, under SkyRL's dialect, its default reward)
+        # The generator's own chat history (the list init returns): under a dialect whose per-turn
+        # prompt is transient, step() pops the stale one off it first, as SkyRL's environment does.
+        self._chat: ConversationType | None = None
 
     def init(self, prompt: ConversationType) -> tuple[ConversationType, dict[str, Any]]:
         if not isinstance(prompt, list) or not all(isinstance(m, dict) for m in prompt):
@@ -109,17 +115,20 @@ class RecursaRLMEnv(BaseTextEnv):
         context = _context(self.extras)
         question = text if context is not None else PROMPT_AS_CONTEXT_QUESTION
         system = self.extras.get("custom_system_prompt")
+        scorer = _scorer(self.extras, question, context)
+        self._scored = scorer is not None
         self.episode = self._env.start_sync(
             question,
             context if context is not None else text,
             task_id=_task_id(self.extras),
-            scorer=_scorer(self.extras, question, context),
+            scorer=scorer,
             sub_call=_sub_call(self.extras),
             child_call=_child_call(self.extras),
             tools=_custom_tools(self.extras.get("custom_tools")),
             system_prompt=system if isinstance(system, str) and system.strip() else None,
         )
-        return self.episode.messages, {"run_id": self.episode.run_id}
+        self._chat = self.episode.messages
+        return self._chat, {"run_id": self.episode.run_id}
 
     def step(self, action: str) -> BaseTextEnvStepOutput:
         episode = self._live("step")
@@ -129,6 +138,8 @@ class RecursaRLMEnv(BaseTextEnv):
                 "call init(prompt) to start the next one"
             )
         self.turns += 1
+        if self._env.dialect.turn_prompt == "transient" and self._chat:
+            self._chat.pop()  # step() runs before the generator appends this turn's messages
         try:
             observations = episode.step_sync(action)
         except ReplyRefused as exc:
@@ -139,6 +150,9 @@ class RecursaRLMEnv(BaseTextEnv):
         done = episode.done
         if done:
             self._reward = float(episode.reward or 0.0)
+            if not self._scored and self._env.dialect.name == "skyrl":
+                # SkyRL's own default: 1.0 for an episode that gave an answer, else 0.0.
+                self._reward = 1.0 if episode.stop_reason == "final" and episode.answer else 0.0
         return BaseTextEnvStepOutput(
             observations=observations,
             reward=self._reward if done else 0.0,
@@ -241,6 +255,8 @@ def _make_env(extras: dict[str, Any]) -> RLMEnv:
         max_output_chars=extras.get("max_output_chars", 20_000),
         wait_for_repl=extras.get("wait_for_repl", 0.0),
         max_reply_chars=extras.get("max_reply_chars", 100_000),
+        dialect=extras.get("dialect", "recursa"),
+        dialect_options=extras.get("dialect_options"),
     )
     quota = _quotas.get(env.quota.limit)  # shared_env holds _envs_lock
     if quota is None:
@@ -269,6 +285,8 @@ _EXTRAS: dict[str, Callable[[str, Any], Any]] = {
     "base_url": text_value,
     "api_key": text_value,
     "sandbox": text_value,
+    "dialect": text_value,
+    "dialect_options": lambda n, v: _dict_value(n, v),
     "custom_system_prompt": text_value,
     "family": lambda n, v: get(text_value(n, v)).name,
     "trace_dir": lambda n, v: v if isinstance(v, PathLike) else text_value(n, v),

@@ -71,6 +71,7 @@ class MethodSettings:
     base_url: str | None = None
     api_key: str | None = field(default=None, repr=False)
     sandbox: str = "auto"
+    sandbox_options: dict[str, Any] | None = None
     max_iterations: int = 30  # RLM root turns; CodeAct steps
     max_output_tokens: int = 16_384
     budget: Budget = field(default_factory=Budget)  # per task instance
@@ -84,6 +85,7 @@ class MethodSettings:
     max_retries: int = 4
     prices: dict[str, Any] | None = None
     on_event: Any = None  # a callable receiving every trace event (progress bars)
+    dialect: str = "recursa"  # the RLM root's conversation (recursa/loop/dialects/)
 
     def engine_options(self) -> dict[str, Any]:
         """The settings a method running the RLM engine passes on as they are (`RLM` and
@@ -94,6 +96,7 @@ class MethodSettings:
             "max_iterations": self.max_iterations,
             "budget": self.budget,
             "sandbox": self.sandbox,
+            "sandbox_options": self.sandbox_options,
             "exec_timeout": self.exec_timeout,
             "turn_timeout": self.turn_timeout,
             "max_concurrency": self.max_concurrency,
@@ -101,6 +104,7 @@ class MethodSettings:
             "trace_dir": self.trace_dir,
             "max_output_tokens": self.max_output_tokens,
             "prices": self.prices,
+            "dialect": self.dialect,
         }
 
     def window(self) -> int | None:

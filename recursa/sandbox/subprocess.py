@@ -33,6 +33,7 @@ from recursa.sandbox.forkserver import ZYGOTE_CAPS, ForkServer, WorkerVanished, 
 from recursa.sandbox.hardened import HostHardening, not_started
 from recursa.sandbox.host import ContextSpec, WorkerHost
 from recursa.sandbox.policy import Hardening
+from recursa.sandbox.pools import MemoryPool
 from recursa.sandbox.processes import ForkedProcess, LocalProcess
 from recursa.sandbox.protocol import FrameSocket
 
@@ -58,13 +59,15 @@ class SubprocessSandbox(WorkerHost):
         snapshots: bool = True,
         restore_timeout: float = 2.0,
         fork_server: ForkServer | None = None,
+        memory_pool: MemoryPool | None = None,
     ) -> None:
         """`hardening`: True (defaults), a `Hardening` with other limits, or False (a plain process
         with a scrubbed environment). `bwrap`: True to require bubblewrap namespaces, None to use
         them when bwrap is installed and works, False not to (see bwrap.py). `snapshots`: fork a
         snapshot before each cell so that a cell that must be killed costs only its own changes.
         `fork_server`: fork the worker from that server's warm zygote where it is as safe as a
-        separate start (bwrap, Landlock ABI 6+, seccomp; see forkserver.py), else start it anew."""
+        separate start (bwrap, Landlock ABI 6+, seccomp; see forkserver.py), else start it anew.
+        `memory_pool`: a memory bound this REPL shares with others (pools.py; RLMEnv's)."""
         super().__init__(
             start_timeout=start_timeout,
             grace_s=grace_s,
@@ -80,7 +83,7 @@ class SubprocessSandbox(WorkerHost):
         if snapshots:
             self.config["keeper"] = True  # a parent for snapshots that outlive the worker (worker/keeper.py)
         options = Hardening() if hardening is True else (hardening or None)
-        self._hardening = HostHardening(options, bwrap, python)
+        self._hardening = HostHardening(options, bwrap, python, memory_pool)
         # What is enforced, from the worker's own report (see policy.describe); set at each start.
         self.isolation: dict[str, Any] = not_started()
         self.scratch_dir: str | None = None
@@ -234,6 +237,7 @@ class SubprocessSandbox(WorkerHost):
 
     async def _spawn_started(self) -> Connection:
         assert self._handler is not None and self.scratch_dir is not None
+        self._hardening.own_scratch(self.scratch_dir)
         ours, theirs = socket.socketpair()
         log = self._new_log()
         handed, notes = self._handed_fds()
@@ -311,7 +315,8 @@ class SubprocessSandbox(WorkerHost):
         else:
             if self._hardening.using_bwrap:
                 process.resolve_pid = lambda ns_pid: inner_pid(root, ns_pid)
-            keeper = inner_pid(root, ppid) if isinstance(ppid, int) and ppid != 1 else None
+            # (Pid 1 is bwrap's init, or a forked worker's keeper at the top of its own namespace.)
+            keeper = inner_pid(root, ppid) if isinstance(ppid, int) and ppid > 0 else None
         if keeper is not None:
             self._hardening.spare.add(keeper)
         process.found_worker()
@@ -338,7 +343,21 @@ class SubprocessSandbox(WorkerHost):
             self._cleanup.fds.add(notes)
         return handed, notes
 
-    async def _end_cell(self) -> int:
+    async def _enter_cell(self, worker: Connection, fresh: bool) -> None:
+        if not self._hardening.cells_grouped:
+            return
+        if not fresh and worker.control is not None and not worker.snapshot_reported.is_set():
+            # The worker forks its snapshot of the last state after its answer: moved into the cell
+            # group before that, the snapshot would be among what the host kills at the cell's end.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.restore_timeout):
+                    await worker.snapshot_reported.wait()
+        self._hardening.enter_cell(worker.pid)
+
+    async def _end_cell(self, answered: Connection | None) -> int:
+        if answered is not None and self._hardening.leave_cell(answered.pid):
+            with contextlib.suppress(OSError, ValueError):
+                await answered.chan.send({"op": "cell_closed"})  # the worker waits for it to snapshot
         return await self._hardening.end_cell()
 
     def _cell_notes(self) -> list[str]:

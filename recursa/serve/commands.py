@@ -253,7 +253,10 @@ def _settings(args: argparse.Namespace, roots: list[str]) -> Any:
         on_event = OtelListener()
     kwargs = rlm_kwargs(args)
     # What ServeSettings has no field of its own for goes to every run's RLM(...).
-    rlm_only = ("prices", "prompt", "max_output_tokens", "exec_timeout", "turn_timeout")
+    rlm_only = (
+        "prices", "prompt", "max_output_tokens", "exec_timeout", "turn_timeout", "mcp_servers", "dialect",
+        "dialect_options",
+    )  # fmt: skip
     options = {k: kwargs.pop(k) for k in rlm_only if k in kwargs}
     return ServeSettings(
         api_keys=_read_api_keys(args.api_keys_file) if getattr(args, "api_keys_file", None) else {},

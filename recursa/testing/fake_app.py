@@ -27,6 +27,7 @@ from recursa.testing.metrics import render_metrics
 from recursa.testing.tool_replies import (
     ToolCallReply,
     anthropic_content,
+    offered_tools,
     openai_message,
     reply_text,
     set_offered,
@@ -103,8 +104,9 @@ def _text_of(content: Any) -> str:
     raise _BadRequest("message content must be a string or a list of text blocks")
 
 
-def _parse(api: Api, body: Any) -> tuple[str, list[dict[str, str]], bool, int | None, bool]:
-    """(model, flattened messages, stream, max output tokens, include usage in stream)."""
+def _parse(api: Api, body: Any) -> tuple[str, list[dict[str, str]], bool, int | None, bool, list[int]]:
+    """(model, flattened messages, stream, max output tokens, include usage in stream, indices of
+    the flattened messages that carry an Anthropic `cache_control` mark)."""
     if not isinstance(body, dict):
         raise _BadRequest("the request body must be a JSON object")
     model = body.get("model")
@@ -114,14 +116,27 @@ def _parse(api: Api, body: Any) -> tuple[str, list[dict[str, str]], bool, int | 
     if not isinstance(raw, list) or not all(isinstance(m, dict) for m in raw):
         raise _BadRequest("`messages` must be a list of message objects")
     messages: list[dict[str, str]] = []
+    marks: list[int] = []
     if api == "anthropic" and body.get("system"):
         messages.append({"role": "system", "content": _text_of(body["system"])})
-    messages += [msg for m in raw for msg in tool_messages(m, _text_of(m.get("content")))]
+        if _marked(body["system"]):
+            marks.append(0)
+    for m in raw:
+        messages += tool_messages(m, _text_of(m.get("content")))
+        if api == "anthropic" and _marked(m.get("content")):
+            marks.append(len(messages) - 1)
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
     max_tokens = limit if isinstance(limit, int) and limit > 0 else None
     options = body.get("stream_options")
     include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-    return model, messages, bool(body.get("stream")), max_tokens, include_usage
+    return model, messages, bool(body.get("stream")), max_tokens, include_usage, marks
+
+
+def _marked(content: Any) -> bool:
+    """Whether a system or message content carries a `cache_control` breakpoint on any block."""
+    return isinstance(content, list) and any(
+        isinstance(block, dict) and isinstance(block.get("cache_control"), dict) for block in content
+    )
 
 
 def _given_key(request: Request) -> str:
@@ -149,11 +164,11 @@ def _openai_usage(rec: RequestRecord) -> dict[str, Any]:
 
 def _anthropic_usage(rec: RequestRecord) -> dict[str, int]:
     return {
-        # Anthropic counts cache reads apart from input_tokens.
-        "input_tokens": rec.prompt_tokens - rec.cached_tokens,
+        # Anthropic counts cache reads and writes apart from input_tokens.
+        "input_tokens": rec.prompt_tokens - rec.cached_tokens - rec.cache_write_tokens,
         "output_tokens": rec.completion_tokens,
         "cache_read_input_tokens": rec.cached_tokens,
-        "cache_creation_input_tokens": 0,
+        "cache_creation_input_tokens": rec.cache_write_tokens,
     }
 
 
@@ -250,7 +265,7 @@ def _sse(payload: dict[str, Any], event: str | None = None) -> bytes:
 
 
 async def _openai_stream(
-    server: FakeHost, rec: RequestRecord, truncated: bool, include_usage: bool
+    server: FakeHost, rec: RequestRecord, truncated: bool, include_usage: bool, calls: ToolCallReply | None
 ) -> AsyncIterator[bytes]:
     cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
 
@@ -268,29 +283,51 @@ async def _openai_stream(
 
     await _first_token(server, rec)
     yield chunk({"role": "assistant", "content": ""})
-    async for piece in _decode(server, rec.reply or ""):
+    async for piece in _decode(server, rec.reply if calls is None else calls.text):
         yield chunk({"content": piece})
+    # Tool calls as vLLM and OpenAI stream them: the id and name first, then the arguments' JSON
+    # in pieces, each delta naming its call by index.
+    for index, (call_id, (name, args)) in enumerate(zip(calls.ids, calls.calls, strict=True) if calls else ()):
+        head = {"index": index, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
+        yield chunk({"tool_calls": [head]})
+        async for piece in _decode(server, json.dumps(args)):
+            yield chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
     rec.finished_at = time.perf_counter()
-    yield chunk({}, "length" if truncated else "stop")
+    yield chunk({}, "length" if truncated else "stop" if calls is None else "tool_calls")
     if include_usage:
         last = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": rec.model}
         yield _sse({**last, "choices": [], "usage": _openai_usage(rec)})
     yield b"data: [DONE]\n\n"
 
 
-async def _anthropic_stream(server: FakeHost, rec: RequestRecord, truncated: bool) -> AsyncIterator[bytes]:
+async def _anthropic_stream(
+    server: FakeHost, rec: RequestRecord, truncated: bool, calls: ToolCallReply | None
+) -> AsyncIterator[bytes]:
     start = _anthropic_message(rec, f"msg_{uuid.uuid4().hex[:24]}", [], None)
     start["usage"] = {**start["usage"], "output_tokens": 0}
     await _first_token(server, rec)
     yield _sse({"type": "message_start", "message": start}, "message_start")
-    block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
-    yield _sse(block, "content_block_start")
-    async for piece in _decode(server, rec.reply or ""):
-        delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}}
-        yield _sse(delta, "content_block_delta")
+    text = rec.reply if calls is None else calls.text
+    index = 0
+    if text or calls is None:
+        block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+        yield _sse(block, "content_block_start")
+        async for piece in _decode(server, text or ""):
+            delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}}
+            yield _sse(delta, "content_block_delta")
+        yield _sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
+        index = 1
+    # Each tool_use block opens with an empty input; its JSON follows as input_json_delta pieces.
+    for offset, (call_id, (name, args)) in enumerate(zip(calls.ids, calls.calls, strict=True) if calls else ()):
+        at = index + offset
+        use = {"type": "tool_use", "id": call_id, "name": name, "input": {}}
+        yield _sse({"type": "content_block_start", "index": at, "content_block": use}, "content_block_start")
+        async for piece in _decode(server, json.dumps(args)):
+            delta = {"type": "content_block_delta", "index": at, "delta": {"type": "input_json_delta", "partial_json": piece}}
+            yield _sse(delta, "content_block_delta")
+        yield _sse({"type": "content_block_stop", "index": at}, "content_block_stop")
     rec.finished_at = time.perf_counter()
-    yield _sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
-    stop = "max_tokens" if truncated else "end_turn"
+    stop = "max_tokens" if truncated else "end_turn" if calls is None else "tool_use"
     end = {"stop_reason": stop, "stop_sequence": None}
     yield _sse({"type": "message_delta", "delta": end, "usage": _anthropic_usage(rec)}, "message_delta")
     yield _sse({"type": "message_stop"}, "message_stop")
@@ -324,11 +361,13 @@ async def _handle(server: FakeHost, request: Request, api: Api, rec: RequestReco
         return _reject(rec, _error(api, 401, message), message)
     try:
         body = json.loads(raw or b"null")
-        model, messages, stream, max_tokens, include_usage = _parse(api, body)
+        model, messages, stream, max_tokens, include_usage, marks = _parse(api, body)
         set_offered(body)
     except ValueError as exc:  # also json.JSONDecodeError
         return _reject(rec, _error(api, 400, str(exc)), str(exc))
     rec.model, rec.messages, rec.stream, rec.max_tokens = model, messages, stream, max_tokens
+    rec.tools = [t["name"] for t in offered_tools()]
+    rec.tool_choice = body.get("tool_choice")
     rec.prompt_tokens = count_message_tokens(messages)
 
     unknown = f"The model `{model}` does not exist or you do not have access to it."
@@ -364,7 +403,10 @@ async def _handle(server: FakeHost, request: Request, api: Api, rec: RequestReco
     if full:
         message = "Rate limit reached: the request queue is full. Please retry later."
         return _reject(rec, _error(api, 429, message, retry_after_s=server.retry_after_s), message)
-    rec.cached_tokens, _ = server.cache.lookup_and_store(messages)
+    if api == "anthropic":  # Anthropic caches only what the request marks, and bills writes
+        rec.cached_tokens, rec.cache_write_tokens = server.marked_cache.lookup_and_store(messages, marks)
+    else:  # OpenAI and vLLM-style servers cache every prefix on their own
+        rec.cached_tokens, _ = server.cache.lookup_and_store(messages)
 
     if not server.virtual:  # in virtual time the simulation owns queueing
         await gate.acquire()
@@ -389,22 +431,22 @@ async def _handle(server: FakeHost, request: Request, api: Api, rec: RequestReco
             return _reject(rec, _error(api, 404, unknown), unknown)
         calls = reply if isinstance(reply, ToolCallReply) else None
         if calls is not None:
-            if stream:
-                raise ValueError("the fake server does not stream tool calls; call it without stream=True")
             reply = reply_text(calls)
         truncated = max_tokens is not None and count_tokens(reply) > max_tokens
         if truncated:
             reply = reply[: max_tokens * 4]  # type: ignore[operator]  # 4 chars/token: exactly max_tokens
         rec.reply, rec.completion_tokens, rec.status = reply, count_tokens(reply), 200
         server.cache.store_generated(messages, reply)
-        rec.cost_usd = server.profile.cost(rec.prompt_tokens, rec.cached_tokens, rec.completion_tokens)
+        rec.cost_usd = server.profile.cost(
+            rec.prompt_tokens, rec.cached_tokens, rec.completion_tokens, rec.cache_write_tokens
+        )
         if stream:
             if fault is not None and fault.kind == "no_usage":
                 include_usage = False
             if api == "openai":
-                body = _openai_stream(server, rec, truncated, include_usage)
+                body = _openai_stream(server, rec, truncated, include_usage, calls)
             else:
-                body = _anthropic_stream(server, rec, truncated)
+                body = _anthropic_stream(server, rec, truncated, calls)
             response: Response
             if fault is not None and fault.kind == "cut":
                 rec.error = f"injected fault: stream closed after {fault.after_bytes} bytes"

@@ -48,6 +48,7 @@ from recursa.testing.latency import (
     get_profile,
     simulate,
 )
+from recursa.testing.marked_cache import MIN_TOKENS, MarkedCache
 from recursa.testing.prefix_cache import PrefixCache
 from recursa.testing.tool_replies import ToolCallReply, offered_tools
 
@@ -122,10 +123,13 @@ class FakeServer:
     already waiting gets 429 with `Retry-After: retry_after_s`. `profile` (a name in
     `latency.PROFILES` or a `LatencyProfile`) gives the defaults; explicit arguments override it.
 
-    Prefix cache (recursa.testing.prefix_cache): with `cache_blocks` > 0 (profiles set it), prompts
-    are split into 16-token blocks hashed with their parent; leading blocks already cached are
-    reported as `usage.prompt_tokens_details.cached_tokens` (Anthropic: `cache_read_input_tokens`)
-    and skip prefill. `cost_usd()` prices every request; `GET /metrics` serves Prometheus text.
+    Prefix caches: on the OpenAI API (recursa.testing.prefix_cache), with `cache_blocks` > 0
+    (profiles set it), prompts are split into 16-token blocks hashed with their parent; leading
+    blocks already cached are reported as `usage.prompt_tokens_details.cached_tokens` and skip
+    prefill. On Anthropic's (recursa.testing.marked_cache) only prefixes the request marks with
+    `cache_control` (of at least `min_cache_tokens`) are cached, as Anthropic does: written ones are
+    reported as `cache_creation_input_tokens` (priced at 1.25x input), read ones as
+    `cache_read_input_tokens`. `cost_usd()` prices every request; `GET /metrics` serves Prometheus text.
 
     With `clock=VirtualClock()` nothing sleeps: arrivals are stamped with the clock and
     `simulate()` returns the exact times the model assigns (deterministic tests).
@@ -155,6 +159,7 @@ class FakeServer:
         contention: float | None = None,
         cache_blocks: int | None = None,
         clock: VirtualClock | None = None,
+        min_cache_tokens: int = MIN_TOKENS,
     ) -> None:
         # A profile gives the defaults; explicit arguments win over it.
         base = (
@@ -191,6 +196,8 @@ class FakeServer:
         # gives the times the latency model assigns them.
         self.clock = clock
         self.cache = PrefixCache(base.cache_blocks if cache_blocks is None else cache_blocks)
+        # Anthropic's explicit cache: only prefixes the request marks with cache_control.
+        self.marked_cache = MarkedCache(min_cache_tokens)
         self._slots = slots
         self._requested_port = port
         self.ledger = Ledger()
@@ -292,6 +299,7 @@ class FakeServer:
         self.ledger.reset()
         if not keep_cache:
             self.cache.clear()
+            self.marked_cache.clear()
         restart = getattr(self.faults, "reset", None)
         if callable(restart):
             restart()

@@ -25,6 +25,7 @@ from typing import Any
 from recursa.context import ContextInfo, ContextPayload
 from recursa.errors import SandboxError
 from recursa.sandbox.base import CallbackError, ExecResult, FinalAnswer, Sandbox
+from recursa.sandbox.forkserver import ForkServer
 
 # A call-back as it crosses to the driver: (client, repl, call id, function, arguments).
 Call = tuple[str, str, int, str, dict[str, Any]]
@@ -53,6 +54,28 @@ class NodeContext:
         )
 
 
+def tree_rss(root: int) -> int:
+    """Resident bytes of `root` and every process below it (its REPL workers), from /proc."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(f"/proc/{entry}/stat", "rb") as stat:
+                    parents[int(entry)] = int(stat.read().rsplit(b")", 1)[1].split()[1])
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in tree]
+        tree.update(children)
+        frontier.extend(children)
+    total = 0
+    for pid in tree:
+        with contextlib.suppress(OSError, ValueError):
+            with open(f"/proc/{pid}/statm", "rb") as statm:
+                total += int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return total
+
+
 class NodeHost:
     """Every REPL of this process's drivers on one node, behind a handful of async methods."""
 
@@ -62,10 +85,15 @@ class NodeHost:
         *,
         kind: str = "auto",
         max_repls: int | None = None,
+        fork: bool = True,
     ) -> None:
         self._make_sandbox = make_sandbox
         self.kind = kind
         self.max_repls = max_repls
+        # REPLs on a node start in bursts (an environment's episodes, a batch of children): as on
+        # one machine, they fork from one warm zygote rather than each start an interpreter.
+        self._fork = fork
+        self._fork_server: ForkServer | None = None
         self.repls: dict[str, Sandbox] = {}
         self._owner: dict[str, str] = {}  # repl -> the client (driver-side pool) it answers to
         self._contexts: dict[str, NodeContext] = {}
@@ -73,13 +101,14 @@ class NodeHost:
         self._outbox: dict[str, asyncio.Queue[Call]] = {}
         self._waiting: dict[int, tuple[str, asyncio.Future[Any]]] = {}
         self._ids = itertools.count(1)
+        self.opened = 0  # REPLs ever started here
 
     # -- facts ------------------------------------------------------------------------------------
 
     def describe(self) -> dict[str, Any]:
         """Where this host runs and how full it is."""
         return {"hostname": socket.gethostname(), "pid": os.getpid(), "live_repls": len(self.repls),
-                "contexts": len(self._contexts)}  # fmt: skip
+                "opened": self.opened, "contexts": len(self._contexts), "rss_bytes": tree_rss(os.getpid())}  # fmt: skip
 
     # -- REPL life ---------------------------------------------------------------------------------
 
@@ -87,7 +116,12 @@ class NodeHost:
         """Start a REPL for `client`; its isolation report, or {"full": True} at this node's bound."""
         if self.max_repls is not None and len(self.repls) >= self.max_repls:
             return {"full": True}
+        if self._fork and "fork_server" not in options:
+            if self._fork_server is None:
+                self._fork_server = ForkServer()
+            options = {**options, "fork_server": self._fork_server}
         sandbox = self._make_sandbox(self.kind, **options)
+        self.opened += 1
         self.repls[repl] = sandbox
         self._owner[repl] = client
         self._outbox.setdefault(client, asyncio.Queue())
@@ -231,3 +265,6 @@ class NodeHost:
         for repl in list(self.repls):
             with contextlib.suppress(Exception):
                 await self._drop(repl)
+        if self._fork_server is not None:
+            await self._fork_server.close()
+            self._fork_server = None

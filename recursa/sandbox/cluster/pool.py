@@ -30,6 +30,7 @@ from recursa.sandbox.base import CallbackError, CallHandler, Sandbox
 from recursa.sandbox.cluster.node import Answer, Call, NodeHost
 
 _NAMESPACE = "recursa"
+_SHUTDOWN_S = 10.0  # for every node host to close its REPLs before the hosts are killed
 _PROBE_S = 5.0  # a TCP connect to the head before ray.init
 _HOST_CONCURRENCY = 10_000  # async calls in flight on one node host (REPL cells, call-backs, loads)
 
@@ -144,6 +145,14 @@ def shutdown_hosts() -> int:
         _hosts.clear()
     if actors:
         ray = import_ray()
+        # First an orderly close (the REPL workers and the fork server end with their host), then
+        # the actors go; a host on a node that died answers neither and is killed at once.
+        closing = []
+        for actor in actors:
+            with contextlib.suppress(Exception):
+                closing.append(actor.shutdown.remote())
+        with contextlib.suppress(Exception):
+            ray.wait(closing, num_returns=len(closing), timeout=_SHUTDOWN_S)
         for actor in actors:
             with contextlib.suppress(Exception):
                 ray.kill(actor)

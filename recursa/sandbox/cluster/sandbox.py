@@ -6,7 +6,8 @@ The REPL is the local sandbox of the node it lands on (`"auto"`, or `kind=`), ru
 host actor (node.py); this object is its stand-in on the driver and speaks the same `Sandbox`
 protocol, so the engine, budgets, traces and sub-calls do not change. Placement: the nodes that
 have every resource in `resources` and every label in `labels`, the node of the same call tree first
-(`affinity`), then the least loaded; at most `max_repls_per_node` live REPLs on a node.
+(`affinity`; `placement="spread"` drops that), then the least loaded; at most `max_repls_per_node`
+live REPLs on a node.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from recursa.context import ContextPayload
 from recursa.errors import ConfigError, SandboxError
@@ -41,6 +42,7 @@ class RaySandbox:
         labels: dict[str, str] | None = None,
         max_repls_per_node: int | None = None,
         affinity: str | None = None,
+        placement: Literal["tree", "spread"] = "tree",
         start_timeout: float = 60.0,
         **node_options: Any,
     ) -> None:
@@ -50,6 +52,11 @@ class RaySandbox:
                 f'sandbox="ray" runs a local sandbox on each node: kind={kind!r} is not one; '
                 f"choose one of {', '.join(NODE_KINDS)}"
             )
+        if placement not in ("tree", "spread"):
+            raise ConfigError(
+                f'sandbox_options placement={placement!r}: give "tree" (a call tree\'s REPLs on one node) '
+                'or "spread" (each REPL on the least loaded node)'
+            )
         if max_repls_per_node is not None and max_repls_per_node < 1:
             raise ConfigError(f"sandbox_options max_repls_per_node={max_repls_per_node!r}: give an int >= 1")
         self._make_sandbox = make_sandbox
@@ -58,7 +65,7 @@ class RaySandbox:
         self.resources = dict(resources or {})
         self.labels = dict(labels or {})
         self.max_repls_per_node = max_repls_per_node
-        self.affinity = affinity
+        self.affinity = affinity if placement == "tree" else None
         self.start_timeout = start_timeout
         self.node_options = node_options  # passed to the node's local sandbox
         self.repl = uuid.uuid4().hex
