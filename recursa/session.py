@@ -194,7 +194,7 @@ class Session:
             return
         try:
             self._blocking(self.aclose())
-            self._blocking(_cancel_leftovers())
+            self._blocking(cancel_leftovers())
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             if self._thread is not None:
@@ -220,9 +220,9 @@ class Session:
             raise
 
 
-async def _cancel_leftovers() -> None:
-    """Cancel what is still scheduled on a blocking session's private loop before it stops, so no
-    task is destroyed while pending (e.g. a sandbox's process guard)."""
+async def cancel_leftovers() -> None:
+    """Cancel what is still scheduled on a private loop (a blocking session's, the DSPy
+    interpreter's) before it stops, so no task is destroyed while pending at interpreter exit."""
     current = asyncio.current_task()
     leftovers = [t for t in asyncio.all_tasks() if t is not current]
     for task in leftovers:

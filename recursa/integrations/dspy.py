@@ -36,6 +36,7 @@ from dspy.primitives.code_interpreter import CodeExecutionError, CodeInterpreter
 from recursa.errors import ConfigError, SandboxError
 from recursa.sandbox import SANDBOX_KINDS, Sandbox, make_sandbox
 from recursa.sandbox.base import CallbackError, ExecResult
+from recursa.session import cancel_leftovers
 from recursa.trace.redact import redact
 
 T = TypeVar("T")
@@ -190,6 +191,8 @@ class RecursaInterpreter:
         loop, thread, self._loop, self._thread = self._loop, self._thread, None, None
         if loop is None:
             return
+        if thread is not None and thread.is_alive():
+            asyncio.run_coroutine_threadsafe(cancel_leftovers(), loop).result()
         loop.call_soon_threadsafe(loop.stop)
         if thread is not None:
             thread.join()
