@@ -28,7 +28,7 @@ from recursa.config import RLMConfig
 from recursa.context import load_payload
 from recursa.env.callback import CallbackClient, ChildCall, SubCall
 from recursa.env.episode import Episode, Scorer
-from recursa.env.quota import Prepaid, ReplQuota
+from recursa.env.quota import Prepaid, ReplQuota, ReplsFull
 from recursa.env.shared import EnvError, EpisodeHost, PerLoop, PrivateLoop
 from recursa.errors import ConfigError
 from recursa.knobs import wait_value
@@ -43,6 +43,7 @@ from recursa.loop.options import RunOptions
 from recursa.loop.tree import CallTree, new_id
 from recursa.sandbox import SANDBOX_KINDS
 from recursa.sandbox.forkserver import ForkServer
+from recursa.sandbox.pools import MemoryPool
 from recursa.tools.mcp_config import parse_mcp_servers
 from recursa.tools.spec import Tool, make_sub_tools, make_tools
 
@@ -71,6 +72,12 @@ class RLMEnv:
     for children, which needs `max_live_repls < max_depth` (rules: recursa/env/quota.py).
     `wait_for_repl`: seconds `start` waits for a slot, in line, before it raises (0: raise at once).
     `fork`: fork REPLs from one warm zygote shared by the episodes (subprocess sandboxes only).
+    `max_memory_bytes`: what all the environment's live REPLs (children included) may hold
+    together; "auto": three quarters of the machine's memory; None: no bound but each REPL's own.
+    Where the host may make memory control groups the kernel enforces it (recursa/sandbox/pools.py):
+    at the bound it kills the largest of their processes, and that REPL's cell says why (the
+    episode goes on from the REPL's snapshot); elsewhere, and in any case, a start is refused
+    (`ReplsFull`) while the live REPLs hold the bound. Subprocess sandboxes only.
     `cache_subcalls`: identical sub-calls are answered once per episode, and once across the
     episodes of one `task_id` that are alive together (a group of samples of one task).
     `dialect`: the conversation the policy was trained on (docs/dialects.md); under "tools" a step
@@ -117,6 +124,7 @@ class RLMEnv:
         on_event: Callable[[dict[str, Any]], None] | None = None,
         fork: bool = True,
         cache_subcalls: bool = False,
+        max_memory_bytes: int | str | None = "auto",
         context_windows: dict[str, int] | None = None,
         dialect: str | Any = "recursa",
         dialect_options: dict[str, Any] | None = None,
@@ -209,6 +217,7 @@ class RLMEnv:
         self.max_reply_chars = max_reply_chars
         self.fork = fork and sandbox in _FORKING_SANDBOXES and "fork_server" not in (sandbox_options or {})
         self.quota = ReplQuota(max_live_repls)
+        self.memory_pool = _memory_pool(max_memory_bytes, sandbox, self.config.sandbox_options)
         self._shared = PerLoop()
         self._private = PrivateLoop()
         self._closing = False  # close() is closing the blocking API's episodes and loop
@@ -259,6 +268,12 @@ class RLMEnv:
             raise EnvError("the question is empty: pass the question to answer as a non-empty str.")
         if scorer is not None and not callable(scorer):
             raise EnvError("scorer= takes a function answer -> float (e.g. task.score).")
+        pool = self.memory_pool
+        if pool is not None and pool.full():
+            raise ReplsFull(
+                f"RLMEnv(max_memory_bytes={pool.limit_bytes}): the live REPLs hold {pool.used() >> 20} MiB "
+                f"of the {pool.limit_bytes >> 20} MiB bound; close finished episodes, or raise max_memory_bytes"
+            )
         # The levels of child RLMs with REPLs of their own below the root: a start leaves slots free
         # for one such chain (quota.py), so that an admitted episode can always run its children.
         chain = self.config.max_depth - 1 if child_call is None and self.config.max_depth >= 2 else 0
@@ -325,6 +340,8 @@ class RLMEnv:
                 user(event)
 
         options = dict(self.config.sandbox_options or {})
+        if self.memory_pool is not None:
+            options["memory_pool"] = self.memory_pool
         resources = self._shared.here()
         if self.fork:
             if resources.fork_server is None:
@@ -373,6 +390,8 @@ class RLMEnv:
                     failure = failure or exc
         finally:
             await self._shared.aclose_here()
+            if self.memory_pool is not None:
+                self.memory_pool.close()  # once its REPLs' groups are gone; else swept later
         if failure is not None:
             raise failure
 
@@ -398,6 +417,20 @@ class RLMEnv:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _memory_pool(limit: int | str | None, sandbox: str, options: dict[str, Any] | None) -> MemoryPool | None:
+    """The bound over the environment's REPLs ("auto": three quarters of the machine's memory)."""
+    if limit is None or sandbox not in _FORKING_SANDBOXES or "memory_pool" in (options or {}):
+        return None
+    if limit == "auto":
+        limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 64 << 20:
+        raise ConfigError(
+            f"RLMEnv(max_memory_bytes={limit!r}): give the bytes all live REPLs may hold together, at "
+            'least 64 MiB (e.g. 32 << 30), "auto" (three quarters of the memory) or None (no bound).'
+        )
+    return MemoryPool(limit)
 
 
 def _checked_child_call(fn: ChildCall | None) -> ChildCall | None:

@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol
 from recursa.context import ContextInfo
 from recursa.lm.base import LMResponse, Message, ToolCall
 from recursa.loop.blocks import Outcome
-from recursa.loop.parse import ParsedReply
+from recursa.loop.parse import Reply
 from recursa.loop.prompts import PromptSettings
 from recursa.sandbox.base import ExecResult, FinalAnswer
 from recursa.tools.spec import Tool
@@ -52,7 +52,7 @@ class Cell:
     """Code of one reply to run: a parsed text reply (its blocks, its prose answer) or the code of
     one native tool call, whose result goes back with `call.id`."""
 
-    parsed: ParsedReply
+    parsed: Reply
     call: ToolCall | None = None
     refused: str | None = None  # why this call does not run (a wrong tool, no code): told as its result
 
@@ -90,7 +90,7 @@ class Runner(Protocol):
     """What a dialect runs a reply's cells with (loop/blocks.ReplyCode): recursa's rules for a
     parsed reply, or one raw cell for a dialect with rules of its own."""
 
-    async def run(self, parsed: ParsedReply, *, retry: bool, call_id: str | None = None) -> Outcome: ...
+    async def run(self, parsed: Reply, *, retry: bool, call_id: str | None = None) -> Outcome: ...
 
     async def execute(self, code: str, *, call_id: str | None = None) -> ExecResult: ...
 

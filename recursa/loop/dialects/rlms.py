@@ -26,7 +26,7 @@ from recursa.loop.dialects.base import (
     TurnNotes,
     TurnPromptKind,
 )
-from recursa.loop.parse import ParsedReply
+from recursa.loop.parse import Reply
 from recursa.sandbox.base import ExecResult
 
 INSTALL = "pip install 'recursa[rlms]' (the official package, rlms==0.1.3)"
@@ -90,7 +90,7 @@ class RlmsDialect:
 
     def read(self, response: LMResponse, *, unfenced_code: bool) -> Reading:
         blocks = self.rlm.parsing.find_code_blocks(response.text)
-        cells = [Cell(ParsedReply(blocks, None))] if blocks else []
+        cells = [Cell(Reply(blocks))] if blocks else []
         return Reading({"role": "assistant", "content": response.text}, cells, response.text)
 
     async def run(self, reading: Reading, runner: Runner, *, retry: bool) -> list[CellResult]:
@@ -100,7 +100,7 @@ class RlmsDialect:
             return []
         types = self.rlm.types
         blocks = []
-        for code in reading.cells[0].parsed.code_blocks:
+        for code in reading.cells[0].parsed.code:
             res = await runner.execute(code)
             names = await self._names.after(res, runner)
             result = types.REPLResult(stdout=res.stdout, stderr=_stderr(res), locals=dict.fromkeys(names, ""))

@@ -27,7 +27,7 @@ from recursa.loop.dialects.base import (
     TurnNotes,
     TurnPromptKind,
 )
-from recursa.loop.parse import ParsedReply
+from recursa.loop.parse import Reply
 from recursa.sandbox.base import FinalAnswer
 
 INSTALL = "pip install 'recursa[skyrl]'"
@@ -82,14 +82,14 @@ class SkyRLDialect:
 
     def read(self, response: LMResponse, *, unfenced_code: bool) -> Reading:
         code = self.sky.env._find_code_block(response.text)
-        cells = [Cell(ParsedReply([code], None))] if code is not None else []
+        cells = [Cell(Reply([code]))] if code is not None else []
         return Reading({"role": "assistant", "content": response.text}, cells, response.text)
 
     async def run(self, reading: Reading, runner: Runner, *, retry: bool) -> list[CellResult]:
         if not reading.cells:
-            return [CellResult(Cell(ParsedReply([], None)), None, self._observe(reading.text, None))]
+            return [CellResult(Cell(Reply([])), None, self._observe(reading.text, None))]
         cell = reading.cells[0]
-        code = cell.parsed.code_blocks[0]
+        code = cell.parsed.code[0]
         res = await runner.execute(code)
         names = await self._names.after(res, runner)
         # FINAL_VAR() called in the code (SkyRL's REPL has no FINAL() nor answer dict), else an
