@@ -27,7 +27,7 @@ from recursa.loop.dialects.base import (
 )
 from recursa.loop.dialects.tools import ToolsDialect
 from recursa.loop.finals import boxed
-from recursa.loop.parse import ParsedReply
+from recursa.loop.parse import Reply
 from recursa.sandbox.base import ExecResult, FinalAnswer
 
 MAX_OUTPUT_CHARS = 8_192  # the environment's max_output_length
@@ -83,13 +83,13 @@ class VerifiersDialect(ToolsDialect):
             text = reading.text.strip()
             found = boxed(text)
             answer = found if found is not None else text
-            return [CellResult(Cell(ParsedReply([], None)), FinalAnswer(answer, answer, "forced"), None)]
+            return [CellResult(Cell(Reply([])), FinalAnswer(answer, answer, "forced"), None)]
         results: list[CellResult] = []
         for cell in reading.cells:
             if cell.refused is not None or (results and results[-1].final is not None):
                 results.append(CellResult(cell, None, cell.refused or "(not run)"))
                 continue
-            res = await runner.execute(cell.parsed.code_blocks[0], call_id=cell.call.id if cell.call else None)
+            res = await runner.execute(cell.parsed.code[0], call_id=cell.call.id if cell.call else None)
             final = res.final if res.final is not None and res.final.protocol == "answer" else None
             results.append(CellResult(cell, final, _output(res)))
         return results
