@@ -18,7 +18,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from recursa import RLM, Budget  # noqa: E402
 from recursa.env import RLMEnv  # noqa: E402
 from recursa.errors import ConfigError, SandboxLost  # noqa: E402
-from recursa.sandbox import make_sandbox  # noqa: E402
+from recursa.sandbox import cgroups, make_sandbox  # noqa: E402
 from recursa.sandbox.cluster import NodeLost, RaySandbox, node_hosts, shutdown_hosts  # noqa: E402
 from recursa.tasks import generate  # noqa: E402
 
@@ -175,6 +175,20 @@ def test_skyrl_rows_run_on_the_cluster_unchanged(cluster: dict) -> None:
     last = env.step("FINAL(16)")
     assert last["done"]
     env.close()
+
+
+@pytest.mark.skipif(cgroups.memory_available() is None, reason="this host can make no memory control group")
+def test_the_environments_memory_bound_holds_on_the_nodes(cluster: dict, tmp_path: Path) -> None:
+    env = RLMEnv("scripted/gpt5-like", sandbox="ray", trace_dir=tmp_path, max_turns=5, exec_timeout=60,
+                 max_memory_bytes=256 << 20, sandbox_options={"resources": {"node_a": 1}})  # fmt: skip
+    try:
+        episode = env.start_sync("q?", "ctx")
+        grab = "held = bytearray(300 << 20)\nfor i in range(0, len(held), 4096):\n    held[i] = 1\nprint('holding')"
+        text = episode.step_sync(f"```repl\n{grab}\n```")[0]["content"]
+        assert "reached their memory bound (256 MiB)" in text, text
+        assert episode.result.isolation["ray_node"] == cluster["a"]
+    finally:
+        env.close()
 
 
 def test_env_on_the_cluster_a_lost_node_fails_only_its_episodes_and_close_reaps(cluster: dict, tmp_path: Path) -> None:

@@ -218,6 +218,12 @@ class RLMEnv:
         self.fork = fork and sandbox in _FORKING_SANDBOXES and "fork_server" not in (sandbox_options or {})
         self.quota = ReplQuota(max_live_repls)
         self.memory_pool = _memory_pool(max_memory_bytes, sandbox, self.config.sandbox_options)
+        # On a cluster each node's kernel bounds its share of the REPLs (cluster/node.py).
+        self._cluster_memory = (
+            {"memory_group": new_id("env"), "memory_bytes": _checked_bound(max_memory_bytes)}
+            if sandbox == "ray" and max_memory_bytes is not None
+            else {}
+        )
         self._shared = PerLoop()
         self._private = PrivateLoop()
         self._closing = False  # close() is closing the blocking API's episodes and loop
@@ -339,7 +345,7 @@ class RLMEnv:
             if user is not None:
                 user(event)
 
-        options = dict(self.config.sandbox_options or {})
+        options = {**self._cluster_memory, **(self.config.sandbox_options or {})}
         if self.memory_pool is not None:
             options["memory_pool"] = self.memory_pool
         resources = self._shared.here()
@@ -423,14 +429,19 @@ def _memory_pool(limit: int | str | None, sandbox: str, options: dict[str, Any] 
     """The bound over the environment's REPLs ("auto": three quarters of the machine's memory)."""
     if limit is None or sandbox not in _FORKING_SANDBOXES or "memory_pool" in (options or {}):
         return None
-    if limit == "auto":
-        limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 64 << 20:
+    checked = _checked_bound(limit)
+    if checked == "auto":
+        checked = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4
+    return MemoryPool(checked)
+
+
+def _checked_bound(limit: Any) -> int | str:
+    if limit != "auto" and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 64 << 20):
         raise ConfigError(
             f"RLMEnv(max_memory_bytes={limit!r}): give the bytes all live REPLs may hold together, at "
             'least 64 MiB (e.g. 32 << 30), "auto" (three quarters of the memory) or None (no bound).'
         )
-    return MemoryPool(limit)
+    return limit
 
 
 def _checked_child_call(fn: ChildCall | None) -> ChildCall | None:

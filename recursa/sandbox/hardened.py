@@ -57,8 +57,8 @@ def unprivileged_ids() -> tuple[int, int]:
 
 def _reachable_by_all(paths: tuple[str, ...]) -> bool:
     """Whether any user may reach `paths` (the interpreter, the worker's files, what the worker may
-    read, the folder of its scratch folder): each, and every folder on the way, searchable by others. Else an unprivileged
-    worker keeps CAP_DAC_READ_SEARCH (worker/hardening.py says why that is safe)."""
+    read, the folder of its scratch folder): each, and every folder on the way, searchable by
+    others. Else an unprivileged worker keeps CAP_DAC_READ_SEARCH (worker/hardening.py: why)."""
     for path in paths:
         parts = os.path.abspath(path).split(os.sep)
         for depth in range(2, len(parts) + 1):
@@ -457,7 +457,10 @@ class HostHardening:
             # The bound shared with the other REPLs of an environment: the kernel's where the pool's
             # group holds this REPL's, else a rule for admitting new episodes only.
             enforced = self.pool.enforced if group is not None and group.memory_kind is not None else None
-            out["pool"] = {"limit_bytes": self.pool.limit_bytes, "by": enforced or "admission (resident memory)"}
+            out["pool"] = {
+                "limit_bytes": self.pool.limit_bytes,
+                "by": enforced or "admission (resident memory)",
+            }
         if group is not None and group.memory_bytes is not None:
             out["cgroup_limit_bytes"] = group.memory_bytes
         return out
