@@ -19,6 +19,7 @@ from recursa import RLM, Budget  # noqa: E402
 from recursa.env import RLMEnv  # noqa: E402
 from recursa.errors import ConfigError, SandboxLost  # noqa: E402
 from recursa.sandbox import cgroups, make_sandbox  # noqa: E402
+from recursa.sandbox.base import CallbackError  # noqa: E402
 from recursa.sandbox.cluster import NodeLost, RaySandbox, node_hosts, shutdown_hosts  # noqa: E402
 from recursa.tasks import generate  # noqa: E402
 
@@ -92,6 +93,8 @@ async def test_one_tree_stays_on_one_node_and_a_context_crosses_once_per_node(cl
 
     async def handler(name: str, args: dict) -> str:
         calls.append((name, args))
+        if args.get("prompt") == "too dear":
+            raise CallbackError("BudgetExceeded", "the budget's max_usd=1 is used up")
         return "from the driver"
 
     repls = [make_sandbox("ray", **ray_options(affinity="tree-1")) for _ in range(3)]
@@ -104,6 +107,11 @@ async def test_one_tree_stays_on_one_node_and_a_context_crosses_once_per_node(cl
         assert all(r.stdout.strip() == f"{len('the same context for every REPL') * 5_000 + 5_000} from the driver"
                    for r in results), [r.stdout + r.stderr for r in results]  # fmt: skip
         assert [c[0] for c in calls] == ["llm_query"] * 3
+        # An error raised on the driver reaches the node's code as the same exception, as locally.
+        refused = await repls[0].execute(
+            "try:\n    llm_query('too dear')\nexcept BudgetExceeded as e:\n    print('refused:', e)", 30
+        )
+        assert "refused: the budget's max_usd=1 is used up" in refused.stdout, refused
         host = repls[0].pool.host(repls[0].node)  # type: ignore[attr-defined]
         facts = await host.describe.remote()
         assert facts["contexts"] == 1 and facts["live_repls"] >= 3
