@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,23 @@ def test_the_trl_example_plays_episodes_with_a_scripted_policy(served):
     assert len(rollouts) == 2
     assert all(r["reward"] == 0.0 and r["turns"] == 2 for r in rollouts)
     assert rollouts[0]["messages"][-1] == {"role": "assistant", "content": "FINAL(nothing)"}
+
+
+async def test_a_step_may_be_a_tool_call_under_the_tools_dialect():
+    env = RLMEnv(max_depth=0, trace=False, max_turns=3, dialect="tools")
+    with BackgroundServer(create_openenv_app(env, max_sessions=1)) as srv:
+        async with GenericEnvClient(base_url=srv.url) as client:
+            await client.reset(question="What is six times seven?", context="6 7")
+            code = json.dumps({"code": "print(6 * 7)"})
+            call = {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "call_python_repl", "arguments": code},
+            }
+            ran = await client.step({"message": {"role": "assistant", "content": None, "tool_calls": [call]}})
+            answer = ran.observation["messages"][0]
+            assert (
+                answer["role"] == "tool" and answer["tool_call_id"] == "call_1" and "42" in answer["content"]
+            )
+            end = await client.step({"reply": "FINAL(42)"})
+            assert end.done and end.observation["answer"] == "42"
