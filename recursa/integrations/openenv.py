@@ -13,10 +13,10 @@ Each OpenEnv session (one WebSocket connection of an `EnvClient`) is one `Recurs
   With question and context, `expected_answer=` gives the episode a reward (1.0 for that answer,
   else 0.0); without it the reward is None and the trainer scores `answer` itself.
 - `step(RLMAction(reply=...))` runs the policy's reply (or `message=`, an OpenAI assistant message
-  with its token fields, and its `tool_calls` under `dialect="tools"`) as the root's turn; the observation's `messages` are what to append
-  after the reply. `done` is True once the episode has ended; `reward` is then the scorer's (0.0
-  without an answer), None before and without a scorer. A new `reset` closes the session's episode first, and so does
-  the end of the session.
+  with its token fields, and its `tool_calls` under `dialect="tools"`) as the root's turn; the
+  observation's `messages` are what to append after the reply. `done` is True once the episode
+  has ended; `reward` is then the scorer's (0.0 without an answer), None before and without a
+  scorer. A new `reset` closes the session's episode first, and so does the end of the session.
 
 Concurrency is OpenEnv's `max_concurrent_envs` (sessions at once) over one shared `RLMEnv`, whose
 `max_live_repls`, budgets and turn limits hold across every session. Contexts come only as values
