@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from recursa import RLM
 from recursa.asgi.background import BackgroundServer
 from recursa.errors import ConfigError
 from recursa.testing.tool_replies import ToolCallReply, offered_tools
@@ -207,3 +208,16 @@ async def test_acp_sessions_get_the_clients_and_the_operators_mcp_servers(server
     system = roots[0].messages[0]["content"]
     assert "`ops_add(" in system and "`web_add(" in system and "`weather(" in system  # add: on both
     assert "'sse' is not supported" in str(refused.value.data)
+
+
+def test_serve_takes_mcp_servers_from_the_operators_flag(tmp_path):
+    from recursa.cli import _parser
+    from recursa.serve.commands import _settings
+
+    path = tmp_path / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": {"ops": {"url": "http://127.0.0.1:9/mcp"}}}))
+    args = _parser().parse_args(["serve", "--model", "scripted/gpt5-like", "--mcp-servers", str(path)])
+    settings = _settings(args, [])
+    assert [s.name for s in settings.rlm_options["mcp_servers"]] == ["ops"]
+    rlm = RLM("scripted/gpt5-like", **settings.rlm_options)  # what every request's run is built with
+    assert rlm.config.mcp_servers[0].url == "http://127.0.0.1:9/mcp"
