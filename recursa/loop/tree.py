@@ -16,14 +16,12 @@ from recursa.lm.gateway import ClientSettings, ModelGateway
 from recursa.lm.limiter import Limiter
 from recursa.lm.prices import PriceBook
 from recursa.lm.retry import RetryBudget, RetryPolicy
-from recursa.sandbox import make_sandbox
+from recursa.sandbox import SANDBOXES, make_sandbox
 from recursa.sandbox.base import Sandbox
 from recursa.sandbox.forkserver import ForkServer
 from recursa.tools.runner import ToolRunner
 from recursa.trace.redact import Redactor
 from recursa.trace.writer import TraceWriter, default_trace_dir
-
-_FORKING_SANDBOXES = ("auto", "subprocess")
 
 
 def new_id(prefix: str) -> str:
@@ -136,7 +134,7 @@ class CallTree:
         options = {"max_output_chars": self.config.max_output_chars, **(self.config.sandbox_options or {})}
         if (
             self.config.max_depth >= 2
-            and self.config.sandbox in _FORKING_SANDBOXES
+            and SANDBOXES[self.config.sandbox].forks
             and "fork_server" not in options
         ):
             # Child RLMs start REPLs in bursts (rlm_query_batched): fork them from one warm zygote

@@ -233,19 +233,17 @@ def _check_model(settings: Any) -> None:
 def _check_options(settings: Any) -> None:
     """Fail at start-up for a bad run option (--exec-timeout 0, --max-depth -1) where the model is not
     checked then (an ACP session may name its own model and key): sessions cannot change these."""
-    import dataclasses
+    from recursa.config import RLMConfig, Spelling
 
-    from recursa.config import RLMConfig
-
-    fields = {f.name for f in dataclasses.fields(RLMConfig)}
-    RLMConfig(
+    RLMConfig.checked(
+        Spelling("cli"),
         model=settings.model,
         sub_model=settings.sub_model or settings.model,
         max_depth=settings.max_depth,
         max_iterations=settings.max_iterations,
         budget=settings.budget,
-        **{k: v for k, v in settings.rlm_options.items() if k in fields},
-    ).validate()
+        **{k: v for k, v in settings.rlm_options.items() if k in RLMConfig.model_fields},
+    )
 
 
 def _serve(args: argparse.Namespace) -> int:
