@@ -82,12 +82,32 @@ def setting(
 Seconds = float
 
 
-class RLMConfig(BaseModel):
-    """Every setting of an RLM run, validated once, shared by all runs of a call tree."""
+class _Schema(BaseModel):
+    """Settings checked strictly (no "3" for 3, no NaN), each error named as the caller wrote it."""
 
-    model_config = ConfigDict(
-        strict=True, extra="forbid", arbitrary_types_allowed=True, allow_inf_nan=False, frozen=False
-    )
+    model_config = ConfigDict(strict=True, extra="forbid", arbitrary_types_allowed=True, allow_inf_nan=False)
+
+    @classmethod
+    def checked(cls, spelling: Spelling, **values: Any) -> Any:
+        """The settings of `values`, or a ConfigError naming the first bad one as `spelling` writes it."""
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            raise spelling.error(exc, cls, values) from None
+
+    @classmethod
+    def check_one(cls, name: str, value: Any, spelling: Spelling) -> Any:
+        """One setting's value checked as `checked` checks it, alone (a client's override)."""
+        blank = cls.model_construct()
+        try:
+            cls.__pydantic_validator__.validate_assignment(blank, name, value)
+        except ValidationError as exc:
+            raise spelling.error(exc, cls, {name: value}) from None
+        return getattr(blank, name)
+
+
+class RLMConfig(_Schema):
+    """Every setting of an RLM run, validated once, shared by all runs of a call tree."""
 
     model: str = setting(..., "the root model, which writes the REPL code: provider/name or a client object", flag="--model", client="choose")
     sub_model: str = setting(..., "the model behind llm_query and child runs' turns (default: model)", flag="--sub-model", client="choose")
@@ -196,14 +216,6 @@ class RLMConfig(BaseModel):
             )
         return value
 
-    @classmethod
-    def checked(cls, spelling: Spelling, **values: Any) -> RLMConfig:
-        """The config of `values`, or a ConfigError naming the first bad one as `spelling` writes it."""
-        try:
-            return cls(**values)
-        except ValidationError as exc:
-            raise spelling.error(exc, cls, values) from None
-
     def turn_seconds(self) -> float:
         """Seconds for all the code of one reply together: turn_timeout, else exec_timeout."""
         return self.exec_timeout if self.turn_timeout is None else self.turn_timeout
@@ -221,22 +233,13 @@ class RLMConfig(BaseModel):
         return self.model_copy(update=changes)
 
 
-class EnvConfig(BaseModel):
+class EnvConfig(_Schema):
     """The settings only an `RLMEnv` has (its runs' settings are an RLMConfig)."""
-
-    model_config = RLMConfig.model_config
 
     max_reply_chars: int = setting(100_000, "longer policy replies are refused (the trace keeps replies whole up to 100,000)", client="tighten", ge=1)
     max_live_repls: int = setting(256, "REPL processes alive at once over all episodes (children included)", client="tighten", ge=1)
     wait_for_repl: Seconds = setting(0.0, "seconds start() waits in line for a REPL slot before it raises (0: raise at once)", client="tighten", what="a number of seconds >= 0 (0: do not wait)", ge=0)
     fork: bool = setting(True, "fork REPLs from one warm zygote shared by the episodes (forking sandboxes only)")
-
-    @classmethod
-    def checked(cls, spelling: Spelling, **values: Any) -> EnvConfig:
-        try:
-            return cls(**values)
-        except ValidationError as exc:
-            raise spelling.error(exc, cls, values) from None
 
 
 @dataclass(frozen=True)

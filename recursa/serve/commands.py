@@ -4,6 +4,7 @@ command runs, so `recursa --help` stays fast and works without the extras."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
 import os
 import socket
@@ -172,8 +173,8 @@ def _settings(args: argparse.Namespace, roots: list[str]) -> Any:
         on_event = OtelListener()
     kwargs = rlm_kwargs(args)
     # What ServeSettings has no field of its own for goes to every run's RLM(...).
-    rlm_only = ("prices", "prompt", "max_output_tokens", "exec_timeout", "turn_timeout")
-    options = {k: kwargs.pop(k) for k in rlm_only if k in kwargs}
+    own = {f.name for f in dataclasses.fields(ServeSettings)}
+    options = {k: kwargs.pop(k) for k in list(kwargs) if k not in own}
     return ServeSettings(
         api_keys=_read_api_keys(args.api_keys_file) if getattr(args, "api_keys_file", None) else {},
         model=args.model,
