@@ -57,6 +57,10 @@ SCRIPTS = [
     Script("load", "load.py", ["--runs", "10"], ["--runs", "200", "--batches", "2"]),
     Script("env_rollouts", "env_rollouts.py", ["--sizes-mb", "1", "--episodes", "16", "--alone", "4"], []),
     Script("serve_throughput", "serve_throughput.py", ["--requests", "16", "--concurrency", "4"], []),
+    Script(
+        "subcall_cache", "subcall_cache.py", ["--group", "4", "--chars", "20000", "--families", "oolong,niah"], []
+    ),
+    Script("prompt_cache", "prompt_cache.py", ["--turns", "6"], []),
     Script("families_10m", "families_10m.py", ["--tokens", "20k"], []),
     Script(
         "viewer_load",

@@ -20,7 +20,9 @@ from recursa.cli_options import (
     rlm_kwargs,
 )
 from recursa.errors import ConfigError, RecursaError
+from recursa.extras import install_hint
 from recursa.trace.redact import redact
+from recursa.version import __version__
 
 if TYPE_CHECKING:
     from recursa.rlm import RLM
@@ -88,6 +90,17 @@ class _Progress:
             )
 
 
+def _positive_int(text: str) -> int:
+    """argparse's `type=` for a count such as `demo --size`; argparse names the flag in the error."""
+    try:
+        value = int(text.replace("_", ""), 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number: give one such as 200000") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is too small: give a whole number of at least 1")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="recursa",
@@ -95,6 +108,7 @@ def _parser() -> argparse.ArgumentParser:
         "window. Start offline with `recursa demo`, or `recursa run QUESTION --context FILE --model "
         "scripted/gpt5-like`; `recursa models` lists the models and the environment variables read.",
     )
+    parser.add_argument("--version", action="version", version=f"recursa {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser(
@@ -127,7 +141,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
     )
     demo.add_argument("--family", default="oolong", choices=DEMO_FAMILIES, help="the task family to generate")
-    demo.add_argument("--size", type=int, default=1_200_000, help="context size in characters")
+    demo.add_argument("--size", type=_positive_int, default=1_200_000, help="context size in characters")
     demo.add_argument("--seed", type=int, default=7, help="seed of the generated task")
     demo.add_argument(
         "--model", default="scripted/gpt5-like", help="root model (`recursa models` lists them)"
@@ -389,12 +403,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                     "ran": report.ran,
                     "skipped": report.skipped,
                     "summary": summary_table(report.rows),
+                    "plots_skipped": report.plots_skipped,
                 }
             )
         )
     else:
         print(report.summary_path.read_text(encoding="utf-8"))
         print(f"{report.ran} rows run, {report.skipped} already done; results in {report.results_path}")
+        if report.plots_skipped:
+            print(f"recursa bench: {report.plots_skipped}", file=sys.stderr)
     return 0
 
 
@@ -436,7 +453,7 @@ def _fake_server(argv: list[str]) -> int:
     try:
         from recursa.testing.fake_server import main as fake_main
     except ImportError:
-        print('recursa fake-server: needs the server extra: pip install "recursa[server]"', file=sys.stderr)
+        print(f"recursa fake-server: needs the server extra: {install_hint('server')}", file=sys.stderr)
         return 2
     try:
         return int(fake_main(argv) or 0)

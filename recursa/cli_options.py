@@ -96,12 +96,19 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         '{"input_per_mtok": 0.25, "output_per_mtok": 2.0}}; needed with --max-usd for models with no known '
         "price (default: built-in prices)",
     )
+    p.add_argument(
+        "--mcp-servers",
+        metavar="FILE",
+        default=None,
+        help='MCP servers whose tools the REPL code calls: a JSON file as MCP clients write it, e.g. '
+        '{"mcpServers": {"time": {"command": "uvx", "args": ["mcp-server-time"]}}} (docs/tools.md)',
+    )
     for name in FLAGGED:
         add_setting_flag(p, name)
 
 
 # Settings whose flags this module writes by hand: their defaults come from the environment or a file.
-_OWN_FLAGS = ("model", "sub_model", "base_url", "api_key", "prices")
+_OWN_FLAGS = ("model", "sub_model", "base_url", "api_key", "prices", "mcp_servers")
 # The settings every command that starts runs takes as a flag: those the schema gives one.
 FLAGGED = tuple(n for n, s in SETTINGS.items() if s.flag and n not in _OWN_FLAGS)
 
@@ -145,6 +152,10 @@ def rlm_kwargs(args: argparse.Namespace, question: str = "") -> dict[str, Any]:
         kwargs["api_key"] = api_key_from_env(args.api_key_env)
     if args.prices:
         kwargs["prices"] = load_prices(args.prices)
+    if getattr(args, "mcp_servers", None):
+        from recursa.tools.mcp_config import parse_mcp_servers
+
+        kwargs["mcp_servers"] = parse_mcp_servers(args.mcp_servers, "--mcp-servers")
     return kwargs
 
 
@@ -288,7 +299,9 @@ def _flag(name: str, value: str) -> str | None:
     flag = FLAGS.get(name)
     if flag is None:
         return None
-    value = value.strip().strip("'\"").rstrip(".")
-    if value in ("...", ""):
+    # `name='value'.` ends a sentence: the period stays after the flag's value, the quotes go.
+    raw = value.strip()
+    value = raw.rstrip(".").strip("'\"")
+    if not value:
         return flag
-    return f"{flag.split()[0]} {value}"
+    return f"{flag.split()[0]} {value}" + ("." if raw.endswith(".") else "")

@@ -141,11 +141,13 @@ class RLMConfig(_Schema):
     tools_for_children: bool = setting(True, "child runs get `tools` too")
     sub_tools: list[Any] = setting(help="functions only sub-models call, through function calling", factory=list)
     sub_tool_rounds: int = setting(8, "tool turns a sub-model may take before it must answer", client="tighten", ge=1)
+    mcp_servers: list[Any] = setting(help="MCP servers whose tools join tools / sub_tools for each call tree: a list of entries as MCP clients write them, a dict name -> entry, or a JSON config file (docs/tools.md, \"MCP servers\")", flag="--mcp-servers FILE", factory=list)
     tips: str | None = setting(None, "strategy text added to the root's prompt", client="client", what="a str of advice for the model, or None")
     root_window_tokens: int | None = setting(None, "compact the root's history past 80% of this many tokens (None: no compaction)", what="None (no compaction) or an int of at least 1000", example="None", ge=1_000)
     allowed_models: list[str] = setting(help="further models generated code may name in llm_query(model=...)", factory=list, what="a list of model names", example="['openai/gpt-5-nano']")
     clients: dict[str, Any] = setting(help="LM client objects given in place of model names, by the 'client/<name>' spec that stands for each", factory=dict, repr=False)
     unfenced_code: bool = setting(True, "run Python a reply writes without a ```repl fence; False only tells the model to fence its code", client="client")
+    cache_subcalls: bool = setting(False, "answer identical sub-calls (model, messages, sampling, tools) once per call tree, session or RLMEnv group (lm/call_cache.py)", client="client")
 
     @field_validator("sandbox")
     @classmethod

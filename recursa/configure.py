@@ -14,6 +14,7 @@ from typing import Any
 from recursa.config import RLMConfig, Spelling
 from recursa.errors import ConfigError
 from recursa.lm.custom import ClientSet
+from recursa.tools.mcp_config import parse_mcp_servers
 from recursa.tools.spec import Tool, make_sub_tools, make_tools
 
 
@@ -38,6 +39,8 @@ def build_config(given: Mapping[str, Any], spelling: Spelling) -> tuple[RLMConfi
     for name, make in (("tools", make_tools), ("sub_tools", make_sub_tools)):
         if name in values:
             values[name] = make(list(values[name]), where=spelling.argument(name))
+    if "mcp_servers" in values:
+        values["mcp_servers"] = parse_mcp_servers(values["mcp_servers"], spelling.argument("mcp_servers"))
     values["clients"] = dict(clients.clients)
     config = RLMConfig.checked(spelling, **values)
     _check_tool_names(config.tools, config.sub_tools, spelling)

@@ -97,7 +97,7 @@ def read_context_path(target: Path | ConfinedPath) -> tuple[str | dict[str, str]
                 "(on the command line, --context - reads standard input)."
             )
         _check_fits(where, st.st_size, _available_memory())
-        return _decode(_read_fd(fd), f"context file {str(target)!r}"), []
+        return _file_text(_read_fd(fd), f"context file {str(target)!r}"), []
     finally:
         os.close(fd)
 
@@ -219,19 +219,13 @@ class _Walk:
         self.total += st.st_size
         _check_fits(self.where, self.total, self.free)
         try:
-            data = _read_fd(fd)
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            self.skipped.append(f"{rel} (not UTF-8 text)")
+            text = as_text(_read_fd(fd))
         except OSError as exc:
             self.skipped.append(f"{rel} ({exc.strerror})")
+        except NotText as exc:
+            self.skipped.append(f"{rel} ({exc.reason})")
         else:
-            # Binary files can happen to decode (a NUL-padded .pyc or database page does): no text
-            # file holds a NUL byte, so one marks the file as binary.
-            if b"\x00" in data:
-                self.skipped.append(f"{rel} (binary: contains NUL bytes)")
-            else:
-                self.files[rel] = text
+            self.files[rel] = text
 
     def _open_link(self, dir_fd: int, name: str) -> int | str:
         """A descriptor for the file a link leads to when it lies inside the root, else the reason."""
@@ -278,13 +272,38 @@ def _read_fd(fd: int) -> bytes:
         return fh.readall()
 
 
-def _decode(data: bytes, where: str) -> str:
+class NotText(Exception):
+    """A file that is not a text file, and why in a few words ("not UTF-8 text", ...)."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(reason)
+        self.reason, self.detail = reason, detail
+
+
+def as_text(data: bytes) -> str:
+    """A file's text, or NotText: the one rule for a context file, alone or in a folder."""
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
+        raise NotText("not UTF-8 text", f"byte {exc.start}: {exc.reason}") from None
+    # Binary files can happen to decode (a NUL-padded .pyc or database page does): no text file
+    # holds a NUL byte, so one marks the file as binary.
+    at = data.find(0)
+    if at >= 0:
+        raise NotText("binary: contains NUL bytes", f"first at byte {at}")
+    return text
+
+
+def _file_text(data: bytes, where: str) -> str:
+    """A context given as one file: what a folder would leave out and list is an error here, since
+    nothing else is left to read."""
+    try:
+        return as_text(data)
+    except NotText as exc:
         raise ContextError(
-            f"{where} is not valid UTF-8 (byte {exc.start}: {exc.reason}). "
-            "Decode it yourself (e.g. data.decode('latin-1')) and pass a str."
+            f"{where} is {exc.reason} ({exc.detail}): a folder's file like it is left out, and this "
+            "one is all there is to read. Give a text file: extract the text of a PDF or other "
+            "document, or convert text in another encoding to UTF-8 (e.g. iconv -f latin1 -t utf-8)."
         ) from None
 
 

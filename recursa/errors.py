@@ -50,3 +50,8 @@ class ContextLengthError(LMError):
 
 class SandboxError(RecursaError):
     """The REPL process failed in a way the run cannot recover from."""
+
+
+class SandboxLost(SandboxError):
+    """The machine that held the REPL is gone (a cluster node died or left): the run stops with
+    stop_reason "error" and this message, which names the machine; other runs go on."""

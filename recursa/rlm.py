@@ -56,10 +56,13 @@ class RLM:
         on_event: called with every trace event as it happens (e.g. an OtelListener).
         tools: functions the REPL code may call (docs/tools.md).
         sub_tools: functions only sub-models call, through function calling.
+        mcp_servers: MCP servers whose tools the REPL code (or sub-models) call, connected for each
+            run or session: a list of entries as MCP clients configure them, a dict name -> entry,
+            or a JSON config file (docs/tools.md, "MCP servers").
         tips: strategy text added to the root's prompt.
         allowed_models: further models generated code may name in `llm_query(model=...)`.
         **settings: any other setting of `recursa.config.RLMConfig` (trace, max_concurrency,
-            sampling, subcall_errors, ...): the settings page (docs/reference/settings.md) lists
+            sampling, subcall_errors, cache_subcalls, ...): the settings page (docs/reference/settings.md) lists
             each with its default.
     """
 
@@ -84,6 +87,7 @@ class RLM:
         on_event: Callable[[dict[str, Any]], None] | None = None,
         tools: Sequence[Callable[..., Any]] = (),
         sub_tools: Sequence[Callable[..., Any]] = (),
+        mcp_servers: Any = None,
         tips: str | None = None,
         allowed_models: Sequence[str | Any] = (),
         **settings: Any,
@@ -124,6 +128,7 @@ class RLM:
         run_id = new_id("run")
         tree = CallTree.create(self.config, self.prices, run_id)
         try:
+            await tree.connect_mcp()
             engine = RunEngine(
                 tree, self.prices, question=question, payload=payload, run_id=run_id, options=options
             )

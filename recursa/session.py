@@ -142,10 +142,11 @@ class Session:
         payload = await load_payload(self.context)
         tree = CallTree.create(self.rlm.config, self.rlm.prices, self.session_id)
         try:
+            await tree.connect_mcp()
             sandbox = tree.new_sandbox()
             await sandbox.start(self._relay)
             await sandbox.load_context(payload)
-            tools = self.rlm.config.tools
+            tools = tree.config.tools
             if tools:
                 problems = await sandbox.define([t.to_worker() for t in tools])
                 if problems:

@@ -162,6 +162,62 @@ def test_unreachable_model_stops_with_an_error_and_keeps_finished_rows(tmp_path:
     assert len(rows) == 1 and rows[0]["model"] == "scripted/gpt5-like"  # the finished row is kept
 
 
+def test_a_method_missing_its_extra_stops_before_any_row(tmp_path, monkeypatch, capsys) -> None:
+    from recursa.cli import main
+
+    monkeypatch.setitem(sys.modules, "bm25s", None)  # an import of it now fails, as without the extra
+    code = main(
+        [
+            "bench",
+            "niah",
+            "--sizes",
+            "1k",
+            "--n",
+            "1",
+            "--method",
+            "base,codeact-bm25",
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "method codeact-bm25 needs the bm25s package of the bench extra: pip install" in err
+    assert not (tmp_path / "o").exists()  # no row started, no results file
+
+
+def test_missing_matplotlib_says_the_plots_were_skipped(tmp_path, monkeypatch, capsys) -> None:
+    from recursa.cli import main
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    code = main(
+        ["bench", "niah", "--sizes", "1k", "--n", "1", "--method", "base", "--out", str(tmp_path / "o")]
+    )
+    err = capsys.readouterr().err
+    assert code == 0 and "plots skipped: matplotlib is not installed (pip install" in err
+    assert not list((tmp_path / "o").glob("*.png"))
+
+
+def test_a_run_with_nothing_scored_plots_nothing_and_warns_nothing(tmp_path, recwarn) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(bench.BenchError, match="cannot be reached"):
+        bench.run(
+            "niah",
+            sizes="1k",
+            n=1,
+            methods="base",
+            model="openai/m",
+            base_url=f"http://127.0.0.1:{port}/v1",
+            max_retries=0,
+            out=tmp_path / "o",
+            progress=False,
+        )
+    assert [str(w.message) for w in recwarn] == []  # matplotlib warned of an empty legend
+    assert not list((tmp_path / "o").glob("*.png"))
+
+
 def test_real_data_through_the_bench(tmp_path: Path) -> None:
     row = {
         "_id": "x",

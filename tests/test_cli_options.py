@@ -144,6 +144,10 @@ def test_run_help_as_a_subprocess_shows_the_new_flags(tmp_path):
             "--max-usd -1.0: use a non-negative number, or leave",
         ),
         ("drop max_usd and cap max_tokens instead", "drop --max-usd and cap --max-tokens instead"),
+        (
+            "pass the server's address with its scheme, e.g. base_url='http://localhost:8000/v1'.",
+            "with its scheme, e.g. --base-url http://localhost:8000/v1.",  # no stray quote
+        ),
         ("a larger RLM(request_timeout=...).", "a larger RLM(request_timeout=...)."),  # no flag: unchanged
         ("the model answered; prompt it again", "the model answered; prompt it again"),  # plain words stay
     ],
@@ -315,13 +319,28 @@ def test_fifo_context_is_refused_at_once(tmp_path):
 # -- fake-server and serve --------------------------------------------------------------------------
 
 
-def test_fake_server_without_the_server_extra_prints_one_line(tmp_path):
+CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("where", ["checkout", "elsewhere"])
+def test_fake_server_without_the_server_extra_prints_one_line(tmp_path, where):
+    """From a source checkout the hint is the editable form (`recursa[server]` would ask an index
+    for another copy): `.` in the checkout's folder, the checkout's path from anywhere else."""
     code = "import sys; sys.modules['uvicorn'] = None; from recursa.cli import main; sys.exit(main(['fake-server']))"
+    cwd = CHECKOUT if where == "checkout" else tmp_path
     out = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 2
-    assert out.stderr.strip() == 'recursa fake-server: needs the server extra: pip install "recursa[server]"'
+    hint = 'pip install -e ".[server]"' if where == "checkout" else f'pip install -e "{CHECKOUT}[server]"'
+    assert out.stderr.strip() == f"recursa fake-server: needs the server extra: {hint}"
+
+
+def test_an_installed_package_is_told_the_extra_by_name(monkeypatch):
+    from recursa import extras
+
+    monkeypatch.setattr(extras, "source_checkout", lambda: None)
+    assert extras.install_hint("mcp") == 'pip install "recursa[mcp]"'
 
 
 def _free_port() -> int:

@@ -488,9 +488,9 @@ async def test_e2b_adapter_with_a_stand_in_sdk() -> None:
 def test_missing_sdks_name_their_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "modal", None)  # an import of it now fails
     monkeypatch.setitem(sys.modules, "e2b", None)
-    with pytest.raises(ConfigError, match=r'pip install "recursa\[modal\]"'):
+    with pytest.raises(ConfigError, match=r"pip install .*\[modal\]"):
         make_sandbox("modal")
-    with pytest.raises(ConfigError, match=r'pip install "recursa\[e2b\]"'):
+    with pytest.raises(ConfigError, match=r"pip install .*\[e2b\]"):
         make_sandbox("e2b")
 
 

@@ -195,16 +195,16 @@ def test_cached_tokens_in_usage_cost_ledger_and_metrics() -> None:
         assert first.usage.prompt_tokens_details.cached_tokens == 0  # type: ignore[union-attr]
         assert second.usage.prompt_tokens == total
         assert second.usage.prompt_tokens_details.cached_tokens == 160  # type: ignore[union-attr]
-        # Anthropic reports cache reads apart from input tokens.
-        assert (an.usage.input_tokens, an.usage.cache_read_input_tokens) == (total - 160, 160)
+        # Anthropic caches only what a request marks with cache_control: nothing here.
+        assert (an.usage.input_tokens, an.usage.cache_read_input_tokens) == (total, 0)
         cost = srv.cost_usd()["m"]
-        expected = (total * 1.0 + 10 * 4.0 + 2 * ((total - 160) * 1.0 + 160 * 0.1 + 10 * 4.0)) / 1e6
+        expected = (2 * (total * 1.0 + 10 * 4.0) + (total - 160) * 1.0 + 160 * 0.1 + 10 * 4.0) / 1e6
         assert cost == pytest.approx(expected)
-        assert srv.totals()["m"]["cached_tokens"] == 320
+        assert srv.totals()["m"]["cached_tokens"] == 160
     assert 'fake_requests_total{model="m",status="200"} 3' in metrics
-    assert 'fake_cached_prompt_tokens_total{model="m"} 320' in metrics
-    assert f"fake_prefix_cache_hit_ratio {320 / (3 * total):.6f}" in metrics
-    assert [r["cached_tokens"] for r in ledger] == [0, 160, 160]
+    assert 'fake_cached_prompt_tokens_total{model="m"} 160' in metrics
+    assert f"fake_prefix_cache_hit_ratio {160 / (2 * total):.6f}" in metrics  # the OpenAI requests'
+    assert [r["cached_tokens"] for r in ledger] == [0, 160, 0]
 
 
 def test_profiles_give_defaults_and_arguments_override() -> None:

@@ -26,7 +26,7 @@ from recursa.lm import (
     make_client,
     parse_model,
 )
-from recursa.lm.anthropic_client import to_anthropic
+from recursa.lm.anthropic_client import mark_cache, to_anthropic
 from recursa.lm.retry import parse_retry_after, status_error
 from recursa.testing.fake_server import FakeServer, Fault
 
@@ -415,8 +415,28 @@ def test_to_anthropic_moves_system_merges_roles_and_marks_cache() -> None:
     assert system == "sys A\n\nsys B"
     assert [m["role"] for m in msgs] == ["user", "assistant", "user"]
     assert msgs[0]["content"] == "q1\n\nq2"
-    assert msgs[-1]["content"] == [{"type": "text", "text": "q3", "cache_control": {"type": "ephemeral"}}]
-    assert not any(isinstance(m["content"], list) for m in msgs[:-1])
+    assert msgs[-1]["content"] == "q3"  # marks are mark_cache's, for calls that ask for them
+    assert not any(isinstance(m["content"], list) for m in msgs)
+
+
+def test_mark_cache_marks_the_system_prompt_and_the_last_two_user_turns() -> None:
+    mark = {"type": "ephemeral"}
+    history = [
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": "a1"},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "r"}]},
+        {"role": "assistant", "content": "a2"},
+        {"role": "user", "content": "q3"},
+    ]
+    system, msgs = mark_cache("sys", history)
+    assert system == [{"type": "text", "text": "sys", "cache_control": mark}]
+    assert msgs[0] == history[0] and msgs[1] == history[1] and msgs[3] == history[3]
+    assert msgs[2]["content"] == [{"type": "tool_result", "tool_use_id": "t", "content": "r", "cache_control": mark}]
+    assert msgs[4]["content"] == [{"type": "text", "text": "q3", "cache_control": mark}]
+    assert "cache_control" not in history[2]["content"][0]  # the caller's messages are not changed
+    # Anthropic allows four marks per request: this never uses more than three.
+    marks = str([system, msgs]).count("cache_control")
+    assert marks == 3
 
 
 def test_openai_usage_mapping_with_provider_cost_and_missing_details() -> None:

@@ -18,6 +18,7 @@ from recursa.asgi.background import BackgroundServer
 from recursa.serve.mcp_server import TOOL_NAME, build_mcp_server, with_bearer_key
 from recursa.serve.settings import ServeSettings
 from recursa.tasks import generate
+from recursa.version import __version__
 
 MODEL, SUB = "scripted/gpt5-like", "scripted/oracle"
 
@@ -115,6 +116,7 @@ async def test_bad_tool_arguments_are_clear_tool_errors(tmp_path, arguments, fra
     server = build_mcp_server(ServeSettings(model=MODEL, sub_model=SUB, trace_dir=tmp_path))
     async with Client(server) as client:
         result = await client.call_tool(TOOL_NAME, arguments)
+        assert client.server_info.version == __version__  # what the client's initialize reports
     assert result.is_error and fragment in result.content[0].text
 
 

@@ -25,13 +25,19 @@ KEY = "opkey-7f3a9c2e5b1d4086aa"  # the run's configured key: no well-known shap
 BEARER = "zz-other-service-token-5150"  # another service's token in a header the tool echoes
 QUERY = "AQ.qk-4471-2b9e-secret"  # a key in a URL's query string
 SHAPED = "sk-proj-Zq81mNv02Lx93Kd74Hs65Jt"  # a provider key the run was never told about
-LEAKS = (KEY, BEARER, QUERY, SHAPED)
+# Secrets under names nobody listed, and bare random tokens: found by shape, whatever they are called.
+ASSIGNED = "hunter2-q9x"  # db_pass=..., a password of no known key's shape
+SIGNED = "a1b2c3d4e5f60718293a"  # a presigned URL's signature
+RANDOM = "Qm7Yt2Lp9Xc4Vb8Nw3Zr6Ks1Hd5Gf0Ja"  # a 34-character token, not labelled at all
+LEAKS = (KEY, BEARER, QUERY, SHAPED, ASSIGNED, SIGNED, RANDOM)
 
 
 def leaky_message() -> str:
     return (
         f"401 Unauthorized from https://api.example.com/v1/search?q=x&key={QUERY} with request headers "
-        f"{{'Authorization': 'Bearer {KEY}', 'X-Other': 'Bearer {BEARER}'}}; fallback key {SHAPED}"
+        f"{{'Authorization': 'Bearer {KEY}', 'X-Other': 'Bearer {BEARER}'}}; fallback key {SHAPED}; "
+        f"settings: db_pass={ASSIGNED}; mirror https://files.example.com/a.txt?X-Amz-Signature={SIGNED}; "
+        f"session {RANDOM} refused"
     )
 
 
@@ -140,6 +146,12 @@ def test_the_scrubber_takes_every_form():
         f"https://u:{BEARER}@host/x": f"https://u:{REDACTED}@host/x",
         f"key {SHAPED}.": f"key {REDACTED}.",
         f"configured {KEY}": f"configured {REDACTED}",
+        f"PAYMENTS_SECRET = {ASSIGNED}": f"PAYMENTS_SECRET = {REDACTED}",
+        f'{{"warehouse_password": "{ASSIGNED}"}}': f'{{"warehouse_password": "{REDACTED}"}}',
+        f"DEPLOY_TOKEN: {ASSIGNED}": f"DEPLOY_TOKEN: {REDACTED}",
+        f"https://h/x.bin?X-Goog-Signature={SIGNED}": f"https://h/x.bin?X-Goog-Signature={REDACTED}",
+        f"https://h/dl/{RANDOM}/f.pdf": f"https://h/dl/{REDACTED}/f.pdf",
+        f"token {RANDOM}.": f"token {REDACTED}.",
     }
     for text, clean in cases.items():
         assert scrub(text) == clean
@@ -148,5 +160,7 @@ def test_the_scrubber_takes_every_form():
         '{"Authorization": f"Bearer {token}"}',
         "url = f'{base}?key={key}'",
         "xsk-not-a-key-at-all",
+        "max_tokens = 100000; monkey = bananas; key = key",
+        "digest 3f786850e387550fdab836ed7e6dc881de23001b, run 123e4567-e89b-12d3-a456-426614174000",
     ):
         assert scrub(code_line) == code_line

@@ -481,3 +481,27 @@ def test_an_answer_that_never_fits_has_no_value_and_the_error_names_every_failed
     assert result.answer == "{'name': 5}"
     assert "name: Input should be a valid string" in result.error
     assert "age: Field required" in result.error
+
+
+# A module-level key and a config holding one, read by functions that would otherwise ship as source.
+WEATHER_API_KEY = "wx-8c1f30aa92d54e7b"
+SERVICE = {"url": "https://weather.example.com", "access_token": "tok-5be0c4a1d9e2"}
+
+
+def forecast(city: str) -> str:
+    return f"{city}: key {WEATHER_API_KEY[:2]}"
+
+
+def forecast_config(city: str) -> str:
+    return f"{city} via {SERVICE['url']}"
+
+
+def test_a_sandbox_tool_never_carries_a_secret_into_the_repl(server, script, tmp_path):
+    # Shipped, the constant was a REPL variable and in the tool's __globals__: the code could read it.
+    for tool, name in ((forecast, "WEATHER_API_KEY"), (forecast_config, "SERVICE")):
+        with pytest.raises(ConfigError, match=rf"reads the global '{name}'.*looks like a secret.*host_tool"):
+            make_rlm(server, tmp_path, tools=[tool])
+    # As a host tool it runs where the key is, and the REPL sees only its answers.
+    script.root("root-model", code("FINAL(forecast('Oslo') + '|' + str('wx-8c1' in repr(globals())))"))
+    result = make_rlm(server, tmp_path, tools=[host_tool(forecast)]).run("q", "ctx")
+    assert result.answer == "Oslo: key wx|False", result.answer

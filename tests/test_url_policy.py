@@ -321,3 +321,61 @@ def test_compressed_bodies_are_capped_on_their_decoded_size(http, public, monkey
         assert _ask(http, base + "/small").json()["choices"][0]["message"]["content"] == PUBLIC_TEXT
     finally:
         site.close()
+
+
+# Run in a network namespace of its own, where 8.8.8.8 (a public address) is one of the host's own,
+# as a server's public address is: the service bound to 0.0.0.0 answers on it.
+_OWN_PUBLIC_ADDRESS = """
+import asyncio, subprocess, threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+subprocess.run(["ip", "addr", "add", "8.8.8.8/32", "dev", "lo"], check=True)
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "8")
+        self.end_headers()
+        self.wfile.write(b"INTERNAL")
+
+    def log_message(self, *args):
+        return
+
+site = ThreadingHTTPServer(("0.0.0.0", 0), Handler)
+threading.Thread(target=site.serve_forever, daemon=True).start()
+from recursa.serve.api_error import ApiError
+from recursa.serve.urls import fetch_url
+try:
+    url = f"http://8.8.8.8:{site.server_address[1]}/"
+    print("FETCHED", asyncio.run(fetch_url(url, max_bytes=1000, timeout_s=10)))
+except ApiError as exc:
+    print("REFUSED", exc.status, exc.message)
+"""
+
+
+def test_the_servers_own_public_address_is_not_public() -> None:
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    probe = ["unshare", "-rn", "ip", "link", "set", "lo", "up"]
+    if shutil.which("unshare") is None or subprocess.run(probe, capture_output=True).returncode != 0:
+        pytest.skip("needs unshare -rn and ip (a network namespace in which this host's address is public)")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run(
+        ["unshare", "-rn", sys.executable, "-c", _OWN_PUBLIC_ADDRESS],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("REFUSED 403"), done.stdout
+    assert "one of this server's own addresses" in done.stdout and "INTERNAL" not in done.stdout
+
+
+def test_own_addresses_are_read_from_the_host() -> None:
+    own = urls.own_addresses()
+    assert ipaddress.ip_address("127.0.0.1") in own and ipaddress.ip_address("::1") in own
+    assert urls.address_problem(ipaddress.ip_address("8.8.8.8")) is None  # not this host's

@@ -376,3 +376,58 @@ def test_live_view_follows_a_growing_trace(browser, tmp_path):
         assert "final" in page.text_content("#summary")
         assert not errors
         _shot(page, tmp_path, "viewer-narrow.png")
+
+
+def test_a_trace_whose_runs_form_a_loop_renders_what_it_can(tmp_path):
+    """Duplicate run ids made two runs share a tree slot and name each other as parents: the view
+    recursed without end (RecursionError) and the page's tree would have looped."""
+    from recursa.trace import load
+
+    def start(seq, run, parent, question):
+        return {
+            "type": "run_start",
+            "seq": seq,
+            "ts": seq,
+            "run_id": run,
+            "parent_run_id": parent,
+            "depth": 0 if parent is None else 1,
+            "question": question,
+        }
+
+    events = [
+        start(1, "A", None, "root"),
+        start(2, "B", "A", "child of A"),
+        start(3, "A", "B", "A again, under B"),
+        start(4, "C", "A", "under the second A"),
+        {"type": "turn", "seq": 5, "ts": 5, "run_id": "A", "turn": 1},
+        start(6, "D", "D", "its own parent"),
+        *(
+            {"type": "run_end", "seq": 7 + i, "ts": 7 + i, "run_id": r, "stop_reason": "final", "answer": r}
+            for i, r in enumerate("CBAD")
+        ),
+    ]
+    path = tmp_path / "loop.jsonl"
+    path.write_text("\n".join(json.dumps(e) for e in events) + "\n")
+    view = build_view(path)
+    text = " ".join(view["warnings"])
+    assert "run id A starts more than once" in text and "run D names itself as its parent" in text
+    runs = [n for n in view["nodes"] if n["k"] == "run"]
+    assert len(runs) == 5 and len({n["u"] for n in runs}) == 5
+    parents = {n["i"]: n["p"] for n in view["nodes"]}
+    for node in view["nodes"]:  # every node reaches a root: no loop for the page to walk
+        seen, at = set(), node["i"]
+        while at >= 0:
+            assert at not in seen
+            seen.add(at)
+            at = parents[at]
+    trace = load(path)
+    assert len(trace.runs) == 4 and sum(len(r.walk()) for r in trace.roots) == 5
+    assert any("starts more than once" in n for n in trace.notes)
+    out = tmp_path / "loop.html"
+    done = subprocess.run(
+        [sys.executable, "-m", "recursa.cli", "view", str(path), "--html", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr

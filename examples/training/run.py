@@ -1,6 +1,6 @@
 """The whole worked example: rollouts, both exports, one training step on each, on the CPU.
 
-    pip install torch==2.13.0          # the CPU build; recursa itself does not need it
+    pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu   # the CPU build
     python examples/training/run.py [WORK_DIR]
 
 Step by step from the shell, the same thing is:

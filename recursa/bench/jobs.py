@@ -48,6 +48,7 @@ class RunConfig:
     base_url: str | None = None
     api_key: str | None = field(default=None, repr=False)
     sandbox: str = "auto"
+    sandbox_options: dict[str, Any] | None = None  # e.g. sandbox="ray": the cluster's address
     max_iterations: int = 30
     max_output_tokens: int = 16_384
     max_usd: float | None = None
@@ -69,6 +70,7 @@ class RunConfig:
             base_url=self.base_url,
             api_key=self.api_key,
             sandbox=self.sandbox,
+            sandbox_options=self.sandbox_options,
             max_iterations=self.max_iterations,
             max_output_tokens=self.max_output_tokens,
             budget=Budget(max_usd=self.max_usd, max_tokens=self.max_tokens, max_seconds=self.max_seconds),

@@ -16,6 +16,7 @@ from typing import Any
 from recursa.bench.jobs import InstanceSpec, RunConfig, build_task, run_row
 from recursa.bench.progress import BenchProgress
 from recursa.bench.sizes import BenchError
+from recursa.extras import install_hint
 
 ACTOR_CONCURRENCY = 16
 
@@ -24,7 +25,7 @@ def _ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise BenchError("--executor ray needs Ray: pip install 'recursa[ray]'") from None
+        raise BenchError(f"--executor ray needs Ray: {install_hint('ray')}") from None
     return ray
 
 

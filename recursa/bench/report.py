@@ -3,12 +3,14 @@ method; cost and latency quantiles p25/p50/p75/p95 per method), as in the paper'
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from recursa.bench.sizes import label
+from recursa.extras import install_hint
 
 QUANTILES = (0.25, 0.5, 0.75, 0.95)
 
@@ -102,13 +104,22 @@ def write_summary(
     return path
 
 
+def plots_skipped(rows: list[dict[str, Any]]) -> str | None:
+    """Why `write_plots` writes nothing for these rows (said to the user), or None if it writes them."""
+    if importlib.util.find_spec("matplotlib") is None:
+        return f"plots skipped: matplotlib is not installed ({install_hint('bench')})"
+    if not scored(rows):
+        return "plots skipped: no row has a score to plot yet"
+    return None
+
+
 def write_plots(rows: list[dict[str, Any]], out: Path, *, title: str) -> list[Path]:
-    """PNG plots; returns [] when matplotlib is not installed (the `bench` extra)."""
-    try:
-        # The object API (no pyplot): no global backend switch, no display, safe next to user plots.
-        from matplotlib.figure import Figure
-    except ImportError:
+    """PNG plots; [] when `plots_skipped` gives a reason (matplotlib missing, nothing scored)."""
+    if plots_skipped(rows) is not None:
         return []
+    # The object API (no pyplot): no global backend switch, no display, safe next to user plots.
+    from matplotlib.figure import Figure
+
     written: list[Path] = []
     table = summary_table(rows)
     fig = Figure(figsize=(7, 4.2))

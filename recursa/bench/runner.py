@@ -17,11 +17,12 @@ from typing import Any
 
 from recursa.bench.jobs import InstanceSpec, RunConfig, build_task, instance_id, run_row, unreachable
 from recursa.bench.progress import BenchProgress
-from recursa.bench.report import write_plots, write_summary
+from recursa.bench.report import plots_skipped, write_plots, write_summary
 from recursa.bench.results import ResultsFile
 from recursa.bench.sizes import DEFAULT_SIZES, BenchError, parse_sizes
 from recursa.errors import ConfigError
 from recursa.methods import METHODS
+from recursa.methods.base import missing_requirement
 from recursa.tasks import families, get_family
 
 EXECUTORS = ("local", "ray")
@@ -38,6 +39,7 @@ class BenchReport:
     ran: int  # rows run by this call
     skipped: int  # rows found finished from an earlier run
     aborted: str | None = None  # why the run stopped early (rows finished before are kept)
+    plots_skipped: str | None = None  # why no plots were written (matplotlib missing, nothing scored)
     new_rows: list[dict[str, Any]] = field(default_factory=list)
 
     def mean_score(self, method: str | None = None, family: str | None = None) -> float:
@@ -62,6 +64,10 @@ def _parse_methods(methods: str | Sequence[str]) -> list[str]:
         raise BenchError(
             f"unknown method(s) {', '.join(unknown) or '(none given)'}; methods: {', '.join(METHODS)}"
         )
+    # A method that cannot run at all would give every one of its rows a harness error.
+    missing = [why for why in map(missing_requirement, names) if why]
+    if missing:
+        raise BenchError("; ".join(missing))
     return names
 
 
@@ -191,6 +197,9 @@ async def arun(
         raise BenchError(
             f"out {str(out_dir)!r} is a file; give a folder for the results (re-use one to resume)"
         )
+    if run_options.get("sandbox") == "ray" and ray_address is not None:
+        # The rows' REPLs join the cluster the rows run on (or, run locally, the one named).
+        run_options["sandbox_options"] = {"address": ray_address, **(run_options.get("sandbox_options") or {})}
     try:
         config = RunConfig(
             model=model, sub_model=sub_model, base_url=base_url, api_key=api_key, **run_options
@@ -256,7 +265,16 @@ async def arun(
         encoding="utf-8",
     )
     report = BenchReport(
-        out_dir, results.path, summary, plots, rows, len(new_rows), skipped, aborted, new_rows
+        out_dir,
+        results.path,
+        summary,
+        plots,
+        rows,
+        len(new_rows),
+        skipped,
+        aborted,
+        plots_skipped(rows),
+        new_rows,
     )
     if aborted:
         raise BenchAborted(

@@ -32,6 +32,7 @@ from recursa.env.quota import Prepaid, ReplQuota
 from recursa.env.shared import EnvError, EpisodeHost, PerLoop, PrivateLoop
 from recursa.errors import ConfigError
 from recursa.lm.base import LMClient
+from recursa.lm.call_cache import CallCache
 from recursa.lm.prices import PriceBook
 from recursa.lm.registry import make_client, parse_model
 from recursa.lm.retry import RetryPolicy
@@ -66,6 +67,8 @@ class RLMEnv:
     for children, which needs `max_live_repls < max_depth` (rules: recursa/env/quota.py).
     `wait_for_repl`: seconds `start` waits for a slot, in line, before it raises (0: raise at once).
     `fork`: fork REPLs from one warm zygote shared by the episodes (subprocess sandboxes only).
+    `cache_subcalls`: identical sub-calls are answered once per episode, and once across the
+    episodes of one `task_id` that are alive together (a group of samples of one task).
     `**settings`: any other setting of `recursa.config.RLMConfig` (the settings page of the docs).
     """
 
@@ -84,6 +87,7 @@ class RLMEnv:
         prompt: str | Path | None = None,
         tools: Sequence[Callable[..., Any]] = (),
         sub_tools: Sequence[Callable[..., Any]] = (),
+        mcp_servers: Any = None,
         tips: str | None = None,
         sandbox: str = D.sandbox,
         sandbox_options: dict[str, Any] | None = None,
@@ -129,6 +133,8 @@ class RLMEnv:
         self._shared = PerLoop()
         self._private = PrivateLoop()
         self._closing = False  # close() is closing the blocking API's episodes and loop
+        # The call caches of the groups (episodes of one task_id) with an episode alive.
+        self._group_caches: weakref.WeakValueDictionary[str, CallCache] = weakref.WeakValueDictionary()
         # Open episodes, for aclose(); weak, so that a dropped episode is reaped by its finalizer.
         self._episodes: weakref.WeakSet[Episode] = weakref.WeakSet()
 
@@ -197,7 +203,11 @@ class RLMEnv:
         tree = CallTree.create(config, self.prices, run_id)
         tree.repl_quota = quota
         tree.child_call = child_call
+        if tree.gateway.call_cache is not None and task_id is not None:
+            # A group's episodes (samples of one task) answer their identical sub-calls once.
+            tree.gateway.call_cache = self._group_caches.setdefault(task_id, tree.gateway.call_cache)
         try:
+            await tree.connect_mcp()
             self._share(tree, sub_call)
             options = RunOptions(
                 tips=tips if tips is not None else self.config.tips, system_prompt=system_prompt

@@ -1,4 +1,14 @@
-"""Anthropic's Messages API, with prompt caching on the append-only root history."""
+"""Anthropic's Messages API, with prompt caching on the append-only root history.
+
+Anthropic caches a prompt's prefix only up to a block marked with `cache_control` (at most four
+marks per request), and bills what it writes at 1.25x the input rate and what it reads at 0.1x.
+A call that continues a conversation (`LMRequest.cache_key` set: the root's turns) marks three
+places, as Anthropic advises for multi-turn conversations: the end of the system prompt (the
+tools before it are in that prefix too), the last user message (written now, read by the next
+turn) and the user message before it (the mark the previous turn wrote, so this turn reads it
+even when the newest messages span more blocks than Anthropic looks back). A one-off sub-call
+marks nothing: a write it never reads would cost 25% more than plain input.
+"""
 
 from __future__ import annotations
 
@@ -27,8 +37,7 @@ def to_anthropic(messages: list[Message]) -> tuple[str | None, list[dict[str, An
     """Chat messages in Anthropic's shape: (system text, alternating user/assistant messages).
 
     System messages move to ``system``; consecutive messages of one role are joined (the API
-    wants strict alternation); the last content block of the final user message carries
-    ``cache_control`` so each root turn reuses the cached prefix of the previous one.
+    wants strict alternation).
     """
     system: list[str] = []
     out: list[dict[str, Any]] = []
@@ -50,13 +59,38 @@ def to_anthropic(messages: list[Message]) -> tuple[str | None, list[dict[str, An
     if out and out[-1]["role"] == "assistant":
         # A trailing assistant message is a prefill; the API rejects trailing whitespace there.
         out[-1]["content"] = out[-1]["content"].rstrip()
-    for msg in reversed(out):
-        if msg["role"] == "user":
-            msg["content"] = [
-                {"type": "text", "text": msg["content"], "cache_control": {"type": "ephemeral"}}
-            ]
-            break
     return ("\n\n".join(system) if system else None), out
+
+
+_MARK = {"type": "ephemeral"}
+_USER_MARKS = 2  # the last user message and the one before it (with the system prompt: 3 of 4)
+
+
+def mark_cache(
+    system: str | None, messages: list[dict[str, Any]]
+) -> tuple[str | list[dict[str, Any]] | None, list[dict[str, Any]]]:
+    """`system` and `messages` with `cache_control` marks (see the module docstring); the messages
+    given are not changed."""
+    marked_system: str | list[dict[str, Any]] | None = system
+    if system:
+        marked_system = [{"type": "text", "text": system, "cache_control": _MARK}]
+    out = list(messages)
+    left = _USER_MARKS
+    for i in range(len(out) - 1, -1, -1):
+        if left == 0:
+            break
+        if out[i]["role"] != "user":
+            continue
+        content = out[i]["content"]
+        if isinstance(content, str):
+            blocks = [{"type": "text", "text": content}]
+        else:
+            blocks = [dict(b) for b in content]
+        if blocks:
+            blocks[-1]["cache_control"] = _MARK
+            out[i] = {**out[i], "content": blocks}
+            left -= 1
+    return marked_system, out
 
 
 class AnthropicClient:
@@ -104,6 +138,8 @@ class AnthropicClient:
             system, messages = anthropic_messages(request.messages)
         else:
             system, messages = to_anthropic(request.messages)
+        if request.cache_key is not None:
+            system, messages = mark_cache(system, messages)
         body: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
@@ -143,6 +179,7 @@ class AnthropicClient:
             input_tokens=usage.input_tokens if usage else 0,
             output_tokens=usage.output_tokens if usage else 0,
             cached_tokens=usage.cached_tokens if usage else 0,
+            cache_write_tokens=usage.cache_write_tokens if usage else 0,
             usage_estimated=usage is None,
             model=model if isinstance(model, str) and model else self.model,
             finish_reason=stop if isinstance(stop, str) else None,
@@ -161,10 +198,11 @@ def _usage(usage: Any) -> AttemptUsage | None:
         value = usage.get(key)
         return value if isinstance(value, int) and value > 0 else 0
 
-    read = count("cache_read_input_tokens")
+    read, written = count("cache_read_input_tokens"), count("cache_creation_input_tokens")
     return AttemptUsage(
         # Anthropic counts cached and cache-written tokens apart from input_tokens; ours include them.
-        input_tokens=count("input_tokens") + read + count("cache_creation_input_tokens"),
+        input_tokens=count("input_tokens") + read + written,
         output_tokens=count("output_tokens"),
         cached_tokens=read,
+        cache_write_tokens=written,
     )

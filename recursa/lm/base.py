@@ -51,6 +51,10 @@ class LMRequest:
     temperature: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     tools: list[dict[str, Any]] | None = None  # {"name", "description", "parameters"} offered to the model
+    # Set on calls whose conversation goes on (a run's own turns): the same key on every turn of
+    # one run. Clients pass it to what helps the provider's prompt cache (Anthropic cache_control
+    # marks, OpenAI's prompt_cache_key); None (sub-calls) asks for nothing.
+    cache_key: str | None = None
 
 
 @dataclass
@@ -58,7 +62,8 @@ class LMResponse:
     text: str
     input_tokens: int
     output_tokens: int
-    cached_tokens: int = 0
+    cached_tokens: int = 0  # read from the provider's prompt cache; part of input_tokens
+    cache_write_tokens: int = 0  # written to it (Anthropic); part of input_tokens
     provider_cost_usd: float | None = None  # a cost the provider reported wins over our price table
     model: str | None = None  # the model name the provider says answered
     finish_reason: str | None = None

@@ -42,6 +42,7 @@ class AttemptUsage:
     input_tokens: int
     output_tokens: int
     cached_tokens: int = 0
+    cache_write_tokens: int = 0
     provider_cost_usd: float | None = None
     estimated: bool = False
 

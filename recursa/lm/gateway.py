@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import json
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,7 @@ from recursa.budget import Ledger, Reservation
 from recursa.errors import BudgetExceeded, LMError
 from recursa.lm.base import CallMeta, LMClient, LMRequest, LMResponse, Message, estimate_tokens_upper
 from recursa.lm.billing import AttemptUsage, BilledFailure
+from recursa.lm.call_cache import Cached, CallCache, call_key
 from recursa.lm.limiter import Limiter
 from recursa.lm.prices import PriceBook
 from recursa.lm.registry import make_client, parse_model
@@ -76,6 +78,8 @@ class ModelGateway:
         self._clients: dict[str, LMClient] = {}
         self._shared: dict[str, LMClient] = {}  # owned elsewhere: used here, never closed here
         self._catch_all: LMClient | None = None
+        # Identical sub-calls answered once (RLM(cache_subcalls=True)); None: every call is sent.
+        self.call_cache: CallCache | None = None
 
     def share(self, clients: dict[str, LMClient], *, catch_all: LMClient | None = None) -> None:
         """Use clients owned elsewhere (an RL environment's, one connection pool for many trees);
@@ -120,13 +124,10 @@ class ModelGateway:
         trace_messages: list[Message] | None = None,
         tools: list[dict[str, Any]] | None = None,
     ) -> LMResponse:
-        """One LM call under the tree's limits. Raises BudgetExceeded (nothing sent) or LMError."""
-        provider, model = parse_model(spec)
-        worst_tokens = estimate_tokens_upper(messages, max_output_tokens)
-        worst_usd = _worst_usd(
-            self.prices, provider, model, worst_tokens - max_output_tokens, max_output_tokens
-        )
-        started = time.perf_counter()
+        """One LM call under the tree's limits. Raises BudgetExceeded (nothing sent) or LMError.
+
+        With a call cache, a sub-call identical to one made before (or in flight) is answered from
+        it: nothing is sent, reserved or billed, and the trace marks the hit."""
         meta = dataclasses.replace(meta, run_id=run_id, send_headers=self.settings.call_headers)
         sampling = dict(self.settings.sampling.get(call_role(meta)) or {})
         base_event: dict[str, Any] = {
@@ -144,6 +145,39 @@ class ModelGateway:
             base_event["prompt_chars"] = sum(len(m.get("content") or "") for m in messages)
         if sampling:
             base_event["sampling"] = dict(sampling)
+
+        def send() -> Awaitable[LMResponse]:
+            return self._send(spec, messages, meta, sampling, max_output_tokens, usage_scopes, tools, base_event)
+
+        cache = self.call_cache if meta.purpose == "sub" else None
+        if cache is None:
+            return await send()
+        key = call_key(spec, messages, max_output_tokens=max_output_tokens, sampling=sampling, tools=tools)
+        outcome = await cache.answer(key, send)
+        if isinstance(outcome, Cached):
+            self._cache_hit(spec, outcome, usage_scopes, base_event)
+            return outcome.response
+        return outcome
+
+    async def _send(
+        self,
+        spec: str,
+        messages: list[Message],
+        meta: CallMeta,
+        sampling: dict[str, Any],
+        max_output_tokens: int,
+        usage_scopes: list[Usage],
+        tools: list[dict[str, Any]] | None,
+        base_event: dict[str, Any],
+    ) -> LMResponse:
+        provider, model = parse_model(spec)
+        worst_tokens = estimate_tokens_upper(messages, max_output_tokens)
+        worst_usd = _worst_usd(
+            self.prices, provider, model, worst_tokens - max_output_tokens, max_output_tokens
+        )
+        started = time.perf_counter()
+        sampling = dict(sampling)
+        base_event = dict(base_event)
         try:
             reservation = self.ledger.reserve(worst_tokens, worst_usd)
         except BudgetExceeded as exc:
@@ -157,6 +191,7 @@ class ModelGateway:
             temperature=temperature,
             extra=sampling,
             tools=tools,
+            cache_key=None if meta.purpose == "sub" else f"recursa-{meta.run_id}",
         )
         state = _CallState(spec, reservation, (worst_tokens, worst_usd), usage_scopes)
         try:
@@ -193,6 +228,7 @@ class ModelGateway:
             input_tokens=response.input_tokens,
             output_tokens=response.output_tokens,
             cached_tokens=response.cached_tokens,
+            cache_write_tokens=response.cache_write_tokens,
             provider_cost_usd=response.provider_cost_usd,
             estimated=response.usage_estimated,
         )
@@ -215,6 +251,38 @@ class ModelGateway:
         )
         return response
 
+    def _cache_hit(
+        self, spec: str, cached: Cached, usage_scopes: list[Usage], base_event: dict[str, Any]
+    ) -> None:
+        """Count and trace a call answered from the call cache: no tokens, no cost, one hit, and
+        what the call would have cost had it been sent (`cache_saved_usd`)."""
+        provider, model = parse_model(spec)
+        response = cached.response
+        saved = response.provider_cost_usd
+        if saved is None:
+            saved = self.prices.cost(
+                provider,
+                model,
+                response.input_tokens,
+                response.output_tokens,
+                response.cached_tokens,
+                response.cache_write_tokens,
+            )
+        usage = ModelUsage(cache_hits=1, cache_saved_usd=saved or 0.0)
+        for scope in usage_scopes:
+            scope.record(spec, usage)
+        self.trace.emit(
+            "lm_call",
+            **base_event,
+            response=fold(response.text, REPLY_TRACE_CHARS),
+            usage=usage.to_dict(),
+            cache_hit="waited" if cached.waited else "stored",
+            latency_s=0.0,
+            finish_reason=response.finish_reason,
+            attempts=0,
+            **_token_fields(response),
+        )
+
     def record(
         self,
         spec: str,
@@ -235,9 +303,15 @@ class ModelGateway:
             input_tokens=response.input_tokens,
             output_tokens=response.output_tokens,
             cached_tokens=response.cached_tokens,
+            cache_write_tokens=response.cache_write_tokens,
             cost_usd=response.provider_cost_usd
             or self.prices.cost(
-                provider, model, response.input_tokens, response.output_tokens, response.cached_tokens
+                provider,
+                model,
+                response.input_tokens,
+                response.output_tokens,
+                response.cached_tokens,
+                response.cache_write_tokens,
             )
             or 0.0,
             llm_calls=1,
@@ -299,12 +373,18 @@ class ModelGateway:
         cost = counted.provider_cost_usd
         if cost is None:
             cost = self.prices.cost(
-                provider, model, counted.input_tokens, counted.output_tokens, counted.cached_tokens
+                provider,
+                model,
+                counted.input_tokens,
+                counted.output_tokens,
+                counted.cached_tokens,
+                counted.cache_write_tokens,
             )
         usage = ModelUsage(
             input_tokens=counted.input_tokens,
             output_tokens=counted.output_tokens,
             cached_tokens=counted.cached_tokens,
+            cache_write_tokens=counted.cache_write_tokens,
             cost_usd=cost or 0.0,
             llm_calls=1,
         )
@@ -369,17 +449,20 @@ class _CallState:
 def _worst_usd(
     prices: PriceBook, provider: str, model: str, input_tokens: int, output_tokens: int
 ) -> float | None:
-    """The most one call can cost: every input token at the dearer of the fresh and cached rates.
+    """The most one call can cost: every input token at the dearest of the fresh, cached and
+    cache-write rates.
 
     Cached reads are cheaper at every provider we know, but a price override can say otherwise,
     and a reservation that assumed "uncached" would then let a call cost more than it reserved
-    (tests/test_budget_property.py found exactly that).
+    (tests/test_budget_property.py found exactly that). Cache writes cost more than fresh input
+    at Anthropic (1.25x), and a marked prompt may be written whole.
     """
     fresh = prices.worst_case(provider, model, input_tokens, output_tokens)
     if fresh is None or not input_tokens:
         return fresh
     cached = prices.cost(provider, model, input_tokens, output_tokens, cached_tokens=input_tokens)
-    return fresh if cached is None else max(fresh, cached)
+    written = prices.cost(provider, model, input_tokens, output_tokens, cache_write_tokens=input_tokens)
+    return max(c for c in (fresh, cached, written) if c is not None)
 
 
 def _token_fields(response: LMResponse) -> dict[str, Any]:

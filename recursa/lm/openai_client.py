@@ -66,6 +66,9 @@ class OpenAIClient:
         # api.openai.com wants max_completion_tokens (reasoning models reject max_tokens); older
         # OpenAI-compatible servers only know max_tokens.
         self._max_tokens_field = "max_completion_tokens" if official else "max_tokens"
+        # OpenAI routes requests with one prompt_cache_key to the same cache; other servers may
+        # refuse a field they do not know, and vLLM and SGLang cache any repeated prefix anyway.
+        self._cache_key_field = official
 
     def __repr__(self) -> str:
         return f"OpenAIClient(model={self.model!r}, base_url={self.base_url!r})"
@@ -88,6 +91,8 @@ class OpenAIClient:
             body["tools"] = openai_tools(request.tools)
         if request.temperature is not None:
             body["temperature"] = request.temperature
+        if request.cache_key is not None and self._cache_key_field:
+            body["prompt_cache_key"] = request.cache_key
         body.update(request.extra)
         headers = request.meta.headers()
         return await call_api(

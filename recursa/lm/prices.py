@@ -25,26 +25,37 @@ _FREE_PROVIDERS = frozenset({"scripted"})
 
 @dataclass(frozen=True)
 class ModelPrice:
-    """USD per million tokens. Cached input falls back to the input rate when not given."""
+    """USD per million tokens. Cache reads and writes fall back to the input rate when not given."""
 
     input_per_mtok: float
     output_per_mtok: float
     cached_input_per_mtok: float | None = None
+    cache_write_per_mtok: float | None = None
 
-    def cost(self, input_tokens: int, output_tokens: int, cached_tokens: int = 0) -> float:
-        """Cost of one call; ``cached_tokens`` are part of ``input_tokens``."""
-        cached = max(0, min(cached_tokens, input_tokens))
+    def cost(
+        self, input_tokens: int, output_tokens: int, cached_tokens: int = 0, cache_write_tokens: int = 0
+    ) -> float:
+        """Cost of one call; ``cached_tokens`` and ``cache_write_tokens`` are part of ``input_tokens``."""
+        cached, written = _cache_split(input_tokens, cached_tokens, cache_write_tokens)
         cached_rate = (
             self.input_per_mtok if self.cached_input_per_mtok is None else self.cached_input_per_mtok
         )
+        write_rate = self.input_per_mtok if self.cache_write_per_mtok is None else self.cache_write_per_mtok
         return (
-            (input_tokens - cached) * self.input_per_mtok
+            (input_tokens - cached - written) * self.input_per_mtok
             + cached * cached_rate
+            + written * write_rate
             + output_tokens * self.output_per_mtok
         ) / 1e6
 
 
-FREE = ModelPrice(0.0, 0.0, 0.0)
+FREE = ModelPrice(0.0, 0.0, 0.0, 0.0)
+
+
+def _cache_split(input_tokens: int, cached_tokens: int, cache_write_tokens: int) -> tuple[int, int]:
+    """(cache reads, cache writes) clamped so that together they fit in ``input_tokens``."""
+    cached = max(0, min(cached_tokens, input_tokens))
+    return cached, max(0, min(cache_write_tokens, input_tokens - cached))
 
 
 def _as_price(key: str, value: ModelPrice | dict[str, Any]) -> ModelPrice:
@@ -56,7 +67,7 @@ def _as_price(key: str, value: ModelPrice | dict[str, Any]) -> ModelPrice:
         except TypeError as err:
             raise ConfigError(
                 f"price override for {key!r} must have input_per_mtok, output_per_mtok and optionally "
-                f"cached_input_per_mtok (USD per million tokens): {err}"
+                f"cached_input_per_mtok and cache_write_per_mtok (USD per million tokens): {err}"
             ) from None
     raise ConfigError(
         f"price override for {key!r} must be a ModelPrice or a dict, got {type(value).__name__}"
@@ -81,19 +92,21 @@ class _FlatRates:
     uncached: Decimal
     cached: Decimal
     output: Decimal
+    written: Decimal
 
-    def total(self, input_tokens: int, output_tokens: int, cached_tokens: int) -> Decimal:
+    def total(self, input_tokens: int, output_tokens: int, cached_tokens: int, written: int = 0) -> Decimal:
         return (
             self.request
-            + (input_tokens - cached_tokens) * self.uncached
+            + (input_tokens - cached_tokens - written) * self.uncached
             + cached_tokens * self.cached
+            + written * self.written
             + output_tokens * self.output
         )
 
 
 # Points where a model's flat rates must give exactly what genai-prices gives, or the model is
-# priced by genai-prices on every call: (input, output, cached) tokens.
-_CHECKS = ((1000, 7, 0), (123_457, 98_765, 4_321), (9_999_991, 3, 9_999_990))
+# priced by genai-prices on every call: (input, output, cached, cache-written) tokens.
+_CHECKS = ((1000, 7, 0, 0), (123_457, 98_765, 4_321, 1_234), (9_999_991, 3, 9_999_990, 0), (5000, 1, 0, 5000))
 _UNKNOWN = object()  # no price in the table
 _PER_CALL = object()  # priced, but not at flat rates: genai-prices works out every call
 
@@ -123,8 +136,15 @@ class _Table:
         return found
 
 
-def _genai_total(provider: str, model: str, input_tokens: int, output_tokens: int, cached: int) -> Any:
-    usage = Usage(input_tokens=input_tokens, output_tokens=output_tokens, cache_read_tokens=cached)
+def _genai_total(
+    provider: str, model: str, input_tokens: int, output_tokens: int, cached: int, written: int = 0
+) -> Any:
+    usage = Usage(
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cache_read_tokens=cached,
+        cache_write_tokens=written,
+    )
     return calc_price(usage, model_ref=model, provider_id=provider)
 
 
@@ -149,10 +169,10 @@ def _flat_rates(provider: str, model: str, calc: Any) -> object:
         return _PER_CALL  # tiers by prompt size, or prices that depend on the date or the hour
     request = calc.total_price
 
-    def rate(input_tokens: int, output_tokens: int, cached: int) -> Decimal:
-        return _genai_total(provider, model, input_tokens, output_tokens, cached).total_price - request
+    def rate(input_tokens: int, output_tokens: int, cached: int, written: int = 0) -> Decimal:
+        return _genai_total(provider, model, input_tokens, output_tokens, cached, written).total_price - request
 
-    rates = _FlatRates(request, rate(1, 0, 0), rate(1, 0, 1), rate(0, 1, 0))
+    rates = _FlatRates(request, rate(1, 0, 0), rate(1, 0, 1), rate(0, 1, 0), rate(1, 0, 0, 1))
     for point in _CHECKS:
         if rates.total(*point) != _genai_total(provider, model, *point).total_price:
             return _PER_CALL
@@ -201,6 +221,7 @@ class PriceBook:
                     input_per_mtok=_base_rate(getattr(mp, "input_mtok", None)) or 0.0,
                     output_per_mtok=_base_rate(getattr(mp, "output_mtok", None)) or 0.0,
                     cached_input_per_mtok=_base_rate(getattr(mp, "cache_read_mtok", None)),
+                    cache_write_per_mtok=_base_rate(getattr(mp, "cache_write_mtok", None)),
                 )
         return self._table_cache[key]
 
@@ -208,24 +229,36 @@ class PriceBook:
         return self.price(provider, model) is not None
 
     def cost(
-        self, provider: str, model: str, input_tokens: int, output_tokens: int, cached_tokens: int = 0
+        self,
+        provider: str,
+        model: str,
+        input_tokens: int,
+        output_tokens: int,
+        cached_tokens: int = 0,
+        cache_write_tokens: int = 0,
     ) -> float | None:
-        """USD for one call (``cached_tokens`` are part of ``input_tokens``), or None if unpriced."""
+        """USD for one call (``cached_tokens`` read from and ``cache_write_tokens`` written to the
+        provider's prompt cache are part of ``input_tokens``), or None if unpriced."""
         if provider in _FREE_PROVIDERS:
             return 0.0
         found = self._override(provider, model)
         if found is not None:
-            return found.cost(input_tokens, output_tokens, cached_tokens)
+            return found.cost(input_tokens, output_tokens, cached_tokens, cache_write_tokens)
         entry = _TABLE.entry(provider, model)
         if entry is _UNKNOWN:
             return None
-        cached = max(0, min(cached_tokens, input_tokens))
+        cached, written = _cache_split(input_tokens, cached_tokens, cache_write_tokens)
         if isinstance(entry, _FlatRates):
-            return float(entry.total(input_tokens, output_tokens, cached))
+            return float(entry.total(input_tokens, output_tokens, cached, written))
         calc = self._genai(
             provider,
             model,
-            Usage(input_tokens=input_tokens, output_tokens=output_tokens, cache_read_tokens=cached),
+            Usage(
+                input_tokens=input_tokens,
+                output_tokens=output_tokens,
+                cache_read_tokens=cached,
+                cache_write_tokens=written,
+            ),
         )
         return None if calc is None else float(calc.total_price)
 

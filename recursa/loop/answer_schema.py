@@ -14,6 +14,7 @@ from pydantic import TypeAdapter, ValidationError
 from pydantic.errors import PydanticSchemaGenerationError
 
 from recursa.errors import ConfigError
+from recursa.extras import install_hint
 from recursa.sandbox.base import FinalAnswer
 
 # The schema is shown to the model once, in its first message; a huge one is cut.
@@ -48,7 +49,7 @@ class AnswerCheck:
             import jsonschema
         except ImportError:
             raise ConfigError(
-                'a JSON Schema dict as answer_schema needs the jsonschema package: pip install "recursa[server]"'
+                "a JSON Schema dict as answer_schema needs the jsonschema package: " + install_hint("server")
             ) from None
         try:
             validator_class = jsonschema.validators.validator_for(schema)

@@ -8,7 +8,7 @@ import itertools
 import time
 
 from recursa.context import ContextPayload
-from recursa.errors import BudgetExceeded, LMError, RecursaError
+from recursa.errors import BudgetExceeded, LMError, RecursaError, SandboxLost
 from recursa.lm.base import CallMeta, LMResponse, Message
 from recursa.lm.prices import PriceBook
 from recursa.loop.blocks import Outcome, ReplyCode
@@ -212,6 +212,8 @@ class RunEngine:
             r.stop_reason, r.error = ("timeout" if exc.limit == "max_seconds" else "budget"), str(exc)
         elif isinstance(exc, LMError):
             r.stop_reason, r.error = "error", f"the root model call failed: {exc}"
+        elif isinstance(exc, SandboxLost):
+            r.stop_reason, r.error = "error", str(exc)
         elif isinstance(exc, asyncio.CancelledError):
             r.stop_reason, r.error, self._pending = "cancelled", "the run was cancelled", exc
         else:

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from recursa.budget import Ledger
 from recursa.config import RLMConfig
 from recursa.errors import ConfigError, SandboxError
+from recursa.lm.call_cache import CallCache
 from recursa.lm.gateway import ClientSettings, ModelGateway
 from recursa.lm.limiter import Limiter
 from recursa.lm.prices import PriceBook
@@ -19,6 +20,7 @@ from recursa.lm.retry import RetryBudget, RetryPolicy
 from recursa.sandbox import SANDBOXES, make_sandbox
 from recursa.sandbox.base import Sandbox
 from recursa.sandbox.forkserver import ForkServer
+from recursa.tools.mcp_tools import McpServers
 from recursa.tools.runner import ToolRunner
 from recursa.trace.redact import Redactor
 from recursa.trace.writer import TraceWriter, default_trace_dir
@@ -57,6 +59,9 @@ class CallTree:
     # recursa.env: the trainer runs rlm_query's children itself (SkyRL's subcall_fn), as
     # `async fn(prompt, context, depth, parent_id) -> str`; None: recursa child runs.
     child_call: Any = None
+    mcp: McpServers | None = None  # connect_mcp(): the servers of config.mcp_servers, closed by aclose
+    # Where this tree's REPLs gather on a cluster (sandbox="ray"): children next to their parent.
+    placement: str = field(default_factory=lambda: new_id("tree"))
 
     @classmethod
     def create(cls, config: RLMConfig, prices: PriceBook, root_run_id: str) -> CallTree:
@@ -80,11 +85,23 @@ class CallTree:
             sampling={role: dict(opts) for role, opts in (config.sampling or {}).items()},
         )
         gateway = ModelGateway(ledger=ledger, limiter=limiter, prices=prices, trace=trace, settings=settings)
+        if config.cache_subcalls:
+            gateway.call_cache = CallCache()
         if config.clients:
             gateway.share(config.clients)  # the user's own client objects: used, never closed here
-        host_tools = [t for t in [*config.tools, *config.sub_tools] if t.where == "host"]
-        unique = list({id(t.fn): t for t in host_tools}.values())
-        return cls(config, ledger, gateway, trace, ToolRunner.of(unique, redactor))
+        return cls(config, ledger, gateway, trace, _tool_runner(config, redactor))
+
+    async def connect_mcp(self) -> None:
+        """Connect the MCP servers of `config.mcp_servers` (before any run of the tree starts): their
+        tools join this tree's REPL tools and sub-model tools, and aclose() closes them."""
+        if not self.config.mcp_servers or self.mcp is not None:
+            return
+        self.mcp = await McpServers.connect(self.config.mcp_servers)
+        config = self.config
+        taken = {t.name for t in [*config.tools, *config.sub_tools]}
+        repl, sub = self.mcp.tools(taken)
+        self.config = config.replace(tools=[*config.tools, *repl], sub_tools=[*config.sub_tools, *sub])
+        self.tool_runner = _tool_runner(self.config, self.trace.redact)
 
     def new_budget(self) -> None:
         """A fresh ledger (caps and deadline) and retry allowance for the next question of a session."""
@@ -132,6 +149,8 @@ class CallTree:
         if self.abandoned:  # a REPL that started after abandon() would have nobody to reap it
             raise SandboxError("this run was abandoned (its owner dropped it); no REPL starts for it")
         options = {"max_output_chars": self.config.max_output_chars, **(self.config.sandbox_options or {})}
+        if self.config.sandbox == "ray":
+            options.setdefault("affinity", self.placement)
         if (
             self.config.max_depth >= 2
             and SANDBOXES[self.config.sandbox].forks
@@ -186,6 +205,9 @@ class CallTree:
         if self.fork_server is not None:
             await self.fork_server.close()  # after the sandboxes: its workers end with it
             self.fork_server = None
+        if self.mcp is not None:
+            mcp, self.mcp = self.mcp, None
+            await mcp.aclose()
         try:
             await self.gateway.aclose()
         finally:
@@ -193,3 +215,10 @@ class CallTree:
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome
+
+
+def _tool_runner(config: RLMConfig, redactor: Redactor) -> ToolRunner:
+    """One runner for the tree's host tools (a tool in both lists is one tool, with one call count)."""
+    host_tools = [t for t in [*config.tools, *config.sub_tools] if t.where == "host"]
+    unique = list({id(t.fn): t for t in host_tools}.values())
+    return ToolRunner.of(unique, redactor)

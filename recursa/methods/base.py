@@ -18,6 +18,7 @@ rows compare), and returns the answer with usage, turns, sub-calls, latency and 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any, Protocol
 
 from recursa.budget import Budget
 from recursa.config import DEFAULTS as D
+from recursa.extras import install_hint
 from recursa.tasks.base import Task
 from recursa.usage import Usage
 
@@ -50,6 +52,8 @@ _IMPLEMENTATIONS = {
     "rlm-tips": ("recursa.methods.rlm_method", "RLMMethod", {"subcalls": True, "tips": True}),
     "rlm-subtools": ("recursa.methods.rlm_method", "RLMMethod", {"subcalls": True, "sub_tools": True}),
 }
+# What a method needs beyond the core: (a module, the extra that installs it).
+_NEEDS = {"codeact-bm25": ("bm25s", "bench"), "rlm-subtools": ("bm25s", "bench")}
 # Input windows (tokens) of model families, for cutting a context to fit; exact names first.
 _WINDOWS = (
     (r"gpt-5", 272_000),
@@ -68,6 +72,7 @@ class MethodSettings:
     base_url: str | None = None
     api_key: str | None = field(default=None, repr=False)
     sandbox: str = D.sandbox
+    sandbox_options: dict[str, Any] | None = None
     max_iterations: int = D.max_iterations  # RLM root turns; CodeAct steps
     max_output_tokens: int = D.max_output_tokens
     budget: Budget = field(default_factory=Budget)  # per task instance
@@ -91,6 +96,7 @@ class MethodSettings:
             "max_iterations": self.max_iterations,
             "budget": self.budget,
             "sandbox": self.sandbox,
+            "sandbox_options": self.sandbox_options,
             "exec_timeout": self.exec_timeout,
             "turn_timeout": self.turn_timeout,
             "max_concurrency": self.max_concurrency,
@@ -139,6 +145,15 @@ class Method(Protocol):
     name: str
 
     async def run(self, task: Task, settings: MethodSettings) -> MethodResult: ...
+
+
+def missing_requirement(name: str) -> str | None:
+    """Why method `name` cannot run here (a package of its extra is not installed), or None."""
+    need = _NEEDS.get(name)
+    if need is None or importlib.util.find_spec(need[0]) is not None:
+        return None
+    module, extra = need
+    return f"method {name} needs the {module} package of the {extra} extra: {install_hint(extra)}"
 
 
 def get_method(name: str) -> Method:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from recursa.context import build_payload
-from recursa.errors import BudgetExceeded, ConfigError, LMError
+from recursa.errors import BudgetExceeded, LMError
 from recursa.lm.base import Message
 from recursa.loop.blocks import ReplyClock
 from recursa.loop.feedback import why_stop_after
@@ -177,10 +177,3 @@ async def _host_tool(run: BaselineRun, args: dict[str, Any]) -> Any:
     duration = round(time.perf_counter() - started, 6)
     run.emit("tool_call", tool=name, where="host", caller="repl", hits=hits, duration_s=duration, error=None)
     return value
-
-
-def require_bm25() -> None:
-    try:
-        import bm25s  # noqa: F401
-    except ImportError:
-        raise ConfigError("codeact-bm25 needs the bm25s package: pip install 'recursa[bench]'") from None

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from recursa.errors import ConfigError
+from recursa.extras import install_hint
 from recursa.tools.spec import host_tool
 
 PASSAGE_CHARS = 2_000
@@ -46,7 +47,7 @@ class BM25Index:
             import bm25s
         except ImportError:
             raise ConfigError(
-                "BM25 search (codeact-bm25, rlm-subtools) needs the bm25s package: pip install 'recursa[bench]'"
+                "BM25 search (codeact-bm25, rlm-subtools) needs the bm25s package: " + install_hint("bench")
             ) from None
         self._bm25s = bm25s
         self.passages = passages or [""]

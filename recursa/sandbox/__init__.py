@@ -9,7 +9,8 @@ A `ForkServer` forks workers from one warm zygote inside bwrap (forkserver.py): 
 child RLMs use one, so that a burst of children does not start a burst of interpreters.
 
 The same worker also runs in a container (`"docker"`, `"podman"`: containers.py) or in a remote
-sandbox (`"modal"`, `"e2b"`: remote.py, optional extras), over its stdin and stdout.
+sandbox (`"modal"`, `"e2b"`: remote.py, optional extras), over its stdin and stdout, and on the
+nodes of a Ray cluster (`"ray"`: cluster/, the node's own local sandbox run by a host actor there).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from recursa.errors import ConfigError
 from recursa.sandbox.base import CallbackError, CallHandler, ExecResult, FinalAnswer, Sandbox
+from recursa.sandbox.cluster import RaySandbox
 from recursa.sandbox.containers import ContainerSandbox
 from recursa.sandbox.forkserver import ForkServer
 from recursa.sandbox.inprocess import InProcessSandbox
@@ -43,6 +45,7 @@ __all__ = [
     "Hardening",
     "InProcessSandbox",
     "ModalSandbox",
+    "RaySandbox",
     "Sandbox",
     "SandboxKind",
     "StdioSandbox",
@@ -62,6 +65,7 @@ class SandboxKind:
     options_of: type  # the class whose keyword parameters are the kind's `sandbox_options`
     help: str
     forks: bool = False  # its workers can fork from a shared ForkServer (recursa/sandbox/forkserver.py)
+    image: bool = False  # it runs in an image of its own: the REPL imports what that image installs
 
     def option_names(self) -> list[str] | None:
         """The `sandbox_options` this kind takes, or None when it takes any (a **kwargs constructor)."""
@@ -95,13 +99,18 @@ SANDBOXES: dict[str, SandboxKind] = {
     ),
     "inprocess": SandboxKind(_inprocess, InProcessSandbox, "a thread of this process, no isolation (debugging)"),
     "docker": SandboxKind(
-        lambda **o: ContainerSandbox("docker", **o), ContainerSandbox, "the worker in a Docker container"
+        lambda **o: ContainerSandbox("docker", **o), ContainerSandbox, "the worker in a Docker container", image=True
     ),
     "podman": SandboxKind(
-        lambda **o: ContainerSandbox("podman", **o), ContainerSandbox, "the worker in a Podman container"
+        lambda **o: ContainerSandbox("podman", **o), ContainerSandbox, "the worker in a Podman container", image=True
     ),
-    "modal": SandboxKind(ModalSandbox, ModalSandbox, "a Modal sandbox (the modal extra)"),
-    "e2b": SandboxKind(E2BSandbox, E2BSandbox, "an E2B sandbox (the e2b extra)"),
+    "modal": SandboxKind(ModalSandbox, ModalSandbox, "a Modal sandbox (the modal extra)", image=True),
+    "e2b": SandboxKind(E2BSandbox, E2BSandbox, "an E2B sandbox (the e2b extra)", image=True),
+    "ray": SandboxKind(
+        lambda **o: RaySandbox(make_sandbox=make_sandbox, **o),
+        RaySandbox,
+        "the node's own local sandbox on a Ray cluster, run by a host actor there (the ray extra)",
+    ),
 }
 SANDBOX_KINDS = tuple(SANDBOXES)
 

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from recursa.errors import ConfigError
+from recursa.extras import install_hint
 from recursa.sandbox.connection import Connection
 from recursa.sandbox.host import ContextSpec, WorkerHost
 from recursa.sandbox.processes import WorkerProcess
@@ -41,8 +42,7 @@ def import_sdk(module: str, extra: str) -> Any:
         return importlib.import_module(module)
     except ImportError:
         raise ConfigError(
-            f'sandbox="{extra}" needs the {module!r} package, which is not installed: '
-            f'pip install "recursa[{extra}]"'
+            f'sandbox="{extra}" needs the {module!r} package, which is not installed: {install_hint(extra)}'
         ) from None
 
 

@@ -37,6 +37,7 @@ from acp.schema import (
     AgentCapabilities,
     Implementation,
     InitializeResponse,
+    McpCapabilities,
     NewSessionResponse,
     PromptCapabilities,
     PromptResponse,
@@ -50,6 +51,7 @@ from recursa.loop.tree import new_id
 from recursa.overrides import check_keys, client_settings, text_value
 from recursa.rlm import RLM
 from recursa.serve.settings import ServeSettings
+from recursa.tools.mcp_config import McpServerSpec, parse_mcp_servers
 from recursa.trace.redact import redact
 from recursa.version import __version__
 
@@ -68,6 +70,7 @@ class _Session:
     overrides: dict[str, Any]
     cwd: str
     task: asyncio.Task[Any] | None = None
+    mcp_servers: list[McpServerSpec] = dataclasses.field(default_factory=list)  # the client's, checked
 
 
 class RecursaAgent:
@@ -85,7 +88,10 @@ class RecursaAgent:
         return InitializeResponse(
             protocol_version=PROTOCOL_VERSION,
             agent_capabilities=AgentCapabilities(
-                load_session=False, prompt_capabilities=PromptCapabilities(embedded_context=True)
+                load_session=False,
+                prompt_capabilities=PromptCapabilities(embedded_context=True),
+                # stdio servers are always offered; of the others, streamable HTTP only
+                mcp_capabilities=McpCapabilities(http=True, sse=False),
             ),
             agent_info=Implementation(
                 name="recursa", title="recursa (Recursive Language Model)", version=__version__
@@ -100,7 +106,9 @@ class RecursaAgent:
             raise RequestError.invalid_params({"message": f"_meta.{RUNTIME_KEY} must be an object"})
         try:
             overrides = _checked_runtime(given, self.settings)
-            self._rlm(overrides)  # a bad model, key, base URL or budget fails here, not on the first prompt
+            servers = self._mcp_servers(mcp_servers)
+            # a bad model, key, base URL, budget or MCP server entry fails here, not on the first prompt
+            self._rlm(overrides, servers)
         except (RecursaError, TypeError, ValueError) as exc:
             said = str(exc)
             message = said if said.startswith(f"_meta.{RUNTIME_KEY}") else f"_meta.{RUNTIME_KEY}: {said}"
@@ -112,7 +120,7 @@ class RecursaAgent:
                     "message": f"_meta.{RUNTIME_KEY}.session_id {session_id!r} is in use; choose another or omit it"
                 }
             )
-        self._sessions[session_id] = _Session(dict(overrides), cwd)
+        self._sessions[session_id] = _Session(dict(overrides), cwd, mcp_servers=servers)
         return NewSessionResponse(session_id=session_id)
 
     async def prompt(self, session_id: str, prompt: list[Any], **kwargs: Any) -> PromptResponse:
@@ -130,7 +138,7 @@ class RecursaAgent:
             question, context = PROMPT_AS_CONTEXT_QUESTION, question
         elif not question:
             question = PROMPT_AS_CONTEXT_QUESTION
-        session.task = asyncio.create_task(self._run(session_id, session.overrides, question, context))
+        session.task = asyncio.create_task(self._run(session_id, session, question, context))
         try:
             result = await session.task
         except asyncio.CancelledError:
@@ -176,7 +184,19 @@ class RecursaAgent:
         own = overrides.get("api_key")
         return redact(self.settings.redact(text), own if isinstance(own, str) else None)
 
-    def _rlm(self, overrides: dict[str, Any], on_event: Any = None) -> RLM:
+    def _mcp_servers(self, given: list[Any] | None) -> list[McpServerSpec]:
+        """The operator's MCP servers (--mcp-servers) and those the client passes to session/new: each
+        run of the session connects them on this host and closes them when it ends."""
+        entries = [
+            m.model_dump(by_alias=True, exclude_none=True) if hasattr(m, "model_dump") else m
+            for m in given or []
+        ]
+        return [
+            *self.settings.rlm_options.get("mcp_servers", []),
+            *parse_mcp_servers(entries, "session/new mcpServers"),
+        ]
+
+    def _rlm(self, overrides: dict[str, Any], mcp_servers: list[McpServerSpec], on_event: Any = None) -> RLM:
         s = self.settings
         base_url, api_key = s.client_upstream(
             overrides.get("base_url"), overrides.get("api_key"), f"_meta.{RUNTIME_KEY}"
@@ -197,10 +217,10 @@ class RecursaAgent:
             trace_dir=s.trace_dir,
             trace=s.trace,
             on_event=_both(s.on_event, on_event),
-            **options,
+            **{**options, "mcp_servers": mcp_servers},
         )
 
-    async def _run(self, session_id: str, overrides: dict[str, Any], question: str, context: Any) -> Any:
+    async def _run(self, session_id: str, session: _Session, question: str, context: Any) -> Any:
         loop = asyncio.get_running_loop()
         pending: set[asyncio.Future[Any]] = set()
 
@@ -212,7 +232,8 @@ class RecursaAgent:
                 pending.add(future)  # type: ignore[arg-type]
 
         try:
-            result = await self._rlm(overrides, on_event=progress).arun(question, context)
+            rlm = self._rlm(session.overrides, session.mcp_servers, on_event=progress)
+            result = await rlm.arun(question, context)
         except BaseException:
             for future in pending:
                 future.cancel()

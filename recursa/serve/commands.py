@@ -13,7 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from recursa.asgi.ports import port
 from recursa.errors import ConfigError
+from recursa.extras import install_hint
 
 if TYPE_CHECKING:
     from recursa.serve.settings import ServeSettings
@@ -29,7 +31,7 @@ def add_parsers(sub: Any, add_model_options: Callable[[argparse.ArgumentParser],
     )
     add_model_options(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    serve.add_argument("--port", type=int, default=8000, help="port to listen on")
+    serve.add_argument("--port", type=port, default=8000, help="port to listen on")
     serve.add_argument(
         "--api-key",
         default=os.environ.get("RECURSA_SERVE_API_KEY"),
@@ -65,7 +67,7 @@ def add_parsers(sub: Any, add_model_options: Callable[[argparse.ArgumentParser],
     add_model_options(mcp)
     mcp.add_argument("--http", action="store_true", help="streamable HTTP instead of stdio")
     mcp.add_argument("--host", default="127.0.0.1", help="with --http: address to listen on")
-    mcp.add_argument("--port", type=int, default=8001, help="with --http: port to listen on")
+    mcp.add_argument("--port", type=port, default=8001, help="with --http: port to listen on")
     mcp.add_argument("--path", default="/mcp", help="the HTTP endpoint path")
     mcp.add_argument(
         "--api-key",
@@ -79,7 +81,7 @@ def add_parsers(sub: Any, add_model_options: Callable[[argparse.ArgumentParser],
         "acp",
         help="an Agent Client Protocol agent on stdin/stdout (for editors such as Zed, and verifiers)",
         description="Speaks ACP over stdio: each prompt is one RLM run; embedded text resources are the "
-        "context, otherwise the prompt's text is. Needs the acp extra: pip install 'recursa[acp]'.",
+        f"context, otherwise the prompt's text is. Needs the acp extra: {install_hint('acp')}.",
     )
     add_model_options(acp)
     acp.add_argument(
@@ -94,7 +96,7 @@ def add_parsers(sub: Any, add_model_options: Callable[[argparse.ArgumentParser],
 
     view = sub.add_parser("view", help="a trace viewer in the browser")
     view.add_argument("trace", help="a trace file (.jsonl), e.g. a result's trace_path")
-    view.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free port)")
+    view.add_argument("--port", type=port, default=0, help="port on 127.0.0.1 (default: any free port)")
     view.add_argument("--host", default="127.0.0.1", help="address to listen on")
     view.add_argument("--html", metavar="OUT", help="write a standalone HTML file instead of serving")
     view.add_argument("--no-browser", action="store_true", help="do not open a browser")
@@ -253,7 +255,7 @@ def _serve(args: argparse.Namespace) -> int:
 
         from recursa.serve.openai_server import create_app
     except ImportError:
-        raise ConfigError('recursa serve needs the server extra: pip install "recursa[server]"') from None
+        raise ConfigError(f"recursa serve needs the server extra: {install_hint('server')}") from None
     settings = _settings(args, args.allow_path or [])
     settings.served_model_name = args.served_model_name
     settings.allow_context_urls = args.allow_urls
@@ -269,7 +271,7 @@ def _serve(args: argparse.Namespace) -> int:
             import prometheus_client  # noqa: F401
         except ImportError:
             raise ConfigError(
-                'GET /metrics needs prometheus-client: pip install "recursa[server]", or pass --no-metrics'
+                f"GET /metrics needs prometheus-client: {install_hint('server')}, or pass --no-metrics"
             ) from None
     app = create_app(settings)
     sock = _listen(args.host, args.port)  # a busy port is reported before the URL is announced
@@ -346,7 +348,7 @@ def _mcp(args: argparse.Namespace) -> int:
     try:
         from recursa.serve.mcp_server import build_mcp_server, http_app
     except ImportError:
-        raise ConfigError('recursa mcp needs the mcp extra: pip install "recursa[mcp]"') from None
+        raise ConfigError(f"recursa mcp needs the mcp extra: {install_hint('mcp')}") from None
     # stdio: the client that launched us is the user, so their working folder is readable by
     # default; over HTTP nothing is, unless --allow-path says so.
     roots = args.allow_path if args.allow_path is not None else ([] if args.http else [os.getcwd()])
@@ -373,7 +375,7 @@ def _acp(args: argparse.Namespace) -> int:
     try:
         from recursa.serve.acp_agent import serve_stdio
     except ImportError:
-        raise ConfigError('recursa acp needs the acp extra: pip install "recursa[acp]"') from None
+        raise ConfigError(f"recursa acp needs the acp extra: {install_hint('acp')}") from None
     settings = _settings(args, [])
     for url in args.allow_base_url or []:
         if not url.startswith(("http://", "https://")):

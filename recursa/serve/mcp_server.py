@@ -32,6 +32,7 @@ from recursa.serve.sessions import SessionStore
 from recursa.serve.settings import ServeSettings
 from recursa.serve.sources import check_path
 from recursa.serve.steps import CellTally
+from recursa.version import __version__
 
 TOOL_NAME = "recursa_answer"
 TOOL_DESCRIPTION = (
@@ -102,6 +103,7 @@ class _TurnProgress:
 def build_mcp_server(settings: ServeSettings, *, name: str = "recursa") -> MCPServer:
     server: MCPServer = MCPServer(
         name=name,
+        version=__version__,
         instructions=(
             "Use recursa_answer for questions over documents, logs, code bases or data too large to "
             "read directly. It may take minutes; it reports progress per turn."

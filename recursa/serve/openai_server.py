@@ -28,6 +28,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from recursa.errors import ConfigError
+from recursa.extras import install_hint
 from recursa.serve.admission import AdmissionLimit
 from recursa.serve.bodies import JSONBody
 from recursa.serve.callers import CLIENT_HEADER, identify
@@ -278,7 +279,7 @@ def _metrics(settings: ServeSettings) -> Metrics | None:
         return Metrics()
     except ImportError:
         raise ConfigError(
-            'the /metrics endpoint needs prometheus-client: pip install "recursa[server]", '
+            f"the /metrics endpoint needs prometheus-client: {install_hint('server')}, "
             "or pass ServeSettings(metrics=False)"
         ) from None
 

@@ -14,6 +14,9 @@ The size cap counts decoded bytes: a compressed body is inflated here a bounded 
 (one layer of gzip or deflate; anything else is refused), so a few hundred bytes of nested gzip
 cannot become gigabytes before the cap sees them.
 
+The server's own addresses are never public, whatever their range: a service bound to 0.0.0.0 on
+the server answers on every one of them, a public one included, as it does on loopback.
+
 `allow_private=True` (the operator's `--allow-private-urls`) turns the address check off.
 """
 
@@ -58,7 +61,40 @@ def address_problem(ip: IPAddress) -> str | None:
         ("reserved", ip.is_reserved),
         ("non-public", not ip.is_global),
     )
-    return next((kind for kind, hit in kinds if hit), None)
+    kind = next((kind for kind, hit in kinds if hit), None)
+    if kind is None and ip in own_addresses():
+        return OWN
+    return kind
+
+
+OWN = "this server's own"
+
+
+def own_addresses() -> frozenset[IPAddress]:
+    """The addresses of this host's interfaces (read when asked: they change with DHCP and VPNs).
+    Linux lists them in /proc (the kernel's local routing table, and every interface's IPv6
+    addresses); elsewhere only loopback is known, besides what the classification refuses."""
+    found: set[IPAddress] = {ipaddress.IPv4Address("127.0.0.1"), ipaddress.IPv6Address("::1")}
+    try:
+        with open("/proc/net/fib_trie", encoding="ascii") as fh:
+            last = ""
+            for line in fh:
+                text = line.strip()
+                if text.startswith("|--"):
+                    last = text[3:].strip()
+                elif text.endswith("host LOCAL") and last:
+                    found.add(ipaddress.IPv4Address(last))
+    except (OSError, ValueError):
+        pass
+    try:
+        with open("/proc/net/if_inet6", encoding="ascii") as fh:
+            for line in fh:
+                word = line.split(maxsplit=1)[0] if line.strip() else ""
+                if len(word) == 32:
+                    found.add(ipaddress.IPv6Address(int(word, 16)))
+    except (OSError, ValueError):
+        pass
+    return frozenset(found)
 
 
 async def fetch_url(url: str, *, max_bytes: int, timeout_s: float, allow_private: bool = False) -> bytes:
@@ -170,10 +206,11 @@ async def _pinned(
             problem = address_problem(ip)
             if problem is not None:
                 verb = "redirected to" if redirected else "names"
-                article = "an" if problem[0] in "aeiou" else "a"
+                article = "one of" if problem == OWN else "an" if problem[0] in "aeiou" else "a"
+                what = f"{article} {problem} address{'es' if problem == OWN else ''}"
                 raise ApiError(
                     403,
-                    f"{_PARAM} {verb} the host {host!r}, which resolves to {article} {problem} address; this server "
+                    f"{_PARAM} {verb} the host {host!r}, which resolves to {what}; this server "
                     "fetches only public addresses (its operator can allow others with --allow-private-urls)",
                     param=_PARAM,
                     code="context_url_not_allowed",

@@ -103,8 +103,9 @@ def _text_of(content: Any) -> str:
     raise _BadRequest("message content must be a string or a list of text blocks")
 
 
-def _parse(api: Api, body: Any) -> tuple[str, list[dict[str, str]], bool, int | None, bool]:
-    """(model, flattened messages, stream, max output tokens, include usage in stream)."""
+def _parse(api: Api, body: Any) -> tuple[str, list[dict[str, str]], bool, int | None, bool, list[int]]:
+    """(model, flattened messages, stream, max output tokens, include usage in stream, indices of
+    the flattened messages that carry an Anthropic `cache_control` mark)."""
     if not isinstance(body, dict):
         raise _BadRequest("the request body must be a JSON object")
     model = body.get("model")
@@ -114,14 +115,27 @@ def _parse(api: Api, body: Any) -> tuple[str, list[dict[str, str]], bool, int | 
     if not isinstance(raw, list) or not all(isinstance(m, dict) for m in raw):
         raise _BadRequest("`messages` must be a list of message objects")
     messages: list[dict[str, str]] = []
+    marks: list[int] = []
     if api == "anthropic" and body.get("system"):
         messages.append({"role": "system", "content": _text_of(body["system"])})
-    messages += [msg for m in raw for msg in tool_messages(m, _text_of(m.get("content")))]
+        if _marked(body["system"]):
+            marks.append(0)
+    for m in raw:
+        messages += tool_messages(m, _text_of(m.get("content")))
+        if api == "anthropic" and _marked(m.get("content")):
+            marks.append(len(messages) - 1)
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
     max_tokens = limit if isinstance(limit, int) and limit > 0 else None
     options = body.get("stream_options")
     include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-    return model, messages, bool(body.get("stream")), max_tokens, include_usage
+    return model, messages, bool(body.get("stream")), max_tokens, include_usage, marks
+
+
+def _marked(content: Any) -> bool:
+    """Whether a system or message content carries a `cache_control` breakpoint on any block."""
+    return isinstance(content, list) and any(
+        isinstance(block, dict) and isinstance(block.get("cache_control"), dict) for block in content
+    )
 
 
 def _given_key(request: Request) -> str:
@@ -149,11 +163,11 @@ def _openai_usage(rec: RequestRecord) -> dict[str, Any]:
 
 def _anthropic_usage(rec: RequestRecord) -> dict[str, int]:
     return {
-        # Anthropic counts cache reads apart from input_tokens.
-        "input_tokens": rec.prompt_tokens - rec.cached_tokens,
+        # Anthropic counts cache reads and writes apart from input_tokens.
+        "input_tokens": rec.prompt_tokens - rec.cached_tokens - rec.cache_write_tokens,
         "output_tokens": rec.completion_tokens,
         "cache_read_input_tokens": rec.cached_tokens,
-        "cache_creation_input_tokens": 0,
+        "cache_creation_input_tokens": rec.cache_write_tokens,
     }
 
 
@@ -324,7 +338,7 @@ async def _handle(server: FakeHost, request: Request, api: Api, rec: RequestReco
         return _reject(rec, _error(api, 401, message), message)
     try:
         body = json.loads(raw or b"null")
-        model, messages, stream, max_tokens, include_usage = _parse(api, body)
+        model, messages, stream, max_tokens, include_usage, marks = _parse(api, body)
         set_offered(body)
     except ValueError as exc:  # also json.JSONDecodeError
         return _reject(rec, _error(api, 400, str(exc)), str(exc))
@@ -364,7 +378,10 @@ async def _handle(server: FakeHost, request: Request, api: Api, rec: RequestReco
     if full:
         message = "Rate limit reached: the request queue is full. Please retry later."
         return _reject(rec, _error(api, 429, message, retry_after_s=server.retry_after_s), message)
-    rec.cached_tokens, _ = server.cache.lookup_and_store(messages)
+    if api == "anthropic":  # Anthropic caches only what the request marks, and bills writes
+        rec.cached_tokens, rec.cache_write_tokens = server.marked_cache.lookup_and_store(messages, marks)
+    else:  # OpenAI and vLLM-style servers cache every prefix on their own
+        rec.cached_tokens, _ = server.cache.lookup_and_store(messages)
 
     if not server.virtual:  # in virtual time the simulation owns queueing
         await gate.acquire()
@@ -397,7 +414,9 @@ async def _handle(server: FakeHost, request: Request, api: Api, rec: RequestReco
             reply = reply[: max_tokens * 4]  # type: ignore[operator]  # 4 chars/token: exactly max_tokens
         rec.reply, rec.completion_tokens, rec.status = reply, count_tokens(reply), 200
         server.cache.store_generated(messages, reply)
-        rec.cost_usd = server.profile.cost(rec.prompt_tokens, rec.cached_tokens, rec.completion_tokens)
+        rec.cost_usd = server.profile.cost(
+            rec.prompt_tokens, rec.cached_tokens, rec.completion_tokens, rec.cache_write_tokens
+        )
         if stream:
             if fault is not None and fault.kind == "no_usage":
                 include_usage = False

@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import Any
 
 from recursa.asgi.background import BackgroundServer
+from recursa.asgi.ports import port
 from recursa.testing.fake_app import build_app
 from recursa.testing.fake_state import (
     Fault,
@@ -47,6 +48,7 @@ from recursa.testing.latency import (
     get_profile,
     simulate,
 )
+from recursa.testing.marked_cache import MIN_TOKENS, MarkedCache
 from recursa.testing.prefix_cache import PrefixCache
 from recursa.testing.tool_replies import ToolCallReply, offered_tools
 
@@ -121,10 +123,13 @@ class FakeServer:
     already waiting gets 429 with `Retry-After: retry_after_s`. `profile` (a name in
     `latency.PROFILES` or a `LatencyProfile`) gives the defaults; explicit arguments override it.
 
-    Prefix cache (recursa.testing.prefix_cache): with `cache_blocks` > 0 (profiles set it), prompts
-    are split into 16-token blocks hashed with their parent; leading blocks already cached are
-    reported as `usage.prompt_tokens_details.cached_tokens` (Anthropic: `cache_read_input_tokens`)
-    and skip prefill. `cost_usd()` prices every request; `GET /metrics` serves Prometheus text.
+    Prefix caches: on the OpenAI API (recursa.testing.prefix_cache), with `cache_blocks` > 0
+    (profiles set it), prompts are split into 16-token blocks hashed with their parent; leading
+    blocks already cached are reported as `usage.prompt_tokens_details.cached_tokens` and skip
+    prefill. On Anthropic's (recursa.testing.marked_cache) only prefixes the request marks with
+    `cache_control` (of at least `min_cache_tokens`) are cached, as Anthropic does: written ones are
+    reported as `cache_creation_input_tokens` (priced at 1.25x input), read ones as
+    `cache_read_input_tokens`. `cost_usd()` prices every request; `GET /metrics` serves Prometheus text.
 
     With `clock=VirtualClock()` nothing sleeps: arrivals are stamped with the clock and
     `simulate()` returns the exact times the model assigns (deterministic tests).
@@ -154,6 +159,7 @@ class FakeServer:
         contention: float | None = None,
         cache_blocks: int | None = None,
         clock: VirtualClock | None = None,
+        min_cache_tokens: int = MIN_TOKENS,
     ) -> None:
         # A profile gives the defaults; explicit arguments win over it.
         base = (
@@ -190,6 +196,8 @@ class FakeServer:
         # gives the times the latency model assigns them.
         self.clock = clock
         self.cache = PrefixCache(base.cache_blocks if cache_blocks is None else cache_blocks)
+        # Anthropic's explicit cache: only prefixes the request marks with cache_control.
+        self.marked_cache = MarkedCache(min_cache_tokens)
         self._slots = slots
         self._requested_port = port
         self.ledger = Ledger()
@@ -291,6 +299,7 @@ class FakeServer:
         self.ledger.reset()
         if not keep_cache:
             self.cache.clear()
+            self.marked_cache.clear()
         restart = getattr(self.faults, "reset", None)
         if callable(restart):
             restart()
@@ -407,7 +416,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "64 requests at a time, with no queue limit and no prefix cache.",
         formatter_class=_HelpFormatter,
     )
-    parser.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (0: any free port)")
+    parser.add_argument("--port", type=port, default=8765, help="port on 127.0.0.1 (0: any free port)")
     parser.add_argument(
         "--profile",
         default=None,

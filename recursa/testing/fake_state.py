@@ -55,6 +55,7 @@ class RequestRecord:
     # Latency-model and cache accounting. `first_token_at` is a perf_counter() value (real time);
     # `virtual_arrival` is the VirtualClock reading on arrival (virtual-clock servers only).
     cached_tokens: int = 0
+    cache_write_tokens: int = 0  # Anthropic API only: the marked prefix written to the cache
     first_token_at: float = 0.0
     virtual_arrival: float | None = None
     cost_usd: float = 0.0

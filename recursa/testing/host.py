@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from recursa.testing.fake_state import FaultPlan, Ledger, SlotGate
 from recursa.testing.latency import LatencyProfile, VirtualClock
+from recursa.testing.marked_cache import MarkedCache
 from recursa.testing.prefix_cache import PrefixCache
 from recursa.testing.tool_replies import ToolCallReply
 
@@ -27,6 +28,7 @@ class FakeHost(Protocol):
     retry_after_s: float
     clock: VirtualClock | None
     cache: PrefixCache
+    marked_cache: MarkedCache
     ledger: Ledger
     gate: SlotGate
 

@@ -22,6 +22,9 @@ from dataclasses import dataclass, replace
 __all__ = ["PROFILES", "LatencyProfile", "SimRequest", "SimResult", "VirtualClock", "get_profile", "simulate"]
 
 
+CACHE_WRITE_FACTOR = 1.25  # Anthropic's 5-minute cache writes, relative to the input rate
+
+
 @dataclass(frozen=True)
 class LatencyProfile:
     """How slow the fake model is. Prices are USD per million tokens (cached input at its own rate)."""
@@ -47,11 +50,15 @@ class LatencyProfile:
         """Seconds per output token with `holders` requests holding a slot (at least this one)."""
         return self.per_token_s * (1.0 + self.contention * (max(holders, 1) - 1))
 
-    def cost(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> float:
-        uncached = prompt_tokens - cached_tokens
+    def cost(
+        self, prompt_tokens: int, cached_tokens: int, completion_tokens: int, written_tokens: int = 0
+    ) -> float:
+        """USD for one request; cache writes (Anthropic's) cost 1.25x input, as Anthropic's do."""
+        uncached = prompt_tokens - cached_tokens - written_tokens
         return (
             uncached * self.input_per_mtok
             + cached_tokens * self.cached_input_per_mtok
+            + written_tokens * self.input_per_mtok * CACHE_WRITE_FACTOR
             + completion_tokens * self.output_per_mtok
         ) / 1e6
 

@@ -93,6 +93,8 @@ class ToolRunner:
             ) from None
         except asyncio.CancelledError:
             raise
+        except ToolFailure as exc:  # the tool's own account of what went wrong (MCP tools give one)
+            raise ToolFailure(self.redact(str(exc))) from None
         except Exception as exc:
             raise ToolFailure(self.redact(f"{tool.name} raised {type(exc).__name__}: {exc}")) from None
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from recursa.errors import ConfigError
+from recursa.trace.redact import looks_secret, redact
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -243,6 +244,13 @@ def _sandbox_source(fn: Any, name: str, siblings: set[str]) -> str:
         if isinstance(value, types.ModuleType):
             preamble.append(_import_line(global_name, value))
         elif _is_constant(value):
+            if _holds_secret(global_name, value):
+                raise ConfigError(
+                    f"tool {name!r} reads the global {global_name!r}, which holds what looks like a secret (a "
+                    "key, token or password), and secrets never enter the sandbox; mark the tool "
+                    "@recursa.host_tool (it then runs in the host, where the secret stays), or pass the "
+                    "value as an argument if the code may see it."
+                )
             preamble.append(f"{global_name} = {value!r}")
         else:
             raise ConfigError(
@@ -278,6 +286,15 @@ def _is_constant(value: Any) -> bool:
             return False
         return True
     return False
+
+
+def _holds_secret(name: str, value: Any) -> bool:
+    """Whether a constant a sandbox tool reads is secret-like by its name or its value (the
+    REPL's code could read it back from the tool's globals): what a message would be scrubbed of."""
+    if isinstance(value, str):
+        return looks_secret(name, value)
+    line = f"{name} = {value!r}"
+    return redact(line, paths=False) != line
 
 
 def _strip_decorators(source: str) -> str:

@@ -39,9 +39,13 @@ class RunNode:
         return [e for e in self.events if e["type"] == event_type]
 
     def walk(self) -> list[RunNode]:
-        out = [self]
-        for child in self.children:
-            out.extend(child.walk())
+        """This run and every run below it, depth first (without recursion: any depth)."""
+        out: list[RunNode] = []
+        stack = [self]
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(reversed(node.children))
         return out
 
 
@@ -67,17 +71,27 @@ class Trace:
         return not self.truncated and not self.incomplete_runs
 
 
-def run_tree(events: list[dict[str, Any]]) -> tuple[dict[str, RunNode], list[RunNode]]:
+def run_tree(
+    events: list[dict[str, Any]], notes: list[str] | None = None
+) -> tuple[dict[str, RunNode], list[RunNode]]:
     """Runs by id and the root runs, from events in the order they were written (a file's, or
-    ones collected in memory by an `on_event` listener)."""
+    ones collected in memory by an `on_event` listener). What is wrong with the runs' shape (an id
+    that starts twice, a run that is its own parent) goes to `notes`; the tree stays a tree: a run
+    only ever hangs under a run that started before it."""
     runs: dict[str, RunNode] = {}
     roots: list[RunNode] = []
+    problems = notes if notes is not None else []
     for event in events:
         run_id = event.get("run_id")
         if event["type"] == "run_start":
             node = RunNode(run_id, event.get("parent_run_id"), event.get("depth", 0), event)
-            runs[run_id] = node
+            if run_id in runs:
+                problems.append(f"run {run_id} starts more than once; its later events go to the last start")
+            if node.parent_run_id == run_id:
+                problems.append(f"run {run_id} names itself as its parent; read as a top-level run")
+            # Looked up before this run is registered: a run never becomes its own parent.
             parent = runs.get(node.parent_run_id) if node.parent_run_id else None
+            runs[run_id] = node
             (parent.children if parent else roots).append(node)
         elif run_id in runs:
             runs[run_id].events.append(event)
@@ -120,7 +134,7 @@ def load(path: str | Path) -> Trace:
             )
         else:
             notes.append(f"line {number} is not valid JSON; skipped")
-    runs, roots = run_tree(events)
+    runs, roots = run_tree(events, notes)
     if not roots:
         raise ValueError(
             f"{path} holds no run_start event: it is not a recursa trace, or the run was cut off before "

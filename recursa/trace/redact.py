@@ -8,9 +8,15 @@ sent into the REPL or to a client, a log line). It removes:
 - the shapes of common provider keys (`sk-...`, `sk-ant-...`, `AIza...`, `hf_...`, `ghp_...`), even
   when it was not told the value;
 - credentials in header form (`Authorization: Bearer ...`, `x-api-key: ...`) and bare bearer tokens;
-- key-like query parameters (`?key=`, `&api_key=`, `access_token=`, `sig=`...) and a URL's password.
-Only values of 8 token characters or more are taken, so code that builds such a header or URL
-from a variable (`f"Bearer {token}"`) reads the same afterwards.
+- key-like query parameters (`?key=`, `&api_key=`, `access_token=`, `sig=`, a signed URL's
+  `X-Amz-Signature=`...) and a URL's password;
+- whatever any name that ends in a secret's word is set to (`DB_PASS=...`, `"stripe_secret": "..."`,
+  `MY_TOKEN: ...`), whatever the name's start: only the known keys' names were caught before;
+- a long random token on its own (32 characters or more of letters and digits with upper case,
+  lower case and digits all in it: a key, a signed path's signature), however it is labelled.
+Only values of 8 token characters or more are taken (6 after a secret's name), so code that builds
+such a header or URL from a variable (`f"Bearer {token}"`, `key = key`) reads the same afterwards;
+hex digests and UUIDs (no upper case) are not taken for random tokens.
 Messages also lose the host's file paths (trace/hostpaths.py), except where the reader is the
 operator: the CLI's messages and the server's log are made with `paths=False`.
 """
@@ -41,8 +47,17 @@ _HEADER = re.compile(
 _BEARER = re.compile(r"(?i)\b(bearer\s+)" + _TOKEN)
 _QUERY = re.compile(
     r"(?i)([?&;](?:api[_-]?key|apikey|key|access[_-]?token|auth[_-]?token|token|secret|client[_-]?secret"
-    r"|password|passwd|sig|signature)=)" + _TOKEN
+    r"|password|passwd|sig|signature|x-(?:amz|goog)-(?:signature|credential|security-token))=)" + _TOKEN
 )
+# `NAME = value` (or `"name": "value"`, `NAME: value`) where the name's last word is a secret's:
+# `*_KEY`, `*_SECRET`, `*_PASS`, `*_TOKEN`... The word must end the name (`monkey`, `tokens`,
+# `max_tokens` are not secrets' names).
+_ASSIGNED = re.compile(
+    r"(?i)\b((?:[a-z0-9]+[_.-])*(?:api_?key|key|secret|pass|passwd|password|passphrase|pwd|token"
+    r"|credentials?)\b(?:\\?[\"'])?\s*[:=]\s*(?:\\?[\"'])?)(?!\[REDACTED\])([^\s\"'`,;()\[\]{}<>]{6,})"
+)
+# A random-looking token: long, and upper case, lower case and digits all in it.
+_RANDOM = re.compile(r"(?<![A-Za-z0-9_+=-])[A-Za-z0-9_+-]{32,}={0,2}(?![A-Za-z0-9_+=-])")
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^/\s:@]+:)[^/\s@]+@")
 _KEY_ENV_NAME = re.compile(r"(?i)(API_?KEY|TOKEN|SECRET|PASSWORD|ACCESS_KEY)$")
 
@@ -77,7 +92,9 @@ class Redactor:
         text = _HEADER.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(3) or ''}{REDACTED}", text)
         text = _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
         text = _QUERY.sub(lambda m: m.group(1) + REDACTED, text)
-        return _USERINFO.sub(lambda m: m.group(1) + REDACTED + "@", text)
+        text = _USERINFO.sub(lambda m: m.group(1) + REDACTED + "@", text)
+        text = _ASSIGNED.sub(lambda m: m.group(1) + REDACTED, text)
+        return _RANDOM.sub(lambda m: REDACTED if _looks_random(m.group(0)) else m.group(0), text)
 
     def bulk(self, text: str) -> str:
         """The known keys and the common key shapes only: for whole trace lines (model replies,
@@ -102,6 +119,20 @@ class Redactor:
                     quote = '"' if "'" in value else "'"  # quoted, a path with spaces is taken whole
                     setattr(exc, name, self(f"{quote}{value}{quote}")[1:-1])
         return exc
+
+
+def _looks_random(token: str) -> bool:
+    return (
+        any(c.isupper() for c in token)
+        and any(c.islower() for c in token)
+        and any(c.isdigit() for c in token)
+    )
+
+
+def looks_secret(name: str, value: str) -> bool:
+    """Whether `name = value` would be scrubbed from a message: a secret's name, or a value of a
+    key's shape (for what must not leave the host at all, such as a sandbox tool's constants)."""
+    return bool(_ASSIGNED.fullmatch(f"{name}={value}")) or redact(value, paths=False) != value
 
 
 def _outside_word(text: str, m: re.Match[str]) -> str:

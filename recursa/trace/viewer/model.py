@@ -159,6 +159,8 @@ class _Builder:
         self.runs: dict[str, _RunState] = {}
         self.roots: list[int] = []
         self.last_ts = 0.0
+        self.run_count = 0
+        self.warnings: list[str] = []  # what was wrong with the runs' shape (a trace is anyone's file)
 
     def t(self, event: dict[str, Any]) -> float:
         value = _num(event.get("ts"), self.origin) - self.origin
@@ -186,8 +188,20 @@ class _Builder:
     def _anchor(self, state: _RunState) -> int:
         return state.turn if state.turn is not None else state.node
 
+    def _within(self, node_id: int, ancestor: int) -> bool:
+        """Whether `node_id` is `ancestor` or below it (parents are followed up to a root)."""
+        seen: set[int] = set()
+        while node_id >= 0 and node_id not in seen:
+            if node_id == ancestor:
+                return True
+            seen.add(node_id)
+            node_id = self.nodes[node_id].parent
+        return False
+
     def _flush(self, state: _RunState, parent: int) -> None:
         for node_id in state.pending:
+            if self._within(parent, node_id):
+                continue  # runs named as each other's parents: moving it would make a loop
             node = self.nodes[node_id]
             old = self.nodes[node.parent] if node.parent >= 0 else None
             if old is not None and node_id in old.children:
@@ -198,7 +212,18 @@ class _Builder:
 
     def _run_start(self, e: dict[str, Any]) -> None:
         run_id = str(e.get("run_id"))
-        parent_state = self.runs.get(str(e.get("parent_run_id"))) if e.get("parent_run_id") else None
+        parent_id = str(e.get("parent_run_id")) if e.get("parent_run_id") else None
+        if run_id in self.runs:
+            self.warnings.append(
+                f"run id {_short(run_id, 40)} starts more than once: each start is shown as a run of its "
+                "own, and later events go to the last one"
+            )
+        if parent_id == run_id:
+            self.warnings.append(
+                f"run {_short(run_id, 40)} names itself as its parent: shown as a top-level run"
+            )
+            parent_id = None
+        parent_state = self.runs.get(parent_id) if parent_id else None
         parent = self._anchor(parent_state) if parent_state else -1
         depth = int(_num(e.get("depth"), 0))
         node = self.add(
@@ -207,7 +232,7 @@ class _Builder:
             f"run · depth {depth} · {_short(e.get('question'), 70)}",
             self.t(e),
             None,
-            len(self.runs),
+            self.run_count,
             run_id=run_id,
             parent_run_id=e.get("parent_run_id"),
             depth=depth,
@@ -218,6 +243,7 @@ class _Builder:
             config=e.get("config"),
         )
         node.status = "running"
+        self.run_count += 1
         self.runs[run_id] = _RunState(node.id, node.run)
         if parent_state is not None:
             parent_state.pending.append(node.id)
@@ -454,8 +480,6 @@ def _assign_rows(b: _Builder) -> int:
             if n.kind != "sub":
                 n.row = top
         next_row = top + 1 + lanes
-        for child in children_of.get(run_node.run, []):
-            walk(child)
 
     by_run: dict[int, list[_Node]] = {}
     children_of: dict[int, list[_Node]] = {}
@@ -463,8 +487,12 @@ def _assign_rows(b: _Builder) -> int:
         by_run.setdefault(n.run, []).append(n)
         if n.kind == "run" and n.parent >= 0:
             children_of.setdefault(b.nodes[n.parent].run, []).append(n)
-    for root in b.roots:
-        walk(b.nodes[root])
+    # Depth first without recursion: a trace is anyone's file, and its runs may nest thousands deep.
+    stack = [b.nodes[root] for root in reversed(b.roots)]
+    while stack:
+        run_node = stack.pop()
+        walk(run_node)
+        stack.extend(reversed(children_of.get(run_node.run, [])))
     return next_row
 
 
@@ -474,6 +502,7 @@ def build_view(path: str | Path) -> dict[str, Any]:
     events, warnings = read_events(path)
     builder = _Builder(events)
     builder.build()
+    warnings.extend(dict.fromkeys(builder.warnings))
     _close_open_intervals(builder)
     rows = _assign_rows(builder)
     root_runs = [builder.nodes[r] for r in builder.roots]

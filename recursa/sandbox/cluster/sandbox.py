@@ -1,0 +1,116 @@
+"""`sandbox="ray"`: a REPL on a node of a Ray cluster, with the isolation it would have locally.
+
+    RLM(..., sandbox="ray", sandbox_options={"address": "auto", "resources": {"repl_node": 0.001}})
+
+The REPL is the local sandbox of the node it lands on (`"auto"`, or `kind=`), run by that node's
+host actor (node.py); this object is its stand-in on the driver and speaks the same `Sandbox`
+protocol, so the engine, budgets, traces and sub-calls do not change. Placement: the nodes that
+have every resource in `resources` and every label in `labels`, the node of the same call tree first
+(`affinity`; `placement="spread"` drops that), then the least loaded; at most `max_repls_per_node`
+live REPLs on a node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from typing import Any, Literal
+
+from recursa.context import ContextPayload
+from recursa.errors import ConfigError, SandboxError
+from recursa.sandbox.base import CallHandler, ExecResult, FinalAnswer, Sandbox
+from recursa.sandbox.cluster.pool import Node, RayPool, import_ray, pool_for_loop
+
+# Local sandboxes a node may run for a REPL: the ones that start a process on the node itself.
+NODE_KINDS = ("auto", "subprocess")
+_CALL_MARGIN_S = 30.0  # past a cell's own deadline (grace, restore) before the node is presumed hung
+
+
+class RaySandbox:
+    """A persistent REPL on a Ray node; sub-calls, tools and the budget stay on the driver."""
+
+    name = "ray"
+
+    def __init__(
+        self,
+        *,
+        make_sandbox: Callable[..., Sandbox],
+        address: str | None = None,
+        kind: str = "auto",
+        resources: dict[str, float] | None = None,
+        labels: dict[str, str] | None = None,
+        max_repls_per_node: int | None = None,
+        affinity: str | None = None,
+        placement: Literal["tree", "spread"] = "tree",
+        start_timeout: float = 60.0,
+        **node_options: Any,
+    ) -> None:
+        import_ray()  # a ConfigError naming the extra, at construction
+        if kind not in NODE_KINDS:
+            raise ConfigError(
+                f'sandbox="ray" runs a local sandbox on each node: kind={kind!r} is not one; '
+                f"choose one of {', '.join(NODE_KINDS)}"
+            )
+        if placement not in ("tree", "spread"):
+            raise ConfigError(
+                f'sandbox_options placement={placement!r}: give "tree" (a call tree\'s REPLs on one node) '
+                'or "spread" (each REPL on the least loaded node)'
+            )
+        if max_repls_per_node is not None and max_repls_per_node < 1:
+            raise ConfigError(f"sandbox_options max_repls_per_node={max_repls_per_node!r}: give an int >= 1")
+        self._make_sandbox = make_sandbox
+        self.address = address
+        self.kind = kind
+        self.resources = dict(resources or {})
+        self.labels = dict(labels or {})
+        self.max_repls_per_node = max_repls_per_node
+        self.affinity = affinity if placement == "tree" else None
+        self.start_timeout = start_timeout
+        self.node_options = node_options  # passed to the node's local sandbox
+        self.repl = uuid.uuid4().hex
+        self.node: Node | None = None
+        self.isolation: dict[str, Any] = {"level": "ray", "node": None}
+        self._pool: RayPool | None = None
+
+    @property
+    def pool(self) -> RayPool:
+        if self._pool is None:
+            raise SandboxError("this Ray REPL is not started")
+        return self._pool
+
+    async def start(self, handler: CallHandler) -> None:
+        self._pool = pool_for_loop(self.address, self._make_sandbox)
+        self.node, reply = await self._pool.open(
+            self.repl, handler, options=self.node_options, kind=self.kind, resources=self.resources,
+            labels=self.labels, max_repls_per_node=self.max_repls_per_node, affinity=self.affinity,
+            timeout=self.start_timeout,
+        )  # fmt: skip
+        self.isolation = {**reply.get("isolation", {}), "ray_node": self.node.node_id,
+                          "ray_node_address": self.node.address}  # fmt: skip
+
+    async def load_context(self, payload: ContextPayload) -> None:
+        await self.pool.load_context(self.repl, payload)
+
+    async def define(self, entries: list[dict[str, Any]]) -> list[str]:
+        return list(await self.pool.call(self.repl, "define", entries))
+
+    async def execute(self, code: str, timeout: float) -> ExecResult:
+        async with asyncio.timeout(timeout + _CALL_MARGIN_S):
+            result: ExecResult = await self.pool.call(self.repl, "execute", code, timeout)
+        return result
+
+    async def get_variable(self, name: str, timeout: float | None = None) -> FinalAnswer | None:
+        answer: FinalAnswer | None = await self.pool.call(self.repl, "get_variable", name, timeout)
+        return answer
+
+    async def variable_names(self) -> list[str]:
+        return list(await self.pool.call(self.repl, "variable_names"))
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close(self.repl)
+
+    def kill_now(self) -> None:
+        if self._pool is not None:
+            self._pool.close_soon(self.repl)

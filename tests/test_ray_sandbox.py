@@ -1,0 +1,207 @@
+"""sandbox="ray": REPLs on the nodes of a Ray cluster, simulated on this machine by Ray's own test
+utilities (`ray.cluster_utils.Cluster`: a head and worker nodes, each a raylet of its own with its
+own resources). Sub-calls and the budget stay on the driver; a node that leaves fails only the
+REPLs it held."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="sandbox='ray' needs the ray extra (installed by the dev extra)")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from recursa import RLM, Budget  # noqa: E402
+from recursa.env import RLMEnv  # noqa: E402
+from recursa.errors import ConfigError, SandboxLost  # noqa: E402
+from recursa.sandbox import make_sandbox  # noqa: E402
+from recursa.sandbox.cluster import NodeLost, RaySandbox, node_hosts, shutdown_hosts  # noqa: E402
+from recursa.tasks import generate  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+
+REPL = {"cpu_repl": 0.001}  # the custom resource that marks the nodes REPLs may use
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[dict[str, str]]:
+    """A head that takes no REPLs (it stands for a GPU node) and two CPU nodes that do."""
+    made = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                                          "resources": {"gpu_like": 1}})  # fmt: skip
+    a = made.add_node(num_cpus=1, resources={"cpu_repl": 1, "node_a": 1})
+    b = made.add_node(num_cpus=1, resources={"cpu_repl": 1, "node_b": 1})
+    made.wait_for_nodes()
+    ray.init(address=made.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        yield {"cluster": made, "head": made.head_node.node_id, "a": a.node_id, "b": b.node_id}  # type: ignore[misc]
+    finally:
+        shutdown_hosts()
+        ray.shutdown()
+        made.shutdown()
+
+
+def ray_options(**more: object) -> dict[str, object]:
+    return {"resources": REPL, **more}
+
+
+def test_a_run_on_the_cluster_keeps_sub_calls_and_budget_on_the_driver(cluster: dict, tmp_path: Path) -> None:
+    task = generate("oolong", 20_000, seed=3)
+    rlm = RLM("scripted/gpt5-like", sub_model="scripted/oracle", sandbox="ray", sandbox_options=ray_options(),
+              trace_dir=tmp_path, budget=Budget(max_llm_calls=400))  # fmt: skip
+    result = rlm.run(task.question, context=task.context)
+    assert result.stop_reason == "final", result.error
+    assert task.score(result.answer) > 0.5, (result.answer, task.answer)
+    # The REPL ran on a CPU node with the node's own local isolation; the head took none.
+    assert result.isolation["ray_node"] in (cluster["a"], cluster["b"])
+    assert result.isolation["process"] is True and result.isolation.get("seccomp") is True
+    # llm_query_batched ran in the node's REPL and came back to this process's gateway and ledger.
+    assert result.usage.llm_calls > result.iterations
+
+
+async def test_placement_follows_resources_and_labels_and_spreads(cluster: dict) -> None:
+    async def on(options: dict) -> str:
+        sandbox = make_sandbox("ray", **options)
+        await sandbox.start(lambda name, args: asyncio.sleep(0))
+        try:
+            assert isinstance(sandbox, RaySandbox) and sandbox.node is not None
+            return sandbox.node.node_id
+        finally:
+            await sandbox.close()
+
+    assert await on({"resources": {"node_b": 1}}) == cluster["b"]
+    spread = [make_sandbox("ray", **ray_options()) for _ in range(4)]
+    await asyncio.gather(*(s.start(lambda name, args: asyncio.sleep(0)) for s in spread))
+    try:
+        nodes = [s.node.node_id for s in spread]  # type: ignore[attr-defined]
+        assert set(nodes) == {cluster["a"], cluster["b"]}  # never the head, and both CPU nodes
+    finally:
+        await asyncio.gather(*(s.close() for s in spread))
+    with pytest.raises(Exception, match="no live Ray node fits"):
+        await on({"resources": {"tpu": 1}})
+
+
+async def test_one_tree_stays_on_one_node_and_a_context_crosses_once_per_node(cluster: dict) -> None:
+    from recursa.context import load_payload
+
+    payload = await load_payload("the same context for every REPL\n" * 5_000)
+    calls: list[tuple[str, dict]] = []
+
+    async def handler(name: str, args: dict) -> str:
+        calls.append((name, args))
+        return "from the driver"
+
+    repls = [make_sandbox("ray", **ray_options(affinity="tree-1")) for _ in range(3)]
+    for sandbox in repls:
+        await sandbox.start(handler)
+    try:
+        assert len({s.node.node_id for s in repls}) == 1  # type: ignore[attr-defined]
+        await asyncio.gather(*(s.load_context(payload) for s in repls))
+        results = await asyncio.gather(*(s.execute("print(len(context), llm_query('hi'))", 30) for s in repls))
+        assert all(r.stdout.strip() == f"{len('the same context for every REPL') * 5_000 + 5_000} from the driver"
+                   for r in results), [r.stdout + r.stderr for r in results]  # fmt: skip
+        assert [c[0] for c in calls] == ["llm_query"] * 3
+        host = repls[0].pool.host(repls[0].node)  # type: ignore[attr-defined]
+        facts = await host.describe.remote()
+        assert facts["contexts"] == 1 and facts["live_repls"] >= 3
+    finally:
+        await asyncio.gather(*(s.close() for s in repls))
+        payload.close()
+    facts = await host.describe.remote()
+    assert facts["contexts"] == 0
+
+
+def test_missing_ray_and_unreachable_clusters_name_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(ConfigError, match=r"recursa\[ray\]"):
+        make_sandbox("ray")
+
+
+def test_an_unreachable_address_names_it() -> None:
+    from recursa.sandbox.cluster.pool import _check_reachable
+
+    with pytest.raises(ConfigError, match=r"127\.0\.0\.1:9.*cannot be reached"):
+        _check_reachable("127.0.0.1:9")
+    assert issubclass(NodeLost, SandboxLost)
+
+
+def test_bench_rows_run_their_repls_on_the_cluster(cluster: dict, tmp_path: Path) -> None:
+    from recursa.bench import run as run_bench
+
+    def opened() -> dict[str, int]:
+        return {node_id: ray.get(host.describe.remote())["opened"] for node_id, host in node_hosts()}
+
+    before = opened()
+    report = run_bench("niah", sizes=[4_000], n=2, methods="rlm", out=tmp_path / "bench", progress=False,
+                       sandbox="ray", sandbox_options={"resources": {"node_a": 1}})  # fmt: skip
+    assert [r["status"] for r in report.rows] == ["ok", "ok"], report.rows
+    assert report.mean_score() == 1.0
+    # Each row's REPL went to the node the placement named, and is closed.
+    after = opened()
+    assert after[cluster["a"]] - before.get(cluster["a"], 0) == 2
+    assert all(after[n] == before.get(n, 0) for n in after if n != cluster["a"])
+    assert ray.get(dict(node_hosts())[cluster["a"]].describe.remote())["live_repls"] == 0
+
+
+def test_children_join_their_parents_node_unless_spread(cluster: dict, tmp_path: Path) -> None:
+    code = "```repl\nanswers = rlm_query_batched(['a?', 'b?', 'c?'], ['x', 'y', 'z'])\nprint(answers)\n```"
+    for placement, expect_one in (("tree", True), ("spread", False)):
+        env = RLMEnv("scripted/gpt5-like", sandbox="ray", trace_dir=tmp_path, max_turns=3, max_depth=2,
+                     sandbox_options=ray_options(placement=placement))  # fmt: skip
+        try:
+            episode = env.start_sync("q?", "the context\n")
+            episode.step_sync(code)
+            children = [e["isolation"].get("ray_node") for e in episode.events if e["type"] == "run_end"]
+            parent = episode.result.isolation["ray_node"]
+        finally:
+            env.close()
+        assert len(children) == 3 and None not in children, episode.events[-3:]
+        assert (set(children) == {parent}) is expect_one, (placement, parent, children)
+
+
+def test_skyrl_rows_run_on_the_cluster_unchanged(cluster: dict) -> None:
+    skyrl_gym = pytest.importorskip("skyrl_gym", reason="skyrl-gym is not installed (the skyrl extra)")
+    from recursa.integrations import skyrl as adapter
+
+    env = skyrl_gym.make(adapter.ENV_ID, env_config={}, extras={
+        "sandbox": "ray", "max_turns": 3, "reward_spec": {"ground_truth": "14"},
+        "extra_info": {"context_text": "fourteen letters"}})  # fmt: skip
+    env.init([{"role": "user", "content": "How long is the context?"}])
+    first = env.step("```repl\nprint(len(context))\n```")
+    assert not first["done"] and "16" in first["observations"][0]["content"]
+    last = env.step("FINAL(16)")
+    assert last["done"]
+    env.close()
+
+
+def test_env_on_the_cluster_a_lost_node_fails_only_its_episodes_and_close_reaps(cluster: dict, tmp_path: Path) -> None:
+    # Last in the module: it takes node b out of the cluster.
+    doomed = next(n for n in cluster["cluster"].worker_nodes if n.node_id == cluster["b"])
+    env = RLMEnv("scripted/gpt5-like", sandbox="ray", trace_dir=tmp_path, max_turns=5,
+                 sandbox_options=ray_options(max_repls_per_node=1))  # fmt: skip
+    try:
+        episodes = [env.start_sync(f"q{i}?", f"context {i}\n" * 100) for i in range(2)]
+        for episode in episodes:
+            episode.step_sync("```repl\nx = len(context)\nprint(x)\n```")
+        held = {e: e.result.isolation["ray_node"] for e in episodes}
+        assert set(held.values()) == {cluster["a"], cluster["b"]}  # one per node: max_repls_per_node=1
+        cluster["cluster"].remove_node(doomed)
+        for episode in episodes:
+            episode.step_sync("```repl\nprint(x * 2)\n```")
+        lost = [e for e in episodes if held[e] == doomed.node_id]
+        kept = [e for e in episodes if held[e] != doomed.node_id]
+        assert len(lost) == 1 and lost[0].done and lost[0].stop_reason == "error"
+        assert doomed.node_id[:12] in (lost[0].error or ""), lost[0].error
+        for episode in kept:
+            assert not episode.done and "REPL output" in episode.messages[-1]["content"]
+            episode.step_sync("FINAL(ok)")
+            assert episode.done and episode.answer == "ok"
+    finally:
+        env.close()
+    assert env.live_repls == 0
+    # Nothing left running on the nodes that stayed: their hosts hold no REPL and no context.
+    facts = [ray.get(host.describe.remote()) for node_id, host in node_hosts() if node_id != doomed.node_id]
+    assert len(facts) >= 1 and all(f["live_repls"] == 0 and f["contexts"] == 0 for f in facts), facts
