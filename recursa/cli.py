@@ -21,6 +21,7 @@ from recursa.cli_options import (
 )
 from recursa.errors import ConfigError, RecursaError
 from recursa.extras import install_hint
+from recursa.loop.dialects import dialect_names
 from recursa.trace.redact import redact
 from recursa.version import __version__
 
@@ -149,6 +150,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--sub-model", default="scripted/oracle", help="model behind llm_query")
     demo.add_argument("--sandbox", default="auto", choices=SANDBOXES, help="where the REPL runs")
     demo.add_argument(
+        "--dialect", default="recursa", choices=dialect_names(), help="the root's conversation (docs/dialects.md)"
+    )
+    demo.add_argument(
         "--trace-dir",
         default=None,
         metavar="DIR",
@@ -177,6 +181,10 @@ def _parser() -> argparse.ArgumentParser:
     from recursa.serve.commands import add_parsers as add_serving_parsers
 
     add_serving_parsers(sub, add_model_options)  # serve, mcp, view
+
+    from recursa.integrations.openenv_cli import add_parser as add_openenv_parser
+
+    add_openenv_parser(sub, add_model_options)
     _show_defaults(parser)
     return parser
 
@@ -295,6 +303,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             sandbox=args.sandbox,
             trace_dir=args.trace_dir,
             on_event=progress,
+            dialect=args.dialect,
         )
     if args.json:
         print(json.dumps(report.to_dict(), ensure_ascii=False))
@@ -362,6 +371,9 @@ def _add_bench_parser(sub: Any) -> None:
         help="what the base-model method does with a context over --window",
     )
     bench.add_argument("--max-retries", type=int, default=4, help="retries per model call")
+    bench.add_argument(
+        "--dialect", default="recursa", choices=dialect_names(), help="the RLM root's conversation (docs/dialects.md)"
+    )
     bench.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -392,6 +404,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         window_tokens=args.window,
         base_overflow=args.base_overflow,
         max_retries=args.max_retries,
+        dialect=args.dialect,
     )
     if args.json:
         from recursa.bench import summary_table
@@ -427,6 +440,12 @@ def _cmd_serving(args: argparse.Namespace) -> int:
     return run_command(args)
 
 
+def _cmd_openenv(args: argparse.Namespace) -> int:
+    from recursa.integrations.openenv_cli import run
+
+    return run(args)
+
+
 def _cmd_models(args: argparse.Namespace) -> int:
     from recursa.cli_models import listing, render
 
@@ -446,6 +465,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "mcp": _cmd_serving,
     "acp": _cmd_serving,
     "view": _cmd_serving,
+    "openenv": _cmd_openenv,
 }
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from recursa.config import BUDGET_CAPS, BUILTIN_TEMPLATES, SETTINGS
 from recursa.errors import ConfigError
+from recursa.loop.dialects import dialect_names
 from recursa.sandbox import SANDBOXES as SANDBOX_REGISTRY
 
 DEFAULT_MODEL = "openai/gpt-5-mini"
@@ -103,12 +104,19 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         help='MCP servers whose tools the REPL code calls: a JSON file as MCP clients write it, e.g. '
         '{"mcpServers": {"time": {"command": "uvx", "args": ["mcp-server-time"]}}} (docs/tools.md)',
     )
+    p.add_argument(
+        "--dialect-option",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="an option of the dialect, e.g. tool_name=python for --dialect tools (repeatable)",
+    )
     for name in FLAGGED:
         add_setting_flag(p, name)
 
 
 # Settings whose flags this module writes by hand: their defaults come from the environment or a file.
-_OWN_FLAGS = ("model", "sub_model", "base_url", "api_key", "prices", "mcp_servers")
+_OWN_FLAGS = ("model", "sub_model", "base_url", "api_key", "prices", "mcp_servers", "dialect_options")
 # The settings every command that starts runs takes as a flag: those the schema gives one.
 FLAGGED = tuple(n for n, s in SETTINGS.items() if s.flag and n not in _OWN_FLAGS)
 
@@ -121,6 +129,8 @@ def add_setting_flag(p: argparse.ArgumentParser, name: str) -> None:
     options: dict[str, Any] = {"type": kind, "default": s.default, "help": s.help}
     if name == "sandbox":
         options["choices"] = SANDBOXES
+    elif name == "dialect":
+        options["choices"] = dialect_names()
     elif name == "prompt":
         options["metavar"] = "NAME_OR_FILE"
         options["help"] += f"; built-in names: {', '.join(BUILTIN_TEMPLATES)}"
@@ -152,11 +162,23 @@ def rlm_kwargs(args: argparse.Namespace, question: str = "") -> dict[str, Any]:
         kwargs["api_key"] = api_key_from_env(args.api_key_env)
     if args.prices:
         kwargs["prices"] = load_prices(args.prices)
+    if args.dialect_option:
+        kwargs["dialect_options"] = dialect_options(args.dialect_option)
     if getattr(args, "mcp_servers", None):
         from recursa.tools.mcp_config import parse_mcp_servers
 
         kwargs["mcp_servers"] = parse_mcp_servers(args.mcp_servers, "--mcp-servers")
     return kwargs
+
+
+def dialect_options(pairs: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--dialect-option {pair!r}: write KEY=VALUE, e.g. --dialect-option tool_name=python")
+        out[key.strip()] = value
+    return out
 
 
 def api_key_from_env(name: str) -> str:

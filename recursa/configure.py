@@ -14,6 +14,7 @@ from typing import Any
 from recursa.config import RLMConfig, Spelling
 from recursa.errors import ConfigError
 from recursa.lm.custom import ClientSet
+from recursa.loop.dialects import make_dialect
 from recursa.tools.mcp_config import parse_mcp_servers
 from recursa.tools.spec import Tool, make_sub_tools, make_tools
 
@@ -43,6 +44,10 @@ def build_config(given: Mapping[str, Any], spelling: Spelling) -> tuple[RLMConfi
         values["mcp_servers"] = parse_mcp_servers(values["mcp_servers"], spelling.argument("mcp_servers"))
     values["clients"] = dict(clients.clients)
     config = RLMConfig.checked(spelling, **values)
+    try:  # made once now, so a wrong name, option or a missing peer package fails before any spend
+        make_dialect(config.dialect, config.dialect_options)
+    except ConfigError as exc:
+        raise ConfigError(f"{spelling.given('dialect', config.dialect)}: {exc}") from None
     _check_tool_names(config.tools, config.sub_tools, spelling)
     return config, clients
 

@@ -49,9 +49,12 @@ def run_demo(
     sandbox: str = "auto",
     trace_dir: str | None = None,
     on_event: Callable[[dict[str, Any]], None] | None = None,
+    dialect: str = "recursa",
 ) -> DemoReport:
     task = generate(family, size_chars, seed=seed)
-    rlm = RLM(model, sub_model=sub_model, sandbox=sandbox, trace_dir=trace_dir, on_event=on_event)
+    rlm = RLM(
+        model, sub_model=sub_model, sandbox=sandbox, trace_dir=trace_dir, on_event=on_event, dialect=dialect
+    )
     result = rlm.run(task.question, task.context)
     return DemoReport(
         family=family,

@@ -8,7 +8,8 @@ from typing import Any
 
 from recursa.usage import Usage
 
-STOP_REASONS = ("final", "max_iterations", "budget", "timeout", "error", "cancelled")
+# "context_window": the root's next call could not fit its model's window, even after compaction.
+STOP_REASONS = ("final", "max_iterations", "budget", "timeout", "error", "cancelled", "context_window")
 
 
 @dataclass
@@ -30,6 +31,7 @@ class RLMResult:
     # The root prompt used: "default", a family variant ("qwen", "small", "claude"), "answer-dict",
     # or the template file given as RLM(prompt=...).
     prompt_variant: str | None = None
+    dialect: str = "recursa"  # the conversation the root had (recursa/loop/dialects/)
 
     def __str__(self) -> str:
         return self.answer
@@ -48,4 +50,5 @@ class RLMResult:
             "isolation": self.isolation,
             "skipped_files": self.skipped_files,
             "prompt_variant": self.prompt_variant,
+            "dialect": self.dialect,
         }

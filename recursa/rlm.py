@@ -61,8 +61,10 @@ class RLM:
             or a JSON config file (docs/tools.md, "MCP servers").
         tips: strategy text added to the root's prompt.
         allowed_models: further models generated code may name in `llm_query(model=...)`.
+        dialect: the conversation the root sees: "recursa" (default), "tools" (native tool calls),
+            "rlms", "skyrl", "verifiers", or a Dialect object (docs/dialects.md).
         **settings: any other setting of `recursa.config.RLMConfig` (trace, max_concurrency,
-            sampling, subcall_errors, cache_subcalls, ...): the settings page (docs/reference/settings.md) lists
+            sampling, subcall_errors, cache_subcalls, context_windows, dialect_options, ...): the settings page (docs/reference/settings.md) lists
             each with its default.
     """
 
@@ -90,6 +92,7 @@ class RLM:
         mcp_servers: Any = None,
         tips: str | None = None,
         allowed_models: Sequence[str | Any] = (),
+        dialect: str | Any = D.dialect,
         **settings: Any,
     ) -> None:
         given = {k: v for k, v in locals().items() if k not in ("self", "settings", "__class__")}

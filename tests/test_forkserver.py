@@ -88,8 +88,9 @@ async def test_siblings_share_no_files_no_shm_no_ipc_and_cannot_signal_each_othe
         # Its own scratch tmpfs (the folder is empty from outside), and Landlock: only its own.
         assert "FileNotFoundError" in await out(b, reach)
         assert await out(b, "import os\nos.listdir('/dev/shm')") == "[]\n"  # a /dev/shm of its own
-        # The pid is there (one pid namespace), but Landlock's signal scoping refuses the signal.
-        assert "PermissionError" in await out(b, f"import os, signal\nos.kill({a_pid}, signal.SIGKILL)")
+        # Each has a pid namespace of its own: a's pid means nothing (or b's own process) in b's.
+        assert a_pid == int(await out(b, "import os\nprint(os.getpid())"))
+        assert os.readlink(f"/proc/{a.pid}/ns/pid") != os.readlink(f"/proc/{b.pid}/ns/pid")
         await out(b, "import os\nos.kill(-1, 9)")  # everything it may signal: its own snapshot at most
         assert await out(a, "print('still here')") == "still here\n"
         zygote = server._slot.zygote

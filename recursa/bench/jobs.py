@@ -62,6 +62,7 @@ class RunConfig:
     max_concurrency: int = 64
     max_retries: int = 4
     price_as: dict[str, str] | None = None
+    dialect: str = "recursa"
 
     def settings(self, on_event: Any = None) -> MethodSettings:
         return MethodSettings(
@@ -82,6 +83,7 @@ class RunConfig:
             max_concurrency=self.max_concurrency,
             max_retries=self.max_retries,
             on_event=on_event,
+            dialect=self.dialect,
         )
 
     def public(self) -> dict[str, Any]:

@@ -113,6 +113,7 @@ def _check_models(config: RunConfig) -> None:
             turn_timeout=config.turn_timeout,
             max_concurrency=config.max_concurrency,
             max_retries=config.max_retries,
+            dialect=config.dialect,
             trace=False,
         )
     except ConfigError as exc:

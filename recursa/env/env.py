@@ -67,6 +67,8 @@ class RLMEnv:
     for children, which needs `max_live_repls < max_depth` (rules: recursa/env/quota.py).
     `wait_for_repl`: seconds `start` waits for a slot, in line, before it raises (0: raise at once).
     `fork`: fork REPLs from one warm zygote shared by the episodes (subprocess sandboxes only).
+    `dialect`: the conversation the policy was trained on (docs/dialects.md); under "tools" a step
+    takes an assistant message with `tool_calls`, and `messages` carry them in OpenAI's format.
     `cache_subcalls`: identical sub-calls are answered once per episode, and once across the
     episodes of one `task_id` that are alive together (a group of samples of one task).
     `**settings`: any other setting of `recursa.config.RLMConfig` (the settings page of the docs).

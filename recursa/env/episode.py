@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import time
 import weakref
 from collections.abc import Awaitable, Callable
@@ -20,7 +21,8 @@ from recursa.env.quota import Prepaid
 from recursa.env.rollouts import Rollouts, checked_reward, episode_rows
 from recursa.env.shared import EnvError, EpisodeHost, ReplyRefused
 from recursa.env.tokens import given_count, token_fields
-from recursa.lm.base import LMResponse, Message, valid_unicode
+from recursa.lm.base import LMResponse, Message, ToolCall, valid_unicode
+from recursa.lm.tool_format import openai_messages, openai_tool_calls
 from recursa.loop.engine import RunEngine
 from recursa.loop.subcalls import call_trainer_fn
 from recursa.result import RLMResult
@@ -69,7 +71,7 @@ class Episode:
     def messages(self) -> list[Message]:
         """The conversation so far, OpenAI format: what the policy continues (a copy, valid Unicode:
         see `valid_unicode`)."""
-        return [valid_unicode(dict(m)) for m in self._engine.messages]
+        return [valid_unicode(dict(m)) for m in openai_messages(self._engine.prompt_messages())]
 
     @property
     def done(self) -> bool:
@@ -136,7 +138,10 @@ class Episode:
         finally:
             self._stepping = False
             self._step_task = None
-        return [valid_unicode(dict(m)) for m in appended[1:]]
+        # Under a dialect with a transient per-turn prompt (SkyRL's), the next one comes last: the
+        # trainer drops the previous one from its history before appending these (as SkyRL does).
+        transient = self._engine.prompt_messages()[len(self._engine.messages) :] if not self.done else []
+        return [valid_unicode(dict(m)) for m in openai_messages([*appended[1:], *transient])]
 
     def step_sync(self, reply: Any) -> list[Message]:
         """The blocking form of `step`, for episodes from `env.start_sync`."""
@@ -254,8 +259,9 @@ class Episode:
             reply, extra = reply_text(reply, "the reply")
         except EnvError as exc:
             raise ReplyRefused(str(exc)) from None
+        calls = reply_calls(extra)
         limit = self._host.max_reply_chars
-        if len(reply) > limit:
+        if len(reply) + sum(len(json.dumps(c.arguments)) for c in calls) > limit:
             raise ReplyRefused(
                 f"the reply has {len(reply):,} characters, over RLMEnv(max_reply_chars={limit:,}); cap the "
                 "policy's generation length or raise max_reply_chars. Nothing ran; step again.",
@@ -275,6 +281,7 @@ class Episode:
             output_tokens=_count(given_out, len(reply)),
             usage_estimated=given_out is None,
             finish_reason=extra.get("finish_reason") if isinstance(extra.get("finish_reason"), str) else None,
+            tool_calls=calls,
         )
         for name in _TOKEN_FIELDS:
             if tokens[name] is not None:
@@ -310,6 +317,29 @@ class Episode:
         return checked_reward(value, "the scorer returned")
 
 
+def reply_calls(message: dict[str, Any]) -> list[ToolCall]:
+    """The tool calls of a trainer's assistant message, in OpenAI's shape (`function.arguments` a
+    JSON str) or recursa's neutral one (`arguments` a dict); arguments that are not a JSON object
+    make a call the model is told about."""
+    raw = message.get("tool_calls")
+    if not isinstance(raw, list):
+        return []
+    calls: list[ToolCall] = []
+    for i, c in enumerate(raw):
+        if not isinstance(c, dict):
+            continue
+        if "function" in c:
+            calls += openai_tool_calls({"tool_calls": [{"id": f"call_{i}", **c}]})
+            continue
+        args = c.get("arguments")
+        call_id, name = str(c.get("id") or f"call_{i}"), str(c.get("name") or "")
+        if isinstance(args, dict):
+            calls.append(ToolCall(call_id, name, args))
+        else:
+            calls.append(ToolCall(call_id, name, {}, error="the arguments must be a JSON object"))
+    return calls
+
+
 def reply_text(reply: Any, what: str) -> tuple[str, dict[str, Any]]:
     """The text of a reply in any form an OpenAI-style trainer has it: a str, a message dict (or an
     SDK message object) whose `content` is a str or a list of content parts, or a list of parts.
@@ -323,10 +353,7 @@ def reply_text(reply: Any, what: str) -> tuple[str, dict[str, Any]]:
         reply = reply["content"] if "content" in reply else reply.get("text")
         what += "'s content"
         if reply is None and extra.get("tool_calls"):
-            raise EnvError(
-                f"{what} is None and the message has tool_calls: the root writes code in ```repl blocks, "
-                "not tool calls; pass the text the policy generated"
-            )
+            reply = ""  # a message of tool calls only (the "tools" dialect)
     if isinstance(reply, list):
         reply = _parts_text(reply, what)
     if isinstance(reply, bytes | bytearray):

@@ -14,7 +14,8 @@ of its own: `max_depth`, `sub_model` / `base_url` / `api_key` (an OpenAI-compati
 sub-calls), `sub_call` (an async function, as for `RLMEnv`), `budget` (a dict of `Budget` fields),
 `family` (a `recursa.tasks` family whose scorer gives the reward), `scorer` (answer -> float),
 `turn_timeout` (seconds for all the code of one step together; default: `repl_timeout`),
-`sandbox`, `trace_dir`, `max_live_repls`, `wait_for_repl`. Every knob is checked when the
+`sandbox`, `trace_dir`, `max_live_repls`, `wait_for_repl`, `dialect` (the conversation: "skyrl"
+for SkyRL's own, exactly; see docs/dialects.md) and `dialect_options`. Every knob is checked when the
 environment is made (`checked_extras`): a wrong kind or a misspelt name is refused naming the key.
 With `subcall_fn`, `rlm_query` children are the generator's own rollouts (as in SkyRL); without
 it, recursa child RLMs whose turns go where the other sub-calls go.
@@ -65,7 +66,8 @@ _RUN_EXTRAS = {"max_turns": "max_iterations", "repl_timeout": "exec_timeout", "t
                "max_depth": "max_depth", "sub_model": "sub_model", "base_url": "base_url", "api_key": "api_key",
                "budget": "budget", "sandbox": "sandbox", "trace_dir": "trace_dir", "max_live_repls": "max_live_repls",
                "max_output_chars": "max_output_chars", "wait_for_repl": "wait_for_repl",
-               "max_reply_chars": "max_reply_chars"}  # fmt: skip
+               "max_reply_chars": "max_reply_chars", "dialect": "dialect",
+               "dialect_options": "dialect_options"}  # fmt: skip
 _SPELLED = {schema: extra for extra, schema in _RUN_EXTRAS.items()}
 _ENV_KEYWORDS = {extra: ENV_NAMES.get(schema, schema) for extra, schema in _RUN_EXTRAS.items()}
 # SkyRL's own environment gives a cell this long; a drop-in keeps its default.

@@ -56,6 +56,8 @@ class RecursaHarnessConfig(HarnessConfig):
     """`recursa.Budget` fields for each prompt, e.g. {"max_llm_calls": 200}."""
     call_headers: bool = True
     """Send X-RLM-Call-Id / -Parent-Id / -Depth with every model call."""
+    dialect: str = "recursa"
+    """The conversation the rollout's model sees (docs/dialects.md), e.g. "verifiers" or "tools"."""
 
 
 def session_meta(model: str, endpoint: str, secret: str, config: RecursaHarnessConfig) -> dict[str, Any]:
@@ -71,6 +73,7 @@ def session_meta(model: str, endpoint: str, secret: str, config: RecursaHarnessC
             "max_iterations": config.max_iterations,
             "budget": config.budget,
             "call_headers": config.call_headers,
+            "dialect": config.dialect,
         }
     }
 

@@ -22,6 +22,7 @@ from recursa.lm.retry import RetryPolicy, public_url
 from recursa.lm.tool_format import (
     anthropic_messages,
     anthropic_tool_calls,
+    anthropic_tool_choice,
     anthropic_tools,
     has_tool_messages,
 )
@@ -152,6 +153,8 @@ class AnthropicClient:
         if request.temperature is not None:
             body["temperature"] = request.temperature
         body.update(request.extra)
+        if "tool_choice" in body:
+            body["tool_choice"] = anthropic_tool_choice(body["tool_choice"])
         headers = request.meta.headers()
         return await call_api(
             self._endpoint,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recursa.budget import Ledger, Reservation
-from recursa.errors import BudgetExceeded, LMError
+from recursa.errors import BudgetExceeded, ContextLengthError, LMError
 from recursa.lm.base import CallMeta, LMClient, LMRequest, LMResponse, Message, estimate_tokens_upper
 from recursa.lm.billing import AttemptUsage, BilledFailure
 from recursa.lm.call_cache import Cached, CallCache, call_key
@@ -26,6 +26,7 @@ from recursa.lm.limiter import Limiter
 from recursa.lm.prices import PriceBook
 from recursa.lm.registry import make_client, parse_model
 from recursa.lm.retry import RetryBudget, RetryPolicy, gave_up
+from recursa.lm.windows import ContextWindows
 from recursa.trace.writer import TraceWriter, fold
 from recursa.usage import ModelUsage, Usage
 
@@ -80,6 +81,7 @@ class ModelGateway:
         self._catch_all: LMClient | None = None
         # Identical sub-calls answered once (RLM(cache_subcalls=True)); None: every call is sent.
         self.call_cache: CallCache | None = None
+        self.windows = ContextWindows()  # a call that cannot fit its model's window is not sent
 
     def share(self, clients: dict[str, LMClient], *, catch_all: LMClient | None = None) -> None:
         """Use clients owned elsewhere (an RL environment's, one connection pool for many trees);
@@ -124,7 +126,8 @@ class ModelGateway:
         trace_messages: list[Message] | None = None,
         tools: list[dict[str, Any]] | None = None,
     ) -> LMResponse:
-        """One LM call under the tree's limits. Raises BudgetExceeded (nothing sent) or LMError.
+        """One LM call under the tree's limits. Raises BudgetExceeded (nothing sent), ContextLengthError
+        (nothing sent: the prompt cannot fit the model's window) or LMError.
 
         With a call cache, a sub-call identical to one made before (or in flight) is answered from
         it: nothing is sent, reserved or billed, and the trace marks the hit."""
@@ -145,6 +148,11 @@ class ModelGateway:
             base_event["prompt_chars"] = sum(len(m.get("content") or "") for m in messages)
         if sampling:
             base_event["sampling"] = dict(sampling)
+        try:
+            self.windows.check(spec, messages, max_output_tokens)
+        except ContextLengthError as exc:
+            self.trace.emit("lm_call", **base_event, error=str(exc), refused="context_window", latency_s=0.0)
+            raise
 
         def send() -> Awaitable[LMResponse]:
             return self._send(spec, messages, meta, sampling, max_output_tokens, usage_scopes, tools, base_event)
@@ -471,7 +479,8 @@ def _token_fields(response: LMResponse) -> dict[str, Any]:
         "logprobs": response.logprobs,
         "token_ids": response.token_ids,
         "prompt_token_ids": response.prompt_token_ids,
-        "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in response.tool_calls] or None,
+        "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in response.tool_calls]
+        or None,
     }
     return {k: v for k, v in fields.items() if v is not None}
 

@@ -86,6 +86,20 @@ def anthropic_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+def anthropic_tool_choice(choice: Any) -> Any:
+    """A tool_choice given in OpenAI's words ("auto", "required", "none", or a named function) in
+    Anthropic's; one already in Anthropic's shape passes as it is. Sampling settings are written
+    once for every provider (RLM(sampling={"root": {"tool_choice": "required"}}))."""
+    words = {"auto": {"type": "auto"}, "required": {"type": "any"}, "none": {"type": "none"}}
+    if isinstance(choice, str) and choice in words:
+        return words[choice]
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        fn = choice.get("function")
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            return {"type": "tool", "name": fn["name"]}
+    return choice
+
+
 def anthropic_messages(messages: list[Message]) -> tuple[str | None, list[dict[str, Any]]]:
     """(system, messages) with tool calls as `tool_use` blocks and results as `tool_result` blocks.
 

@@ -12,6 +12,7 @@ block starts once the reply's time is used up.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 
@@ -27,6 +28,11 @@ from recursa.trace.writer import TraceWriter, fold
 _TRACE_OUTPUT_CHARS = 20_000
 # Less than this left of a reply's time starts no further block: interrupting it would cost more.
 _MIN_BLOCK_S = 0.01
+# Lists the variables of plain types in the order they were made; leaves nothing behind.
+_NAMES_CODE = (
+    "print(__import__('json').dumps([_n for _n, _v in globals().items() if type(_n) is str and not "
+    "_n.startswith('_') and isinstance(_v, (str, int, float, bool, list, dict, tuple))]))"
+)
 
 
 @dataclass
@@ -76,21 +82,58 @@ class ReplyCode:
     turn_timeout: float
     max_output_chars: int
     partial: str | None = None
+    # What the model is told when a reply held no code and no answer (each dialect says how code
+    # is written in it).
+    no_code: str = NO_CODE_MESSAGE
+    # The tool call whose code runs (recorded with each exec): a reply of several calls runs them
+    # one after another under the reply's one clock.
+    call_id: str | None = None
+    _clock: ReplyClock | None = None
+    _blocks: int = 0  # cells run through execute(), numbered in the trace
 
-    async def run(self, parsed: ParsedReply, *, retry: bool) -> Outcome:
+    @property
+    def clock(self) -> ReplyClock:
+        if self._clock is None:
+            self._clock = ReplyClock(self.turn_timeout)
+        return self._clock
+
+    async def run(self, parsed: ParsedReply, *, retry: bool, call_id: str | None = None) -> Outcome:
         """Run the reply's code, or resolve its answer. `retry`: turns are left to fix a prose
         FINAL whose expression failed."""
+        self.call_id = call_id
         outcome = await self._run(parsed, retry)
         if parsed.notes and outcome.final is None:
-            outcome.feedback = (outcome.feedback or NO_CODE_MESSAGE) + "".join(
+            outcome.feedback = (outcome.feedback or self.no_code) + "".join(
                 f"\n\n[note] {note}" for note in parsed.notes
             )
         return outcome
 
+    async def execute(self, code: str, *, call_id: str | None = None) -> ExecResult:
+        """One cell, run and recorded as it is: for dialects whose replies are read by a peer's
+        own rules (loop/dialects/)."""
+        self.call_id = call_id
+        timeout = self.clock.timeout(self.exec_timeout)
+        res = await self.sandbox.execute(code, timeout=timeout)
+        if res.partial is not None:
+            self.partial = res.partial
+        self._blocks += 1
+        self._record(code, self._blocks, res, timeout)
+        return res
+
+    async def names(self) -> list[str]:
+        """The REPL's variables of plain types (str, numbers, bools, lists, dicts, tuples), in the
+        order they were made: what the peers' REPLs list after each cell. Not recorded."""
+        res = await self.sandbox.execute(_NAMES_CODE, timeout=self.exec_timeout)
+        try:
+            names = json.loads(res.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return []
+        return [n for n in names if isinstance(n, str)]
+
     async def resolve(self, prose: ProseFinal, *, retry: bool) -> FinalAnswer | str | None:
         """The answer a prose FINAL / FINAL_VAR stands for (answers.resolve_prose_final); an
         expression it evaluates runs as the reply's code, under the reply's clock."""
-        clock = ReplyClock(self.turn_timeout)
+        clock = self.clock
         return await resolve_prose_final(
             prose,
             self.sandbox,
@@ -103,7 +146,7 @@ class ReplyCode:
     async def _run(self, parsed: ParsedReply, retry: bool) -> Outcome:
         if not parsed.code_blocks:
             if parsed.prose_final is None:
-                return Outcome(None, NO_CODE_MESSAGE + fence_hint(parsed))
+                return Outcome(None, self.no_code + fence_hint(parsed))
             final = await self.resolve(parsed.prose_final, retry=retry)
             if isinstance(final, str):  # an expression that failed when evaluated: why
                 return Outcome(None, final)
@@ -111,7 +154,7 @@ class ReplyCode:
                 empty = empty_answer(final)
                 return Outcome(None, empty) if empty else Outcome(final, None)
             return Outcome(None, await missing_variable_message(self.sandbox, parsed.prose_final.text))
-        clock = ReplyClock(self.turn_timeout)
+        clock = self.clock
         results: list[ExecResult] = []
         blocks = parsed.code_blocks
         for index, code in enumerate(blocks, 1):
@@ -158,6 +201,7 @@ class ReplyCode:
             run_id=self.run_id,
             turn=self.turn,
             block=index,
+            **({"call_id": self.call_id} if self.call_id else {}),
             code=code,
             stdout=fold(res.stdout, _TRACE_OUTPUT_CHARS),
             stderr=fold(res.stderr, _TRACE_OUTPUT_CHARS),

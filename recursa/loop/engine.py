@@ -6,25 +6,21 @@ import asyncio
 import contextlib
 import itertools
 import time
+from typing import Any
 
+from recursa.config import RLMConfig
 from recursa.context import ContextPayload
-from recursa.errors import BudgetExceeded, LMError, RecursaError, SandboxLost
+from recursa.errors import BudgetExceeded, ContextLengthError, LMError, RecursaError, SandboxLost
 from recursa.lm.base import CallMeta, LMResponse, Message
 from recursa.lm.prices import PriceBook
-from recursa.loop.blocks import Outcome, ReplyCode
+from recursa.loop.blocks import ReplyCode
 from recursa.loop.compaction import WindowTracker, compacted_history, split_for_compaction, summary_prompt
-from recursa.loop.feedback import EMPTY_REPLY_MESSAGE, LAST_CALL_MESSAGE, NO_CODE_MESSAGE
+from recursa.loop.dialects import make_dialect
+from recursa.loop.dialects.base import Opening, TurnNotes
 from recursa.loop.importable import modules_line
 from recursa.loop.options import RunOptions
 from recursa.loop.parse import parse_reply
-from recursa.loop.prompts import (
-    PromptSettings,
-    first_message,
-    prompt_variant,
-    system_prompt,
-    template_for,
-    tools_text,
-)
+from recursa.loop.prompts import PromptSettings, prompt_variant, tools_text
 from recursa.loop.subcalls import SubcallHandler
 from recursa.loop.tree import CallTree, new_id
 from recursa.result import RLMResult
@@ -65,16 +61,18 @@ class RunEngine:
         self.model = self.config.model_for_depth(depth)
         # Which built-in prompt (or template file) this run's root gets; in the result and trace.
         self.prompt_variant = prompt_variant(self.model, self.config.prompt)
+        # The conversation (loop/dialects/): prompts, how code and answers arrive, how outputs return.
+        self.dialect = make_dialect(self.config.dialect, self.config.dialect_options)
         self._call_ids = itertools.count(1)
         self.options = options or RunOptions()
         self._sandbox: Sandbox | None = None
         self._partial: str | None = None  # answer["content"] set by code but never marked ready
-        self._window = (
-            WindowTracker(self.config.root_window_tokens) if self.config.root_window_tokens else None
-        )
+        self._window = _window_tracker(self.config, tree.gateway.windows.window(self.model))
         self._history: list[Message] = []  # every root message, also after compactions
         # The stepping state (begin, step, finish): recursa.env steps a run with a trainer's replies.
         self.messages: list[Message] = []  # what the root sees next (compaction may shorten it)
+        # A dialect's per-turn prompt shown with the next call only (SkyRL's), not kept in `messages`.
+        self._transient: list[Message] = []
         self.turn = 0
         self.done = False
         self.result: RLMResult = RLMResult(
@@ -137,6 +135,7 @@ class RunEngine:
             model=self.model,
             sub_model=self.config.sub_model,
             prompt_variant=self.prompt_variant,
+            dialect=self.dialect.name,
             context=self.payload.info.to_trace(),
             config={
                 "max_depth": self.config.max_depth,
@@ -155,6 +154,7 @@ class RunEngine:
             run_id=self.run_id,
             skipped_files=list(self.payload.info.skipped_files),
             prompt_variant=self.prompt_variant,
+            dialect=self.dialect.name,
         )
         self._opening = asyncio.create_task(self._open_sandbox(), name=f"recursa-open-{self.run_id}")
         if self.config.max_depth > self.depth:
@@ -163,6 +163,11 @@ class RunEngine:
             self._warming = asyncio.create_task(self.tree.gateway.warm(self.config.sub_model))
         self.messages = self._opening_messages()
         self._history = list(self.messages)
+        self._next_prompt(self.config.max_iterations)
+
+    def prompt_messages(self) -> list[Message]:
+        """What the root's next call is sent: the history and a transient per-turn prompt."""
+        return [*self.messages, *self._transient]
 
     async def step(self, reply: LMResponse | None = None) -> list[Message]:
         """One turn: the root's reply (asked of the root model when `reply` is None; else the one
@@ -210,6 +215,13 @@ class RunEngine:
             r.stop_reason, r.error = "timeout", f"the run's time budget of {seconds:g} s ran out"
         elif isinstance(exc, BudgetExceeded):
             r.stop_reason, r.error = ("timeout" if exc.limit == "max_seconds" else "budget"), str(exc)
+        elif isinstance(exc, ContextLengthError):
+            r.stop_reason = "context_window"
+            r.error = (
+                f"the root's next call does not fit {self.model}'s context window ({exc}). The history "
+                "could not be compacted further; lower max_output_chars or max_output_tokens, or set "
+                "RLM(root_window_tokens=...) to compact earlier"
+            )
         elif isinstance(exc, LMError):
             r.stop_reason, r.error = "error", f"the root model call failed: {exc}"
         elif isinstance(exc, SandboxLost):
@@ -297,6 +309,7 @@ class RunEngine:
         """The run's REPL with its context and tools, and any tool set-up problems to report."""
         if self.options.sandbox is not None:  # a session's REPL: context and tools already in place
             self.tree.show_scratch(self.options.sandbox)
+            await self._dialect_setup(self.options.sandbox)
             return self.options.sandbox, []
         self._sandbox = sandbox = await self.tree.open_sandbox(self.depth, self.ancestors)
         await sandbox.start(SubcallHandler(self))
@@ -306,7 +319,13 @@ class RunEngine:
         tools = self.tools()
         if tools:
             problems = await sandbox.define([t.to_worker() for t in tools])
+        await self._dialect_setup(sandbox)
         return sandbox, problems
+
+    async def _dialect_setup(self, sandbox: Sandbox) -> None:
+        setup = self.dialect.setup_code()
+        if setup:
+            await sandbox.execute(setup, timeout=self.config.exec_timeout)
 
     def tools(self) -> list[Tool]:
         """The REPL tools of this run: the root's, and its descendants' unless tools_for_children=False.
@@ -327,7 +346,7 @@ class RunEngine:
         return problems
 
     def _opening_messages(self) -> list[Message]:
-        """The system prompt (template, tools, tips) and the first message (question, context facts)."""
+        """The dialect's opening: system prompt (template, tools, tips), question and context facts."""
         c = self.config
         settings = PromptSettings(
             max_depth=c.max_depth - self.depth,
@@ -337,19 +356,38 @@ class RunEngine:
             modules=modules_line(c.sandbox, c.sandbox_options),
             models=tuple(c.subcall_models()) if c.allowed_models else (),
         )
-        if self.options.system_prompt is not None:
-            system = self.options.system_prompt
-        else:
-            system = system_prompt(template_for(self.model, self.config.prompt), self.payload.info, settings)
-        if self.options.tips:
-            system += "\n\nTips for this task:\n" + self.options.tips.strip()
-        first = first_message(self.question, self.payload.info)
-        extra = list(self.options.intro)
+        intro = list(self.options.intro)
         if self.options.answer_check is not None:
-            extra.append(self.options.answer_check.instructions())
-        if extra:
-            first += "\n\n" + "\n\n".join(extra)
-        return [{"role": "system", "content": system}, {"role": "user", "content": first}]
+            intro.append(self.options.answer_check.instructions())
+        return self.dialect.opening(
+            Opening(
+                question=self.question,
+                info=self.payload.info,
+                settings=settings,
+                model=self.model,
+                prompt=c.prompt,
+                max_iterations=c.max_iterations,
+                depth=self.depth,
+                subcalls=c.max_depth > self.depth,
+                tools=self.tools(),
+                system_prompt=self.options.system_prompt,
+                tips=self.options.tips,
+                intro=tuple(intro),
+            )
+        )
+
+    def _next_prompt(self, left: int) -> None:
+        """After the opening and after each turn: the dialect's prompt for the next reply (or, out of
+        turns, its message before the last call), kept in the history or shown with one call only."""
+        self._transient = []
+        n = self.config.max_iterations
+        prompt = self.dialect.prompt_for(n - left + 1, n) if left > 0 else self.dialect.last_call(n)
+        if prompt is None:
+            return
+        if left > 0 and self.dialect.turn_prompt == "transient":
+            self._transient = [prompt]
+        else:
+            self._remember(prompt)
 
     async def _turn(self, given: LMResponse | None) -> None:
         self.turn += 1
@@ -359,58 +397,59 @@ class RunEngine:
         if given is None and self._window is not None and self._window.needs_compaction(self.messages):
             self.messages = await self._compact(self.messages, self.turn)
             self._sent = len(self.messages)
-        reply = await self._reply(given, "root")
-        self._remember({"role": "assistant", "content": reply})
+        response = await self._reply(given, "root")
+        reading = self.dialect.read(response, unfenced_code=self.config.unfenced_code)
+        self._remember(reading.message)
         problems = await self._repl() if self.turn == 1 else []
-        if reply.strip():
-            code = self._code(self.turn)
-            parsed = parse_reply(reply, unfenced_code=self.config.unfenced_code)
-            try:
-                outcome = await code.run(parsed, retry=self.turn < self.config.max_iterations)
-            finally:  # also when the run's deadline stops a later block: the partial answer is kept
-                if code.partial is not None:
-                    self._partial = code.partial
-        else:
-            outcome = Outcome(None, EMPTY_REPLY_MESSAGE)
-        if problems:
-            outcome.feedback = "\n".join(problems) + "\n\n" + (outcome.feedback or NO_CODE_MESSAGE)
-        if outcome.final is not None:
-            errors = self._check_answer(result, outcome.final)
+        code = self._code(self.turn)
+        try:
+            results = await self.dialect.run(reading, code, retry=self.turn < self.config.max_iterations)
+        finally:  # also when the run's deadline stops a later block: the partial answer is kept
+            if code.partial is not None:
+                self._partial = code.partial
+        for cell in results:
+            if cell.final is None:
+                continue
+            errors = self._check_answer(result, cell.final)
             if not errors:
                 self.done = True
                 return
             assert self.options.answer_check is not None
-            outcome.feedback = self.options.answer_check.feedback(errors)
-        feedback = outcome.feedback or NO_CODE_MESSAGE
+            cell.final, cell.text = None, self.options.answer_check.feedback(errors)
+            break
         left = self.config.max_iterations - self.turn
-        if 0 < left <= 3:
-            feedback += f"\n\n[{left} turn{'s' if left > 1 else ''} left]"
-        if left == 0:  # out of turns: the next reply may only answer
-            # Said in the same message: chat templates such as Gemma's refuse two user turns in a row.
-            feedback += "\n\n" + LAST_CALL_MESSAGE.format(n=self.config.max_iterations)
-        self._remember({"role": "user", "content": feedback + self._reminder()})
+        if left == 0 and not self.dialect.final_call:  # the dialect stops here, with no answer
+            result.stop_reason = "max_iterations"
+            self.done = True
+            return
+        notes = TurnNotes(self.turn, left, self.config.max_iterations, "\n".join(problems), self._reminder())
+        for message in self.dialect.feedback(reading, results, notes):
+            self._remember(message)
+        self._next_prompt(left)
 
-    async def _reply(self, given: LMResponse | None, purpose: str) -> str:
+    async def _reply(self, given: LMResponse | None, purpose: str) -> LMResponse:
         """The root's next reply: from the root model, or the one given (recorded as the model's)."""
-        new = self.messages[self._sent :]
+        # A transient prompt is in the trace with this call only, marked so (train/source.py).
+        new = [*self.messages[self._sent :], *({**m, "transient": True} for m in self._transient)]
+        messages = self.prompt_messages()
         if given is None:
-            text = await self._root_call(self.messages, new, purpose)
+            response = await self._root_call(messages, new, purpose)
         else:
             meta = CallMeta(
                 call_id=self.new_call_id(), parent_id=self.parent_run_id, depth=self.depth, purpose=purpose
             )
             self.tree.gateway.record(
                 self.model,
-                self.messages,
+                messages,
                 given,
                 meta=meta,
                 run_id=self.run_id,
                 usage_scopes=self.usage_scopes,
                 trace_messages=new,
             )
-            text = given.text
+            response = given
         self._sent = len(self.messages) + 1  # every message up to this reply is in the trace
-        return text
+        return response
 
     def _reminder(self) -> str:
         """The question again, at the end of every feedback message: after many turns of output,
@@ -444,13 +483,19 @@ class RunEngine:
         self._window.record(0, 0, 0)
         return compacted
 
-    async def _root_call(self, messages: list[Message], new: list[Message], purpose: str) -> str:
-        response = await self._root_response(messages, new, purpose)
+    async def _root_call(self, messages: list[Message], new: list[Message], purpose: str) -> LMResponse:
+        response = await self._root_response(messages, new, purpose, tools=self.dialect.tools())
         if self._window is not None:
             self._window.record(response.input_tokens, response.output_tokens, len(messages) + 1)
-        return response.text
+        return response
 
-    async def _root_response(self, messages: list[Message], new: list[Message], purpose: str) -> LMResponse:
+    async def _root_response(
+        self,
+        messages: list[Message],
+        new: list[Message],
+        purpose: str,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> LMResponse:
         meta = CallMeta(
             call_id=self.new_call_id(),
             parent_id=self.parent_run_id,
@@ -465,6 +510,7 @@ class RunEngine:
             max_output_tokens=self.config.max_output_tokens,
             usage_scopes=self.usage_scopes,
             trace_messages=new,
+            tools=tools,
         )
         return response
 
@@ -480,13 +526,21 @@ class RunEngine:
             c.exec_timeout,
             c.turn_seconds(),
             c.max_output_chars,
+            no_code=self.dialect.no_code,
         )
 
     async def _last_call(self, given: LMResponse | None) -> None:
         """Out of turns: one more reply, which may only answer."""
         result = self.result
-        reply = await self._reply(given, "final")
-        self._remember({"role": "assistant", "content": reply})
+        response = await self._reply(given, "final")
+        reading = self.dialect.read(response, unfenced_code=False)
+        self._remember(reading.message)
+        if self.dialect.forced_answer(reading):  # the whole reply is the answer, as the dialect's peer takes it
+            self._accept(result, FinalAnswer(text=response.text, value=response.text, protocol="forced"))
+            result.stop_reason = "max_iterations"
+            self.done = True
+            return
+        reply = response.text
         parsed = parse_reply(reply)
         final: FinalAnswer | None = None
         if parsed.prose_final is None and parsed.last_call_final is not None:
@@ -524,3 +578,14 @@ class RunEngine:
         result.value = final.value
         result.answer_protocol = final.protocol
         result.stop_reason = "final"
+
+
+def _window_tracker(config: RLMConfig, model_window: int | None) -> WindowTracker | None:
+    """Compaction's tracker: at RLM(root_window_tokens=...), else at the root model's own window
+    (less the reply's max_output_tokens) when it is known, so a long run compacts before a call
+    could overflow; None: no window known, no compaction."""
+    if config.root_window_tokens:
+        return WindowTracker(config.root_window_tokens)
+    if model_window is not None and model_window - config.max_output_tokens >= 1_000:
+        return WindowTracker(model_window - config.max_output_tokens)
+    return None

@@ -173,7 +173,7 @@ class SubcallHandler:
             raise CallbackError(
                 "SubcallError",
                 f"the prompt ({len(prompt):,} characters) is too long for {spec}: send less text per "
-                f"call, e.g. split it in halves. Provider said: {exc}",
+                f"call, e.g. split it in halves. ({exc})",
             ) from None
         except LMError as exc:
             raise CallbackError("SubcallError", f"the call to {spec} failed: {exc}") from None

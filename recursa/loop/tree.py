@@ -17,6 +17,7 @@ from recursa.lm.gateway import ClientSettings, ModelGateway
 from recursa.lm.limiter import Limiter
 from recursa.lm.prices import PriceBook
 from recursa.lm.retry import RetryBudget, RetryPolicy
+from recursa.lm.windows import ContextWindows
 from recursa.sandbox import SANDBOXES, make_sandbox
 from recursa.sandbox.base import Sandbox
 from recursa.sandbox.forkserver import ForkServer
@@ -85,6 +86,7 @@ class CallTree:
             sampling={role: dict(opts) for role, opts in (config.sampling or {}).items()},
         )
         gateway = ModelGateway(ledger=ledger, limiter=limiter, prices=prices, trace=trace, settings=settings)
+        gateway.windows = ContextWindows(config.context_windows)
         if config.cache_subcalls:
             gateway.call_cache = CallCache()
         if config.clients:

@@ -86,6 +86,7 @@ class MethodSettings:
     max_retries: int = D.max_retries
     prices: dict[str, Any] | None = None
     on_event: Any = None  # a callable receiving every trace event (progress bars)
+    dialect: str = "recursa"  # the RLM root's conversation (recursa/loop/dialects/)
 
     def engine_options(self) -> dict[str, Any]:
         """The settings a method running the RLM engine passes on as they are (`RLM` and
@@ -104,6 +105,7 @@ class MethodSettings:
             "trace_dir": self.trace_dir,
             "max_output_tokens": self.max_output_tokens,
             "prices": self.prices,
+            "dialect": self.dialect,
         }
 
     def window(self) -> int | None:

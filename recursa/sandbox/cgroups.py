@@ -6,9 +6,13 @@ always races a fork loop; the kernel counts a cgroup's tasks and pages at the mo
 The host makes a child of its own cgroup (cgroup v2 where `pids`/`memory` are enabled for its
 children, the v1 `pids` hierarchy otherwise), sets `pids.max` (and `memory.max`), and hands the
 worker an open descriptor of the group's `cgroup.procs`: the worker writes "0" to it (joins) before
-it runs anything else, so every task it ever starts is counted. The kernel checks that write
-against the credentials of whoever opened the file (the host), so it works from inside bwrap's
-namespaces.
+it runs anything else, so every task it ever starts is counted, and closes it at once. The kernel
+checks that write against the credentials of whoever opened the file (the host), so it works from
+inside bwrap's namespaces; and for the same reason no sandboxed code may ever hold such a
+descriptor: it would move any process it can name, the host's included, into a group the host
+kills. From then on only the host moves processes (the worker's main thread into the `cell` child
+for the length of a cell, and back), and it signals a member only after checking, through a pidfd,
+that the kernel lists it as the sandbox's own (`proc.kill_owned`).
 
 On cgroup v1 the memory controller is a hierarchy of its own. Where it is mounted and this
 process's own memory group is writable, the sandbox also gets a child there (`memory.limit_in_bytes`,
@@ -38,6 +42,8 @@ import signal
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
+
+from recursa.sandbox.proc import kill_owned
 
 _PREFIX = "recursa-"
 _counter = itertools.count(1)
@@ -158,6 +164,13 @@ class TaskGroup:
         # where opening a file there costs ~40. (A cgroup.procs descriptor would not do: v1 keeps
         # the list it read at open time.)
         self._cell_count = -1
+        # The descriptors through which the host moves the worker's main thread into and out of
+        # the cell group (v1 `tasks`, v2 `cgroup.procs`): the host's alone, never handed over.
+        self._cell_tasks = self._home_tasks = -1
+        # Whose processes may be signalled (proc.belongs): the process the host started for the
+        # sandbox and the worker's session, set once the worker is known (`own`).
+        self.root: int | None = None
+        self.session: int | None = None
 
     @classmethod
     def create(cls, max_tasks: int, memory_bytes: int | None = None) -> TaskGroup | None:
@@ -183,6 +196,9 @@ class TaskGroup:
             group._cell_count = os.open(
                 os.path.join(group.cell_path, "pids.current"), os.O_RDONLY | os.O_CLOEXEC
             )
+            tasks = "tasks" if group.version == 1 else "cgroup.procs"
+            group._cell_tasks = os.open(os.path.join(group.cell_path, tasks), os.O_WRONLY | os.O_CLOEXEC)
+            group._home_tasks = os.open(os.path.join(group.path, tasks), os.O_WRONLY | os.O_CLOEXEC)
         except OSError:
             group.remove()
             return None
@@ -244,19 +260,20 @@ class TaskGroup:
         return new
 
     def join_fds(self) -> dict[str, int]:
-        """Descriptors for a worker to move itself into the group and into and out of its cell
-        group (it writes "0"), by the names the worker's config gives them: "cgroup_fd",
-        "cell_cgroup_fd" and, on v1, "memory_cgroup_fd"; the caller closes them once the worker
-        has them.
+        """Descriptors for a worker to move itself into the group as the first thing it does (it
+        writes "0", then closes them before anything else), by the names the worker's config gives
+        them: "cgroup_fd" and, on v1, "memory_cgroup_fd"; the caller closes its copies once the
+        worker has them. The cell group's are never handed over: the host moves the worker in and
+        out of it (`move`).
 
         v1: the `tasks` files, which move the calling thread only. A whole process (cgroup.procs)
         takes a lock whose writer waits for an RCU grace period, 5-15 ms after any idle spell, on
-        every move; a thread moves in ~20 us. The worker joins while it has one thread, and moves
-        its main thread (which runs the cells) for each cell. v2 has only cgroup.procs. (A v1
+        every move; a thread moves in ~20 us. The worker joins while it has one thread, and the host
+        moves its main thread (which runs the cells) for each cell. v2 has only cgroup.procs. (A v1
         memory group charges a process's pages to its main thread's group, which never moves.)"""
         name = "tasks" if self.version == 1 else "cgroup.procs"
         fds: dict[str, int] = {}
-        paths = {"cgroup_fd": self.path, "cell_cgroup_fd": self.cell_path}
+        paths = {"cgroup_fd": self.path}
         if self.memory_path is not None:
             paths["memory_cgroup_fd"] = self.memory_path
         try:
@@ -267,6 +284,24 @@ class TaskGroup:
                 os.close(fd)
             raise
         return fds
+
+    def own(self, root: int | None, session: int | None) -> None:
+        """The sandbox whose processes this group holds: `root`, the process the host started
+        for it, and `session`, its worker's session (see proc.belongs)."""
+        self.root, self.session = root, session
+
+    def move(self, pid: int, cell: bool) -> bool:
+        """Move thread `pid` (v1; the whole process on v2) into the cell group, or back into the
+        sandbox's own; False if the kernel refused (it is gone, or not in this group's tree).
+        Callers pass only a pid they checked to be the sandbox's worker."""
+        fd = self._cell_tasks if cell else self._home_tasks
+        if fd < 0:
+            return False
+        try:
+            os.write(fd, str(pid).encode())
+        except OSError:
+            return False
+        return True
 
     def members(self, cell: bool = False) -> list[int]:
         """The processes in the group (its memory group's too), or in its cell group only (host
@@ -290,14 +325,12 @@ class TaskGroup:
         return int(text) if text.isdigit() else -1
 
     def kill(self, cell: bool = False, keep: Collection[int] = ()) -> int:
-        """SIGKILL every process in the group (or in its cell group only) but `keep`; how many
-        were signalled. (A thread a cell started lists its process in the cell group too.)"""
+        """SIGKILL every process in the group (or in its cell group only) but `keep`, each only
+        once the kernel shows it as a live process of this group's sandbox (`own`); how many were
+        signalled. (A thread a cell started lists its process in the cell group too.)"""
         killed = 0
         for pid in self.members(cell):
-            if pid in keep:
-                continue
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+            if pid not in keep and kill_owned(pid, signal.SIGKILL, self.root, self.session):
                 killed += 1
         return killed
 
@@ -309,6 +342,10 @@ class TaskGroup:
         if self._oom_events >= 0:
             os.close(self._oom_events)
             self._oom_events = -1
+        for attr in ("_cell_tasks", "_home_tasks"):
+            fd, _ = getattr(self, attr), setattr(self, attr, -1)
+            if fd >= 0:
+                os.close(fd)
         for path in (self.cell_path, self.path, self.memory_path):
             if path is None:
                 continue

@@ -12,7 +12,9 @@ group is killed and the worker restarts.
 
 Memory. `set_data_limit` lowers the worker's RLIMIT_DATA from the outside with prlimit(2), to what
 it uses after loading the context plus a headroom. The worker has no CAP_SYS_RESOURCE, so it cannot
-raise the limit again, and seccomp keeps it from calling prlimit on any other process.
+raise the limit again, and seccomp keeps it from calling prlimit on any other process. A worker that
+took an unprivileged uid gets it from a `prlimit` run as that uid where the host lacks
+CAP_SYS_RESOURCE.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ import asyncio
 import contextlib
 import os
 import resource
+import shutil
 import signal
+import subprocess
 import weakref
 from collections.abc import Callable, Collection, Iterator
 from typing import ClassVar
 
-from recursa.sandbox.proc import processes
+from recursa.sandbox.proc import kill_owned, processes
 
 ZOMBIE_FACTOR = 8  # zombies allowed per allowed process before the whole group is killed
 POLL_S = 0.05  # how often the system's thread count is read
@@ -79,16 +83,20 @@ class ProcessGuard:
         limit: int,
         alive: Callable[[], bool],
         on_trip: Callable[[str], None],
+        owner: tuple[int | None, int | None] = (None, None),
     ) -> None:
         """`main_pid()`: the worker running cells now (it changes when a snapshot takes over);
         `spare()`: other members to leave alone (bwrap's init, a waiting snapshot); `alive()`:
-        False once the worker is gone for good (the guard then drops out)."""
+        False once the worker is gone for good (the guard then drops out); `owner`: the process
+        the host started and the worker's session, which a member must belong to (proc.belongs)
+        before it is killed one by one."""
         self.pgid = pgid
         self.main_pid = main_pid
         self.spare = spare
         self.limit = max(1, limit)
         self.alive = alive
         self.on_trip = on_trip
+        self.owner = owner
         self._watcher: _Watcher | None = None
 
     @property
@@ -133,9 +141,7 @@ class ProcessGuard:
             for pid, state in group_members(self.pgid):
                 if pid in spare or state == "Z":
                     continue
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-                    killed += 1
+                killed += kill_owned(pid, signal.SIGKILL, *self.owner)
         finally:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pgid, signal.SIGCONT)
@@ -239,11 +245,52 @@ def data_usage(pid: int) -> int | None:
     return None
 
 
-def set_data_limit(pid: int, limit: int) -> int | None:
-    """Set RLIMIT_DATA (soft = hard) of `pid`; returns the hard limit read back, None on failure."""
+def set_data_limit(pid: int, limit: int, as_ids: tuple[int, int] | None = None) -> int | None:
+    """Set RLIMIT_DATA (soft = hard) of `pid`; returns the hard limit read back, None on failure.
+
+    `as_ids`: the uid and gid the worker took (a root host without bwrap). A host without
+    CAP_SYS_RESOURCE (root in many containers) may change the limits of its own uid's processes
+    only, so then a short-lived `prlimit` (util-linux) runs as the worker's ids to do it."""
     try:
         resource.prlimit(pid, resource.RLIMIT_DATA, (limit, limit))
-        hard = resource.prlimit(pid, resource.RLIMIT_DATA)[1]
+    except PermissionError:
+        if as_ids is None or not _prlimit_as(pid, limit, as_ids):
+            return None
     except (OSError, ValueError):
         return None
-    return None if hard == resource.RLIM_INFINITY else hard
+    hard = _data_limit(pid)
+    return None if hard is None or hard == resource.RLIM_INFINITY else hard
+
+
+def _prlimit_as(pid: int, limit: int, ids: tuple[int, int]) -> bool:
+    tool = shutil.which("prlimit")
+    if tool is None:
+        return False
+    try:
+        done = subprocess.run(
+            [tool, "--pid", str(pid), f"--data={limit}:{limit}"],
+            user=ids[0],
+            group=ids[1],
+            extra_groups=[],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
+def _data_limit(pid: int) -> int | None:
+    """The hard RLIMIT_DATA of `pid` from /proc (readable whoever it runs as), or None."""
+    try:
+        with open(f"/proc/{pid}/limits") as fh:
+            for line in fh:
+                if line.startswith("Max data size"):
+                    hard = line[len("Max data size") :].split()[1]
+                    return resource.RLIM_INFINITY if hard == "unlimited" else int(hard)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

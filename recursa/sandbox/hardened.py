@@ -14,16 +14,19 @@ import asyncio
 import contextlib
 import functools
 import os
+import pwd
+import stat
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from recursa.errors import SandboxError
-from recursa.sandbox.bwrap import bwrap_command, find_bwrap, inner_pid, namespace_ids
+from recursa.sandbox.bwrap import bwrap_command, find_bwrap, inner_pid, interpreter_prefixes, namespace_ids
 from recursa.sandbox.bytecode import worker_files
 from recursa.sandbox.cgroups import TaskGroup
 from recursa.sandbox.guard import ProcessGuard, data_usage, set_data_limit
 from recursa.sandbox.policy import Hardening, describe, unconfined
+from recursa.sandbox.proc import belongs, stat_fields
 from recursa.sandbox.worker.landlock import landlock_abi
 
 _SCOPED_ABI = 6  # Landlock's first ABI with signal and abstract-socket scoping
@@ -39,6 +42,32 @@ def memory_budget(options: Hardening, data_limit: int) -> int:
 
 
 _kernel_landlock_abi = functools.lru_cache(maxsize=1)(landlock_abi)
+
+
+@functools.lru_cache(maxsize=1)
+def unprivileged_ids() -> tuple[int, int]:
+    """The uid and gid a worker of a root host without bwrap takes: "nobody"'s, else 65534."""
+    try:
+        entry = pwd.getpwnam("nobody")
+    except KeyError:
+        return 65534, 65534
+    return entry.pw_uid, entry.pw_gid
+
+
+def _reachable_by_all(paths: tuple[str, ...]) -> bool:
+    """Whether any user may reach `paths` (the interpreter, the worker's files, what the worker may
+    read, the folder of its scratch folder): each, and every folder on the way, searchable by others. Else an unprivileged
+    worker keeps CAP_DAC_READ_SEARCH (worker/hardening.py says why that is safe)."""
+    for path in paths:
+        parts = os.path.abspath(path).split(os.sep)
+        for depth in range(2, len(parts) + 1):
+            try:
+                mode = os.stat(os.sep.join(parts[:depth]) or os.sep).st_mode
+            except OSError:
+                return False
+            if not mode & stat.S_IXOTH:
+                return False
+    return True
 
 
 class HostHardening:
@@ -60,6 +89,10 @@ class HostHardening:
         self._warned = False
         self.group: TaskGroup | None = None  # this sandbox's control group, once made
         self._group_tried = False
+        # The worker joined the group: the host moves it into the cell group for each cell, and it
+        # waits for the host's "cell_closed" after answering one (worker/server.py).
+        self.cells_grouped = False
+        self.owner: tuple[int | None, int | None] = (None, None)  # (root, session): see ready()
         if bwrap and find_bwrap() is None:
             raise SandboxError(
                 "bwrap=True but bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
@@ -148,7 +181,18 @@ class HostHardening:
             # A private /dev/shm (a tmpfs of its own inside bwrap) for multiprocessing's semaphores;
             # the host's, shared with every other program, stays out of reach.
             spec["read_write"].append("/dev/shm")
-        elif self.options.max_scratch_bytes is not None:
+        elif os.geteuid() == 0:
+            # Root without bwrap: the worker takes an unprivileged uid (its scratch folder is given
+            # to it, see own_scratch), so the host's files are someone else's to it.
+            uid, gid = unprivileged_ids()
+            paths = (
+                *interpreter_prefixes(self.python),
+                *worker_files(),
+                *spec["read_only"],
+                os.path.dirname(scratch),
+            )
+            spec["identity"] = {"uid": uid, "gid": gid, "keep_search": not _reachable_by_all(paths)}
+        if self._bwrap_path() is None and self.options.max_scratch_bytes is not None:
             # No bwrap to mount a sized scratch: the worker mounts one itself where it may.
             spec["scratch_tmpfs"] = {"path": scratch, "bytes": self.options.max_scratch_bytes}
             if not grouped:
@@ -157,6 +201,12 @@ class HostHardening:
                 # all the user's tasks), and not as root, whom it does not bind.
                 spec["scratch_tmpfs"]["max_tasks"] = self.options.max_processes
         return {"hardening": spec}
+
+    def own_scratch(self, scratch: str) -> None:
+        """Give the scratch folder to the uid the worker takes (a root host without bwrap)."""
+        if self.options is not None and self._bwrap_path() is None and os.geteuid() == 0:
+            uid, gid = unprivileged_ids()
+            os.chown(scratch, uid, gid)
 
     def start_failed(self, log_tail: str) -> bool:
         """The worker did not start. True if it is worth trying again without bwrap."""
@@ -192,8 +242,26 @@ class HostHardening:
                 with contextlib.suppress(OSError):
                     self.spare.add(os.getpgid(found))  # bwrap's init leads the worker's group
         self.worker_pid = pid
+        # Found by the host (the process it started, or below it under bwrap) before any cell ran:
+        # the process tree and session whose members the host may signal (proc.belongs).
+        fields = stat_fields(pid)
+        self.owner = (proc_pid, int(fields[3]) if fields is not None else None)
+        if self.group is not None:
+            self.group.own(*self.owner)
+        self.cells_grouped = self.group is not None and report.get("cgroup") is True
         limit = self.options.max_processes if self.options is not None else None
         isolation = describe(report, bwrap=self.using_bwrap, process_limit=limit)
+        if (
+            self.options is not None
+            and os.geteuid() == 0
+            and isolation["identity"]["host_files_metadata"] != "protected"
+        ):
+            # Never a silent mode in which a cell may change the mode or owner of root's files.
+            raise SandboxError(
+                "the REPL worker would run as root with the host's files open to changes of mode and "
+                f"owner ({isolation['identity'].get('why')}); install bubblewrap (apt-get install "
+                "bubblewrap) or let the host take an unprivileged uid (it needs CAP_SETUID)"
+            )
         isolation["memory"] = self._memory(isolation, report)
         isolation["scratch"] = self._scratch(isolation, report)
         isolation["tasks"] = self._tasks(report, isolation)
@@ -217,6 +285,7 @@ class HostHardening:
                     limit=limit,
                     alive=lambda: self._alive(),
                     on_trip=tell_model,
+                    owner=self.owner,
                 )
                 self.guard.start()
         if self.options is not None and isolation["level"] != "hardened+namespaces" and not self._warned:
@@ -266,6 +335,29 @@ class HostHardening:
         if (report.get("rlimits") or {}).get("nproc") is not None:
             return "RLIMIT_NPROC"
         return "poller" if self.options is not None else "none"
+
+    def enter_cell(self, pid: int | None) -> None:
+        """Move the worker's main thread (the one that runs cells) into the cell group: what the
+        cell forks or starts from there stays behind in it. Only a pid the kernel shows as this
+        sandbox's own is ever written (never one the worker reported unchecked)."""
+        group = self.group
+        if (
+            group is not None
+            and self.cells_grouped
+            and pid is not None
+            and belongs(pid, group.root, group.session)
+        ):
+            group.move(pid, cell=True)
+
+    def leave_cell(self, pid: int | None) -> bool:
+        """Move the worker back out of the cell group after its answer; whether the worker waits
+        for word of it (then the caller sends "cell_closed", also where the move failed)."""
+        group = self.group
+        if group is None or not self.cells_grouped:
+            return False
+        if pid is not None and belongs(pid, group.root, group.session):
+            group.move(pid, cell=False)
+        return True
 
     async def end_cell(self) -> int:
         """Kill what the cell that just ended left running (its control group's cell group); how
@@ -380,7 +472,8 @@ class HostHardening:
         if used is None:
             isolation["warnings"].append("could not read the worker's memory use: no data-size limit")
             return
-        got = set_data_limit(self.worker_pid, used + opts.memory_headroom_bytes)
+        ids = unprivileged_ids() if os.geteuid() == 0 and not self.using_bwrap else None
+        got = set_data_limit(self.worker_pid, used + opts.memory_headroom_bytes, ids)
         isolation.setdefault("rlimits", {})["data"] = got
         if got is None:
             isolation["warnings"].append("could not set the worker's data-size limit (prlimit refused)")

@@ -111,8 +111,7 @@ class WorkerHost:
         snapshots: bool = True,
         restore_timeout: float = 2.0,
     ) -> None:
-        self.start_timeout = start_timeout
-        self.grace_s = grace_s
+        self.start_timeout, self.grace_s = start_timeout, grace_s
         self.max_output_chars = max_output_chars
         self.query_timeout = query_timeout  # get_variable / variable_names
         self.snapshots = snapshots  # fork snapshots so timeouts and crashes keep state
@@ -153,8 +152,7 @@ class WorkerHost:
 
     # -- lifecycle -------------------------------------------------------------------------------
     def kill_now(self) -> None:
-        """Kill the worker at once without an event loop (an abandoned run's finalizer); close() is
-        the orderly way."""
+        """Kill the worker at once, without an event loop (an abandoned run's finalizer)."""
         self._closed = True
         self._finalizer()
 
@@ -484,8 +482,9 @@ class WorkerHost:
             started = time.perf_counter()
             fresh = self._fresh()  # this is the first cell on a start's state
             self._cells_run += 1
+            await self._enter_cell(worker, fresh)
             fut = await worker.request({"op": "exec", "code": code, "max_output_chars": limit})
-            timed_out = False
+            timed_out, answered = False, None
             try:
                 try:
                     async with asyncio.timeout(timeout):
@@ -503,11 +502,11 @@ class WorkerHost:
                 worker.interrupt()  # the caller gave up: do not leave the cell running
                 raise
             else:
-                result = exec_result_from_wire(frame)
+                answered, result = worker, exec_result_from_wire(frame)
                 if timed_out:
                     result.timed_out = True
                     result.notes.append(f"interrupted after {timeout:g}s; variables kept")
-            stopped = await self._end_cell()
+            stopped = await self._end_cell(answered)
             if stopped and not result.restarted:  # else the restore or restart said what it stopped
                 result.notes.append(
                     f"{stopped} process(es) this cell started were still running when it ended and were killed"
@@ -516,8 +515,12 @@ class WorkerHost:
             result.notes[:0] = notes
             return result
 
-    async def _end_cell(self) -> int:
-        """Kill what the cell that just ended left running, where this host can tell; how many."""
+    async def _enter_cell(self, worker: Connection, fresh: bool) -> None:
+        """Before a cell: put the worker where what the cell starts can be told apart."""
+
+    async def _end_cell(self, answered: Connection | None) -> int:
+        """Kill what the cell left running, where this host can tell; how many. `answered`: the
+        worker, if it answered (first taken back out of the cell's place)."""
         return 0
 
     def _cell_notes(self) -> list[str]:

@@ -100,14 +100,52 @@ def unconfined(process: bool, warning: str) -> dict[str, Any]:
     }
 
 
-def describe(report: dict[str, Any], *, bwrap: bool, process_limit: int | None) -> dict[str, Any]:
+def identity(report: dict[str, Any], *, bwrap: bool, host_uid: int) -> dict[str, Any]:
+    """Whose identity the worker holds and whether it can change the metadata (mode, owner, times,
+    extended attributes: what Landlock does not cover) of the host's files outside scratch.
+
+    {"uid": its uid as the host sees it, "user_namespace": bool, "host_files_metadata": "protected"
+    or "exposed", "by": what protects them, and "why" when exposed}."""
+    own = report.get("identity") if isinstance(report.get("identity"), dict) else {}
+    uid = own.get("uid") if isinstance(own.get("uid"), int) else host_uid
+    userns = "user" in (report.get("namespaces") or [])
+    by: list[str] = []
+    if uid != host_uid:
+        by.append(f"an unprivileged uid ({uid}) instead of root")
+    if bwrap:
+        by.append("bwrap's user namespace, the host's files bound read-only")
+    if report.get("read_only_outside_scratch") is True:
+        by.append("every mount but scratch read-only in the worker's own mount namespace")
+    out: dict[str, Any] = {"uid": uid, "user_namespace": userns, "by": by}
+    out["host_files_metadata"] = "protected" if by else "exposed"
+    if not by:
+        why = [str(own["error"])] if own.get("error") else []
+        why.append(str(report.get("read_only_outside_scratch") or "hardening is off"))
+        out["why"] = "; ".join(why)
+    return out
+
+
+def describe(
+    report: dict[str, Any], *, bwrap: bool, process_limit: int | None, host_uid: int | None = None
+) -> dict[str, Any]:
     """The `isolation` dict for a worker that sent `report` in its ready message."""
+    who = identity(report, bwrap=bwrap, host_uid=os.geteuid() if host_uid is None else host_uid)
     if not report.get("requested"):
         out = unconfined(
             True, "hardening was turned off: a separate process with a scrubbed environment only"
         )
         out["rlimits"] = dict(report.get("rlimits") or {})
+        out["identity"] = who
         return out
+    if who["host_files_metadata"] == "exposed":
+        report = {
+            **report,
+            "warnings": [
+                *(report.get("warnings") or []),
+                f"the REPL runs as the host's uid {who['uid']} and can change the mode, owner and times of "
+                f"the host's files it can name ({who['why']})",
+            ],
+        }
     verified = report.get("verified") or {}
     landlock = report.get("landlock") if report.get("landlock_fs") and verified.get("filesystem") else False
     seccomp = bool(report.get("seccomp")) and bool(verified.get("network"))
@@ -140,4 +178,5 @@ def describe(report: dict[str, Any], *, bwrap: bool, process_limit: int | None) 
         "no_new_privs": bool(report.get("no_new_privs")),
         "process_limit": process_limit,
         "bwrap": bwrap,
+        "identity": who,
     }

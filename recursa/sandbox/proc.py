@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 
 
@@ -53,3 +54,45 @@ def descendants(pid: int) -> set[int]:
                 out.add(child)
                 stack.append(child)
     return out
+
+
+def belongs(pid: int, root: int | None, session: int | None) -> bool:
+    """Whether `pid` is a live process of one sandbox: below `root` (the process the host started
+    for it) or in its `session` (seccomp keeps every process of the sandbox in the worker's session,
+    and nothing can join a session from outside, so an orphan reparented to init still counts).
+    Never this process. What a sandbox reports or writes is never trusted: the kernel's own /proc is."""
+    if pid <= 1 or pid == os.getpid():
+        return False
+    fields = stat_fields(pid)
+    if fields is None or fields[0] in (b"Z", b"X"):
+        return False
+    if session is not None and int(fields[3]) == session:
+        return True
+    for _ in range(64):  # a process tree deeper than this is no sandbox's
+        if root is not None and pid == root:
+            return True
+        if pid <= 1:
+            return False
+        fields = stat_fields(pid)
+        if fields is None:
+            return False
+        pid = int(fields[1])
+    return False
+
+
+def kill_owned(pid: int, sig: int, root: int | None, session: int | None) -> bool:
+    """Send `sig` to `pid` only if it `belongs` to the sandbox of `root` and `session`; whether it
+    was sent. Through a pidfd opened before the check, so a pid reused in between is never hit."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return False
+    try:
+        if not belongs(pid, root, session):
+            return False
+        signal.pidfd_send_signal(fd, sig)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)

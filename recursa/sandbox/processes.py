@@ -36,10 +36,10 @@ import signal
 import struct
 import subprocess
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from typing import Any
 
-from recursa.sandbox.proc import processes, stat_fields
+from recursa.sandbox.proc import kill_owned, processes, stat_fields
 
 
 class WorkerProcess:
@@ -399,7 +399,7 @@ class AdoptedProcess(WorkerProcess):
     def kill_strays(self, keep: int) -> int:
         if not self.sweep:
             return 0
-        return _kill_group_except(self.group, keep, spare={self.root.root_pid})
+        return _kill_group_except(self.group, keep, root=self.root.root_pid)
 
 
 class ShadowProcess(WorkerProcess):
@@ -445,13 +445,12 @@ def _kill_group_number(group: int) -> None:
         os.killpg(group, signal.SIGKILL)
 
 
-def _kill_group_except(group: int, keep: int, spare: Collection[int] = ()) -> int:
-    """SIGKILL the members of `group` other than `keep`, its children and `spare`; how many."""
+def _kill_group_except(group: int, keep: int, root: int) -> int:
+    """SIGKILL the members of `group` other than `keep`, its children and `root`, each only if it
+    belongs to the sandbox of `root` (its session is `group`: proc.belongs); how many."""
     killed = 0
     for pid, ppid, state in group_members(group):
-        if pid == keep or ppid == keep or pid in spare or state == "Z":
+        if pid in (keep, root) or ppid == keep or state == "Z":
             continue
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-            killed += 1
+        killed += kill_owned(pid, signal.SIGKILL, root, group)
     return killed

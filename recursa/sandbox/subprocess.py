@@ -234,6 +234,7 @@ class SubprocessSandbox(WorkerHost):
 
     async def _spawn_started(self) -> Connection:
         assert self._handler is not None and self.scratch_dir is not None
+        self._hardening.own_scratch(self.scratch_dir)
         ours, theirs = socket.socketpair()
         log = self._new_log()
         handed, notes = self._handed_fds()
@@ -311,7 +312,8 @@ class SubprocessSandbox(WorkerHost):
         else:
             if self._hardening.using_bwrap:
                 process.resolve_pid = lambda ns_pid: inner_pid(root, ns_pid)
-            keeper = inner_pid(root, ppid) if isinstance(ppid, int) and ppid != 1 else None
+            # (Pid 1 is bwrap's init, or a forked worker's keeper at the top of its own namespace.)
+            keeper = inner_pid(root, ppid) if isinstance(ppid, int) and ppid > 0 else None
         if keeper is not None:
             self._hardening.spare.add(keeper)
         process.found_worker()
@@ -338,7 +340,21 @@ class SubprocessSandbox(WorkerHost):
             self._cleanup.fds.add(notes)
         return handed, notes
 
-    async def _end_cell(self) -> int:
+    async def _enter_cell(self, worker: Connection, fresh: bool) -> None:
+        if not self._hardening.cells_grouped:
+            return
+        if not fresh and worker.control is not None and not worker.snapshot_reported.is_set():
+            # The worker forks its snapshot of the last state after its answer: moved into the cell
+            # group before that, the snapshot would be among what the host kills at the cell's end.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.restore_timeout):
+                    await worker.snapshot_reported.wait()
+        self._hardening.enter_cell(worker.pid)
+
+    async def _end_cell(self, answered: Connection | None) -> int:
+        if answered is not None and self._hardening.leave_cell(answered.pid):
+            with contextlib.suppress(OSError, ValueError):
+                await answered.chan.send({"op": "cell_closed"})  # the worker waits for it to snapshot
         return await self._hardening.end_cell()
 
     def _cell_notes(self) -> list[str]:

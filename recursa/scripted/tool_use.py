@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recursa.lm.base import Message
-from recursa.scripted.conversation import is_rlm_conversation
+from recursa.scripted.conversation import is_rlm_conversation, repl
 from recursa.scripted.policy import Policy
 
 # A prompt longer than this carries material of its own: the model reads it instead of searching.
@@ -31,6 +31,7 @@ _STOP = frozenset(
     "whose with you your none exact".split()
 )
 _WORD = re.compile(r"[\w'’-]+")
+_REPL_BLOCK = re.compile(r"^```repl[ \t]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE)
 _NAME_OR_NUMBER = re.compile(r"\b(?:[A-Z][\w'’-]*(?:\s+[A-Z][\w'’-]*)*|\d{3,})\b")
 
 
@@ -52,8 +53,13 @@ class SearchTool:
 
 def tool_turn(policy: Policy, messages: list[Message], tools: list[dict[str, Any]] | None) -> ToolTurn:
     """The next reply of a scripted model in a chat that may offer tools or hold tool results."""
-    if is_rlm_conversation(messages):  # a root's chat: tools are not part of its habits
-        return ToolTurn(policy(messages))
+    if is_rlm_conversation(messages):
+        # A root's chat. Offered a code tool (the "tools" dialect), the root's persona calls it with
+        # the code it would have fenced; otherwise tools are not part of its habits.
+        tool = find_code_tool(tools or [])
+        if tool is None:
+            return ToolTurn(policy(messages))
+        return as_calls(policy(as_fenced(messages)), tool)
     prompt = next((str(m.get("content") or "") for m in messages if m.get("role") == "user"), "")
     results = [_readable(str(m.get("content") or "")) for m in messages if m.get("role") == "tool"]
     searched = sum(1 for m in messages if m.get("role") == "assistant" and m.get("tool_calls"))
@@ -77,6 +83,45 @@ def tool_turn(policy: Policy, messages: list[Message], tools: list[dict[str, Any
             "Nothing there answers it; I'll search again by the names alone.", [(search.name, args)]
         )
     return ToolTurn(answer)
+
+
+def find_code_tool(tools: list[dict[str, Any]]) -> tuple[str, str] | None:
+    """(name, argument) of the first offered tool that runs code: one string argument, and a name
+    or description that speaks of Python, code or a REPL."""
+    for tool in tools:
+        text = f"{tool.get('name', '')} {tool.get('description', '')}".lower()
+        props = (tool.get("parameters") or {}).get("properties") or {}
+        strings = [n for n, p in props.items() if isinstance(p, dict) and p.get("type") == "string"]
+        if len(strings) == 1 and any(w in text for w in ("python", "code", "repl")):
+            return str(tool["name"]), strings[0]
+    return None
+
+
+def as_fenced(messages: list[Message]) -> list[Message]:
+    """A tool-calling root chat as the fenced one the policies read: each call's code in a ```repl
+    block of its reply, and the results of one reply's calls as one user message."""
+    out: list[Message] = []
+    for m in messages:
+        if m.get("tool_calls"):
+            blocks = [repl(str(next(iter(c["arguments"].values()), ""))) for c in m["tool_calls"]]
+            out.append({"role": "assistant", "content": "\n\n".join([str(m.get("content") or ""), *blocks]).strip()})
+        elif m.get("role") == "tool":
+            if out and out[-1].get("role") == "user" and out[-1].get("from_tool"):
+                out[-1]["content"] += "\n\n" + str(m.get("content") or "")
+            else:
+                out.append({"role": "user", "content": str(m.get("content") or ""), "from_tool": True})
+        else:
+            out.append(m)
+    return out
+
+
+def as_calls(reply: str, tool: tuple[str, str]) -> ToolTurn:
+    """The policy's fenced reply as a tool turn: each ```repl block a call, the prose its text."""
+    name, argument = tool
+    blocks = _REPL_BLOCK.findall(reply)
+    if not blocks:
+        return ToolTurn(reply)
+    return ToolTurn(_REPL_BLOCK.sub("", reply).strip(), [(name, {argument: b.strip()}) for b in blocks])
 
 
 def find_search_tool(tools: list[dict[str, Any]]) -> SearchTool | None:

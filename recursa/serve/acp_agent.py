@@ -61,6 +61,7 @@ _STOP = {
     "final": "end_turn",
     "max_iterations": "max_turn_requests",
     "budget": "max_tokens",
+    "context_window": "max_tokens",
     "cancelled": "cancelled",
 }
 

@@ -251,8 +251,8 @@ def run_summary(result: RLMResult, session: str | None = None) -> dict[str, Any]
 
 
 def finish_reason(result: RLMResult, cut: bool = False, shape: AnswerShape | None = None) -> str:
-    # Out of budget or time is the RLM's version of running out of output tokens.
-    if cut or result.stop_reason in ("budget", "timeout") or _unfit(result, shape):
+    # Out of budget, time or window is the RLM's version of running out of output tokens.
+    if cut or result.stop_reason in ("budget", "timeout", "context_window") or _unfit(result, shape):
         return "length"
     return "tool_calls" if shape is not None and shape.kind == "tool" else "stop"
 

@@ -27,6 +27,7 @@ from recursa.testing.metrics import render_metrics
 from recursa.testing.tool_replies import (
     ToolCallReply,
     anthropic_content,
+    offered_tools,
     openai_message,
     reply_text,
     set_offered,
@@ -264,7 +265,7 @@ def _sse(payload: dict[str, Any], event: str | None = None) -> bytes:
 
 
 async def _openai_stream(
-    server: FakeHost, rec: RequestRecord, truncated: bool, include_usage: bool
+    server: FakeHost, rec: RequestRecord, truncated: bool, include_usage: bool, calls: ToolCallReply | None
 ) -> AsyncIterator[bytes]:
     cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
 
@@ -282,29 +283,51 @@ async def _openai_stream(
 
     await _first_token(server, rec)
     yield chunk({"role": "assistant", "content": ""})
-    async for piece in _decode(server, rec.reply or ""):
+    async for piece in _decode(server, rec.reply if calls is None else calls.text):
         yield chunk({"content": piece})
+    # Tool calls as vLLM and OpenAI stream them: the id and name first, then the arguments' JSON
+    # in pieces, each delta naming its call by index.
+    for index, (call_id, (name, args)) in enumerate(zip(calls.ids, calls.calls, strict=True) if calls else ()):
+        head = {"index": index, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
+        yield chunk({"tool_calls": [head]})
+        async for piece in _decode(server, json.dumps(args)):
+            yield chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
     rec.finished_at = time.perf_counter()
-    yield chunk({}, "length" if truncated else "stop")
+    yield chunk({}, "length" if truncated else "stop" if calls is None else "tool_calls")
     if include_usage:
         last = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": rec.model}
         yield _sse({**last, "choices": [], "usage": _openai_usage(rec)})
     yield b"data: [DONE]\n\n"
 
 
-async def _anthropic_stream(server: FakeHost, rec: RequestRecord, truncated: bool) -> AsyncIterator[bytes]:
+async def _anthropic_stream(
+    server: FakeHost, rec: RequestRecord, truncated: bool, calls: ToolCallReply | None
+) -> AsyncIterator[bytes]:
     start = _anthropic_message(rec, f"msg_{uuid.uuid4().hex[:24]}", [], None)
     start["usage"] = {**start["usage"], "output_tokens": 0}
     await _first_token(server, rec)
     yield _sse({"type": "message_start", "message": start}, "message_start")
-    block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
-    yield _sse(block, "content_block_start")
-    async for piece in _decode(server, rec.reply or ""):
-        delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}}
-        yield _sse(delta, "content_block_delta")
+    text = rec.reply if calls is None else calls.text
+    index = 0
+    if text or calls is None:
+        block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+        yield _sse(block, "content_block_start")
+        async for piece in _decode(server, text or ""):
+            delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}}
+            yield _sse(delta, "content_block_delta")
+        yield _sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
+        index = 1
+    # Each tool_use block opens with an empty input; its JSON follows as input_json_delta pieces.
+    for offset, (call_id, (name, args)) in enumerate(zip(calls.ids, calls.calls, strict=True) if calls else ()):
+        at = index + offset
+        use = {"type": "tool_use", "id": call_id, "name": name, "input": {}}
+        yield _sse({"type": "content_block_start", "index": at, "content_block": use}, "content_block_start")
+        async for piece in _decode(server, json.dumps(args)):
+            delta = {"type": "content_block_delta", "index": at, "delta": {"type": "input_json_delta", "partial_json": piece}}
+            yield _sse(delta, "content_block_delta")
+        yield _sse({"type": "content_block_stop", "index": at}, "content_block_stop")
     rec.finished_at = time.perf_counter()
-    yield _sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
-    stop = "max_tokens" if truncated else "end_turn"
+    stop = "max_tokens" if truncated else "end_turn" if calls is None else "tool_use"
     end = {"stop_reason": stop, "stop_sequence": None}
     yield _sse({"type": "message_delta", "delta": end, "usage": _anthropic_usage(rec)}, "message_delta")
     yield _sse({"type": "message_stop"}, "message_stop")
@@ -343,6 +366,8 @@ async def _handle(server: FakeHost, request: Request, api: Api, rec: RequestReco
     except ValueError as exc:  # also json.JSONDecodeError
         return _reject(rec, _error(api, 400, str(exc)), str(exc))
     rec.model, rec.messages, rec.stream, rec.max_tokens = model, messages, stream, max_tokens
+    rec.tools = [t["name"] for t in offered_tools()]
+    rec.tool_choice = body.get("tool_choice")
     rec.prompt_tokens = count_message_tokens(messages)
 
     unknown = f"The model `{model}` does not exist or you do not have access to it."
@@ -406,8 +431,6 @@ async def _handle(server: FakeHost, request: Request, api: Api, rec: RequestReco
             return _reject(rec, _error(api, 404, unknown), unknown)
         calls = reply if isinstance(reply, ToolCallReply) else None
         if calls is not None:
-            if stream:
-                raise ValueError("the fake server does not stream tool calls; call it without stream=True")
             reply = reply_text(calls)
         truncated = max_tokens is not None and count_tokens(reply) > max_tokens
         if truncated:
@@ -421,9 +444,9 @@ async def _handle(server: FakeHost, request: Request, api: Api, rec: RequestReco
             if fault is not None and fault.kind == "no_usage":
                 include_usage = False
             if api == "openai":
-                body = _openai_stream(server, rec, truncated, include_usage)
+                body = _openai_stream(server, rec, truncated, include_usage, calls)
             else:
-                body = _anthropic_stream(server, rec, truncated)
+                body = _anthropic_stream(server, rec, truncated, calls)
             response: Response
             if fault is not None and fault.kind == "cut":
                 rec.error = f"injected fault: stream closed after {fault.after_bytes} bytes"

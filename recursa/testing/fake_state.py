@@ -12,6 +12,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 def key_digest(key: str) -> str:
@@ -41,6 +42,8 @@ class RequestRecord:
     model: str = ""
     messages: list[dict[str, str]] = field(default_factory=list)
     stream: bool = False
+    tools: list[str] = field(default_factory=list)  # the names of the tools the request offered
+    tool_choice: Any = None  # as the request gave it (OpenAI's or Anthropic's shape)
     max_tokens: int | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0

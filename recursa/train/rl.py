@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from recursa.lm.base import valid_unicode
+from recursa.lm.tool_format import openai_messages
 from recursa.trace import RunNode
 from recursa.train.common import TracePaths, check_out, export_to, finished_nodes, load_scored
 from recursa.train.errors import ExportError
@@ -210,8 +211,10 @@ def _row(
 ) -> dict[str, Any]:
     return {
         # Valid Unicode for the trainer's tokenizer, in memory (Episode.rollouts) as in the file.
-        "prompt": valid_unicode(step.prompt),
+        "prompt": valid_unicode(openai_messages(step.prompt)),
         "response": valid_unicode(step.response),
+        # The reply's native tool calls in OpenAI's format (the "tools" dialect); None for text replies.
+        "response_tool_calls": valid_unicode(openai_messages([step.reply_message()])[0].get("tool_calls")),
         "trajectory_id": shared.trajectory_id,
         "run_id": node.run_id,
         "parent_run_id": node.parent_run_id,

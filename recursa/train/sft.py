@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from recursa.lm.tool_format import openai_messages
 from recursa.train.common import TracePaths, check_out, export_to, finished_nodes, load_scored
 from recursa.train.errors import ExportError
 from recursa.train.fixes import assigned_names, fix_reply
@@ -76,8 +77,8 @@ def sft_rows(
                 report.fixes.update(applied)
                 rows.append(
                     {
-                        "prompt": step.prompt,
-                        "completion": [{"role": "assistant", "content": reply}],
+                        "prompt": openai_messages(step.prompt),
+                        "completion": openai_messages([step.reply_message(reply)]),
                         "metadata": {
                             "run_id": node.run_id,
                             "root_run_id": root.run_id,

@@ -66,6 +66,16 @@ class Step:
     token_ids: list[int] | None = None
     prompt_token_ids: list[int] | None = None
     sampling: dict[str, Any] | None = None
+    # The reply's native tool calls (the "tools" dialect), recursa's neutral shape: {"id", "name",
+    # "arguments"}; exporters write them in the OpenAI messages format (recursa/lm/tool_format.py).
+    tool_calls: list[dict[str, Any]] | None = None
+
+    def reply_message(self, text: str | None = None) -> Message:
+        """The assistant message of this step (its text, or `text` in its place, and its calls)."""
+        message: Message = {"role": "assistant", "content": self.response if text is None else text}
+        if self.tool_calls:
+            message["tool_calls"] = self.tool_calls
+        return message
 
     @property
     def chars(self) -> int:
@@ -232,7 +242,12 @@ def run_steps(node: RunNode, report: ExportReport | None = None) -> list[Step]:
             continue
         if event["type"] != "lm_call" or event.get("purpose") not in ("root", "final"):
             continue
-        history.extend(_messages(event.get("new_messages")))
+        new = _messages(event.get("new_messages"))
+        # A dialect's transient prompt (SkyRL's) was part of this call's prompt only.
+        transient = [m for m in new if m.get("transient")]
+        history.extend(m for m in new if not m.get("transient"))
+        for m in transient:
+            del m["transient"]
         response = event.get("response")
         if not isinstance(response, str):
             if report is not None:
@@ -245,15 +260,16 @@ def run_steps(node: RunNode, report: ExportReport | None = None) -> list[Step]:
                 index=len(steps),
                 turn=turn + 1 if purpose == "final" else turn,
                 purpose=purpose,
-                prompt=[dict(m) for m in history],
+                prompt=[dict(m) for m in [*history, *transient]],
                 response=response,
                 call_id=str(event.get("call_id", "")),
                 model=str(event.get("model", "")),
                 complete=not broken,
+                tool_calls=_calls(event.get("tool_calls")),
                 **_token_data(event),
             )
         )
-        history.append({"role": "assistant", "content": response})
+        history.append(steps[-1].reply_message())
     return steps
 
 
@@ -299,13 +315,33 @@ def executed_code(node: RunNode, upto_turn: int) -> list[str]:
 
 
 def _messages(raw: Any) -> list[Message]:
+    """The trace's messages as rows hold them: role and text, and the tool-calling fields."""
     if not isinstance(raw, list):
         return []
-    return [
-        {"role": str(m.get("role", "user")), "content": str(m.get("content", ""))}
-        for m in raw
-        if isinstance(m, dict)
+    out: list[Message] = []
+    for m in raw:
+        if not isinstance(m, dict):
+            continue
+        message: Message = {"role": str(m.get("role", "user")), "content": str(m.get("content") or "")}
+        for key in ("tool_call_id", "name", "transient"):
+            if key in m:
+                message[key] = m[key]
+        calls = _calls(m.get("tool_calls"))
+        if calls:
+            message["tool_calls"] = calls
+        out.append(message)
+    return out
+
+
+def _calls(raw: Any) -> list[dict[str, Any]] | None:
+    if not isinstance(raw, list):
+        return None
+    calls = [
+        {"id": str(c.get("id") or ""), "name": str(c.get("name") or ""), "arguments": c.get("arguments") or {}}
+        for c in raw
+        if isinstance(c, dict)
     ]
+    return calls or None
 
 
 def _token_data(event: dict[str, Any]) -> dict[str, Any]:

@@ -20,8 +20,9 @@ import socket
 import sys
 import time
 
+from .keeper import die_with_parent
 from .landlock import apply_landlock, kernel_abi, open_plan, release_opened_plans
-from .mounts import scratch_tmpfs
+from .mounts import read_only_except, scratch_tmpfs
 from .seccomp import apply_seccomp, seccomp_filter
 from .syscalls import (
     CAP_VERSION_3,
@@ -90,18 +91,20 @@ def _cap_line(field: str) -> str | None:
     return None
 
 
-def _empty_capability_sets(libc: Any, sysnr: dict[str, int]) -> int:
-    """Drop the bounding set, clear the ambient one, set the rest to nothing; capset's return code."""
+def _empty_capability_sets(libc: Any, sysnr: dict[str, int], keep: int = 0) -> int:
+    """Drop the bounding set, clear the ambient one, set the rest to nothing but the capabilities
+    in the bit mask `keep` (effective and permitted; capabilities 0-31 only); capset's return code."""
     try:
         with open("/proc/sys/kernel/cap_last_cap") as fh:
             last = int(fh.read().strip())
     except (OSError, ValueError):
         last = 63
     for cap in range(last + 1):
-        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # EPERM without CAP_SETPCAP: nothing to drop then
+        if not keep >> cap & 1:
+            libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # EPERM without CAP_SETPCAP: nothing to drop then
     libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     header = (ctypes.c_uint32 * 2)(CAP_VERSION_3, 0)
-    data = (ctypes.c_uint32 * 6)()
+    data = (ctypes.c_uint32 * 6)(keep, keep, 0, 0, 0, 0)  # effective, permitted, inheritable (low, high)
     return int(libc.syscall(ctypes.c_long(sysnr["capset"]), ctypes.byref(header), ctypes.byref(data)))
 
 
@@ -114,48 +117,90 @@ def drop_all_capabilities() -> None:
         raise PermissionError(f"capabilities left after dropping them all: {left}")
 
 
-def _drop_capabilities(libc: Any, sysnr: dict[str, int], report: Report) -> None:
-    """Empty the bounding, ambient, effective, permitted and inheritable sets.
+def _drop_capabilities(libc: Any, sysnr: dict[str, int], report: Report, keep: int = 0) -> None:
+    """Empty the bounding, ambient, effective, permitted and inheritable sets (but `keep`).
 
     Matters when the host runs as root: without CAP_SYS_RESOURCE the rlimits above cannot be raised
     again, without CAP_DAC_OVERRIDE file modes count, without CAP_KILL signals need a matching uid.
     """
     before = _cap_line("CapEff")
-    rc = _empty_capability_sets(libc, sysnr)
+    rc = _empty_capability_sets(libc, sysnr, keep)
     after = _cap_line("CapEff")
     bounding = _cap_line("CapBnd")
     report.data["capabilities"] = {
         "effective_before": before,
         "effective": after,
         "bounding": bounding,
-        "dropped": rc == 0 and after is not None and int(after, 16) == 0,
+        "dropped": rc == 0 and after is not None and int(after, 16) == keep,
+        "kept": ["CAP_DAC_READ_SEARCH"] if keep else [],
     }
     if rc != 0:
         report.warn(f"capset() failed: {errno_text()}")
 
 
-def _scratch_tmpfs(want: dict[str, Any], report: Report) -> None:
+_CAP_DAC_READ_SEARCH = 2
+_PR_SET_KEEPCAPS = 8
+
+
+def _drop_identity(want: dict[str, Any], libc: Any, report: Report) -> int:
+    """Take the unprivileged uid and gid the host chose (a root host without bubblewrap): files of
+    the host's are then someone else's, whose mode, owner, times and attributes it may not change.
+    With `keep_search` the worker keeps CAP_DAC_READ_SEARCH alone (returned as the mask to keep):
+    the interpreter lives below a folder only root may enter (a pyenv in /root), and reads still
+    pass Landlock's rules, which know nothing of capabilities; it grants no write and no change of
+    metadata (open_by_handle_at, which it would also allow, is refused by seccomp)."""
+    keep = 1 << _CAP_DAC_READ_SEARCH if want.get("keep_search") else 0
+    uid, gid = int(want["uid"]), int(want["gid"])
+    parent = os.getppid()
+    try:
+        if keep:
+            libc.prctl(_PR_SET_KEEPCAPS, 1, 0, 0, 0)
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+    except OSError as exc:
+        report.data["identity"] = {"uid": os.geteuid(), "error": f"could not take uid {uid}: {exc}"}
+        report.warn(f"the worker kept the host's identity (uid {os.geteuid()}): {exc}")
+        return 0
+    finally:
+        if keep:
+            libc.prctl(_PR_SET_KEEPCAPS, 0, 0, 0, 0)
+    die_with_parent()  # a change of uid clears the parent-death signal
+    if os.getppid() != parent:
+        os._exit(0)
+    report.data["identity"] = {"uid": os.getuid(), "gid": os.getgid()}
+    return keep
+
+
+def _scratch_tmpfs(want: dict[str, Any], owner: tuple[int, int] | None, report: Report) -> None:
     """Without bwrap: the scratch folder as a sized tmpfs in a mount namespace of the worker's own,
     where the kernel allows it (CAP_SYS_ADMIN, e.g. a root host without bubblewrap, or else a user
-    namespace of its own: mounts.py). Elsewhere the folder stays the host's, bounded per file only,
-    and the report says why."""
+    namespace of its own: mounts.py), and every other mount read-only there. Elsewhere the folder
+    stays the host's, bounded per file only, and the report says why."""
     try:
-        how = scratch_tmpfs(str(want["path"]), int(want["bytes"]))
+        how = scratch_tmpfs(str(want["path"]), int(want["bytes"]), owner)
     except (OSError, KeyError, TypeError, ValueError) as exc:
         report.data["scratch_tmpfs"] = None
         report.data["scratch_tmpfs_error"] = str(exc)
+        report.data["read_only_outside_scratch"] = f"no mount namespace of its own: {exc}"
+        return
+    report.data["scratch_tmpfs"] = int(want["bytes"])
+    report.data["scratch_tmpfs_by"] = how
+    try:
+        read_only_except([str(want["path"])], mounted=(str(want["path"]),))
+    except OSError as exc:
+        report.data["read_only_outside_scratch"] = str(exc)
     else:
-        report.data["scratch_tmpfs"] = int(want["bytes"])
-        report.data["scratch_tmpfs_by"] = how
-        tasks = want.get("max_tasks")
-        if how == "user+mount" and isinstance(tasks, int) and os.geteuid() != 0:
-            # The kernel counts RLIMIT_NPROC per user namespace: in this one, the sandbox's tasks only.
-            try:
-                resource.setrlimit(resource.RLIMIT_NPROC, (tasks, tasks))
-            except (ValueError, OSError) as exc:
-                report.warn(f"setrlimit(nproc) failed: {exc}")
-            else:
-                report.data["rlimits"]["nproc"] = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+        report.data["read_only_outside_scratch"] = True
+    tasks = want.get("max_tasks")
+    if how == "user+mount" and isinstance(tasks, int) and os.geteuid() != 0:
+        # The kernel counts RLIMIT_NPROC per user namespace: in this one, the sandbox's tasks only.
+        try:
+            resource.setrlimit(resource.RLIMIT_NPROC, (tasks, tasks))
+        except (ValueError, OSError) as exc:
+            report.warn(f"setrlimit(nproc) failed: {exc}")
+        else:
+            report.data["rlimits"]["nproc"] = resource.getrlimit(resource.RLIMIT_NPROC)[1]
 
 
 def _probe(report: Report) -> None:
@@ -209,14 +254,17 @@ def _apply(spec: dict[str, Any]) -> dict[str, Any]:
         return report.data
     sysnr = SYSCALLS[machine]
     libc = libc_handle()
+    identity = spec.get("identity") if isinstance(spec.get("identity"), dict) else None
+    owner = (int(identity["uid"]), int(identity["gid"])) if identity is not None else None
     if isinstance(spec.get("scratch_tmpfs"), dict):  # first: it needs capabilities, mount and unshare
-        _scratch_tmpfs(spec["scratch_tmpfs"], report)
+        _scratch_tmpfs(spec["scratch_tmpfs"], owner, report)
     # After the mount: the namespaces it made are the worker's own too.
     report.data["namespaces"] = _namespaces(spec.get("host_namespaces") or {})
+    keep = _drop_identity(identity, libc, report) if identity is not None else 0
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         report.warn(f"prctl(PR_SET_NO_NEW_PRIVS) failed: {errno_text()}")
     report.data["no_new_privs"] = libc.prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1
-    _drop_capabilities(libc, sysnr, report)
+    _drop_capabilities(libc, sysnr, report, keep)
 
     abi = kernel_abi(libc, sysnr) if spec.get("landlock", True) else 0
     max_abi = spec.get("landlock_max_abi")

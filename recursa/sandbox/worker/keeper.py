@@ -38,6 +38,9 @@ def _kill_own_group(*_args: object) -> None:
         except OSError:
             pass
     os.kill(os.getpid(), signal.SIGKILL)  # not a group leader: the others die with their parents
+    # Pid 1 of a namespace of its own (a forked worker's keeper) ignores its own SIGKILL; its exit
+    # ends the namespace and everything in it.
+    os._exit(1)
 
 
 _PR_SET_CHILD_SUBREAPER = 36

@@ -21,10 +21,16 @@ if TYPE_CHECKING:
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
 _MS_REC = 1 << 14
 _MS_PRIVATE = 1 << 18
 _MS_NOSUID = 1 << 1
 _MS_NODEV = 1 << 2
+_MS_BIND = 1 << 12
+_SYS_MOUNT_SETATTR = 442  # the same on x86_64 and aarch64 (Linux 5.12+)
+_AT_FDCWD = -100
+_AT_RECURSIVE = 0x8000
+_MOUNT_ATTR_RDONLY = 0x1
 
 _loaded: list[Any] = []
 
@@ -94,9 +100,47 @@ def own_user_namespace() -> None:
     check(handle.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "making mounts private")
 
 
-def scratch_tmpfs(scratch: str, size: int) -> str:
-    """Make the worker's scratch folder (its cwd) a tmpfs of `size` bytes, in a mount namespace of
-    its own; returns the namespaces that allowed it: "mount" (CAP_SYS_ADMIN) or "user+mount" (a user
+class _MountAttr(ctypes.Structure):
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
+
+
+def _mount_setattr(path: str, set_flags: int, clear_flags: int, recursive: bool) -> None:
+    attr = _MountAttr(set_flags, clear_flags, 0, 0)
+    rc = libc().syscall(
+        ctypes.c_long(_SYS_MOUNT_SETATTR),
+        ctypes.c_int(_AT_FDCWD),
+        ctypes.c_char_p(path.encode()),
+        ctypes.c_uint(_AT_RECURSIVE if recursive else 0),
+        ctypes.byref(attr),
+        ctypes.c_size_t(ctypes.sizeof(attr)),
+    )
+    check(0 if rc == 0 else -1, f"mount_setattr({path})")
+
+
+def read_only_except(writable: list[str], mounted: tuple[str, ...] = ()) -> None:
+    """Make every mount of this (private) mount namespace read-only but the folders `writable`:
+    then no call can change a file outside them, its mode, owner, times and extended attributes
+    included, whoever owns it (EROFS). Landlock covers reads and writes of contents, not metadata.
+    Each of `writable` not in `mounted` (a fresh tmpfs already) becomes a bind mount of itself
+    first, so that it alone can stay writable. Raises OSError (an old kernel: ENOSYS)."""
+    handle = libc()
+    for path in writable:
+        if path not in mounted:
+            check(handle.mount(path.encode(), path.encode(), None, _MS_BIND, None), f"bind {path}")
+    _mount_setattr("/", _MOUNT_ATTR_RDONLY, 0, recursive=True)
+    for path in writable:
+        _mount_setattr(path, 0, _MOUNT_ATTR_RDONLY, recursive=False)
+
+
+def scratch_tmpfs(scratch: str, size: int, owner: tuple[int, int] | None = None) -> str:
+    """Make the worker's scratch folder (its cwd) a tmpfs of `size` bytes (owned by `owner`, the
+    unprivileged uid and gid the worker is about to take, if any), in a mount namespace of its own;
+    returns the namespaces that allowed it: "mount" (CAP_SYS_ADMIN) or "user+mount" (a user
     namespace of its own). Raises OSError where the kernel refuses both."""
     try:
         private_namespace()
@@ -109,7 +153,8 @@ def scratch_tmpfs(scratch: str, size: int) -> str:
         except OSError as second:
             raise OSError(second.errno, f"{exc.strerror}; {second.strerror}") from None
         how = "user+mount"
-    mount_tmpfs(scratch, "mode=0700", size)
+    mode = "mode=0700" if owner is None else f"mode=0700,uid={owner[0]},gid={owner[1]}"
+    mount_tmpfs(scratch, mode, size)
     os.chdir(scratch)  # the cwd still named the folder under the mount
     return how
 

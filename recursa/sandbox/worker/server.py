@@ -147,7 +147,7 @@ class Server:
 
     def run(self, config: dict[str, Any]) -> None:
         hardening = harden(config)
-        if self.group.home >= 0:
+        if self.group.grouped:
             hardening["cgroup"] = self.group.joined
         if self.group.memory_joined is not False:
             hardening["memory_cgroup"] = self.group.memory_joined
@@ -182,20 +182,18 @@ class Server:
                     continue  # this process is a snapshot that took over: that cell was not ours
             elif op == "load_context":
                 self.snapshots.discard()  # its state is about to be out of date
-            if op == "exec" and self.group.cell >= 0:
+            if op == "exec" and self.group.joined is True:
                 _reap()  # what the host killed after the last cell: zombies hold task slots
-                self.group.enter_cell()
             if op == "exec":
                 self.chan.lend_reader()  # replies to the cell's calls arrive while this thread runs it
             try:
                 reply = _handle(self.repl, msg)
             except Exception as exc:  # a worker bug must answer, not leave the host waiting
                 reply = _internal_error(msg, exc)
-            finally:
-                if op == "exec":
-                    self.group.leave_cell()  # before the answer: the host then kills what stayed
             if reply is not None:
                 self.chan.send(reply)
+            if op == "exec" and self.group.joined is True and not self._cell_closed():
+                continue  # no snapshot from inside the cell's group: it would be killed with it
             if op in ("exec", "load_context") and self.snapshots.armed and not self._pristine:
                 # Snapshot the state after this cell now, while the host reads the result and asks
                 # its model: the next cell then starts without paying for the fork.
@@ -211,6 +209,16 @@ class Server:
         self.snapshots.discard()
         sys.stdout.flush()
         os._exit(0)  # skip interpreter teardown: user threads must not keep the process alive
+
+    def _cell_closed(self) -> bool:
+        """Wait for the host's word that it moved this process back out of the cell's group (it
+        moved it in before sending the cell, and kills what stays there); False if another request
+        came first (kept for the loop)."""
+        msg = self.chan.next_request()
+        if msg is not None and msg.get("op") == "cell_closed":
+            return True
+        self._early = msg
+        return False
 
     def _settle(self) -> None:
         """Let the host take the answer just sent, and do its work after a cell, before forking

@@ -10,13 +10,15 @@ per request, at about a third of a fresh start's machine CPU, hardening included
 The zygote itself runs only this loop, never generated code, and keeps two capabilities of bwrap's
 user namespace (CAP_SYS_ADMIN, CAP_SETPCAP; none outside it) for what each child does first:
   - a session of its own (its pid is its group: the host's killpg stops only this worker's tree);
+  - a pid namespace of its own, whose pid 1 goes on as the worker (its keeper) while the process
+    the zygote forked waits outside: siblings cannot name each other's processes at all;
   - its own mount and IPC namespaces, with a fresh /dev/shm, so siblings share no files, no POSIX
     semaphores and no System V IPC;
   - every capability dropped (bounding set included) and checked, before any other step;
   - then the ordinary worker start: keeper, Landlock (its own scratch directory only, signals and
     abstract sockets scoped to its own domain), seccomp. The host uses a zygote only where the
     kernel has Landlock's scoping (ABI 6), which is what keeps siblings from signalling each other
-    in the pid namespace they share; ptrace and /proc are closed to them as to any worker.
+    as a second wall; ptrace and /proc are closed to them as to any worker.
 
 Control socket (SOCK_SEQPACKET; one JSON object per message):
   zygote -> host, once: {"op": "hello", "pid": its pid in the namespace}
@@ -35,7 +37,16 @@ import os
 import signal
 import socket
 
-from .mounts import CLONE_NEWIPC, CLONE_NEWNS, check, libc, mount_tmpfs, private_namespace
+from .mounts import (
+    CLONE_NEWIPC,
+    CLONE_NEWNS,
+    CLONE_NEWPID,
+    check,
+    libc,
+    mount_tmpfs,
+    private_namespace,
+    read_only_except,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -113,8 +124,9 @@ def _child(
         os.setsid()
         spec = dict(request["config"]).get("hardening") or {}
         _private_namespaces(str(request["cwd"]), spec.get("shm_bytes"), spec.get("scratch_bytes"))
-        drop_capabilities()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the keeper waits for its children
+        _own_pid_namespace(drop_capabilities)
+        drop_capabilities()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.chdir(str(request["cwd"]))
         os.environ.clear()
@@ -126,6 +138,30 @@ def _child(
         os.write(2, f"[recursa zygote] cannot prepare a worker: {type(exc).__name__}: {exc}\n".encode())
         os._exit(70)
     start_worker(channel, config)
+
+
+def _own_pid_namespace(drop_capabilities: Callable[[], None]) -> None:
+    """Go on as pid 1 of a pid namespace of this worker's own: siblings forked by the same zygote
+    then have no pid here (no signal, no cgroup write, no /proc entry can name them), and the
+    namespace ends, everything in it killed, when its first process (the keeper) does.
+
+    This process (the zygote's child, the session leader the host watches) stays outside as a
+    waiting parent that holds nothing: it exits when its child does, and its child dies with it."""
+    check(libc().unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
+    child = os.fork()
+    if child == 0:
+        _set_death_signal()
+        return
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # the channel, the control group's descriptors
+    drop_capabilities()
+    while True:
+        try:
+            _pid, status = os.waitpid(child, 0)
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            os._exit(0)
+        os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
 
 
 def _set_death_signal() -> None:
@@ -140,6 +176,11 @@ def _private_namespaces(scratch: str, shm_bytes: int | None, scratch_bytes: int 
     mounts = [(path, "mode=1777", shm_bytes) for path in _PRIVATE_MOUNTS]
     if scratch_bytes is not None:
         mounts.append((scratch, "mode=0700", scratch_bytes))
+    made = []
     for path, mode, size in mounts:
         if os.path.isdir(path):
             mount_tmpfs(path, mode, size)
+            made.append(path)
+    # The zygote's folder (every sibling's scratch folder) and bwrap's own tmpfs stay writable
+    # otherwise: only this worker's scratch and /dev/shm are, as to Landlock.
+    read_only_except([*made, *([scratch] if scratch not in made else [])], mounted=tuple(made))

@@ -1,0 +1,216 @@
+"""The host never acts on what sandboxed code names, and the code holds no authority of the host's.
+
+Attacks from inside a cell: write the pid of a host process (or of a sibling REPL) into every file
+descriptor the worker holds, hoping one is a control group's `cgroup.procs`/`tasks` opened by the
+host, whose kill at the end of the cell would then hit it; fork a child that tries to leave the
+cell's group so that it outlives the cell; change the mode, owner, times or extended attributes of
+a file of the host's outside scratch (Landlock does not cover metadata).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from recursa.sandbox import Hardening, SubprocessSandbox
+from recursa.sandbox.bwrap import find_bwrap
+from recursa.sandbox.proc import running
+
+BWRAP = [False] + ([True] if find_bwrap() is not None else [])
+
+# Every descriptor that is not the channel (a socket): write `pids` into it, as text, one by one.
+WRITE_PIDS = """
+import os, stat
+hits = 0
+for fd in range(3, 1024):
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        continue
+    if stat.S_ISSOCK(mode):
+        continue
+    for pid in {pids}:
+        try:
+            os.write(fd, str(pid).encode())
+            hits += 1
+        except OSError:
+            pass
+print("hits", hits)
+"""
+
+# A child that tries to leave the cell's group (write "0", itself, into every descriptor) and live on.
+LEAVE_CELL = """
+import os, stat, time
+r, w = os.pipe()
+child = os.fork()
+if child == 0:
+    for fd in reversed(range(3, 1024)):  # the sandbox's own group last: out of the cell's
+        try:
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                os.write(fd, b"0")
+        except OSError:
+            pass
+    os.write(w, b"x")
+    time.sleep(600)
+    os._exit(0)
+os.read(r, 1)
+print(child)
+"""
+
+
+async def _noop(fn: str, args: dict[str, Any]) -> Any:
+    return None
+
+
+@pytest.fixture
+def victim():
+    """A process of the host's own, which no cell may get killed."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+@pytest.mark.parametrize("bwrap", BWRAP)
+async def test_a_cell_cannot_get_the_host_to_kill_its_processes(tmp_path, victim, bwrap):
+    sb = SubprocessSandbox(bwrap=bwrap, scratch_root=tmp_path)
+    await sb.start(_noop)
+    try:
+        pids = [victim.pid]  # (the host itself died this way too: a victim is kinder to the test run)
+        r = await sb.execute(WRITE_PIDS.format(pids=pids), 30)
+        assert r.error is None, r
+        assert running(victim.pid), "the host killed a process a cell named"
+        r = await sb.execute("print('still here')", 30)
+        assert r.stdout == "still here\n" and not r.restarted
+    finally:
+        await sb.close()
+
+
+async def test_a_child_that_tries_to_leave_its_cell_does_not_outlive_it(tmp_path):
+    sb = SubprocessSandbox(bwrap=False, scratch_root=tmp_path)
+    await sb.start(_noop)
+    try:
+        r = await sb.execute(LEAVE_CELL, 30)
+        assert r.error is None, r
+        child = int(r.stdout)
+        if sb._hardening.group is None:
+            pytest.skip("no control group on this host: the poller alone watches the cell's processes")
+        assert not running(child), "a process the cell forked outlived the cell"
+    finally:
+        await sb.close()
+
+
+def _metadata_attack(path: str) -> str:
+    return f"""
+import os
+done = []
+for name, call in [
+    ("chmod", lambda: os.chmod({path!r}, 0o4777)),
+    ("chown", lambda: os.chown({path!r}, 4321, 4321)),
+    ("utime", lambda: os.utime({path!r}, (0, 0))),
+    ("setxattr", lambda: os.setxattr({path!r}, "user.recursa", b"1")),
+]:
+    try:
+        call()
+        done.append(name)
+    except OSError:
+        pass
+print("done", done)
+"""
+
+
+@pytest.mark.parametrize("bwrap", BWRAP)
+async def test_a_cell_cannot_change_the_metadata_of_a_host_file(tmp_path, bwrap):
+    data = tmp_path / "data"
+    data.mkdir()
+    secret = data / "secret"
+    secret.write_text("host secret")
+    secret.chmod(0o600)
+    before = os.stat(secret)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    # The file is as visible as it can be: the user allowed its folder to be read.
+    sb = SubprocessSandbox(bwrap=bwrap, scratch_root=scratch, hardening=Hardening(allow_read=(str(data),)))
+    await sb.start(_noop)
+    try:
+        r = await sb.execute(_metadata_attack(str(secret)), 30)
+        assert r.stdout == "done []\n", r
+        after = os.stat(secret)
+        assert (after.st_mode, after.st_uid, after.st_gid, after.st_mtime_ns) == (
+            before.st_mode,
+            before.st_uid,
+            before.st_gid,
+            before.st_mtime_ns,
+        )
+        assert stat.S_IMODE(after.st_mode) == 0o600
+        # In scratch the code's own files stay its own to change.
+        r = await sb.execute("open('f', 'w').close()\nimport os\nos.chmod('f', 0o600)\nprint('ok')", 30)
+        assert r.stdout == "ok\n", r
+        identity = sb.isolation["identity"]
+        assert identity["host_files_metadata"] == "protected", identity
+        if os.geteuid() == 0:
+            r = await sb.execute("import os\nprint(os.getuid(), os.geteuid())", 30)
+            assert r.stdout != "0 0\n" or identity["user_namespace"], (r.stdout, identity)
+            assert identity["uid"] != 0 or identity["user_namespace"], identity
+    finally:
+        await sb.close()
+
+
+async def test_repls_of_one_fork_server_cannot_see_or_kill_each_other(tmp_path):
+    """One REPL's cell names its sibling (by the pid the sibling has in the zygote's namespace) to
+    the kernel and to the host: the sibling, its variables and its snapshot live on."""
+    from recursa.sandbox.forkserver import ForkServer
+    from recursa.sandbox.worker.landlock import landlock_abi
+
+    if find_bwrap() is None or landlock_abi() < 6:
+        pytest.skip("forked REPLs need bubblewrap and Landlock ABI >= 6")
+    server = ForkServer()
+    a = SubprocessSandbox(bwrap=True, fork_server=server, scratch_root=tmp_path)
+    b = SubprocessSandbox(bwrap=True, fork_server=server, scratch_root=tmp_path)
+    await a.start(_noop)
+    await b.start(_noop)
+    try:
+        assert a.isolation.get("forked") and b.isolation.get("forked")
+        assert (await b.execute("x = 41", 30)).error is None
+        assert (await b.execute("x += 1", 30)).error is None
+        snapshot = await b.wait_snapshot()
+        assert snapshot is not None and b.pid is not None
+        # Every pid the sibling's processes have in the zygote's namespace (which the two shared).
+        names = set()
+        for pid in {b.pid, *_descendants_and_self(b._hardening._outer_pid)}:
+            names.update(_ns_pids(pid)[1:2])
+        kill = (
+            "\nimport signal\nfor pid in {pids}:\n    if pid in (1, os.getpid()):\n        continue\n"
+            "    try:\n        os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass\n"
+        )
+        r = await a.execute(WRITE_PIDS.format(pids=sorted(names)) + kill.format(pids=sorted(names)), 30)
+        assert r.error is None, r
+        r = await b.execute("print(x)", 30)
+        assert r.stdout == "42\n" and not r.restarted, r
+        assert await b.wait_snapshot() is not None  # and it forks its snapshots as before
+        ns = {os.readlink(f"/proc/{sb.pid}/ns/pid") for sb in (a, b)}
+        assert len(ns) == 2, "forked REPLs share a pid namespace"
+    finally:
+        await a.close()
+        await b.close()
+        await server.close()
+
+
+def _descendants_and_self(pid: int | None) -> set[int]:
+    from recursa.sandbox.proc import descendants
+
+    return set() if pid is None else {pid, *descendants(pid)}
+
+
+def _ns_pids(pid: int) -> list[int]:
+    """NSpid of `pid`: its pid in each namespace from the host's down."""
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("NSpid:"):
+                return [int(x) for x in line.split()[1:]]
+    return []

@@ -1,0 +1,107 @@
+"""recursa served as an OpenEnv environment, driven by OpenEnv's own client (`GenericEnvClient`,
+over its WebSocket sessions) against the server on 127.0.0.1.
+
+openenv-core's dependencies (gradio pins pillow < 13) do not install beside the dev environment's,
+so .ci/run runs this file in a venv of its own, as it does tests/test_verifiers.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip(
+    "openenv.core", reason="openenv-core is not installed here (pip install recursa[openenv])"
+)
+
+from openenv.core.generic_client import GenericEnvClient
+
+from recursa.asgi.background import BackgroundServer
+from recursa.env import RLMEnv
+from recursa.integrations.openenv import create_openenv_app
+from recursa.tasks import generate
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "training" / "trl_openenv.py"
+
+
+async def until(condition) -> None:
+    """The server ends a session after the client has gone, on its own thread: wait for that, at
+    most 10 s."""
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the server did not close the session's episode within 10 s")
+
+
+@pytest.fixture(scope="module")
+def served():
+    env = RLMEnv(max_depth=0, trace=False, max_live_repls=2, max_turns=3)
+    with BackgroundServer(create_openenv_app(env, max_sessions=3, family="niah", size_chars=4_000)) as srv:
+        yield env, srv.url
+
+
+async def test_an_episode_over_a_given_context_then_a_generated_task(served):
+    env, url = served
+    async with GenericEnvClient(base_url=url) as client:
+        first = await client.reset(
+            question="What is the code?", context="the code is 4711", expected_answer="4711"
+        )
+        assert first.done is False and first.reward is None
+        assert [m["role"] for m in first.observation["messages"]] == ["system", "user"]
+        ran = await client.step({"reply": "```repl\nprint(context[-4:])\n```"})
+        assert ran.done is False and ran.reward is None
+        assert ran.observation["messages"][0]["content"].startswith("REPL output:\n4711")
+        end = await client.step({"reply": "FINAL(4711)"})
+        assert end.done is True and end.reward == 1.0 and end.observation["answer"] == "4711"
+        state = await client.state()
+        assert state["done"] is True and state["step_count"] == 2
+
+        task = generate("niah", 4_000, seed=5)
+        second = await client.reset(seed=5)  # the server's default family and size
+        assert second.observation["task_id"] == task.id
+        scored = await client.step({"message": {"content": f"FINAL({task.gold})", "output_tokens": 3}})
+        assert scored.done is True and scored.reward == 1.0
+
+        with pytest.raises(Exception, match="this episode is done"):
+            await client.step({"reply": "FINAL(again)"})
+    await until(lambda: env.live_repls == 0)  # the session's end closed its episode
+
+
+async def test_limits_hold_across_sessions(served):
+    env, url = served
+    question = {"question": "q", "context": "ctx"}
+    async with GenericEnvClient(base_url=url) as one, GenericEnvClient(base_url=url) as two:
+        await one.reset(**question)
+        await two.reset(**question)
+        assert env.live_repls == 2
+        async with GenericEnvClient(base_url=url) as three:
+            # max_live_repls=2: a third episode is refused with RLMEnv's own message
+            with pytest.raises(RuntimeError, match="max_live_repls"):
+                await three.reset(**question)
+            # max_sessions=3: a fourth session is refused by OpenEnv's server
+            with pytest.raises(Exception, match=r"(?i)capacity|sessions"):
+                async with GenericEnvClient(base_url=url) as four:
+                    await four.reset(**question)
+        with pytest.raises(RuntimeError, match="give the context as a str"):
+            await one.reset(question="q", context={"a": 1})
+        assert env.live_repls == 1  # the failed reset closed one's episode first
+    await until(lambda: env.live_repls == 0)
+
+
+def test_the_trl_example_plays_episodes_with_a_scripted_policy(served):
+    _env, url = served
+    spec = importlib.util.spec_from_file_location("trl_openenv", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+
+    def policy(messages):
+        return "```repl\nprint(len(context))\n```" if len(messages) == 2 else "FINAL(nothing)"
+
+    rollouts = example.play(url, ["What is the secret?"] * 2, policy, family="niah", seed=1)
+    assert len(rollouts) == 2
+    assert all(r["reward"] == 0.0 and r["turns"] == 2 for r in rollouts)
+    assert rollouts[0]["messages"][-1] == {"role": "assistant", "content": "FINAL(nothing)"}
