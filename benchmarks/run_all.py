@@ -56,6 +56,7 @@ SCRIPTS = [
     Script("worker_starts", "worker_starts.py", ["--workers", "4", "--rounds", "1"], [], needs=["bwrap"]),
     Script("load", "load.py", ["--runs", "10"], ["--runs", "200", "--batches", "2"]),
     Script("env_rollouts", "env_rollouts.py", ["--sizes-mb", "1", "--episodes", "16", "--alone", "4"], []),
+    Script("answer_turns", "answer_turns.py", ["--beside-only"], []),
     Script("serve_throughput", "serve_throughput.py", ["--requests", "16", "--concurrency", "4"], []),
     Script(
         "subcall_cache", "subcall_cache.py", ["--group", "4", "--chars", "20000", "--families", "oolong,niah"], []

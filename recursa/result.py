@@ -6,10 +6,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recursa.outcomes import ANSWER_PROTOCOLS, STOP_REASONS, AnswerProtocol, StopReason
 from recursa.usage import Usage
 
-# "context_window": the root's next call could not fit its model's window, even after compaction.
-STOP_REASONS = ("final", "max_iterations", "budget", "timeout", "error", "cancelled", "context_window")
+__all__ = ["ANSWER_PROTOCOLS", "STOP_REASONS", "AnswerProtocol", "RLMResult", "StopReason"]
+
 
 
 @dataclass
@@ -17,13 +18,13 @@ class RLMResult:
     answer: str  # the final answer as text ("" when the run stopped without one)
     value: Any  # the answer's value (a FINAL_VAR's list or dict survives as such), else `answer`
     usage: Usage  # the whole call tree below this run
-    stop_reason: str  # one of STOP_REASONS
+    stop_reason: StopReason
     iterations: int  # root turns taken
     trace_path: Path | None
     run_id: str
     duration_s: float = 0.0
     error: str | None = None  # why the run stopped early, for "budget", "timeout" and "error"
-    answer_protocol: str | None = None  # "FINAL" | "FINAL_VAR" | "answer" | "forced" | "partial"
+    answer_protocol: AnswerProtocol | None = None  # None: no answer
     isolation: dict[str, Any] = field(default_factory=dict)  # what the sandbox enforced
     # Files of a folder context that were left out, each with the reason ("x.bin (not UTF-8 text)",
     # "key (a symbolic link leading outside the allowed folder)").

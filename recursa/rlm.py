@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION
 from recursa.loop.tree import CallTree, new_id
 from recursa.result import RLMResult
 from recursa.session import Session
+from recursa.sync import run_sync
 
 
 class RLM:
@@ -144,7 +144,7 @@ class RLM:
         self, question: str, context: Any, *, tips: str | None = None, answer_schema: Any = None
     ) -> RLMResult:
         """The blocking form of `arun`. Safe to call from inside a running event loop (notebooks)."""
-        return _run_sync(self.arun(question, context, tips=tips, answer_schema=answer_schema))
+        return run_sync(self.arun(question, context, tips=tips, answer_schema=answer_schema))
 
     def run_options(self, question: str, *, tips: str | None, answer_schema: Any) -> RunOptions:
         """Check one question's per-run choices before anything starts."""
@@ -167,7 +167,7 @@ class RLM:
         return await self.arun(PROMPT_AS_CONTEXT_QUESTION, prompt)
 
     def completion(self, prompt: str) -> RLMResult:
-        return _run_sync(self.acompletion(prompt))
+        return run_sync(self.acompletion(prompt))
 
 
 def _check_first_call(config: RLMConfig, prices: PriceBook) -> None:
@@ -200,12 +200,3 @@ def _check_first_call(config: RLMConfig, prices: PriceBook) -> None:
                 "Raise max_usd well above that (a run makes several calls), or lower max_output_tokens."
             )
 
-
-def _run_sync(coro: Any) -> RLMResult:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    # A loop is already running in this thread (Jupyter, an async server): use a private one.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, coro).result()

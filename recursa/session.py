@@ -8,8 +8,6 @@ as the REPL variable `history`, never pasted into its window.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import threading
 from collections.abc import Coroutine
 from dataclasses import replace
 from typing import Any, Protocol
@@ -24,6 +22,7 @@ from recursa.loop.subcalls import SubcallHandler
 from recursa.loop.tree import CallTree, new_id
 from recursa.result import RLMResult
 from recursa.sandbox.base import CallbackError, Sandbox
+from recursa.sync import PrivateLoop
 
 
 class SessionOwner(Protocol):
@@ -77,8 +76,7 @@ class Session:
         self._relay = _Relay()
         self._lock: asyncio.Lock | None = None
         self._closed = False
-        self._loop: asyncio.AbstractEventLoop | None = None  # the private loop of a blocking session
-        self._thread: threading.Thread | None = None
+        self._private: PrivateLoop | None = None  # the loop of a blocking session (recursa/sync.py)
 
     @property
     def trace_path(self) -> Any:
@@ -183,7 +181,7 @@ class Session:
         return self._blocking(self.aask(question, tips=tips, answer_schema=answer_schema))
 
     def close(self) -> None:
-        if self._loop is None:
+        if self._private is None:
             if not self._closed and self._tree is None:
                 self._closed = True  # never started: nothing to reap
                 return
@@ -194,37 +192,15 @@ class Session:
             return
         try:
             self._blocking(self.aclose())
-            self._blocking(_cancel_leftovers())
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            if self._thread is not None:
-                self._thread.join(timeout=5)
-            if not self._loop.is_running():
-                self._loop.close()
+            # What is still scheduled there is cancelled first, so no task is destroyed while
+            # pending (e.g. a sandbox's process guard).
+            self._private.stop()
 
     def _blocking(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        if self._loop is None:
+        if self._private is None:
             if self._tree is not None:
                 coro.close()
                 raise ConfigError("this session was started with `await session.aask(...)`; keep using aask.")
-            self._loop = asyncio.new_event_loop()
-            self._thread = threading.Thread(
-                target=self._loop.run_forever, name="recursa-session", daemon=True
-            )
-            self._thread.start()
-        future: concurrent.futures.Future[Any] = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        try:
-            return future.result()
-        except KeyboardInterrupt:
-            future.cancel()
-            raise
-
-
-async def _cancel_leftovers() -> None:
-    """Cancel what is still scheduled on a blocking session's private loop before it stops, so no
-    task is destroyed while pending (e.g. a sandbox's process guard)."""
-    current = asyncio.current_task()
-    leftovers = [t for t in asyncio.all_tasks() if t is not current]
-    for task in leftovers:
-        task.cancel()
-    await asyncio.gather(*leftovers, return_exceptions=True)
+            self._private = PrivateLoop("recursa-session")
+        return self._private.run(coro)

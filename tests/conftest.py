@@ -4,11 +4,9 @@ pyproject's addopts run two workers), a test so marked runs while no other worke
 
 from __future__ import annotations
 
-import fcntl
 import logging
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
 
 import pytest
 
@@ -67,44 +65,13 @@ def script(server: FakeServer) -> Script:
     return s
 
 
-# -- the `serial` mark ---------------------------------------------------------------------------
-#
-# Tests whose assertions depend on how fast things happen side by side (requests overlapping,
-# a bound of calls in flight being reached) run alone: every test holds a shared lock on a file
-# in the run's temporary folder, a serial one holds it exclusively. Every test first passes a
-# turnstile (a second lock), so a serial test that waits is not starved by the other worker
-# taking shared turns one after another.
-
-_locks: tuple[IO[bytes], IO[bytes]] | None = None
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    global _locks
-    if not hasattr(config, "workerinput"):
-        return  # not an xdist worker: one process runs every test in turn already
-    # Each worker's basetemp is a folder in the controller's, which every worker shares.
-    shared = Path(config.option.basetemp).parent
-    _locks = ((shared / "serial.turnstile").open("ab"), (shared / "serial.lock").open("ab"))
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, object]:
-    if _locks is None:
-        return (yield)
-    turnstile, lock = _locks
-    serial = item.get_closest_marker("serial") is not None
-    fcntl.flock(turnstile, fcntl.LOCK_EX)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX if serial else fcntl.LOCK_SH)
-    finally:
-        if not serial:
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
-    try:
-        return (yield)
-    finally:
-        fcntl.flock(lock, fcntl.LOCK_UN)
-        if serial:
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
+# The `serial` mark's hooks (tests/serial_mark.py), registered by being names of this module.
+from tests.serial_mark import (  # noqa: E402, F401
+    pytest_configure,
+    pytest_runtest_logreport,
+    pytest_runtest_makereport,
+    pytest_runtest_protocol,
+)
 
 
 @pytest.fixture(scope="module")

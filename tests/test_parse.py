@@ -1,45 +1,49 @@
+import pytest
+
+from recursa.loop.finals import ProseFinal
 from recursa.loop.output import render_turn, truncate_middle
-from recursa.loop.parse import parse_reply
+from recursa.loop.parse import read_reply
+from recursa.loop.rules import DEFAULT_RULES, ReplyRules, Rule
 from recursa.sandbox.base import ExecResult
 from recursa.sandbox.worker.capture import Capture
 
 
 def test_blocks_run_in_order_and_python_fences_count():
     reply = "Plan.\n```repl\na = 1\n```\ntext\n```python\nb = a + 1\n```\n```\nnot run\n```"
-    parsed = parse_reply(reply)
-    assert parsed.code_blocks == ["a = 1", "b = a + 1"]
-    assert parsed.unlabeled_blocks == 1
-    assert parsed.prose_final is None
+    parsed = read_reply(reply)
+    assert parsed.code == ["a = 1", "b = a + 1"]
+    assert parsed.skipped_tags == [""]
+    assert parsed.turn_answer is None
 
 
 def test_prose_final_with_nested_parentheses_and_quotes():
-    parsed = parse_reply('I checked it.\nFINAL("The answer is (b): 42")')
-    assert parsed.prose_final.protocol == "FINAL"
-    assert parsed.prose_final.text == "The answer is (b): 42"
+    parsed = read_reply('I checked it.\nFINAL("The answer is (b): 42")')
+    assert parsed.turn_answer.protocol == "FINAL"
+    assert parsed.turn_answer.text == "The answer is (b): 42"
 
 
 def test_prose_final_var_with_and_without_quotes():
-    assert parse_reply("FINAL_VAR(result)").prose_final.text == "result"
-    assert parse_reply("Done.\n  FINAL_VAR('my_list')").prose_final.text == "my_list"
+    assert read_reply("FINAL_VAR(result)").turn_answer.text == "result"
+    assert read_reply("Done.\n  FINAL_VAR('my_list')").turn_answer.text == "my_list"
 
 
 def test_final_inside_code_is_not_prose():
-    parsed = parse_reply("```repl\nFINAL(x)\n```")
-    assert parsed.prose_final is None
-    assert parsed.code_blocks == ["FINAL(x)"]
+    parsed = read_reply("```repl\nFINAL(x)\n```")
+    assert parsed.turn_answer is None
+    assert parsed.code == ["FINAL(x)"]
 
 
 def test_final_mid_sentence_is_not_an_answer():
-    assert parse_reply("Later I will call FINAL(answer) when ready.").prose_final is None
+    assert read_reply("Later I will call FINAL(answer) when ready.").turn_answer is None
 
 
 def test_code_and_prose_final_together_are_both_seen():
-    parsed = parse_reply("```repl\nprint(1)\n```\nFINAL(1)")
-    assert parsed.code_blocks and parsed.prose_final is not None
+    parsed = read_reply("```repl\nprint(1)\n```\nFINAL(1)")
+    assert parsed.code and parsed.turn_answer is not None
 
 
 def test_unclosed_fence_still_runs():
-    assert parse_reply("```repl\nprint('hi')").code_blocks == ["print('hi')"]
+    assert read_reply("```repl\nprint('hi')").code == ["print('hi')"]
 
 
 def test_truncate_middle_keeps_head_and_tail_and_counts():
@@ -63,3 +67,44 @@ def test_output_the_worker_cut_to_the_limit_is_shown_with_one_count():
     # Several blocks that together pass the limit are still cut, and say how much in all.
     two = [ExecResult(stdout=stdout, stderr="", omitted_chars=omitted)] * 2
     assert len(render_turn(two, 1000)) < 1_100 and "characters omitted" in render_turn(two, 1000)
+
+
+def test_strict_rules_read_only_the_paper_s_protocol():
+    strict = ReplyRules.strict()
+    assert read_reply("```repl\nprint(1)\n```", strict).code == ["print(1)"]
+    assert read_reply("```python\nprint(1)\n```", strict).code == []
+    assert read_reply("FINAL 345", strict).answer is None
+    assert read_reply("**FINAL(42)**", strict).answer is None
+    assert read_reply("FINAL(42)", strict).turn_answer.text == "42"
+    assert strict.beside_code_taken() == "never"
+
+
+def test_rules_are_chosen_by_name_and_a_misspelt_name_fails():
+    rules = DEFAULT_RULES.without("boxed_answer")
+    assert not rules.on("boxed_answer") and rules.on("answer_tags")
+    assert read_reply("So it is $\\boxed{42}$.", rules).answer is None
+    assert DEFAULT_RULES.only("repl_fence").names == ("repl_fence",)
+    with pytest.raises(KeyError, match="boxed_anwser"):
+        DEFAULT_RULES.without("boxed_anwser")
+    with pytest.raises(KeyError):
+        DEFAULT_RULES.on("no_such_rule")
+
+
+def test_a_dialect_adds_rules_of_its_own_in_their_place():
+    def calls_as_blocks(text: str, notes: list[str]) -> str:
+        return text.replace("<run>", "```repl\n").replace("</run>", "\n```")
+
+    def said(prose: list[str], fences: object) -> ProseFinal | None:
+        return next((ProseFinal("FINAL", line[5:]) for line in prose if line.startswith("SAID ")), None)
+
+    rules = DEFAULT_RULES.adding(
+        Rule("run_tags", "text", "a dialect's call syntax", ("<run>print(1)</run>",), apply=calls_as_blocks),
+        after="special_tokens",
+    ).adding(Rule("said", "answer", "a dialect's answer", ("SAID 42",), find=said))
+    assert rules.names.index("run_tags") == rules.names.index("special_tokens") + 1
+    assert read_reply("<run>print(1)</run>", rules).code == ["print(1)"]
+    assert read_reply("SAID 42", rules).turn_answer.text == "42"
+    assert read_reply("SAID 42").answer is None
+    assert not rules.without("said").on("said")
+    with pytest.raises(ValueError, match="apply"):
+        DEFAULT_RULES.adding(Rule("x", "text", "no function", ()))

@@ -9,7 +9,8 @@ import pytest
 from recursa import RLM
 from recursa.errors import ConfigError
 from recursa.loop.finals import boxed
-from recursa.loop.parse import parse_reply
+from recursa.loop.parse import read_reply
+from recursa.loop.rules import DEFAULT_RULES
 from recursa.loop.unfenced import find_unfenced
 from recursa.sandbox.worker.repl import Repl
 
@@ -43,9 +44,9 @@ def runs(text: str) -> list[str]:
 )
 def test_prose_that_python_can_read_never_runs(prose):
     assert runs(prose) == []
-    parsed = parse_reply(prose)
-    assert not parsed.unfenced
-    assert parsed.code_blocks == []
+    parsed = read_reply(prose)
+    assert not parsed.code_outside_fences
+    assert parsed.code == []
 
 
 def test_a_run_ends_where_python_stops_reading_and_stray_words_at_its_ends_are_left_out():
@@ -68,27 +69,27 @@ def test_a_method_on_a_standard_library_module_is_code_but_on_an_unknown_name_is
 
 
 def test_runs_separated_by_a_fence_of_another_language_stay_apart():
-    parsed = parse_reply("print(1)\n```text\nnote\n```\nprint(2)")
-    assert parsed.code_blocks == ["print(1)", "print(2)"]
-    assert parsed.unfenced and parsed.other_tags == ["text"]
+    parsed = read_reply("print(1)\n```text\nnote\n```\nprint(2)")
+    assert parsed.code == ["print(1)", "print(2)"]
+    assert parsed.code_outside_fences and parsed.skipped_tags == ["text"]
 
 
 def test_a_reply_with_a_runnable_block_never_runs_its_bare_lines():
-    parsed = parse_reply("print(len(context))\n```repl\nprint(2)\n```")
-    assert parsed.code_blocks == ["print(2)"]
-    assert not parsed.unfenced
+    parsed = read_reply("print(len(context))\n```repl\nprint(2)\n```")
+    assert parsed.code == ["print(2)"]
+    assert not parsed.code_outside_fences
 
 
 def test_switched_off_the_code_does_not_run_and_the_model_is_told():
-    parsed = parse_reply("print(len(context))", unfenced_code=False)
-    assert parsed.code_blocks == [] and not parsed.unfenced
+    parsed = read_reply("print(len(context))", DEFAULT_RULES.without("unfenced_code", "bare_fence_code"))
+    assert parsed.code == [] and not parsed.code_outside_fences
     assert len(parsed.notes) == 1 and "did not run" in parsed.notes[0]
 
 
 def test_an_unindented_final_after_code_stays_an_answer_that_waits():
-    parsed = parse_reply("total = sum(range(4))\nFINAL(total)")
-    assert parsed.code_blocks == ["total = sum(range(4))"]
-    assert parsed.prose_final is not None and parsed.prose_final.text == "total"
+    parsed = read_reply("total = sum(range(4))\nFINAL(total)")
+    assert parsed.code == ["total = sum(range(4))"]
+    assert parsed.turn_answer is not None and parsed.turn_answer.text == "total"
 
 
 def test_a_huge_reply_is_not_searched():

@@ -13,10 +13,12 @@ from collections.abc import Iterator
 import pytest
 
 pytest.importorskip("fastapi")
+import openai
 from pydantic import BaseModel
 
 from recursa.asgi.background import BackgroundServer
 from recursa.serve.openai_server import create_app
+from recursa.tasks import generate
 from tests.serve_helpers import CONTEXT, HELLO, PERSON, serve_settings
 
 KEY = "clients-test-key-0123456789"
@@ -247,3 +249,63 @@ def test_agents_with_tools_gets_a_400_that_says_why(srv):
     with pytest.raises(openai.BadRequestError) as caught:
         asyncio.run(agents.Runner.run(agent, HELLO, run_config=agents.RunConfig(tracing_disabled=True)))
     assert "never hands a tool call back" in json.dumps(caught.value.body)
+
+
+# -- typed answers from the offline roots (README: "A typed answer ... from any OpenAI client") -----
+
+TASK = generate("niah", 20_000, seed=5)  # the needle: a number the root's code finds
+NEEDLE = int(TASK.gold)
+
+
+class Risk(BaseModel):
+    title: str
+    severity: int
+
+
+@pytest.fixture(scope="module")
+def scripted_srv(tmp_path_factory) -> Iterator[BackgroundServer]:
+    """The README's offline pair behind the server: a scripted root over the oracle sub-model."""
+    settings = serve_settings(tmp_path_factory.mktemp("typed"), KEY, model="scripted/gpt5-like")
+    with BackgroundServer(create_app(settings)) as server:
+        yield server
+
+
+def _task_messages() -> list[dict[str, str]]:
+    return [{"role": "system", "content": TASK.context}, {"role": "user", "content": TASK.question}]
+
+
+def test_openai_chat_completions_parse_from_a_scripted_root(scripted_srv):
+    client = openai.OpenAI(base_url=scripted_srv.url + "/v1", api_key=KEY, max_retries=0)
+    reply = client.chat.completions.parse(model="recursa", response_format=Risk, messages=_task_messages())
+    assert reply.choices[0].message.parsed == Risk(title=TASK.gold, severity=NEEDLE)
+    assert reply.choices[0].finish_reason == "stop"
+
+
+def test_openai_responses_parse_from_a_scripted_root(scripted_srv):
+    client = openai.OpenAI(base_url=scripted_srv.url + "/v1", api_key=KEY, max_retries=0)
+    reply = client.responses.parse(
+        model="recursa", instructions=TASK.context, input=TASK.question, text_format=Risk
+    )
+    assert reply.output_parsed == Risk(title=TASK.gold, severity=NEEDLE)
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling"])
+def test_langchain_typed_answer_from_a_scripted_root(scripted_srv, method):
+    langchain_openai = pytest.importorskip("langchain_openai")
+    chat = langchain_openai.ChatOpenAI(
+        model="recursa", base_url=scripted_srv.url + "/v1", api_key=KEY, max_retries=0
+    )
+    structured = chat.with_structured_output(Risk, method=method)
+    assert structured.invoke([("system", TASK.context), ("user", TASK.question)]) == Risk(
+        title=TASK.gold, severity=NEEDLE
+    )
+
+
+def test_agents_output_type_from_a_scripted_root(scripted_srv):
+    agents = pytest.importorskip("agents")
+    client = openai.AsyncOpenAI(base_url=scripted_srv.url + "/v1", api_key=KEY, max_retries=0)
+    model = agents.OpenAIChatCompletionsModel(model="recursa", openai_client=client)
+    agent = agents.Agent(name="finder", instructions=TASK.context, model=model, output_type=Risk)
+    config = agents.RunConfig(tracing_disabled=True)
+    result = asyncio.run(agents.Runner.run(agent, TASK.question, run_config=config))
+    assert result.final_output == Risk(title=TASK.gold, severity=NEEDLE)

@@ -316,6 +316,20 @@ def test_dspy_predict_and_chain_of_thought_through_the_server(tmp_path):
         assert server.app.state.service.served == 2
 
 
+def test_dspy_predict_and_chain_of_thought_over_a_scripted_root(tmp_path):
+    """DSPy's chat adapter asks for fields between markers; the root answers in them, so no
+    AdapterParseError and no fallback to the JSON adapter (the last reply is the marked form)."""
+    dspy = pytest.importorskip("dspy")
+    with BackgroundServer(create_app(_settings(tmp_path, model="scripted/gpt5-like"))) as server:
+        lm = dspy.LM("openai/recursa", api_base=server.url + "/v1", api_key=KEY, cache=False, num_retries=0)
+        with dspy.context(lm=lm):
+            predicted = dspy.Predict("question -> answer")(question="What is the secret number?")
+            thought = dspy.ChainOfThought("question -> answer")(question="What is the secret number?")
+    assert predicted.answer.strip() and thought.answer.strip() and thought.reasoning.strip()
+    last = lm.history[-1]["outputs"][0]
+    assert last.startswith("[[ ## reasoning ## ]]") and last.endswith("[[ ## completed ## ]]")
+
+
 def test_a_compressed_body_is_refused_naming_the_header_and_a_byte_order_mark_is_read(srv):
     body = json.dumps({"model": "recursa", "messages": HELLO}).encode()
     headers = {"authorization": f"Bearer {KEY}", "content-type": "application/json"}

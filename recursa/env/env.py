@@ -16,6 +16,7 @@ is listed in shared.py.
 from __future__ import annotations
 
 import asyncio
+import os
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,7 +29,7 @@ from recursa.configure import build_config
 from recursa.context import load_payload
 from recursa.env.callback import CallbackClient, ChildCall, SubCall
 from recursa.env.episode import Episode, Scorer
-from recursa.env.quota import Prepaid, ReplQuota
+from recursa.env.quota import Prepaid, ReplQuota, ReplsFull
 from recursa.env.shared import EnvError, EpisodeHost, PerLoop, PrivateLoop
 from recursa.errors import ConfigError
 from recursa.lm.base import LMClient
@@ -36,11 +37,13 @@ from recursa.lm.call_cache import CallCache
 from recursa.lm.prices import PriceBook
 from recursa.lm.registry import make_client, parse_model
 from recursa.lm.retry import RetryPolicy
+from recursa.loop.dialects import make_dialect
 from recursa.loop.engine import RunEngine
 from recursa.loop.options import RunOptions
 from recursa.loop.tree import CallTree, new_id
 from recursa.sandbox import SANDBOXES
 from recursa.sandbox.forkserver import ForkServer
+from recursa.sandbox.pools import MemoryPool
 from recursa.tools.spec import Tool, make_tools
 
 DEFAULT_POLICY = "openai/policy"
@@ -67,6 +70,12 @@ class RLMEnv:
     for children, which needs `max_live_repls < max_depth` (rules: recursa/env/quota.py).
     `wait_for_repl`: seconds `start` waits for a slot, in line, before it raises (0: raise at once).
     `fork`: fork REPLs from one warm zygote shared by the episodes (subprocess sandboxes only).
+    `max_memory_bytes`: what all the environment's live REPLs (children included) may hold
+    together; "auto": three quarters of the machine's memory; None: no bound but each REPL's own.
+    Where the host may make memory control groups the kernel enforces it (recursa/sandbox/pools.py):
+    at the bound it kills the largest of their processes, and that REPL's cell says why (the
+    episode goes on from the REPL's snapshot); elsewhere, and in any case, a start is refused
+    (`ReplsFull`) while the live REPLs hold the bound. Subprocess sandboxes only.
     `dialect`: the conversation the policy was trained on (docs/dialects.md); under "tools" a step
     takes an assistant message with `tool_calls`, and `messages` carry them in OpenAI's format.
     `cache_subcalls`: identical sub-calls are answered once per episode, and once across the
@@ -99,6 +108,7 @@ class RLMEnv:
         max_live_repls: int = D.max_live_repls,
         wait_for_repl: float = D.wait_for_repl,
         fork: bool = D.fork,
+        max_memory_bytes: int | str | None = D.max_memory_bytes,
         **settings: Any,
     ) -> None:
         spelling = Spelling("python", "RLMEnv", ENV_NAMES)
@@ -118,6 +128,7 @@ class RLMEnv:
                 "or sub_call=<async fn(messages, depth, parent_id) -> str>, or max_depth=0 (code only)."
             )
         parse_model(self.config.model)
+        self.dialect = make_dialect(self.config.dialect, self.config.dialect_options)  # checked above
         self.prices = PriceBook(self.config.prices)
         self.sub_call = sub_call
         self.child_call = _checked_child_call(child_call)
@@ -132,6 +143,7 @@ class RLMEnv:
         self.wait_for_repl = own.wait_for_repl
         self.fork = own.fork and SANDBOXES[sandbox].forks and "fork_server" not in (sandbox_options or {})
         self.quota = ReplQuota(own.max_live_repls)
+        self.memory_pool = _memory_pool(own.max_memory_bytes, sandbox, self.config.sandbox_options)
         self._shared = PerLoop()
         self._private = PrivateLoop()
         self._closing = False  # close() is closing the blocking API's episodes and loop
@@ -182,6 +194,12 @@ class RLMEnv:
             raise EnvError("the question is empty: pass the question to answer as a non-empty str.")
         if scorer is not None and not callable(scorer):
             raise EnvError("scorer= takes a function answer -> float (e.g. task.score).")
+        pool = self.memory_pool
+        if pool is not None and pool.full():
+            raise ReplsFull(
+                f"RLMEnv(max_memory_bytes={pool.limit_bytes}): the live REPLs hold {pool.used() >> 20} MiB "
+                f"of the {pool.limit_bytes >> 20} MiB bound; close finished episodes, or raise max_memory_bytes"
+            )
         # The levels of child RLMs with REPLs of their own below the root: a start leaves slots free
         # for one such chain (quota.py), so that an admitted episode can always run its children.
         chain = self.config.max_depth - 1 if child_call is None and self.config.max_depth >= 2 else 0
@@ -248,6 +266,8 @@ class RLMEnv:
                 user(event)
 
         options = dict(self.config.sandbox_options or {})
+        if self.memory_pool is not None:
+            options["memory_pool"] = self.memory_pool
         resources = self._shared.here()
         if self.fork:
             if resources.fork_server is None:
@@ -294,6 +314,8 @@ class RLMEnv:
                     failure = failure or exc
         finally:
             await self._shared.aclose_here()
+            if self.memory_pool is not None:
+                self.memory_pool.close()  # once its REPLs' groups are gone; else swept later
         if failure is not None:
             raise failure
 
@@ -319,6 +341,16 @@ class RLMEnv:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _memory_pool(limit: int | str | None, sandbox: str, options: dict[str, Any] | None) -> MemoryPool | None:
+    """The bound over the environment's REPLs ("auto": three quarters of the machine's memory), for
+    the local worker processes (the kinds that fork) only."""
+    if limit is None or not SANDBOXES[sandbox].forks or "memory_pool" in (options or {}):
+        return None
+    if limit == "auto":
+        limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4
+    return MemoryPool(int(limit))
 
 
 def _checked_child_call(fn: ChildCall | None) -> ChildCall | None:

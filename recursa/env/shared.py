@@ -9,19 +9,18 @@ to the event loop that first used them, so they are kept per loop.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import threading
 import weakref
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from recursa import sync
 from recursa.errors import RecursaError
 from recursa.lm.base import LMClient
 from recursa.sandbox.forkserver import ForkServer
 
 T = TypeVar("T")
-_STOP_S = 5.0  # how long stop() lets what it cancelled on the private loop wind down
 
 
 class EnvError(RecursaError, ValueError):
@@ -82,71 +81,19 @@ class EpisodeHost:
     forget: Callable[[Any], None]  # an episode that ended leaves the environment's open set
 
 
-class PrivateLoop:
-    """An event loop on a daemon thread, for `start_sync` / `step_sync` (works inside notebooks too)."""
+class PrivateLoop(sync.PrivateLoop):
+    """The environment's loop for `start_sync` / `step_sync` (recursa/sync.py), its errors EnvErrors."""
 
     def __init__(self) -> None:
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._lock = threading.Lock()
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None or self._loop.is_closed():
-                self._loop = asyncio.new_event_loop()
-                threading.Thread(target=self._loop.run_forever, name="recursa-env", daemon=True).start()
-            return self._loop
-
-    @property
-    def started(self) -> bool:
-        return self._loop is not None and not self._loop.is_closed()
-
-    def owns(self, loop: asyncio.AbstractEventLoop | None) -> bool:
-        return loop is not None and loop is self._loop
+        super().__init__("recursa-env")
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        loop = self.loop
         try:
-            if asyncio.get_running_loop() is loop:
-                coro.close()
-                raise EnvError("a blocking call (…_sync) was made from the environment's own loop; await it")
-        except RuntimeError:
-            pass
-        future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(coro, loop)
-        try:
-            return future.result()
-        except KeyboardInterrupt:
-            future.cancel()
-            raise
-        except concurrent.futures.CancelledError:
-            if self._loop is not loop:  # stop() cancelled it
-                raise EnvError(
-                    "the environment was closed (env.close()) while this blocking call ran, e.g. a "
-                    "start_sync waiting for a REPL slot; close the environment after its last episode"
-                ) from None
-            raise
-
-    def stop(self) -> None:
-        """Stop the loop. What still runs on it (a start_sync of another thread waiting for a REPL
-        slot) is cancelled first: on a stopped loop its caller would wait for good, and a slot
-        handed to it later would be held by nobody."""
-        with self._lock:
-            loop, self._loop = self._loop, None
-        if loop is None or loop.is_closed():
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is not loop:
-            asyncio.run_coroutine_threadsafe(_cancel_the_rest(), loop).result()
-        loop.call_soon_threadsafe(loop.stop)
-
-
-async def _cancel_the_rest() -> None:
-    here = asyncio.current_task()
-    tasks = [task for task in asyncio.all_tasks() if task is not here]
-    for task in tasks:
-        task.cancel()
-    if tasks:  # bounded: a task that will not end must not hold close() up
-        await asyncio.wait(tasks, timeout=_STOP_S)
+            return super().run(coro)
+        except sync.BlockingCallOnLoop:
+            raise EnvError("a blocking call (…_sync) was made from the environment's own loop; await it") from None
+        except sync.LoopStopped:
+            raise EnvError(
+                "the environment was closed (env.close()) while this blocking call ran, e.g. a "
+                "start_sync waiting for a REPL slot; close the environment after its last episode"
+            ) from None

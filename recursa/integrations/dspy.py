@@ -36,6 +36,7 @@ from dspy.primitives.code_interpreter import CodeExecutionError, CodeInterpreter
 from recursa.errors import ConfigError, SandboxError
 from recursa.sandbox import SANDBOX_KINDS, Sandbox, make_sandbox
 from recursa.sandbox.base import CallbackError, ExecResult
+from recursa.sync import PrivateLoop
 from recursa.trace.redact import redact
 
 T = TypeVar("T")
@@ -108,8 +109,7 @@ class RecursaInterpreter:
         self._options = {"max_output_chars": max_output_chars, **(sandbox_options or {})}
         self.isolation: dict[str, Any] = {}  # what the worker enforces, once started (kept after shutdown)
         self._sandbox: Sandbox | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._private: PrivateLoop | None = None  # the loop the sandbox lives on (recursa/sync.py)
         self._ended = False
         self._busy = threading.Lock()
         self._defined: dict[str, Any] = {}  # host tools set up in the worker, by name
@@ -130,10 +130,7 @@ class RecursaInterpreter:
             raise CodeInterpreterError("this RecursaInterpreter was shut down; create a new one")
         if self._sandbox is not None:
             return
-        loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=loop.run_forever, name="recursa-dspy", daemon=True)
-        self._thread.start()
-        self._loop = loop
+        self._private = PrivateLoop("recursa-dspy")
         sandbox = make_sandbox(self._kind, **self._options)
         try:
             self._run(sandbox.start(self._serve))
@@ -162,11 +159,11 @@ class RecursaInterpreter:
             self._busy.release()
 
     def shutdown(self) -> None:
-        if self._ended and self._loop is None:
+        if self._ended and self._private is None:
             return
         self._ended = True
         sandbox, self._sandbox = self._sandbox, None
-        if sandbox is not None and self._loop is not None:
+        if sandbox is not None and self._private is not None:
             self._run(sandbox.close())
         self._stop_loop()
 
@@ -183,17 +180,13 @@ class RecursaInterpreter:
     # -- inside -----------------------------------------------------------------------------------
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        assert self._loop is not None
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        assert self._private is not None
+        return self._private.run(coro)
 
     def _stop_loop(self) -> None:
-        loop, thread, self._loop, self._thread = self._loop, self._thread, None, None
-        if loop is None:
-            return
-        loop.call_soon_threadsafe(loop.stop)
-        if thread is not None:
-            thread.join()
-        loop.close()
+        private, self._private = self._private, None
+        if private is not None:
+            private.stop()
 
     def _define(self) -> None:
         """Set up in the worker the tools it does not have yet, and SUBMIT for the output fields."""

@@ -103,11 +103,16 @@ class RecursaRLMEnv(BaseTextEnv):
         _within(row, operator)
         self.extras = {**operator, **row}
         self.env_config = env_config
+        self._env = shared_env(self.extras)
+        # The generator's cap on steps: max_turns code turns, then the one reply that may only
+        # answer (none under SkyRL's own dialect, whose episode ends after max_turns).
+        self.max_turns = self._env.config.max_iterations + (1 if self._env.dialect.final_call else 0)
         self.episode: Episode | None = None
         self._reward = 0.0
-        self._env = shared_env(self.extras)
-        # The generator's cap on steps: max_turns code turns, then the one reply that may only answer.
-        self.max_turns = self._env.config.max_iterations + 1
+        self._scored = False  # a scorer was given (else, under SkyRL's dialect, its default reward)
+        # The generator's own chat history (the list init returns): under a dialect whose per-turn
+        # prompt is transient, step() pops the stale one off it first, as SkyRL's environment does.
+        self._chat: ConversationType | None = None
 
     def init(self, prompt: ConversationType) -> tuple[ConversationType, dict[str, Any]]:
         if not isinstance(prompt, list) or not all(isinstance(m, dict) for m in prompt):
@@ -120,17 +125,20 @@ class RecursaRLMEnv(BaseTextEnv):
         context = _context(self.extras)
         question = text if context is not None else PROMPT_AS_CONTEXT_QUESTION
         system = self.extras.get("custom_system_prompt")
+        scorer = _scorer(self.extras, question, context)
+        self._scored = scorer is not None
         self.episode = self._env.start_sync(
             question,
             context if context is not None else text,
             task_id=_task_id(self.extras),
-            scorer=_scorer(self.extras, question, context),
+            scorer=scorer,
             sub_call=_sub_call(self.extras),
             child_call=_child_call(self.extras),
             tools=_custom_tools(self.extras.get("custom_tools")),
             system_prompt=system if isinstance(system, str) and system.strip() else None,
         )
-        return self.episode.messages, {"run_id": self.episode.run_id}
+        self._chat = self.episode.messages
+        return self._chat, {"run_id": self.episode.run_id}
 
     def step(self, action: str) -> BaseTextEnvStepOutput:
         episode = self._live("step")
@@ -140,6 +148,8 @@ class RecursaRLMEnv(BaseTextEnv):
                 "call init(prompt) to start the next one"
             )
         self.turns += 1
+        if self._env.dialect.turn_prompt == "transient" and self._chat:
+            self._chat.pop()  # step() runs before the generator appends this turn's messages
         try:
             observations = episode.step_sync(action)
         except ReplyRefused as exc:
@@ -150,6 +160,9 @@ class RecursaRLMEnv(BaseTextEnv):
         done = episode.done
         if done:
             self._reward = float(episode.reward or 0.0)
+            if not self._scored and self._env.dialect.name == "skyrl":
+                # SkyRL's own default: 1.0 for an episode that gave an answer, else 0.0.
+                self._reward = 1.0 if episode.stop_reason == "final" and episode.answer else 0.0
         return BaseTextEnvStepOutput(
             observations=observations,
             reward=self._reward if done else 0.0,

@@ -1,13 +1,17 @@
 """What an answer in a reply stands for: a prose FINAL naming a variable or computing over the REPL's
-variables, a FINAL_VAR's value, and answers that hold nothing (None, "") and so are not taken."""
+variables, a FINAL_VAR's value, answers that hold nothing (None, "") and so are not taken, and when an
+answer written beside code cannot be a guess."""
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Awaitable, Callable
+import re
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 
 from recursa.loop.finals import ProseFinal, is_identifier, joined_text
 from recursa.loop.output import render_turn
+from recursa.loop.rules import BesideCode
 from recursa.sandbox.base import ExecResult, FinalAnswer, Sandbox
 
 
@@ -131,3 +135,84 @@ async def missing_variable_message(sandbox: Sandbox, name: str) -> str:
         f"FINAL_VAR({name}) names no variable in the REPL (defined: {listed}). Assign the answer "
         f"to a variable in a ```repl block first, or write FINAL(your answer) for literal text."
     )
+
+
+@dataclass
+class CodeRun:
+    """The code of one reply and what its blocks did."""
+
+    blocks: list[str]
+    results: list[ExecResult]
+    all_ran: bool  # no block was left unrun
+
+    @property
+    def clean(self) -> bool:
+        return self.all_ran and all(r.error is None and not r.timed_out for r in self.results)
+
+    @property
+    def output(self) -> str:
+        return "\n".join(r.stdout for r in self.results)
+
+
+async def answer_beside_code(
+    written: ProseFinal,
+    ran: CodeRun,
+    taken: BesideCode,
+    sandbox: Sandbox,
+    resolve: Callable[[ProseFinal], Awaitable[FinalAnswer | str | None]],
+) -> FinalAnswer | None:
+    """The answer written beside the reply's code, once that code has run, when it is taken now.
+
+    The model wrote it before seeing the output, so as a rule it waits for the next reply. Under
+    "confirmed" it is taken when it cannot be a guess: it names a variable (FINAL_VAR(name), or
+    FINAL(name)) that the reply's code bound and which ran cleanly, or it is literal text that the
+    code's own output shows. "always" takes it once the code has run; "never" never."""
+    if taken == "never" or (written.loose and not written.text.strip()):
+        return None
+    if taken == "confirmed":
+        if not ran.clean:
+            return None
+        if is_identifier(written.text):
+            if written.text not in assigned_names(ran.blocks):
+                return None
+        elif written.protocol != "FINAL" or await _is_expression_over_variables(written.text, sandbox):
+            return None
+        elif not shown_in(written.text, ran.output):
+            return None
+    final = await resolve(written)
+    if not isinstance(final, FinalAnswer) or empty_answer(final) is not None:
+        return None
+    return final
+
+
+def shown_in(value: str, output: str) -> bool:
+    """Whether `output` shows `value` whole (not inside a longer word or number); spacing aside."""
+    wanted = " ".join(value.split())
+    if not wanted:
+        return False
+    pattern = r"(?<![\w.])" + re.escape(wanted).replace(r"\ ", r"\s+") + r"(?![\w])"
+    return re.search(pattern, output) is not None
+
+
+def assigned_names(codes: Iterable[str]) -> set[str]:
+    """Names that code assigns (targets, defs, imports, loop and with variables)."""
+    names: set[str] = set()
+    for code in codes:
+        try:
+            tree = ast.parse(code)
+        except (SyntaxError, ValueError):
+            # Broken code may still have run up to the error; catch plain `name = ...` lines.
+            names.update(re.findall(r"^[ \t]*([A-Za-z_]\w*)[ \t]*(?:[-+*/%|&]?=)(?!=)", code, re.MULTILINE))
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(node.name)
+            elif isinstance(node, ast.Import | ast.ImportFrom):
+                names.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ExceptHandler) and node.name:
+                names.add(node.name)
+    return names
+
+

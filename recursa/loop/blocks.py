@@ -12,15 +12,23 @@ block starts once the reply's time is used up.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass
 
-from recursa.loop.answers import empty_answer, missing_variable_message, resolve_prose_final
+from recursa.loop.answers import (
+    CodeRun,
+    answer_beside_code,
+    empty_answer,
+    missing_variable_message,
+    resolve_prose_final,
+)
 from recursa.loop.feedback import NO_CODE_MESSAGE, fence_hint, why_stop_after
 from recursa.loop.finals import ProseFinal
 from recursa.loop.output import render_turn
-from recursa.loop.parse import ParsedReply
+from recursa.loop.parse import Reply
+from recursa.loop.rules import BesideCode
 from recursa.sandbox.base import ExecResult, FinalAnswer, Sandbox
 from recursa.trace.writer import TraceWriter, fold
 
@@ -81,6 +89,7 @@ class ReplyCode:
     exec_timeout: float
     turn_timeout: float
     max_output_chars: int
+    beside_code: BesideCode = "confirmed"  # an answer written beside code (rules.py, answer_beside_code)
     partial: str | None = None
     # What the model is told when a reply held no code and no answer (each dialect says how code
     # is written in it).
@@ -97,7 +106,7 @@ class ReplyCode:
             self._clock = ReplyClock(self.turn_timeout)
         return self._clock
 
-    async def run(self, parsed: ParsedReply, *, retry: bool, call_id: str | None = None) -> Outcome:
+    async def run(self, parsed: Reply, *, retry: bool, call_id: str | None = None) -> Outcome:
         """Run the reply's code, or resolve its answer. `retry`: turns are left to fix a prose
         FINAL whose expression failed."""
         self.call_id = call_id
@@ -130,6 +139,10 @@ class ReplyCode:
             return []
         return [n for n in names if isinstance(n, str)]
 
+    async def value(self, name: str) -> FinalAnswer | None:
+        """A variable's value as an answer (its __str__, model code, under the reply's clock)."""
+        return await self.sandbox.get_variable(name, timeout=self.clock.timeout(self.exec_timeout))
+
     async def resolve(self, prose: ProseFinal, *, retry: bool) -> FinalAnswer | str | None:
         """The answer a prose FINAL / FINAL_VAR stands for (answers.resolve_prose_final); an
         expression it evaluates runs as the reply's code, under the reply's clock."""
@@ -143,43 +156,53 @@ class ReplyCode:
             max_output_chars=self.max_output_chars,
         )
 
-    async def _run(self, parsed: ParsedReply, retry: bool) -> Outcome:
-        if not parsed.code_blocks:
-            if parsed.prose_final is None:
-                return Outcome(None, self.no_code + fence_hint(parsed))
-            final = await self.resolve(parsed.prose_final, retry=retry)
+    async def _run(self, parsed: Reply, retry: bool) -> Outcome:
+        if parsed.outcome == "answer":
+            assert parsed.answer is not None
+            written = parsed.answer.written
+            final = await self.resolve(written, retry=retry)
             if isinstance(final, str):  # an expression that failed when evaluated: why
                 return Outcome(None, final)
             if final is not None:
                 empty = empty_answer(final)
                 return Outcome(None, empty) if empty else Outcome(final, None)
-            return Outcome(None, await missing_variable_message(self.sandbox, parsed.prose_final.text))
+            return Outcome(None, await missing_variable_message(self.sandbox, written.text))
+        if parsed.outcome == "nothing":
+            return Outcome(None, self.no_code + fence_hint(parsed))
         clock = self.clock
         results: list[ExecResult] = []
-        blocks = parsed.code_blocks
+        blocks = parsed.code
+        unfenced = parsed.code_outside_fences
         for index, code in enumerate(blocks, 1):
             timeout = clock.timeout(self.exec_timeout)
             res = await self.sandbox.execute(code, timeout=timeout)
             results.append(res)
             if res.partial is not None:
                 self.partial = res.partial
-            if res.final is not None and not parsed.unfenced:
+            if res.final is not None and not unfenced:
                 stop = empty_answer(res.final)  # an answer that holds nothing is not taken
                 if stop is None:
                     self._record(code, index, res, timeout)
                     return Outcome(res.final, None)
             else:
                 ran_out = clock.out_of_time(res, timeout, self.exec_timeout)
-                stop = why_stop_after(res, parsed.unfenced, len(blocks) - index, out_of_reply_time=ran_out)
+                stop = why_stop_after(res, unfenced, len(blocks) - index, out_of_reply_time=ran_out)
             if stop is not None:
                 res.notes.append(stop)  # before the record: the trace shows why the rest did not run
             self._record(code, index, res, timeout)
             if stop is not None:
                 break
+        written = parsed.turn_answer
+        if written is not None:
+            ran = CodeRun(blocks, results, all_ran=len(results) == len(blocks))
+            resolve = functools.partial(self.resolve, retry=retry)
+            taken = await answer_beside_code(written, ran, self.beside_code, self.sandbox, resolve)
+            if taken is not None:
+                return Outcome(taken, None)
         feedback = "REPL output:\n" + render_turn(results, self.max_output_chars)
-        if parsed.prose_final is not None:
+        if written is not None:
             feedback += (
-                f"\n\n[note] Your reply also wrote {parsed.prose_final.protocol}(...) next to code whose "
+                f"\n\n[note] Your reply also wrote {written.protocol}(...) next to code whose "
                 "output you had not seen, so it was not accepted. If the output above confirms it, "
                 "give the answer again in your next reply, with no code beside it."
             )

@@ -19,8 +19,9 @@ from recursa.loop.dialects import make_dialect
 from recursa.loop.dialects.base import Opening, TurnNotes
 from recursa.loop.importable import modules_line
 from recursa.loop.options import RunOptions
-from recursa.loop.parse import parse_reply
+from recursa.loop.parse import read_reply
 from recursa.loop.prompts import PromptSettings, prompt_variant, tools_text
+from recursa.loop.rules import ReplyRules, rules_of
 from recursa.loop.subcalls import SubcallHandler
 from recursa.loop.tree import CallTree, new_id
 from recursa.result import RLMResult
@@ -90,6 +91,11 @@ class RunEngine:
         self._warming: asyncio.Task[None] | None = None
         self._pending: BaseException | None = None  # raised by finish(): a cancellation or a bug
         self._finished = False
+
+    @property
+    def reply_rules(self) -> ReplyRules:
+        """The rules this run's replies are read by: its dialect's (recursa/loop/rules.py)."""
+        return rules_of(self.dialect, unfenced_code=self.config.unfenced_code)
 
     def new_call_id(self) -> str:
         return f"{self.run_id}.c{next(self._call_ids)}"
@@ -418,13 +424,13 @@ class RunEngine:
             cell.final, cell.text = None, self.options.answer_check.feedback(errors)
             break
         left = self.config.max_iterations - self.turn
+        notes = TurnNotes(self.turn, left, self.config.max_iterations, "\n".join(problems), self._reminder())
+        for message in self.dialect.feedback(reading, results, notes):
+            self._remember(message)
         if left == 0 and not self.dialect.final_call:  # the dialect stops here, with no answer
             result.stop_reason = "max_iterations"
             self.done = True
             return
-        notes = TurnNotes(self.turn, left, self.config.max_iterations, "\n".join(problems), self._reminder())
-        for message in self.dialect.feedback(reading, results, notes):
-            self._remember(message)
         self._next_prompt(left)
 
     async def _reply(self, given: LMResponse | None, purpose: str) -> LMResponse:
@@ -527,6 +533,7 @@ class RunEngine:
             c.turn_seconds(),
             c.max_output_chars,
             no_code=self.dialect.no_code,
+            beside_code=self.reply_rules.beside_code_taken(),
         )
 
     async def _last_call(self, given: LMResponse | None) -> None:
@@ -541,13 +548,12 @@ class RunEngine:
             self.done = True
             return
         reply = response.text
-        parsed = parse_reply(reply)
+        # Any answer the reply wrote counts now, also one the turn would not take ("So the answer is
+        # FINAL(42)." or a fenced FINAL): its argument, rather than the whole reply.
+        parsed = read_reply(reply, self.reply_rules)
         final: FinalAnswer | None = None
-        if parsed.prose_final is None and parsed.last_call_final is not None:
-            # "So the answer is FINAL(42)." or a fenced FINAL: its argument, not the whole reply.
-            parsed.prose_final = parsed.last_call_final
-        if parsed.prose_final is not None:
-            resolved = await self._code(self.turn + 1).resolve(parsed.prose_final, retry=False)
+        if parsed.answer is not None:
+            resolved = await self._code(self.turn + 1).resolve(parsed.answer.written, retry=False)
             final = resolved if isinstance(resolved, FinalAnswer) else None
         if final is None:
             text = reply.strip()

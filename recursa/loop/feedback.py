@@ -3,7 +3,7 @@ that did not run, or the last call for an answer."""
 
 from __future__ import annotations
 
-from recursa.loop.parse import ParsedReply
+from recursa.loop.parse import Reply
 from recursa.sandbox.base import ExecResult
 
 NO_CODE_MESSAGE = (
@@ -20,14 +20,14 @@ LAST_CALL_MESSAGE = (
 )
 
 
-def fence_hint(parsed: ParsedReply) -> str:
+def fence_hint(parsed: Reply) -> str:
     """Why fenced code in the reply did not run, when it had some."""
-    if not parsed.unlabeled_blocks:
+    if not parsed.skipped_tags:
         return ""
-    tags = sorted({f"```{t}" for t in parsed.other_tags if t})
-    bare = sum(1 for t in parsed.other_tags if not t)
+    tags = sorted({f"```{t}" for t in parsed.skipped_tags if t})
+    bare = sum(1 for t in parsed.skipped_tags if not t)
     kinds = ", ".join([*tags, *(["a bare ```"] if bare else [])])
-    n = parsed.unlabeled_blocks
+    n = len(parsed.skipped_tags)
     what = (
         "a code fence without the `repl` tag; it did not run"
         if n == 1

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 # An answer line may carry markdown around it: "**FINAL**(x)", "- FINAL(x)", "`FINAL(x)`", "> FINAL", a
 # tag ("<answer>FINAL(x)</answer>") or a label that says what follows ("**Answer:** FINAL(x)").
@@ -26,6 +26,32 @@ PROSE_FINAL_VAR = re.compile(rf"^{_LINE_DECOR}(?:FINAL_VAR[*_`]*[ \t]*|(?i:final
 PROSE_FINAL = re.compile(
     rf"^{_LINE_DECOR}(?:FINAL(?:_ANSWER)?[*_`]*[ \t]*|(?i:final(?:_answer)?)[*_`]*)\(", re.M
 )
+# The paper's protocol alone: FINAL( / FINAL_VAR( at the start of a line (after spaces).
+_PAPER_FINAL_VAR = re.compile(r"^[ \t]*FINAL_VAR[ \t]*\(", re.M)
+_PAPER_FINAL = re.compile(r"^[ \t]*FINAL[ \t]*\(", re.M)
+_DECOR_ONLY_FINAL_VAR = re.compile(rf"^{_LINE_DECOR}FINAL_VAR[*_`]*[ \t]*\(", re.M)
+_DECOR_ONLY_FINAL = re.compile(rf"^{_LINE_DECOR}FINAL(?:_ANSWER)?[*_`]*[ \t]*\(", re.M)
+_CASE_ONLY_FINAL_VAR = re.compile(r"^[ \t]*(?:FINAL_VAR[ \t]*|(?i:final_var))\(", re.M)
+_CASE_ONLY_FINAL = re.compile(r"^[ \t]*(?:FINAL(?:_ANSWER)?[ \t]*|(?i:final(?:_answer)?))\(", re.M)
+
+# Whether a rule of recursa/loop/rules.py is in force, by its name.
+Switch = Callable[[str], bool]
+
+
+def all_on(name: str) -> bool:
+    return True
+
+
+def _markers(on: Switch) -> tuple[re.Pattern[str], re.Pattern[str]]:
+    """The FINAL_VAR( and FINAL( patterns under the rules in force."""
+    decor, any_case = on("final_decoration"), on("final_any_case")
+    if decor and any_case:
+        return PROSE_FINAL_VAR, PROSE_FINAL
+    if decor:
+        return _DECOR_ONLY_FINAL_VAR, _DECOR_ONLY_FINAL
+    if any_case:
+        return _CASE_ONLY_FINAL_VAR, _CASE_ONLY_FINAL
+    return _PAPER_FINAL_VAR, _PAPER_FINAL
 # Written without parentheses: "FINAL 345", "FINAL: x", "FINAL ANSWER: x", "**Final Answer:** x".
 _LOOSE_FINAL_VAR = re.compile(
     rf"^{_LINE_DECOR}FINAL_VAR[*_`]*[ \t]*[:=]?[ \t]*[`'\"]?([A-Za-z_]\w*)[`'\"]?\W*$"
@@ -41,7 +67,7 @@ _FENCED_ANSWER_TAGS = frozenset({"", "text", "txt", "plaintext", "markdown", "md
 
 @dataclass
 class ProseFinal:
-    protocol: str  # "FINAL" | "FINAL_VAR"
+    protocol: Literal["FINAL", "FINAL_VAR"]
     text: str  # the answer text (FINAL) or the variable name (FINAL_VAR)
     loose: bool = False  # written without parentheses ("FINAL 345", "Final Answer: ...")
     # FINAL(name) where the reply's prose assigns `name` in code outside any fence (`x = ...`): that
@@ -62,17 +88,25 @@ class FenceLike(Protocol):
     def runnable(self) -> bool: ...
 
 
-def find_final(prose: list[str], fences: Sequence[FenceLike]) -> ProseFinal | None:
+def find_final(prose: list[str], fences: Sequence[FenceLike], on: Switch = all_on) -> ProseFinal | None:
+    """The answer written in `prose` (a reply's lines outside fences), by the rules in force, in
+    their order: FINAL_VAR( or FINAL( at the start of a line (the first of them), then the loose
+    forms, then an <answer> tag, then the last \\boxed{}."""
     text = "\n".join(prose)
-    var = PROSE_FINAL_VAR.search(text)
-    final = PROSE_FINAL.search(text)
+    var_marker, final_marker = _markers(on)
+    var = var_marker.search(text) if on("final_var_at_line_start") else None
+    final = final_marker.search(text) if on("final_at_line_start") else None
+    keywords = on("final_keyword_argument")
     if var and (not final or var.start() <= final.start()):
-        name = _unquote(_without_keyword(_balanced_argument(text, var.end()), _NAME_KEYWORDS).strip("`"))
+        name = _balanced_argument(text, var.end())
+        name = _unquote((_without_keyword(name, _NAME_KEYWORDS) if keywords else name).strip("`"))
         return ProseFinal("FINAL_VAR", name.strip(), **_lines_of(text, var))
     if final:
-        argument = _unboxed(_without_keyword(_balanced_argument(text, final.end()), _VALUE_KEYWORDS))
-        return ProseFinal("FINAL", argument, **_lines_of(text, final))
-    return _loose_final(prose, fences) or _tagged_or_boxed(text)
+        argument = _balanced_argument(text, final.end())
+        argument = _without_keyword(argument, _VALUE_KEYWORDS) if keywords else argument
+        return ProseFinal("FINAL", _unboxed(argument) if on("boxed_answer") else argument, **_lines_of(text, final))
+    loose = _loose_final(prose, fences, on) if on("loose_final") else None
+    return loose or _tagged_or_boxed(text, on)
 
 
 def _lines_of(text: str, marker: re.Match[str]) -> dict[str, int]:
@@ -81,11 +115,11 @@ def _lines_of(text: str, marker: re.Match[str]) -> dict[str, int]:
     return {"line": text.count("\n", 0, marker.start()), "end_line": text.count("\n", 0, end or len(text))}
 
 
-def fenced_final(fences: Sequence[FenceLike]) -> ProseFinal | None:
+def fenced_final(fences: Sequence[FenceLike], on: Switch = all_on) -> ProseFinal | None:
     """A reply without code whose answer sits in a plain fence (```\nFINAL(42)\n```)."""
     for fence in fences:
         if fence.tag in _FENCED_ANSWER_TAGS:
-            found = find_final(fence.text.split("\n"), [])
+            found = find_final(fence.text.split("\n"), [], on)
             if found is not None and not found.loose:
                 return found
     return None
@@ -115,7 +149,7 @@ def inline_final(prose: list[str]) -> ProseFinal | None:
     return ProseFinal("FINAL", _unboxed(_without_keyword(argument, _VALUE_KEYWORDS)))
 
 
-def final_as_text(code: str) -> ProseFinal | None:
+def final_as_text(code: str, on: Switch = all_on) -> ProseFinal | None:
     """A block that is nothing but FINAL(...) / FINAL_VAR(...) with an argument Python cannot read
     (unquoted text): the answer as prose would give it. Valid Python runs as written."""
     stripped = code.strip()
@@ -127,14 +161,14 @@ def final_as_text(code: str) -> ProseFinal | None:
     except (SyntaxError, ValueError):
         if _BROKEN_LITERAL.match(stripped[m.end() : -1].strip()):
             return None  # FINAL(f"Total: {total"): broken code, which runs to show its SyntaxError
-        return find_final([stripped], [])
+        return find_final([stripped], [], on)
     return None
 
 
 _BROKEN_LITERAL = re.compile(r"""(?:[rRbBuUfF]{0,2}["']|[\[{(])""")
 
 
-def _loose_final(prose: list[str], fences: Sequence[FenceLike]) -> ProseFinal | None:
+def _loose_final(prose: list[str], fences: Sequence[FenceLike], on: Switch) -> ProseFinal | None:
     """The first answer line written without parentheses, if any."""
     for index, line in enumerate(prose):
         var = _LOOSE_FINAL_VAR.match(line)
@@ -151,7 +185,8 @@ def _loose_final(prose: list[str], fences: Sequence[FenceLike]) -> ProseFinal | 
         if rest:
             # "Final Answer: The final answer is $\boxed{42}$. I hope it is correct." (the Minerva
             # format math models are trained on): the boxed part is the answer.
-            return ProseFinal("FINAL", boxed(rest) or rest, loose=True, line=index, end_line=index)
+            found = boxed(rest) if on("boxed_answer") else None
+            return ProseFinal("FINAL", found or rest, loose=True, line=index, end_line=index)
     return None
 
 
@@ -220,20 +255,21 @@ def _unboxed(text: str) -> str:
     return text
 
 
-def _tagged_or_boxed(text: str) -> ProseFinal | None:
+def _tagged_or_boxed(text: str, on: Switch) -> ProseFinal | None:
     """An answer in <answer>...</answer> (or <final_answer>, <final>; the last such), else the last
     \\boxed{...}: loose answers."""
     # Searched only up to the last closing tag: an opener repeated with no close after it must not
     # make the lazy pattern quadratic.
     lowered = text.lower()
     cut = max((lowered.rfind(c) + len(c) for c in _TAG_CLOSERS if c in lowered), default=0)
+    cut = cut if on("answer_tags") else 0
     tags = list(_ANSWER_TAG.finditer(text[:cut])) if cut else []
     for m in tags[::-1]:
         inner = _strip_decor(m.group(2))
         if inner:
             lines = {"line": text.count("\n", 0, m.start()), "end_line": text.count("\n", 0, m.end())}
-            return ProseFinal("FINAL", boxed(inner) or inner, loose=True, **lines)
-    found = _last_boxed(text)
+            return ProseFinal("FINAL", (on("boxed_answer") and boxed(inner)) or inner, loose=True, **lines)
+    found = _last_boxed(text) if on("boxed_answer") else None
     if found is None:
         return None
     line = text.count("\n", 0, found[1])

@@ -20,7 +20,8 @@ from recursa.lm.base import Message
 from recursa.loop.blocks import ReplyClock
 from recursa.loop.feedback import why_stop_after
 from recursa.loop.output import render_turn
-from recursa.loop.parse import parse_reply
+from recursa.loop.parse import read_reply
+from recursa.loop.rules import rules_of
 from recursa.methods.base import MethodResult, MethodSettings, context_text
 from recursa.methods.base_model import fit_to_window
 from recursa.methods.prompts import (
@@ -37,6 +38,8 @@ from recursa.sandbox.base import CallbackError, ExecResult, Sandbox
 from recursa.tasks.base import Task
 from recursa.tools.runner import ToolFailure
 
+# The baseline as published reads fenced code only.
+_FENCED_ONLY = rules_of(None, unfenced_code=False)
 _PLACEHOLDER = "(CodeAct keeps the text in its prompt; the code environment does not have it.)"
 _NO_CODE = (
     "Your reply had no ```repl code block and no final answer. Write code in a ```repl block, or "
@@ -89,9 +92,9 @@ class CodeAct:
             reply = await run.call(messages, new=messages[sent:])
             sent = len(messages) + 1
             messages.append({"role": "assistant", "content": reply})
-            parsed = parse_reply(reply, unfenced_code=False)  # the baseline as published: fenced code only
-            if not parsed.code_blocks:
-                final = parsed.prose_final
+            parsed = read_reply(reply, _FENCED_ONLY)
+            if not parsed.code:
+                final = parsed.turn_answer
                 if final is not None and final.protocol == "FINAL":
                     return run.result(final.text)
                 if final is not None:
@@ -106,11 +109,11 @@ class CodeAct:
             # One clock for the step's blocks, as for an RLM's reply (recursa/loop/blocks.py).
             clock = ReplyClock(run.config.turn_seconds())
             exec_timeout = run.config.exec_timeout
-            for index, code in enumerate(parsed.code_blocks, 1):
+            for index, code in enumerate(parsed.code, 1):
                 timeout = clock.timeout(exec_timeout)
                 res = await sandbox.execute(code, timeout=timeout)
                 ran_out = clock.out_of_time(res, timeout, exec_timeout)
-                left = len(parsed.code_blocks) - index
+                left = len(parsed.code) - index
                 stop = why_stop_after(res, False, left, out_of_reply_time=ran_out)
                 if stop is not None:
                     res.notes.append(stop)

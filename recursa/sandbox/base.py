@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from recursa.context import ContextPayload
+from recursa.outcomes import AnswerProtocol
 
 # The host side of the REPL's call-backs: (function name, JSON arguments) -> JSON result.
 # Raising `CallbackError` (or any exception) sends a clear error into the REPL, where the generated
@@ -32,7 +33,7 @@ class FinalAnswer:
 
     text: str  # the value rendered as str
     value: Any  # JSON-safe value when it has one, else the same as `text`
-    protocol: str  # "FINAL" | "FINAL_VAR" | "answer"
+    protocol: AnswerProtocol  # from code: "FINAL", "FINAL_VAR" or "answer"
     var_name: str | None = None
 
 

@@ -173,16 +173,20 @@ class TaskGroup:
         self.session: int | None = None
 
     @classmethod
-    def create(cls, max_tasks: int, memory_bytes: int | None = None) -> TaskGroup | None:
+    def create(
+        cls, max_tasks: int, memory_bytes: int | None = None, pool: tuple[str, str] | None = None
+    ) -> TaskGroup | None:
         """A new group capped at `max_tasks` tasks and, where a memory controller is ours to use,
-        at `memory_bytes` (None: no memory limit yet, see `limit_memory`); or None."""
+        at `memory_bytes` (None: no memory limit yet, see `limit_memory`); or None. `pool`: the
+        folder and hierarchy ("v1"/"v2") of a memory pool (pools.py) to make its memory group in."""
         parent = _parent()
         if parent is None:
             return None
         retry_left()
-        _sweep(parent.path)
+        folder = pool[0] if pool is not None and pool[1] == "v2" else parent.path
+        _sweep(folder)
         name = f"{_PREFIX}{os.getpid()}-{next(_counter)}"
-        path = os.path.join(parent.path, name)
+        path = os.path.join(folder, name)
         try:
             os.mkdir(path)
         except OSError:
@@ -205,10 +209,11 @@ class TaskGroup:
         if parent.memory:
             group.memory_kind = "v2"
         elif parent.memory_v1 is not None:
-            _sweep(parent.memory_v1)
+            memory = pool[0] if pool is not None and pool[1] == "v1" else parent.memory_v1
+            _sweep(memory)
             with contextlib.suppress(OSError):
-                os.mkdir(os.path.join(parent.memory_v1, name))
-                group.memory_path = os.path.join(parent.memory_v1, name)
+                os.mkdir(os.path.join(memory, name))
+                group.memory_path = os.path.join(memory, name)
                 group.memory_kind = "v1"
         if group.memory_kind is not None:
             events = "memory.events" if group.memory_kind == "v2" else "memory.oom_control"
@@ -258,6 +263,16 @@ class TaskGroup:
         total = int(value) if value.isdigit() else 0
         new, self._oom_seen = max(0, total - self._oom_seen), total
         return new
+
+    def reached_own_limit(self) -> bool:
+        """Whether the group's memory ever came near its own limit (else a kill there was made
+        for an ancestor's: a pool's, pools.py). Unknown counts as yes."""
+        folder = self.memory_path or self.path
+        name = "memory.max_usage_in_bytes" if self.memory_kind == "v1" else "memory.peak"
+        text = _read(os.path.join(folder, name)).strip()
+        if self.memory_bytes is None or not text.isdigit():
+            return True
+        return int(text) + (32 << 20) >= self.memory_bytes
 
     def join_fds(self) -> dict[str, int]:
         """Descriptors for a worker to move itself into the group as the first thing it does (it

@@ -109,9 +109,11 @@ class ProcessGuard:
         self._watcher.add(self)
 
     def stop(self) -> None:
-        if self._watcher is not None:
-            self._watcher.guards.discard(self)
-            self._watcher = None
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.guards.discard(self)
+            if not watcher.guards:
+                watcher.cancel()
 
     def judge(self, live: int, zombies: int) -> bool:
         if zombies > self.limit * ZOMBIE_FACTOR:
@@ -174,8 +176,30 @@ class _Watcher:
     def add(self, guard: ProcessGuard) -> None:
         """Called on the watcher's own loop."""
         self.guards.add(guard)
-        if self.task is None or self.task.done():
+        # A task cancelled for want of guards may not have ended yet: it would end without this one.
+        if self.task is None or self.task.done() or self.task.cancelling():
             self.task = asyncio.get_running_loop().create_task(self._run(), name="recursa-process-guard")
+
+    def cancel(self) -> None:
+        """End the watching task now that no guard is left. It would end by itself at its next poll,
+        but a private loop stopped before then (a sync wrapper's shutdown) would leave it pending,
+        to be destroyed at interpreter exit with a warning."""
+        task = self.task
+        if task is None or task.done():
+            return
+        loop = task.get_loop()
+        try:
+            same = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            same = False
+        if same:
+            self._cancel_if_idle(task)
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(self._cancel_if_idle, task)
+
+    def _cancel_if_idle(self, task: asyncio.Task[None]) -> None:
+        if not self.guards and self.task is task:  # a guard added since keeps it watching
+            task.cancel()
 
     async def _run(self) -> None:
         try:

@@ -26,6 +26,7 @@ from recursa.sandbox.bytecode import worker_files
 from recursa.sandbox.cgroups import TaskGroup
 from recursa.sandbox.guard import ProcessGuard, data_usage, set_data_limit
 from recursa.sandbox.policy import Hardening, describe, unconfined
+from recursa.sandbox.pools import MemoryPool
 from recursa.sandbox.proc import belongs, stat_fields
 from recursa.sandbox.worker.landlock import landlock_abi
 
@@ -75,8 +76,11 @@ class HostHardening:
     # the first failure, `bwrap=None` ("if available") stops trying for the rest of the process.
     bwrap_broken: ClassVar[str | None] = None
 
-    def __init__(self, options: Hardening | None, bwrap: bool | None, python: str) -> None:
+    def __init__(
+        self, options: Hardening | None, bwrap: bool | None, python: str, pool: MemoryPool | None = None
+    ) -> None:
         self.options = options
+        self.pool = pool  # a memory bound shared with other sandboxes (pools.py), if any
         self.want_bwrap = bwrap
         self.python = python
         self.using_bwrap = False
@@ -150,9 +154,8 @@ class HostHardening:
         return ["-S"] if self.options is not None and not self.options.allow_site_packages else []
 
     def group_fds(self) -> dict[str, int]:
-        """Descriptors through which the next worker joins this sandbox's control group (and moves
-        into and out of its cell group), by their names in its config; {} where there is none.
-        The caller closes them."""
+        """Descriptors through which the next worker joins this sandbox's control group, by their
+        names in its config; {} where there is none. The caller closes them."""
         opts = self.options
         if opts is None or not opts.cgroups:
             return {}
@@ -160,7 +163,8 @@ class HostHardening:
             self._group_tried = True
             data = opts.memory_limit_bytes  # None: known once the context is loaded (after_context)
             budget = None if data is None else memory_budget(opts, data)
-            self.group = TaskGroup.create(opts.max_processes, budget)
+            pool = self.pool.folder() if self.pool is not None else None
+            self.group = TaskGroup.create(opts.max_processes, budget, pool)
         if self.group is None:
             return {}
         try:
@@ -249,6 +253,8 @@ class HostHardening:
         if self.group is not None:
             self.group.own(*self.owner)
         self.cells_grouped = self.group is not None and report.get("cgroup") is True
+        if self.pool is not None:
+            self.pool.register(pid)
         limit = self.options.max_processes if self.options is not None else None
         isolation = describe(report, bwrap=self.using_bwrap, process_limit=limit)
         if (
@@ -381,6 +387,8 @@ class HostHardening:
         see `TaskGroup.discard`)."""
         group, self.group = self.group, None
         self._group_tried = False
+        if self.pool is not None:
+            self.pool.unregister(self.worker_pid)
         if group is None:
             return
         for _ in range(400):
@@ -392,10 +400,16 @@ class HostHardening:
 
     def cell_notes(self) -> list[str]:
         """Tell the model when the kernel killed processes of the sandbox for its memory limit."""
-        group = self.group
+        group, pool = self.group, self.pool
         killed = group.oom_kills() if group is not None else 0
-        if not killed:
+        if not killed or group is None:
             return []
+        if pool is not None and not group.reached_own_limit():
+            # The bound over every REPL of the environment was reached, not this REPL's own.
+            return [
+                f"the REPLs of this environment together reached their memory bound ({pool.limit_bytes >> 20} "
+                f"MiB): the kernel killed {killed} of this REPL's processes (the largest of them all)"
+            ]
         cap = f" ({group.memory_bytes >> 20} MiB)" if group is not None and group.memory_bytes else ""
         return [
             f"the REPL's processes together reached their memory cap{cap}: the kernel killed {killed} of "
@@ -439,6 +453,11 @@ class HostHardening:
                 + (f" (no mount namespace of its own: {why})" if why else "")
             )
         out = {"mechanisms": mechanisms, "tmpfs_bytes": tmpfs, "not_covered": not_covered}
+        if self.pool is not None:
+            # The bound shared with the other REPLs of an environment: the kernel's where the pool's
+            # group holds this REPL's, else a rule for admitting new episodes only.
+            enforced = self.pool.enforced if group is not None and group.memory_kind is not None else None
+            out["pool"] = {"limit_bytes": self.pool.limit_bytes, "by": enforced or "admission (resident memory)"}
         if group is not None and group.memory_bytes is not None:
             out["cgroup_limit_bytes"] = group.memory_bytes
         return out

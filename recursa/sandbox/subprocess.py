@@ -33,6 +33,7 @@ from recursa.sandbox.forkserver import ZYGOTE_CAPS, ForkServer, WorkerVanished, 
 from recursa.sandbox.hardened import HostHardening, not_started
 from recursa.sandbox.host import ContextSpec, WorkerHost
 from recursa.sandbox.policy import Hardening
+from recursa.sandbox.pools import MemoryPool
 from recursa.sandbox.processes import ForkedProcess, LocalProcess
 from recursa.sandbox.protocol import FrameSocket
 
@@ -58,13 +59,15 @@ class SubprocessSandbox(WorkerHost):
         snapshots: bool = True,
         restore_timeout: float = 2.0,
         fork_server: ForkServer | None = None,
+        memory_pool: MemoryPool | None = None,
     ) -> None:
         """`hardening`: True (defaults), a `Hardening` with other limits, or False (a plain process
         with a scrubbed environment). `bwrap`: True to require bubblewrap namespaces, None to use
         them when bwrap is installed and works, False not to (see bwrap.py). `snapshots`: fork a
         snapshot before each cell so that a cell that must be killed costs only its own changes.
         `fork_server`: fork the worker from that server's warm zygote where it is as safe as a
-        separate start (bwrap, Landlock ABI 6+, seccomp; see forkserver.py), else start it anew."""
+        separate start (bwrap, Landlock ABI 6+, seccomp; see forkserver.py), else start it anew.
+        `memory_pool`: a memory bound this REPL shares with others (pools.py; RLMEnv's)."""
         super().__init__(
             start_timeout=start_timeout,
             grace_s=grace_s,
@@ -80,7 +83,7 @@ class SubprocessSandbox(WorkerHost):
         if snapshots:
             self.config["keeper"] = True  # a parent for snapshots that outlive the worker (worker/keeper.py)
         options = Hardening() if hardening is True else (hardening or None)
-        self._hardening = HostHardening(options, bwrap, python)
+        self._hardening = HostHardening(options, bwrap, python, memory_pool)
         # What is enforced, from the worker's own report (see policy.describe); set at each start.
         self.isolation: dict[str, Any] = not_started()
         self.scratch_dir: str | None = None

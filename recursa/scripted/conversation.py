@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from recursa.lm.base import Message
+from recursa.scripted.answer_forms import asked_schema
 
 _QUESTION_RE = re.compile(r"<question>[ \t]*\n(.*?)\n[ \t]*</question>", re.DOTALL)
 _STEP_RE = re.compile(r"^[ \t]*# step: ([\w-]+)", re.MULTILINE)  # indented: code in a markdown list
@@ -30,6 +32,7 @@ class Conversation:
     steps: list[str]  # the step tag of each earlier reply of ours ("" for an untagged reply)
     outputs: list[str]  # what came back after each earlier reply (aligned with `steps`)
     last_user: str
+    answer_schema: dict[str, Any] | None = None  # the JSON Schema the first message asks the answer in
 
     @property
     def done(self) -> set[str]:
@@ -77,10 +80,12 @@ def is_rlm_conversation(messages: list[Message]) -> bool:
 def read(messages: list[Message]) -> Conversation:
     system = next((m.get("content", "") for m in messages if m.get("role") == "system"), "")
     first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), None)
-    question = None
+    question = schema = None
     if first_user is not None:
-        match = _QUESTION_RE.search(messages[first_user].get("content", ""))
+        opening = messages[first_user].get("content", "")
+        match = _QUESTION_RE.search(opening)
         question = match.group(1).strip() if match else None
+        schema = asked_schema(opening)
     steps: list[str] = []
     outputs: list[str] = []
     for i, m in enumerate(messages):
@@ -91,7 +96,7 @@ def read(messages: list[Message]) -> Conversation:
         following = next((n for n in messages[i + 1 :] if n.get("role") == "user"), None)
         outputs.append(following.get("content", "") if following else "")
     last_user = next((m.get("content", "") for m in reversed(messages) if m.get("role") == "user"), "")
-    return Conversation(system, question, steps, outputs, last_user)
+    return Conversation(system, question, steps, outputs, last_user, schema)
 
 
 def prompt_text(messages: list[Message]) -> str:

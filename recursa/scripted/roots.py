@@ -14,7 +14,11 @@ only that).
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from recursa.lm.base import Message
+from recursa.scripted.answer_forms import marked_answer, marked_fields, schema_value
 from recursa.scripted.conversation import Conversation, read, repl
 from recursa.scripted.generic_code import GENERIC
 from recursa.scripted.messy import messy_reply
@@ -138,6 +142,9 @@ def _solve_prose(family: str, style: str, settings: Settings) -> str:
 def _final(persona: str, conv: Conversation, *, prose_only: bool) -> str:
     value = conv.result_line()
     solved = value is not None
+    shaped = _shaped(conv, value or "unknown")
+    if shaped is not None:
+        return _final_shaped(persona, conv, shaped, prose_only=prose_only)
     if prose_only or not solved:
         # No code runs in an engine's last call, and without a result there is no variable to name.
         return f"Here is my answer.\n\nFINAL({value if solved else 'unknown'})"
@@ -151,3 +158,25 @@ def _final(persona: str, conv: Conversation, *, prose_only: bool) -> str:
     if strategy.answer_in_prose:
         return f"The output confirms it.\n\nFINAL({value})"
     return "The counts are in and the answer is in `result`.\n\nFINAL_VAR(result)"
+
+
+def _shaped(conv: Conversation, found: str) -> Any | None:
+    """The answer in the form the question asks for (a schema's value, marked fields), or None."""
+    if conv.answer_schema is not None:
+        return schema_value(conv.answer_schema, found)
+    fields = marked_fields(conv.question or "")
+    return marked_answer(fields, found) if fields else None
+
+
+def _final_shaped(persona: str, conv: Conversation, value: Any, *, prose_only: bool) -> str:
+    """Hand back a built value: as a variable (its text could hold anything a prose line breaks
+    on), or as JSON text in the last call, where no code runs."""
+    text = json.dumps(value, ensure_ascii=False)
+    if prose_only:
+        return f"Here is my answer.\n\nFINAL({text})"
+    code = f"# step: final\nimport json\ntyped = json.loads({text!r})\n"
+    if persona == "no-subcalls" or conv.answer_dict_only:
+        return "The answer has the requested form; I'll hand it back.\n\n" + repl(
+            code + 'answer["content"] = typed\nanswer["ready"] = True'
+        )
+    return "I'll give the answer in the requested form.\n\n" + repl(code + 'FINAL_VAR("typed")')

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recursa.outcomes import StopReason
+
 
 @dataclass
 class RunNode:
@@ -27,7 +29,7 @@ class RunNode:
         return self.end.get("answer") if self.end else None
 
     @property
-    def stop_reason(self) -> str | None:
+    def stop_reason(self) -> StopReason | None:
         return self.end.get("stop_reason") if self.end else None
 
     @property

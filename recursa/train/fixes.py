@@ -24,7 +24,9 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from recursa.loop.parse import find_prose_final, read_fences
+from recursa.loop.answers import assigned_names
+from recursa.loop.fences import read_fences
+from recursa.loop.finals import find_final
 
 FIX_FINAL_FOR_VAR = "FINAL(name) of a REPL variable rewritten as FINAL_VAR(name)"
 FIX_FINAL_VAR_OF_VALUE = "FINAL_VAR of a value instead of a variable name rewritten"
@@ -76,7 +78,7 @@ def fix_reply(reply: str, variables: Iterable[str] = ()) -> FixResult:
     lines = reply.split("\n")
     out: list[str] = []  # lines of the repaired reply
     pos = 0
-    # Fences as the engine reads them (loop/parse.py), so a ```json block before the code cannot
+    # Fences as the engine reads them (loop/fences.py), so a ```json block before the code cannot
     # shift which text counts as code.
     for fence in read_fences(reply, [])[0]:
         start, end = fence.lines
@@ -158,7 +160,7 @@ def final_texts(reply: str) -> list[str]:
     """The literal answers a reply gives: a prose FINAL(...) and FINAL("...") string literals in code."""
     texts: list[str] = []
     fences, prose = read_fences(reply, [])
-    found = find_prose_final("\n".join(prose))
+    found = find_final(prose, [])
     if found is not None and found.protocol == "FINAL":
         texts.append(found.text)
     for fence in fences:
@@ -177,28 +179,6 @@ def looks_like_plan(answer: str) -> bool:
     steps = len(_SEQUENCE.findall(text))
     intent = bool(_INTENT.search(text))
     return intent and (steps >= 2 or (steps >= 1 and bool(_TOOLING.search(text))))
-
-
-def assigned_names(codes: Iterable[str]) -> set[str]:
-    """Names that code assigns (targets, defs, imports, loop and with variables)."""
-    names: set[str] = set()
-    for code in codes:
-        try:
-            tree = ast.parse(code)
-        except (SyntaxError, ValueError):
-            # Broken code may still have run up to the error; catch plain `name = ...` lines.
-            names.update(re.findall(r"^[ \t]*([A-Za-z_]\w*)[ \t]*(?:[-+*/%|&]?=)(?!=)", code, re.MULTILINE))
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-                names.add(node.id)
-            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                names.add(node.name)
-            elif isinstance(node, ast.Import | ast.ImportFrom):
-                names.update((a.asname or a.name).split(".")[0] for a in node.names)
-            elif isinstance(node, ast.ExceptHandler) and node.name:
-                names.add(node.name)
-    return names
 
 
 def _only_final(text: str) -> bool:

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from recursa.lm.tool_format import openai_messages
+from recursa.loop.answers import assigned_names
 from recursa.train.common import TracePaths, check_out, export_to, finished_nodes, load_scored
 from recursa.train.errors import ExportError
-from recursa.train.fixes import assigned_names, fix_reply
+from recursa.train.fixes import fix_reply
 from recursa.train.report import ExportReport
 from recursa.train.scores import ScoreSource
 from recursa.train.source import SKIP_FOLDED, executed_code, run_steps

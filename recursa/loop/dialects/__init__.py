@@ -16,12 +16,16 @@ from typing import Any
 from recursa.errors import ConfigError
 from recursa.loop.dialects.base import Dialect
 from recursa.loop.dialects.native import RecursaDialect
+from recursa.loop.dialects.rlms import RlmsDialect
+from recursa.loop.dialects.skyrl import SkyRLDialect
 from recursa.loop.dialects.tools import ToolsDialect
 
 DEFAULT_DIALECT = "recursa"
 _REGISTRY: dict[str, Callable[..., Dialect]] = {
     "recursa": RecursaDialect,
     "tools": ToolsDialect,
+    "rlms": RlmsDialect,
+    "skyrl": SkyRLDialect,
 }
 
 

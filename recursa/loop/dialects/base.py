@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol
 from recursa.context import ContextInfo
 from recursa.lm.base import LMResponse, Message, ToolCall
 from recursa.loop.blocks import Outcome
-from recursa.loop.parse import ParsedReply
+from recursa.loop.parse import Reply
 from recursa.loop.prompts import PromptSettings
 from recursa.sandbox.base import ExecResult, FinalAnswer
 from recursa.tools.spec import Tool
@@ -52,7 +52,7 @@ class Cell:
     """Code of one reply to run: a parsed text reply (its blocks, its prose answer) or the code of
     one native tool call, whose result goes back with `call.id`."""
 
-    parsed: ParsedReply
+    parsed: Reply
     call: ToolCall | None = None
     refused: str | None = None  # why this call does not run (a wrong tool, no code): told as its result
 
@@ -90,11 +90,13 @@ class Runner(Protocol):
     """What a dialect runs a reply's cells with (loop/blocks.ReplyCode): recursa's rules for a
     parsed reply, or one raw cell for a dialect with rules of its own."""
 
-    async def run(self, parsed: ParsedReply, *, retry: bool, call_id: str | None = None) -> Outcome: ...
+    async def run(self, parsed: Reply, *, retry: bool, call_id: str | None = None) -> Outcome: ...
 
     async def execute(self, code: str, *, call_id: str | None = None) -> ExecResult: ...
 
     async def names(self) -> list[str]: ...
+
+    async def value(self, name: str) -> FinalAnswer | None: ...
 
 
 class Dialect(Protocol):
@@ -165,10 +167,21 @@ async def run_in_order(reading: Reading, runner: Runner, *, retry: bool) -> list
     return results
 
 
-def simple_names(names: list[str], first: Sequence[str]) -> list[str]:
-    """Variable names as the peers list them: theirs first (`first`), then the rest in the order the
-    code made them."""
-    return [*first, *(n for n in names if n not in first)]
+class PeerNames:
+    """The variables a peer's REPL lists after a cell (rlms, SkyRL): its own names first (`first`),
+    then the rest in the order the code made them. Those REPLs keep a cell's names only when it ran
+    to the end, so after an exception the list is the one before it."""
+
+    def __init__(self, first: Sequence[str], hidden: Sequence[str] = ()) -> None:
+        self.first = tuple(first)
+        self.hidden = set(hidden) | set(first)  # recursa's own names the peer's REPL does not have
+        self.names: list[str] | None = None
+
+    async def after(self, res: ExecResult, runner: Runner) -> list[str]:
+        if not res.error or self.names is None:
+            made = await runner.names()
+            self.names = [*self.first, *(n for n in made if n not in self.hidden)]
+        return self.names
 
 
 def tool_schema(name: str, argument: str, description: str) -> dict[str, Any]:

@@ -23,8 +23,9 @@ from recursa.loop.dialects.base import (
     run_in_order,
 )
 from recursa.loop.feedback import LAST_CALL_MESSAGE, NO_CODE_MESSAGE
-from recursa.loop.parse import ParsedReply, parse_reply
+from recursa.loop.parse import Reply, read_reply
 from recursa.loop.prompts import first_message, system_prompt, template_for
+from recursa.loop.rules import DEFAULT_RULES, ReplyRules, rules_of
 
 # Argument names under which roots trained on other harnesses pass code to a tool.
 CODE_ARGUMENTS = ("code", "source", "python", "script", "input")
@@ -36,6 +37,9 @@ class RecursaDialect:
     turn_prompt: TurnPromptKind = "kept"
     final_call = True
     no_code = NO_CODE_MESSAGE
+    # The rules its text replies are read by (recursa/loop/rules.py): a dialect built on this one
+    # chooses its own (ReplyRules().without(...), .adding(...), beside_code=...).
+    rules: ReplyRules = DEFAULT_RULES
 
     def tools(self) -> list[dict[str, Any]] | None:
         return None
@@ -68,15 +72,16 @@ class RecursaDialect:
             return Reading(message, [self._call_cell(c) for c in response.tool_calls], response.text)
         if not response.text.strip():
             return Reading(message, [], response.text)
-        return Reading(message, [Cell(parse_reply(response.text, unfenced_code=unfenced_code))], response.text)
+        rules = rules_of(self, unfenced_code=unfenced_code)
+        return Reading(message, [Cell(read_reply(response.text, rules))], response.text)
 
     def _call_cell(self, call: Any) -> Cell:
         """A tool call as a cell: its code, or (no code in it) a cell that only says why."""
         code = next((call.arguments[k] for k in CODE_ARGUMENTS if isinstance(call.arguments.get(k), str)), None)
         if call.error or code is None:
             why = call.error or "its arguments hold no code (pass it as `code`)"
-            return Cell(ParsedReply([], None), call, refused=f"Your call of {call.name!r} did not run: {why}.")
-        return Cell(ParsedReply([code], None), call)
+            return Cell(Reply([]), call, refused=f"Your call of {call.name!r} did not run: {why}.")
+        return Cell(Reply([code]), call)
 
     async def run(self, reading: Reading, runner: Runner, *, retry: bool) -> list[CellResult]:
         return await run_in_order(reading, runner, retry=retry)

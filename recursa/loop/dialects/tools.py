@@ -18,7 +18,7 @@ from recursa.errors import ConfigError
 from recursa.lm.base import ToolCall
 from recursa.loop.dialects.base import Cell, Opening, call_code, tool_schema
 from recursa.loop.dialects.native import RecursaDialect
-from recursa.loop.parse import ParsedReply
+from recursa.loop.parse import Reply
 
 DEFAULT_TOOL = "call_python_repl"
 DEFAULT_ARGUMENT = "code"
@@ -63,4 +63,4 @@ class ToolsDialect(RecursaDialect):
 
     def _call_cell(self, call: ToolCall) -> Cell:
         code, why = call_code(call, self.tool_name, self.tool_argument)
-        return Cell(ParsedReply([code] if code is not None else [], None), call, refused=why)
+        return Cell(Reply([code] if code is not None else []), call, refused=why)
