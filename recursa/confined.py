@@ -61,8 +61,13 @@ class ConfinedPath:
         return str(self.path)
 
 
-def read_context_path(target: Path | ConfinedPath) -> tuple[str | dict[str, str], list[str]]:
-    """The text of a file, or {relative name: text} for a folder, plus what was left out and why."""
+def read_context_path(
+    target: Path | ConfinedPath, images: dict[str, bytes] | None = None
+) -> tuple[str | dict[str, str], list[str]]:
+    """The text of a file, or {relative name: text} for a folder, plus what was left out and why.
+
+    A folder's image files (PNG, JPEG, GIF, WebP) are listed with a line saying what they are and
+    how to show them to a sub-model; their bytes go into `images` by the same name."""
     if isinstance(target, ConfinedPath):
         fd, real_root = _open_confined(target)
         allow_hard_links = target.allow_hard_links
@@ -75,6 +80,8 @@ def read_context_path(target: Path | ConfinedPath) -> tuple[str | dict[str, str]
         if stat.S_ISDIR(st.st_mode):
             walk = _Walk(real_root or _real_path(fd), allow_hard_links, _available_memory(), where)
             walk.folder(fd, "")
+            if images is not None:
+                images.update(walk.images)
             if not walk.files:
                 raise ContextError(
                     f"context directory {str(target)!r} holds no UTF-8 text files"
@@ -160,6 +167,7 @@ class _Walk:
         self.seen = 0  # names looked at (MAX_ENTRIES)
         self.truncated = False
         self.files: dict[str, str] = {}
+        self.images: dict[str, bytes] = {}  # image files by name (their entry in files describes them)
         self.skipped: list[str] = []
 
     def folder(self, dir_fd: int, prefix: str, depth: int = 0) -> None:
@@ -219,7 +227,16 @@ class _Walk:
         self.total += st.st_size
         _check_fits(self.where, self.total, self.free)
         try:
-            text = as_text(_read_fd(fd))
+            data = _read_fd(fd)
+            kind = image_type(data)
+            if kind is not None:
+                self.images[rel] = data
+                self.files[rel] = (
+                    f"[image file: {kind}, {len(data):,} bytes. Show it to a sub-model with "
+                    f"llm_query(prompt, images=[{rel!r}])]"
+                )
+                return
+            text = as_text(data)
         except OSError as exc:
             self.skipped.append(f"{rel} ({exc.strerror})")
         except NotText as exc:
@@ -278,6 +295,25 @@ class NotText(Exception):
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(reason)
         self.reason, self.detail = reason, detail
+
+
+_IMAGE_MAGIC = (
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"GIF87a", "image/gif"),
+    (b"GIF89a", "image/gif"),
+)
+
+
+def image_type(data: bytes) -> str | None:
+    """The image type of `data` from its first bytes (PNG, JPEG, GIF, WebP: what vision models
+    take), or None."""
+    for magic, kind in _IMAGE_MAGIC:
+        if data.startswith(magic):
+            return kind
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return None
 
 
 def as_text(data: bytes) -> str:

@@ -69,6 +69,8 @@ class ContextPayload:
     # might give other bytes, so that buffer is kept instead.
     rebuild: Callable[[], ContextPayload] | None = field(default=None, repr=False)
     released: bool = False  # the REPL freed the bytes while loading them: build it again to reuse
+    # A folder context's image files by name: kept on the host for llm_query(images=[name]).
+    images: dict[str, bytes] = field(default_factory=dict, repr=False)
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -232,9 +234,16 @@ def _encode_again(context: Any, sha256: str) -> ContextPayload:
 
 
 def _encode(context: Any) -> ContextPayload:
-    skipped: list[str] = []
     if isinstance(context, (Path, ConfinedPath)):
-        context, skipped = read_context_path(context)
+        images: dict[str, bytes] = {}
+        text, skipped = read_context_path(context, images)
+        payload = _encode_value(text, skipped)
+        payload.images = images
+        return payload
+    return _encode_value(context, [])
+
+
+def _encode_value(context: Any, skipped: list[str]) -> ContextPayload:
     if _blank(context):
         raise ContextError(_EMPTY if not context else _BLANK)
     if isinstance(context, (bytes, bytearray, memoryview)):

@@ -82,6 +82,13 @@ class Session:
     def trace_path(self) -> Any:
         return self._tree.trace.path if self._tree is not None else None
 
+    @property
+    def repl_pid(self) -> int | None:
+        """The REPL worker's process id while it runs where this host can see it (None before the
+        first question, or for a sandbox without a local process)."""
+        pid = getattr(self._sandbox, "pid", None)
+        return pid if isinstance(pid, int) else None
+
     # -- async ---------------------------------------------------------------------------------
     async def __aenter__(self) -> Session:
         return self

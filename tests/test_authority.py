@@ -214,3 +214,18 @@ def _ns_pids(pid: int) -> list[int]:
             if line.startswith("NSpid:"):
                 return [int(x) for x in line.split()[1:]]
     return []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the refusal is a root host's: this test runs as a user")
+async def test_a_root_host_refuses_a_worker_that_could_change_its_files(tmp_path, monkeypatch):
+    """Where the worker keeps root's identity and no read-only mount holds (here: the unprivileged
+    ids are root's own, and no scratch tmpfs means no mount namespace of its own), the start fails
+    with what to do, and leaves no worker behind: never a silent mode open to chmod of root's files."""
+    from recursa.errors import SandboxError
+    from recursa.sandbox import hardened
+
+    monkeypatch.setattr(hardened, "unprivileged_ids", lambda: (0, 0))
+    sb = SubprocessSandbox(bwrap=False, scratch_root=tmp_path, hardening=Hardening(max_scratch_bytes=None))
+    with pytest.raises(SandboxError, match="bubblewrap"):
+        await sb.start(_noop)
+    await sb.close()

@@ -241,3 +241,57 @@ async def test_an_answer_holding_surrogates_reaches_the_client(tmp_path):
         result = await client.call_tool(TOOL_NAME, {"question": question, "context_text": "ctx"})
     assert not result.is_error, result.content
     assert result.structured_content["answer"] == "lone \ufffd pair \U0001f600 end"
+
+
+def test_http_transport_keeps_the_servers_shares(tmp_path):
+    """As for recursa serve: a body past the JSON bounds is a 413 before the SDK builds it, a trickled
+    body is a 408 at its deadline, and a caller past its share of requests is a 429 (one shared key's
+    holders are one caller)."""
+    import socket
+
+    from recursa.serve.mcp_server import http_app
+    from tests.helpers import wait_until
+
+    key = "mcp-shared-key-0123456789"
+    settings = ServeSettings(
+        model=MODEL,
+        sub_model=SUB,
+        trace_dir=tmp_path,
+        api_key=key,
+        body_timeout_s=3,
+        max_runs=1,
+        max_waiting=8,
+        max_runs_per_caller=1,
+        max_waiting_per_caller=0,
+    )
+    headers = {
+        "accept": "application/json, text/event-stream",
+        "content-type": "application/json",
+        "authorization": f"Bearer {key}",
+    }
+    with BackgroundServer(http_app(build_mcp_server(settings), settings)) as srv:
+        flood = b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"x": [' + b"1," * 150_000 + b"1]}}"
+        refused = httpx.post(srv.url + "/mcp", content=flood, headers=headers, timeout=60)
+        assert refused.status_code == 413 and "JSON values" in refused.text
+        slow = socket.create_connection(("127.0.0.1", srv.port))
+        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        slow.sendall(f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n{head}Content-Length: 500\r\n\r\n{{".encode())
+
+        # While the trickled body holds the caller's one place (once its head is in), the caller gets
+        # a 429 ...
+        def busy() -> bool:
+            ping = httpx.post(
+                srv.url + "/mcp", json={"jsonrpc": "2.0", "id": 2, "method": "ping"}, headers=headers
+            )
+            return ping.status_code == 429 and "caller_busy" in ping.text
+
+        wait_until(busy, timeout_s=30, what="the trickled request to hold the caller's place")
+        slow.settimeout(60)
+        reply = slow.recv(4096).decode()
+        slow.close()
+        assert reply.startswith("HTTP/1.1 408"), reply
+        # ... and once the deadline freed it, its place is back.
+        ping = httpx.post(
+            srv.url + "/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"}, headers=headers
+        )
+        assert ping.status_code == 400 and "Missing session ID" in ping.text

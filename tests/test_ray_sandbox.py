@@ -18,7 +18,8 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from recursa import RLM, Budget  # noqa: E402
 from recursa.env import RLMEnv  # noqa: E402
 from recursa.errors import ConfigError, SandboxLost  # noqa: E402
-from recursa.sandbox import make_sandbox  # noqa: E402
+from recursa.sandbox import cgroups, make_sandbox  # noqa: E402
+from recursa.sandbox.base import CallbackError  # noqa: E402
 from recursa.sandbox.cluster import NodeLost, RaySandbox, node_hosts, shutdown_hosts  # noqa: E402
 from recursa.tasks import generate  # noqa: E402
 
@@ -92,6 +93,8 @@ async def test_one_tree_stays_on_one_node_and_a_context_crosses_once_per_node(cl
 
     async def handler(name: str, args: dict) -> str:
         calls.append((name, args))
+        if args.get("prompt") == "too dear":
+            raise CallbackError("BudgetExceeded", "the budget's max_usd=1 is used up")
         return "from the driver"
 
     repls = [make_sandbox("ray", **ray_options(affinity="tree-1")) for _ in range(3)]
@@ -104,6 +107,11 @@ async def test_one_tree_stays_on_one_node_and_a_context_crosses_once_per_node(cl
         assert all(r.stdout.strip() == f"{len('the same context for every REPL') * 5_000 + 5_000} from the driver"
                    for r in results), [r.stdout + r.stderr for r in results]  # fmt: skip
         assert [c[0] for c in calls] == ["llm_query"] * 3
+        # An error raised on the driver reaches the node's code as the same exception, as locally.
+        refused = await repls[0].execute(
+            "try:\n    llm_query('too dear')\nexcept BudgetExceeded as e:\n    print('refused:', e)", 30
+        )
+        assert "refused: the budget's max_usd=1 is used up" in refused.stdout, refused
         host = repls[0].pool.host(repls[0].node)  # type: ignore[attr-defined]
         facts = await host.describe.remote()
         assert facts["contexts"] == 1 and facts["live_repls"] >= 3
@@ -175,6 +183,20 @@ def test_skyrl_rows_run_on_the_cluster_unchanged(cluster: dict) -> None:
     last = env.step("FINAL(16)")
     assert last["done"]
     env.close()
+
+
+@pytest.mark.skipif(cgroups.memory_available() is None, reason="this host can make no memory control group")
+def test_the_environments_memory_bound_holds_on_the_nodes(cluster: dict, tmp_path: Path) -> None:
+    env = RLMEnv("scripted/gpt5-like", sandbox="ray", trace_dir=tmp_path, max_turns=5, exec_timeout=60,
+                 max_memory_bytes=256 << 20, sandbox_options={"resources": {"node_a": 1}})  # fmt: skip
+    try:
+        episode = env.start_sync("q?", "ctx")
+        grab = "held = bytearray(300 << 20)\nfor i in range(0, len(held), 4096):\n    held[i] = 1\nprint('holding')"
+        text = episode.step_sync(f"```repl\n{grab}\n```")[0]["content"]
+        assert "reached their memory bound (256 MiB)" in text, text
+        assert episode.result.isolation["ray_node"] == cluster["a"]
+    finally:
+        env.close()
 
 
 def test_env_on_the_cluster_a_lost_node_fails_only_its_episodes_and_close_reaps(cluster: dict, tmp_path: Path) -> None:

@@ -174,3 +174,14 @@ def test_sandbox_options_reach_the_sandbox_and_bad_ones_are_named(server, script
     assert result.answer == "visible"
     with pytest.raises(ConfigError, match="sandbox_options"):
         make_rlm(server, tmp_path, sandbox_options={"no_such_option": 1}).run("q", "c")
+
+
+def test_strict_reply_rules_are_one_setting(server, script, tmp_path):
+    # Under the paper's protocol alone a ```python block does not run and `FINAL 345` is no answer.
+    script.root("root-model", "```python\nprint(1)\n```", "FINAL 345", "```repl\nx = 345\n```", "FINAL(345)")
+    result = make_rlm(server, tmp_path, dialect_options={"reply_rules": "strict"}).run("q", "ctx")
+    assert result.answer == "345" and result.iterations == 4
+    executed = [e["code"] for e in load(result.trace_path).events if e["type"] == "exec"]
+    assert executed == ["x = 345"]
+    with pytest.raises(ConfigError, match="reply_rules='loose'"):
+        make_rlm(server, tmp_path, dialect_options={"reply_rules": "loose"})

@@ -21,9 +21,20 @@ def test_a_serial_test_is_announced_as_it_starts_running_alone(tmp_path):
         "import pytest\n\n\ndef test_plain():\n    pass\n\n\n"
         "@pytest.mark.serial\ndef test_alone():\n    pass\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        # Only xdist: the installed plugins' imports cost three processes ~14 s of CPU here.
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+    }
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-n", "2", "-p", "no:cacheprovider", "-o", "markers=serial", "-q"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            *("-p", "xdist.plugin", "-n", "2", "-p", "no:cacheprovider"),
+            *("-o", "markers=serial", "-q"),
+        ],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -193,7 +193,7 @@ def test_one_caller_cannot_take_every_session(tmp_path: Path) -> None:
         trace_dir=tmp_path,
         api_key=SHARED,
         api_keys={"alice": ALICE, "bob": BOB},
-        max_sessions=6,
+        max_sessions=5,
         max_sessions_per_caller=2,
     )
     alice = _headers(ALICE)
@@ -208,12 +208,16 @@ def test_one_caller_cannot_take_every_session(tmp_path: Path) -> None:
         # A client with a key of its own does not get more by sending client secrets.
         minted = ask(srv, _headers(ALICE, "alice-minted-secret-01"), "a3", "FINAL('ok')", context="c")
         assert minted.status_code == 429 and minted.json()["error"]["code"] == "too_many_sessions_per_caller"
-        # Everyone else still gets sessions: another key, and holders of the shared key apart.
-        assert answer(ask(srv, _headers(BOB), "b1", "FINAL('ok')", context="c")) == "ok"
-        for secret in ("first-client-secret-000", "second-client-secret-00", "third-client-secret-000"):
+        # Nor does a holder of the shared key: its secrets keep sessions apart, but the shared key is
+        # one caller with one share however it labels itself (a fresh secret per request took every
+        # session, and keyed callers then got 429 until the sessions expired).
+        for secret in ("first-client-secret-000", "second-client-secret-00"):
             assert answer(ask(srv, _headers(SHARED, secret), "s-one", "FINAL('ok')", context="c")) == "ok"
-        # Each minted secret is a new share under the shared key, but the server's cap bounds them all.
-        over = ask(srv, _headers(SHARED, "fourth-client-secret-00"), "s-one", "FINAL('ok')", context="c")
+        third = ask(srv, _headers(SHARED, "third-client-secret-000"), "s-one", "FINAL('ok')", context="c")
+        assert third.status_code == 429 and third.json()["error"]["code"] == "too_many_sessions_per_caller"
+        # Everyone else still gets sessions, up to the server's cap.
+        assert answer(ask(srv, _headers(BOB), "b1", "FINAL('ok')", context="c")) == "ok"
+        over = ask(srv, _headers(BOB), "b2", "FINAL('ok')", context="c")
         assert over.status_code == 429 and over.json()["error"]["code"] == "too_many_sessions", over.text
         # A session Alice closes is room for her next one; her open ones still answer.
         assert answer(ask(srv, alice, "a1", "FINAL('again')")) == "again"
@@ -222,9 +226,15 @@ def test_one_caller_cannot_take_every_session(tmp_path: Path) -> None:
 
 
 def test_the_per_caller_default_is_a_quarter_of_the_server_cap() -> None:
-    assert ServeSettings(model=ROOT, max_sessions=32).sessions_per_caller == 8
-    assert ServeSettings(model=ROOT, max_sessions=2).sessions_per_caller == 1
+    keyed = {"api_keys": {"alice": ALICE}}
+    assert ServeSettings(model=ROOT, max_sessions=32, **keyed).sessions_per_caller == 8
+    assert ServeSettings(model=ROOT, max_sessions=2, **keyed).sessions_per_caller == 1
     assert ServeSettings(model=ROOT, max_sessions_per_caller=5).sessions_per_caller == 5
+    shares = ServeSettings(model=ROOT, max_runs=8, max_waiting=40, **keyed)
+    assert (shares.runs_per_caller, shares.waiting_per_caller) == (2, 10)
+    # Where every request is the one caller (no key, or only the shared one), its share is the server.
+    alone = ServeSettings(model=ROOT, api_key=SHARED, max_sessions=32, max_runs=8, max_waiting=0)
+    assert (alone.sessions_per_caller, alone.runs_per_caller, alone.waiting_per_caller) == (32, 8, 0)
     with pytest.raises(ConfigError, match="max_sessions_per_caller must be >= 1"):
         ServeSettings(model=ROOT, max_sessions_per_caller=0)
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}

@@ -42,6 +42,8 @@ class BackgroundServer:
         access_log: bool = True,
         name: str = "recursa-server",
         head_timeout_s: float = HEAD_TIMEOUT_S,
+        max_connections: int | None = None,
+        max_connections_per_address: int | None = None,
     ) -> None:
         self.app = app
         self.host = host
@@ -50,6 +52,7 @@ class BackgroundServer:
         self.access_log = access_log
         self.name = name
         self.head_timeout_s = head_timeout_s
+        self.caps = (max_connections, max_connections_per_address)
         self.port = 0
         self._server: _PromptServer | None = None
         self._thread: threading.Thread | None = None
@@ -72,6 +75,9 @@ class BackgroundServer:
             sock.close()
             raise
         self.port = sock.getsockname()[1]
+        protocol = head_timeout_protocol(
+            self.head_timeout_s, max_connections=self.caps[0], per_address=self.caps[1]
+        )
         config = uvicorn.Config(
             self.app,
             host=self.host,
@@ -81,7 +87,8 @@ class BackgroundServer:
             access_log=self.access_log,
             lifespan=self.lifespan,
             timeout_graceful_shutdown=2,
-            http=head_timeout_protocol(self.head_timeout_s),
+            http=protocol,
+            backlog=protocol.caps.backlog,
         )
         server = _PromptServer(config)
         self._server = server

@@ -144,6 +144,12 @@ class RLMEnv:
         self.fork = own.fork and SANDBOXES[sandbox].forks and "fork_server" not in (sandbox_options or {})
         self.quota = ReplQuota(own.max_live_repls)
         self.memory_pool = _memory_pool(own.max_memory_bytes, sandbox, self.config.sandbox_options)
+        # On a cluster each node's kernel bounds its share of the REPLs (cluster/node.py).
+        self._cluster_memory = (
+            {"memory_group": new_id("env"), "memory_bytes": own.max_memory_bytes}
+            if sandbox == "ray" and own.max_memory_bytes is not None
+            else {}
+        )
         self._shared = PerLoop()
         self._private = PrivateLoop()
         self._closing = False  # close() is closing the blocking API's episodes and loop
@@ -265,7 +271,7 @@ class RLMEnv:
             if user is not None:
                 user(event)
 
-        options = dict(self.config.sandbox_options or {})
+        options = {**self._cluster_memory, **(self.config.sandbox_options or {})}
         if self.memory_pool is not None:
             options["memory_pool"] = self.memory_pool
         resources = self._shared.here()

@@ -17,6 +17,7 @@ from typing import Any
 from recursa.lm.api_call import Endpoint, call_api, resolve_credentials
 from recursa.lm.base import LMRequest, LMResponse, Message
 from recursa.lm.billing import AttemptUsage, BilledFailure
+from recursa.lm.images import anthropic_content
 from recursa.lm.json_http import JsonPoster
 from recursa.lm.retry import RetryPolicy, public_url
 from recursa.lm.tool_format import (
@@ -50,17 +51,30 @@ def to_anthropic(messages: list[Message]) -> tuple[str | None, list[dict[str, An
             continue
         if role != "assistant":
             role = "user"
+        if isinstance(content, list):  # content parts with images (recursa/lm/images.py)
+            content = anthropic_content(content)
         if out and out[-1]["role"] == role:
-            out[-1]["content"] = f"{out[-1]['content']}\n\n{content}"
+            out[-1]["content"] = _joined(out[-1]["content"], content)
         else:
             out.append({"role": role, "content": content})
     for msg in out:
-        if not msg["content"].strip():
+        if isinstance(msg["content"], str) and not msg["content"].strip():
             msg["content"] = _EMPTY
-    if out and out[-1]["role"] == "assistant":
+    if out and out[-1]["role"] == "assistant" and isinstance(out[-1]["content"], str):
         # A trailing assistant message is a prefill; the API rejects trailing whitespace there.
         out[-1]["content"] = out[-1]["content"].rstrip()
     return ("\n\n".join(system) if system else None), out
+
+
+def _joined(first: str | list[dict[str, Any]], second: str | list[dict[str, Any]]) -> Any:
+    """Two messages' contents as one: text joined by a blank line, blocks kept in order."""
+    if isinstance(first, str) and isinstance(second, str):
+        return f"{first}\n\n{second}"
+
+    def blocks(content: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{"type": "text", "text": content or _EMPTY}] if isinstance(content, str) else content
+
+    return [*blocks(first), *blocks(second)]
 
 
 _MARK = {"type": "ephemeral"}

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 # {"role": "system" | "user" | "assistant" | "tool", "content": str}; tool conversations add the
-# keys described in recursa/lm/tool_format.py.
+# keys described in recursa/lm/tool_format.py; a sub-call with images has a list of content parts
+# (recursa/lm/images.py).
 Message = dict[str, Any]
 
 
@@ -106,10 +107,27 @@ def estimate_tokens_upper(messages: list[Message], max_output_tokens: int = 0) -
     """
     total = 8
     for m in messages:
-        total += _utf8_len(m.get("content") or "") + 8
+        total += content_bytes(m.get("content")) + 8
         if m.get("tool_calls"):
             total += _utf8_len(json.dumps(m["tool_calls"], ensure_ascii=False))
     return total + max_output_tokens
+
+
+# No provider bills more for one image than this, after its own resizing (Anthropic about 1,600
+# tokens, OpenAI at most about 1,100): what a reservation counts per image part.
+IMAGE_TOKENS_UPPER = 2_000
+
+
+def content_bytes(content: Any) -> int:
+    """UTF-8 bytes of a message's text (str content, or the text parts of a list of content parts,
+    recursa/lm/images.py), plus IMAGE_TOKENS_UPPER per image part."""
+    if isinstance(content, list):
+        return sum(
+            IMAGE_TOKENS_UPPER if p.get("type") == "image" else _utf8_len(p.get("text") or "")
+            for p in content
+            if isinstance(p, dict)
+        )
+    return _utf8_len(content or "")
 
 
 def _utf8_len(text: str) -> int:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from recursa.errors import LMError
-from recursa.lm.base import LMResponse, Message
+from recursa.lm.base import IMAGE_TOKENS_UPPER, LMResponse, Message
 
 _CHARS_PER_TOKEN = 4
 _TOKENS_PER_MESSAGE = 4
@@ -83,7 +83,11 @@ def estimate_reply_tokens(response: LMResponse) -> int:
 def _message_text(message: Message) -> str:
     # Tool-calling turns carry their calls beside (or instead of) text; the provider bills both.
     text = message.get("content") or ""
-    if not isinstance(text, str):
+    if isinstance(text, list):  # content parts: an image counts as its worst case, not its base64
+        images = sum(1 for p in text if isinstance(p, dict) and p.get("type") == "image")
+        words = "".join(str(p.get("text") or "") for p in text if isinstance(p, dict))
+        text = words + "x" * (IMAGE_TOKENS_UPPER * _CHARS_PER_TOKEN * images)
+    elif not isinstance(text, str):
         text = _json(text)
     calls = message.get("tool_calls")
     return f"{text}{_json(calls)}" if calls else text

@@ -22,6 +22,7 @@ from recursa.errors import BudgetExceeded, ContextLengthError, LMError
 from recursa.lm.base import CallMeta, LMClient, LMRequest, LMResponse, Message, estimate_tokens_upper
 from recursa.lm.billing import AttemptUsage, BilledFailure
 from recursa.lm.call_cache import Cached, CallCache, call_key
+from recursa.lm.images import content_text, image_refs
 from recursa.lm.limiter import Limiter
 from recursa.lm.prices import PriceBook
 from recursa.lm.registry import make_client, parse_model
@@ -145,7 +146,10 @@ class ModelGateway:
             base_event["new_messages"] = trace_messages
         else:
             base_event["prompt"] = fold(_prompt_text(messages), SUB_PROMPT_TRACE_CHARS)
-            base_event["prompt_chars"] = sum(len(m.get("content") or "") for m in messages)
+            base_event["prompt_chars"] = sum(len(content_text(m.get("content"))) for m in messages)
+            images = image_refs(messages)
+            if images:
+                base_event["images"] = images  # references (type, size, sha256 or URL), not bytes
         if sampling:
             base_event["sampling"] = dict(sampling)
         try:
@@ -487,8 +491,8 @@ def _token_fields(response: LMResponse) -> dict[str, Any]:
 
 def _prompt_text(messages: list[Message]) -> str:
     if len(messages) == 1:
-        return messages[0]["content"] or ""
-    return "\n\n".join(f"[{m['role']}]\n{m.get('content') or _calls_text(m)}" for m in messages)
+        return content_text(messages[0]["content"])
+    return "\n\n".join(f"[{m['role']}]\n{content_text(m.get('content')) or _calls_text(m)}" for m in messages)
 
 
 def _calls_text(message: Message) -> str:

@@ -6,8 +6,9 @@ import asyncio
 from typing import Any
 
 from recursa.lm.api_call import Endpoint, call_api, resolve_credentials
-from recursa.lm.base import LMRequest, LMResponse
+from recursa.lm.base import LMRequest, LMResponse, Message
 from recursa.lm.billing import AttemptUsage, BilledFailure
+from recursa.lm.images import openai_content
 from recursa.lm.json_http import JsonPoster, env_headers, shared_tls_context
 from recursa.lm.retry import RetryPolicy, public_url
 from recursa.lm.tool_format import has_tool_messages, openai_messages, openai_tool_calls, openai_tools
@@ -84,7 +85,7 @@ class OpenAIClient:
         tooling = bool(request.tools) or has_tool_messages(request.messages)
         body: dict[str, Any] = {
             "model": self.model,
-            "messages": openai_messages(request.messages) if tooling else request.messages,
+            "messages": openai_messages(request.messages) if tooling else _with_images(request.messages),
             self._max_tokens_field: request.max_output_tokens,
         }
         if request.tools:
@@ -128,6 +129,14 @@ class OpenAIClient:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+
+def _with_images(messages: list[Message]) -> list[Message]:
+    """Messages with content parts (images) in the Chat Completions form; plain ones as they are.
+    (A tool-calling conversation goes through tool_format.openai_messages, which does the same.)"""
+    if all(isinstance(m.get("content"), str | None) for m in messages):
+        return messages
+    return [{**m, "content": openai_content(m.get("content"))} for m in messages]
 
 
 def _usage(resp: dict[str, Any]) -> AttemptUsage | None:

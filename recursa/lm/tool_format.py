@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from recursa.lm.base import Message, ToolCall
+from recursa.lm.images import anthropic_content, openai_content
 
 
 def has_tool_messages(messages: list[Message]) -> bool:
@@ -50,7 +51,7 @@ def openai_messages(messages: list[Message]) -> list[dict[str, Any]]:
         elif m.get("role") == "tool":
             out.append({"role": "tool", "tool_call_id": m["tool_call_id"], "content": m["content"]})
         else:
-            out.append(m)
+            out.append({**m, "content": openai_content(m.get("content"))})
     return out
 
 
@@ -131,6 +132,8 @@ def anthropic_messages(messages: list[Message]) -> tuple[str | None, list[dict[s
                 for c in m.get("tool_calls") or []
             ]
             add("assistant", blocks or [{"type": "text", "text": "(empty)"}])
+        elif isinstance(content, list):  # content parts with images (recursa/lm/images.py)
+            add("user", anthropic_content(content))
         else:
             add("user", [{"type": "text", "text": content or "(empty)"}])
     return ("\n\n".join(system) if system else None), out

@@ -20,14 +20,11 @@ from typing import Any
 from genai_prices import data_snapshot
 
 from recursa.errors import ContextLengthError
-from recursa.lm.base import Message
+from recursa.lm.base import IMAGE_TOKENS_UPPER, Message
 from recursa.lm.registry import parse_model
 
 _BYTES_PER_TOKEN = 3
 _TOKENS_PER_MESSAGE = 8
-# Tokens counted for an image part when nothing better is known: Anthropic's and OpenAI's largest
-# images after their own resizing cost about 1,600 and 1,100 tokens.
-IMAGE_TOKENS = 1_600
 
 
 def prompt_tokens(messages: list[Message]) -> int:
@@ -45,7 +42,7 @@ def _content_tokens(content: Any) -> int:
         return _text_tokens(content)
     if isinstance(content, list):  # content parts: text and images
         return sum(
-            IMAGE_TOKENS if isinstance(p, dict) and p.get("type") == "image" else _content_tokens(p.get("text"))
+            IMAGE_TOKENS_UPPER if p.get("type") == "image" else _content_tokens(p.get("text"))
             for p in content
             if isinstance(p, dict)
         )
@@ -99,6 +96,6 @@ class ContextWindows:
 def _chars(content: Any) -> int:
     if isinstance(content, str):
         return len(content)
-    if isinstance(content, list):
+    if isinstance(content, list):  # content parts: the text's characters (images are counted as tokens)
         return sum(len(p.get("text") or "") for p in content if isinstance(p, dict))
     return 0

@@ -159,7 +159,8 @@ def _subcall_tools(s: PromptSettings) -> str:
     if s.max_depth <= 0:
         return "- No model calls are available from code in this run: work with code alone."
     lines = [
-        f"- `llm_query(prompt, model=None) -> str`: asks a language model; it can read about "
+        f"- `llm_query(prompt, model=None, images=None) -> str`: asks a language model (`images=`: image "
+        "bytes, names of the context's image files or https URLs); it can read about "
         f"{s.sub_model_chars:,} characters of prompt, so hand it large pieces of the context.",
         "- `llm_query_batched(prompts, model=None) -> list[str]` (also `llm_batch`): many prompts at "
         "once, answered in parallel and returned in order. Much faster than a loop of llm_query.",

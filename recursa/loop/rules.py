@@ -26,6 +26,7 @@ Choosing rules (for a dialect, a setting, a test): a `ReplyRules` is an immutabl
     ReplyRules(beside_code="always")            an answer beside code is taken once the code has run,
                                                 confirmed or not (the `answer_beside_code` rule decides
                                                 when it is on; off, such an answer always waits)
+A setting names a rule set: RLM(dialect_options={"reply_rules": "strict"}) (`named_rules`).
 Unknown names raise KeyError, so a misspelt switch fails at once. docs/reference/replies.md lists the
 rules, generated from `RULES` at docs build (docs/hooks/reply_rules.py).
 """
@@ -36,6 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from recursa.errors import ConfigError
 from recursa.loop import cleaning
 from recursa.loop.fences import Fence
 from recursa.loop.finals import ProseFinal
@@ -377,6 +379,20 @@ class ReplyRules:
 
 
 DEFAULT_RULES = ReplyRules()
+# The rule sets a setting names: RLM(dialect_options={"reply_rules": "strict"}).
+RULE_SETS: dict[str, ReplyRules] = {"default": DEFAULT_RULES, "strict": ReplyRules.strict()}
+
+
+def named_rules(spec: ReplyRules | str) -> ReplyRules:
+    """The rules `spec` names ("default", "strict"), or `spec` itself when it is a ReplyRules."""
+    if isinstance(spec, ReplyRules):
+        return spec
+    if isinstance(spec, str) and spec in RULE_SETS:
+        return RULE_SETS[spec]
+    raise ConfigError(
+        f"reply_rules={spec!r}: give one of {', '.join(map(repr, RULE_SETS))} (\"strict\": the paper's "
+        "protocol only) or a recursa.loop.rules.ReplyRules"
+    )
 
 
 def rules_of(dialect: object, *, unfenced_code: bool = True) -> ReplyRules:

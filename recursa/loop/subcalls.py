@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from recursa.context import ContextPayload, load_payload
 from recursa.errors import BudgetExceeded, ContextError, ContextLengthError, LMError
 from recursa.lm.base import CallMeta, LMResponse, Message
+from recursa.lm.images import ImageError, base64_part, bytes_part, url_part
 from recursa.lm.prices import PriceBook
 from recursa.lm.registry import parse_model
 from recursa.loop.tree import CallTree
@@ -42,6 +43,7 @@ class CallingRun(Protocol):
 
     tree: CallTree
     prices: PriceBook
+    payload: ContextPayload  # its context (a folder's images are what llm_query(images=[name]) names)
     depth: int
     run_id: str
     usage_scopes: list[Usage]
@@ -112,7 +114,39 @@ class SubcallHandler:
 
     # -- plain model calls -------------------------------------------------------------------
     async def _llm_query(self, args: dict[str, Any]) -> str:
-        return await self._one_llm(_text_arg(args, "prompt", "llm_query"), args.get("model"))
+        prompt = _text_arg(args, "prompt", "llm_query")
+        images = self._images(args.get("images"))
+        return await self._one_llm(prompt, args.get("model"), images)
+
+    def _images(self, given: Any) -> list[dict[str, Any]]:
+        """The image parts of llm_query(images=[...]) (the worker's form: recursa/sandbox/worker/images.py)."""
+        if given is None:
+            return []
+        if not isinstance(given, list) or not all(isinstance(g, dict) for g in given):
+            raise CallbackError("TypeError", "llm_query: malformed images= from the REPL")
+        folder = self.run.payload.images
+        parts: list[dict[str, Any]] = []
+        try:
+            for i, item in enumerate(given):
+                where = f"llm_query: images[{i}]"
+                if isinstance(item.get("data"), str):
+                    parts.append(base64_part(item["data"], where))
+                elif isinstance(item.get("url"), str):
+                    parts.append(url_part(item["url"], where))
+                elif isinstance(item.get("path"), str):
+                    name = item["path"].removeprefix("./")
+                    if name not in folder:
+                        known = ", ".join(sorted(folder)[:20]) or "none: the context is not a folder with images"
+                        raise ImageError(
+                            f"{where}: {name[:200]!r} is not an image file of the context (its image "
+                            f"files: {known}); pass the image's bytes, or an https:// URL"
+                        )
+                    parts.append(bytes_part(folder[name], f"{where} ({name})"))
+                else:
+                    raise CallbackError("TypeError", f"{where}: malformed image from the REPL")
+        except ImageError as exc:
+            raise CallbackError("ValueError", str(exc)) from None
+        return parts
 
     async def _llm_query_batched(self, args: dict[str, Any]) -> list[Any]:
         prompts = _list_arg(args, "prompts", "llm_query_batched")
@@ -137,9 +171,10 @@ class SubcallHandler:
             for item in items
         ]
 
-    async def _one_llm(self, prompt: str, model: str | None) -> str:
+    async def _one_llm(self, prompt: str, model: str | None, images: list[dict[str, Any]] | None = None) -> str:
         spec = self._resolve_model(model)
         run = self.run
+        content: str | list[dict[str, Any]] = [{"type": "text", "text": prompt}, *images] if images else prompt
 
         async def call(messages: list[Message], tools: list[dict[str, Any]] | None) -> LMResponse:
             meta = CallMeta(
@@ -159,14 +194,14 @@ class SubcallHandler:
             if self.config.sub_tools:
                 return await call_with_tools(
                     call,
-                    prompt,
+                    content,
                     self.config.sub_tools,
                     run.tree.tool_runner,
                     rounds=self.config.sub_tool_rounds,
                     trace=run.tree.trace,
                     run_id=run.run_id,
                 )
-            response = await call([{"role": "user", "content": prompt}], None)
+            response = await call([{"role": "user", "content": content}], None)
         except BudgetExceeded as exc:
             raise CallbackError("BudgetExceeded", str(exc)) from None
         except ContextLengthError as exc:

@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Callable, Collection, Iterator
 from typing import ClassVar
 
-from recursa.sandbox.proc import kill_owned, processes
+from recursa.sandbox.proc import kill_owned, processes, status_bytes
 
 ZOMBIE_FACTOR = 8  # zombies allowed per allowed process before the whole group is killed
 POLL_S = 0.05  # how often the system's thread count is read
@@ -259,14 +259,7 @@ def interrupt_main_thread(pid: int) -> None:
 
 def data_usage(pid: int) -> int | None:
     """VmData of `pid` in bytes (what RLIMIT_DATA counts), or None."""
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("VmData:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return None
+    return status_bytes(pid, "VmData") or None
 
 
 def set_data_limit(pid: int, limit: int, as_ids: tuple[int, int] | None = None) -> int | None:

@@ -21,6 +21,7 @@ import itertools
 import os
 
 from recursa.sandbox import cgroups
+from recursa.sandbox.proc import status_bytes
 
 _counter = itertools.count(1)
 _START_BYTES = 32 << 20  # about what a REPL holds once started, its context aside
@@ -82,7 +83,7 @@ class MemoryPool:
 
     @property
     def enforced(self) -> str | None:
-        """"memory cgroup (v1)" / "(v2)" where the kernel bounds the pool, else None."""
+        """ "memory cgroup (v1)" / "(v2)" where the kernel bounds the pool, else None."""
         return f"memory cgroup ({self.kind})" if self.path is not None else None
 
     def register(self, pid: int) -> None:
@@ -100,7 +101,7 @@ class MemoryPool:
             return int(text) if text.isdigit() else 0
         total = 0
         for pid in list(self._fallback):
-            rss = _resident(pid)
+            rss = status_bytes(pid, "VmRSS")
             if rss is None:
                 self._fallback.discard(pid)
             else:
@@ -124,14 +125,3 @@ class MemoryPool:
             return False
         self.path, self._made = None, False
         return True
-
-
-def _resident(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        return None
-    return 0

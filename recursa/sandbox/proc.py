@@ -22,6 +22,19 @@ def stat_fields(pid: int | str) -> list[bytes] | None:
     return fields if len(fields) > 3 else None
 
 
+def status_bytes(pid: int, field: str) -> int | None:
+    """A size field of /proc/<pid>/status ("VmData", "VmRSS", ...) in bytes; None when the process
+    is gone, 0 when it has no such field (a zombie has no memory)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return 0
+
+
 def processes() -> Iterator[tuple[int, list[bytes]]]:
     """(pid, stat fields) of every process now running, zombies included."""
     try:

@@ -289,7 +289,12 @@ class SubprocessSandbox(WorkerHost):
             if isinstance(exc, WorkerGone) and self._hardening.start_failed(tail):
                 return await self._spawn_started()  # bwrap cannot run here: the same worker without it
             raise error from None
-        self._worker_ready(worker, proc.pid, ready)
+        try:
+            self._worker_ready(worker, proc.pid, ready)
+        except SandboxError:  # it runs, but not as safely as this host demands: stop it
+            await worker.kill()
+            self._release_log(worker)
+            raise
         return worker
 
     def _worker_ready(

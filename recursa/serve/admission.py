@@ -1,11 +1,14 @@
-"""How much a server takes in at once: chat requests (`AdmissionLimit`) and request bodies (`BodyLimit`).
+"""How much a server takes in at once: requests that start runs (`AdmissionLimit`) and request
+bodies (`BodyLimit`).
 
 `max_runs` bounds the runs going at once, but a request waiting for a slot already holds its body
 (up to `max_context_bytes`) and any context it fetched, and nothing bounded how many could wait: a
 client opening thousands of requests could fill the server's memory before one of them ran. So a
-chat request past `max_runs + max_waiting` in progress is answered 429 at once, before its body is
-read. A request counts from its first byte to its last (a streamed answer included), so the count
-cannot leak whatever way a request ends.
+request that would start a run, past `max_runs + max_waiting` in progress, is answered 429 at once,
+before its body is read; and so is one past its caller's share (`runs_per_caller +
+waiting_per_caller`, the caller told from the request's key alone, recursa.serve.callers), so one
+caller's flood leaves the rest of the server to everyone else. A request counts from its first
+byte to its last (a streamed answer included), so the counts cannot leak whatever way it ends.
 
 `BodyLimit` caps a request body for apps that read bodies whole themselves (the MCP SDK's HTTP
 transport does): a declared length over the cap is a 413 before anything is read, and a body sent
@@ -32,35 +35,81 @@ RUN_PATHS = frozenset((CHAT_PATH, "/v1/responses", MESSAGES_PATH))
 
 
 class AdmissionLimit:
-    """ASGI middleware: at most `limit` requests that start runs in progress; more get 429 with Retry-After."""
+    """ASGI middleware: at most `limit` requests that start runs in progress, and at most
+    `per_caller` of one caller's (`caller_of(headers)`: its share's name, None for a request that
+    does not authenticate, which the app refuses itself); more get 429 with Retry-After.
+    `paths`: the requests that start runs (POST to them only, when `post_only`)."""
 
-    def __init__(self, app: ASGIApp, *, limit: int, retry_after_s: int = 1) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        limit: int,
+        per_caller: int | None = None,
+        caller_of: Callable[[dict[bytes, bytes]], str | None] | None = None,
+        paths: frozenset[str] = RUN_PATHS,
+        post_only: bool = False,
+        retry_after_s: int = 1,
+    ) -> None:
         self.app = app
         self.limit = limit
+        self.per_caller = per_caller
+        self.caller_of = caller_of
+        self.paths = paths
+        self.post_only = post_only
         self.retry_after_s = retry_after_s
         self.in_progress = 0
+        self.by_caller: dict[str, int] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path") not in RUN_PATHS:
+        if (
+            scope["type"] != "http"
+            or scope.get("path") not in self.paths
+            or (self.post_only and scope.get("method") != "POST")
+        ):
             await self.app(scope, receive, send)
             return
+        request_id = (scope.get("state") or {}).get(REQUEST_ID_KEY)
         if self.in_progress >= self.limit:
-            await self._busy(send, scope["path"], (scope.get("state") or {}).get(REQUEST_ID_KEY))
+            await self._busy(send, scope["path"], request_id, None)
             return
+        caller = None
+        if self.caller_of is not None and self.per_caller is not None:
+            caller = self.caller_of(dict(scope.get("headers") or []))
+            if caller is not None and self.by_caller.get(caller, 0) >= self.per_caller:
+                await self._busy(send, scope["path"], request_id, caller)
+                return
         self.in_progress += 1
+        if caller is not None:
+            self.by_caller[caller] = self.by_caller.get(caller, 0) + 1
         try:
             await self.app(scope, receive, send)
         finally:
             self.in_progress -= 1
+            if caller is not None:
+                left = self.by_caller[caller] - 1
+                if left:
+                    self.by_caller[caller] = left
+                else:
+                    del self.by_caller[caller]
 
-    async def _busy(self, send: Send, path: str, request_id: str | None) -> None:
-        busy = ApiError(
-            429,
-            f"this server is busy: {self.limit} requests are running or waiting for a run slot, its limit "
-            "(--max-runs plus --max-waiting); retry later",
-            type="rate_limit_error",
-            code="server_busy",
-        )
+    async def _busy(self, send: Send, path: str, request_id: str | None, caller: str | None) -> None:
+        if caller is None:
+            busy = ApiError(
+                429,
+                f"this server is busy: {self.limit} requests are running or waiting for a run slot, its "
+                "limit (--max-runs plus --max-waiting); retry later",
+                type="rate_limit_error",
+                code="server_busy",
+            )
+        else:
+            busy = ApiError(
+                429,
+                f"you already have {self.per_caller} requests running or waiting for a run slot, your share "
+                "of this server (--max-runs-per-caller plus --max-waiting-per-caller); retry when one ends",
+                type="rate_limit_error",
+                code="caller_busy",
+            )
         body = json.dumps(busy.body_for(path, request_id)).encode()
         headers = [
             (b"content-type", b"application/json"),

@@ -12,7 +12,9 @@ join or close them (to it they do not exist), even with the same id.
 - `X-Recursa-Client: <secret of 16+ characters>` makes a caller of its own under any key, for
   clients that share a key but not their sessions.
 
-How many sessions a caller may keep open is capped per caller as well as per server (`quota_of`).
+How many sessions a caller may keep open, how many runs it may have going and how many of its
+requests may wait are capped per caller as well as per server (`quota_of`: the key, whatever
+secret it sends).
 """
 
 from __future__ import annotations
@@ -80,11 +82,26 @@ def _by_key(settings: ServeSettings, tokens: list[str]) -> tuple[str, bool]:
 
 
 def quota_of(owner: str) -> str:
-    """Whose share of the sessions a caller's open sessions count against (the per-caller cap).
-    A client with a key of its own is one client whatever X-Recursa-Client secrets it sends, so
-    minting secrets does not widen its share; under a shared key (or none) each secret is as far as
-    the server can tell holders apart."""
-    return owner.split("/client:", 1)[0] if owner.startswith("key:") else owner
+    """Whose share of the server (sessions, run slots, waiting requests) a caller draws on: its key.
+    X-Recursa-Client secrets separate sessions' namespaces but never widen a share: a holder of the
+    shared key who mints a secret per request is still the shared key, one caller with one share
+    (before, each secret was a share of its own, and one holder took every session)."""
+    return owner.split("/client:", 1)[0]
+
+
+def caller_quota(settings: ServeSettings, headers: dict[bytes, bytes]) -> str | None:
+    """The share a raw HTTP request's headers draw on, None when they do not authenticate (the app
+    answers those itself, reading nothing)."""
+    try:
+        caller = identify(
+            settings,
+            headers.get(b"authorization", b"").decode("latin-1"),
+            None,
+            headers.get(b"x-api-key", b"").decode("latin-1") or None,
+        )
+    except ApiError:
+        return None
+    return quota_of(caller.owner)
 
 
 def new_session_id() -> str:

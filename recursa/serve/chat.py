@@ -16,12 +16,14 @@ from recursa.errors import RecursaError
 from recursa.result import RLMResult
 from recursa.serve.api_error import for_request
 from recursa.serve.bodies import sse_event
+from recursa.serve.callers import quota_of
 from recursa.serve.fields import AnswerShape
 from recursa.serve.observe import Metrics
 from recursa.serve.request import ApiError, ChatRequest
 from recursa.serve.runs import LiveRun, RunSpec
 from recursa.serve.sessions import SessionStore
 from recursa.serve.settings import ServeSettings
+from recursa.serve.shares import RunShares
 from recursa.serve.sources import check_path
 from recursa.serve.steps import StepRenderer
 from recursa.serve.urls import fetch_url
@@ -57,7 +59,7 @@ class ChatService:
     def __init__(self, settings: ServeSettings, metrics: Metrics | None = None) -> None:
         self.settings = settings
         self.metrics = metrics
-        self.slots = asyncio.Semaphore(settings.max_runs)
+        self.shares = RunShares(settings)
         self.active: dict[int, LiveRun] = {}
         self.served = 0
         self.cancelled = 0
@@ -66,6 +68,11 @@ class ChatService:
     # -- setting a run up ----------------------------------------------------------------------
     async def prepare(self, req: ChatRequest) -> LiveRun:
         """Resolve the context and build the run; every problem here is an HTTP error."""
+        run = await self._prepare(req)
+        run.quota = quota_of(req.caller.owner)  # whose share of the run slots it takes
+        return run
+
+    async def _prepare(self, req: ChatRequest) -> LiveRun:
         if req.session is not None:
             return await self.sessions.prepare(req, self.resolve_context)
         context = await self.resolve_context(req)
@@ -101,8 +108,9 @@ class ChatService:
         return context
 
     async def acquire(self, run: LiveRun, gone: asyncio.Future[None]) -> None:
-        """Wait for the run's session to be free (if it has one), then for a run slot, unless the
-        client leaves first. The session comes first so queued questions hold no run slot."""
+        """Wait for the run's session to be free (if it has one), then for a run slot of its
+        caller's share and of the server's, unless the client leaves first. The session comes first
+        so queued questions hold no run slot."""
         handle = run.session
         if handle is not None:
             handle.users += 1  # a session somebody waits for does not expire
@@ -113,7 +121,7 @@ class ChatService:
                 raise
             self.sessions.admitted(run)
         try:
-            await _race(self.slots.acquire(), self.slots.release, gone)
+            await _race(self.shares.acquire(run.quota), lambda: self.shares.release(run.quota), gone)
         except BaseException:
             if handle is not None:
                 self.sessions.release(run)
@@ -132,7 +140,7 @@ class ChatService:
             task = run.task
             ok = task is not None and task.done() and not task.cancelled() and task.exception() is None
             self.metrics.run_finished(task.result() if ok and task is not None else None)
-        self.slots.release()
+        self.shares.release(run.quota)
         if run.session is not None:
             self.sessions.release(run)
         self.served += 1

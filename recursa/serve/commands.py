@@ -62,6 +62,7 @@ def add_parsers(sub: Any, add_model_options: Callable[[argparse.ArgumentParser],
         help="requests that may wait for a run slot; more get HTTP 429 (default: 256)",
     )
     _add_session_options(serve)
+    _add_share_options(serve)
 
     mcp = sub.add_parser("mcp", help="a Model Context Protocol server (stdio, or --http)")
     add_model_options(mcp)
@@ -76,6 +77,7 @@ def add_parsers(sub: Any, add_model_options: Callable[[argparse.ArgumentParser],
     )
     _add_access_options(mcp)
     _add_session_options(mcp)
+    _add_share_options(mcp)
 
     acp = sub.add_parser(
         "acp",
@@ -114,9 +116,9 @@ def _add_session_options(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="sessions one caller (client key, or X-Recursa-Client secret under a shared key) may "
-        "keep open at once, so no one caller can take them all (default: a quarter of --max-sessions, "
-        "at least 1)",
+        help="sessions one caller (a client key; the shared key is one caller whatever X-Recursa-Client "
+        "it sends) may keep open at once, so no one caller can take them all (default: a quarter of "
+        "--max-sessions where clients have keys of their own, else all)",
     )
     p.add_argument(
         "--session-ttl",
@@ -138,6 +140,83 @@ def _apply_session_options(settings: ServeSettings, args: argparse.Namespace) ->
             "--max-sessions-per-caller must be >= 1 (leave it out for a quarter of --max-sessions); "
             "--max-sessions 0 turns sessions off"
         )
+
+
+def _add_share_options(p: argparse.ArgumentParser) -> None:
+    """What one caller, one connection and one body may take (recursa.serve.shares, asgi/)."""
+    p.add_argument(
+        "--max-runs-per-caller",
+        type=int,
+        default=None,
+        metavar="N",
+        help="runs one caller (a client key; the shared key is one caller) may have going at once "
+        "(default: a quarter of --max-runs where clients have keys of their own, else all)",
+    )
+    p.add_argument(
+        "--max-waiting-per-caller",
+        type=int,
+        default=None,
+        metavar="N",
+        help="requests of one caller that may wait for a run slot; more get HTTP 429 (default: a "
+        "quarter of --max-waiting where clients have keys of their own, else all)",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="a request body must arrive within this, plus a second per MiB (default: 60); else HTTP 408",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        metavar="N",
+        help="connections open at once (default: half the file-descriptor limit)",
+    )
+    p.add_argument(
+        "--max-connections-per-address",
+        type=int,
+        default=None,
+        metavar="N",
+        help="connections open at once from one client address (default: a quarter of --max-connections)",
+    )
+    p.add_argument(
+        "--idle-sessions-memory",
+        type=int,
+        default=4096,
+        metavar="MIB",
+        help="memory all idle sessions' REPLs may hold together; past it the least recently used idle "
+        "sessions are closed (default: 4096)",
+    )
+
+
+def _apply_share_options(settings: ServeSettings, args: argparse.Namespace) -> None:
+    for flag, value, least in (
+        ("--max-runs-per-caller", args.max_runs_per_caller, 1),
+        ("--max-waiting-per-caller", args.max_waiting_per_caller, 0),
+        ("--max-connections", args.max_connections, 1),
+        ("--max-connections-per-address", args.max_connections_per_address, 1),
+    ):
+        if value is not None and value < least:
+            raise ConfigError(f"{flag} must be >= {least} (leave it out for the default)")
+    if not args.body_timeout > 0 or args.idle_sessions_memory < 0:
+        raise ConfigError("--body-timeout must be a positive number of seconds and --idle-sessions-memory >= 0")
+    settings.max_runs_per_caller = args.max_runs_per_caller
+    settings.max_waiting_per_caller = args.max_waiting_per_caller
+    settings.body_timeout_s = args.body_timeout
+    settings.max_connections = args.max_connections
+    settings.max_connections_per_address = args.max_connections_per_address
+    settings.idle_sessions_memory_bytes = args.idle_sessions_memory * 1024 * 1024
+
+
+def _protocol(settings: ServeSettings) -> Any:
+    """uvicorn's HTTP protocol for this server: the head timeout and the connection caps."""
+    from recursa.asgi.slow_clients import head_timeout_protocol
+
+    return head_timeout_protocol(
+        max_connections=settings.max_connections, per_address=settings.max_connections_per_address
+    )
 
 
 def _add_access_options(p: argparse.ArgumentParser) -> None:
@@ -265,6 +344,7 @@ def _serve(args: argparse.Namespace) -> int:
     settings.access_log = not args.no_access_log
     settings.metrics = not args.no_metrics
     _apply_session_options(settings, args)
+    _apply_share_options(settings, args)
     _check_model(settings)
     if settings.metrics:
         try:
@@ -283,9 +363,10 @@ def _serve(args: argparse.Namespace) -> int:
     )
     if settings.access_log:
         _print_access_log()
-    from recursa.asgi.slow_clients import head_timeout_protocol
-
-    config = uvicorn.Config(app, log_level="warning", access_log=False, http=head_timeout_protocol())
+    protocol = _protocol(settings)
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, http=protocol, backlog=protocol.caps.backlog
+    )
     server = uvicorn.Server(config)
     server.run(sockets=[sock])
     return 0
@@ -354,6 +435,7 @@ def _mcp(args: argparse.Namespace) -> int:
     roots = args.allow_path if args.allow_path is not None else ([] if args.http else [os.getcwd()])
     settings = _settings(args, roots)
     _apply_session_options(settings, args)
+    _apply_share_options(settings, args)
     _check_model(settings)
     server = build_mcp_server(settings)
     if not args.http:
@@ -365,9 +447,9 @@ def _mcp(args: argparse.Namespace) -> int:
     sock = _listen(args.host, args.port)  # a busy port is reported before the URL is announced
     _warn_if_open("recursa mcp", args.host, settings)
     print(f"recursa mcp: streamable HTTP at http://{args.host}:{args.port}{args.path}", file=sys.stderr)
-    from recursa.asgi.slow_clients import head_timeout_protocol
-
-    uvicorn.Server(uvicorn.Config(app, log_level="warning", http=head_timeout_protocol())).run(sockets=[sock])
+    protocol = _protocol(settings)
+    config = uvicorn.Config(app, log_level="warning", http=protocol, backlog=protocol.caps.backlog)
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
 
 

@@ -21,15 +21,18 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel
 
+from recursa.asgi.body_deadline import BodyDeadline
 from recursa.budget import Budget, cap_problem, positive_phrase
 from recursa.errors import RecursaError
 from recursa.lm.base import valid_unicode
-from recursa.serve.admission import BodyLimit
-from recursa.serve.callers import CLIENT_HEADER, identify, new_session_id
+from recursa.serve.admission import AdmissionLimit, BodyLimit
+from recursa.serve.callers import CLIENT_HEADER, caller_quota, identify, new_session_id, quota_of
+from recursa.serve.json_limits import JSONBounds
 from recursa.serve.request import ApiError, bearer_token, key_matches
 from recursa.serve.runs import LiveRun, RunSpec
 from recursa.serve.sessions import SessionStore
 from recursa.serve.settings import ServeSettings
+from recursa.serve.shares import RunShares
 from recursa.serve.sources import check_path
 from recursa.serve.steps import CellTally
 from recursa.version import __version__
@@ -128,9 +131,11 @@ def build_mcp_server(settings: ServeSettings, *, name: str = "recursa") -> MCPSe
             run = LiveRun(settings, spec)
         except (RecursaError, ValueError) as exc:
             raise ToolError(settings.redact(f"cannot start the run: {exc}")) from None
-        return await _drive(run, ctx, spec.max_iterations)
+        async with shares.slot(quota_of(_owner(settings, ctx))):
+            return await _drive(run, ctx, spec.max_iterations)
 
     sessions = SessionStore(settings)
+    shares = RunShares(settings)  # run slots, per caller and in all, as recursa serve has them
 
     async def recursa_session_open(
         ctx: Context,
@@ -177,7 +182,8 @@ def build_mcp_server(settings: ServeSettings, *, name: str = "recursa") -> MCPSe
         except ApiError as exc:
             raise ToolError(exc.message) from None
         try:
-            return await _drive(run, ctx, max_iterations)
+            async with shares.slot(quota_of(handle.owner)):
+                return await _drive(run, ctx, max_iterations)
         finally:
             sessions.release(run)
 
@@ -299,11 +305,25 @@ async def _drive(run: LiveRun, ctx: Context, max_iterations: int) -> Answer:
 def http_app(
     server: MCPServer, settings: ServeSettings, *, path: str = "/mcp", host: str = "127.0.0.1"
 ) -> Any:
-    """The streamable HTTP app of `recursa mcp --http`: the server's keys required, and no request
-    body over `settings.max_context_bytes` (the SDK reads a body whole, with no cap of its own)."""
+    """The streamable HTTP app of `recursa mcp --http`: the server's keys required, each caller's
+    share of requests in progress, and no request body over `settings.max_context_bytes`, past its
+    deadline or past the JSON bounds (the SDK reads a body whole, with no cap of its own)."""
     keys = [k for k in (settings.api_key, *settings.api_keys.values()) if k]
     app = server.streamable_http_app(streamable_http_path=path, host=host)
-    return with_bearer_key(BodyLimit(app, max_bytes=settings.max_context_bytes), keys)
+    # Outside in: the key; the caller's share of requests in progress (tool calls wait for run
+    # slots inside, recursa.serve.shares); the body's deadline, size and JSON bounds.
+    bounded = BodyDeadline(
+        BodyLimit(JSONBounds(app), max_bytes=settings.max_context_bytes), timeout_s=settings.body_timeout_s
+    )
+    admitted = AdmissionLimit(
+        bounded,
+        limit=settings.max_runs + settings.max_waiting,
+        per_caller=settings.runs_per_caller + settings.waiting_per_caller,
+        caller_of=lambda headers: caller_quota(settings, headers),
+        paths=frozenset((path,)),
+        post_only=True,
+    )
+    return with_bearer_key(admitted, keys)
 
 
 def with_bearer_key(app: Any, api_key: str | Sequence[str] | None) -> Any:

@@ -26,13 +26,16 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
+from recursa.asgi.body_deadline import BodyDeadline
 from recursa.errors import ConfigError
 from recursa.extras import install_hint
 from recursa.serve.admission import AdmissionLimit
 from recursa.serve.bodies import JSONBody
-from recursa.serve.callers import CLIENT_HEADER, identify
+from recursa.serve.callers import CLIENT_HEADER, caller_quota, identify
 from recursa.serve.chat import SESSION_HEADER, ChatService, ClientGone
+from recursa.serve.json_limits import MAX_NESTING, TooDeepJSON, TooMuchJSON, loads_bounded, shape_problem
 from recursa.serve.messages_api import create_message, no_token_count
 from recursa.serve.observe import REQUEST_ID_KEY, RUN_STATE_KEY, Metrics, ObserveMiddleware
 from recursa.serve.request import ApiError, Caller, bad, parse_chat_request, read_capped
@@ -100,8 +103,14 @@ def create_app(settings: ServeSettings) -> FastAPI:
         default_response_class=JSONBody,
     )
     app.state.service = service
-    # Added first, so it runs inside the access log and metrics: a 429 is logged and counted.
-    app.add_middleware(AdmissionLimit, limit=settings.max_runs + settings.max_waiting)
+    # Added first, so they run inside the access log and metrics: a 408 or 429 is logged and counted.
+    app.add_middleware(BodyDeadline, timeout_s=settings.body_timeout_s)
+    app.add_middleware(
+        AdmissionLimit,
+        limit=settings.max_runs + settings.max_waiting,
+        per_caller=settings.runs_per_caller + settings.waiting_per_caller,
+        caller_of=lambda headers: caller_quota(settings, headers),
+    )
     app.add_middleware(ObserveMiddleware, log=settings.access_log, metrics=metrics)
     started = int(time.time())
 
@@ -295,18 +304,41 @@ async def _read_json(request: Request, max_bytes: int) -> Any:
             "uncompressed",
             code="unsupported_content_encoding",
         )
-    raw = await read_capped(
-        request.headers.get("content-length"), request.stream(), max_bytes, _too_large(max_bytes)
-    )
+    try:
+        raw = await read_capped(
+            request.headers.get("content-length"), request.stream(), max_bytes, _too_large(max_bytes)
+        )
+    except ClientDisconnect:  # it left mid-body, or took longer than the body deadline
+        raise ClientGone from None
     raw = raw.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark, which JSON readers may ignore
     try:
         if len(raw) > _PARSE_IN_THREAD_BYTES:
-            return await asyncio.to_thread(json.loads, raw)
-        return json.loads(raw)
+            body = await asyncio.to_thread(loads_bounded, raw)
+        else:
+            body = loads_bounded(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise bad("the request body is not valid JSON") from None
-    except RecursionError:  # [[[[... thousands deep: the parser's stack, not the server, gives out
-        raise bad("the request body nests JSON arrays or objects too deeply") from None
+    except TooMuchJSON as exc:
+        raise ApiError(
+            413,
+            f"the request body holds {exc}, past what a request may hold; send fewer messages, or a large "
+            "context as one string (recursa.context) or a file part",
+            code="request_too_large",
+        ) from None
+    except (TooDeepJSON, RecursionError):
+        raise bad(
+            f"the request body nests JSON arrays or objects too deeply (at most {MAX_NESTING} levels)"
+        ) from None
+    problem = shape_problem(body)
+    if problem is not None:
+        field, what = problem
+        raise ApiError(
+            413,
+            f"`{field}` holds {what}; send a large context as one string (recursa.context) or a file part",
+            param=field,
+            code="request_too_large",
+        )
+    return body
 
 
 def _too_large(max_bytes: int) -> ApiError:

@@ -85,6 +85,7 @@ class LiveRun:
         self._loop_thread = threading.get_ident()
         self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.run_id: str | None = None
+        self.quota = "local"  # whose share of the run slots it takes (recursa.serve.shares)
         self.task: asyncio.Task[RLMResult] | None = None
         self._finished = False
         # Built now so a bad setting (unknown model, missing price for max_usd) fails the request

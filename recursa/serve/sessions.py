@@ -15,6 +15,8 @@ A client opts in with `extra_body={"recursa": {"session": "<id>"}}`:
 - requests on one session run one at a time, in arrival order; a session idle for
   `session_ttl_s` is closed and its REPL reaped, as are all of them at shutdown; at most
   `max_sessions` are open, and at most `sessions_per_caller` of one caller (429 past either);
+  idle sessions hold at most `idle_sessions_memory_bytes` together (the least recently used
+  closed past it, recursa.serve.session_memory);
   `DELETE /v1/recursa/sessions/{id}` closes one.
 """
 
@@ -33,6 +35,7 @@ from recursa.serve.api_error import for_request
 from recursa.serve.callers import MIN_SHARED_SESSION_ID, new_session_id, quota_of
 from recursa.serve.request import NEW_SESSION, SETTING_KEYS, ApiError, ChatRequest, bad
 from recursa.serve.runs import LiveRun, RunSpec, build_rlm
+from recursa.serve.session_memory import over_bound
 from recursa.serve.settings import EventCallback, ServeSettings
 from recursa.serve.sources import check_path
 
@@ -95,6 +98,10 @@ class ServedSession:
 
     def idle_s(self) -> float:
         return time.monotonic() - self.last_used
+
+    @property
+    def repl_pid(self) -> int | None:
+        return self.session.repl_pid
 
     async def shut(self) -> None:
         """Close now: cancel a question in progress, then reap the REPL."""
@@ -308,6 +315,16 @@ class SessionStore:
         if handle.broken and self.open.get((handle.owner, handle.id)) is handle:
             del self.open[(handle.owner, handle.id)]
             self._close_later(handle)
+        self.bound_memory()
+
+    def bound_memory(self) -> None:
+        """Close the least recently used idle sessions while the idle ones hold more memory than
+        `idle_sessions_memory_bytes` together (recursa.serve.session_memory)."""
+        idle = {id(h): (where, h) for where, h in self.open.items() if h.users == 0 and not h.closed}
+        for handle in over_bound([h for _, h in idle.values()], self.settings.idle_sessions_memory_bytes):
+            where, _ = idle[id(handle)]
+            del self.open[where]
+            self._close_later(handle)
 
     # -- closing -------------------------------------------------------------------------------
     def expire(self) -> None:
@@ -336,6 +353,7 @@ class SessionStore:
         while self.open:
             await asyncio.sleep(interval)
             self.expire()
+            self.bound_memory()
 
     async def aclose(self) -> None:
         """Close every session (server shutdown)."""

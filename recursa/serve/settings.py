@@ -57,9 +57,26 @@ class ServeSettings:
     # Sessions (`extra_body={"recursa": {"session": id}}`): each open one keeps a REPL process.
     max_sessions: int = 32  # open at once; 0 turns sessions off
     # Open at once per caller (recursa.serve.callers.quota_of), so no one caller can take them all;
-    # None: a quarter of max_sessions, at least 1 (sessions_per_caller).
+    # None: a quarter of max_sessions, at least 1, where clients have keys of their own, else all
+    # of them (sessions_per_caller).
     max_sessions_per_caller: int | None = None
     session_ttl_s: float = 900.0  # an idle session is closed after this long
+    # Memory all idle sessions' REPL processes may hold together; past it the least recently used
+    # idle sessions are closed (recursa.serve.session_memory).
+    idle_sessions_memory_bytes: int = 4 * 1024**3
+    # A caller's share (recursa.serve.callers.quota_of) of the run slots and of the requests that
+    # may wait for one; None: a quarter of max_runs / max_waiting where clients have keys of their
+    # own, else all of them (runs_per_caller, waiting_per_caller).
+    max_runs_per_caller: int | None = None
+    max_waiting_per_caller: int | None = None
+    # A request body must have arrived this long after its head, plus a second per MiB it holds
+    # (recursa.asgi.body_deadline), or the request is answered 408 and its connection closed.
+    body_timeout_s: float = 60.0
+    # Connections open at once, in all (None: half the process's file-descriptor limit) and from one
+    # client address (None: a quarter of that); past either a new one is closed at once
+    # (recursa.asgi.connections).
+    max_connections: int | None = None
+    max_connections_per_address: int | None = None
     rlm_options: dict[str, Any] = field(default_factory=dict)  # any other RLM(...) keyword
     on_event: EventCallback | None = None  # also gets every event of every run (e.g. OpenTelemetry)
     access_log: bool = True  # a line per request on the `recursa.serve.access` logger (INFO)
@@ -82,6 +99,16 @@ class ServeSettings:
             )
         if not self.session_ttl_s > 0:
             raise ConfigError("session_ttl_s must be a positive number of seconds")
+        if not self.body_timeout_s > 0:
+            raise ConfigError("body_timeout_s must be a positive number of seconds")
+        if self.idle_sessions_memory_bytes < 0:
+            raise ConfigError("idle_sessions_memory_bytes must be >= 0")
+        for name in ("max_runs_per_caller", "max_connections", "max_connections_per_address"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{name} must be >= 1 (None: the default share)")
+        if self.max_waiting_per_caller is not None and self.max_waiting_per_caller < 0:
+            raise ConfigError("max_waiting_per_caller must be >= 0 (None: a quarter of max_waiting)")
         keys = list(self.api_keys.values()) + ([self.api_key] if self.api_key else [])
         if any(not isinstance(k, str) or not k for k in keys) or any(not n for n in self.api_keys):
             raise ConfigError("api_keys must map client names to non-empty keys")
@@ -143,9 +170,26 @@ class ServeSettings:
     @property
     def sessions_per_caller(self) -> int:
         """How many sessions one caller may hold open at once."""
-        if self.max_sessions_per_caller is not None:
-            return self.max_sessions_per_caller
-        return max(1, self.max_sessions // 4)
+        return self._share(self.max_sessions_per_caller, self.max_sessions, 1)
+
+    @property
+    def runs_per_caller(self) -> int:
+        """How many runs one caller may have going at once."""
+        return self._share(self.max_runs_per_caller, self.max_runs, 1)
+
+    @property
+    def waiting_per_caller(self) -> int:
+        """How many of one caller's requests may wait for a run slot."""
+        return self._share(self.max_waiting_per_caller, self.max_waiting, min(1, self.max_waiting))
+
+    def _share(self, given: int | None, total: int, least: int) -> int:
+        """A caller's share: as the operator gave it; by default a quarter of the server's (at least
+        `least`) where clients have keys of their own, and the whole server where every request is
+        the one caller there is (no key, or only the shared one): a smaller share would only leave
+        the rest idle."""
+        if given is not None:
+            return given
+        return max(least, total // 4) if self.api_keys else total
 
     @property
     def model_names(self) -> list[str]:

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response
 
 from recursa.lm.tokens import count_message_tokens, count_tokens, tokens_for_chars
 from recursa.testing.asgi_responses import Dropped, SlotStream, one_part
+from recursa.testing.fake_images import IMAGE_TOKENS, images_of
 from recursa.testing.fake_state import Fault, RequestRecord, UnknownModelError, key_digest, resolve_fault
 from recursa.testing.host import FakeHost
 from recursa.testing.metrics import render_metrics
@@ -104,9 +105,11 @@ def _text_of(content: Any) -> str:
     raise _BadRequest("message content must be a string or a list of text blocks")
 
 
-def _parse(api: Api, body: Any) -> tuple[str, list[dict[str, str]], bool, int | None, bool, list[int]]:
+def _parse(
+    api: Api, body: Any
+) -> tuple[str, list[dict[str, str]], bool, int | None, bool, list[int], list[str]]:
     """(model, flattened messages, stream, max output tokens, include usage in stream, indices of
-    the flattened messages that carry an Anthropic `cache_control` mark)."""
+    the flattened messages that carry an Anthropic `cache_control` mark, the images sent)."""
     if not isinstance(body, dict):
         raise _BadRequest("the request body must be a JSON object")
     model = body.get("model")
@@ -121,15 +124,17 @@ def _parse(api: Api, body: Any) -> tuple[str, list[dict[str, str]], bool, int | 
         messages.append({"role": "system", "content": _text_of(body["system"])})
         if _marked(body["system"]):
             marks.append(0)
+    images: list[str] = []
     for m in raw:
         messages += tool_messages(m, _text_of(m.get("content")))
+        images += images_of(api, m.get("content"))
         if api == "anthropic" and _marked(m.get("content")):
             marks.append(len(messages) - 1)
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
     max_tokens = limit if isinstance(limit, int) and limit > 0 else None
     options = body.get("stream_options")
     include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-    return model, messages, bool(body.get("stream")), max_tokens, include_usage, marks
+    return model, messages, bool(body.get("stream")), max_tokens, include_usage, marks, images
 
 
 def _marked(content: Any) -> bool:
@@ -361,14 +366,15 @@ async def _handle(server: FakeHost, request: Request, api: Api, rec: RequestReco
         return _reject(rec, _error(api, 401, message), message)
     try:
         body = json.loads(raw or b"null")
-        model, messages, stream, max_tokens, include_usage, marks = _parse(api, body)
+        model, messages, stream, max_tokens, include_usage, marks, images = _parse(api, body)
         set_offered(body)
     except ValueError as exc:  # also json.JSONDecodeError
         return _reject(rec, _error(api, 400, str(exc)), str(exc))
     rec.model, rec.messages, rec.stream, rec.max_tokens = model, messages, stream, max_tokens
     rec.tools = [t["name"] for t in offered_tools()]
     rec.tool_choice = body.get("tool_choice")
-    rec.prompt_tokens = count_message_tokens(messages)
+    rec.images = images
+    rec.prompt_tokens = count_message_tokens(messages) + IMAGE_TOKENS * len(images)
 
     unknown = f"The model `{model}` does not exist or you do not have access to it."
     if not server.knows_model(model):

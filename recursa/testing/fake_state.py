@@ -59,6 +59,7 @@ class RequestRecord:
     # `virtual_arrival` is the VirtualClock reading on arrival (virtual-clock servers only).
     cached_tokens: int = 0
     cache_write_tokens: int = 0  # Anthropic API only: the marked prefix written to the cache
+    images: list[str] = field(default_factory=list)  # "sha256:<hex>" of each image's bytes, or its URL
     first_token_at: float = 0.0
     virtual_arrival: float | None = None
     cost_usd: float = 0.0

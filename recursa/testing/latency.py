@@ -66,7 +66,7 @@ class LatencyProfile:
 PROFILES: dict[str, LatencyProfile] = {
     # No latency at all: unit tests of the engine.
     "instant": LatencyProfile(cache_blocks=65_536),
-    # The fan-out benchmark: 0.2 s per request, 64 slots, nothing else.
+    # The fan-out benchmark's server (benchmarks/fanout.py): 0.2 s per request, 64 slots, nothing else.
     "fanout": LatencyProfile(base_s=0.2, slots=64, cache_blocks=65_536),
     # A small self-hosted model on one GPU, vLLM-like (prefix cache of 1M tokens).
     "vllm-small": LatencyProfile(

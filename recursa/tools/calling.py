@@ -27,7 +27,7 @@ LAST_ROUND_NOTE = (
 
 async def call_with_tools(
     call: ModelCall,
-    prompt: str,
+    prompt: str | list[dict[str, Any]],  # text, or content parts with images (lm/images.py)
     tools: list[Tool],
     runner: ToolRunner,
     *,

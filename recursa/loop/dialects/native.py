@@ -25,7 +25,7 @@ from recursa.loop.dialects.base import (
 from recursa.loop.feedback import LAST_CALL_MESSAGE, NO_CODE_MESSAGE
 from recursa.loop.parse import Reply, read_reply
 from recursa.loop.prompts import first_message, system_prompt, template_for
-from recursa.loop.rules import DEFAULT_RULES, ReplyRules, rules_of
+from recursa.loop.rules import DEFAULT_RULES, ReplyRules, named_rules, rules_of
 
 # Argument names under which roots trained on other harnesses pass code to a tool.
 CODE_ARGUMENTS = ("code", "source", "python", "script", "input")
@@ -40,6 +40,10 @@ class RecursaDialect:
     # The rules its text replies are read by (recursa/loop/rules.py): a dialect built on this one
     # chooses its own (ReplyRules().without(...), .adding(...), beside_code=...).
     rules: ReplyRules = DEFAULT_RULES
+
+    def __init__(self, reply_rules: ReplyRules | str = "default") -> None:
+        """`reply_rules`: "default", "strict" (the paper's protocol only) or a ReplyRules."""
+        self.rules = named_rules(reply_rules)
 
     def tools(self) -> list[dict[str, Any]] | None:
         return None

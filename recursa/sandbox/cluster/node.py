@@ -26,6 +26,7 @@ from recursa.context import ContextInfo, ContextPayload
 from recursa.errors import SandboxError
 from recursa.sandbox.base import CallbackError, ExecResult, FinalAnswer, Sandbox
 from recursa.sandbox.forkserver import ForkServer
+from recursa.sandbox.pools import MemoryPool
 
 # A call-back as it crosses to the driver: (client, repl, call id, function, arguments).
 Call = tuple[str, str, int, str, dict[str, Any]]
@@ -102,6 +103,8 @@ class NodeHost:
         self._waiting: dict[int, tuple[str, asyncio.Future[Any]]] = {}
         self._ids = itertools.count(1)
         self.opened = 0  # REPLs ever started here
+        self._pools: dict[str, MemoryPool] = {}  # environment -> its memory pool on this node
+        self._repl_pool: dict[str, str] = {}
 
     # -- facts ------------------------------------------------------------------------------------
 
@@ -112,10 +115,21 @@ class NodeHost:
 
     # -- REPL life ---------------------------------------------------------------------------------
 
-    async def open(self, client: str, repl: str, options: dict[str, Any]) -> dict[str, Any]:
-        """Start a REPL for `client`; its isolation report, or {"full": True} at this node's bound."""
+    async def open(self, client: str, repl: str, options: dict[str, Any],
+                   memory: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+        """Start a REPL for `client`; its isolation report, or {"full": True} at this node's bound.
+
+        `memory` ({"group", "bytes", "nodes"}): the environment's memory bound, of which this node's
+        REPLs of that environment hold at most bytes / nodes ("auto": three quarters of this node's
+        memory), enforced by the kernel over them together (sandbox/pools.py)."""
         if self.max_repls is not None and len(self.repls) >= self.max_repls:
             return {"full": True}
+        if memory is not None:
+            pool = self._memory_pool(memory)
+            if pool.full():
+                return {"full": True}
+            options = {**options, "memory_pool": pool}
+            self._repl_pool[repl] = memory["group"]
         if self._fork and "fork_server" not in options:
             if self._fork_server is None:
                 self._fork_server = ForkServer()
@@ -131,6 +145,17 @@ class NodeHost:
             await self._drop(repl)
             raise
         return {"isolation": dict(sandbox.isolation), "pid": getattr(sandbox, "pid", None)}
+
+    def _memory_pool(self, memory: dict[str, Any]) -> MemoryPool:
+        pool = self._pools.get(memory["group"])
+        if pool is None:
+            total = memory["bytes"]
+            if total == "auto":
+                share = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4
+            else:
+                share = max(64 << 20, int(total) // max(1, int(memory.get("nodes", 1))))
+            pool = self._pools[memory["group"]] = MemoryPool(share)
+        return pool
 
     async def close(self, repl: str) -> None:
         await self._drop(repl)
@@ -158,6 +183,11 @@ class NodeHost:
                 os.close(context.fd)
         if sandbox is not None:
             await sandbox.close()
+        group = self._repl_pool.pop(repl, None)
+        if group is not None and group not in self._repl_pool.values():
+            pool = self._pools.pop(group, None)  # the environment has no REPL here any more
+            if pool is not None:
+                pool.close()
 
     def _repl(self, repl: str) -> Sandbox:
         sandbox = self.repls.get(repl)
@@ -268,3 +298,6 @@ class NodeHost:
         if self._fork_server is not None:
             await self._fork_server.close()
             self._fork_server = None
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()

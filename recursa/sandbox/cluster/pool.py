@@ -203,7 +203,7 @@ class RayPool:
     async def open(self, repl: str, handler: CallHandler, *, options: dict[str, Any], kind: str,
                    resources: dict[str, float] | None, labels: dict[str, str] | None,
                    max_repls_per_node: int | None, affinity: str | None,
-                   timeout: float) -> tuple[Node, dict[str, Any]]:  # fmt: skip
+                   memory: dict[str, Any] | None, timeout: float) -> tuple[Node, dict[str, Any]]:  # fmt: skip
         """Start `repl` on a fitting node with room; waits up to `timeout` for room."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -223,7 +223,8 @@ class RayPool:
                 self._ensure_pump(node, host)
                 self._placed[node.node_id] = self._placed.get(node.node_id, 0) + 1  # before the await:
                 try:  # REPLs placed at once must see each other
-                    reply = await self._call(node, host.open.remote(self.client, repl, options))
+                    share = None if memory is None else {**memory, "nodes": len(candidates)}
+                    reply = await self._call(node, host.open.remote(self.client, repl, options, share))
                 except BaseException:
                     self._unplace(node)
                     self._forget(repl)
@@ -237,8 +238,9 @@ class RayPool:
                 return node, reply
             if loop.time() >= deadline:
                 raise SandboxError(
-                    f"every fitting Ray node holds its most REPLs (max_repls_per_node={max_repls_per_node}) "
-                    f"and none freed one in {timeout:g} s"
+                    "no fitting Ray node has room for another REPL (max_repls_per_node="
+                    f"{max_repls_per_node}, or the environment's max_memory_bytes share on each node) and "
+                    f"none freed it in {timeout:g} s; close finished episodes or add nodes"
                 )
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)

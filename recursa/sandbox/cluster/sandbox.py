@@ -43,6 +43,8 @@ class RaySandbox:
         max_repls_per_node: int | None = None,
         affinity: str | None = None,
         placement: Literal["tree", "spread"] = "tree",
+        memory_group: str | None = None,
+        memory_bytes: int | str | None = None,
         start_timeout: float = 60.0,
         **node_options: Any,
     ) -> None:
@@ -67,6 +69,9 @@ class RaySandbox:
         self.max_repls_per_node = max_repls_per_node
         self.affinity = affinity if placement == "tree" else None
         self.start_timeout = start_timeout
+        # An environment's memory bound (RLMEnv(max_memory_bytes=)): its REPLs on each node share
+        # one kernel-enforced pool there, the bound split over the nodes the placement allows.
+        self.memory = {"group": memory_group, "bytes": memory_bytes} if memory_group else None
         self.node_options = node_options  # passed to the node's local sandbox
         self.repl = uuid.uuid4().hex
         self.node: Node | None = None
@@ -84,7 +89,7 @@ class RaySandbox:
         self.node, reply = await self._pool.open(
             self.repl, handler, options=self.node_options, kind=self.kind, resources=self.resources,
             labels=self.labels, max_repls_per_node=self.max_repls_per_node, affinity=self.affinity,
-            timeout=self.start_timeout,
+            memory=self.memory, timeout=self.start_timeout,
         )  # fmt: skip
         self.isolation = {**reply.get("isolation", {}), "ray_node": self.node.node_id,
                           "ray_node_address": self.node.address}  # fmt: skip

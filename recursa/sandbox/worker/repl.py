@@ -11,6 +11,7 @@ from collections.abc import Callable
 from .capture import Capture
 from .context import ContextSource, decode_pieces
 from .errors import BudgetExceeded, RemoteError, SubcallError, ToolError, error_for
+from .images import images_arg
 from .prose import answer_annotations, final_hint, mend, prose_answer
 from .values import describe_size, final_payload, one_answer, render, render_repr
 
@@ -61,14 +62,18 @@ class Repl:
     def _make_reserved(self) -> dict[str, Any]:
         call = self._call
 
-        def llm_query(prompt: str, model: str | None = None) -> str:
-            """Ask a sub-model one question; returns its reply text."""
+        def llm_query(prompt: str, model: str | None = None, images: Any = None) -> str:
+            """Ask a sub-model one question, optionally about images (bytes, names of the context's
+            image files, or https URLs); returns its reply text."""
             if not isinstance(prompt, str):
                 raise TypeError(
                     f"llm_query expects one str prompt, got {type(prompt).__name__}; "
                     "for many prompts use llm_query_batched(prompts)"
                 )
-            return str(call("llm_query", {"prompt": prompt, "model": model}))
+            args = {"prompt": prompt, "model": model}
+            if images is not None:
+                args["images"] = images_arg(images)
+            return str(call("llm_query", args))
 
         def llm_query_batched(prompts: list[str], model: str | None = None) -> list[str]:
             """Ask a sub-model many questions at once (they run in parallel); replies in order."""
