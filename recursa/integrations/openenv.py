@@ -36,7 +36,7 @@ from pydantic import Field, model_validator
 
 from recursa.env import Episode, RLMEnv
 from recursa.env.shared import EnvError
-from recursa.knobs import int_value, kind, text_value
+from recursa.overrides import int_value, kind, text_value
 from recursa.tasks import families, generate
 from recursa.version import __version__
 
