@@ -214,5 +214,3 @@ def assigned_names(codes: Iterable[str]) -> set[str]:
             elif isinstance(node, ast.ExceptHandler) and node.name:
                 names.add(node.name)
     return names
-
-

@@ -34,7 +34,7 @@ from recursa.extras import install_hint
 from recursa.serve.admission import AdmissionLimit
 from recursa.serve.bodies import JSONBody
 from recursa.serve.callers import CLIENT_HEADER, caller_quota, identify
-from recursa.serve.chat import SESSION_HEADER, ChatService, ClientGone
+from recursa.serve.chat import SESSION_HEADER, ClientGone, RunService
 from recursa.serve.json_limits import MAX_NESTING, TooDeepJSON, TooMuchJSON, loads_bounded, shape_problem
 from recursa.serve.messages_api import create_message, no_token_count
 from recursa.serve.observe import REQUEST_ID_KEY, RUN_STATE_KEY, Metrics, ObserveMiddleware
@@ -86,7 +86,7 @@ _PARSE_IN_THREAD_BYTES = 1_000_000
 
 def create_app(settings: ServeSettings) -> FastAPI:
     metrics = _metrics(settings)
-    service = ChatService(settings, metrics)
+    service = RunService(settings, metrics)
     chain = ResponseChain()  # which session each response ran in, for previous_response_id
 
     @asynccontextmanager
