@@ -150,10 +150,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--sub-model", default="scripted/oracle", help="model behind llm_query")
     demo.add_argument("--sandbox", default="auto", choices=SANDBOXES, help="where the REPL runs")
     demo.add_argument(
-        "--dialect",
-        default="recursa",
-        choices=dialect_names(),
-        help="the root's conversation (docs/dialects.md)",
+        "--dialect", default="recursa", choices=dialect_names(), help="the root's conversation (docs/dialects.md)"
     )
     demo.add_argument(
         "--trace-dir",
@@ -375,10 +372,7 @@ def _add_bench_parser(sub: Any) -> None:
     )
     bench.add_argument("--max-retries", type=int, default=4, help="retries per model call")
     bench.add_argument(
-        "--dialect",
-        default="recursa",
-        choices=dialect_names(),
-        help="the RLM root's conversation (docs/dialects.md)",
+        "--dialect", default="recursa", choices=dialect_names(), help="the RLM root's conversation (docs/dialects.md)"
     )
     bench.add_argument("--json", action="store_true", help="print the summary as JSON")
 

@@ -167,7 +167,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         "--mcp-servers",
         metavar="FILE",
         default=None,
-        help="MCP servers whose tools the REPL code calls: a JSON file as MCP clients write it, e.g. "
+        help='MCP servers whose tools the REPL code calls: a JSON file as MCP clients write it, e.g. '
         '{"mcpServers": {"time": {"command": "uvx", "args": ["mcp-server-time"]}}} (docs/tools.md)',
     )
 
@@ -210,9 +210,7 @@ def dialect_options(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(
-                f"--dialect-option {pair!r}: write KEY=VALUE, e.g. --dialect-option tool_name=python"
-            )
+            raise ConfigError(f"--dialect-option {pair!r}: write KEY=VALUE, e.g. --dialect-option tool_name=python")
         out[key.strip()] = value
     return out
 

@@ -12,6 +12,7 @@ from recursa.usage import Usage
 __all__ = ["ANSWER_PROTOCOLS", "STOP_REASONS", "AnswerProtocol", "RLMResult", "StopReason"]
 
 
+
 @dataclass
 class RLMResult:
     answer: str  # the final answer as text ("" when the run stopped without one)

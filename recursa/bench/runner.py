@@ -200,10 +200,7 @@ async def arun(
         )
     if run_options.get("sandbox") == "ray" and ray_address is not None:
         # The rows' REPLs join the cluster the rows run on (or, run locally, the one named).
-        run_options["sandbox_options"] = {
-            "address": ray_address,
-            **(run_options.get("sandbox_options") or {}),
-        }
+        run_options["sandbox_options"] = {"address": ray_address, **(run_options.get("sandbox_options") or {})}
     try:
         config = RunConfig(
             model=model, sub_model=sub_model, base_url=base_url, api_key=api_key, **run_options

@@ -91,9 +91,7 @@ class PrivateLoop(sync.PrivateLoop):
         try:
             return super().run(coro)
         except sync.BlockingCallOnLoop:
-            raise EnvError(
-                "a blocking call (…_sync) was made from the environment's own loop; await it"
-            ) from None
+            raise EnvError("a blocking call (…_sync) was made from the environment's own loop; await it") from None
         except sync.LoopStopped:
             raise EnvError(
                 "the environment was closed (env.close()) while this blocking call ran, e.g. a "

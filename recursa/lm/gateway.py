@@ -159,9 +159,7 @@ class ModelGateway:
             raise
 
         def send() -> Awaitable[LMResponse]:
-            return self._send(
-                spec, messages, meta, sampling, max_output_tokens, usage_scopes, tools, base_event
-            )
+            return self._send(spec, messages, meta, sampling, max_output_tokens, usage_scopes, tools, base_event)
 
         cache = self.call_cache if meta.purpose == "sub" else None
         if cache is None:

@@ -170,9 +170,7 @@ def _flat_rates(provider: str, model: str, calc: Any) -> object:
     request = calc.total_price
 
     def rate(input_tokens: int, output_tokens: int, cached: int, written: int = 0) -> Decimal:
-        return (
-            _genai_total(provider, model, input_tokens, output_tokens, cached, written).total_price - request
-        )
+        return _genai_total(provider, model, input_tokens, output_tokens, cached, written).total_price - request
 
     rates = _FlatRates(request, rate(1, 0, 0), rate(1, 0, 1), rate(0, 1, 0), rate(1, 0, 0, 1))
     for point in _CHECKS:

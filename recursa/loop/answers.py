@@ -214,3 +214,5 @@ def assigned_names(codes: Iterable[str]) -> set[str]:
             elif isinstance(node, ast.ExceptHandler) and node.name:
                 names.add(node.name)
     return names
+
+

@@ -542,9 +542,7 @@ class RunEngine:
         response = await self._reply(given, "final")
         reading = self.dialect.read(response, unfenced_code=False)
         self._remember(reading.message)
-        if self.dialect.forced_answer(
-            reading
-        ):  # the whole reply is the answer, as the dialect's peer takes it
+        if self.dialect.forced_answer(reading):  # the whole reply is the answer, as the dialect's peer takes it
             self._accept(result, FinalAnswer(text=response.text, value=response.text, protocol="forced"))
             result.stop_reason = "max_iterations"
             self.done = True

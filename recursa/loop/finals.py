@@ -52,8 +52,6 @@ def _markers(on: Switch) -> tuple[re.Pattern[str], re.Pattern[str]]:
     if any_case:
         return _CASE_ONLY_FINAL_VAR, _CASE_ONLY_FINAL
     return _PAPER_FINAL_VAR, _PAPER_FINAL
-
-
 # Written without parentheses: "FINAL 345", "FINAL: x", "FINAL ANSWER: x", "**Final Answer:** x".
 _LOOSE_FINAL_VAR = re.compile(
     rf"^{_LINE_DECOR}FINAL_VAR[*_`]*[ \t]*[:=]?[ \t]*[`'\"]?([A-Za-z_]\w*)[`'\"]?\W*$"
@@ -106,9 +104,7 @@ def find_final(prose: list[str], fences: Sequence[FenceLike], on: Switch = all_o
     if final:
         argument = _balanced_argument(text, final.end())
         argument = _without_keyword(argument, _VALUE_KEYWORDS) if keywords else argument
-        return ProseFinal(
-            "FINAL", _unboxed(argument) if on("boxed_answer") else argument, **_lines_of(text, final)
-        )
+        return ProseFinal("FINAL", _unboxed(argument) if on("boxed_answer") else argument, **_lines_of(text, final))
     loose = _loose_final(prose, fences, on) if on("loose_final") else None
     return loose or _tagged_or_boxed(text, on)
 

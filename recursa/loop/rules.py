@@ -244,7 +244,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "final_keyword_argument",
         "answer",
-        'FINAL(answer="Paris") or FINAL_VAR(name="x"): the keyword\'s value is the answer, as the REPL\'s FINAL takes it.',
+        "FINAL(answer=\"Paris\") or FINAL_VAR(name=\"x\"): the keyword's value is the answer, as the REPL's FINAL takes it.",
         ('FINAL(answer="Paris")',),
     ),
     Rule(
@@ -390,7 +390,7 @@ def named_rules(spec: ReplyRules | str) -> ReplyRules:
     if isinstance(spec, str) and spec in RULE_SETS:
         return RULE_SETS[spec]
     raise ConfigError(
-        f'reply_rules={spec!r}: give one of {", ".join(map(repr, RULE_SETS))} ("strict": the paper\'s '
+        f"reply_rules={spec!r}: give one of {', '.join(map(repr, RULE_SETS))} (\"strict\": the paper's "
         "protocol only) or a recursa.loop.rules.ReplyRules"
     )
 

@@ -104,9 +104,7 @@ def as_fenced(messages: list[Message]) -> list[Message]:
     for m in messages:
         if m.get("tool_calls"):
             blocks = [repl(str(next(iter(c["arguments"].values()), ""))) for c in m["tool_calls"]]
-            out.append(
-                {"role": "assistant", "content": "\n\n".join([str(m.get("content") or ""), *blocks]).strip()}
-            )
+            out.append({"role": "assistant", "content": "\n\n".join([str(m.get("content") or ""), *blocks]).strip()})
         elif m.get("role") == "tool":
             if out and out[-1].get("role") == "user" and out[-1].get("from_tool"):
                 out[-1]["content"] += "\n\n" + str(m.get("content") or "")

@@ -292,15 +292,8 @@ async def _openai_stream(
         yield chunk({"content": piece})
     # Tool calls as vLLM and OpenAI stream them: the id and name first, then the arguments' JSON
     # in pieces, each delta naming its call by index.
-    for index, (call_id, (name, args)) in enumerate(
-        zip(calls.ids, calls.calls, strict=True) if calls else ()
-    ):
-        head = {
-            "index": index,
-            "id": call_id,
-            "type": "function",
-            "function": {"name": name, "arguments": ""},
-        }
+    for index, (call_id, (name, args)) in enumerate(zip(calls.ids, calls.calls, strict=True) if calls else ()):
+        head = {"index": index, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
         yield chunk({"tool_calls": [head]})
         async for piece in _decode(server, json.dumps(args)):
             yield chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
@@ -325,27 +318,17 @@ async def _anthropic_stream(
         block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
         yield _sse(block, "content_block_start")
         async for piece in _decode(server, text or ""):
-            delta = {
-                "type": "content_block_delta",
-                "index": 0,
-                "delta": {"type": "text_delta", "text": piece},
-            }
+            delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}}
             yield _sse(delta, "content_block_delta")
         yield _sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
         index = 1
     # Each tool_use block opens with an empty input; its JSON follows as input_json_delta pieces.
-    for offset, (call_id, (name, args)) in enumerate(
-        zip(calls.ids, calls.calls, strict=True) if calls else ()
-    ):
+    for offset, (call_id, (name, args)) in enumerate(zip(calls.ids, calls.calls, strict=True) if calls else ()):
         at = index + offset
         use = {"type": "tool_use", "id": call_id, "name": name, "input": {}}
         yield _sse({"type": "content_block_start", "index": at, "content_block": use}, "content_block_start")
         async for piece in _decode(server, json.dumps(args)):
-            delta = {
-                "type": "content_block_delta",
-                "index": at,
-                "delta": {"type": "input_json_delta", "partial_json": piece},
-            }
+            delta = {"type": "content_block_delta", "index": at, "delta": {"type": "input_json_delta", "partial_json": piece}}
             yield _sse(delta, "content_block_delta")
         yield _sse({"type": "content_block_stop", "index": at}, "content_block_stop")
     rec.finished_at = time.perf_counter()

@@ -337,11 +337,7 @@ def _calls(raw: Any) -> list[dict[str, Any]] | None:
     if not isinstance(raw, list):
         return None
     calls = [
-        {
-            "id": str(c.get("id") or ""),
-            "name": str(c.get("name") or ""),
-            "arguments": c.get("arguments") or {},
-        }
+        {"id": str(c.get("id") or ""), "name": str(c.get("name") or ""), "arguments": c.get("arguments") or {}}
         for c in raw
         if isinstance(c, dict)
     ]

@@ -73,11 +73,4 @@ def checked_dialect(spec: Any, options: Any, front: str) -> Dialect:
         raise ConfigError(f"{front}(dialect={spec!r}): {exc}") from None
 
 
-__all__ = [
-    "DEFAULT_DIALECT",
-    "Dialect",
-    "checked_dialect",
-    "dialect_names",
-    "make_dialect",
-    "register_dialect",
-]
+__all__ = ["DEFAULT_DIALECT", "Dialect", "checked_dialect", "dialect_names", "make_dialect", "register_dialect"]

@@ -81,9 +81,7 @@ class RecursaDialect:
 
     def _call_cell(self, call: Any) -> Cell:
         """A tool call as a cell: its code, or (no code in it) a cell that only says why."""
-        code = next(
-            (call.arguments[k] for k in CODE_ARGUMENTS if isinstance(call.arguments.get(k), str)), None
-        )
+        code = next((call.arguments[k] for k in CODE_ARGUMENTS if isinstance(call.arguments.get(k), str)), None)
         if call.error or code is None:
             why = call.error or "its arguments hold no code (pass it as `code`)"
             return Cell(Reply([]), call, refused=f"Your call of {call.name!r} did not run: {why}.")
@@ -110,9 +108,7 @@ class RecursaDialect:
         for r in results:
             assert r.cell.call is not None
             text = r.text if r.text is not None else "(not run: an earlier call in this reply ended the turn)"
-            out.append(
-                {"role": "tool", "tool_call_id": r.cell.call.id, "name": r.cell.call.name, "content": text}
-            )
+            out.append({"role": "tool", "tool_call_id": r.cell.call.id, "name": r.cell.call.name, "content": text})
         if extra:
             out[0]["content"] = extra + "\n\n" + out[0]["content"]
         out[-1]["content"] += tail

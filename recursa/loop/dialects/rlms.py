@@ -39,9 +39,7 @@ def load_rlms() -> SimpleNamespace:
         from rlm.core.rlm import RLM
         from rlm.utils import parsing, prompts
     except ImportError as exc:
-        raise ConfigError(
-            f"the 'rlms' dialect reads the official package's texts, which is not installed ({exc}); {INSTALL}"
-        ) from None
+        raise ConfigError(f"the 'rlms' dialect reads the official package's texts, which is not installed ({exc}); {INSTALL}") from None
     return SimpleNamespace(types=types, parsing=parsing, prompts=prompts, RLM=RLM)
 
 

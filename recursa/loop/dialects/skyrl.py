@@ -37,9 +37,7 @@ def load_skyrl() -> SimpleNamespace:
     try:
         from skyrl_gym.envs.rlm import env
     except ImportError as exc:
-        raise ConfigError(
-            f"the 'skyrl' dialect reads SkyRL-gym's texts, which is not installed ({exc}); {INSTALL}"
-        ) from None
+        raise ConfigError(f"the 'skyrl' dialect reads SkyRL-gym's texts, which is not installed ({exc}); {INSTALL}") from None
     return SimpleNamespace(env=env)
 
 
@@ -131,10 +129,7 @@ class SkyRLDialect:
                 self.given = result
 
             def execute(self, code: str) -> Any:
-                given, self.given = (
-                    self.given,
-                    env.REPLResult(stdout="", stderr="", locals={}, final_answer=None),
-                )
+                given, self.given = self.given, env.REPLResult(stdout="", stderr="", locals={}, final_answer=None)
                 return given
 
         host = SimpleNamespace(

@@ -14,9 +14,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-USAGE = (
-    "llm_query(prompt, images=[...]) takes image bytes, names of the context's image files, or https:// URLs"
-)
+USAGE = "llm_query(prompt, images=[...]) takes image bytes, names of the context's image files, or https:// URLs"
 
 
 def images_arg(images: Any) -> list[dict[str, str]] | None:
