@@ -62,6 +62,7 @@ SCRIPTS = [
         "subcall_cache", "subcall_cache.py", ["--group", "4", "--chars", "20000", "--families", "oolong,niah"], []
     ),
     Script("prompt_cache", "prompt_cache.py", ["--turns", "6"], []),
+    Script("dialect_tokens", "dialect_tokens.py", ["--turns", "10"], []),
     Script("families_10m", "families_10m.py", ["--tokens", "20k"], []),
     Script(
         "viewer_load",

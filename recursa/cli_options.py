@@ -17,12 +17,13 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from recursa.config import BUILTIN_TEMPLATES
+from recursa.config import BUDGET_CAPS, BUILTIN_TEMPLATES, SETTINGS
 from recursa.errors import ConfigError
 from recursa.loop.dialects import dialect_names
+from recursa.sandbox import SANDBOXES as SANDBOX_REGISTRY
 
 DEFAULT_MODEL = "openai/gpt-5-mini"
-SANDBOXES = ("auto", "subprocess", "inprocess", "docker", "podman", "modal", "e2b", "ray")
+SANDBOXES = tuple(SANDBOX_REGISTRY)
 # The environment variables the command line reads, and what for (`recursa models` lists them).
 ENV_VARS = {
     "RECURSA_MODEL": "default for --model",
@@ -86,32 +87,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         help="read the model API key from this environment variable instead of OPENAI_API_KEY / "
         "ANTHROPIC_API_KEY (the key itself never goes on the command line)",
     )
-    p.add_argument(
-        "--max-depth", type=int, default=1, help="0: REPL only; 1: llm_query sub-calls; 2+: child RLMs"
-    )
-    p.add_argument("--max-iterations", type=int, default=30, help="root turns before a forced final answer")
-    p.add_argument(
-        "--max-usd",
-        type=float,
-        default=None,
-        help="a hard cap on US dollars for the whole run (default: none)",
-    )
-    p.add_argument(
-        "--max-tokens",
-        type=int,
-        default=None,
-        help="a hard cap on tokens (in + out) for the whole run; each call reserves its prompt plus "
-        "--max-output-tokens first (default: none)",
-    )
-    p.add_argument(
-        "--max-seconds", type=float, default=None, help="a wall-clock cap for the run (default: none)"
-    )
-    p.add_argument(
-        "--max-output-tokens",
-        type=int,
-        default=16_384,
-        help="output tokens each model call may produce (and reserves in the budget)",
-    )
+    for name, (flag, text) in BUDGET_CAPS.items():
+        p.add_argument(flag, type=float if name in ("max_usd", "max_seconds") else int, default=None, help=text)
     p.add_argument(
         "--prices",
         metavar="FILE",
@@ -121,19 +98,11 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         "price (default: built-in prices)",
     )
     p.add_argument(
-        "--prompt",
-        metavar="NAME_OR_FILE",
+        "--mcp-servers",
+        metavar="FILE",
         default=None,
-        help=f"the root's prompt template: a built-in name ({', '.join(BUILTIN_TEMPLATES)}) or a template "
-        "file (default: chosen by model name)",
-    )
-    p.add_argument("--sandbox", default="auto", choices=SANDBOXES, help="where the REPL runs")
-    p.add_argument(
-        "--dialect",
-        default="recursa",
-        choices=dialect_names(),
-        help="the conversation the root model sees: recursa's own, native tool calls (tools), or the "
-        "conversation a model was trained on elsewhere (docs/dialects.md)",
+        help='MCP servers whose tools the REPL code calls: a JSON file as MCP clients write it, e.g. '
+        '{"mcpServers": {"time": {"command": "uvx", "args": ["mcp-server-time"]}}} (docs/tools.md)',
     )
     p.add_argument(
         "--dialect-option",
@@ -142,61 +111,58 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         default=[],
         help="an option of the dialect, e.g. tool_name=python for --dialect tools (repeatable)",
     )
-    p.add_argument(
-        "--exec-timeout",
-        metavar="SECONDS",
-        type=float,
-        default=120.0,
-        help="seconds one REPL code block may run before it is interrupted (its variables are kept)",
-    )
-    p.add_argument(
-        "--turn-timeout",
-        metavar="SECONDS",
-        type=float,
-        default=None,
-        help="seconds all the code blocks of one model reply may run together; each block runs at most "
-        "--exec-timeout and what is left of this (default: the --exec-timeout value)",
-    )
-    p.add_argument(
-        "--trace-dir",
-        metavar="DIR",
-        default=None,
-        help="folder for the JSONL traces (default: ~/.cache/recursa/traces)",
-    )
-    p.add_argument(
-        "--mcp-servers",
-        metavar="FILE",
-        default=None,
-        help='MCP servers whose tools the REPL code calls: a JSON file as MCP clients write it, e.g. '
-        '{"mcpServers": {"time": {"command": "uvx", "args": ["mcp-server-time"]}}} (docs/tools.md)',
-    )
+    for name in FLAGGED:
+        add_setting_flag(p, name)
+
+
+# Settings whose flags this module writes by hand: their defaults come from the environment or a file.
+_OWN_FLAGS = ("model", "sub_model", "base_url", "api_key", "prices", "mcp_servers", "dialect_options")
+# The settings every command that starts runs takes as a flag: those the schema gives one.
+FLAGGED = tuple(n for n, s in SETTINGS.items() if s.flag and n not in _OWN_FLAGS)
+
+
+def add_setting_flag(p: argparse.ArgumentParser, name: str) -> None:
+    """The flag of one setting, its type, default, choices and help all from the schema."""
+    s = SETTINGS[name]
+    text = str(s.annotation)
+    kind: Any = int if s.annotation in (int, int | None) else float if "float" in text else str
+    options: dict[str, Any] = {"type": kind, "default": s.default, "help": s.help}
+    if name == "sandbox":
+        options["choices"] = SANDBOXES
+    elif name == "dialect":
+        options["choices"] = dialect_names()
+    elif name == "prompt":
+        options["metavar"] = "NAME_OR_FILE"
+        options["help"] += f"; built-in names: {', '.join(BUILTIN_TEMPLATES)}"
+    elif "Path" in text:
+        options["metavar"] = "DIR"
+    elif kind is float:
+        options["metavar"] = "SECONDS"
+    p.add_argument(s.flag or "", **options)
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """The run settings given as flags, checked by the schema and named as flags."""
+    from recursa.config import RLMConfig, Spelling
+
+    values = {name: getattr(args, name) for name in FLAGGED if getattr(args, name, None) is not None}
+    RLMConfig.checked(Spelling("cli"), model=args.model, sub_model=args.sub_model or args.model, **values)
 
 
 def rlm_kwargs(args: argparse.Namespace, question: str = "") -> dict[str, Any]:
     """The RLM(...) keywords the options of `add_model_options` describe (checked first)."""
     from recursa.budget import Budget
 
+    check_flags(args)
     check_token_budget(args, question)
-    kwargs: dict[str, Any] = {
-        "sub_model": args.sub_model,
-        "base_url": args.base_url,
-        "max_depth": args.max_depth,
-        "max_iterations": args.max_iterations,
-        "budget": Budget(max_usd=args.max_usd, max_tokens=args.max_tokens, max_seconds=args.max_seconds),
-        "sandbox": args.sandbox,
-        "trace_dir": args.trace_dir,
-        "max_output_tokens": args.max_output_tokens,
-        "exec_timeout": args.exec_timeout,
-        "turn_timeout": args.turn_timeout,
-    }
+    kwargs: dict[str, Any] = {name: getattr(args, name) for name in FLAGGED}
+    kwargs["sub_model"], kwargs["base_url"] = args.sub_model, args.base_url
+    kwargs["budget"] = Budget(**{name: getattr(args, name) for name in BUDGET_CAPS})
     if args.api_key_env:
         kwargs["api_key"] = api_key_from_env(args.api_key_env)
     if args.prices:
         kwargs["prices"] = load_prices(args.prices)
-    if args.prompt:
-        kwargs["prompt"] = args.prompt
-    if args.dialect != "recursa" or args.dialect_option:
-        kwargs["dialect"] = args.dialect
+    if args.dialect_option:
         kwargs["dialect_options"] = dialect_options(args.dialect_option)
     if getattr(args, "mcp_servers", None):
         from recursa.tools.mcp_config import parse_mcp_servers
@@ -317,26 +283,7 @@ def check_context(value: str) -> Path:
 
 
 # Python argument -> the flag a CLI user types instead.
-FLAGS = {
-    "model": "--model",
-    "sub_model": "--sub-model",
-    "base_url": "--base-url",
-    "api_key": "--api-key-env NAME",
-    "max_depth": "--max-depth",
-    "max_iterations": "--max-iterations",
-    "max_usd": "--max-usd",
-    "max_tokens": "--max-tokens",
-    "max_seconds": "--max-seconds",
-    "max_output_tokens": "--max-output-tokens",
-    "prices": "--prices FILE",
-    "prompt": "--prompt",
-    "sandbox": "--sandbox",
-    "trace_dir": "--trace-dir",
-    "exec_timeout": "--exec-timeout",
-    "turn_timeout": "--turn-timeout",
-    "dialect": "--dialect",
-    "dialect_options": "--dialect-option KEY=VALUE",
-}
+FLAGS = {n: s.flag for n, s in SETTINGS.items() if s.flag} | {n: cap[0] for n, cap in BUDGET_CAPS.items()}
 _PRICES_CALL = re.compile(r"RLM\(\.\.\., prices=\{.*?\}\}\)")
 _CALL = re.compile(r"(?:RLM|Budget)\((\w+)=([^()]*?)\)")
 # Python-only ways out that a CLI user has no flag for, and what to say instead.

@@ -1,256 +1,225 @@
-"""Every setting of an RLM, validated once, shared by all runs of a call tree."""
+"""The run settings, each declared once: name, type, default, bounds, help, CLI flag, and whether a
+client (a server request, an ACP session, a trainer's row) may override it.
+
+`RLMConfig` is the schema and the validated value every run of a call tree reads. `RLM(...)`,
+`RLMEnv(...)`, the CLI's flags (cli_options.py), the clients' overrides (`recursa.overrides`) and the
+settings page of the docs (docs/hooks/settings_reference.py) are derived from it; none of them
+declares a default, a bound or a check of its own. Validation is pydantic's, and its messages name the
+setting the way the caller wrote it (`Spelling`): `RLM(max_depth=-1)`, `--max-depth -1`,
+`extras['max_turns']=0`, `_meta.recursa/runtime-v1.max_depth=50`.
+
+To add a setting, add one field below (`EnvConfig` for one only `RLMEnv` has):
+
+    my_setting: int = setting(8, "what it does, for the docs and --help", ge=1, flag="--my-setting",
+                              client="tighten")
+
+That is the whole change: `RLM(my_setting=...)` and `RLMEnv(my_setting=...)` take it (through their
+`**settings`), commands that start runs get `--my-setting` when `flag` is given, clients may lower it
+(`client="tighten"`: it costs money or capacity) or set it (`"client"`), and the settings page lists
+it. The engine reads it as `config.my_setting`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import difflib
+import reprlib
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, InstanceOf, ValidationError, field_validator
 
 from recursa.budget import Budget
 from recursa.errors import ConfigError
-from recursa.lm.prices import ModelPrice
+from recursa.sandbox import SANDBOXES
 
-DEFAULT_MAX_OUTPUT_TOKENS = 16_384
 SAMPLING_ROLES = ("root", "child", "sub")
 # The prompt templates shipped with the loop (files in recursa/loop/prompts/): the names RLM(prompt=) takes.
 # "qwen", "small" and "claude" are the default prompt with a family's advice added (loop/prompts.py).
 BUILTIN_TEMPLATES = ("default", "qwen", "small", "claude", "answer-dict")
 
+# Who may set a setting besides the operator (the one whose credentials and machine a run uses):
+# "operator": only the operator; "tighten": a client may lower it, never raise it (it costs money or
+# capacity); "choose": a client may pick one of the operator's values (models), or any with its own
+# key; "client": a client may set it freely.
+Override = Literal["operator", "tighten", "choose", "client"]
 
-@dataclass
-class RLMConfig:
-    model: str
-    sub_model: str
-    base_url: str | None = None
-    api_key: str | None = field(default=None, repr=False)
-    max_depth: int = 1
-    max_iterations: int = 30
-    budget: Budget = field(default_factory=Budget)
-    sandbox: str = "auto"
-    sandbox_options: dict[str, Any] | None = None  # passed to the sandbox's constructor
-    exec_timeout: float = 120.0
-    # Seconds for all the code of one reply together (loop/blocks.py); None: the same as exec_timeout.
-    turn_timeout: float | None = None
-    max_output_chars: int = 20_000
-    max_concurrency: int = 64
-    max_parallel_children: int = 32  # child runs (each with its own REPL process) at once, per depth
-    per_model_concurrency: dict[str, int] | None = None
-    trace_dir: Path | None = None
-    trace: bool = True
-    prompt: str | Path | None = None
-    max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS
-    sub_model_chars: int = 500_000
-    prices: dict[str, ModelPrice | dict[str, float]] | None = None
-    request_timeout: float = 600.0
-    max_retries: int = 4
-    on_event: Callable[[dict[str, Any]], None] | None = None
-    call_headers: bool = False  # X-RLM-* attribution headers are opt-in (issue 7)
-    sampling: dict[str, dict[str, Any]] | None = None
-    # What generated code gets when a sub-call fails for good: "raise" an exception in the REPL, or
-    # "return" the error as a str starting with "[error]" (issue 8).
-    subcall_errors: str = "raise"
-    max_run_retries: int = 200  # retries summed over every call of the tree (a per-run cap)
-    # Tools (issue 9): REPL tools, tools only sub-models call, strategy tips, root-window compaction.
-    tools: list[Any] = field(default_factory=list)
-    tools_for_children: bool = True
-    sub_tools: list[Any] = field(default_factory=list)
-    sub_tool_rounds: int = 8
-    # MCP servers whose tools join `tools` / `sub_tools` for each call tree (tools/mcp_config.py).
-    mcp_servers: list[Any] = field(default_factory=list)
-    tips: str | None = None
-    root_window_tokens: int | None = None
-    # Models generated code may name in llm_query(model=...), besides model and sub_model (issue 16).
-    allowed_models: list[str] = field(default_factory=list)
-    # LM client objects given in place of model names (lm/custom.py), by the "client/<name>" spec
-    # that stands for each in model, sub_model and allowed_models.
-    clients: dict[str, Any] = field(default_factory=dict, repr=False)
-    # A reply with no code block whose lines are plain Python runs them (loop/unfenced.py); False only
-    # tells the model that code runs from ```repl blocks.
-    unfenced_code: bool = True
-    # Identical sub-calls (model, messages, sampling, tools) answered once per call tree, session or
-    # RLMEnv group (lm/call_cache.py).
-    cache_subcalls: bool = False
-    # Tokens per call by model ("provider/model" or a bare name), over genai-prices' figures (lm/windows.py).
-    context_windows: dict[str, int] | None = None
-    # The conversation the root sees (recursa/loop/dialects/): a registered name or a Dialect object,
-    # and the options of a named one (e.g. the "tools" dialect's tool_name and tool_argument).
-    dialect: Any = "recursa"
-    dialect_options: dict[str, Any] | None = None
 
-    def validate(self) -> None:
-        """Raise ConfigError for the first setting that cannot work, naming it and a value that would."""
+class Invalid(ValueError):
+    """A check of one setting failed: the value must be `what`; `example` is one that works."""
 
-        # option -> (smallest value, a value that works); ints, except the seconds below
-        minimums: dict[str, tuple[int, str]] = {
-            "max_depth": (0, "1"),
-            "max_iterations": (1, "30"),
-            "max_output_chars": (200, "20_000"),
-            "max_concurrency": (1, "64"),
-            "max_parallel_children": (1, "32"),
-            "max_output_tokens": (1, "16_384"),
-            "sub_model_chars": (1, "500_000"),
-            "max_retries": (0, "4"),
-            "max_run_retries": (0, "200"),
-            "sub_tool_rounds": (1, "8"),
-        }
-        numbers: list[tuple[str, Any, bool, str, str]] = [
-            (
-                name,
-                getattr(self, name),
-                _is_int(getattr(self, name)) and getattr(self, name) >= low,
-                f"an int >= {low}",
-                ex,
+    def __init__(self, what: str, example: str | None = None) -> None:
+        super().__init__(what)
+        self.what = what
+        self.example = example
+
+
+def setting(
+    default: Any = None,
+    help: str = "",
+    *,
+    flag: str | None = None,
+    client: Override = "operator",
+    what: str | None = None,
+    example: str | None = None,
+    factory: Callable[[], Any] | None = None,
+    env: tuple[str, Any] | None = None,
+    repr: bool = True,
+    **bounds: Any,
+) -> Any:
+    """One setting's declaration. `flag`: its CLI flag; `client`: see `Override`; `what`: what a
+    valid value is, in words (derived from the type and bounds when not given); `example`: a value
+    that works (the default when not given); `env`: RLMEnv's own name and default for it, where they
+    differ; `bounds`: pydantic's ge/gt/le."""
+    extra = {"flag": flag, "client": client, "what": what, "example": example, "env": env}
+    if factory is not None:
+        return Field(default_factory=factory, description=help, json_schema_extra=extra, repr=repr, **bounds)
+    return Field(default, description=help, json_schema_extra=extra, repr=repr, **bounds)
+
+
+Seconds = float
+
+
+class _Schema(BaseModel):
+    """Settings checked strictly (no "3" for 3, no NaN), each error named as the caller wrote it."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", arbitrary_types_allowed=True, allow_inf_nan=False)
+
+    @classmethod
+    def checked(cls, spelling: Spelling, **values: Any) -> Any:
+        """The settings of `values`, or a ConfigError naming the first bad one as `spelling` writes it."""
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            raise spelling.error(exc, cls, values) from None
+
+    @classmethod
+    def check_one(cls, name: str, value: Any, spelling: Spelling) -> Any:
+        """One setting's value checked as `checked` checks it, alone (a client's override)."""
+        blank = cls.model_construct()
+        try:
+            cls.__pydantic_validator__.validate_assignment(blank, name, value)
+        except ValidationError as exc:
+            raise spelling.error(exc, cls, {name: value}) from None
+        return getattr(blank, name)
+
+
+class RLMConfig(_Schema):
+    """Every setting of an RLM run, validated once, shared by all runs of a call tree."""
+
+    model: str = setting(..., "the root model, which writes the REPL code: provider/name or a client object", flag="--model", client="choose")
+    sub_model: str = setting(..., "the model behind llm_query and child runs' turns (default: model)", flag="--sub-model", client="choose")
+    base_url: str | None = setting(None, "an OpenAI-compatible server for the openai provider (vLLM, Ollama, ...)", flag="--base-url")
+    api_key: str | None = setting(None, "the provider key (default: OPENAI_API_KEY / ANTHROPIC_API_KEY)", flag="--api-key-env NAME", repr=False)
+    max_depth: int = setting(1, "0 runs code only; 1 adds llm_query sub-calls; 2 or more, child RLMs", flag="--max-depth", client="tighten", ge=0)
+    max_iterations: int = setting(30, "root turns before one last call asks for the answer", flag="--max-iterations", client="tighten", example="30", env=("max_turns", 10), ge=1)
+    budget: InstanceOf[Budget] = setting(help="hard caps over the whole call tree (docs/concepts.md, \"Budgets are hard caps\")", client="tighten", factory=Budget, what="a recursa.Budget(max_usd=..., max_tokens=..., ...)", example="Budget(max_llm_calls=200)")
+    sandbox: str = setting("auto", "where the REPL runs (docs/sandbox.md)", flag="--sandbox")
+    sandbox_options: dict[str, Any] | None = setting(None, "passed to the sandbox's constructor, e.g. {'start_timeout': 30}", what="a dict of option names to values", example="{'start_timeout': 30}")
+    exec_timeout: Seconds = setting(120.0, "seconds one REPL cell may run before it is interrupted (its variables are kept)", flag="--exec-timeout", client="tighten", gt=0)
+    turn_timeout: Seconds | None = setting(None, "seconds all the code of one reply may run together; each block runs at most exec_timeout and what is left of this (None: exec_timeout)", flag="--turn-timeout", client="tighten", example="120", gt=0)
+    max_output_chars: int = setting(20_000, "REPL output shown to the root per cell (head and tail beyond it)", client="tighten", example="20_000", ge=200)
+    max_concurrency: int = setting(64, "model calls in flight at once over the whole tree", client="tighten", ge=1)
+    max_parallel_children: int = setting(32, "child runs (each with its own REPL process) at once, per depth level", client="tighten", ge=1)
+    per_model_concurrency: dict[str, Annotated[int, Field(ge=1)]] | None = setting(None, "a lower limit of calls in flight for named models", what="a dict of model name to an int >= 1", example="{'openai/gpt-5-mini': 16}")
+    trace_dir: Path | None = setting(None, "where JSONL traces go (default: $XDG_CACHE_HOME or ~/.cache, then recursa/traces)", flag="--trace-dir", example="'traces'")
+    trace: bool = setting(True, "False writes no trace file")
+    prompt: str | Path | None = setting(None, "the root's prompt template: a built-in name or a file (default: by model family)", flag="--prompt")
+    max_output_tokens: int = setting(16_384, "each model call's output limit, reserved in the budget before it is sent", flag="--max-output-tokens", client="tighten", example="16_384", ge=1)
+    sub_model_chars: int = setting(500_000, "how much text one sub-call can take, as the root's prompt states it", example="500_000", ge=1)
+    prices: dict[str, Any] | None = setting(None, "US dollars per million tokens per model, for models without a known price", flag="--prices FILE", example="{'openai/my-model': {'input_per_mtok': 0.25, 'output_per_mtok': 2.0}}")
+    request_timeout: Seconds = setting(600.0, "seconds one model request may take", client="tighten", gt=0)
+    max_retries: int = setting(4, "retries of one failed model call", client="tighten", ge=0)
+    on_event: Callable[[dict[str, Any]], None] | None = setting(None, "called with every trace event as it happens (e.g. an OtelListener)", what="a function taking one event dict, or None")
+    call_headers: bool = setting(False, "send the X-RLM-* attribution headers with every call", client="client", env=("call_headers", True))
+    sampling: dict[str, dict[str, Any]] | None = setting(None, "request options per role, 'root', 'child' and 'sub' (docs/training.md)", example="{'root': {'temperature': 1.0, 'seed': 7}, 'sub': {'temperature': 0.0}}")
+    subcall_errors: Literal["raise", "return"] = setting("raise", "a sub-call that fails for good 'raise's in the REPL or 'return's an '[error] ...' str", client="client")
+    max_run_retries: int = setting(200, "model-call retries summed over the whole tree", client="tighten", ge=0)
+    tools: list[Any] = setting(help="functions the REPL code may call (docs/tools.md)", factory=list)
+    tools_for_children: bool = setting(True, "child runs get `tools` too")
+    sub_tools: list[Any] = setting(help="functions only sub-models call, through function calling", factory=list)
+    sub_tool_rounds: int = setting(8, "tool turns a sub-model may take before it must answer", client="tighten", ge=1)
+    mcp_servers: list[Any] = setting(help="MCP servers whose tools join tools / sub_tools for each call tree: a list of entries as MCP clients write them, a dict name -> entry, or a JSON config file (docs/tools.md, \"MCP servers\")", flag="--mcp-servers FILE", factory=list)
+    tips: str | None = setting(None, "strategy text added to the root's prompt", client="client", what="a str of advice for the model, or None")
+    root_window_tokens: int | None = setting(None, "compact the root's history past 80% of this many tokens (None: no compaction)", what="None (no compaction) or an int of at least 1000", example="None", ge=1_000)
+    allowed_models: list[str] = setting(help="further models generated code may name in llm_query(model=...)", factory=list, what="a list of model names", example="['openai/gpt-5-nano']")
+    clients: dict[str, Any] = setting(help="LM client objects given in place of model names, by the 'client/<name>' spec that stands for each", factory=dict, repr=False)
+    unfenced_code: bool = setting(True, "run Python a reply writes without a ```repl fence; False only tells the model to fence its code", client="client")
+    context_windows: dict[str, Annotated[int, Field(ge=1)]] | None = setting(None, "tokens per call by model ('provider/model' or a bare name), over genai-prices' figures (docs/concepts.md, \"Context windows\")", what="a dict of model name to its window in tokens, an int >= 1", example="{'openai/my-vllm-model': 32_768}")
+    dialect: Any = setting("recursa", "the conversation the root sees: 'recursa', 'tools' (native tool calls), 'rlms', 'skyrl', 'verifiers', or a Dialect object (docs/dialects.md)", flag="--dialect", client="client", what="a registered dialect name or a Dialect object")
+    dialect_options: dict[str, Any] | None = setting(None, "options of a named dialect, e.g. {'tool_name': 'python'} for 'tools'", flag="--dialect-option KEY=VALUE", client="client", example="{'tool_name': 'python'}")
+    cache_subcalls: bool = setting(False, "answer identical sub-calls (model, messages, sampling, tools) once per call tree, session or RLMEnv group (lm/call_cache.py)", client="client")
+
+    @field_validator("sandbox")
+    @classmethod
+    def _sandbox(cls, value: str) -> str:
+        if value not in SANDBOXES:
+            raise Invalid(f"a sandbox kind (unknown sandbox {value!r}); choose one of: {', '.join(SANDBOXES)}")
+        return value
+
+    @field_validator("sandbox_options")
+    @classmethod
+    def _sandbox_options(cls, value: dict[str, Any] | None, info: Any) -> dict[str, Any] | None:
+        if not value:
+            return value
+        # Checked now so that a misspelt option fails before any spend, not when the REPL starts.
+        kind = SANDBOXES.get(info.data.get("sandbox", "auto"))
+        accepted = kind.option_names() if kind is not None else None
+        unknown = sorted(set(value) - set(accepted)) if accepted is not None else []
+        if unknown:
+            raise Invalid(
+                f"options sandbox {info.data.get('sandbox')!r} takes: it takes no option "
+                f"{', '.join(map(repr, unknown))}; its options: {', '.join(accepted or [])}"
             )
-            for name, (low, ex) in minimums.items()
-        ]
-        numbers += [
-            (
-                name,
-                getattr(self, name),
-                _is_number(getattr(self, name)) and getattr(self, name) > 0,
-                "a number of seconds > 0",
-                ex,
+        return value
+
+    @field_validator("sampling")
+    @classmethod
+    def _sampling(cls, value: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, Any]] | None:
+        if value and any(role not in SAMPLING_ROLES for role in value):
+            raise Invalid(f"a dict of roles to request options (roles: {', '.join(SAMPLING_ROLES)})")
+        return value
+
+    @field_validator("prices")
+    @classmethod
+    def _prices(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        for key, price in (value or {}).items():
+            rates = price if isinstance(price, dict) else getattr(price, "__dict__", None)
+            bad = (
+                {k: v for k, v in rates.items() if v is not None and not _non_negative(v)}
+                if isinstance(rates, dict)
+                else rates
             )
-            for name, ex in (("exec_timeout", "120"), ("request_timeout", "600"))
-        ]
-        turn = self.turn_timeout
-        numbers.append(
-            (
-                "turn_timeout",
-                turn,
-                turn is None or (_is_number(turn) and turn > 0),
-                "a number of seconds > 0 (or None: the same as exec_timeout)",
-                "120",
-            )
-        )
-        window = self.root_window_tokens
-        numbers.append(
-            (
-                "root_window_tokens",
-                window,
-                window is None or (_is_int(window) and window >= 1_000),
-                "None (no compaction) or an int of at least 1000",
-                "None",
-            )
-        )
-        for name, value, ok, what, example in numbers:
-            if not ok:
-                raise ConfigError(f"RLM({name}={value!r}): {name} must be {what}; e.g. {name}={example}.")
-        if not isinstance(self.unfenced_code, bool):
-            raise ConfigError(
-                f"RLM(unfenced_code={self.unfenced_code!r}): unfenced_code must be True (run Python a reply "
-                "writes outside a code block) or False (only tell the model to use a ```repl block)."
-            )
-        if not isinstance(self.cache_subcalls, bool):
-            raise ConfigError(
-                f"RLM(cache_subcalls={self.cache_subcalls!r}): cache_subcalls must be True (identical "
-                "sub-calls are answered once) or False (every sub-call is sent)."
-            )
-        windows = self.context_windows
-        if windows is not None and (
-            not isinstance(windows, dict)
-            or any(not isinstance(k, str) or not _is_int(v) or v < 1 for k, v in windows.items())
-        ):
-            raise ConfigError(
-                f"RLM(context_windows={windows!r}): give a dict of model name to its window in tokens, "
-                "an int >= 1, e.g. context_windows={'openai/my-vllm-model': 32_768}."
-            )
-        if self.subcall_errors not in ("raise", "return"):
-            raise ConfigError(
-                f"RLM(subcall_errors={self.subcall_errors!r}): subcall_errors must be 'raise' (an exception "
-                "in the REPL) or 'return' (an '[error] ...' str)."
-            )
-        if not isinstance(self.allowed_models, list) or not all(
-            isinstance(m, str) for m in self.allowed_models
-        ):
-            raise ConfigError(
-                "RLM(allowed_models=...) takes a list of model names that generated code may pass to "
-                "llm_query(model=...), e.g. allowed_models=['openai/gpt-5-nano']."
-            )
-        if not isinstance(self.budget, Budget):
-            raise ConfigError("RLM(budget=...) takes a recursa.Budget(max_usd=..., max_tokens=..., ...).")
-        sampling = self.sampling or {}
-        if not isinstance(sampling, dict) or any(
-            role not in SAMPLING_ROLES or not isinstance(opts, dict) for role, opts in sampling.items()
-        ):
-            raise ConfigError(
-                "RLM(sampling=...) maps roles to request options, e.g. {'root': {'temperature': 1.0, "
-                "'seed': 7, 'logprobs': True}, 'sub': {'temperature': 0.0}}; roles: "
-                + ", ".join(SAMPLING_ROLES)
-                + "."
-            )
-        limits = self.per_model_concurrency
-        if limits is not None and (
-            not isinstance(limits, dict)
-            or any(not isinstance(k, str) or not _is_int(v) or v < 1 for k, v in limits.items())
-        ):
-            raise ConfigError(
-                f"RLM(per_model_concurrency={limits!r}): give a dict of model name to an int >= 1, "
-                "e.g. per_model_concurrency={'openai/gpt-5-mini': 16}."
-            )
-        for key, price in (self.prices or {}).items():
-            rates = price if isinstance(price, dict) else getattr(price, "__dict__", {})
-            bad = {k: v for k, v in rates.items() if v is not None and (not _is_number(v) or v < 0)}
             if bad:
-                raise ConfigError(
-                    f"RLM(prices=...): the price of {key!r} has {bad}; rates are USD per million tokens, "
-                    "numbers >= 0, e.g. {'input_per_mtok': 0.25, 'output_per_mtok': 2.0}."
+                raise Invalid(
+                    f"USD per million tokens, numbers >= 0 (the price of {key!r} has {bad})",
+                    SETTINGS["prices"].example,
                 )
-        if self.on_event is not None and not callable(self.on_event):
-            raise ConfigError("RLM(on_event=...) must be a function taking one event dict, or None.")
-        if self.tips is not None and not isinstance(self.tips, str):
-            raise ConfigError(
-                f"RLM(tips={self.tips!r}): tips must be a str of advice for the model, or None."
-            )
-        if self.trace_dir is not None and self.trace_dir.exists() and not self.trace_dir.is_dir():
-            raise ConfigError(
-                f"RLM(trace_dir={str(self.trace_dir)!r}) is a file, not a folder; pass a folder for the "
-                "trace files (it is created if missing), or trace=False for no trace."
-            )
-        if self.prompt is not None:
-            name = str(self.prompt)
-            if name not in BUILTIN_TEMPLATES and not Path(name).is_file():
-                raise ConfigError(
-                    f"RLM(prompt={name!r}) is neither a built-in template ({', '.join(BUILTIN_TEMPLATES)}) "
-                    "nor an existing file; pass one of those names or the path of a template file."
-                )
-        options = self.sandbox_options
-        if options is not None and (
-            not isinstance(options, dict) or not all(isinstance(k, str) for k in options)
-        ):
-            raise ConfigError(
-                f"RLM(sandbox_options={options!r}): give a dict of option names to values, "
-                "e.g. sandbox_options={'start_timeout': 30}."
-            )
-        if options:
-            # Checked now so that a misspelt option fails before any spend, not when the REPL starts.
-            import inspect
+        return value
 
-            from recursa import sandbox as sandboxes
+    @field_validator("trace_dir", mode="before")
+    @classmethod
+    def _trace_dir(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = Path(value)
+        if isinstance(value, Path) and value.exists() and not value.is_dir():
+            raise Invalid(
+                "a folder for the trace files, not a file (a missing folder is created)", "'traces'"
+            )
+        return value
 
-            classes = {
-                "auto": sandboxes.SubprocessSandbox,
-                "subprocess": sandboxes.SubprocessSandbox,
-                "inprocess": sandboxes.InProcessSandbox,
-                "docker": sandboxes.ContainerSandbox,
-                "podman": sandboxes.ContainerSandbox,
-                "modal": sandboxes.ModalSandbox,
-                "e2b": sandboxes.E2BSandbox,
-            }
-            cls = classes.get(self.sandbox)
-            params = inspect.signature(cls).parameters if cls is not None else {}
-            if cls is not None and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-                accepted = sorted(
-                    n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
-                )
-                accepted = [n for n in accepted if n != "kind"]  # make_sandbox passes the kind itself
-                unknown = sorted(set(options) - set(accepted))
-                if unknown:
-                    raise ConfigError(
-                        f"RLM(sandbox_options=...): sandbox {self.sandbox!r} takes no option "
-                        f"{', '.join(map(repr, unknown))}; its options: {', '.join(accepted)}."
-                    )
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, value: str | Path | None) -> str | Path | None:
+        if value is not None and str(value) not in BUILTIN_TEMPLATES and not Path(value).is_file():
+            raise Invalid(
+                f"a built-in template ({', '.join(BUILTIN_TEMPLATES)}) or the path of a template file; "
+                f"{str(value)!r} is neither a built-in template nor an existing file",
+                "'default'",
+            )
+        return value
 
     def turn_seconds(self) -> float:
         """Seconds for all the code of one reply together: turn_timeout, else exec_timeout."""
@@ -264,11 +233,197 @@ class RLMConfig:
         """The root model of a run at `depth`: the sub-model serves every call below the top."""
         return self.model if depth == 0 else self.sub_model
 
+    def replace(self, **changes: Any) -> RLMConfig:
+        """A copy with `changes` (values already checked, such as a tree's own event callback)."""
+        return self.model_copy(update=changes)
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+
+class EnvConfig(_Schema):
+    """The settings only an `RLMEnv` has (its runs' settings are an RLMConfig)."""
+
+    max_reply_chars: int = setting(100_000, "longer policy replies are refused (the trace keeps replies whole up to 100,000)", client="tighten", ge=1)
+    max_live_repls: int = setting(256, "REPL processes alive at once over all episodes (children included)", client="tighten", ge=1)
+    wait_for_repl: Seconds = setting(0.0, "seconds start() waits in line for a REPL slot before it raises (0: raise at once)", client="tighten", what="a number of seconds >= 0 (0: do not wait)", ge=0)
+    max_memory_bytes: Annotated[int, Field(ge=64 << 20)] | Literal["auto"] | None = setting("auto", "what all the environment's live REPLs (children included) may hold together, in bytes; 'auto': three quarters of the machine's memory; None: no bound but each REPL's own (subprocess sandboxes only)", what="the bytes all live REPLs may hold together, at least 64 MiB (e.g. 32 << 30), 'auto' (three quarters of the memory) or None (no bound)", example=str(32 << 30))
+    fork: bool = setting(True, "fork REPLs from one warm zygote shared by the episodes (forking sandboxes only)")
 
 
-def _is_number(value: Any) -> bool:
-    # NaN is a float but no limit: it compares False with everything, so it would never refuse.
-    return (_is_int(value) or isinstance(value, float)) and value == value
+@dataclass(frozen=True)
+class Setting:
+    """One declared setting, as the front doors and the docs read it."""
+
+    name: str
+    annotation: Any
+    default: Any  # PydanticUndefined-free: None for required ones and factories' empty values
+    required: bool
+    help: str
+    flag: str | None
+    client: Override
+    what: str
+    example: str
+    env: tuple[str, Any] | None
+    owner: str  # "RLMConfig" or "EnvConfig"
+    optional: bool  # None is a value of it (Python callers and dicts may pass it; flags leave it out)
+
+
+def _declared(model: type[BaseModel]) -> dict[str, Setting]:
+    out = {}
+    for name, info in model.model_fields.items():
+        extra: dict[str, Any] = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        default = info.get_default(call_default_factory=True) if not info.is_required() else None
+        out[name] = Setting(
+            name=name,
+            annotation=info.annotation,
+            default=default,
+            required=info.is_required(),
+            help=info.description or "",
+            flag=extra.get("flag"),
+            client=extra.get("client", "operator"),
+            what=extra.get("what") or _what(info),
+            example=extra.get("example") or _shown(default),
+            env=extra.get("env"),
+            owner=model.__name__,
+            optional="None" in str(info.annotation),
+        )
+    return out
+
+
+def _what(info: Any) -> str:
+    """A valid value in words, from the type and bounds."""
+    low = next((m for m in info.metadata if hasattr(m, "ge") or hasattr(m, "gt")), None)
+    ge, gt = getattr(low, "ge", None), getattr(low, "gt", None)
+    text = str(info.annotation)
+    if text.startswith(("dict", "typing.Dict")) or " dict[" in text:
+        what = "a dict"
+    elif text.startswith("list"):
+        what = "a list"
+    elif "int" in text and "Path" not in text:
+        what = f"an int >= {ge}" if ge is not None else "an int"
+    elif "float" in text:
+        what = f"a number of seconds > {gt:g}" if gt is not None else f"a number of seconds >= {ge:g}"
+    elif "bool" in text:
+        what = "True or False"
+    elif "Literal" in text:
+        what = "one of " + ", ".join(repr(a) for a in getattr(info.annotation, "__args__", ()))
+    elif "Path" in text:
+        what = "a str or a Path"
+    elif "str" in text:
+        what = "a str"
+    else:
+        what = "a " + text
+    return what
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 10_000:
+        return f"{value:_}"
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+SETTINGS: dict[str, Setting] = _declared(RLMConfig)
+ENV_SETTINGS: dict[str, Setting] = _declared(EnvConfig)
+# The caps of `budget` (recursa.Budget's fields): settings of their own for the CLI and for clients,
+# who may only lower them (each costs money or capacity). Budget itself checks each value.
+BUDGET_CAPS: dict[str, tuple[str, str]] = {
+    "max_usd": ("--max-usd", "a hard cap on US dollars for the whole run (default: none)"),
+    "max_tokens": (
+        "--max-tokens",
+        "a hard cap on tokens (in + out) for the whole run; each call reserves its prompt plus "
+        "--max-output-tokens first (default: none)",
+    ),
+    "max_seconds": ("--max-seconds", "a wall-clock cap for the run (default: none)"),
+    "max_llm_calls": ("--max-llm-calls", "a cap on model calls over the whole run (default: none)"),
+}
+DEFAULT_MAX_OUTPUT_TOKENS: int = SETTINGS["max_output_tokens"].default
+# RLMEnv's own names and defaults where they differ from RLM's (`setting(env=...)`).
+ENV_NAMES: dict[str, str] = {n: s.env[0] for n, s in SETTINGS.items() if s.env is not None}
+ENV_DEFAULTS = SimpleNamespace(**{s.env[0]: s.env[1] for s in SETTINGS.values() if s.env is not None})
+# The defaults by name, for signatures that show them (`max_depth: int = DEFAULTS.max_depth`).
+DEFAULTS = SimpleNamespace(**{name: s.default for name, s in {**SETTINGS, **ENV_SETTINGS}.items()})
+
+
+def setting_of(name: str) -> Setting:
+    return SETTINGS.get(name) or ENV_SETTINGS[name]
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """How a caller writes settings, so that a message names a setting as the user wrote it.
+
+    `form`: "python" (`RLM(name=value)`), "cli" (`--flag value`), "key" (`extras['name']=value`) or
+    "dotted" (`_meta.recursa/runtime-v1.name=value`); `owner`: the callable ("RLM") or the container
+    ("extras", "_meta.recursa/runtime-v1"); `names`: the caller's own name for a setting where it
+    differs from the schema's (RLMEnv's max_turns is max_iterations)."""
+
+    form: Literal["python", "cli", "key", "dotted"]
+    owner: str = "RLM"
+    names: Mapping[str, str] = field(default_factory=dict)
+
+    def label(self, name: str) -> str:
+        own = self.names.get(name, name)
+        if self.form == "python":
+            return own
+        if self.form == "cli":
+            declared = SETTINGS.get(name) or ENV_SETTINGS.get(name)
+            flag = declared.flag if declared is not None else BUDGET_CAPS.get(name, (None,))[0]
+            return (flag or "--" + own.replace("_", "-")).split()[0]
+        return f"{self.owner}[{own!r}]" if self.form == "key" else f"{self.owner}.{own}"
+
+    def given(self, name: str, value: Any) -> str:
+        """The setting as the caller passed it: `RLM(max_depth=-1)`, `--max-depth -1`, ..."""
+        shown = _REPR.repr(value)
+        if self.form == "python":
+            return f"{self.owner}({self.label(name)}={shown})"
+        if self.form == "cli":
+            return f"{self.label(name)} {value}"
+        return f"{self.label(name)}={shown}"
+
+    def argument(self, name: str) -> str:
+        """The setting without its value: `RLM(tools=...)`, `--max-depth`, `extras['budget']`."""
+        return f"{self.owner}({self.label(name)}=...)" if self.form == "python" else self.label(name)
+
+    def assign(self, name: str, example: str) -> str:
+        if self.form == "cli":
+            return f"{self.label(name)} {example.strip(chr(39))}"
+        return f"{self.label(name)}={example}"
+
+    def problem(self, name: str, value: Any, what: str, example: str | None) -> str:
+        """`<as given>: <label> must be <what>; e.g. <label>=<example>.`"""
+        tail = f"; e.g. {self.assign(name, example)}" if example is not None else ""
+        return f"{self.given(name, value)}: {self.label(name)} must be {what}{tail}."
+
+    def error(self, exc: ValidationError, model: type[BaseModel], values: Mapping[str, Any]) -> ConfigError:
+        first = exc.errors()[0]
+        name = str(first["loc"][0]) if first["loc"] else "?"
+        if first["type"] == "extra_forbidden":
+            known = [self.names.get(n, n) for n in model.model_fields]
+            close = near_miss(self.names.get(name, name), known)
+            hint = f"did you mean {close!r}?" if close else "see docs/reference/settings.md for the settings"
+            return ConfigError(f"{self.given(name, values.get(name))}: {name} is not a setting; {hint}")
+        declared = setting_of(name)
+        cause = (first.get("ctx") or {}).get("error")
+        if isinstance(cause, Invalid):
+            return ConfigError(self.problem(name, values.get(name), cause.what, cause.example))
+        own = declared.env is not None and name in self.names  # RLMEnv's name: RLMEnv's default
+        example = _shown(declared.env[1]) if own and declared.env else declared.example
+        what = declared.what
+        if declared.optional and self.form != "cli" and "None" not in what:
+            what += " (or None)"
+        return ConfigError(self.problem(name, values.get(name), what, example))
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 60
+_NEAR = 0.85  # difflib ratio: max_turn, maxturns, repl_timout match; data_source, max_tokens do not
+
+
+def near_miss(key: str, known: Collection[str]) -> str | None:
+    """The known name `key` is most likely a misspelling of, or None."""
+    folded = {k.lower(): k for k in known}
+    found = difflib.get_close_matches(key.lower().replace("-", "_"), list(folded), n=1, cutoff=_NEAR)
+    return folded[found[0]] if found else None
+
+
+def _non_negative(value: Any) -> bool:
+    # NaN is a float but no price: it compares False with everything.
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == value and value >= 0

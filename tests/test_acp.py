@@ -99,7 +99,7 @@ async def test_session_meta_points_the_model_elsewhere(server: FakeServer, scrip
             await conn.prompt(session_id="nope", prompt=[text_block("x")])
         with pytest.raises(RequestError) as bad_model:
             await conn.new_session(
-                cwd=str(tmp_path), mcp_servers=[], **{"recursa/runtime-v1": {"model": "bad/x"}}
+                cwd=str(tmp_path), mcp_servers=[], **{"recursa/runtime-v1": {"model": "bad/x", "api_key": "k"}}
             )
     assert "no session" in str(missing.value.data) and "unknown provider" in str(bad_model.value.data)
     assert reply.stop_reason == "end_turn" and client.texts("agent_message_chunk") == [
@@ -173,7 +173,10 @@ async def test_cancel_mid_prompt_while_another_session_runs_and_bad_runtime_opti
         async with spawn_agent_process(client, sys.executable, *args, env=agent_env()) as (conn, _proc):
             await conn.initialize(protocol_version=PROTOCOL_VERSION)
             slow = await conn.new_session(
-                cwd=str(tmp_path), mcp_servers=[], **{where[6:]: {"model": "openai/slow"}}
+                cwd=str(tmp_path),
+                mcp_servers=[],
+                # Another model than the operator's: on the client's own key only.
+                **{where[6:]: {"model": "openai/slow", "base_url": server.base_url, "api_key": "own-key"}},
             )
             quick = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
             running = asyncio.create_task(
@@ -198,16 +201,44 @@ async def test_cancel_mid_prompt_while_another_session_runs_and_bad_runtime_opti
             cancelled = await running
             again = await conn.prompt(session_id=quick.session_id, prompt=[text_block("say quick")])
     assert cancelled.stop_reason == "cancelled" and again.stop_reason == "end_turn"
-    assert f"{where}.max_depth='2': give a whole number" in refusals[0]
+    assert f"{where}.max_depth='2': {where}.max_depth must be an int >= 0" in refusals[0]
     assert f"{where}.budget['max_calls'] is not an option" in refusals[1]
     assert f"{where}.budget is a str" in refusals[2]
     assert f"{where}.modle is not an option" in refusals[3] and "model" in refusals[3]
-    assert f"{where}.call_headers='yes': give true or false" in refusals[4]
+    assert f"{where}.call_headers='yes': {where}.call_headers must be True or False" in refusals[4]
     assert f"session_id {quick.session_id!r} is in use" in refusals[5]
     slow_runs = [p for p in _traces(tmp_path) if any(e.get("model") == "openai/slow" for e in load(p).events)]
     (trace,) = slow_runs
     ends = [e for e in load(trace).events if e["type"] == "run_end"]
     assert len(ends) == 1 and ends[0]["stop_reason"] == "cancelled"
+
+
+async def test_a_session_never_widens_what_the_operator_pays_for(tmp_path: Path) -> None:
+    # `recursa acp --max-usd 5` runs every session on the operator's key: a session may lower what
+    # costs money or capacity, never raise it, and may not pick another model on that key.
+    where = "_meta.recursa/runtime-v1"
+    args = ["-m", "recursa.cli", "acp", "--model", "openai/gpt-5-mini", "--max-usd", "5",
+            "--trace-dir", str(tmp_path)]  # fmt: skip
+    widenings = (
+        ({"budget": {"max_usd": 100000}}, f"{where}.budget.max_usd=100000", "at most 5.0"),
+        ({"max_depth": 50}, f"{where}.max_depth=50", "at most 3"),
+        ({"max_iterations": 1000}, f"{where}.max_iterations=1000", "at most 100"),
+        ({"exec_timeout": 86400}, f"{where}.exec_timeout=86400", "at most 120.0"),
+        ({"model": "openai/gpt-5"}, f"{where}.model='openai/gpt-5'", "'openai/gpt-5-mini'"),
+        ({"sandbox": "inprocess"}, f"{where}.sandbox", "is not an option"),
+    )
+    async with spawn_agent_process(Recorder(), sys.executable, *args, env=agent_env()) as (conn, _proc):
+        await conn.initialize(protocol_version=PROTOCOL_VERSION)
+        refusals = []
+        for meta, _, _ in widenings:
+            with pytest.raises(RequestError) as refused:
+                await conn.new_session(cwd=str(tmp_path), mcp_servers=[], **{where[6:]: meta})
+            refusals.append(str(refused.value.data))
+        # Lowering is the client's to do.
+        tighter = {"budget": {"max_usd": 1}, "max_depth": 2, "max_iterations": 5}
+        await conn.new_session(cwd=str(tmp_path), mcp_servers=[], **{where[6:]: tighter})
+    for (_, named, limit), said in zip(widenings, refusals, strict=True):
+        assert named in said and limit in said, said
 
 
 def _traces(folder: Path) -> list[Path]:

@@ -23,6 +23,7 @@ STEPS = [
     "n = len(context)\nrole = lookup('alice')\nprint(role, n)",
     "while True:\n    pass",
     "print('after the timeout:', role, n, llm_query('ping'))",
+    "SUBMIT(result=role)",  # not an output field: a recoverable error, and the run goes on
     "SUBMIT(answer=f'{role} {n}')",
 ]
 
@@ -69,6 +70,7 @@ def test_dspy_rlm_runs_in_the_recursa_sandbox_with_a_tool_and_a_timeout_that_kee
     assert outputs[0].strip() == "alice=admin 11"
     assert "KeyboardInterrupt" in outputs[1] and "variables kept" in outputs[1]
     assert outputs[2].strip() == "after the timeout: alice=admin 11 pong"
+    assert "SUBMIT takes the output fields answer" in outputs[3]
     assert asked == ["ping"]
     assert factory.last is not None and factory.last.isolation["level"].startswith("hardened")
     # DSPy shut the interpreter down: its worker is gone.
@@ -104,3 +106,55 @@ def test_bad_options_fail_at_once() -> None:
         RecursaInterpreter.factory(exec_timeout=0)
     with pytest.raises(ConfigError, match="sandbox"):
         RecursaInterpreter(sandbox="nowhere")
+
+
+# The same steps through DSPy's own LocalInterpreter and through RecursaInterpreter: what each step
+# comes to (a value, FinalOutput, a recoverable CodeExecutionError, a SyntaxError) must agree, and so
+# must printed output and submitted values. (DSPy's interpreter returns a last expression's value
+# where recursa's shows its repr, as the REPL does: those steps print instead.)
+DIFFERENTIAL = [
+    ("x = 1\nprint(x)", None),
+    ("print(context.upper(), x)", {"context": "abc"}),
+    ("print(lookup('amy'))", None),
+    ("nope()", None),
+    ("print('a')\n1/0", None),
+    ("def f(:", None),
+    ("```python\nprint(2)\n```", None),  # fences are dspy.RLM's to strip: the interpreter gets code
+    ("SUBMIT(answer=1)", None),
+    ("SUBMIT(1, 2, 3)", None),
+    ("try:\n    SUBMIT(answer=1)\nexcept TypeError:\n    print('caught')", None),
+    ("print('before')\nSUBMIT(answer='a', score=2)", None),
+    ("SUBMIT('b', [3, {'k': None}])", None),
+    ("print(x + 1)", {"context": "changed"}),
+    ("", None),
+    ("lookup(1, 2)", None),
+]
+
+
+def _outcomes(interpreter) -> list[tuple]:
+    seen: list[tuple] = []
+    with interpreter:
+        for code, variables in DIFFERENTIAL:
+            try:
+                value = interpreter.execute(code, variables)
+            except (CodeExecutionError, SyntaxError) as exc:
+                seen.append((type(exc).__name__,))
+            else:
+                seen.append(
+                    ("FinalOutput", value.output) if isinstance(value, FinalOutput) else ("value", value)
+                )
+    return seen
+
+
+def test_steps_come_to_what_dspys_own_interpreter_makes_of_them() -> None:
+    local = pytest.importorskip(
+        "dspy.primitives.local_interpreter", reason="this DSPy has no LocalInterpreter"
+    )
+    fields = [{"name": "answer"}, {"name": "score"}]
+    theirs = _outcomes(local.LocalInterpreter(tools={"lookup": lookup}, output_fields=fields))
+    ours = _outcomes(RecursaInterpreter(tools={"lookup": lookup}, output_fields=fields, exec_timeout=10.0))
+    assert ours == theirs
+    assert [o[0] for o in ours].count("CodeExecutionError") == 5 and ours[-5] == (
+        "FinalOutput",
+        {"answer": "a", "score": 2},
+    )

@@ -369,7 +369,7 @@ def test_configuration_errors_name_the_fix() -> None:
     # These failed as Python's own TypeErrors, naming no option (or RLM's instead of RLMEnv's).
     with pytest.raises(ConfigError, match=r"RLMEnv\(max_depth='2'\): max_depth must be an int >= 0"):
         RLMEnv(max_depth="2", sub_call=lambda messages, depth, parent_id: "x")
-    with pytest.raises(ConfigError, match=r"RLMEnv\(trace_dir=5\): give a folder"):
+    with pytest.raises(ConfigError, match=r"RLMEnv\(trace_dir=5\): trace_dir must be a str or a Path"):
         RLMEnv(max_depth=0, trace_dir=5)
     with pytest.raises(ConfigError, match=r"RLMEnv\(tools=...\) takes functions; got int 5"):
         RLMEnv(max_depth=0, tools=[5])

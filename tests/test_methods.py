@@ -14,7 +14,7 @@ import pytest
 
 from recursa.methods import METHODS, MethodSettings, get_method
 from recursa.methods.base import model_window
-from recursa.scripted.knobs import DEFAULT_WINDOW, Settings
+from recursa.scripted.name_options import DEFAULT_WINDOW, Settings
 from recursa.scripted.oracle import label_for
 from recursa.tasks import families, generate
 from recursa.trace import load

@@ -102,10 +102,10 @@ def test_registered_under_the_documented_id() -> None:
 @pytest.mark.parametrize(
     ("extras", "named"),
     [
-        ({"max_turns": "ten"}, "extras['max_turns']='ten': give a whole number >= 1 (a number, not text)"),
+        ({"max_turns": "ten"}, "extras['max_turns']='ten': extras['max_turns'] must be an int >= 1"),
         ({"max_turns": True}, "extras['max_turns']=True"),
         ({"max_turns": 2.5}, "extras['max_turns']=2.5"),
-        ({"repl_timeout": "fast"}, "extras['repl_timeout']='fast': give a number of seconds > 0"),
+        ({"repl_timeout": "fast"}, "extras['repl_timeout']='fast': extras['repl_timeout'] must be a number of seconds > 0"),
         ({"max_turn": 3}, "extras['max_turn'] is not an option; did you mean 'max_turns'?"),
         ({"repl_timout": 3}, "did you mean 'repl_timeout'?"),
         ({"budget": {"max_calls": 3}}, "extras['budget']['max_calls'] is not an option"),

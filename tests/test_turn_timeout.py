@@ -191,9 +191,9 @@ def test_a_bad_turn_timeout_is_refused_naming_the_argument(bad: object) -> None:
 @pytest.mark.parametrize(
     ("value", "named"),
     [
-        ("fast", "extras['turn_timeout']='fast': give a number of seconds > 0"),
-        (0, "extras['turn_timeout']=0: give a number of seconds > 0"),
-        (math.inf, "extras['turn_timeout']=inf: give a number of seconds > 0"),
+        ("fast", "extras['turn_timeout']='fast': extras['turn_timeout'] must be a number of seconds > 0"),
+        (0, "extras['turn_timeout']=0: extras['turn_timeout'] must be a number of seconds > 0"),
+        (math.inf, "extras['turn_timeout']=inf: extras['turn_timeout'] must be a number of seconds > 0"),
     ],
 )
 def test_a_bad_skyrl_turn_timeout_is_refused_naming_its_key(value: object, named: str) -> None:

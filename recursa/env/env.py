@@ -16,7 +16,6 @@ is listed in shared.py.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import weakref
 from collections.abc import Callable, Sequence
@@ -24,30 +23,29 @@ from pathlib import Path
 from typing import Any
 
 from recursa.budget import Budget
-from recursa.config import RLMConfig
+from recursa.config import DEFAULTS as D
+from recursa.config import ENV_DEFAULTS, ENV_NAMES, ENV_SETTINGS, SETTINGS, EnvConfig, RLMConfig, Spelling
+from recursa.configure import build_config
 from recursa.context import load_payload
 from recursa.env.callback import CallbackClient, ChildCall, SubCall
 from recursa.env.episode import Episode, Scorer
 from recursa.env.quota import Prepaid, ReplQuota, ReplsFull
 from recursa.env.shared import EnvError, EpisodeHost, PerLoop, PrivateLoop
 from recursa.errors import ConfigError
-from recursa.knobs import wait_value
 from recursa.lm.base import LMClient
 from recursa.lm.call_cache import CallCache
-from recursa.lm.prices import ModelPrice, PriceBook
+from recursa.lm.prices import PriceBook
 from recursa.lm.registry import make_client, parse_model
 from recursa.lm.retry import RetryPolicy
-from recursa.loop.dialects import checked_dialect
+from recursa.loop.dialects import make_dialect
 from recursa.loop.engine import RunEngine
 from recursa.loop.options import RunOptions
 from recursa.loop.tree import CallTree, new_id
-from recursa.sandbox import SANDBOX_KINDS
+from recursa.sandbox import SANDBOXES
 from recursa.sandbox.forkserver import ForkServer
 from recursa.sandbox.pools import MemoryPool
-from recursa.tools.mcp_config import parse_mcp_servers
-from recursa.tools.spec import Tool, make_sub_tools, make_tools
+from recursa.tools.spec import Tool, make_tools
 
-_FORKING_SANDBOXES = ("auto", "subprocess")
 DEFAULT_POLICY = "openai/policy"
 
 
@@ -78,11 +76,11 @@ class RLMEnv:
     at the bound it kills the largest of their processes, and that REPL's cell says why (the
     episode goes on from the REPL's snapshot); elsewhere, and in any case, a start is refused
     (`ReplsFull`) while the live REPLs hold the bound. Subprocess sandboxes only.
-    `cache_subcalls`: identical sub-calls are answered once per episode, and once across the
-    episodes of one `task_id` that are alive together (a group of samples of one task).
     `dialect`: the conversation the policy was trained on (docs/dialects.md); under "tools" a step
     takes an assistant message with `tool_calls`, and `messages` carry them in OpenAI's format.
-    The other options are `RLM`'s.
+    `cache_subcalls`: identical sub-calls are answered once per episode, and once across the
+    episodes of one `task_id` that are alive together (a group of samples of one task).
+    `**settings`: any other setting of `recursa.config.RLMConfig` (the settings page of the docs).
     """
 
     def __init__(
@@ -94,134 +92,62 @@ class RLMEnv:
         api_key: str | None = None,
         sub_call: SubCall | None = None,
         child_call: ChildCall | None = None,
-        max_depth: int = 1,
+        max_depth: int = D.max_depth,
         budget: Budget | None = None,
-        max_turns: int = 10,
+        max_turns: int = ENV_DEFAULTS.max_turns,
         prompt: str | Path | None = None,
         tools: Sequence[Callable[..., Any]] = (),
         sub_tools: Sequence[Callable[..., Any]] = (),
         mcp_servers: Any = None,
         tips: str | None = None,
-        sandbox: str = "auto",
+        sandbox: str = D.sandbox,
         sandbox_options: dict[str, Any] | None = None,
-        exec_timeout: float = 120.0,
-        turn_timeout: float | None = None,
-        max_output_chars: int = 20_000,
-        max_reply_chars: int = 100_000,
-        max_live_repls: int = 256,
-        wait_for_repl: float = 0.0,
-        max_concurrency: int = 64,
-        max_parallel_children: int = 32,
-        max_output_tokens: int = 16_384,
-        sub_model_chars: int = 500_000,
-        sampling: dict[str, dict[str, Any]] | None = None,
-        subcall_errors: str = "raise",
-        request_timeout: float = 600.0,
-        max_retries: int = 4,
-        prices: dict[str, ModelPrice | dict[str, float]] | None = None,
-        trace_dir: str | Path | None = None,
-        trace: bool = True,
-        on_event: Callable[[dict[str, Any]], None] | None = None,
-        fork: bool = True,
-        cache_subcalls: bool = False,
-        max_memory_bytes: int | str | None = "auto",
-        context_windows: dict[str, int] | None = None,
-        dialect: str | Any = "recursa",
-        dialect_options: dict[str, Any] | None = None,
+        exec_timeout: float = D.exec_timeout,
+        turn_timeout: float | None = D.turn_timeout,
+        max_reply_chars: int = D.max_reply_chars,
+        max_live_repls: int = D.max_live_repls,
+        wait_for_repl: float = D.wait_for_repl,
+        fork: bool = D.fork,
+        max_memory_bytes: int | str | None = D.max_memory_bytes,
+        **settings: Any,
     ) -> None:
+        spelling = Spelling("python", "RLMEnv", ENV_NAMES)
+        given = {**locals(), **settings, "call_headers": settings.get("call_headers", ENV_DEFAULTS.call_headers)}
+        own = EnvConfig.checked(spelling, **{k: given[k] for k in ENV_SETTINGS})
+        run = {name: given[spelling.names.get(name, name)] for name in SETTINGS if spelling.names.get(name, name) in given}
+        run |= {k: v for k, v in settings.items() if k not in ENV_SETTINGS and k not in run}
         if sub_call is not None and not callable(sub_call):
             raise ConfigError(
                 "RLMEnv(sub_call=...) takes an async function (messages, depth, parent_id) -> str."
             )
-        if not isinstance(max_depth, int) or isinstance(max_depth, bool) or max_depth < 0:  # compared below
-            raise ConfigError(
-                f"RLMEnv(max_depth={max_depth!r}): max_depth must be an int >= 0; e.g. max_depth=1."
-            )
-        if trace_dir is not None and not isinstance(trace_dir, str | os.PathLike):
-            raise ConfigError(f"RLMEnv(trace_dir={trace_dir!r}): give a folder as a str or a Path, or None.")
-        try:
-            made_tools, made_sub_tools = make_tools(list(tools)), make_sub_tools(list(sub_tools))
-        except ConfigError as exc:
-            raise ConfigError(str(exc).replace("RLM(", "RLMEnv(")) from None
-        if sub_model is None and sub_call is None and max_depth > 0:
+        sub = sub_model or DEFAULT_POLICY
+        self.config, _ = build_config(run | {"model": model or sub, "sub_model": sub}, spelling)
+        if sub_model is None and sub_call is None and self.config.max_depth > 0:
             raise ConfigError(
                 "RLMEnv: sub-calls need a model: pass sub_model='openai/<served name>' with base_url=..., "
                 "or sub_call=<async fn(messages, depth, parent_id) -> str>, or max_depth=0 (code only)."
             )
-        for name, value, low in (
-            ("max_reply_chars", max_reply_chars, 1),
-            ("max_live_repls", max_live_repls, 1),
-        ):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ConfigError(f"RLMEnv({name}={value!r}): {name} must be an int >= {low}.")
-        self.wait_for_repl = wait_value("RLMEnv: wait_for_repl", wait_for_repl)
-        sub = sub_model or DEFAULT_POLICY
-        self.config = RLMConfig(
-            model=model or sub,
-            sub_model=sub,
-            base_url=base_url,
-            api_key=api_key,
-            max_depth=max_depth,
-            max_iterations=max_turns,
-            budget=budget if budget is not None else Budget(),
-            sandbox=sandbox,
-            sandbox_options=dict(sandbox_options) if isinstance(sandbox_options, dict) else sandbox_options,
-            exec_timeout=exec_timeout,
-            turn_timeout=turn_timeout,
-            max_output_chars=max_output_chars,
-            max_concurrency=max_concurrency,
-            max_parallel_children=max_parallel_children,
-            trace_dir=Path(trace_dir) if trace_dir is not None else None,
-            trace=trace,
-            prompt=prompt,
-            max_output_tokens=max_output_tokens,
-            sub_model_chars=sub_model_chars,
-            prices=prices,
-            request_timeout=request_timeout,
-            max_retries=max_retries,
-            on_event=on_event,
-            call_headers=True,  # trainers behind the base URL attribute calls by these headers
-            sampling=sampling,
-            subcall_errors=subcall_errors,
-            tools=made_tools,
-            sub_tools=made_sub_tools,
-            mcp_servers=parse_mcp_servers(mcp_servers, "RLMEnv(mcp_servers=...)"),  # type: ignore[arg-type]
-            tips=tips,
-            cache_subcalls=cache_subcalls,
-            context_windows=dict(context_windows) if isinstance(context_windows, dict) else context_windows,
-            dialect=dialect,
-            dialect_options=dialect_options,
-        )
-        try:
-            self.config.validate()
-        except ConfigError as exc:  # the options are RLMEnv's here, and max_turns is max_iterations
-            raise ConfigError(
-                str(exc).replace("RLM(", "RLMEnv(").replace("max_iterations", "max_turns")
-            ) from None
-        if sandbox not in SANDBOX_KINDS:
-            raise ConfigError(
-                f"RLMEnv: unknown sandbox {sandbox!r}; choose one of: {', '.join(SANDBOX_KINDS)}"
-            )
         parse_model(self.config.model)
-        self.dialect = checked_dialect(dialect, dialect_options, "RLMEnv")
-        self.prices = PriceBook(prices)
+        self.dialect = make_dialect(self.config.dialect, self.config.dialect_options)  # checked above
+        self.prices = PriceBook(self.config.prices)
         self.sub_call = sub_call
         self.child_call = _checked_child_call(child_call)
-        if sub_call is None and max_depth > 0:
+        if sub_call is None and self.config.max_depth > 0:
             make_client(sub, base_url=base_url, api_key=api_key)  # a missing key or bad URL fails now
             provider, name = parse_model(sub)
             if self.config.budget.max_usd is not None and not self.prices.known(provider, name):
                 raise ConfigError(
                     f"RLMEnv: max_usd is set but no price is known for {sub!r}; give one with prices=..."
                 )
-        self.max_reply_chars = max_reply_chars
-        self.fork = fork and sandbox in _FORKING_SANDBOXES and "fork_server" not in (sandbox_options or {})
-        self.quota = ReplQuota(max_live_repls)
-        self.memory_pool = _memory_pool(max_memory_bytes, sandbox, self.config.sandbox_options)
+        self.max_reply_chars = own.max_reply_chars
+        self.wait_for_repl = own.wait_for_repl
+        self.fork = own.fork and SANDBOXES[sandbox].forks and "fork_server" not in (sandbox_options or {})
+        self.quota = ReplQuota(own.max_live_repls)
+        self.memory_pool = _memory_pool(own.max_memory_bytes, sandbox, self.config.sandbox_options)
         # On a cluster each node's kernel bounds its share of the REPLs (cluster/node.py).
         self._cluster_memory = (
-            {"memory_group": new_id("env"), "memory_bytes": _checked_bound(max_memory_bytes)}
-            if sandbox == "ray" and max_memory_bytes is not None
+            {"memory_group": new_id("env"), "memory_bytes": own.max_memory_bytes}
+            if sandbox == "ray" and own.max_memory_bytes is not None
             else {}
         )
         self._shared = PerLoop()
@@ -353,9 +279,7 @@ class RLMEnv:
             if resources.fork_server is None:
                 resources.fork_server = ForkServer()
             options["fork_server"] = resources.fork_server
-        return dataclasses.replace(
-            self.config, on_event=collect, sandbox_options=options or None, tools=tools
-        )
+        return self.config.replace(on_event=collect, sandbox_options=options or None, tools=tools)
 
     def _share(self, tree: CallTree, sub_call: SubCall | None) -> None:
         """One client per model for every episode on this loop: one connection pool."""
@@ -426,22 +350,13 @@ class RLMEnv:
 
 
 def _memory_pool(limit: int | str | None, sandbox: str, options: dict[str, Any] | None) -> MemoryPool | None:
-    """The bound over the environment's REPLs ("auto": three quarters of the machine's memory)."""
-    if limit is None or sandbox not in _FORKING_SANDBOXES or "memory_pool" in (options or {}):
+    """The bound over the environment's REPLs ("auto": three quarters of the machine's memory), for
+    the local worker processes (the kinds that fork) only."""
+    if limit is None or not SANDBOXES[sandbox].forks or "memory_pool" in (options or {}):
         return None
-    checked = _checked_bound(limit)
-    if checked == "auto":
-        checked = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4
-    return MemoryPool(checked)
-
-
-def _checked_bound(limit: Any) -> int | str:
-    if limit != "auto" and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 64 << 20):
-        raise ConfigError(
-            f"RLMEnv(max_memory_bytes={limit!r}): give the bytes all live REPLs may hold together, at "
-            'least 64 MiB (e.g. 32 << 30), "auto" (three quarters of the memory) or None (no bound).'
-        )
-    return limit
+    if limit == "auto":
+        limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4
+    return MemoryPool(int(limit))
 
 
 def _checked_child_call(fn: ChildCall | None) -> ChildCall | None:
@@ -455,9 +370,9 @@ def _episode_tools(shared: list[Tool], extra: Sequence[Callable[..., Any]]) -> l
     if not extra:
         return shared
     try:
-        own = make_tools(list(extra))
+        own = make_tools(list(extra), where="start(tools=...)")
     except ConfigError as exc:
-        raise EnvError(str(exc).replace("RLM(tools=...)", "start(tools=...)")) from None
+        raise EnvError(str(exc)) from None
     clash = {t.name for t in own} & {t.name for t in shared}
     if clash:
         raise EnvError(

@@ -34,35 +34,44 @@ import functools
 import json
 import threading
 from collections.abc import Callable, Mapping
-from os import PathLike
 from typing import Any
 
 from skyrl_gym import register as _register
 from skyrl_gym import registry as _registry
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType
 
+from recursa.config import ENV_NAMES, Spelling
 from recursa.env import ChildCall, Episode, ReplyRefused, RLMEnv, SubCall
 from recursa.env.quota import QuotaWords, ReplQuota
 from recursa.errors import ConfigError
-from recursa.knobs import (
+from recursa.lm.base import Message
+from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION
+from recursa.overrides import (
     budget_value,
     check_keys,
+    checked_value,
+    client_settings,
     function_value,
     int_value,
     kind,
-    seconds_value,
     text_value,
-    wait_value,
 )
-from recursa.lm.base import Message
-from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION
 from recursa.tasks import Task, get
 from recursa.tools.spec import host_tool
 
 ENV_ID = "recursa-rlm"
-_SETTINGS = ("max_turns", "repl_timeout", "turn_timeout", "max_depth", "sub_model", "base_url", "api_key",
-             "budget", "sandbox", "trace_dir", "max_live_repls", "max_output_chars", "wait_for_repl",
-             "max_reply_chars", "dialect", "dialect_options")  # fmt: skip
+# The extras that are run settings: SkyRL's name (its own environment's) -> the schema's
+# (recursa/config.py), which checks them; RLMEnv takes them by its own names (`_ENV_KEYWORDS`).
+_RUN_EXTRAS = {"max_turns": "max_iterations", "repl_timeout": "exec_timeout", "turn_timeout": "turn_timeout",
+               "max_depth": "max_depth", "sub_model": "sub_model", "base_url": "base_url", "api_key": "api_key",
+               "budget": "budget", "sandbox": "sandbox", "trace_dir": "trace_dir", "max_live_repls": "max_live_repls",
+               "max_output_chars": "max_output_chars", "wait_for_repl": "wait_for_repl",
+               "max_reply_chars": "max_reply_chars", "dialect": "dialect",
+               "dialect_options": "dialect_options"}  # fmt: skip
+_SPELLED = {schema: extra for extra, schema in _RUN_EXTRAS.items()}
+_ENV_KEYWORDS = {extra: ENV_NAMES.get(schema, schema) for extra, schema in _RUN_EXTRAS.items()}
+# SkyRL's own environment gives a cell this long; a drop-in keeps its default.
+SKYRL_REPL_TIMEOUT = 180.0
 
 SKYRL_WORDS = QuotaWords(
     limit="extras['max_live_repls']={n}",
@@ -88,15 +97,16 @@ class RecursaRLMEnv(BaseTextEnv):
         super().__init__()
         # SkyRL hands over its config for this environment id (`env_config`) and the dataset row's
         # `extras`: the config's knobs are the defaults, a row's override them.
-        self.extras = {
-            **checked_extras(env_config or None, "env_config", strict=True),
-            **checked_extras(extras),
-        }
+        # A row may lower what the config's limits cost, never raise them (recursa/overrides.py).
+        operator = checked_extras(env_config or None, "env_config", strict=True)
+        row = checked_extras(extras)
+        _within(row, operator)
+        self.extras = {**operator, **row}
         self.env_config = env_config
         self._env = shared_env(self.extras)
         # The generator's cap on steps: max_turns code turns, then the one reply that may only
         # answer (none under SkyRL's own dialect, whose episode ends after max_turns).
-        self.max_turns = self.extras.get("max_turns", 10) + (1 if self._env.dialect.final_call else 0)
+        self.max_turns = self._env.config.max_iterations + (1 if self._env.dialect.final_call else 0)
         self.episode: Episode | None = None
         self._reward = 0.0
         self._scored = False  # a scorer was given (else, under SkyRL's dialect, its default reward)
@@ -177,7 +187,8 @@ class RecursaRLMEnv(BaseTextEnv):
         else:
             said = "Your reply was not text, so nothing in it ran. Reply with text."
         return BaseTextEnvStepOutput(
-            observations=[{"role": "user", "content": said}],
+            # Under a transient per-turn prompt (popped at the start of this step), it comes again.
+            observations=[{"role": "user", "content": said}, *self._transient_prompt(episode)],
             reward=0.0,
             done=False,
             metadata={
@@ -190,6 +201,11 @@ class RecursaRLMEnv(BaseTextEnv):
             },
             postprocessed_action=None,
         )
+
+    def _transient_prompt(self, episode: Episode) -> list[Message]:
+        if self._env.dialect.turn_prompt != "transient":
+            return []
+        return episode.messages[-1:]
 
     def close(self) -> None:
         """End the episode, also while a step of it runs on another thread (a generator that gave
@@ -221,7 +237,7 @@ class RecursaRLMEnv(BaseTextEnv):
 
 def shared_env(extras: dict[str, Any]) -> RLMEnv:
     """The `RLMEnv` for these settings, made once per process."""
-    settings: dict[str, Any] = {k: extras.get(k) for k in _SETTINGS}
+    settings: dict[str, Any] = {k: extras.get(k) for k in _RUN_EXTRAS}
     settings["delegated"] = [
         k for k in ("lm_callback", "sub_call", "subcall_fn") if extras.get(k) is not None
     ]
@@ -234,30 +250,14 @@ def shared_env(extras: dict[str, Any]) -> RLMEnv:
 
 
 def _make_env(extras: dict[str, Any]) -> RLMEnv:
-    budget = extras.get("budget")
     delegated = extras.get("lm_callback") is not None or extras.get("sub_call") is not None
     sub_model = extras.get("sub_model")
     # SkyRL's subcall_fn runs rlm_query's children in the trainer: that takes a depth of 2.
     default_depth = 2 if extras.get("subcall_fn") is not None else 1 if (delegated or sub_model) else 0
-    env = RLMEnv(
-        sub_model,
-        base_url=extras.get("base_url"),
-        api_key=extras.get("api_key"),
-        sub_call=_no_sub_call if delegated and not sub_model else None,
-        max_depth=extras.get("max_depth", default_depth),
-        max_turns=extras.get("max_turns", 10),
-        exec_timeout=extras.get("repl_timeout", 180.0),
-        turn_timeout=extras.get("turn_timeout"),
-        budget=budget,
-        sandbox=extras.get("sandbox", "auto"),
-        trace_dir=extras.get("trace_dir"),
-        max_live_repls=extras.get("max_live_repls", 256),
-        max_output_chars=extras.get("max_output_chars", 20_000),
-        wait_for_repl=extras.get("wait_for_repl", 0.0),
-        max_reply_chars=extras.get("max_reply_chars", 100_000),
-        dialect=extras.get("dialect", "recursa"),
-        dialect_options=extras.get("dialect_options"),
-    )
+    given = {_ENV_KEYWORDS[k]: extras[k] for k in _RUN_EXTRAS if extras.get(k) is not None}
+    given.setdefault("max_depth", default_depth)
+    given.setdefault("exec_timeout", SKYRL_REPL_TIMEOUT)
+    env = RLMEnv(sub_call=_no_sub_call if delegated and not sub_model else None, **given)
     quota = _quotas.get(env.quota.limit)  # shared_env holds _envs_lock
     if quota is None:
         # The bound's errors, a child's too, in this API's knobs.
@@ -272,25 +272,9 @@ def _fn(signature: str) -> Callable[[str, Any], Any]:
 
 
 _EXTRAS: dict[str, Callable[[str, Any], Any]] = {
-    "max_turns": lambda n, v: int_value(n, v, 1),
-    "repl_timeout": seconds_value,
-    "turn_timeout": seconds_value,
-    "max_depth": lambda n, v: int_value(n, v, 0),
     "depth": lambda n, v: int_value(n, v, 0),
-    "max_live_repls": lambda n, v: int_value(n, v, 1),
-    "max_output_chars": lambda n, v: int_value(n, v, 1),
-    "max_reply_chars": lambda n, v: int_value(n, v, 1),
-    "wait_for_repl": wait_value,
-    "sub_model": text_value,
-    "base_url": text_value,
-    "api_key": text_value,
-    "sandbox": text_value,
-    "dialect": text_value,
-    "dialect_options": lambda n, v: _dict_value(n, v),
     "custom_system_prompt": text_value,
     "family": lambda n, v: get(text_value(n, v)).name,
-    "trace_dir": lambda n, v: v if isinstance(v, PathLike) else text_value(n, v),
-    "budget": budget_value,
     "lm_callback": _fn("(prompts: list[str]) -> list[str]"),
     "subcall_fn": _fn("(prompt, context=None) -> str"),
     "sub_call": _fn("async (messages, depth, parent_id) -> str"),
@@ -302,6 +286,21 @@ _EXTRAS: dict[str, Callable[[str, Any], Any]] = {
 _PASSED = ("custom_tools", "context", "task_id")  # checked where they are used
 
 
+def _within(row: dict[str, Any], config: dict[str, Any]) -> None:
+    """A row's run settings may lower, never raise, what the config sets for them, and name a model
+    other than the config's `sub_model` only with its own `api_key`."""
+    given = {_RUN_EXTRAS[k]: v for k, v in row.items() if k in _RUN_EXTRAS and v is not None}
+    limits = {_RUN_EXTRAS[k]: v for k, v in config.items() if k in _RUN_EXTRAS and v is not None}
+    client_settings(
+        given,
+        limits,
+        Spelling("key", "extras", _SPELLED),
+        models=[limits["sub_model"]] if "sub_model" in limits else None,
+        own_key=bool(row.get("api_key")),
+        stated_only=True,
+    )
+
+
 def checked_extras(extras: Any, name: str = "extras", *, strict: bool = False) -> dict[str, Any]:
     """The extras with every knob checked: a wrong type, or a near miss of a knob's name
     (`max_turn`), is a ConfigError naming `extras[key]`. Other keys (a dataset row's own, such as
@@ -311,8 +310,14 @@ def checked_extras(extras: Any, name: str = "extras", *, strict: bool = False) -
         return {}
     if not isinstance(extras, Mapping):
         raise ConfigError(f"{name} is {kind(extras)}; give a dict")
-    check_keys(extras, [*_EXTRAS, *_PASSED], lambda key: f"{name}[{key!r}]", strict=strict)
+    check_keys(extras, [*_EXTRAS, *_RUN_EXTRAS, *_PASSED], lambda key: f"{name}[{key!r}]", strict=strict)
     checked = dict(extras)
+    spelling = Spelling("key", name, _SPELLED)
+    for key, schema in _RUN_EXTRAS.items():
+        if extras.get(key) is not None:
+            value = extras[key]
+            reading = budget_value(f"{name}[{key!r}]", value) if key == "budget" else None
+            checked[key] = reading or checked_value(schema, value, spelling)
     for key, read in _EXTRAS.items():
         if extras.get(key) is not None:
             try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import ipaddress
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -67,8 +68,6 @@ def url_part(url: str, where: str) -> dict[str, Any]:
 
 
 def _is_ip(host: str) -> bool:
-    import ipaddress
-
     try:
         ipaddress.ip_address(host.strip("[]"))
     except ValueError:

@@ -131,8 +131,9 @@ class OpenAIClient:
         await self._http.aclose()
 
 
-def _with_images(messages: list[Message]) -> list[Message]:  # (tool calls: tool_format does it)
-    """Messages with content parts (images) in the Chat Completions form; plain ones as they are."""
+def _with_images(messages: list[Message]) -> list[Message]:
+    """Messages with content parts (images) in the Chat Completions form; plain ones as they are.
+    (A tool-calling conversation goes through tool_format.openai_messages, which does the same.)"""
     if all(isinstance(m.get("content"), str | None) for m in messages):
         return messages
     return [{**m, "content": openai_content(m.get("content"))} for m in messages]

@@ -167,7 +167,7 @@ async def answer_beside_code(
     "confirmed" it is taken when it cannot be a guess: it names a variable (FINAL_VAR(name), or
     FINAL(name)) that the reply's code bound and which ran cleanly, or it is literal text that the
     code's own output shows. "always" takes it once the code has run; "never" never."""
-    if taken == "never" or (written.loose and not written.text.strip()):
+    if taken == "never":
         return None
     if taken == "confirmed":
         if not ran.clean:

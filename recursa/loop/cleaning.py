@@ -30,7 +30,8 @@ _UNCLOSED_THINK = re.compile(r"^\s*<(think|thinking|reasoning)>", re.IGNORECASE)
 _PYTHON_TAG = re.compile(r"<\|python_tag\|>(.*?)(?:<\|eom_id\|>|<\|eot_id\|>|\Z)", re.DOTALL)
 _EXECUTE = re.compile(r"<(execute|execute_ipython)>(.*?)</\1>", re.DOTALL)
 _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*(?:</tool_call>|\Z)", re.DOTALL)
-_CODE_ARGS = ("code", "source", "python", "script", "input")
+# Argument names under which roots trained on other harnesses pass code to a tool.
+CODE_ARGUMENTS = ("code", "source", "python", "script", "input")
 # A role name right after a start token goes with it.
 _SPECIAL_TOKEN = re.compile(
     r"<\|start_header_id\|>[a-z_]{1,20}<\|end_header_id\|>"
@@ -120,7 +121,7 @@ def hermes_tool_call(text: str, notes: list[str]) -> str:
             except ValueError:
                 args = {"code": args}
         code = next(
-            (args[k] for k in _CODE_ARGS if isinstance(args, dict) and isinstance(args.get(k), str)), None
+            (args[k] for k in CODE_ARGUMENTS if isinstance(args, dict) and isinstance(args.get(k), str)), None
         )
         if code is None:
             notes.append(

@@ -293,7 +293,7 @@ class RunEngine:
         self.tree.abandon()
 
     def _finish(self, result: RLMResult, started: float) -> None:
-        if result.stop_reason not in ("final", "max_iterations") and not result.answer and self._partial:
+        if result.stop_reason != "final" and not result.answer and self._partial:
             result.answer = result.value = self._partial
             result.answer_protocol = "partial"
         result.duration_s = time.perf_counter() - started

@@ -13,6 +13,8 @@ import importlib.util
 import sys
 from typing import Any
 
+from recursa.sandbox import SANDBOXES
+
 # Packages models reach for on text and data tasks, in the order they are listed.
 _COMMON = (
     "numpy",
@@ -32,13 +34,13 @@ _COMMON = (
     "nltk",
 )
 _STDLIB = "the standard library (re, json, collections, itertools, math, statistics, datetime, difflib, ...)"
-_CONTAINERS = ("docker", "podman", "modal", "e2b")
 
 
 def modules_line(sandbox: str, options: dict[str, Any] | None) -> str:
     """What the REPL can import, for the prompt's list of what it gives."""
     options = options or {}
-    if sandbox in _CONTAINERS:
+    kind = SANDBOXES.get(sandbox)
+    if kind is not None and kind.image:
         return (
             f"Imports: {_STDLIB}; third-party packages only if the {sandbox} image installs them "
             "(try one import before relying on it)."

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -19,15 +18,13 @@ from recursa.lm.limiter import Limiter
 from recursa.lm.prices import PriceBook
 from recursa.lm.retry import RetryBudget, RetryPolicy
 from recursa.lm.windows import ContextWindows
-from recursa.sandbox import make_sandbox
+from recursa.sandbox import SANDBOXES, make_sandbox
 from recursa.sandbox.base import Sandbox
 from recursa.sandbox.forkserver import ForkServer
 from recursa.tools.mcp_tools import McpServers
 from recursa.tools.runner import ToolRunner
 from recursa.trace.redact import Redactor
 from recursa.trace.writer import TraceWriter, default_trace_dir
-
-_FORKING_SANDBOXES = ("auto", "subprocess")
 
 
 def new_id(prefix: str) -> str:
@@ -105,9 +102,7 @@ class CallTree:
         config = self.config
         taken = {t.name for t in [*config.tools, *config.sub_tools]}
         repl, sub = self.mcp.tools(taken)
-        self.config = dataclasses.replace(
-            config, tools=[*config.tools, *repl], sub_tools=[*config.sub_tools, *sub]
-        )
+        self.config = config.replace(tools=[*config.tools, *repl], sub_tools=[*config.sub_tools, *sub])
         self.tool_runner = _tool_runner(self.config, self.trace.redact)
 
     def new_budget(self) -> None:
@@ -160,7 +155,7 @@ class CallTree:
             options.setdefault("affinity", self.placement)
         if (
             self.config.max_depth >= 2
-            and self.config.sandbox in _FORKING_SANDBOXES
+            and SANDBOXES[self.config.sandbox].forks
             and "fork_server" not in options
         ):
             # Child RLMs start REPLs in bursts (rlm_query_batched): fork them from one warm zygote

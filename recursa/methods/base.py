@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from recursa.budget import Budget
+from recursa.config import DEFAULTS as D
 from recursa.extras import install_hint
 from recursa.tasks.base import Task
 from recursa.usage import Usage
@@ -70,19 +71,19 @@ class MethodSettings:
     sub_model: str | None = None
     base_url: str | None = None
     api_key: str | None = field(default=None, repr=False)
-    sandbox: str = "auto"
+    sandbox: str = D.sandbox
     sandbox_options: dict[str, Any] | None = None
-    max_iterations: int = 30  # RLM root turns; CodeAct steps
-    max_output_tokens: int = 16_384
+    max_iterations: int = D.max_iterations  # RLM root turns; CodeAct steps
+    max_output_tokens: int = D.max_output_tokens
     budget: Budget = field(default_factory=Budget)  # per task instance
     trace_dir: Path | None = None
     window_tokens: int | None = None  # the root model's input window; None: known families, else unknown
     base_overflow: str = "fail"  # "fail" | "truncate"
     notes_chars: int = 8_000  # the summary agent's notes budget
-    exec_timeout: float = 120.0
+    exec_timeout: float = D.exec_timeout
     turn_timeout: float | None = None  # all the code of one reply (a CodeAct step); None: exec_timeout
-    max_concurrency: int = 64
-    max_retries: int = 4
+    max_concurrency: int = D.max_concurrency
+    max_retries: int = D.max_retries
     prices: dict[str, Any] | None = None
     on_event: Any = None  # a callable receiving every trace event (progress bars)
     dialect: str = "recursa"  # the RLM root's conversation (recursa/loop/dialects/)

@@ -8,13 +8,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from recursa.config import RLMConfig
+from recursa.config import Spelling
+from recursa.configure import build_config
 from recursa.errors import BudgetExceeded, ContextLengthError, LMError
 from recursa.lm.base import CallMeta, Message
 from recursa.lm.prices import PriceBook
 from recursa.loop.tree import CallTree, new_id
 from recursa.methods.base import MethodResult, MethodSettings
-from recursa.tools.spec import make_tools
 from recursa.trace.writer import fold
 from recursa.usage import Usage
 
@@ -28,15 +28,12 @@ class BaselineRun:
         self.settings = settings
         self.method = method
         self.question = question
-        self.config = RLMConfig(
-            model=settings.model,
-            sub_model=settings.sub_model or settings.model,
-            max_depth=1,
-            **settings.engine_options(),
-            on_event=settings.on_event,
-            tools=make_tools(list(tools)),  # host tools run on the tree's ToolRunner, as in an RLM
+        # Host tools run on the tree's ToolRunner, as in an RLM.
+        given = {**settings.engine_options(), "on_event": settings.on_event, "tools": tools}
+        self.config, _ = build_config(
+            given | {"model": settings.model, "sub_model": settings.sub_model, "max_depth": 1},
+            Spelling("python", type(settings).__name__),
         )
-        self.config.validate()
         self.prices = PriceBook(settings.prices)
         self.run_id = new_id("run")
         self.usage = Usage()

@@ -15,7 +15,10 @@ nodes of a Ray cluster (`"ray"`: cluster/, the node's own local sandbox run by a
 
 from __future__ import annotations
 
+import inspect
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from recursa.errors import ConfigError
@@ -29,9 +32,8 @@ from recursa.sandbox.remote import E2BSandbox, ModalSandbox
 from recursa.sandbox.stdio import StdioSandbox
 from recursa.sandbox.subprocess import SubprocessSandbox
 
-SANDBOX_KINDS = ("auto", "subprocess", "inprocess", "docker", "podman", "modal", "e2b", "ray")
-
 __all__ = [
+    "SANDBOXES",
     "SANDBOX_KINDS",
     "CallHandler",
     "CallbackError",
@@ -45,32 +47,83 @@ __all__ = [
     "ModalSandbox",
     "RaySandbox",
     "Sandbox",
+    "SandboxKind",
     "StdioSandbox",
     "SubprocessSandbox",
     "make_sandbox",
 ]
 
 
+@dataclass(frozen=True)
+class SandboxKind:
+    """One value of `sandbox=`: how to make it, and what the rest of recursa needs to know of it.
+
+    Adding a kind is one entry in `SANDBOXES`: RLM(sandbox=...), RLMEnv, the CLI's --sandbox choices,
+    the check of `sandbox_options` and the settings page all read this mapping."""
+
+    make: Callable[..., Sandbox]  # options -> a sandbox (not started)
+    options_of: type  # the class whose keyword parameters are the kind's `sandbox_options`
+    help: str
+    forks: bool = False  # its workers can fork from a shared ForkServer (recursa/sandbox/forkserver.py)
+    image: bool = False  # it runs in an image of its own: the REPL imports what that image installs
+
+    def option_names(self) -> list[str] | None:
+        """The `sandbox_options` this kind takes, or None when it takes any (a **kwargs constructor)."""
+        params = inspect.signature(self.options_of).parameters
+        if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            return None
+        keyword = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        return sorted(n for n, p in params.items() if p.kind in keyword and n != "kind")
+
+
+def _auto(**options: Any) -> Sandbox:
+    options.setdefault("bwrap", None)  # namespaces when bwrap is installed and works here
+    return SubprocessSandbox(**options)
+
+
+def _inprocess(**options: Any) -> Sandbox:
+    warnings.warn(
+        'sandbox="inprocess" runs generated code inside this process with no isolation '
+        "(your files, environment and API keys are reachable); use it only for debugging.",
+        stacklevel=3,
+    )
+    return InProcessSandbox(**options)
+
+
+SANDBOXES: dict[str, SandboxKind] = {
+    "auto": SandboxKind(
+        _auto, SubprocessSandbox, "a hardened worker process, inside bubblewrap where bwrap works", forks=True
+    ),
+    "subprocess": SandboxKind(
+        SubprocessSandbox, SubprocessSandbox, "the same hardened worker without bubblewrap", forks=True
+    ),
+    "inprocess": SandboxKind(_inprocess, InProcessSandbox, "a thread of this process, no isolation (debugging)"),
+    "docker": SandboxKind(
+        lambda **o: ContainerSandbox("docker", **o), ContainerSandbox, "the worker in a Docker container", image=True
+    ),
+    "podman": SandboxKind(
+        lambda **o: ContainerSandbox("podman", **o), ContainerSandbox, "the worker in a Podman container", image=True
+    ),
+    "modal": SandboxKind(ModalSandbox, ModalSandbox, "a Modal sandbox (the modal extra)", image=True),
+    "e2b": SandboxKind(E2BSandbox, E2BSandbox, "an E2B sandbox (the e2b extra)", image=True),
+    "ray": SandboxKind(
+        lambda **o: RaySandbox(make_sandbox=make_sandbox, **o),
+        RaySandbox,
+        "the node's own local sandbox on a Ray cluster, run by a host actor there (the ray extra)",
+    ),
+}
+SANDBOX_KINDS = tuple(SANDBOXES)
+
+
+def sandbox_kind(kind: Any, where: str = "make_sandbox") -> SandboxKind:
+    """The registered kind named `kind`; a ConfigError naming `where` and the choices otherwise."""
+    found = SANDBOXES.get(kind) if isinstance(kind, str) else None
+    if found is None:
+        raise ConfigError(f"{where}: unknown sandbox {kind!r}; choose one of: {', '.join(SANDBOXES)}")
+    return found
+
+
 def make_sandbox(kind: str = "auto", **options: Any) -> Sandbox:
-    """A sandbox by name; `options` go to its constructor. Raises ConfigError for unknown kinds."""
-    if kind == "auto":
-        options.setdefault("bwrap", None)  # namespaces when bwrap is installed and works here
-        return SubprocessSandbox(**options)
-    if kind == "subprocess":
-        return SubprocessSandbox(**options)
-    if kind == "inprocess":
-        warnings.warn(
-            'sandbox="inprocess" runs generated code inside this process with no isolation '
-            "(your files, environment and API keys are reachable); use it only for debugging.",
-            stacklevel=2,
-        )
-        return InProcessSandbox(**options)
-    if kind in ("docker", "podman"):
-        return ContainerSandbox(kind, **options)
-    if kind == "modal":
-        return ModalSandbox(**options)  # ConfigError naming the extra when the SDK is missing
-    if kind == "e2b":
-        return E2BSandbox(**options)
-    if kind == "ray":
-        return RaySandbox(make_sandbox=make_sandbox, **options)  # ConfigError naming the extra
-    raise ConfigError(f"unknown sandbox {kind!r}; choose one of: {', '.join(SANDBOX_KINDS)}")
+    """A sandbox by name (a key of `SANDBOXES`); `options` go to its constructor. Raises ConfigError
+    for unknown kinds; "modal" and "e2b" raise it naming the extra when their SDK is missing."""
+    return sandbox_kind(kind).make(**options)

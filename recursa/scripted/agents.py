@@ -18,7 +18,7 @@ from recursa.methods.prompts import BASE_SYSTEM as _BASE
 from recursa.methods.prompts import CODEACT_HEAD, SUMMARY_FINAL, SUMMARY_HEAD
 from recursa.scripted.base_llm import base_answer, check_window
 from recursa.scripted.conversation import repl
-from recursa.scripted.knobs import Settings
+from recursa.scripted.name_options import Settings
 from recursa.scripted.readers import _kb, find_anchor, resolve_chain, split_task
 from recursa.tasks import evidence_spans, multihop_facts, niah
 from recursa.tasks.multihop_facts import ANCHOR_RELATION, SUB_QUESTIONS, YEAR_OF, read_facts

@@ -13,7 +13,7 @@ from recursa.lm.base import Message
 from recursa.lm.tokens import count_message_tokens
 from recursa.scripted.conversation import is_rlm_conversation
 from recursa.scripted.heuristics import guess_label
-from recursa.scripted.knobs import Settings
+from recursa.scripted.name_options import Settings
 from recursa.scripted.oracle import extract_answer
 from recursa.scripted.readers import direct_answer
 from recursa.tasks import niah, oolong

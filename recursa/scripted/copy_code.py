@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from recursa.scripted.conversation import fill
-from recursa.scripted.knobs import Settings
+from recursa.scripted.name_options import Settings
 from recursa.scripted.strategy import AS_TEXT, Strategy, header
 
 _MARKERS = re.compile(r"between the markers <<<BEGIN (\w+)>>> and <<<END \1>>>")

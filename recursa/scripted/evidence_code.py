@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from recursa.scripted.conversation import fill
-from recursa.scripted.knobs import Settings
+from recursa.scripted.name_options import Settings
 from recursa.scripted.strategy import Strategy, header
 from recursa.tasks import evidence_spans
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from recursa.scripted.conversation import fill
-from recursa.scripted.knobs import Settings
+from recursa.scripted.name_options import Settings
 from recursa.scripted.strategy import AS_TEXT, CHUNKS, WINDOWS, Strategy, header
 
 # rlm_query(prompt) without a context makes the prompt the child's context and asks this.

@@ -5,7 +5,7 @@ sub-models have a search tool of their own, ask them the anchor and each hop wit
 from __future__ import annotations
 
 from recursa.scripted.conversation import fill
-from recursa.scripted.knobs import Settings
+from recursa.scripted.name_options import Settings
 from recursa.scripted.strategy import CHUNKS, WINDOWS, Strategy, header
 from recursa.tasks.multihop_facts import NAME, SUB_QUESTIONS, Chain, parse_question
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from recursa.scripted.conversation import fill
 from recursa.scripted.heuristics import HEURISTIC_SOURCE
-from recursa.scripted.knobs import Settings
+from recursa.scripted.name_options import Settings
 from recursa.scripted.strategy import AS_TEXT, Strategy, header
 from recursa.tasks import oolong
 from recursa.tasks.oolong import LABELS, OolongQuery

@@ -17,7 +17,7 @@ import hashlib
 import re
 
 from recursa.scripted.heuristics import guess_label
-from recursa.scripted.knobs import Settings
+from recursa.scripted.name_options import Settings
 from recursa.scripted.readers import oracle_answer
 from recursa.tasks import niah, oolong
 from recursa.tasks.oolong import LABELS

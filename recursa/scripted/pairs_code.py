@@ -6,7 +6,7 @@ from typing import Any
 
 from recursa.scripted.conversation import fill
 from recursa.scripted.heuristics import HEURISTIC_SOURCE
-from recursa.scripted.knobs import Settings
+from recursa.scripted.name_options import Settings
 from recursa.scripted.oolong_code import _BATCHED, _NONE, _PER_ITEM, _PRELUDE
 from recursa.scripted.strategy import AS_TEXT, Strategy, header
 from recursa.tasks.oolong import LABELS

@@ -23,7 +23,7 @@ from recursa.lm.base import Message
 from recursa.scripted.agents import agent_reply
 from recursa.scripted.base_llm import base_llm_policy, check_window
 from recursa.scripted.conversation import is_rlm_conversation, prompt_text
-from recursa.scripted.knobs import BASE_KNOBS, ORACLE_KNOBS, ROOT_KNOBS, Settings, parse_settings
+from recursa.scripted.name_options import BASE_KNOBS, ORACLE_KNOBS, ROOT_KNOBS, Settings, parse_settings
 from recursa.scripted.oracle import answer_prompt
 from recursa.scripted.policy import Knobs, Policy, PolicyFactory
 from recursa.scripted.roots import make_root

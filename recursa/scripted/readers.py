@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from recursa.lm.tokens import count_tokens
 from recursa.scripted.heuristics import guess_label
-from recursa.scripted.knobs import Settings
+from recursa.scripted.name_options import Settings
 from recursa.tasks import codeqa, evidence_spans, multihop_facts, oolong, oolong_pairs
 from recursa.tasks.code_eval import evaluate, files_in
 from recursa.tasks.multihop_facts import ANCHOR_RELATION, YEAR_OF, Chain, read_facts

@@ -21,8 +21,8 @@ from recursa.lm.base import Message
 from recursa.scripted.answer_forms import marked_answer, marked_fields, schema_value
 from recursa.scripted.conversation import Conversation, read, repl
 from recursa.scripted.generic_code import GENERIC
-from recursa.scripted.knobs import Settings
 from recursa.scripted.messy import messy_reply
+from recursa.scripted.name_options import Settings
 from recursa.scripted.policy import Policy
 from recursa.scripted.strategies import choose
 

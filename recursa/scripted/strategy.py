@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from recursa.scripted.knobs import Settings
+from recursa.scripted.name_options import Settings
 
 STYLES = ("batched", "per-item", "none", "recursive", "delegate")
 

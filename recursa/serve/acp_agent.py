@@ -7,11 +7,12 @@ RLM carries out its request, as `RLM.completion` does. Progress arrives as thoug
 root turn and REPL cell), the answer as the agent's message, and the prompt's response `_meta`
 holds `recursa/run-v1` (run id, stop reason, usage, trace path).
 
-A client may set the model per session through the new session's `_meta` under `recursa/runtime-v1`:
-{"model", "sub_model", "base_url", "api_key", "max_depth", "max_iterations", "budget": {...},
-"dialect"}; it
-overrides the operator's flags for that session only (verifiers points the model at its own
-endpoint this way). The API key it sends is used for that session's calls and never echoed back.
+A client may set run options per session through the new session's `_meta` under
+`recursa/runtime-v1`: "base_url", "api_key", "session_id" and the run settings clients may set
+(docs/reference/settings.md: "model", "max_depth", "budget": {...}, ...), for that session only
+(verifiers points the model at its own endpoint this way). What costs the operator money or capacity
+can only be lowered, and a model other than the operator's needs the client's own key. The API key
+it sends is used for that session's calls and never echoed back.
 A `base_url` of the client's choosing gets the operator's key only if the operator allowed it
 (`--allow-base-url`, besides `--base-url`); otherwise the client must send its own `api_key` with
 it, or the session is refused (ServeSettings.client_upstream).
@@ -42,11 +43,12 @@ from acp.schema import (
     PromptResponse,
 )
 
+from recursa.config import SETTINGS, Spelling
 from recursa.errors import RecursaError
-from recursa.knobs import budget_value, check_keys, flag_value, int_value, text_value
 from recursa.lm.base import valid_unicode
 from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION
 from recursa.loop.tree import new_id
+from recursa.overrides import check_keys, client_settings, text_value
 from recursa.rlm import RLM
 from recursa.serve.settings import ServeSettings
 from recursa.tools.mcp_config import McpServerSpec, parse_mcp_servers
@@ -55,7 +57,6 @@ from recursa.version import __version__
 
 RUNTIME_KEY = "recursa/runtime-v1"
 RUN_KEY = "recursa/run-v1"
-_SESSION_FIELDS = ("model", "sub_model", "max_depth", "max_iterations")  # base_url: client_upstream
 _STOP = {
     "final": "end_turn",
     "max_iterations": "max_turn_requests",
@@ -105,7 +106,7 @@ class RecursaAgent:
         if not isinstance(given, dict):
             raise RequestError.invalid_params({"message": f"_meta.{RUNTIME_KEY} must be an object"})
         try:
-            overrides = _checked_runtime(given)
+            overrides = _checked_runtime(given, self.settings)
             servers = self._mcp_servers(mcp_servers)
             # a bad model, key, base URL, budget or MCP server entry fails here, not on the first prompt
             self._rlm(overrides, servers)
@@ -198,26 +199,24 @@ class RecursaAgent:
 
     def _rlm(self, overrides: dict[str, Any], mcp_servers: list[McpServerSpec], on_event: Any = None) -> RLM:
         s = self.settings
-        pick = {name: overrides.get(name, getattr(s, name)) for name in _SESSION_FIELDS}
         base_url, api_key = s.client_upstream(
             overrides.get("base_url"), overrides.get("api_key"), f"_meta.{RUNTIME_KEY}"
         )
-        budget = overrides.get("budget")
-        options = dict(s.rlm_options)
-        if overrides.get("dialect") is not None:  # the conversation the session's model was trained on
-            options["dialect"] = overrides["dialect"]
+        options: dict[str, Any] = {
+            "sub_model": s.sub_model,
+            "max_depth": s.max_depth,
+            "max_iterations": s.max_iterations,
+            "budget": s.budget,
+            **s.rlm_options,
+            **{k: v for k, v in overrides.items() if k in _CLIENT_SETTINGS},
+        }
         return RLM(
-            pick["model"],
-            sub_model=pick["sub_model"],
+            options.pop("model", s.model),
             base_url=base_url,
             api_key=api_key,
-            max_depth=pick["max_depth"],
-            max_iterations=pick["max_iterations"],
-            budget=budget if budget is not None else s.budget,
             sandbox=s.sandbox,
             trace_dir=s.trace_dir,
             trace=s.trace,
-            call_headers=bool(overrides.get("call_headers", False)),
             on_event=_both(s.on_event, on_event),
             **{**options, "mcp_servers": mcp_servers},
         )
@@ -252,30 +251,31 @@ class RecursaAgent:
         await self._conn.session_update(session_id=session_id, update=update)
 
 
-_RUNTIME: dict[str, Any] = {
-    "model": text_value,
-    "sub_model": text_value,
-    "base_url": text_value,
-    "api_key": None,  # ServeSettings.client_upstream checks it, with the key kept out of the message
-    "max_depth": lambda n, v: int_value(n, v, 0),
-    "max_iterations": lambda n, v: int_value(n, v, 1),
-    "budget": budget_value,
-    "call_headers": flag_value,
-    "session_id": text_value,
-    "dialect": text_value,
-}
+# The session options that are not run settings; the run settings a client may set come from the
+# schema (recursa/config.py), checked against the operator's limits (recursa/overrides.py).
+_DOOR = ("base_url", "api_key", "session_id")
+_CLIENT_SETTINGS = tuple(n for n, s in SETTINGS.items() if s.client != "operator")
 
 
-def _checked_runtime(given: dict[str, Any]) -> dict[str, Any]:
+def _checked_runtime(given: dict[str, Any], settings: ServeSettings) -> dict[str, Any]:
     """The session's runtime options, each checked and named as `_meta.recursa/runtime-v1.<key>`;
-    an unknown key is refused, so a misspelt one never leaves the operator's default in place."""
+    an unknown key is refused, so a misspelt one never leaves the operator's default in place, and
+    no option may widen what the operator pays for (docs/reference/settings.md)."""
     where = f"_meta.{RUNTIME_KEY}"
-    check_keys(given, list(_RUNTIME), lambda key: f"{where}.{key}", strict=True)
-    checked = dict(given)
-    for key, read in _RUNTIME.items():
-        if read is not None and given.get(key) is not None:
-            checked[key] = read(f"{where}.{key}", given[key])
-    return checked
+    check_keys(given, [*_DOOR, *_CLIENT_SETTINGS], lambda key: f"{where}.{key}", strict=True)
+    door = {k: given[k] for k in _DOOR if given.get(k) is not None}
+    for key in ("base_url", "session_id"):  # api_key: client_upstream checks it, keeping it out of messages
+        if key in door:
+            door[key] = text_value(f"{where}.{key}", door[key])
+    asked = {k: v for k, v in given.items() if k in _CLIENT_SETTINGS and v is not None}
+    run = client_settings(
+        asked,
+        settings.run_limits(),
+        Spelling("dotted", where),
+        models=settings.run_models(),
+        own_key=isinstance(door.get("api_key"), str) and bool(door["api_key"]),
+    )
+    return {**door, **run}
 
 
 def _both(first: Any, second: Any) -> Any:

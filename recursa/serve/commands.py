@@ -4,6 +4,7 @@ command runs, so `recursa --help` stays fast and works without the extras."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
 import os
 import socket
@@ -255,11 +256,8 @@ def _settings(args: argparse.Namespace, roots: list[str]) -> Any:
         on_event = OtelListener()
     kwargs = rlm_kwargs(args)
     # What ServeSettings has no field of its own for goes to every run's RLM(...).
-    rlm_only = (
-        "prices", "prompt", "max_output_tokens", "exec_timeout", "turn_timeout", "mcp_servers", "dialect",
-        "dialect_options",
-    )  # fmt: skip
-    options = {k: kwargs.pop(k) for k in rlm_only if k in kwargs}
+    own = {f.name for f in dataclasses.fields(ServeSettings)}
+    options = {k: kwargs.pop(k) for k in list(kwargs) if k not in own}
     return ServeSettings(
         api_keys=_read_api_keys(args.api_keys_file) if getattr(args, "api_keys_file", None) else {},
         model=args.model,
@@ -319,19 +317,17 @@ def _check_model(settings: Any) -> None:
 def _check_options(settings: Any) -> None:
     """Fail at start-up for a bad run option (--exec-timeout 0, --max-depth -1) where the model is not
     checked then (an ACP session may name its own model and key): sessions cannot change these."""
-    import dataclasses
+    from recursa.config import RLMConfig, Spelling
 
-    from recursa.config import RLMConfig
-
-    fields = {f.name for f in dataclasses.fields(RLMConfig)}
-    RLMConfig(
+    RLMConfig.checked(
+        Spelling("cli"),
         model=settings.model,
         sub_model=settings.sub_model or settings.model,
         max_depth=settings.max_depth,
         max_iterations=settings.max_iterations,
         budget=settings.budget,
-        **{k: v for k, v in settings.rlm_options.items() if k in fields},
-    ).validate()
+        **{k: v for k, v in settings.rlm_options.items() if k in RLMConfig.model_fields},
+    )
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -152,6 +152,21 @@ class ServeSettings:
         keys = [self.upstream_api_key, self.api_key, *self.api_keys.values()]
         return Redactor(keys, paths=not log)(text)
 
+    def run_limits(self) -> dict[str, Any]:
+        """The operator's limits on what a client's run options may ask for (recursa/overrides.py):
+        the depth and iterations limits, the budget, and the run settings the operator set."""
+        return {
+            **self.rlm_options,
+            "max_depth": self.max_depth_limit,
+            "max_iterations": self.max_iterations_limit,
+            "budget": self.budget,
+        }
+
+    def run_models(self) -> list[str]:
+        """The models the operator's key pays for: a client may pick among these without a key."""
+        allowed = [m for m in self.rlm_options.get("allowed_models", ()) if isinstance(m, str)]
+        return list(dict.fromkeys([self.model, self.sub_model or self.model, *allowed]))
+
     @property
     def sessions_per_caller(self) -> int:
         """How many sessions one caller may hold open at once."""

@@ -121,30 +121,31 @@ class Tool:
         return {"name": self.name, "kind": "host", "signature": self.signature, "doc": self.doc}
 
 
-def make_tools(functions: list[Any], *, what: str = "tools") -> list[Tool]:
-    """Validate `RLM(tools=...)` entries; a mistake raises ConfigError naming the fix."""
+def make_tools(functions: list[Any], *, where: str = "RLM(tools=...)", host: bool = False) -> list[Tool]:
+    """Validate `RLM(tools=...)` entries; a mistake raises ConfigError naming the fix, and the
+    argument as `where` (the caller's own spelling of it). `host`: every tool runs in the host."""
     tools: list[Tool] = []
     seen: set[str] = set()
     # Tools may call each other: in the sandbox they share one namespace, so those names resolve.
     siblings = {getattr(fn, "__name__", "") for fn in functions}
     for fn in functions:
-        tool = _one_tool(fn, what, siblings)
+        tool = _one_tool(fn, where, siblings, host)
         if tool.name in seen:
-            raise ConfigError(f"RLM({what}=...): two tools are named {tool.name!r}; give each a unique name.")
+            raise ConfigError(f"{where}: two tools are named {tool.name!r}; give each a unique name.")
         seen.add(tool.name)
         tools.append(tool)
     return tools
 
 
-def make_sub_tools(functions: list[Any]) -> list[Tool]:
+def make_sub_tools(functions: list[Any], *, where: str = "RLM(sub_tools=...)") -> list[Tool]:
     """Sub-model tools always run in the host: the sub-model asks, the host calls, the model reads."""
-    tools = make_tools(functions, what="sub_tools")
+    tools = make_tools(functions, where=where, host=True)
     for tool in tools:
-        tool.parameters = _parameters_schema(tool)
+        tool.parameters = _parameters_schema(tool, where)
     return tools
 
 
-def _parameters_schema(tool: Tool) -> dict[str, Any]:
+def _parameters_schema(tool: Tool, where: str) -> dict[str, Any]:
     """The JSON schema of a function's arguments, from its signature and type hints (via pydantic)."""
     import pydantic
 
@@ -156,7 +157,7 @@ def _parameters_schema(tool: Tool) -> dict[str, Any]:
     for param in inspect.signature(tool.fn).parameters.values():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise ConfigError(
-                f"RLM(sub_tools=...): {tool.name} takes *{param.name}; a model can only fill named "
+                f"{where}: {tool.name} takes *{param.name}; a model can only fill named "
                 "arguments, so list them explicitly."
             )
         default = ... if param.default is param.empty else param.default
@@ -165,7 +166,7 @@ def _parameters_schema(tool: Tool) -> dict[str, Any]:
         schema = pydantic.create_model(f"{tool.name}_arguments", **fields).model_json_schema()
     except Exception as exc:
         raise ConfigError(
-            f"RLM(sub_tools=...): the arguments of {tool.name} cannot be described as JSON ({exc}); "
+            f"{where}: the arguments of {tool.name} cannot be described as JSON ({exc}); "
             "annotate them with JSON types (str, int, float, bool, list[...], dict[str, ...])."
         ) from None
     schema.pop("title", None)
@@ -174,33 +175,33 @@ def _parameters_schema(tool: Tool) -> dict[str, Any]:
     return schema
 
 
-def _one_tool(fn: Any, what: str, siblings: set[str]) -> Tool:
+def _one_tool(fn: Any, where: str, siblings: set[str], host: bool) -> Tool:
     if not callable(fn) or isinstance(fn, type):
-        raise ConfigError(f"RLM({what}=...) takes functions; got {type(fn).__name__} {fn!r}.")
+        raise ConfigError(f"{where} takes functions; got {type(fn).__name__} {fn!r}.")
     name = getattr(fn, "__name__", "")
     if not name.isidentifier() or keyword.iskeyword(name) or name == "<lambda>":
         raise ConfigError(
-            f"RLM({what}=...): {fn!r} has no usable name ({name!r}); define it with `def` and a Python "
+            f"{where}: {fn!r} has no usable name ({name!r}); define it with `def` and a Python "
             "identifier as its name."
         )
     if name in RESERVED_NAMES:
         raise ConfigError(
-            f"RLM({what}=...): the tool name {name!r} is reserved in the REPL; rename the function "
+            f"{where}: the tool name {name!r} is reserved in the REPL; rename the function "
             f"(reserved: {', '.join(sorted(RESERVED_NAMES))})."
         )
     if hasattr(builtins, name):
         raise ConfigError(
-            f"RLM({what}=...): the tool name {name!r} would hide Python's builtin {name}(); rename it."
+            f"{where}: the tool name {name!r} would hide Python's builtin {name}(); rename it."
         )
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
-        raise ConfigError(f"RLM({what}=...): cannot read the signature of {name}; use a plain def.") from None
+        raise ConfigError(f"{where}: cannot read the signature of {name}; use a plain def.") from None
     doc = inspect.getdoc(fn) or ""
     if len(doc) > _DOC_CHARS:
         doc = doc[:_DOC_CHARS].rstrip() + " ..."
     options = getattr(fn, "__recursa_host_tool__", None)
-    if isinstance(options, HostToolOptions) or what == "sub_tools":
+    if isinstance(options, HostToolOptions) or host:
         return Tool(name, fn, "host", _render_signature(sig), doc, options or HostToolOptions())
     return Tool(name, fn, "sandbox", _render_signature(sig), doc, source=_sandbox_source(fn, name, siblings))
 

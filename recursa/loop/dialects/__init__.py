@@ -19,6 +19,7 @@ from recursa.loop.dialects.native import RecursaDialect
 from recursa.loop.dialects.rlms import RlmsDialect
 from recursa.loop.dialects.skyrl import SkyRLDialect
 from recursa.loop.dialects.tools import ToolsDialect
+from recursa.loop.dialects.verifiers import VerifiersDialect
 
 DEFAULT_DIALECT = "recursa"
 _REGISTRY: dict[str, Callable[..., Dialect]] = {
@@ -26,6 +27,7 @@ _REGISTRY: dict[str, Callable[..., Dialect]] = {
     "tools": ToolsDialect,
     "rlms": RlmsDialect,
     "skyrl": SkyRLDialect,
+    "verifiers": VerifiersDialect,
 }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from recursa.lm.base import LMResponse, Message
+from recursa.loop.cleaning import CODE_ARGUMENTS
 from recursa.loop.dialects.base import (
     Cell,
     CellResult,
@@ -26,9 +27,6 @@ from recursa.loop.feedback import LAST_CALL_MESSAGE, NO_CODE_MESSAGE
 from recursa.loop.parse import Reply, read_reply
 from recursa.loop.prompts import first_message, system_prompt, template_for
 from recursa.loop.rules import DEFAULT_RULES, ReplyRules, named_rules, rules_of
-
-# Argument names under which roots trained on other harnesses pass code to a tool.
-CODE_ARGUMENTS = ("code", "source", "python", "script", "input")
 
 
 class RecursaDialect:

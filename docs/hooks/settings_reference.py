@@ -1,0 +1,95 @@
+"""MkDocs hook: fills the settings reference page from the settings schema (recursa/config.py).
+
+Each setting's name, type, default, CLI flag, who may override it and help come from its one
+declaration, so the page cannot drift from what `RLM(...)`, `RLMEnv(...)` and the CLI take.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from typing import Any
+
+MARKER = re.compile(r"<!--\s*settings-table\s*-->")
+
+# How the page says who may override a setting (recursa.config.Override).
+_OVERRIDE = {
+    "operator": "operator only",
+    "tighten": "lower only",
+    "choose": "operator's choices (any, with the client's own key)",
+    "client": "yes",
+}
+
+
+def _type(annotation: Any) -> str:
+    """A type as a reader writes it: `dict[str, int] or None`."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _type(args[0])
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type(a) for a in args)
+    if origin is typing.Literal:
+        return " or ".join(repr(a) for a in args)
+    if origin is not None:
+        name = getattr(origin, "__name__", str(origin))
+        return f"{'Callable' if name == 'Callable' else name}[{', '.join(_type(a) for a in args)}]"
+    if annotation is type(None):
+        return "None"
+    if isinstance(annotation, type):
+        return annotation.__name__
+    return str(annotation).replace("typing.", "")
+
+
+def _default(value: Any) -> str:
+    # A value equal to its class's empty instance (Budget()) is shown as that call.
+    cls = type(value)
+    if dataclasses.is_dataclass(value) and value == cls():
+        return f"`{cls.__name__}()`"
+    return f"`{value!r}`"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _rows(settings: dict[str, Any]) -> str:
+    lines = [
+        "| Setting | Type | Default | CLI flag | Clients may override | What it does |",
+        "|---|---|---|---|---|---|",
+    ]
+    for s in settings.values():
+        default = "required" if s.required else _default(s.default)
+        if s.env is not None:
+            default += f" (RLMEnv: `{s.env[0]}={s.env[1]!r}`)"
+        flag = f"`{s.flag.split()[0]}`" if s.flag else ""
+        lines.append(
+            f"| `{s.name}` | `{_cell(_type(s.annotation))}` | {_cell(default)} | {flag} | "
+            f"{_OVERRIDE[s.client]} | {_cell(s.help)} |"
+        )
+    return "\n".join(lines)
+
+
+def table() -> str:
+    from recursa.config import BUDGET_CAPS, ENV_SETTINGS, SETTINGS
+
+    caps = "\n".join(
+        f"| `{name}` | `{flag}` | lower only | {_cell(text)} |" for name, (flag, text) in BUDGET_CAPS.items()
+    )
+    return (
+        "## Run settings (`RLM`, `RLMEnv`)\n\n"
+        + _rows(SETTINGS)
+        + "\n\n## Budget caps (`budget=Budget(...)`)\n\n"
+        + "| Cap | CLI flag | Clients may override | What it does |\n|---|---|---|---|\n"
+        + caps
+        + "\n\n## Settings only `RLMEnv` has\n\n"
+        + _rows(ENV_SETTINGS)
+        + "\n"
+    )
+
+
+def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
+    if page.file.src_uri != "reference/settings.md":
+        return markdown
+    return MARKER.sub(lambda _: table(), markdown)

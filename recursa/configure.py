@@ -1,0 +1,63 @@
+"""A front door's arguments made into a checked `RLMConfig`: what RLM, RLMEnv and the baselines share.
+
+The schema (recursa/config.py) checks each value; this adds what needs more than one setting or more
+than the schema's layer: client objects given as models, tools made from functions, and tool names
+that clash between `tools` and `sub_tools`. Every message names the argument as `spelling` writes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from recursa.config import RLMConfig, Spelling
+from recursa.errors import ConfigError
+from recursa.lm.custom import ClientSet
+from recursa.loop.dialects import make_dialect
+from recursa.tools.mcp_config import parse_mcp_servers
+from recursa.tools.spec import Tool, make_sub_tools, make_tools
+
+
+def build_config(given: Mapping[str, Any], spelling: Spelling) -> tuple[RLMConfig, ClientSet]:
+    """The config of `given` (setting name -> value as the caller passed it) and the client objects
+    among its models. `budget=None` means no caps."""
+    values = dict(given)
+    if values.get("budget") is None:
+        values.pop("budget", None)
+    clients = ClientSet()
+    values["model"] = clients.spec(values.get("model"), spelling.argument("model"))
+    sub = values.get("sub_model")
+    values["sub_model"] = values["model"] if sub in (None, "") else clients.spec(sub, spelling.argument("sub_model"))
+    allowed = values.get("allowed_models")
+    if isinstance(allowed, list | tuple):
+        where = spelling.argument("allowed_models")
+        values["allowed_models"] = [clients.spec(m, where) for m in allowed]
+    if isinstance(values.get("sandbox_options"), dict):
+        values["sandbox_options"] = dict(values["sandbox_options"])
+    if isinstance(values.get("trace_dir"), str | Path):
+        values["trace_dir"] = Path(values["trace_dir"])
+    for name, make in (("tools", make_tools), ("sub_tools", make_sub_tools)):
+        if name in values:
+            values[name] = make(list(values[name]), where=spelling.argument(name))
+    if "mcp_servers" in values:
+        values["mcp_servers"] = parse_mcp_servers(values["mcp_servers"], spelling.argument("mcp_servers"))
+    values["clients"] = dict(clients.clients)
+    config = RLMConfig.checked(spelling, **values)
+    try:  # made once now, so a wrong name, option or a missing peer package fails before any spend
+        make_dialect(config.dialect, config.dialect_options)
+    except ConfigError as exc:
+        raise ConfigError(f"{spelling.given('dialect', config.dialect)}: {exc}") from None
+    _check_tool_names(config.tools, config.sub_tools, spelling)
+    return config, clients
+
+
+def _check_tool_names(tools: list[Tool], sub_tools: list[Tool], spelling: Spelling) -> None:
+    for sub in sub_tools:
+        for tool in tools:
+            if tool.name == sub.name and tool.fn is not sub.fn:
+                raise ConfigError(
+                    f"{spelling.owner}(tools=..., sub_tools=...): two different functions are named "
+                    f"{tool.name!r}; rename one (the same function may be in both lists)."
+                )
+
