@@ -60,3 +60,14 @@ def test_what_the_policy_sees_matches_skyrl(name, tmp_path):
     assert len(ours) == len(theirs)
     for i, (mine, official) in enumerate(zip(ours, theirs, strict=True)):
         assert mine == official, f"after step {i}"
+
+
+def test_a_refused_reply_gives_the_turn_prompt_back(tmp_path):
+    extras = {"max_turns": 3, "extra_info": {"context_text": CONTEXT}, "dialect": "skyrl", "max_depth": 0}
+    env = skyrl_gym.make("recursa-rlm", extras={**extras, "max_reply_chars": 50, "trace_dir": str(tmp_path)})
+    chat, _ = env.init([{"role": "user", "content": QUESTION}])
+    prompt = chat[-1]
+    out = env.step("x" * 60)
+    chat += [{"role": "assistant", "content": "x" * 60}, *out["observations"]]
+    assert out["done"] is False and chat[-1] == prompt and chat.count(prompt) == 1
+    env.close()

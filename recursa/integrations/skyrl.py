@@ -187,7 +187,8 @@ class RecursaRLMEnv(BaseTextEnv):
         else:
             said = "Your reply was not text, so nothing in it ran. Reply with text."
         return BaseTextEnvStepOutput(
-            observations=[{"role": "user", "content": said}],
+            # Under a transient per-turn prompt (popped at the start of this step), it comes again.
+            observations=[{"role": "user", "content": said}, *self._transient_prompt(episode)],
             reward=0.0,
             done=False,
             metadata={
@@ -200,6 +201,11 @@ class RecursaRLMEnv(BaseTextEnv):
             },
             postprocessed_action=None,
         )
+
+    def _transient_prompt(self, episode: Episode) -> list[Message]:
+        if self._env.dialect.turn_prompt != "transient":
+            return []
+        return episode.messages[-1:]
 
     def close(self) -> None:
         """End the episode, also while a step of it runs on another thread (a generator that gave

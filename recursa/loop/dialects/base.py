@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from recursa.context import ContextInfo
@@ -208,17 +208,3 @@ def call_code(call: ToolCall, name: str, argument: str) -> tuple[str | None, str
         got = json.dumps(sorted(call.arguments))
         return None, f"The call was not run: {name} takes one string argument {argument!r} (got {got})."
     return code, None
-
-
-@dataclass
-class Notes:
-    """Paragraphs for the end of a feedback message."""
-
-    parts: list[str] = field(default_factory=list)
-
-    def add(self, text: str) -> None:
-        if text:
-            self.parts.append(text)
-
-    def joined(self, head: str) -> str:
-        return "\n\n".join([head, *self.parts]) if self.parts else head

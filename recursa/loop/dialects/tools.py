@@ -19,6 +19,7 @@ from recursa.lm.base import ToolCall
 from recursa.loop.dialects.base import Cell, Opening, call_code, tool_schema
 from recursa.loop.dialects.native import RecursaDialect
 from recursa.loop.parse import Reply
+from recursa.loop.rules import ReplyRules
 
 DEFAULT_TOOL = "call_python_repl"
 DEFAULT_ARGUMENT = "code"
@@ -29,7 +30,13 @@ _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 class ToolsDialect(RecursaDialect):
     name: ClassVar[str] = "tools"
 
-    def __init__(self, tool_name: str = DEFAULT_TOOL, tool_argument: str = DEFAULT_ARGUMENT) -> None:
+    def __init__(
+        self,
+        tool_name: str = DEFAULT_TOOL,
+        tool_argument: str = DEFAULT_ARGUMENT,
+        reply_rules: ReplyRules | str = "default",
+    ) -> None:
+        super().__init__(reply_rules)  # the rules a text reply (no tool call) is read by
         for what, value in (("tool_name", tool_name), ("tool_argument", tool_argument)):
             if not isinstance(value, str) or not _NAME.match(value):
                 raise ConfigError(
