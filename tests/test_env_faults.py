@@ -54,9 +54,12 @@ async def test_openai_content_parts_are_text_replies(tmp_path: Path) -> None:
     assert "sdk object" in obs[0]["content"]
     with pytest.raises(EnvError, match=r"item 1 is not a text part \('image_url'\)"):
         await episode.step([*parts("look"), {"type": "image_url", "image_url": {"url": "x"}}])
-    with pytest.raises(EnvError, match="tool_calls"):
-        await episode.step({"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]})
     assert episode.turn == 3
+    # A message of tool calls only is a reply too; a call the model wrote wrong is answered by its id
+    # with what was wrong, never dropped and never an error for the trainer.
+    obs = await episode.step({"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]})
+    assert obs[0]["role"] == "tool" and obs[0]["tool_call_id"] == "1"
+    assert "did not run: the arguments must be a JSON object" in obs[0]["content"]
     await episode.step({"role": "assistant", "content": parts("FINAL(42)")})
     assert episode.answer == "42"
     calls = [e for e in load(episode.trace_path).events if e["type"] == "lm_call"]

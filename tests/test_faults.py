@@ -187,7 +187,8 @@ def test_a_context_length_error_is_not_retried(server, script, faults, tmp_path,
     faults(FaultSchedule(FaultRule(Fault.context_length(), model="root-model")))
     script.root("root-model", DONE)
     result = make_rlm(server, tmp_path, provider).run("q", "ctx")
-    assert result.stop_reason == "error" and len(server.requests) == 1
+    # The provider's own refusal of a root call stops the run as the window guard would.
+    assert result.stop_reason == "context_window" and len(server.requests) == 1
     assert "too long" in result.error and "Send less text per call" in result.error
     assert result.usage.llm_calls == 0
 

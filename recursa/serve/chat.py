@@ -19,7 +19,7 @@ from recursa.serve.bodies import sse_event
 from recursa.serve.callers import quota_of
 from recursa.serve.fields import AnswerShape
 from recursa.serve.observe import Metrics
-from recursa.serve.request import ApiError, ChatRequest
+from recursa.serve.request import ApiError, RunRequest
 from recursa.serve.runs import LiveRun, RunSpec
 from recursa.serve.sessions import SessionStore
 from recursa.serve.settings import ServeSettings
@@ -55,7 +55,10 @@ async def wait_disconnect(receive: Receive) -> None:
             return
 
 
-class ChatService:
+class RunService:
+    """Runs for the HTTP server, whichever wire API asked: their context, run slots (per caller and
+    in all), sessions, and the result or the stream."""
+
     def __init__(self, settings: ServeSettings, metrics: Metrics | None = None) -> None:
         self.settings = settings
         self.metrics = metrics
@@ -66,13 +69,13 @@ class ChatService:
         self.sessions = SessionStore(settings)
 
     # -- setting a run up ----------------------------------------------------------------------
-    async def prepare(self, req: ChatRequest) -> LiveRun:
+    async def prepare(self, req: RunRequest) -> LiveRun:
         """Resolve the context and build the run; every problem here is an HTTP error."""
         run = await self._prepare(req)
         run.quota = quota_of(req.caller.owner)  # whose share of the run slots it takes
         return run
 
-    async def _prepare(self, req: ChatRequest) -> LiveRun:
+    async def _prepare(self, req: RunRequest) -> LiveRun:
         if req.session is not None:
             return await self.sessions.prepare(req, self.resolve_context)
         context = await self.resolve_context(req)
@@ -86,7 +89,7 @@ class ChatService:
                 400, f"cannot start the run: {for_request(str(exc))}", code="invalid_run_settings"
             ) from None
 
-    async def resolve_context(self, req: ChatRequest) -> Any:
+    async def resolve_context(self, req: RunRequest) -> Any:
         """The request's context, with a server path checked and a URL fetched."""
         context: Any = req.context
         if req.context_path is not None:
@@ -150,7 +153,7 @@ class ChatService:
         await self.sessions.aclose()
 
     # -- non-streaming -------------------------------------------------------------------------
-    async def complete(self, req: ChatRequest, run: LiveRun, receive: Receive) -> dict[str, Any]:
+    async def complete(self, req: RunRequest, run: LiveRun, receive: Receive) -> dict[str, Any]:
         result = await self.outcome(run, receive)
         return completion_body(_new_id(), req.model, result, req.session, req.shape)
 
@@ -188,7 +191,7 @@ class ChatService:
         return result
 
     # -- streaming -----------------------------------------------------------------------------
-    def stream(self, req: ChatRequest, run: LiveRun) -> SSERun:
+    def stream(self, req: RunRequest, run: LiveRun) -> SSERun:
         return SSERun(self, req, run)
 
 
@@ -334,7 +337,7 @@ class SSERun(Response):
     reaps its sandboxes, as soon as the client disconnects.
     """
 
-    def __init__(self, service: ChatService, req: ChatRequest, run: LiveRun) -> None:
+    def __init__(self, service: RunService, req: RunRequest, run: LiveRun) -> None:
         super().__init__(status_code=200, media_type="text/event-stream")
         self.service = service
         self.req = req

@@ -201,7 +201,9 @@ def _apply_share_options(settings: ServeSettings, args: argparse.Namespace) -> N
         if value is not None and value < least:
             raise ConfigError(f"{flag} must be >= {least} (leave it out for the default)")
     if not args.body_timeout > 0 or args.idle_sessions_memory < 0:
-        raise ConfigError("--body-timeout must be a positive number of seconds and --idle-sessions-memory >= 0")
+        raise ConfigError(
+            "--body-timeout must be a positive number of seconds and --idle-sessions-memory >= 0"
+        )
     settings.max_runs_per_caller = args.max_runs_per_caller
     settings.max_waiting_per_caller = args.max_waiting_per_caller
     settings.body_timeout_s = args.body_timeout

@@ -1,6 +1,6 @@
 """`POST /v1/messages`: Anthropic's Messages API, answered by the same runs as Chat Completions.
 
-The request is parsed by recursa.serve.messages_request, run by recursa.serve.chat's ChatService
+The request is parsed by recursa.serve.messages_request, run by recursa.serve.chat's RunService
 (admission, sessions, cancellation), and answered here in the Messages shape: a `message` object,
 or its SSE stream: message_start, then (with `thinking`) a thinking block whose text is the run's
 steps as they happen, then the answer as a text block (content_block_start, content_block_delta
@@ -22,7 +22,7 @@ from starlette.responses import Response
 from recursa.result import RLMResult
 from recursa.serve.api_error import ApiError, anthropic_type
 from recursa.serve.bodies import JSONBody, sse_event
-from recursa.serve.chat import SESSION_HEADER, ChatService, Emit, SSERun, finish_reason, pieces, run_summary
+from recursa.serve.chat import SESSION_HEADER, Emit, RunService, SSERun, finish_reason, pieces, run_summary
 from recursa.serve.messages_request import MessagesRequest, parse_messages_request
 from recursa.serve.messages_tools import new_tool_use_id, tool_input, tool_use_block
 from recursa.serve.observe import RUN_STATE_KEY
@@ -45,7 +45,7 @@ def new_message_id() -> str:
     return f"msg_{secrets.token_hex(12)}"
 
 
-async def create_message(service: ChatService, request: Request, caller: Caller, body: Any) -> Response:
+async def create_message(service: RunService, request: Request, caller: Caller, body: Any) -> Response:
     call = parse_messages_request(body, service.settings)
     req = call.req
     req.caller = caller
@@ -147,7 +147,7 @@ class MessagesSSE(SSERun):
 
     keep_alive = PING
 
-    def __init__(self, service: ChatService, call: MessagesRequest, run: LiveRun) -> None:
+    def __init__(self, service: RunService, call: MessagesRequest, run: LiveRun) -> None:
         super().__init__(service, call.req, run)
         self.call = call
         self.id = new_message_id()

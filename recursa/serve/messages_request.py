@@ -27,8 +27,8 @@ from recursa.serve.api_error import bad
 from recursa.serve.fields import AnswerShape, check_known, check_types, sampling
 from recursa.serve.messages_tools import TOOLS_WHY, ToolReplay, parse_tools
 from recursa.serve.request import (
-    ChatRequest,
     InputMessage,
+    RunRequest,
     build_request,
     provider_of,
     read_content,
@@ -99,7 +99,7 @@ _REPLAYED = ("thinking", "redacted_thinking")
 class MessagesRequest:
     """A Messages request: the run it asks for, and how its answer comes back."""
 
-    req: ChatRequest
+    req: RunRequest
     thinking: bool = False  # the run's steps come back as a thinking block
 
 

@@ -85,7 +85,10 @@ class Caller:
 
 
 @dataclass
-class ChatRequest:
+class RunRequest:
+    """The run a client asked for, whichever wire API it spoke (Chat Completions, Responses,
+    Messages): its question, context, limits, session and answer shape."""
+
     model: str
     question: str
     context: Any = None  # str | list[str] | dict[str, str]; None when a path or URL names it
@@ -107,7 +110,7 @@ class ChatRequest:
     shape: AnswerShape = field(default_factory=AnswerShape)  # response_format, sampling, stop, ...
 
 
-def parse_chat_request(body: Any, settings: ServeSettings) -> ChatRequest:
+def parse_chat_request(body: Any, settings: ServeSettings) -> RunRequest:
     """Validate a request body. Raises ApiError (400/404) naming the field and the fix."""
     body = request_object(body)
     model = served_model(body, settings)
@@ -169,10 +172,10 @@ def build_request(
     messages: list[InputMessage],
     shape: AnswerShape,
     settings: ServeSettings,
-) -> ChatRequest:
+) -> RunRequest:
     """The run a request asks for, whichever API it came through (Chat Completions or Responses):
     the same rules turn its messages and recursa options into a question, a context and limits."""
-    req = ChatRequest(model=model, question="", stream=stream, sent=frozenset(extra))
+    req = RunRequest(model=model, question="", stream=stream, sent=frozenset(extra))
     req.shape = shape
     req.session = _session_id(extra.get("session"))
     _apply_settings(req, extra, settings)
@@ -279,7 +282,7 @@ def file_part(file: Any, at: str, holder: str = ".file") -> tuple[str, str]:
 
 
 def _apply_context(
-    req: ChatRequest, messages: list[InputMessage], extra: dict[str, Any], settings: ServeSettings
+    req: RunRequest, messages: list[InputMessage], extra: dict[str, Any], settings: ServeSettings
 ) -> None:
     explicit = [k for k in ("context", "context_path", "context_url") if extra.get(k) is not None]
     if len(explicit) > 1:
@@ -383,7 +386,7 @@ def _context_value_ok(value: Any) -> bool:
 # -- per-request settings ---------------------------------------------------------------------
 
 
-def _apply_settings(req: ChatRequest, extra: dict[str, Any], settings: ServeSettings) -> None:
+def _apply_settings(req: RunRequest, extra: dict[str, Any], settings: ServeSettings) -> None:
     req.max_depth = _int_option(extra, "max_depth", settings.max_depth, 0, settings.max_depth_limit)
     req.max_iterations = _int_option(
         extra, "max_iterations", settings.max_iterations, 1, settings.max_iterations_limit

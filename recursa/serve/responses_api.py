@@ -1,6 +1,6 @@
 """`POST /v1/responses`: the Responses API, answered by the same runs as Chat Completions.
 
-The request is parsed by recursa.serve.responses_request, run by recursa.serve.chat's ChatService
+The request is parsed by recursa.serve.responses_request, run by recursa.serve.chat's RunService
 (admission, sessions, cancellation), and answered in the Responses shape by
 recursa.serve.responses_wire.
 
@@ -20,7 +20,7 @@ from starlette.responses import Response
 
 from recursa.serve.bodies import JSONBody
 from recursa.serve.callers import quota_of
-from recursa.serve.chat import SESSION_HEADER, ChatService
+from recursa.serve.chat import SESSION_HEADER, RunService
 from recursa.serve.observe import RUN_STATE_KEY
 from recursa.serve.request import Caller, bad
 from recursa.serve.responses_request import ResponsesRequest, parse_responses_request
@@ -62,7 +62,7 @@ class ResponseChain:
 
 
 async def create_response(
-    service: ChatService, chain: ResponseChain, request: Request, caller: Caller, body: Any
+    service: RunService, chain: ResponseChain, request: Request, caller: Caller, body: Any
 ) -> Response:
     call = parse_responses_request(body, service.settings)
     req = call.req
@@ -82,7 +82,7 @@ async def create_response(
     return JSONBody(response_body(call, response_id, result, steps), headers=headers)
 
 
-def _continue(service: ChatService, chain: ResponseChain, call: ResponsesRequest, caller: Caller) -> None:
+def _continue(service: RunService, chain: ResponseChain, call: ResponsesRequest, caller: Caller) -> None:
     """Point the request at the session its previous response ran in."""
     previous = call.previous_response_id
     assert previous is not None

@@ -32,8 +32,8 @@ from recursa.serve.fields import (
     sampling,
 )
 from recursa.serve.request import (
-    ChatRequest,
     InputMessage,
+    RunRequest,
     build_request,
     file_part,
     provider_of,
@@ -110,7 +110,7 @@ ECHO_INSTRUCTIONS_CHARS = 4_000
 class ResponsesRequest:
     """A Responses request: the run it asks for, and what its response echoes back."""
 
-    req: ChatRequest
+    req: RunRequest
     previous_response_id: str | None = None
     summary: bool = False  # reasoning.summary: the run's steps come back as a reasoning item
     echo: dict[str, Any] = field(default_factory=dict)  # request fields the response object repeats

@@ -19,8 +19,8 @@ from typing import Any
 from recursa.result import RLMResult
 from recursa.serve.bodies import sse_event
 from recursa.serve.chat import (
-    ChatService,
     Emit,
+    RunService,
     SSERun,
     finish_reason,
     pieces,
@@ -130,7 +130,7 @@ def response_body(
 class ResponsesSSE(SSERun):
     """One run streamed as Responses API events (the run's life is SSERun's)."""
 
-    def __init__(self, service: ChatService, call: ResponsesRequest, run: LiveRun, response_id: str) -> None:
+    def __init__(self, service: RunService, call: ResponsesRequest, run: LiveRun, response_id: str) -> None:
         super().__init__(service, call.req, run)
         self.call = call
         self.id = response_id

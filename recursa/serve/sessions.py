@@ -33,7 +33,7 @@ from recursa.errors import RecursaError
 from recursa.result import RLMResult
 from recursa.serve.api_error import for_request
 from recursa.serve.callers import MIN_SHARED_SESSION_ID, new_session_id, quota_of
-from recursa.serve.request import NEW_SESSION, SETTING_KEYS, ApiError, ChatRequest, bad
+from recursa.serve.request import NEW_SESSION, SETTING_KEYS, ApiError, RunRequest, bad
 from recursa.serve.runs import LiveRun, RunSpec, build_rlm
 from recursa.serve.session_memory import over_bound
 from recursa.serve.settings import EventCallback, ServeSettings
@@ -133,7 +133,7 @@ class SessionStore:
         self._closing: set[asyncio.Task[None]] = set()
 
     # -- requests ------------------------------------------------------------------------------
-    async def prepare(self, req: ChatRequest, resolve: Callable[[ChatRequest], Awaitable[Any]]) -> LiveRun:
+    async def prepare(self, req: RunRequest, resolve: Callable[[RunRequest], Awaitable[Any]]) -> LiveRun:
         """The run for a request that names a session: the session's first question or its next."""
         assert req.session is not None
         if self.settings.max_sessions == 0:
@@ -165,7 +165,7 @@ class SessionStore:
                 return self._run(handle, req.question, req)
         return self._run(handle, self._next_question(handle, req), req)
 
-    def _run(self, handle: ServedSession, question: str, req: ChatRequest | None = None) -> LiveRun:
+    def _run(self, handle: ServedSession, question: str, req: RunRequest | None = None) -> LiveRun:
         handle.last_used = time.monotonic()
         max_depth, max_iterations, budget = handle.limits
         spec = RunSpec(question, None, max_depth, max_iterations, budget)
@@ -173,7 +173,7 @@ class SessionStore:
             spec.answer_schema, spec.tips = req.shape.schema, req.shape.tips()
         return LiveRun(self.settings, spec, handle)
 
-    def _open(self, req: ChatRequest, context: Any) -> ServedSession:
+    def _open(self, req: RunRequest, context: Any) -> ServedSession:
         assert req.session is not None
         self._check_room(req.caller.owner)
         docs = None
@@ -238,7 +238,7 @@ class SessionStore:
                 retry=False,  # room comes when a session closes or expires, not in seconds
             )
 
-    def _key(self, req: ChatRequest) -> ContextKey:
+    def _key(self, req: RunRequest) -> ContextKey:
         if req.explicit == "context_path":
             assert req.context_path is not None
             return ("path", str(check_path(req.context_path, self.settings.context_roots)))
@@ -246,7 +246,7 @@ class SessionStore:
             return ("url", req.context_url)
         return ("inline", req.context)
 
-    def _next_question(self, handle: ServedSession, req: ChatRequest) -> str:
+    def _next_question(self, handle: ServedSession, req: RunRequest) -> str:
         """A later request's question, once its context and limits are checked against the session's."""
         if not req.asked.strip():
             raise bad("the question is empty: the last user message (or recursa.question) is the question")
