@@ -63,7 +63,7 @@ def client_settings(
             )
         limit = limits.get(name) if stated_only else limits.get(name, declared.default)
         if declared.client == "tighten" and limit is not None and value is not None and value > limit:
-            raise ConfigError(_wider(spelling, name, value, limit))
+            raise ConfigError(refused_widening(spelling.label(name), value, limit))
         out[name] = value
     return out
 
@@ -88,15 +88,18 @@ def _budget(value: Any, operator: Budget, spelling: Spelling, own_key: bool) -> 
         if mine is None:
             continue
         if theirs is not None and mine > theirs and not (own_key and cap in _MONEY_CAPS):
-            raise ConfigError(_wider(Spelling(spelling.form, spelling.label("budget")), cap, mine, theirs))
+            where = spelling.label("budget")
+            label = f"{where}[{cap!r}]" if spelling.form == "key" else f"{where}.{cap}"
+            raise ConfigError(refused_widening(label, mine, theirs))
         caps[cap] = mine
     return Budget(**caps)
 
 
-def _wider(spelling: Spelling, name: str, value: Any, limit: Any) -> str:
+def refused_widening(label: str, value: Any, limit: Any) -> str:
+    """The error for a client's option above the operator's limit, naming both."""
     return (
-        f"{spelling.label(name) if spelling.form != 'python' else name}={value!r} is more than the operator allows "
-        f"(at most {limit!r}): a client may only lower it; ask for {limit!r} or less, or leave it out"
+        f"{label}={value!r} is more than the operator allows (at most {limit!r}): a client may only "
+        f"lower it; ask for {limit!r} or less, or leave it out"
     )
 
 

@@ -133,7 +133,7 @@ class RLM:
         try:
             await tree.connect_mcp()
             engine = RunEngine(
-                tree, self.prices, question=question, payload=payload, run_id=run_id, options=options
+                tree, question=question, payload=payload, run_id=run_id, options=options
             )
             return await engine.run()
         finally:

@@ -113,7 +113,6 @@ class Session:
             run_id = new_id("run")
             engine = RunEngine(
                 tree,
-                self.rlm.prices,
                 question=question,
                 payload=payload,
                 run_id=run_id,

@@ -246,10 +246,12 @@ def test_an_explicit_question_makes_every_message_context():
 def test_per_request_budget_can_only_tighten_the_servers():
     settings = ServeSettings(model=ROOT, budget=Budget(max_llm_calls=50, max_seconds=60))
     body = {"model": "recursa", "messages": [{"role": "user", "content": "q"}]}
-    req = parse_chat_request(
-        {**body, "recursa": {"max_llm_calls": 1_000, "budget": {"max_seconds": 5}}}, settings
-    )
-    assert req.budget.max_llm_calls == 50 and req.budget.max_seconds == 5
+    req = parse_chat_request({**body, "recursa": {"max_llm_calls": 20, "budget": {"max_seconds": 5}}}, settings)
+    assert req.budget.max_llm_calls == 20 and req.budget.max_seconds == 5
+    # Asking for more than the operator allows is refused, naming the option and the limit.
+    with pytest.raises(ApiError) as wider:
+        parse_chat_request({**body, "recursa": {"max_llm_calls": 1_000}}, settings)
+    assert wider.value.param == "recursa.max_llm_calls" and "at most 50" in wider.value.message
     req = parse_chat_request({**body, "recursa": {"max_usd": 0.5, "max_depth": 2}}, settings)
     assert req.budget.max_usd == 0.5 and req.max_depth == 2
 
@@ -341,14 +343,14 @@ def test_per_request_depth_iterations_and_budget_reach_the_run(client, srv):
             {"role": "user", "content": "ctx"},
             {"role": "user", "content": "RUN: a = 1 ||| b = 2 ||| FINAL(3)"},
         ],
-        extra_body={"recursa": {"max_iterations": 1, "max_depth": 0, "max_llm_calls": 10_000}},
+        extra_body={"recursa": {"max_iterations": 1, "max_depth": 0, "max_llm_calls": 40}},
     )
     summary = r.model_extra["recursa"]
     assert summary["stop_reason"] == "max_iterations"
     trace_dir = _service(srv).settings.trace_dir
     start = load(trace_dir / summary["trace"]).root.start
     assert start["config"]["max_iterations"] == 1 and start["config"]["max_depth"] == 0
-    assert start["config"]["budget"]["max_llm_calls"] == 50  # the server's cap, not the request's
+    assert start["config"]["budget"]["max_llm_calls"] == 40  # the request's, below the server's 50
 
 
 # -- auth and bad input over HTTP ----------------------------------------------------------------

@@ -226,3 +226,20 @@ def test_env_config_gives_defaults_that_a_rows_extras_override() -> None:
         skyrl_gym.make(adapter.ENV_ID, env_config={"data_source": "x"}, extras={})
     with pytest.raises(adapter.ConfigError, match=r"env_config\['max_turns'\]='4'"):
         skyrl_gym.make(adapter.ENV_ID, env_config={"max_turns": "4"}, extras={})
+
+
+def test_a_row_never_widens_what_the_config_limits() -> None:
+    # env_config is the operator's: a dataset row may lower what it sets for a setting that costs
+    # money or capacity, never raise it, and may name another sub_model only with its own key.
+    from recursa.errors import ConfigError
+
+    refusals = (
+        ({"max_turns": 5}, {"max_turns": 50}, r"extras\['max_turns'\]=50 is more than the operator allows \(at most 5\)"),
+        ({"budget": {"max_usd": 1.0}}, {"budget": {"max_usd": 9.0}}, r"extras\['budget'\]\['max_usd'\]=9.0 .*at most 1.0"),
+        ({"sub_model": "openai/policy"}, {"sub_model": "openai/other"}, r"extras\['sub_model'\]='openai/other'"),
+    )  # fmt: skip
+    for config, row, said in refusals:
+        with pytest.raises(ConfigError, match=said):
+            adapter.RecursaRLMEnv(env_config=config, extras=row)
+    env = adapter.RecursaRLMEnv(env_config={"max_turns": 5}, extras={"max_turns": 2})  # lowering is fine
+    assert env.max_turns == 3

@@ -63,7 +63,7 @@ def test_allowed_models_adds_models_and_the_root_is_told_which(server, script, t
 @pytest.mark.parametrize(
     ("value", "match"),
     [
-        ("openai/x", "takes a list of model names"),
+        ("openai/x", "must be a list of model names"),
         ([3], "model 3 names no provider"),
         (["x"], "names no provider"),
     ],

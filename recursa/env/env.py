@@ -239,7 +239,7 @@ class RLMEnv:
                 tips=tips if tips is not None else self.config.tips, system_prompt=system_prompt
             )
             engine = RunEngine(
-                tree, self.prices, question=question, payload=payload, run_id=run_id, options=options
+                tree, question=question, payload=payload, run_id=run_id, options=options
             )
             engine.begin()
         except BaseException:

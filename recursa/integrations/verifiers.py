@@ -25,6 +25,7 @@ from verifiers.v1.task import Task, TaskConfig, TaskData
 from verifiers.v1.taskset import Taskset, TasksetConfig
 from verifiers.v1.utils.decorators import reward
 
+from recursa.config import DEFAULTS as D
 from recursa.tasks import generate, get
 
 PLUGIN_ID = "recursa-verifiers"
@@ -48,8 +49,8 @@ class RecursaHarnessConfig(HarnessConfig):
     id: str = PLUGIN_ID
     command: list[str] = Field(default_factory=lambda: ["recursa", "acp"])
     """How the runtime starts the agent (recursa must be installed there)."""
-    max_depth: int = 1
-    max_iterations: int = 30
+    max_depth: int = D.max_depth
+    max_iterations: int = D.max_iterations
     sub_model: str | None = None
     """The model behind llm_query; by default the rollout's own model (shared-policy training)."""
     budget: dict[str, Any] | None = None

@@ -12,7 +12,6 @@ from recursa.config import RLMConfig
 from recursa.context import ContextPayload
 from recursa.errors import BudgetExceeded, ContextLengthError, LMError, RecursaError, SandboxLost
 from recursa.lm.base import CallMeta, LMResponse, Message
-from recursa.lm.prices import PriceBook
 from recursa.loop.blocks import ReplyCode
 from recursa.loop.compaction import WindowTracker, compacted_history, split_for_compaction, summary_prompt
 from recursa.loop.dialects import make_dialect
@@ -38,7 +37,6 @@ class RunEngine:
     def __init__(
         self,
         tree: CallTree,
-        prices: PriceBook,
         *,
         question: str,
         payload: ContextPayload,
@@ -49,7 +47,6 @@ class RunEngine:
         options: RunOptions | None = None,
     ) -> None:
         self.tree = tree
-        self.prices = prices
         self.config = tree.config
         self.question = question
         self.payload = payload
@@ -84,6 +81,9 @@ class RunEngine:
             iterations=0,
             trace_path=tree.trace.path,
             run_id=self.run_id,
+            skipped_files=list(payload.info.skipped_files),
+            prompt_variant=self.prompt_variant,
+            dialect=self.dialect.name,
         )
         self._sent = 0  # messages already stored in the trace: each is written once, not per turn
         self._started = time.perf_counter()
@@ -103,7 +103,6 @@ class RunEngine:
     async def spawn_child(self, question: str, payload: ContextPayload) -> RLMResult:
         child = RunEngine(
             self.tree,
-            self.prices,
             question=question,
             payload=payload,
             depth=self.depth + 1,
@@ -149,18 +148,6 @@ class RunEngine:
                 "sandbox": self.config.sandbox,
                 "budget": vars(self.config.budget),
             },
-        )
-        self.result = RLMResult(
-            answer="",
-            value=None,
-            usage=self.usage,
-            stop_reason="error",
-            iterations=0,
-            trace_path=trace.path,
-            run_id=self.run_id,
-            skipped_files=list(self.payload.info.skipped_files),
-            prompt_variant=self.prompt_variant,
-            dialect=self.dialect.name,
         )
         self._opening = asyncio.create_task(self._open_sandbox(), name=f"recursa-open-{self.run_id}")
         if self.config.max_depth > self.depth:

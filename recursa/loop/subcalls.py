@@ -17,7 +17,6 @@ from recursa.context import ContextPayload, load_payload
 from recursa.errors import BudgetExceeded, ContextError, ContextLengthError, LMError
 from recursa.lm.base import CallMeta, LMResponse, Message
 from recursa.lm.images import ImageError, base64_part, bytes_part, url_part
-from recursa.lm.prices import PriceBook
 from recursa.lm.registry import parse_model
 from recursa.loop.tree import CallTree
 from recursa.result import RLMResult
@@ -42,7 +41,6 @@ class CallingRun(Protocol):
     other way round."""
 
     tree: CallTree
-    prices: PriceBook
     payload: ContextPayload  # its context (a folder's images are what llm_query(images=[name]) names)
     depth: int
     run_id: str
@@ -233,7 +231,7 @@ class SubcallHandler:
             provider, name = parse_model(spec)
         except ValueError as exc:
             raise CallbackError("ValueError", str(exc)) from None
-        if self.config.budget.max_usd is not None and not self.run.prices.known(provider, name):
+        if self.config.budget.max_usd is not None and not self.run.tree.gateway.prices.known(provider, name):
             raise CallbackError(
                 "ValueError",
                 f"model {spec!r} has no known price, and this run has a dollar budget; use the default "

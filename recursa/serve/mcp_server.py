@@ -25,6 +25,7 @@ from recursa.asgi.body_deadline import BodyDeadline
 from recursa.budget import Budget, cap_problem, positive_phrase
 from recursa.errors import RecursaError
 from recursa.lm.base import valid_unicode
+from recursa.overrides import refused_widening
 from recursa.serve.admission import AdmissionLimit, BodyLimit
 from recursa.serve.callers import CLIENT_HEADER, caller_quota, identify, new_session_id, quota_of
 from recursa.serve.json_limits import JSONBounds
@@ -253,8 +254,9 @@ def _spec(
             raise ToolError(
                 f"max_usd={max_usd!r}: {problem}; give {positive_phrase('max_usd')}, or leave it out"
             )
-        cap = max_usd if budget.max_usd is None else min(max_usd, budget.max_usd)
-        budget = Budget(cap, budget.max_tokens, budget.max_seconds, budget.max_llm_calls)
+        if budget.max_usd is not None and max_usd > budget.max_usd:
+            raise ToolError(refused_widening("max_usd", max_usd, budget.max_usd))
+        budget = Budget(max_usd, budget.max_tokens, budget.max_seconds, budget.max_llm_calls)
     return RunSpec(question, context, depth, iterations, budget)
 
 

@@ -21,13 +21,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recursa.budget import Budget, cap_problem, positive_phrase
+from recursa.config import BUDGET_CAPS
 from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION
+from recursa.overrides import refused_widening
 from recursa.serve.api_error import ApiError, bad
 from recursa.serve.fields import AnswerShape, parse_shape
 from recursa.serve.settings import ServeSettings
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
-BUDGET_KEYS = ("max_usd", "max_tokens", "max_seconds", "max_llm_calls")
+BUDGET_KEYS = tuple(BUDGET_CAPS)
 RECURSA_KEYS = (
     "question",
     "context",
@@ -411,7 +413,9 @@ def _apply_settings(req: RunRequest, extra: dict[str, Any], settings: ServeSetti
                 f"recursa.{key}",
             )
         # A request can only tighten the operator's caps, never lift them.
-        caps[key] = value if server is None else min(value, server)
+        if server is not None and value > server:
+            raise bad(refused_widening(f"recursa.{key}", value, server), f"recursa.{key}")
+        caps[key] = value
     req.budget = Budget(**caps)
 
 
