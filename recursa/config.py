@@ -378,9 +378,12 @@ class Spelling:
             return f"{self.label(name)} {value}"
         return f"{self.label(name)}={shown}"
 
-    def argument(self, name: str) -> str:
-        """The setting without its value: `RLM(tools=...)`, `--max-depth`, `extras['budget']`."""
-        return f"{self.owner}({self.label(name)}=...)" if self.form == "python" else self.label(name)
+    def argument(self, name: str, *, items: bool = False) -> str:
+        """The setting without its value: `RLM(tools=...)`, `--max-depth`, `extras['budget']`;
+        `items`: one element of a list setting (`RLM(allowed_models=[...])`)."""
+        if self.form == "python":
+            return f"{self.owner}({self.label(name)}={'[...]' if items else '...'})"
+        return self.label(name)
 
     def assign(self, name: str, example: str) -> str:
         if self.form == "cli":

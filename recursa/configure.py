@@ -31,7 +31,7 @@ def build_config(given: Mapping[str, Any], spelling: Spelling) -> tuple[RLMConfi
     values["sub_model"] = values["model"] if sub in (None, "") else clients.spec(sub, spelling.argument("sub_model"))
     allowed = values.get("allowed_models")
     if isinstance(allowed, list | tuple):
-        where = spelling.argument("allowed_models")
+        where = spelling.argument("allowed_models", items=True)
         values["allowed_models"] = [clients.spec(m, where) for m in allowed]
     if isinstance(values.get("sandbox_options"), dict):
         values["sandbox_options"] = dict(values["sandbox_options"])

@@ -208,11 +208,15 @@ def _descendants_and_self(pid: int | None) -> set[int]:
 
 
 def _ns_pids(pid: int) -> list[int]:
-    """NSpid of `pid`: its pid in each namespace from the host's down."""
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("NSpid:"):
-                return [int(x) for x in line.split()[1:]]
+    """NSpid of `pid`: its pid in each namespace from the host's down ([] once it has exited: an
+    old snapshot replaced by a newer one between the listing and this read)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("NSpid:"):
+                    return [int(x) for x in line.split()[1:]]
+    except FileNotFoundError:
+        pass
     return []
 
 

@@ -57,7 +57,8 @@ async def run_on_ray(
     ray = _ray()
     started_here = not ray.is_initialized()
     if started_here:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        # "local": a new instance of our own, never a cluster that happens to run on this machine.
+        ray.init(address=address or "local", include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         remote_cls = ray.remote(max_concurrency=ACTOR_CONCURRENCY)(BenchWorker)
         pool = [remote_cls.remote() for _ in range(max(1, actors))]

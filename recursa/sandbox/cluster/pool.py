@@ -53,8 +53,8 @@ def connect(address: str | None) -> Any:
         return ray
     if address not in (None, "auto", "local"):
         _check_reachable(address)
-    try:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False,
+    try:  # None: a new local instance of our own, never a cluster that happens to run on this machine
+        ray.init(address=address or "local", include_dashboard=False, log_to_driver=False, configure_logging=False,
                  namespace=_NAMESPACE)  # fmt: skip
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = f"the Ray cluster at {address!r}" if address else "a local Ray instance"
