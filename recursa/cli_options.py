@@ -124,6 +124,9 @@ FLAGGED = tuple(n for n, s in SETTINGS.items() if s.flag and n not in _OWN_FLAGS
 def add_setting_flag(p: argparse.ArgumentParser, name: str) -> None:
     """The flag of one setting, its type, default, choices and help all from the schema."""
     s = SETTINGS[name]
+    if s.annotation is bool:  # --name and --no-name, so a default of either value can be turned
+        p.add_argument(s.flag or "", action=argparse.BooleanOptionalAction, default=s.default, help=s.help)
+        return
     text = str(s.annotation)
     kind: Any = int if s.annotation in (int, int | None) else float if "float" in text else str
     options: dict[str, Any] = {"type": kind, "default": s.default, "help": s.help}

@@ -398,3 +398,15 @@ def test_serve_announces_its_url_logs_each_request_and_serves_metrics(tmp_path):
     )
     assert logged[1].startswith("recursa serve: GET /metrics 200 ")
     assert "serve-key" not in "".join(logged) and "secret is 7" not in "".join(logged)
+
+
+def test_a_bool_setting_is_a_flag_pair_from_the_schema() -> None:
+    from recursa.cli_options import add_model_options, rlm_kwargs
+
+    parser = argparse.ArgumentParser()
+    add_model_options(parser)
+    on = parser.parse_args(["--model", "scripted/gpt5-like", "--cache-subcalls"])
+    off = parser.parse_args(["--model", "scripted/gpt5-like", "--no-cache-subcalls"])
+    default = parser.parse_args(["--model", "scripted/gpt5-like"])
+    assert rlm_kwargs(on)["cache_subcalls"] is True
+    assert rlm_kwargs(off)["cache_subcalls"] is False and rlm_kwargs(default)["cache_subcalls"] is False
