@@ -35,6 +35,7 @@ from recursa.lm.limiter import Limiter
 from recursa.lm.prices import ModelPrice, PriceBook
 from recursa.lm.registry import parse_model
 from recursa.lm.retry import RetryBudget, RetryPolicy
+from recursa.lm.windows import ContextWindows
 from recursa.testing.fake_state import Fault
 from recursa.trace.redact import Redactor
 from recursa.trace.writer import TraceWriter
@@ -377,6 +378,10 @@ async def _play_tree(setup: Setup, tree: Run) -> Played:
         per_model={MODELS[0]: setup.per_model} if setup.per_model else None,
         requests_per_minute={MODELS[1]: rpm} if rpm else None,
     )
+    # The first window lookup loads genai-prices' table, once per process and synchronously: no
+    # deadline can cut an import short, so it happens before the clock starts.
+    for spec in MODELS:
+        ContextWindows().window(spec)
     queued = waited_for_cpu_s()
     ledger = Ledger(setup.budget)
     gateway = FakeGateway(

@@ -113,15 +113,12 @@ class MemoryPool:
         return self.used() + _START_BYTES > self.limit_bytes
 
     def close(self) -> bool:
-        """Remove the pool's group once its sandboxes' groups are gone; whether it is gone. (A pool
-        left behind, its sandboxes' groups still exiting, is swept by the next host like theirs.)"""
+        """Remove the pool's group; whether it is gone now. (While its sandboxes' groups are still
+        exiting it is left to cgroups' list of groups to remove later, like theirs.)"""
         if self.path is None or self._pid != os.getpid():
             return True
-        try:
-            os.rmdir(self.path)
-        except FileNotFoundError:
-            pass
-        except OSError:
-            return False
+        # Removed with the groups this process failed to remove (its REPLs' groups, still exiting, are
+        # before it in that list): retried at the next group made, and at exit.
+        gone = cgroups.TaskGroup(self.path, 0, 0, None).discard()
         self.path, self._made = None, False
-        return True
+        return gone
