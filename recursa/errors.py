@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from recursa.outcomes import BudgetLimit
+
 
 class RecursaError(Exception):
     """Base class of every error recursa raises on purpose."""
@@ -21,9 +23,9 @@ class BudgetExceeded(RecursaError):
     Raised before the call is sent, so the cap itself is never exceeded.
     """
 
-    def __init__(self, limit: str, message: str) -> None:
+    def __init__(self, limit: BudgetLimit, message: str) -> None:
         super().__init__(message)
-        self.limit = limit
+        self.limit: BudgetLimit = limit
 
 
 class LMError(RecursaError):

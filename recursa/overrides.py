@@ -20,6 +20,7 @@ from typing import Any
 from recursa.budget import Budget, cap_problem, positive_phrase
 from recursa.config import BUDGET_CAPS, EnvConfig, RLMConfig, Spelling, near_miss, setting_of
 from recursa.errors import ConfigError
+from recursa.outcomes import BUDGET_LIMITS
 
 # Caps that bound only what the client's own key pays for; max_seconds also holds the operator's
 # machine (a sandbox, a run slot), so it can only be lowered whoever pays for the calls.
@@ -171,8 +172,7 @@ def budget_value(name: str, value: Any) -> Budget:
         raise ConfigError(
             f"{name} is {kind(value)}; give a dict of Budget fields, e.g. {{'max_llm_calls': 200}}"
         )
-    fields = ("max_usd", "max_tokens", "max_seconds", "max_llm_calls")
-    check_keys(value, fields, lambda key: f"{name}[{key!r}]", strict=True)
+    check_keys(value, BUDGET_LIMITS, lambda key: f"{name}[{key!r}]", strict=True)
     for field, cap in value.items():
         if cap is not None and (problem := cap_problem(field, cap)) is not None:
             raise ConfigError(

@@ -15,6 +15,7 @@ from recursa.lm.base import CallMeta, Message
 from recursa.lm.prices import PriceBook
 from recursa.loop.tree import CallTree, new_id
 from recursa.methods.base import MethodResult, MethodSettings
+from recursa.outcomes import Refusal, StopReason
 from recursa.trace.writer import fold
 from recursa.usage import Usage
 
@@ -63,7 +64,12 @@ class BaselineRun:
         await asyncio.shield(self.tree.aclose())
 
     def result(
-        self, answer: str, *, stop_reason: str = "final", error: str | None = None, failure: str | None = None
+        self,
+        answer: str,
+        *,
+        stop_reason: StopReason = "final",
+        error: str | None = None,
+        failure: Refusal | None = None,
     ) -> MethodResult:
         assert self.tree is not None
         latency = time.perf_counter() - self._started
