@@ -202,8 +202,10 @@ def _rlm_from_args(
 ) -> RLM:
     """The RLM that the options of `add_model_options` describe."""
     from recursa import RLM
+    from recursa.config import Spelling
 
-    return RLM(args.model, **rlm_kwargs(args, question), on_event=on_event)
+    settings = {"model": args.model, **rlm_kwargs(args, question), "on_event": on_event}
+    return RLM.configured(settings, Spelling("cli"))
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
