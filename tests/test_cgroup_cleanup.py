@@ -101,6 +101,7 @@ def test_a_dropped_sandbox_group_is_removed_at_the_next_create(tmp_path):
         assert group.discard()
     # Whatever else this process made and could not remove yet (other tests' sandboxes and memory
     # pools, in a shared test worker) is on the list of groups to remove later: nothing is lost.
+    gc.collect()  # memory pools of environments other tests dropped without close()
     deadline = time.monotonic() + 30
     while cgroups.retry_left() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -184,3 +185,36 @@ def test_a_memory_pool_still_busy_at_close_is_removed_later():
         os.rmdir(inner)
     cgroups.retry_left()  # what the next group made (or the exit hook) runs
     assert not os.path.isdir(path)
+
+
+def test_a_memory_pool_dropped_without_close_is_removed():
+    pool = MemoryPool(256 << 20)
+    if pool.folder() is None:
+        pytest.skip("this host can make no memory control group (no writable memory hierarchy)")
+    path = pool.path
+    assert path is not None and os.path.isdir(path)
+    del pool
+    gc.collect()
+    assert not os.path.isdir(path)
+
+
+def test_a_dead_hosts_memory_pool_is_swept_with_the_groups_inside_it():
+    probe = MemoryPool(256 << 20)
+    if probe.folder() is None:
+        pytest.skip("this host can make no memory control group (no writable memory hierarchy)")
+    memory = os.path.dirname(probe.path or "")
+    probe.close()
+    owner = _unused_pid()
+    stale = os.path.join(memory, f"recursa-{owner}-pool999999")
+    inner = os.path.join(stale, f"recursa-{owner}-999999")
+    os.mkdir(stale)
+    os.mkdir(inner)
+    try:
+        pool = MemoryPool(256 << 20)
+        assert pool.folder() is not None  # making a pool sweeps the folder it is made in
+        pool.close()
+        assert not os.path.exists(stale)
+    finally:
+        for path in (inner, stale):
+            if os.path.isdir(path):
+                os.rmdir(path)

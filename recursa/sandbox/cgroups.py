@@ -443,6 +443,7 @@ def _sweep(parent: str) -> None:
             owner = name[len(_PREFIX) :].split("-", 1)[0]
             path = os.path.join(parent, name)
             if owner.isdigit() and not _made_by_live(int(owner), path):
+                _sweep(path)  # a memory pool (pools.py) holds its REPLs' groups
                 TaskGroup(path, 0, 0, None).remove()
 
 

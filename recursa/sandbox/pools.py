@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import weakref
 
 from recursa.sandbox import cgroups
 from recursa.sandbox.proc import status_bytes
@@ -80,6 +81,9 @@ class MemoryPool:
                 os.rmdir(path)
             return
         self.path, self.kind = path, kind
+        # A pool dropped without close(), or alive at interpreter exit, is removed like a sandbox's
+        # group: at once where it is empty, else with the groups this process removes later.
+        self._finalizer = weakref.finalize(self, _discard, path, os.getpid())
 
     @property
     def enforced(self) -> str | None:
@@ -117,8 +121,12 @@ class MemoryPool:
         exiting it is left to cgroups' list of groups to remove later, like theirs.)"""
         if self.path is None or self._pid != os.getpid():
             return True
-        # Removed with the groups this process failed to remove (its REPLs' groups, still exiting, are
-        # before it in that list): retried at the next group made, and at exit.
-        gone = cgroups.TaskGroup(self.path, 0, 0, None).discard()
+        gone = self._finalizer()
         self.path, self._made = None, False
-        return gone
+        return bool(gone)
+
+
+def _discard(path: str, maker: int) -> bool:
+    # Its REPLs' groups, still exiting, come before it in cgroups' list of groups to remove later.
+    # A forked child's copy of the pool is its parent's to remove.
+    return maker != os.getpid() or cgroups.TaskGroup(path, 0, 0, None).discard()
