@@ -18,6 +18,7 @@ from recursa.lm.prices import PriceBook
 from recursa.lm.registry import make_client, parse_model
 from recursa.loop.dialects import make_dialect
 from recursa.tools.mcp_config import parse_mcp_servers
+from recursa.tools.mcp_tools import McpServers
 from recursa.tools.spec import Tool, make_sub_tools, make_tools
 
 
@@ -39,7 +40,7 @@ def build_config(given: Mapping[str, Any], spelling: Spelling) -> tuple[RLMConfi
         if name in values:
             values[name] = make(list(values[name]), where=spelling.argument(name))
     if "mcp_servers" in values:
-        values["mcp_servers"] = parse_mcp_servers(values["mcp_servers"], spelling.argument("mcp_servers"))
+        values["mcp_servers"] = _mcp_servers(values["mcp_servers"], spelling.argument("mcp_servers"))
     config = RLMConfig.checked(spelling, **values, clients=dict(clients.clients))
     try:  # made once now, so a wrong name, option or a missing peer package fails before any spend
         make_dialect(config.dialect, config.dialect_options)
@@ -65,6 +66,16 @@ def check_models(config: RLMConfig, prices: PriceBook, specs: Iterable[str], spe
                 f"{spelling.assign('prices', example)} (US dollars per million tokens), or drop "
                 f"{spelling.label('max_usd')} and cap {spelling.label('max_tokens')} instead."
             )
+
+
+def _mcp_servers(given: Any, where: str) -> list[Any]:
+    """Server entries checked; servers connected already (`McpServers`, in a list) kept as they are:
+    each run uses them and leaves them open for the next."""
+    if isinstance(given, list | tuple):
+        connected = [g for g in given if isinstance(g, McpServers)]
+        if connected:
+            return [*connected, *parse_mcp_servers([g for g in given if not isinstance(g, McpServers)], where)]
+    return list(parse_mcp_servers(given, where))
 
 
 def _check_tool_names(tools: list[Tool], sub_tools: list[Tool], spelling: Spelling) -> None:
