@@ -48,7 +48,7 @@ _ZERO = {
     "max_seconds": "the run would time out before its first model call",
     "max_llm_calls": "a run needs at least one model call",
 }
-_EXAMPLE = {"max_usd": "1.0", "max_tokens": "200000", "max_seconds": "300", "max_llm_calls": "50"}
+CAP_EXAMPLES = {"max_usd": "1.0", "max_tokens": "200000", "max_seconds": "300", "max_llm_calls": "50"}
 
 
 def cap_problem(name: str, value: object) -> str | None:
@@ -84,7 +84,7 @@ def _checked(name: str, value: object) -> int | float:
     """`value` as an int (counts) or a float, or a ConfigError that names the argument and the fix."""
     problem = cap_problem(name, value)
     if problem is not None:
-        fix = f"use {positive_phrase(name)} such as {name}={_EXAMPLE[name]} or None (no cap)."
+        fix = f"use {positive_phrase(name)} such as {name}={CAP_EXAMPLES[name]} or None (no cap)."
         if isinstance(value, str):
             fix += " (A number read from text needs converting first: float(...) or int(...).)"
         raise ConfigError(f"Budget({name}={value!r}): {problem}; {fix}")

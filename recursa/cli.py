@@ -15,6 +15,7 @@ from recursa.cli_options import (
     HelpFormatter,
     add_model_names,
     add_model_options,
+    check_caps,
     check_context,
     for_cli,
     rlm_kwargs,
@@ -382,6 +383,7 @@ def _add_bench_parser(sub: Any) -> None:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from recursa.bench import run as run_bench
 
+    check_caps(args)
     report = run_bench(
         args.task,
         sizes=args.sizes,

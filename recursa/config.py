@@ -381,7 +381,12 @@ class Spelling:
         return self.label(name)
 
     def assign(self, name: str, example: str) -> str:
-        flag = (setting_of(name).flag or "") if name in SETTINGS or name in ENV_SETTINGS else ""
+        """How this caller sets `name` to `example`; a client is pointed to the operator's flag for
+        a setting only the operator sets."""
+        declared = setting_of(name) if name in SETTINGS or name in ENV_SETTINGS else None
+        flag = (declared.flag or "") if declared is not None else ""
+        if self.form in ("key", "dotted") and declared is not None and declared.client == "operator":
+            return f"the operator's {flag or declared.name}"
         if self.form == "cli" and flag.endswith(" FILE"):  # the value is a file's content
             return f"{flag} (a JSON or TOML file such as {example})"
         if self.form == "cli":
@@ -400,16 +405,16 @@ class Spelling:
             known = [self.names.get(n, n) for n in model.model_fields]
             close = near_miss(self.names.get(name, name), known)
             hint = f"did you mean {close!r}?" if close else "see docs/reference/settings.md for the settings"
-            return ConfigError(f"{self.given(name, values.get(name))}: {name} is not a setting; {hint}")
+            return ConfigError(f"{self.given(name, values.get(name))}: {name} is not a setting; {hint}", setting=name)
         declared = setting_of(name)
         cause = (first.get("ctx") or {}).get("error")
         if isinstance(cause, Invalid):
-            return ConfigError(self.problem(name, values.get(name), cause.what, cause.example))
+            return ConfigError(self.problem(name, values.get(name), cause.what, cause.example), setting=name)
         example = _shown(self.defaults[name]) if name in self.defaults else declared.example
         what = declared.what
         if declared.optional and self.form != "cli" and "None" not in what:
             what += " (or None)"
-        return ConfigError(self.problem(name, values.get(name), what, example))
+        return ConfigError(self.problem(name, values.get(name), what, example), setting=name)
 
 
 # How RLMEnv's callers write settings: its own names and defaults (`setting(env=...)`).

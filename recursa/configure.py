@@ -61,10 +61,10 @@ def check_models(config: RLMConfig, prices: PriceBook, specs: Iterable[str], spe
             make_client(spec, base_url=config.base_url, api_key=config.api_key)
         if config.budget.max_usd is not None and not prices.known(provider, name):
             example = f'{{"{spec}": {{"input_per_mtok": 0.25, "output_per_mtok": 2.0}}}}'
+            usd, tokens = spelling.label("max_usd"), spelling.label("max_tokens")
             raise ConfigError(
-                f"{spelling.label('max_usd')} is set but no price is known for {spec!r}. Give one with "
-                f"{spelling.assign('prices', example)} (US dollars per million tokens), or drop "
-                f"{spelling.label('max_usd')} and cap {spelling.label('max_tokens')} instead."
+                f"{usd} is set but no price is known for {spec!r}: drop {usd} and cap {tokens} instead, "
+                f"or give its price with {spelling.assign('prices', example)} (US dollars per million tokens)."
             )
 
 

@@ -10,7 +10,12 @@ class RecursaError(Exception):
 
 
 class ConfigError(RecursaError, ValueError):
-    """The RLM was configured in a way that cannot work (unknown provider, missing key, no price...)."""
+    """The RLM was configured in a way that cannot work (unknown provider, missing key, no price...).
+    `setting`: the setting at fault, by the schema's name, where one is."""
+
+    def __init__(self, message: str, *, setting: str | None = None) -> None:
+        super().__init__(message)
+        self.setting = setting
 
 
 class ContextError(RecursaError, ValueError):
