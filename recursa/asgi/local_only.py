@@ -95,7 +95,10 @@ class LocalOnly:
             await receive()  # websocket.connect; closed before it is accepted: a 403 to the upgrade
             await send({"type": "websocket.close", "code": 1008})
             return
-        message = f"{why}: a server without an API key serves only programs on its own machine; {self.hint}"
+        message = (
+            f"{why}: a server without an API key serves no web page, nor any name its loopback "
+            f"address is reached by but 127.0.0.1 and localhost; {self.hint}"
+        )
         body = json.dumps(
             {
                 "error": {
