@@ -16,6 +16,7 @@ from recursa.errors import ConfigError
 from recursa.lm.custom import ClientSet
 from recursa.loop.dialects import make_dialect
 from recursa.tools.mcp_config import parse_mcp_servers
+from recursa.tools.mcp_tools import McpServers
 from recursa.tools.spec import Tool, make_sub_tools, make_tools
 
 
@@ -41,7 +42,7 @@ def build_config(given: Mapping[str, Any], spelling: Spelling) -> tuple[RLMConfi
         if name in values:
             values[name] = make(list(values[name]), where=spelling.argument(name))
     if "mcp_servers" in values:
-        values["mcp_servers"] = parse_mcp_servers(values["mcp_servers"], spelling.argument("mcp_servers"))
+        values["mcp_servers"] = _mcp_servers(values["mcp_servers"], spelling.argument("mcp_servers"))
     values["clients"] = dict(clients.clients)
     config = RLMConfig.checked(spelling, **values)
     try:  # made once now, so a wrong name, option or a missing peer package fails before any spend
@@ -50,6 +51,16 @@ def build_config(given: Mapping[str, Any], spelling: Spelling) -> tuple[RLMConfi
         raise ConfigError(f"{spelling.given('dialect', config.dialect)}: {exc}") from None
     _check_tool_names(config.tools, config.sub_tools, spelling)
     return config, clients
+
+
+def _mcp_servers(given: Any, where: str) -> list[Any]:
+    """Server entries checked; servers connected already (`McpServers`, in a list) kept as they are:
+    each run uses them and leaves them open for the next."""
+    if isinstance(given, list | tuple):
+        connected = [g for g in given if isinstance(g, McpServers)]
+        if connected:
+            return [*connected, *parse_mcp_servers([g for g in given if not isinstance(g, McpServers)], where)]
+    return list(parse_mcp_servers(given, where))
 
 
 def _check_tool_names(tools: list[Tool], sub_tools: list[Tool], spelling: Spelling) -> None:

@@ -41,6 +41,7 @@ class ContextInfo:
     prefix: str
     sha256: str
     skipped_files: list[str] = field(default_factory=list)
+    folder: bool = False  # read from a folder: the dict's keys are its files' relative paths
 
     def to_trace(self) -> dict[str, Any]:
         """What a trace stores about the context: never the context itself."""
@@ -239,6 +240,7 @@ def _encode(context: Any) -> ContextPayload:
         text, skipped = read_context_path(context, images)
         payload = _encode_value(text, skipped)
         payload.images = images
+        payload.info.folder = isinstance(text, dict)
         return payload
     return _encode_value(context, [])
 

@@ -8,6 +8,7 @@ as the REPL variable `history`, never pasted into its window.
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Coroutine
 from dataclasses import replace
 from typing import Any, Protocol
@@ -77,6 +78,9 @@ class Session:
         self._lock: asyncio.Lock | None = None
         self._closed = False
         self._private: PrivateLoop | None = None  # the loop of a blocking session (recursa/sync.py)
+        # A session dropped without close (or open at interpreter exit): its REPL and MCP servers'
+        # processes are killed without a loop.
+        self._reaper: weakref.finalize[Any, Any] | None = None
 
     @property
     def trace_path(self) -> Any:
@@ -161,12 +165,15 @@ class Session:
             payload.close()
             raise
         self._payload, self._tree, self._sandbox = payload, tree, sandbox
+        self._reaper = weakref.finalize(self, tree.abandon)
         return tree, sandbox, payload
 
     async def aclose(self) -> None:
         if self._closed:
             return
         self._closed = True
+        if self._reaper is not None:
+            self._reaper.detach()
         if self._tree is not None:
             await asyncio.shield(self._tree.aclose())  # reaps the REPL with the rest of the tree
         if self._payload is not None:

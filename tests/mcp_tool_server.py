@@ -2,6 +2,8 @@
 serves stdio; `build(name)` gives the server for its streamable-HTTP app.
 
     python tests/mcp_tool_server.py NAME    # tools prefixed by nothing; NAME shows in `whoami`
+
+With STARTS_DIR in its environment, each start leaves a file named by its pid there.
 """
 
 from __future__ import annotations
@@ -65,4 +67,6 @@ def build(name: str) -> MCPServer:
 
 
 if __name__ == "__main__":
+    if os.environ.get("STARTS_DIR"):
+        open(os.path.join(os.environ["STARTS_DIR"], str(os.getpid())), "w").close()
     build(sys.argv[1] if len(sys.argv) > 1 else "stdio").run("stdio")

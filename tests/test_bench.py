@@ -241,20 +241,3 @@ def test_quantiles_interpolate_like_numpy() -> None:
     assert quantile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
     assert quantile([1.0, 2.0, 3.0, 4.0], 0.95) == pytest.approx(3.85)
     assert quantile([7.0], 0.25) == 7.0
-
-
-def test_ray_executor_runs_rows_on_actors(tmp_path: Path) -> None:
-    pytest.importorskip("ray")
-    report = bench.run(
-        "niah",
-        sizes="2k",
-        n=4,
-        methods="base,rlm",
-        executor="ray",
-        ray_actors=2,
-        out=tmp_path,
-        progress=False,
-    )
-    assert report.ran == 8 and all(r["status"] == "ok" and r["score"] == 1.0 for r in report.rows)
-    pids = {r["worker_pid"] for r in report.rows}
-    assert os.getpid() not in pids and len(pids) == 2  # two actors, each running several rows

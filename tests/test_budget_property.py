@@ -6,8 +6,8 @@ The fast test drives the real machinery every LM call goes through (recursa.budg
 recursa.lm.gateway's ModelGateway with its limiter, retries and billing of failed attempts) with
 random concurrent call trees in asyncio, behind an in-memory model that bills random usage up to
 what the call reserved, fails at random (billed or not, retryable or not), reports only an
-estimate, or hangs until the deadline and may bill all the same; 1,000 examples. The second runs
-whole RLMs (real loop, REPL and openai SDK against the fake server) with random fan-outs,
+estimate, or hangs until the deadline and may bill all the same (300 examples; see EXAMPLES). The
+second runs whole RLMs (real loop, REPL and openai SDK against the fake server) with random fan-outs,
 children, budgets and server faults, and holds both `result.usage` and what the server billed to
 the Budget. The last is a fixed case of an overspend the first one led to.
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import random
 import tempfile
 import time
@@ -42,6 +43,9 @@ from recursa.trace.writer import TraceWriter
 from recursa.usage import Usage
 
 MODELS = ("openai/alpha", "openai/beta")
+# It runs alone (serial), so the suite waits for it: 300 random trees by default, more for a deep
+# run (RECURSA_PROPERTY_EXAMPLES=5000). The trees it once failed on are fixed examples below.
+EXAMPLES = int(os.environ.get("RECURSA_PROPERTY_EXAMPLES", "300"))
 # 1- to 4-byte UTF-8: a reservation must count bytes, not characters.
 GLYPHS = ("a", "é", "€", "\U0001d11e")
 # The ledger lets a sum of float costs land up to 1e-12 over the cap (rounding, not spending); a
@@ -437,9 +441,9 @@ FOUND = [
 
 
 @pytest.mark.serial  # asserts calls overlap or finish in time: not beside another test
-@pytest.mark.timeout(360)  # 1,000 trees: about 15 s of CPU, several times that on a loaded machine
+@pytest.mark.timeout(360)  # 1,000 trees take about 15 s of CPU, several times that on a loaded machine
 @settings(
-    max_examples=1_000,
+    max_examples=EXAMPLES,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

@@ -178,38 +178,6 @@ def test_a_server_that_cannot_start_fails_the_run_with_its_name(server, tmp_path
         rlm.run("q", "ctx")
 
 
-async def test_acp_sessions_get_the_clients_and_the_operators_mcp_servers(server, script, web, tmp_path):
-    pytest.importorskip("acp", reason="agent-client-protocol is not installed (pip install recursa[acp])")
-    from acp import PROTOCOL_VERSION, RequestError, spawn_agent_process, text_block
-    from acp.schema import HttpHeader, HttpMcpServer, SseMcpServer
-
-    from .test_acp import Recorder, agent_env
-
-    script.root("policy", code("print(ops_add(2), weather('Oslo')['city'])"), "FINAL(done)")
-    operator = tmp_path / "mcp.json"
-    operator.write_text(json.dumps({"mcpServers": {"ops": {"url": web, "tools": ["add"]}}}))
-    args = ["-m", "recursa.cli", "acp", "--model", "openai/policy", "--base-url", server.base_url,
-            "--trace-dir", str(tmp_path), "--mcp-servers", str(operator)]  # fmt: skip
-    theirs = HttpMcpServer(
-        type="http", name="web", url=web, headers=[HttpHeader(name="X-Team", value="t")], field_meta=None
-    )
-    async with spawn_agent_process(Recorder(), sys.executable, *args, env=agent_env()) as (conn, _proc):
-        init = await conn.initialize(protocol_version=PROTOCOL_VERSION)
-        caps = init.agent_capabilities.mcp_capabilities
-        assert caps.http and not caps.sse
-        session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[theirs])
-        reply = await conn.prompt(session_id=session.session_id, prompt=[text_block("go")])
-        with pytest.raises(RequestError) as refused:
-            sse = SseMcpServer(type="sse", name="old", url=web, headers=[])
-            await conn.new_session(cwd=str(tmp_path), mcp_servers=[sse])
-    assert reply.field_meta["recursa/run-v1"]["stop_reason"] == "final"
-    roots = [r for r in server.requests if r.model == "policy"]
-    assert "12 Oslo" in roots[1].messages[-1]["content"]
-    system = roots[0].messages[0]["content"]
-    assert "`ops_add(" in system and "`web_add(" in system and "`weather(" in system  # add: on both
-    assert "'sse' is not supported" in str(refused.value.data)
-
-
 def test_serve_takes_mcp_servers_from_the_operators_flag(tmp_path):
     from recursa.cli import _parser
     from recursa.serve.commands import _settings

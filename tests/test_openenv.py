@@ -128,3 +128,46 @@ async def test_a_step_may_be_a_tool_call_under_the_tools_dialect():
             )
             end = await client.step({"reply": "FINAL(42)"})
             assert end.done and end.observation["answer"] == "42"
+
+
+async def test_web_pages_floods_and_larger_tasks_are_refused(served):
+    """The server has no keys: a page in the trainer's browser opened a WebSocket session (no CORS
+    applies to those) and drove episodes on the operator's sub-model; an HTTP body had no cap, no
+    deadline and no JSON bounds; reset(size_chars=50_000_000) wrote its task on the event loop for
+    seconds, past the operator's --size. Each is refused now, and the server goes on serving."""
+    import httpx
+    import websockets
+
+    from recursa.integrations.openenv import MAX_MESSAGE_BYTES
+    from recursa.serve.json_limits import MAX_VALUES
+
+    env, url = served
+    ws_url = url.replace("http://", "ws://") + "/ws"
+    with pytest.raises(websockets.InvalidStatus, match="403"):
+        async with websockets.connect(ws_url, origin="https://evil.example"):
+            pass
+    reset = {"question": "q", "context": "ctx"}
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        page = await http.post("/reset", json=reset, headers={"Origin": "https://evil.example"})
+        assert page.status_code == 403 and "origin" in page.text
+        reader, writer = await asyncio.open_connection(*http.base_url.netloc.decode().split(":"))
+        writer.write(
+            f"POST /reset HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {MAX_MESSAGE_BYTES + 1}\r\n\r\n".encode()
+        )
+        assert (await reader.readline()).startswith(b"HTTP/1.1 413")  # before a byte of the body
+        writer.close()
+        tiny = b'{"question": "q", "context": [' + b'"",' * MAX_VALUES + b'""]}'
+        assert (await http.post("/reset", content=tiny)).status_code == 413
+    async with websockets.connect(ws_url) as ws:  # a message of too many values: closed, too big
+        await ws.send(
+            '{"type": "reset", "data": {"question": "q", "context": [' + '"",' * MAX_VALUES + '""]}}'
+        )
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await ws.recv()
+        assert closed.value.rcvd.code == 1009
+    async with GenericEnvClient(base_url=url) as client:
+        with pytest.raises(Exception, match=r"size_chars=5000.*at most 4000"):
+            await client.reset(family="niah", size_chars=5_000)
+        smaller = await client.reset(family="niah", size_chars=3_000, seed=2)
+        assert smaller.observation["task_id"] == generate("niah", 3_000, seed=2).id
+    await until(lambda: env.live_repls == 0)

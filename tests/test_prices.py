@@ -89,7 +89,7 @@ def test_a_model_genai_prices_cannot_price_at_the_probe_points_is_asked_every_ca
         return calc_price(usage, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(prices, "_TABLE", prices._Table())
-    monkeypatch.setattr(prices, "calc_price", picky)
+    monkeypatch.setattr(prices.genai(), "calc_price", picky)
     book = PriceBook()
     assert book.cost("openai", "gpt-4o-mini", 5_000, 700, 1_000) == _genai_cost(
         "openai", "gpt-4o-mini", 5_000, 700, 1_000

@@ -6,6 +6,7 @@ REPLs it held."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -152,6 +153,17 @@ def test_bench_rows_run_their_repls_on_the_cluster(cluster: dict, tmp_path: Path
     assert after[cluster["a"]] - before.get(cluster["a"], 0) == 2
     assert all(after[n] == before.get(n, 0) for n in after if n != cluster["a"])
     assert ray.get(dict(node_hosts())[cluster["a"]].describe.remote())["live_repls"] == 0
+
+
+def test_bench_rows_spread_over_actors_on_the_cluster(cluster: dict, tmp_path: Path) -> None:
+    # --executor ray: the rows themselves run on actors of the cluster this process is connected to.
+    from recursa.bench import run as run_bench
+
+    report = run_bench("niah", sizes="2k", n=4, methods="base,rlm", executor="ray", ray_actors=2,
+                       out=tmp_path, progress=False)  # fmt: skip
+    assert report.ran == 8 and all(r["status"] == "ok" and r["score"] == 1.0 for r in report.rows)
+    pids = {r["worker_pid"] for r in report.rows}
+    assert os.getpid() not in pids and len(pids) == 2  # two actors, each running several rows
 
 
 def test_children_join_their_parents_node_unless_spread(cluster: dict, tmp_path: Path) -> None:

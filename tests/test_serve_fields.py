@@ -386,3 +386,32 @@ def test_run_settings_errors_name_what_the_client_can_send(tmp_path):
     message = r.json()["error"]["message"]
     assert "Send no recursa.max_usd" in message and "--prices FILE" in message
     assert "RLM(" not in message
+
+
+def test_a_request_may_not_ask_for_more_reasoning_effort_than_the_operator_gives(tmp_path):
+    """Reasoning tokens are billed as output: the operator's sampling gives the root "low", and a
+    request's "xhigh" (any API's spelling) ran on the operator's key at that effort."""
+    from recursa.serve.api_error import ApiError
+    from recursa.serve.messages_request import parse_messages_request
+    from recursa.serve.request import parse_chat_request
+    from recursa.serve.responses_request import parse_responses_request
+
+    settings = ServeSettings(
+        model=ROOT, rlm_options={"sampling": {"root": {"reasoning_effort": "low", "temperature": 0.5}}}
+    )
+    messages = ask("RUN: FINAL('x')")
+    lower = parse_chat_request(
+        {"model": "recursa", "messages": messages, "reasoning_effort": "minimal"}, settings
+    )
+    assert lower.shape.sampling["reasoning_effort"] == "minimal"
+    bodies = [
+        (parse_chat_request, {"messages": messages, "reasoning_effort": "xhigh"}),
+        (parse_responses_request, {"input": "q", "reasoning": {"effort": "high"}}),
+        (parse_messages_request, {"messages": [{"role": "user", "content": "q"}], "max_tokens": 50,
+                                  "output_config": {"effort": "medium"}}),
+    ]  # fmt: skip
+    for parse, body in bodies:
+        with pytest.raises(ApiError) as refused:
+            parse({"model": "recursa", **body}, settings)
+        assert refused.value.status == 400
+        assert "at most 'low'" in str(refused.value.message), refused.value.message

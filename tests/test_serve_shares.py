@@ -225,3 +225,25 @@ def _health(base: str) -> bool:
         return httpx.get(base + "/health", timeout=5).status_code == 200
     except httpx.TransportError:
         return False
+
+
+_UPGRADE = (
+    b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+)
+
+
+def test_websocket_upgrades_leave_the_connection_caps_when_they_close(tmp_path: Path) -> None:
+    """An upgrade request (no key needed) moved its connection to uvicorn's WebSocket protocol, and
+    the connection stayed counted after it closed: as many upgrades as the per-address cap shut
+    that address out for good (and, from a few addresses, the whole server)."""
+    settings = serve_settings(tmp_path, ALICE)
+    with BackgroundServer(create_app(settings), max_connections=8, max_connections_per_address=2) as srv:
+        for _ in range(4):
+            with socket.create_connection((srv.host, srv.port), timeout=GUARD_S) as conn:
+                conn.sendall(_UPGRADE)
+                answer = b""
+                while chunk := conn.recv(65536):  # the app has no WebSocket route: 403, then closed
+                    answer += chunk
+                assert answer.startswith(b"HTTP/1.1 403")
+        wait_until(lambda: _health(srv.url), timeout_s=10, what="a request from the same address served")

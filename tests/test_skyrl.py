@@ -143,6 +143,8 @@ def test_a_datasets_own_keys_pass_and_init_again_ends_the_previous_episode(tmp_p
         for n in (3, 4)
     )
     assert one._env is not two._env
+    # ... and one memory bound: the REPLs of both count against the same pool.
+    assert one._env.memory_pool is not None and one._env.memory_pool is two._env.memory_pool
     one.init(prompt)
     with pytest.raises(ReplsFull, match=r"extras\['max_live_repls'\]=1 allows.*extras\['wait_for_repl'\]"):
         two.init(prompt)  # the bound's error in this API's knobs, not RLMEnv's

@@ -101,6 +101,27 @@ class _HeadTimeoutH11(H11Protocol):
             self.caps.leave(self)
         super().connection_lost(exc)
 
+    def handle_websocket_upgrade(self, event: h11.Request) -> None:
+        # uvicorn hands the transport to a WebSocket protocol, and this one's connection_lost is
+        # never called again: the connection would stay counted against its address and the total
+        # after it closed (a handful of upgrade requests, no key needed, then shut that address,
+        # or the whole server, out for good). It stays counted while the WebSocket is open, and
+        # leaves the caps when that protocol's connection is lost.
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        super().handle_websocket_upgrade(event)
+        websocket = self.transport.get_protocol()
+        if websocket is self or self.caps is None:
+            return
+        caps, lost = self.caps, websocket.connection_lost
+
+        def connection_lost(exc: Exception | None) -> None:
+            caps.leave(self)
+            lost(exc)
+
+        websocket.connection_lost = connection_lost  # type: ignore[method-assign]
+
     def waiting_for_head(self) -> bool:
         """No request in progress: a head still arriving, or an idle keep-alive."""
         return self.conn.their_state is h11.IDLE and not self.transport.is_closing()

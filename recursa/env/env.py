@@ -143,7 +143,9 @@ class RLMEnv:
         self.wait_for_repl = own.wait_for_repl
         self.fork = own.fork and SANDBOXES[sandbox].forks and "fork_server" not in (sandbox_options or {})
         self.quota = ReplQuota(own.max_live_repls)
+        self.max_memory_bytes = own.max_memory_bytes
         self.memory_pool = _memory_pool(own.max_memory_bytes, sandbox, self.config.sandbox_options)
+        self._owns_memory_pool = True
         # On a cluster each node's kernel bounds its share of the REPLs (cluster/node.py).
         self._cluster_memory = (
             {"memory_group": new_id("env"), "memory_bytes": own.max_memory_bytes}
@@ -307,6 +309,15 @@ class RLMEnv:
     def _forget(self, episode: Episode) -> None:
         self._episodes.discard(episode)
 
+    def share_bounds(self, other: RLMEnv) -> None:
+        """Count this environment's REPLs against `other`'s bounds (its live REPLs, and the memory
+        they all hold, on this machine or per node of a cluster) instead of bounds of its own:
+        environments made for one trainer keep one bound, however many settings their rows use.
+        Call it before the first episode starts."""
+        self.quota = other.quota
+        self.memory_pool, self._owns_memory_pool = other.memory_pool, False
+        self._cluster_memory = other._cluster_memory
+
     # -- closing -------------------------------------------------------------------------------
     async def aclose(self) -> None:
         """Close every open episode on this event loop (a step still running is cancelled), then the
@@ -320,7 +331,7 @@ class RLMEnv:
                     failure = failure or exc
         finally:
             await self._shared.aclose_here()
-            if self.memory_pool is not None:
+            if self.memory_pool is not None and self._owns_memory_pool:
                 self.memory_pool.close()  # once its REPLs' groups are gone; else swept later
         if failure is not None:
             raise failure

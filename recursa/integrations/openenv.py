@@ -34,12 +34,18 @@ from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
 from pydantic import Field, model_validator
 
+from recursa.asgi.body_deadline import BodyDeadline
+from recursa.asgi.local_only import LocalOnly
 from recursa.env import Episode, RLMEnv
 from recursa.env.shared import EnvError
-from recursa.overrides import int_value, kind, text_value
+from recursa.overrides import int_value, kind, refused_widening, text_value
+from recursa.serve.admission import AdmissionLimit, BodyLimit
+from recursa.serve.json_limits import JSONBounds
 from recursa.tasks import families, generate
 from recursa.version import __version__
 
+# A request body or WebSocket message at most (uvicorn's default `ws_max_size`; `recursa openenv` sets it).
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 _CLOSE_SECONDS = 30.0  # a session's end waits this long for its episode to close from another thread
 
 
@@ -127,10 +133,13 @@ class RecursaEnvironment(Environment[RLMAction, RLMObservation, RLMState]):
             name = family if family is not None else self.family
             if name not in families():
                 raise EnvError(f"reset(family={name!r}): choose one of {', '.join(families())}")
-            size = (
-                self.size_chars if size_chars is None else int_value("reset(size_chars=...)", size_chars, 1)
-            )
-            task = generate(name, min(size, 50_000_000), seed=seed or 0)
+            size = self.size_chars
+            if size_chars is not None:
+                size = int_value("reset(size_chars=...)", size_chars, 1)
+                if size > self.size_chars:  # a larger task costs the operator's sub-calls and memory
+                    raise EnvError("reset(): " + refused_widening("size_chars", size, self.size_chars))
+            # On a thread: a large task takes seconds to write, and the loop serves every session.
+            task = await asyncio.to_thread(generate, name, size, seed=seed or 0)
             episode = await self.env.start_task(task)
         self._episode = episode
         self._state = RLMState(
@@ -227,16 +236,37 @@ def _context(value: Any) -> Any:
 
 
 def create_openenv_app(
-    env: RLMEnv, *, max_sessions: int = 64, family: str = "niah", size_chars: int = 20_000
+    env: RLMEnv,
+    *,
+    max_sessions: int = 64,
+    family: str = "niah",
+    size_chars: int = 20_000,
+    body_timeout_s: float = 60.0,
 ) -> Any:
     """OpenEnv's FastAPI app serving `env`: /ws sessions (what `EnvClient` uses), /reset, /step,
-    /state, /schema, /health; at most `max_sessions` sessions at once."""
+    /state, /schema, /health; at most `max_sessions` sessions at once, and as many HTTP resets and
+    steps in progress (each makes an environment of its own). `size_chars` is a generated task's
+    size, and the largest a reset may ask for.
+
+    The server has no keys, so it answers only the programs of its machine and trainers elsewhere,
+    never a web page (recursa.asgi.local_only); a body or message is at most MAX_MESSAGE_BYTES
+    within the JSON bounds (recursa.serve.json_limits), and a body must arrive by its deadline."""
     if family not in families():
         raise EnvError(f"family {family!r} is not a task family; choose one of {', '.join(families())}")
 
     def factory() -> RecursaEnvironment:
         return RecursaEnvironment(env, family=family, size_chars=size_chars)
 
-    return create_app(
-        factory, RLMAction, RLMObservation, env_name="recursa", max_concurrent_envs=max_sessions
+    app = create_app(factory, RLMAction, RLMObservation, env_name="recursa", max_concurrent_envs=max_sessions)
+    # Innermost first: the JSON bounds, the size cap, the body's deadline, the HTTP resets and steps
+    # in progress (each holds an environment that openenv's session cap never counts), the origin.
+    app.add_middleware(JSONBounds)
+    app.add_middleware(BodyLimit, max_bytes=MAX_MESSAGE_BYTES)
+    app.add_middleware(BodyDeadline, timeout_s=body_timeout_s)
+    app.add_middleware(
+        AdmissionLimit, limit=max_sessions, paths=frozenset(("/reset", "/step", "/mcp")), post_only=True
     )
+    app.add_middleware(
+        LocalOnly, hint="OpenEnv clients (EnvClient, TRL) send no Origin and are served from anywhere"
+    )
+    return app

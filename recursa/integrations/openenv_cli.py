@@ -40,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from recursa.integrations.openenv import create_openenv_app
+        from recursa.asgi.slow_clients import head_timeout_protocol
+        from recursa.integrations.openenv import MAX_MESSAGE_BYTES, create_openenv_app
     except ImportError:
         raise ConfigError(f"recursa openenv needs the openenv extra: {install_hint('openenv')}") from None
     from recursa.cli_options import rlm_kwargs
@@ -58,5 +59,16 @@ def run(args: argparse.Namespace) -> int:
     )
     app = create_openenv_app(env, max_sessions=args.max_sessions, family=args.family, size_chars=args.size)
     print(f"recursa openenv: http://{args.host}:{args.port} (OpenEnv /ws, /reset, /step)", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    # The servers' connection handling: a request head's time limit, connections capped below the
+    # descriptor limit (per address and in all), and a WebSocket message's size.
+    protocol = head_timeout_protocol()
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        http=protocol,
+        backlog=protocol.caps.backlog,
+        ws_max_size=MAX_MESSAGE_BYTES,
+    )
     return 0

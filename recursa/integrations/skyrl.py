@@ -83,10 +83,11 @@ SKYRL_WORDS = QuotaWords(
 )
 
 _envs: dict[str, RLMEnv] = {}
-# One REPL bound per max_live_repls value, shared by the environments of rows whose other settings
-# differ (a per-row budget, max_turns or trace_dir makes an RLMEnv each): with one bound per
-# RLMEnv, N such groups could keep N times max_live_repls REPLs alive.
-_quotas: dict[int, ReplQuota] = {}
+# One set of bounds (live REPLs, the memory they hold) per max_live_repls and max_memory_bytes,
+# shared by the environments of rows whose other settings differ (a per-row budget, max_turns or
+# trace_dir makes an RLMEnv each): with bounds per RLMEnv, N such groups could keep N times
+# max_live_repls REPLs alive, holding N times the memory bound.
+_bounds: dict[tuple[int, Any], RLMEnv] = {}
 _envs_lock = threading.Lock()
 
 
@@ -258,11 +259,14 @@ def _make_env(extras: dict[str, Any]) -> RLMEnv:
     given.setdefault("max_depth", default_depth)
     given.setdefault("exec_timeout", SKYRL_REPL_TIMEOUT)
     env = RLMEnv(sub_call=_no_sub_call if delegated and not sub_model else None, **given)
-    quota = _quotas.get(env.quota.limit)  # shared_env holds _envs_lock
-    if quota is None:
+    key = (env.quota.limit, env.max_memory_bytes)
+    holder = _bounds.get(key)  # shared_env holds _envs_lock
+    if holder is None:
         # The bound's errors, a child's too, in this API's knobs.
-        quota = _quotas[env.quota.limit] = ReplQuota(env.quota.limit, SKYRL_WORDS)
-    env.quota = quota
+        env.quota = ReplQuota(env.quota.limit, SKYRL_WORDS)
+        _bounds[key] = env
+    else:
+        env.share_bounds(holder)
     return env
 
 

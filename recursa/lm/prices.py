@@ -9,18 +9,31 @@ dated / time-of-day prices still go to genai-prices for every call.
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
-
-from genai_prices import Usage, calc_price
-from genai_prices import data_snapshot as genai_data
-from genai_prices import types as genai_types
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from recursa.errors import ConfigError
 
+if TYPE_CHECKING:
+    from genai_prices import Usage
+
 _FREE_PROVIDERS = frozenset({"scripted"})
+
+
+@functools.cache
+def genai() -> ModuleType:
+    """genai-prices, imported on the first price or window looked up: its table and types take
+    longer to import than the rest of recursa, and a run of scripted or overridden models never
+    needs them (nor `recursa --help`)."""
+    import genai_prices
+    import genai_prices.data_snapshot
+    import genai_prices.types
+
+    return genai_prices
 
 
 @dataclass(frozen=True)
@@ -122,7 +135,7 @@ class _Table:
 
     def entry(self, provider: str, model: str) -> object:
         """_UNKNOWN, _PER_CALL or the model's _FlatRates."""
-        data = genai_data.get_snapshot()  # replaced when genai-prices' data is updated
+        data = genai().data_snapshot.get_snapshot()  # replaced when genai-prices' data is updated
         key = (provider, model)
         with self._lock:
             if data is not self._data:
@@ -139,13 +152,13 @@ class _Table:
 def _genai_total(
     provider: str, model: str, input_tokens: int, output_tokens: int, cached: int, written: int = 0
 ) -> Any:
-    usage = Usage(
+    usage = genai().Usage(
         input_tokens=input_tokens,
         output_tokens=output_tokens,
         cache_read_tokens=cached,
         cache_write_tokens=written,
     )
-    return calc_price(usage, model_ref=model, provider_id=provider)
+    return genai().calc_price(usage, model_ref=model, provider_id=provider)
 
 
 def _read_entry(provider: str, model: str) -> object:
@@ -163,8 +176,8 @@ def _read_entry(provider: str, model: str) -> object:
 
 def _flat_rates(provider: str, model: str, calc: Any) -> object:
     prices = calc.model.prices
-    if not isinstance(prices, genai_types.ModelPrice) or any(
-        isinstance(v, genai_types.TieredPrices) for v in calc.model_price.__dict__.values()
+    if not isinstance(prices, genai().types.ModelPrice) or any(
+        isinstance(v, genai().types.TieredPrices) for v in calc.model_price.__dict__.values()
     ):
         return _PER_CALL  # tiers by prompt size, or prices that depend on the date or the hour
     request = calc.total_price
@@ -194,7 +207,7 @@ class PriceBook:
 
     def _genai(self, provider: str, model: str, usage: Usage) -> Any | None:
         try:
-            return calc_price(usage, model_ref=model, provider_id=provider)
+            return genai().calc_price(usage, model_ref=model, provider_id=provider)
         except LookupError:
             return None
 
@@ -212,7 +225,7 @@ class PriceBook:
         if key not in self._table_cache:
             if _TABLE.entry(provider, model) is _UNKNOWN:  # known once per process, not per book
                 return None
-            calc = self._genai(provider, model, Usage(input_tokens=1, output_tokens=1))
+            calc = self._genai(provider, model, genai().Usage(input_tokens=1, output_tokens=1))
             if calc is None:
                 self._table_cache[key] = None
             else:
@@ -253,7 +266,7 @@ class PriceBook:
         calc = self._genai(
             provider,
             model,
-            Usage(
+            genai().Usage(
                 input_tokens=input_tokens,
                 output_tokens=output_tokens,
                 cache_read_tokens=cached,

@@ -17,10 +17,9 @@ import functools
 import json
 from typing import Any
 
-from genai_prices import data_snapshot
-
 from recursa.errors import ContextLengthError
 from recursa.lm.base import IMAGE_TOKENS_UPPER, Message
+from recursa.lm.prices import genai
 from recursa.lm.registry import parse_model
 
 _BYTES_PER_TOKEN = 3
@@ -58,7 +57,7 @@ def _text_tokens(text: str) -> int:
 def listed_window(provider: str, model: str) -> int | None:
     """The context window genai-prices lists for the model, or None."""
     try:
-        _, info = data_snapshot.get_snapshot().find_provider_model(model, None, provider, None)
+        _, info = genai().data_snapshot.get_snapshot().find_provider_model(model, None, provider, None)
     except LookupError:
         return None
     window = getattr(info, "context_window", None)

@@ -117,16 +117,17 @@ class ReplyCode:
             )
         return outcome
 
-    async def execute(self, code: str, *, call_id: str | None = None) -> ExecResult:
+    async def execute(self, code: str, *, call_id: str | None = None, shown: str | None = None) -> ExecResult:
         """One cell, run and recorded as it is: for dialects whose replies are read by a peer's
-        own rules (loop/dialects/)."""
+        own rules (loop/dialects/). `shown`: the model's code, recorded in place of `code` when a
+        dialect runs it through code of its own."""
         self.call_id = call_id
         timeout = self.clock.timeout(self.exec_timeout)
         res = await self.sandbox.execute(code, timeout=timeout)
         if res.partial is not None:
             self.partial = res.partial
         self._blocks += 1
-        self._record(code, self._blocks, res, timeout)
+        self._record(code if shown is None else shown, self._blocks, res, timeout)
         return res
 
     async def names(self) -> list[str]:

@@ -363,6 +363,7 @@ class RunEngine:
                 depth=self.depth,
                 subcalls=c.max_depth > self.depth,
                 tools=self.tools(),
+                sub_tools=tuple(c.sub_tools) if c.max_depth > self.depth else (),
                 system_prompt=self.options.system_prompt,
                 tips=self.options.tips,
                 intro=tuple(intro),

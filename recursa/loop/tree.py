@@ -60,7 +60,7 @@ class CallTree:
     # recursa.env: the trainer runs rlm_query's children itself (SkyRL's subcall_fn), as
     # `async fn(prompt, context, depth, parent_id) -> str`; None: recursa child runs.
     child_call: Any = None
-    mcp: McpServers | None = None  # connect_mcp(): the servers of config.mcp_servers, closed by aclose
+    mcp: McpServers | None = None  # connect_mcp(): the tree's own MCP servers, closed by aclose
     # Where this tree's REPLs gather on a cluster (sandbox="ray"): children next to their parent.
     placement: str = field(default_factory=lambda: new_id("tree"))
 
@@ -95,13 +95,17 @@ class CallTree:
 
     async def connect_mcp(self) -> None:
         """Connect the MCP servers of `config.mcp_servers` (before any run of the tree starts): their
-        tools join this tree's REPL tools and sub-model tools, and aclose() closes them."""
+        tools join this tree's REPL tools and sub-model tools, and aclose() closes them. Servers
+        connected already (an `McpServers` in the list, e.g. an ACP session's) are used, not closed."""
         if not self.config.mcp_servers or self.mcp is not None:
             return
-        self.mcp = await McpServers.connect(self.config.mcp_servers)
+        shared = [g for g in self.config.mcp_servers if isinstance(g, McpServers)]
+        specs = [s for s in self.config.mcp_servers if not isinstance(s, McpServers)]
+        self.mcp = await McpServers.connect(specs)
         config = self.config
         taken = {t.name for t in [*config.tools, *config.sub_tools]}
-        repl, sub = self.mcp.tools(taken)
+        every = McpServers([*(c for g in shared for c in g.connections), *self.mcp.connections])
+        repl, sub = every.tools(taken)
         self.config = config.replace(tools=[*config.tools, *repl], sub_tools=[*config.sub_tools, *sub])
         self.tool_runner = _tool_runner(self.config, self.trace.redact)
 
@@ -196,6 +200,8 @@ class CallTree:
             kill_now = getattr(sandbox, "kill_now", None)
             if kill_now is not None:
                 kill_now()
+        if self.mcp is not None:
+            self.mcp.kill_now()
         self.trace.close()
 
     async def aclose(self) -> None:

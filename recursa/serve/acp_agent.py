@@ -16,6 +16,10 @@ it sends is used for that session's calls and never echoed back.
 A `base_url` of the client's choosing gets the operator's key only if the operator allowed it
 (`--allow-base-url`, besides `--base-url`); otherwise the client must send its own `api_key` with
 it, or the session is refused (ServeSettings.client_upstream).
+
+MCP servers (the client's from `session/new` and the operator's `--mcp-servers`) are connected when
+the session is made, used by each of its prompts, and closed by `session/close` or when the
+connection ends.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ from acp.schema import (
     NewSessionResponse,
     PromptCapabilities,
     PromptResponse,
+    SessionCapabilities,
+    SessionCloseCapabilities,
 )
 
 from recursa.config import SETTINGS, Spelling
@@ -52,6 +58,7 @@ from recursa.overrides import check_keys, client_settings, text_value
 from recursa.rlm import RLM
 from recursa.serve.settings import ServeSettings
 from recursa.tools.mcp_config import McpServerSpec, parse_mcp_servers
+from recursa.tools.mcp_tools import McpServers
 from recursa.trace.redact import redact
 from recursa.version import __version__
 
@@ -71,7 +78,9 @@ class _Session:
     overrides: dict[str, Any]
     cwd: str
     task: asyncio.Task[Any] | None = None
-    mcp_servers: list[McpServerSpec] = dataclasses.field(default_factory=list)  # the client's, checked
+    # The session's MCP servers (the operator's and the client's), connected at session/new and
+    # used by each of its prompts; closed with the session or the connection.
+    mcp: McpServers | None = None
 
 
 class RecursaAgent:
@@ -93,6 +102,7 @@ class RecursaAgent:
                 prompt_capabilities=PromptCapabilities(embedded_context=True),
                 # stdio servers are always offered; of the others, streamable HTTP only
                 mcp_capabilities=McpCapabilities(http=True, sse=False),
+                session_capabilities=SessionCapabilities(close=SessionCloseCapabilities()),
             ),
             agent_info=Implementation(
                 name="recursa", title="recursa (Recursive Language Model)", version=__version__
@@ -121,7 +131,11 @@ class RecursaAgent:
                     "message": f"_meta.{RUNTIME_KEY}.session_id {session_id!r} is in use; choose another or omit it"
                 }
             )
-        self._sessions[session_id] = _Session(dict(overrides), cwd, mcp_servers=servers)
+        try:
+            mcp = await McpServers.connect(servers) if servers else None
+        except RecursaError as exc:
+            raise RequestError.invalid_params({"message": self._redact(str(exc), given)}) from None
+        self._sessions[session_id] = _Session(dict(overrides), cwd, mcp=mcp)
         return NewSessionResponse(session_id=session_id)
 
     async def prompt(self, session_id: str, prompt: list[Any], **kwargs: Any) -> PromptResponse:
@@ -173,8 +187,14 @@ class RecursaAgent:
             session.task.cancel()
 
     async def close_session(self, session_id: str, **kwargs: Any) -> None:
-        await self.cancel(session_id)
-        self._sessions.pop(session_id, None)
+        session = self._sessions.pop(session_id, None)
+        if session is not None:
+            await _end(session)
+
+    async def aclose(self) -> None:
+        """The connection closed: end every session (its prompt cancelled, its MCP servers closed)."""
+        sessions, self._sessions = list(self._sessions.values()), {}
+        await asyncio.gather(*(_end(s) for s in sessions))
 
     async def authenticate(self, method_id: str, **kwargs: Any) -> None:
         return None
@@ -186,8 +206,8 @@ class RecursaAgent:
         return redact(self.settings.redact(text), own if isinstance(own, str) else None)
 
     def _mcp_servers(self, given: list[Any] | None) -> list[McpServerSpec]:
-        """The operator's MCP servers (--mcp-servers) and those the client passes to session/new: each
-        run of the session connects them on this host and closes them when it ends."""
+        """The operator's MCP servers (--mcp-servers) and those the client passes to session/new,
+        checked: the session connects them on this host once, for all its prompts."""
         entries = [
             m.model_dump(by_alias=True, exclude_none=True) if hasattr(m, "model_dump") else m
             for m in given or []
@@ -197,7 +217,7 @@ class RecursaAgent:
             *parse_mcp_servers(entries, "session/new mcpServers"),
         ]
 
-    def _rlm(self, overrides: dict[str, Any], mcp_servers: list[McpServerSpec], on_event: Any = None) -> RLM:
+    def _rlm(self, overrides: dict[str, Any], mcp_servers: list[Any], on_event: Any = None) -> RLM:
         s = self.settings
         base_url, api_key = s.client_upstream(
             overrides.get("base_url"), overrides.get("api_key"), f"_meta.{RUNTIME_KEY}"
@@ -233,7 +253,8 @@ class RecursaAgent:
                 pending.add(future)  # type: ignore[arg-type]
 
         try:
-            rlm = self._rlm(session.overrides, session.mcp_servers, on_event=progress)
+            servers = [session.mcp] if session.mcp is not None else []
+            rlm = self._rlm(session.overrides, servers, on_event=progress)
             result = await rlm.arun(question, context)
         except BaseException:
             for future in pending:
@@ -278,6 +299,16 @@ def _checked_runtime(given: dict[str, Any], settings: ServeSettings) -> dict[str
     return {**door, **run}
 
 
+async def _end(session: _Session) -> None:
+    task = session.task
+    if task is not None and not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    if session.mcp is not None:
+        mcp, session.mcp = session.mcp, None
+        await mcp.aclose()
+
+
 def _both(first: Any, second: Any) -> Any:
     if first is None or second is None:
         return first or second
@@ -319,5 +350,11 @@ def _progress_note(event: dict[str, Any]) -> str | None:
 
 
 async def serve_stdio(settings: ServeSettings) -> None:
-    """Speak ACP on stdin/stdout until the client closes them."""
-    await run_agent(RecursaAgent(settings))
+    """Speak ACP on stdin/stdout until the client closes them, then end every session."""
+    agent = RecursaAgent(settings)
+    try:
+        # session/close is routed only with the protocol's unstable methods on; the others among
+        # them (fork, resume) stay unanswered (method not found), as this agent has none.
+        await run_agent(agent, use_unstable_protocol=True)
+    finally:
+        await asyncio.shield(agent.aclose())

@@ -174,14 +174,19 @@ def shape_problem(body: Any) -> tuple[str, str] | None:
 
 
 class JSONBounds:
-    """ASGI middleware for apps that parse JSON bodies themselves (the MCP SDK's HTTP transport):
-    a body past the bounds is a 413 before the app builds anything from it. The body is read whole
-    (cap its size outside, with recursa.serve.admission.BodyLimit) and handed on unchanged."""
+    """ASGI middleware for apps that parse JSON bodies themselves (the MCP SDK's HTTP transport,
+    OpenEnv's server): a body past the bounds is a 413 before the app builds anything from it. The
+    body is read whole (cap its size outside, with recursa.serve.admission.BodyLimit) and handed on
+    unchanged. A WebSocket message past them closes its connection (1009, too big) instead of
+    reaching the app (the server's `ws_max_size` caps its bytes)."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket":
+            await self.app(scope, _bounded_messages(receive, send), send)
+            return
         if scope["type"] != "http" or scope.get("method") != "POST":
             await self.app(scope, receive, send)
             return
@@ -210,6 +215,33 @@ class JSONBounds:
         await self.app(
             scope, _replay([{"type": "http.request", "body": raw, "more_body": False}], receive), send
         )
+
+
+def _bounded_messages(receive: Any, send: Any) -> Any:
+    """A WebSocket `receive` whose messages past the JSON bounds close the connection."""
+    closed = False
+
+    async def bounded() -> dict[str, Any]:
+        nonlocal closed
+        if closed:
+            return {"type": "websocket.disconnect", "code": 1009}
+        message = await receive()
+        if message["type"] == "websocket.receive":
+            data = message.get("text")
+            raw = data.encode("utf-8", "surrogatepass") if data is not None else message.get("bytes") or b""
+            try:
+                loads_bounded(raw)
+            except (TooMuchJSON, TooDeepJSON):
+                closed = True
+                await send(
+                    {"type": "websocket.close", "code": 1009, "reason": "message past the JSON bounds"}
+                )
+                return {"type": "websocket.disconnect", "code": 1009}
+            except (ValueError, RecursionError):
+                pass  # not JSON: the app says so in its own words
+        return message
+
+    return bounded
 
 
 def _replay(first: list[dict[str, Any]], receive: Any) -> Any:

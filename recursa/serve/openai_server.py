@@ -19,6 +19,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from recursa.asgi.body_deadline import BodyDeadline
+from recursa.asgi.local_only import LocalOnly
 from recursa.errors import ConfigError
 from recursa.extras import install_hint
 from recursa.serve.admission import AdmissionLimit
@@ -61,6 +62,8 @@ def create_app(settings: ServeSettings) -> FastAPI:
         per_caller=settings.runs_per_caller + settings.waiting_per_caller,
         caller_of=lambda headers: caller_quota(settings, headers),
     )
+    if not settings.api_key and not settings.api_keys:
+        app.add_middleware(LocalOnly, hint="start it with --api-key (ServeSettings.api_key) to serve others")
     app.add_middleware(ObserveMiddleware, log=settings.access_log, metrics=metrics)
     install_error_handlers(app, settings)
     app.include_router(recursa_routes(settings, service, metrics))

@@ -25,7 +25,7 @@ from recursa.config import BUDGET_CAPS
 from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION
 from recursa.overrides import refused_widening
 from recursa.serve.api_error import ApiError, bad
-from recursa.serve.fields import AnswerShape, parse_shape
+from recursa.serve.fields import REASONING_EFFORTS, AnswerShape, parse_shape
 from recursa.serve.settings import ServeSettings
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
@@ -417,6 +417,15 @@ def _apply_settings(req: RunRequest, extra: dict[str, Any], settings: ServeSetti
             raise bad(refused_widening(f"recursa.{key}", value, server), f"recursa.{key}")
         caps[key] = value
     req.budget = Budget(**caps)
+    # Reasoning tokens are billed as output: a request may ask the root model for less effort than
+    # the operator's sampling gives it, never for more.
+    effort, limit = req.shape.sampling.get("reasoning_effort"), settings.reasoning_effort_limit()
+    if effort is not None and limit in REASONING_EFFORTS and _rank(effort) > _rank(limit):
+        raise bad(refused_widening("reasoning_effort", effort, limit), "reasoning_effort")
+
+
+def _rank(effort: str) -> int:
+    return REASONING_EFFORTS.index(effort) if effort in REASONING_EFFORTS else len(REASONING_EFFORTS)
 
 
 def _int_option(extra: dict[str, Any], key: str, default: int, low: int, high: int) -> int:

@@ -14,12 +14,14 @@ import contextlib
 import inspect
 import keyword
 import re
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from recursa.errors import ConfigError
 from recursa.tools.mcp_config import McpServerSpec
+from recursa.tools.mcp_process import find_server, kill_group, new_mark
 from recursa.tools.runner import ToolFailure
 from recursa.tools.spec import _DOC_CHARS, RESERVED_NAMES, HostToolOptions, Tool
 
@@ -52,6 +54,10 @@ class McpConnection:
         self._stop = asyncio.Event()
         self._ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._task: asyncio.Task[None] | None = None
+        self._loop = asyncio.get_running_loop()
+        self._mark = new_mark() if spec.command is not None else {}
+        # A stdio server's process, killed if this connection is dropped or abandoned unclosed.
+        self._reaper: weakref.finalize[Any, Any] | None = None
 
     async def open(self) -> None:
         self._task = asyncio.create_task(self._hold(), name=f"recursa-mcp-{self.spec.name}")
@@ -74,6 +80,9 @@ class McpConnection:
         try:
             async with contextlib.AsyncExitStack() as stack:
                 client = await stack.enter_async_context(Client(await self._target(stack)))
+                pid = find_server(self._mark) if self._mark else None
+                if pid is not None:
+                    self._reaper = weakref.finalize(self, kill_group, pid)
                 self.listed = await _list_tools(client, self.spec)
                 self._client = client
                 self._ready.set_result(None)
@@ -85,6 +94,8 @@ class McpConnection:
                 raise
         finally:
             self._client = None
+            if self._reaper is not None:  # closed in order: the pid is reaped and may be reused
+                self._reaper.detach()
 
     async def _target(self, stack: contextlib.AsyncExitStack) -> Any:
         spec = self.spec
@@ -94,7 +105,7 @@ class McpConnection:
             # The server's environment is the mcp package's short safe list plus the entry's env:
             # the host's API keys are not passed on.
             return StdioServerParameters(
-                command=spec.command, args=list(spec.args), env=spec.env or None, cwd=spec.cwd
+                command=spec.command, args=list(spec.args), env={**spec.env, **self._mark}, cwd=spec.cwd
             )
         import httpx2
         from mcp.client.streamable_http import streamable_http_client
@@ -118,6 +129,14 @@ class McpConnection:
         except Exception as exc:
             raise ToolFailure(f"{tool.name} on {self.spec.where()} failed: {_message(exc)}") from None
         return _result_value(tool, result, self.spec.max_result_chars)
+
+    def kill_now(self) -> None:
+        """Without an event loop (an abandoned run): kill a stdio server's process at once; the
+        connection's task ends on its own loop when that loop runs again."""
+        if self._reaper is not None:
+            self._reaper()
+        with contextlib.suppress(RuntimeError):  # that loop may be closed already
+            self._loop.call_soon_threadsafe(self._stop.set)
 
     async def aclose(self) -> None:
         self._stop.set()
@@ -181,6 +200,11 @@ class McpServers:
 
     async def aclose(self) -> None:
         await asyncio.gather(*(c.aclose() for c in self.connections))
+
+    def kill_now(self) -> None:
+        """Kill every stdio server's process now, without an event loop (CallTree.abandon)."""
+        for conn in self.connections:
+            conn.kill_now()
 
 
 async def _list_tools(client: Any, spec: McpServerSpec) -> list[_Listed]:

@@ -42,6 +42,7 @@ class Opening:
     depth: int
     subcalls: bool  # code can call models (max_depth above this run's depth)
     tools: Sequence[Tool] = ()
+    sub_tools: Sequence[Tool] = ()  # the tools sub-models call (RLM(sub_tools=...)), when code can call models
     system_prompt: str | None = None  # the caller's whole system message instead of the dialect's
     tips: str | None = None
     intro: tuple[str, ...] = ()  # extra paragraphs for the first message (a session's, a schema's)
@@ -92,7 +93,7 @@ class Runner(Protocol):
 
     async def run(self, parsed: Reply, *, retry: bool, call_id: str | None = None) -> Outcome: ...
 
-    async def execute(self, code: str, *, call_id: str | None = None) -> ExecResult: ...
+    async def execute(self, code: str, *, call_id: str | None = None, shown: str | None = None) -> ExecResult: ...
 
     async def names(self) -> list[str]: ...
 

@@ -1,21 +1,27 @@
-"""Prime Intellect's RLM environment's conventions (verifiers 0.1.14, `envs/experimental/rlm_env.py`),
-in recursa's own words (docs/dialects.md, "verifiers").
+"""Prime Intellect's RLM environment's conversation (verifiers 0.1.14, `envs/experimental/rlm_env.py`;
+docs/dialects.md, "verifiers").
 
-The root calls one tool, `call_python_repl` with a `code` argument; the input data is the REPL
-variable `extra_data`; sub-calls are `llm_batch(prompts)`; `answer = {"content": "", "ready":
-False}` and the rollout ends as soon as code sets `answer["ready"] = True`. The instructions open
-the first user message inside <SCAFFOLDING> tags (there is no system prompt), with sections for
-the installed packages, the REPL's tools and the tools only sub-models use. A reply without a tool
-call ends the rollout, as there: its answer is what it put in \\boxed{...}, else its text. Out of
-turns it just ends. Each call's result is the cell's stdout, then "stderr:" and what went there,
-cut at 8,192 characters.
+The root calls one tool, `call_python_repl` with a `code` argument. `extra_data` is the path of a
+folder holding the input data as files, which is also the REPL's working directory (or, with
+`extra_data="value"`, the context itself); sub-calls are `llm_batch(prompts)`; `answer =
+{"ready": False, "content": ""}` and the rollout ends once a reply's calls have set
+`answer["ready"] = True`. The instructions open the first user message inside <SCAFFOLDING>
+tags. Each call's result is the cell's output as the environment formats it (stdout, stderr, then
+the traceback or `Out[n]: repr` of the last expression), and `.messages` in the folder holds the
+conversation so far. A reply without a tool call ends the rollout. After `max_iterations` replies
+the rollout ends without running the last reply's calls, as the environment's turn limit does.
+
+Its texts come from the installed environment when it can be read (`texts="auto"`; `"package"`
+requires it), else from recursa's own words for the same conventions (verifiers_texts.py).
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+import os
+from typing import Any, ClassVar
 
-from recursa.lm.base import LMResponse, Message
+from recursa.errors import ConfigError
+from recursa.lm.base import LMResponse, Message, ToolCall
 from recursa.loop.dialects.base import (
     Cell,
     CellResult,
@@ -26,6 +32,14 @@ from recursa.loop.dialects.base import (
     assistant_message,
 )
 from recursa.loop.dialects.tools import ToolsDialect
+from recursa.loop.dialects.verifiers_repl import (
+    RESULT_NAME,
+    cell_code,
+    read_result,
+    setup_code,
+    transcript_lines,
+)
+from recursa.loop.dialects.verifiers_texts import TOOL_ARGUMENT, TOOL_NAME, Verbosity, load_texts
 from recursa.loop.finals import boxed
 from recursa.loop.parse import Reply
 from recursa.sandbox.base import ExecResult, FinalAnswer
@@ -38,74 +52,119 @@ class VerifiersDialect(ToolsDialect):
     context_name = "extra_data"
     final_call = False
 
-    def __init__(self, packages: str = "") -> None:
-        super().__init__()
-        # The packages the sandbox's code can import, listed as the environment lists its
-        # pip_install_packages (a space-separated str).
-        self.packages = [p for p in str(packages).split() if p]
+    def __init__(
+        self,
+        packages: str = "",
+        extra_data: str = "folder",
+        texts: str = "auto",
+        root_prompt_verbosity: str = "light",
+        max_output_length: int = MAX_OUTPUT_CHARS,
+    ) -> None:
+        """`packages`: the Python packages listed as installed (the environment's
+        pip_install_packages, space-separated). `extra_data`: "folder" (the context as files in a
+        folder, 0.1.14) or "value" (the context itself). `texts`: "auto", "package" or "recursa".
+        `root_prompt_verbosity`: how the instructions describe llm_batch ("light", "medium",
+        "heavy"). `max_output_length`: where a call's result is cut."""
+        super().__init__(TOOL_NAME, TOOL_ARGUMENT)
+        if extra_data not in ("folder", "value"):
+            raise ConfigError(f"dialect option extra_data={extra_data!r}: choose 'folder' or 'value'")
+        if root_prompt_verbosity not in ("light", "medium", "heavy"):
+            raise ConfigError(
+                f"dialect option root_prompt_verbosity={root_prompt_verbosity!r}: choose 'light', 'medium' or 'heavy'"
+            )
+        if (
+            isinstance(max_output_length, bool)
+            or not isinstance(max_output_length, int)
+            or max_output_length < 1
+        ):
+            raise ConfigError(f"dialect option max_output_length={max_output_length!r}: give a positive int")
+        self.texts = load_texts(texts)
+        self.sub_system = self.texts.sub_system()  # before every sub-call from this run's code
+        self.packages = " ".join(str(packages).split())
+        self.extra_data = extra_data
+        self.verbosity: Verbosity = root_prompt_verbosity  # type: ignore[assignment]
+        self.max_output_length = max_output_length
+        self.no_code = ""  # a reply without a call ends the rollout: nothing is said to it
+        self._folder_context = False
+        self._seen: list[Message] = []  # the conversation so far, for the `.messages` transcript
+        self._partial = ""  # answer["content"] as code last left it
+
+    def tools(self) -> list[dict[str, Any]] | None:
+        return [self.texts.repl_tool()]
 
     def setup_code(self) -> str:
-        return "extra_data = context"
+        # opening() ran first: the engine builds the opening messages before its REPL starts.
+        return setup_code(self.extra_data, self._folder_context, os.getpid())  # type: ignore[arg-type]
 
     def opening(self, o: Opening) -> list[Message]:
-        info = o.info
-        lines = [
-            f"You have the `{self.tool_name}` tool: it runs Python in a persistent REPL.",
-            "",
-            f"The input data is in the REPL variable `extra_data` ({info.type_name}, {info.total_chars:,} "
-            "characters). There exists an `answer` variable, which is a dict: put your answer in "
-            '`answer["content"]`, and when it is final, set `answer["ready"] = True`.',
-        ]
-        if self.packages:
-            lines += ["", "## Installed Packages", "", "These Python packages can be imported in the REPL:"]
-            lines += [f"- `{p}`" for p in self.packages]
-        if o.subcalls:
-            lines += ["", "Use `llm_batch(prompts)` (a list of str) for semantic work; it runs them in parallel."]
-        if o.settings.tools_text:
-            lines += ["", "## REPL Tools", o.settings.tools_text.strip()]
-        if o.tips:
-            lines += ["", o.tips.strip()]
-        scaffold = "<SCAFFOLDING>\n" + "\n".join(lines) + "\n</SCAFFOLDING>\n\n"
-        if o.system_prompt is not None:
-            scaffold = o.system_prompt
-        question = o.question + ("\n\n" + "\n\n".join(o.intro) if o.intro else "")
-        return [{"role": "user", "content": scaffold + question}]
-
-    def prompt_for(self, turn: int, max_iterations: int) -> Message | None:
-        return None
+        self._folder_context = o.info.folder
+        scaffold = self.texts.scaffold(o, self.packages, self.verbosity)
+        question = o.question
+        # recursa's own additions, there only when asked for: tips and a typed answer's instructions.
+        extra = [*([o.tips.strip()] if o.tips else []), *o.intro]
+        if extra:
+            question += "\n\n" + "\n\n".join(extra)
+        messages = self.texts.first_messages(scaffold, question)
+        self._seen = [dict(m) for m in messages]  # type: ignore[misc]
+        return messages
 
     def read(self, response: LMResponse, *, unfenced_code: bool) -> Reading:
         message = assistant_message(response)
+        self._seen.append(message)
         return Reading(message, [self._call_cell(c) for c in response.tool_calls], response.text)
 
+    def _call_cell(self, call: ToolCall) -> Cell:
+        why = self.texts.refusal(call)
+        code = call.arguments.get(TOOL_ARGUMENT) if why is None else None
+        return Cell(Reply([code] if isinstance(code, str) else []), call, refused=why)
+
     async def run(self, reading: Reading, runner: Runner, *, retry: bool) -> list[CellResult]:
-        if not reading.cells:  # no tool call: the rollout ends here, with what the reply says
-            text = reading.text.strip()
-            found = boxed(text)
-            answer = found if found is not None else text
-            return [CellResult(Cell(Reply([])), FinalAnswer(answer, answer, "forced"), None)]
+        if not reading.cells:  # no tool call: the rollout ends here
+            return [CellResult(Cell(Reply([])), self._prose_answer(reading.text), None)]
+        if not retry:  # the turn limit is reached before the environment answers this reply's calls
+            return [CellResult(cell, None, None) for cell in reading.cells]
+        transcript = transcript_lines(self.texts.transcript(self._seen))
         results: list[CellResult] = []
-        for cell in reading.cells:
-            if cell.refused is not None or (results and results[-1].final is not None):
-                results.append(CellResult(cell, None, cell.refused or "(not run)"))
+        final: FinalAnswer | None = None
+        for cell in reading.cells:  # every call runs, also after one set the answer, as there
+            if cell.refused is not None:
+                results.append(CellResult(cell, None, cell.refused))
                 continue
-            res = await runner.execute(cell.parsed.code[0], call_id=cell.call.id if cell.call else None)
-            final = res.final if res.final is not None and res.final.protocol == "answer" else None
-            results.append(CellResult(cell, final, _output(res)))
+            code = cell.parsed.code[0]
+            call_id = cell.call.id if cell.call else None
+            res = await runner.execute(
+                cell_code(code, transcript, self.max_output_length + 1), call_id=call_id, shown=code
+            )
+            if res.partial is not None:
+                self._partial = res.partial
+            record = await runner.value(RESULT_NAME)
+            text = self.texts.output(
+                res.stdout, res.stderr, read_result(record.value if record else None), self.max_output_length
+            )
+            results.append(CellResult(cell, None, _with_notes(text, res)))
+            if res.final is not None and res.final.protocol == "answer":
+                final = res.final
+        if final is not None:  # the rollout ends after the reply's calls, with the answer they set
+            results[-1].final = final
         return results
 
+    def _prose_answer(self, text: str) -> FinalAnswer:
+        """The answer of a reply that called no tool: what it put in \\boxed{...} (replies published
+        from that environment answer so), else answer["content"] as code left it, else its text."""
+        found = boxed(text.strip())
+        answer = found if found is not None else self._partial or text.strip()
+        return FinalAnswer(answer, answer, "forced")
+
     def feedback(self, reading: Reading, results: list[CellResult], notes: TurnNotes) -> list[Message]:
-        return self.tool_results(results, notes.extra, "")
+        if not results or all(r.text is None for r in results):  # nothing ran: the rollout ends here
+            return []
+        messages = [
+            {k: v for k, v in m.items() if k != "name"} for m in self.tool_results(results, notes.extra, "")
+        ]
+        self._seen.extend(messages)
+        return messages  # type: ignore[return-value]
 
 
-def _output(res: ExecResult) -> str:
-    parts = []
-    if res.stdout.rstrip():
-        parts.append(res.stdout.rstrip())
-    if res.stderr.rstrip():
-        parts.append("stderr:\n" + res.stderr.rstrip())
-    parts += res.notes
-    text = "\n".join(parts) if parts else "(no output)"
-    if len(text) > MAX_OUTPUT_CHARS:
-        text = text[:MAX_OUTPUT_CHARS] + "\n... [output truncated]"
-    return text
+def _with_notes(text: str, res: ExecResult) -> str:
+    """recursa's own notes on a cell (a timeout, a restarted REPL) after the environment's output."""
+    return "\n".join([text, *res.notes]) if res.notes else text
