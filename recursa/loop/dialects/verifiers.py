@@ -79,6 +79,7 @@ class VerifiersDialect(ToolsDialect):
         ):
             raise ConfigError(f"dialect option max_output_length={max_output_length!r}: give a positive int")
         self.texts = load_texts(texts)
+        self.sub_system = self.texts.sub_system()  # before every sub-call from this run's code
         self.packages = " ".join(str(packages).split())
         self.extra_data = extra_data
         self.verbosity: Verbosity = root_prompt_verbosity  # type: ignore[assignment]
