@@ -84,14 +84,16 @@ def test_a_call_that_sets_the_answer_ends_the_rollout(server, tmp_path):
     ]
 
 
-def test_the_context_itself_with_extra_data_value(server, tmp_path):
+def test_the_context_itself_with_extra_data_value_and_a_shorter_cut(server, tmp_path):
     result = run(
         server,
         tmp_path,
+        call("print('x' * 100)"),
         call("answer['content'] = extra_data.split()[-1]\nanswer['ready'] = True"),
-        options={"extra_data": "value"},
+        options={"extra_data": "value", "max_output_length": "40"},  # as --dialect-option gives it
     )
     assert (result.answer, result.stop_reason) == ("mango", "final")
+    assert outputs(roots(server)[1]) == ["x" * 40 + "\n[the output was cut here]"]
 
 
 def test_a_folder_context_and_the_transcript_file(server, tmp_path):
