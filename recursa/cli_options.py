@@ -125,6 +125,10 @@ FLAGGED = tuple(n for n, s in SETTINGS.items() if s.flag and n not in _OWN_FLAGS
 def add_setting_flag(p: argparse.ArgumentParser, name: str) -> None:
     """The flag of one setting, its type, default, choices and help all from the schema."""
     s = SETTINGS[name]
+    if _pairs(name):  # a dict setting: one KEY=VALUE per use of the flag
+        flag, metavar = (s.flag or "").split()
+        p.add_argument(flag, dest=name, metavar=metavar, action="append", default=None, help=f"{s.help} (repeatable)")
+        return
     if s.annotation is bool:  # --name and --no-name, so a default of either value can be turned
         p.add_argument(s.flag or "", action=argparse.BooleanOptionalAction, default=s.default, help=s.help)
         return
@@ -149,7 +153,7 @@ def check_flags(args: argparse.Namespace) -> None:
     """The run settings given as flags, checked by the schema and named as flags."""
     from recursa.config import RLMConfig, Spelling
 
-    values = {name: getattr(args, name) for name in FLAGGED if getattr(args, name, None) is not None}
+    values = {name: value for name, value in flag_values(args).items() if value is not None}
     RLMConfig.checked(Spelling("cli"), model=args.model, sub_model=args.sub_model or args.model, **values)
     check_caps(args)
 
@@ -167,13 +171,48 @@ def check_caps(args: argparse.Namespace) -> None:
             )
 
 
+def flag_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings' flags as the schema takes them: a repeated KEY=VALUE flag made a dict."""
+    values = {name: getattr(args, name, None) for name in FLAGGED}
+    for name, value in values.items():
+        if value is not None and _pairs(name):
+            values[name] = _pairs_value(name, value)
+    return values
+
+
+def _pairs(name: str) -> bool:
+    return "=" in (SETTINGS[name].flag or "")
+
+
+def _pairs_value(name: str, given: list[str]) -> dict[str, Any]:
+    """`["a=1", "b=2"]` as `{"a": 1, "b": 2}` (numbers where the setting's values are ints); the
+    schema then checks the values and names a bad one as the flag it came from."""
+    from recursa.config import Spelling
+
+    s = SETTINGS[name]
+    flag, metavar = (s.flag or "").split()
+    numbers = "int" in str(s.annotation)
+    out: dict[str, Any] = {}
+    for pair in given:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            example = Spelling("cli").assign(name, s.example)
+            raise ConfigError(f"{flag} {pair!r}: write {metavar}, e.g. {example}")
+        value = value.strip()
+        if numbers and re.fullmatch(r"-?\d[\d_]*", value):
+            out[key.strip()] = int(value)
+        else:
+            out[key.strip()] = value
+    return out
+
+
 def rlm_kwargs(args: argparse.Namespace, question: str = "") -> dict[str, Any]:
     """The RLM(...) keywords the options of `add_model_options` describe (checked first)."""
     from recursa.budget import Budget
 
     check_flags(args)
     check_token_budget(args, question)
-    kwargs: dict[str, Any] = {name: getattr(args, name) for name in FLAGGED}
+    kwargs: dict[str, Any] = flag_values(args)
     kwargs["sub_model"], kwargs["base_url"] = args.sub_model, args.base_url
     kwargs["budget"] = Budget(**{name: getattr(args, name) for name in BUDGET_CAPS})
     if args.api_key_env:

@@ -21,6 +21,7 @@ it. The engine reads it as `config.my_setting`.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import reprlib
 from collections.abc import Callable, Collection, Mapping
@@ -149,7 +150,7 @@ class RLMConfig(_Schema):
     allowed_models: list[str] = setting(help="further models generated code may name in llm_query(model=...)", factory=list, what="a list of model names", example="['openai/gpt-5-nano']")
     clients: dict[str, Any] = setting(help="LM client objects given in place of model names, by the 'client/<name>' spec that stands for each", factory=dict, repr=False)
     unfenced_code: bool = setting(True, "run Python a reply writes without a ```repl fence; False only tells the model to fence its code", client="client")
-    context_windows: dict[str, Annotated[int, Field(ge=1)]] | None = setting(None, "tokens per call by model ('provider/model' or a bare name), over genai-prices' figures (docs/concepts.md, \"Context windows\")", what="a dict of model name to its window in tokens, an int >= 1", example="{'openai/my-vllm-model': 32_768}")
+    context_windows: dict[str, Annotated[int, Field(ge=1)]] | None = setting(None, "tokens per call by model ('provider/model' or a bare name), over genai-prices' figures (docs/concepts.md, \"Context windows\")", flag="--context-window MODEL=TOKENS", what="a window in tokens, an int >= 1, per model name", example="{'openai/my-vllm-model': 32_768}")
     dialect: Any = setting("recursa", "the conversation the root sees: 'recursa', 'tools' (native tool calls), 'rlms', 'skyrl', 'verifiers', or a Dialect object (docs/dialects.md)", flag="--dialect", client="client", what="a registered dialect name or a Dialect object")
     dialect_options: dict[str, Any] | None = setting(None, "options of a named dialect, e.g. {'tool_name': 'python'} for 'tools'", flag="--dialect-option KEY=VALUE", client="client", example="{'tool_name': 'python'}")
     cache_subcalls: bool = setting(False, "answer identical sub-calls (model, messages, sampling, tools) once per call tree, session or RLMEnv group (lm/call_cache.py)", flag="--cache-subcalls", client="client")
@@ -363,6 +364,12 @@ class Spelling:
             return (flag or "--" + own.replace("_", "-")).split()[0]
         return f"{self.owner}[{own!r}]" if self.form == "key" else f"{self.owner}.{own}"
 
+    @staticmethod
+    def _pairs(name: str) -> bool:
+        """The setting's flag is a repeatable KEY=VALUE (a dict setting): values are shown that way."""
+        declared = SETTINGS.get(name)
+        return declared is not None and "=" in (declared.flag or "")
+
     def given(self, name: str, value: Any) -> str:
         """The setting as the caller passed it: `RLM(max_depth=-1)`, `--max-depth -1`, ...; in Python
         a budget cap is an argument of `Budget`."""
@@ -370,6 +377,8 @@ class Spelling:
         if self.form == "python":
             return f"{'Budget' if name in BUDGET_CAPS else self.owner}({self.label(name)}={shown})"
         if self.form == "cli":
+            if isinstance(value, dict) and self._pairs(name):
+                return " ".join(f"{self.label(name)} {k}={v}" for k, v in value.items())
             return f"{self.label(name)} {value}"
         return f"{self.label(name)}={shown}"
 
@@ -390,6 +399,8 @@ class Spelling:
         if self.form == "cli" and flag.endswith(" FILE"):  # the value is a file's content
             return f"{flag} (a JSON or TOML file such as {example})"
         if self.form == "cli":
+            if example.startswith("{") and self._pairs(name):
+                return self.given(name, ast.literal_eval(example))
             return f"{self.label(name)} {example.strip(chr(39))}"
         return f"{self.label(name)}={example}"
 

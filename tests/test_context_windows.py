@@ -3,6 +3,7 @@ compacts first, or stops with stop_reason "context_window"."""
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -79,3 +80,47 @@ def test_a_root_that_cannot_fit_stops_with_context_window_and_sends_nothing(serv
 def test_bad_context_windows_fail_at_construction(server, tmp_path, value):
     with pytest.raises(ConfigError, match="context_windows"):
         make_rlm(server, tmp_path, context_windows=value)
+
+
+# -- the command line: --context-window MODEL=TOKENS, derived from the setting --------------------
+
+
+def test_every_command_that_starts_runs_takes_context_window_flags(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from recursa.cli import _parser
+    from recursa.cli_options import add_model_options, rlm_kwargs
+
+    from .test_cli_options import _env, _subparsers
+
+    starting = {name for name, p in _subparsers().items() if "--cache-subcalls" in p._option_string_actions}
+    assert {"run", "chat", "serve", "mcp", "acp", "openenv"} <= starting
+    for name in starting:
+        assert _subparsers()[name]._option_string_actions["--context-window"].dest == "context_windows"
+
+    parser = argparse.ArgumentParser()
+    add_model_options(parser)
+    given = ["--model", "scripted/gpt5-like", "--context-window", "a=1", "--context-window", "openai/b=32_768"]
+    assert rlm_kwargs(parser.parse_args(given))["context_windows"] == {"a": 1, "openai/b": 32_768}
+    assert rlm_kwargs(parser.parse_args(given[:2]))["context_windows"] is None
+    for bad, said in [
+        ("m=0", "--context-window m=0: --context-window must be a window in tokens, an int >= 1"),
+        ("m=big", "--context-window m=big: --context-window must be"),
+        ("m", "--context-window 'm': write MODEL=TOKENS, e.g. --context-window openai/my-vllm-model=32768"),
+    ]:
+        with pytest.raises(ConfigError) as refused:
+            rlm_kwargs(parser.parse_args([*given[:2], "--context-window", bad]))
+        assert str(refused.value).startswith(said) and "\n" not in str(refused.value)
+    assert _parser().parse_args(["serve", "--context-window", "m=9"]).context_windows == ["m=9"]
+
+    # the window reaches the run: the root's first call cannot fit, nothing is sent
+    (tmp_path / "notes.txt").write_text("some notes")
+    run = subprocess.run(
+        [sys.executable, "-m", "recursa.cli", "run", "q", "--context", str(tmp_path / "notes.txt"),
+         "--model", "scripted/gpt5-like", "--context-window", "scripted/gpt5-like=1500",
+         "--max-output-tokens", "500", "--trace-dir", str(tmp_path), "--json"],
+        capture_output=True, text=True, env=_env(), timeout=120, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    result = json.loads(run.stdout)
+    assert result["stop_reason"] == "context_window" and result["usage"]["llm_calls"] == 0

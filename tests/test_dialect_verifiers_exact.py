@@ -20,6 +20,7 @@ import itertools
 import json
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -113,7 +114,13 @@ ANSWERED = [
         "answer['content'] = open('context.txt').read().split()[-1]\nanswer",
     ),
     call("print(llm_batch(['apple', 'mango']))"),
-    ToolCallReply([("python", {"code": "print(1)"}), ("call_python_repl", {"code": "print(x)\nNone"})]),
+    ToolCallReply(
+        [
+            ("python", {"code": "print(1)"}),
+            ("call_python_repl", {"source": "print(2)"}),
+            ("call_python_repl", {"code": "print(x)\nNone"}),
+        ]
+    ),
     call("x = (", "print(open('.messages').read())"),
     call("answer['ready'] = True"),
     "never asked",
@@ -162,8 +169,20 @@ def _without_peer_frames(messages: list[dict]) -> list[dict]:
     return out
 
 
-def _root_requests(server) -> list[list[dict]]:
-    return [r.messages for r in server.requests if r.model == "root"]
+@dataclass
+class Seen:
+    """What the models were sent: each root request's messages and offered tools, and the sub-calls'
+    messages (in a fixed order: llm_batch sends them in parallel)."""
+
+    roots: list[list[dict]]
+    tools: list[list[dict]]
+    subs: list[list[dict]]
+
+
+def _seen(server, offered) -> Seen:
+    roots = [r.messages for r in server.requests if r.model == "root"]
+    subs = sorted((r.messages for r in server.requests if r.model == "sub"), key=json.dumps)
+    return Seen(roots, list(offered), subs)
 
 
 def _theirs(server, tmp_path, replies, max_turns):
@@ -192,7 +211,7 @@ def _theirs(server, tmp_path, replies, max_turns):
 
     state = asyncio.run(rollout())
     assert state.get("error") is None, state.get("error")
-    return state, _root_requests(server), offered
+    return state, _seen(server, offered)
 
 
 def _worker_answer(state) -> dict:
@@ -214,31 +233,34 @@ def _ours(server, tmp_path, replies, max_turns):
         max_iterations=max_turns,
         trace_dir=tmp_path,
     ).run(QUESTION, CONTEXT)
-    return result, _root_requests(server), offered
+    return result, _seen(server, offered)
 
 
-def _assert_same_conversation(theirs, ours, their_tools, our_tools):
-    assert len(ours) == len(theirs)
-    for turn, (mine, expected) in enumerate(zip(ours, theirs, strict=True), 1):
+def _assert_same(theirs: Seen, ours: Seen) -> None:
+    assert len(ours.roots) == len(theirs.roots)
+    for turn, (mine, expected) in enumerate(zip(ours.roots, theirs.roots, strict=True), 1):
         assert mine == _without_peer_frames(expected), f"request {turn} differs"
-    assert our_tools == their_tools
+    assert ours.tools == theirs.tools
+    assert ours.subs == theirs.subs
 
 
 def test_a_rollout_answered_in_code_matches_the_environment(server, tmp_path):
-    state, theirs, their_tools = _theirs(server, tmp_path, ANSWERED, 10)
-    ours, mine, our_tools = _ours(server, tmp_path, ANSWERED, 10)
-    _assert_same_conversation(theirs, mine, their_tools, our_tools)
-    assert len(mine) == 6  # the reply that set answer["ready"] ended both rollouts
+    state, theirs = _theirs(server, tmp_path, ANSWERED, 10)
+    ours, mine = _ours(server, tmp_path, ANSWERED, 10)
+    _assert_same(theirs, mine)
+    # llm_batch's two calls, each the environment's system message and then the prompt.
+    assert len(mine.subs) == 2 and mine.subs[0][0]["role"] == "system"
+    assert len(mine.roots) == 6  # the reply that set answer["ready"] ended both rollouts
     assert state["stop_condition"] == "answer_ready"
     assert (ours.answer, ours.stop_reason, ours.answer_protocol) == (state["final_answer"], "final", "answer")
     assert ours.answer == "mango"
 
 
 def test_a_prose_answer_ends_both_rollouts_at_the_same_reply(server, tmp_path):
-    state, theirs, their_tools = _theirs(server, tmp_path, BOXED, 10)
-    ours, mine, our_tools = _ours(server, tmp_path, BOXED, 10)
-    _assert_same_conversation(theirs, mine, their_tools, our_tools)
-    assert len(mine) == 2 and ours.stop_reason == "final"
+    state, theirs = _theirs(server, tmp_path, BOXED, 10)
+    ours, mine = _ours(server, tmp_path, BOXED, 10)
+    _assert_same(theirs, mine)
+    assert len(mine.roots) == 2 and ours.stop_reason == "final"
     assert state["stop_condition"] == "no_tools_called"
     # The environment records no answer when a rollout ends without answer["ready"] (answer["content"]
     # is still "" here) and leaves \boxed{} to the task's scorer; recursa's answer is the boxed text.
@@ -247,9 +269,9 @@ def test_a_prose_answer_ends_both_rollouts_at_the_same_reply(server, tmp_path):
 
 
 def test_the_turn_limit_matches_the_environment(server, tmp_path):
-    state, theirs, their_tools = _theirs(server, tmp_path, OUT_OF_TURNS, 2)
-    ours, mine, our_tools = _ours(server, tmp_path, OUT_OF_TURNS, 2)
-    _assert_same_conversation(theirs, mine, their_tools, our_tools)
+    state, theirs = _theirs(server, tmp_path, OUT_OF_TURNS, 2)
+    ours, mine = _ours(server, tmp_path, OUT_OF_TURNS, 2)
+    _assert_same(theirs, mine)
     assert state["stop_condition"] == "max_turns_reached"
     # Neither ran the last reply's code. The environment records no answer then; recursa's is the
     # answer["content"] the worker holds (answer_protocol "partial").

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 
 import anthropic
 import openai
@@ -23,6 +24,14 @@ print(sorted(context))
 print(context['pic.png'])
 print(llm_query('describe the picture', images=['pic.png']))
 print(llm_query('and these', images=[{GIF!r}, {URL!r}]))
+g = {GIF!r}
+print(llm_query_batched(['batch one', 'batch two', 'batch three', 'batch four'],
+                        images=[['pic.png', {URL!r}], g, None, [g]]))
+for bad in ([g], [[b'not an image'], None]):
+    try:
+        llm_query_batched(['x', 'y'], images=bad)
+    except Exception as e:
+        print('refused:', type(e).__name__, e)
 for bad in ([b'not an image'], ['http://169.254.169.254/latest.png'], ['https://localhost/x.png'],
             ['https://10.0.0.1/x.png'], ['missing.png']):
     try:
@@ -34,6 +43,10 @@ for bad in ([b'not an image'], ['http://169.254.169.254/latest.png'], ['https://
 
 def sha(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _prompt(content) -> str:
+    return content if isinstance(content, str) else next(p["text"] for p in content if p.get("type") == "text")
 
 
 def responder(model: str, messages: list[dict]) -> str:
@@ -59,16 +72,32 @@ def test_images_reach_vision_models_in_each_providers_format(tmp_path, provider,
     assert "['notes.txt', 'pic.png']" in seen
     assert f"[image file: image/png, {len(PNG):,} bytes" in seen and "images=['pic.png']" in seen
     assert "seen: describe the picture" in seen and "seen: and these" in seen
-    subs = [r for r in records if r.messages[0]["role"] != "system"]
-    assert [r.images for r in subs] == [[sha(PNG)], [sha(GIF), URL]]
-    assert subs[0].prompt_tokens > 765  # the fake bills each image, and recursa counts what it billed
+    subs = {_prompt(r.messages[-1]["content"]): r for r in records if r.messages[0]["role"] != "system"}
+    assert {p: r.images for p, r in subs.items()} == {
+        "describe the picture": [sha(PNG)],
+        "and these": [sha(GIF), URL],
+        # llm_query_batched: images[i] goes with prompts[i], one image or a list of them
+        "batch one": [sha(PNG), URL],
+        "batch two": [sha(GIF)],
+        "batch three": [],
+        "batch four": [sha(GIF)],
+    }
+    assert "seen: batch two" in seen and "seen: batch three" in seen
+    assert subs["describe the picture"].prompt_tokens > 765  # the fake bills each image, and recursa counts it
     assert result.usage.input_tokens == sum(r.prompt_tokens for r in records)
     refusals = [line for line in seen.splitlines() if line.startswith("refused:")]
-    assert len(refusals) == 5
-    assert "is not a PNG, JPEG, GIF or WebP image" in refusals[0]
-    assert "image URLs must be https:// URLs" in refusals[1]
-    assert "'localhost' is not a public host name" in refusals[2] and "'10.0.0.1'" in refusals[3]
-    assert "'missing.png' is not an image file of the context (its image files: pic.png)" in refusals[4]
+    assert len(refusals) == 7
+    assert "ValueError llm_query_batched(prompts, images=[...]) takes one entry per prompt" in refusals[0]
+    assert "got a list of 1 for 2 prompts" in refusals[0]
+    assert "llm_query_batched: images[0][0] is not a PNG, JPEG, GIF or WebP image" in refusals[1]
+    assert "is not a PNG, JPEG, GIF or WebP image" in refusals[2]
+    assert "image URLs must be https:// URLs" in refusals[3]
+    assert "'localhost' is not a public host name" in refusals[4] and "'10.0.0.1'" in refusals[5]
+    assert "'missing.png' is not an image file of the context (its image files: pic.png)" in refusals[6]
+    events = [json.loads(line) for line in result.trace_path.read_text().splitlines()]
+    batch = next(e for e in events if e["type"] == "lm_call" and e.get("prompt", "").startswith("batch one"))
+    assert batch["images"][1] == {"type": "image", "url": URL}, batch["images"]
+    assert batch["images"][0]["sha256"] == hashlib.sha256(PNG).hexdigest()
     trace = result.trace_path.read_text()
     assert base64.b64encode(PNG).decode() not in trace and base64.b64encode(GIF).decode() not in trace
     assert hashlib.sha256(PNG).hexdigest() in trace and URL in trace
@@ -114,3 +143,11 @@ def test_the_fake_server_reads_images_as_the_sdks_send_them() -> None:
             )
         records = list(srv.requests)
     assert records[0].images == [sha(PNG)] and records[1].images == [sha(PNG), URL]
+
+
+def test_bytes_given_for_many_prompts_cross_the_channel_once() -> None:
+    from recursa.sandbox.worker.images import batch_images_arg
+
+    lists, blobs = batch_images_arg([GIF, [GIF, PNG], None, "pic.png"], 4)
+    assert blobs == [base64.b64encode(GIF).decode(), base64.b64encode(PNG).decode()]
+    assert lists == [[{"blob": 0}], [{"blob": 0}, {"blob": 1}], None, [{"path": "pic.png"}]]

@@ -162,8 +162,9 @@ def _subcall_tools(s: PromptSettings) -> str:
         f"- `llm_query(prompt, model=None, images=None) -> str`: asks a language model (`images=`: image "
         "bytes, names of the context's image files or https URLs); it can read about "
         f"{s.sub_model_chars:,} characters of prompt, so hand it large pieces of the context.",
-        "- `llm_query_batched(prompts, model=None) -> list[str]` (also `llm_batch`): many prompts at "
-        "once, answered in parallel and returned in order. Much faster than a loop of llm_query.",
+        "- `llm_query_batched(prompts, model=None, images=None) -> list[str]` (also `llm_batch`): many "
+        "prompts at once, answered in parallel and returned in order (`images[i]`: the image or list of "
+        "images for prompts[i]). Much faster than a loop of llm_query.",
     ]
     if len(s.models) > 1:
         lines.append(

@@ -117,32 +117,43 @@ class SubcallHandler:
         images = self._images(args.get("images"))
         return await self._one_llm(prompt, args.get("model"), images)
 
-    def _images(self, given: Any) -> list[dict[str, Any]]:
-        """The image parts of llm_query(images=[...]) (the worker's form: recursa/sandbox/worker/images.py)."""
+    def _images(
+        self, given: Any, where: str = "llm_query: images", blobs: list[Any] | None = None
+    ) -> list[dict[str, Any]]:
+        """The image parts of llm_query(images=[...]) (the worker's form: recursa/sandbox/worker/images.py);
+        `blobs`: a batch's distinct image bytes as base64, which its parts name by index (each read
+        into a part once, on first use)."""
         if given is None:
             return []
         if not isinstance(given, list) or not all(isinstance(g, dict) for g in given):
-            raise CallbackError("TypeError", "llm_query: malformed images= from the REPL")
+            raise CallbackError("TypeError", f"{where}: malformed images from the REPL")
         folder = self.run.payload.images
         parts: list[dict[str, Any]] = []
         try:
             for i, item in enumerate(given):
-                where = f"llm_query: images[{i}]"
+                at = f"{where}[{i}]"
+                blob = item.get("blob")
                 if isinstance(item.get("data"), str):
-                    parts.append(base64_part(item["data"], where))
+                    parts.append(base64_part(item["data"], at))
+                elif blobs is not None and isinstance(blob, int) and 0 <= blob < len(blobs):
+                    if isinstance(blobs[blob], str):
+                        blobs[blob] = base64_part(blobs[blob], at)
+                    parts.append(blobs[blob])
                 elif isinstance(item.get("url"), str):
-                    parts.append(url_part(item["url"], where))
+                    parts.append(url_part(item["url"], at))
                 elif isinstance(item.get("path"), str):
                     name = item["path"].removeprefix("./")
                     if name not in folder:
-                        known = ", ".join(sorted(folder)[:20]) or "none: the context is not a folder with images"
+                        known = (
+                            ", ".join(sorted(folder)[:20]) or "none: the context is not a folder with images"
+                        )
                         raise ImageError(
-                            f"{where}: {name[:200]!r} is not an image file of the context (its image "
+                            f"{at}: {name[:200]!r} is not an image file of the context (its image "
                             f"files: {known}); pass the image's bytes, or an https:// URL"
                         )
-                    parts.append(bytes_part(folder[name], f"{where} ({name})"))
+                    parts.append(bytes_part(folder[name], f"{at} ({name})"))
                 else:
-                    raise CallbackError("TypeError", f"{where}: malformed image from the REPL")
+                    raise CallbackError("TypeError", f"{at}: malformed image from the REPL")
         except ImageError as exc:
             raise CallbackError("ValueError", str(exc)) from None
         return parts
@@ -156,8 +167,19 @@ class SubcallHandler:
                 raise CallbackError(
                     "TypeError", f"llm_query_batched: prompts[{i}] is {type(p).__name__}, not str"
                 )
-        items = await _gather_items([self._one_llm(p, model) for p in prompts], self.run.tree.trace.redact)
+        images = self._batch_images(args, len(prompts))  # a refused image fails the batch before any call
+        calls = [self._one_llm(p, model, images[i]) for i, p in enumerate(prompts)]
+        items = await _gather_items(calls, self.run.tree.trace.redact)
         return self._batch_outcome(items)
+
+    def _batch_images(self, args: dict[str, Any], count: int) -> list[list[dict[str, Any]]]:
+        lists, blobs = args.get("images"), args.get("image_data") or []
+        if lists is None:
+            return [[] for _ in range(count)]
+        if not isinstance(lists, list) or len(lists) != count or not isinstance(blobs, list):
+            raise CallbackError("TypeError", "llm_query_batched: malformed images from the REPL")
+        blobs = list(blobs)  # each becomes its part on first use, shared by the prompts that name it
+        return [self._images(given, f"llm_query_batched: images[{i}]", blobs) for i, given in enumerate(lists)]
 
     def _batch_outcome(self, items: list[Any]) -> list[Any]:
         """In "return" mode failed items are error strings already: the REPL gets a plain list."""
@@ -170,10 +192,17 @@ class SubcallHandler:
             for item in items
         ]
 
-    async def _one_llm(self, prompt: str, model: str | None, images: list[dict[str, Any]] | None = None) -> str:
+    async def _one_llm(
+        self, prompt: str, model: str | None, images: list[dict[str, Any]] | None = None
+    ) -> str:
         spec = self._resolve_model(model)
         run = self.run
-        content: str | list[dict[str, Any]] = [{"type": "text", "text": prompt}, *images] if images else prompt
+        content: str | list[dict[str, Any]] = (
+            [{"type": "text", "text": prompt}, *images] if images else prompt
+        )
+        # A dialect may open every sub-call with a system message of its peer's (an optional member:
+        # a dialect object of the user's need not have it).
+        system: str | None = getattr(run.dialect, "sub_system", None)
 
         async def call(messages: list[Message], tools: list[dict[str, Any]] | None) -> LMResponse:
             meta = CallMeta(
@@ -181,7 +210,7 @@ class SubcallHandler:
             )
             return await run.tree.gateway.call(
                 spec,
-                messages,
+                [{"role": "system", "content": system}, *messages] if system else messages,
                 meta=meta,
                 run_id=run.run_id,
                 max_output_tokens=self.config.max_output_tokens,

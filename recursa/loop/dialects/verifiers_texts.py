@@ -35,6 +35,10 @@ class VerifiersTexts(Protocol):
 
     def first_messages(self, scaffold: str, question: str) -> list[Message]: ...
 
+    def sub_system(self) -> str | None:
+        """The system message before every llm_batch prompt (None: the prompt alone)."""
+        ...
+
     def repl_tool(self) -> dict[str, Any]:
         """The one tool on root requests ({"name", "description", "parameters"})."""
         ...
@@ -122,31 +126,47 @@ class PackageTexts:
         for t in tools:
             try:
                 out.append(self._tool_def(t.fn))
-            except (
-                Exception
-            ):  # a signature its schema builder cannot read: the name and doc as recursa has them
+            except Exception:  # a signature its schema builder cannot read: recursa's name and doc
                 out.append(SimpleNamespace(name=t.name, description=t.doc, parameters=t.parameters))
         return out
 
     def scaffold(self, o: Opening, packages: str, verbosity: Verbosity) -> str:
+        return str(
+            self._builder(
+                o.subcalls, o.tools, o.sub_tools, o.system_prompt, packages, verbosity
+            ).build_system_prompt()
+        )
+
+    def sub_system(self) -> str | None:
+        return str(self._builder(True, (), (), None, "", "light").build_sub_llm_system_prompt())
+
+    def _builder(
+        self,
+        subcalls: bool,
+        tools: Sequence[Tool],
+        sub_tools: Sequence[Tool],
+        system_prompt: str | None,
+        packages: str,
+        verbosity: Verbosity,
+    ) -> Any:
+        """The environment's prompt builder, set up as RLMEnv sets it up (its defaults otherwise)."""
         root_defs = []
-        if o.subcalls:
+        if subcalls:  # llm_batch, described by the environment's own function
             stand_in = SimpleNamespace(enable_sub_llms=True, _root_tool_context_var=None)
             root_defs = [self._tool_def(f) for f in self._env.RLMEnv._build_fixed_root_tools(stand_in)]
-        builder = self._env.RLMPromptBuilder(
+        return self._env.RLMPromptBuilder(
             repl_language="python",
             root_prompt_verbosity=verbosity,
             sub_prompt_verbosity="light",
-            custom_system_prompt=o.system_prompt,
+            custom_system_prompt=system_prompt,
             pip_install_packages=packages,
             root_max_completion_tokens=None,
             sub_max_completion_tokens=None,
             sub_llm_max_turns=5,
-            root_tool_defs=[*root_defs, *self._defs(o.tools)],
-            sub_tool_defs=self._defs(o.sub_tools) if o.subcalls else [],
-            enable_sub_llms=o.subcalls,
+            root_tool_defs=[*root_defs, *self._defs(tools)],
+            sub_tool_defs=self._defs(sub_tools) if subcalls else [],
+            enable_sub_llms=subcalls,
         )
-        return str(builder.build_system_prompt())
 
     def first_messages(self, scaffold: str, question: str) -> list[Message]:
         messages: list[dict[str, Any]] = [{"role": "user", "content": question}]
@@ -224,6 +244,9 @@ class OwnTexts:
 
     def first_messages(self, scaffold: str, question: str) -> list[Message]:
         return [{"role": "user", "content": scaffold + question}]
+
+    def sub_system(self) -> str | None:
+        return None
 
     def repl_tool(self) -> dict[str, Any]:
         return tool_schema(TOOL_NAME, TOOL_ARGUMENT, "Run Python code in the persistent REPL.")

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from .capture import Capture
 from .context import ContextSource, decode_pieces
 from .errors import BudgetExceeded, RemoteError, SubcallError, ToolError, error_for
-from .images import images_arg
+from .images import batch_images_arg, images_arg
 from .prose import answer_annotations, final_hint, mend, prose_answer
 from .values import describe_size, final_payload, one_answer, render, render_repr
 
@@ -75,12 +75,14 @@ class Repl:
                 args["images"] = images_arg(images)
             return str(call("llm_query", args))
 
-        def llm_query_batched(prompts: list[str], model: str | None = None) -> list[str]:
-            """Ask a sub-model many questions at once (they run in parallel); replies in order."""
+        def llm_query_batched(prompts: list[str], model: str | None = None, images: Any = None) -> list[str]:
+            """Ask a sub-model many questions at once (they run in parallel); replies in order.
+            `images[i]` goes with prompts[i]: one image, a list of images, or None."""
             prompts = _str_list(prompts, "llm_query_batched", "prompts")
-            return self._batch_results(
-                "llm_query_batched", call("llm_query_batched", {"prompts": prompts, "model": model})
-            )
+            args: dict[str, Any] = {"prompts": prompts, "model": model}
+            if images is not None:
+                args["images"], args["image_data"] = batch_images_arg(images, len(prompts))
+            return self._batch_results("llm_query_batched", call("llm_query_batched", args))
 
         def rlm_query(prompt: str, context: Any = None) -> str:
             """Ask a child RLM (its own REPL, `context` as its context); returns its answer."""
