@@ -9,6 +9,7 @@ a file of the host's outside scratch (Landlock does not cover metadata).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import subprocess
@@ -107,6 +108,7 @@ async def test_a_child_that_tries_to_leave_its_cell_does_not_outlive_it(tmp_path
 
 def _metadata_attack(path: str) -> str:
     return f"""
+import contextlib
 import os
 done = []
 for name, call in [
@@ -233,3 +235,104 @@ async def test_a_root_host_refuses_a_worker_that_could_change_its_files(tmp_path
     with pytest.raises(SandboxError, match="bubblewrap"):
         await sb.start(_noop)
     await sb.close()
+
+
+# Forge the end of the cell: send the host an answer to the running request, wait until the host
+# has taken it (its word after an answer arrives), then go on running and fork children that would
+# outlive the cell. Each child names itself `tag` so that the host can find it whatever its pid.
+FORGED_END = """
+import ctypes, os, sys, time
+f, server, request = sys._getframe(), None, None
+while f is not None:
+    here = f.f_locals.get("self")
+    if server is None and hasattr(here, "snapshots") and hasattr(here, "chan"):
+        server, request = here, f.f_locals.get("msg")
+    f = f.f_back
+chan = server.chan
+chan.send({{"op": "exec_done", "id": request["id"], "stdout": "forged\\n", "stderr": "", "omitted_chars": 0,
+           "error": None, "final": None, "restored_names": [], "notes": [], "duration_s": 0.0}})
+word = chan.inbox.get(timeout=20)  # the host has taken the answer and acted on it
+chan.inbox.put(word)
+forked = 0
+for _ in range(4):
+    try:
+        pid = os.fork()
+    except OSError:
+        continue
+    if pid == 0:
+        ctypes.CDLL(None).prctl(15, {tag!r}.encode(), 0, 0, 0)
+        time.sleep(600)
+        os._exit(0)
+    forked += 1
+with open("forked", "w") as fh:
+    fh.write(str(forked))
+"""
+
+# Run code on the worker's reader thread (which delivers the replies to a cell's calls) by replacing
+# what it calls, and fork from there: a thread the host never moves into the cell's group.
+FROM_THE_READER = """
+import ctypes, os, sys, time
+f, server = sys._getframe(), None
+while f is not None:
+    here = f.f_locals.get("self")
+    if server is None and hasattr(here, "snapshots") and hasattr(here, "chan"):
+        server = here
+    f = f.f_back
+chan = server.chan
+route = chan._route
+def hijacked(msg):
+    if os.fork() == 0:
+        ctypes.CDLL(None).prctl(15, {tag!r}.encode(), 0, 0, 0)
+        time.sleep(600)
+        os._exit(0)
+    chan._route = route
+    route(msg)
+chan._route = hijacked
+chan.call("llm_query", {{"prompt": "x"}})
+"""
+
+
+def _tagged(tag: str) -> list[int]:
+    """Live processes (zombies excepted) whose name is `tag`."""
+    from recursa.sandbox.proc import processes
+
+    found = []
+    for pid, fields in processes():
+        if fields[0] in (b"Z", b"X"):
+            continue
+        try:
+            with open(f"/proc/{pid}/comm") as fh:
+                if fh.read().strip() == tag:
+                    found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.parametrize("attack", ["forged_end", "reader_thread"])
+@pytest.mark.parametrize("bwrap", BWRAP)
+async def test_no_process_a_cell_started_outlives_it_whatever_it_writes(tmp_path, bwrap, attack):
+    """A cell that ends itself early by writing its own answer, or that forks from a thread of the
+    worker outside the cell, leaves nothing running once the host has ended a cell after it."""
+    tag = f"stray{os.getpid() % 100000}{int(bwrap)}{attack[0]}"
+    sb = SubprocessSandbox(bwrap=bwrap, scratch_root=tmp_path)
+    await sb.start(_noop)
+    try:
+        if sb._hardening.group is None:
+            pytest.skip("no control group on this host: the poller alone watches the cell's processes")
+        assert (await sb.execute("x = 1", 30)).error is None
+        code = FORGED_END if attack == "forged_end" else FROM_THE_READER
+        r = await sb.execute(code.format(tag=tag), 30)
+        assert r.error is None, r
+        # Sent after that cell's code has finished (the worker runs one request at a time).
+        r = await sb.execute("print(x)", 30)
+        assert r.stdout == "1\n", r
+        if attack == "forged_end":
+            forked = int((await sb.execute("print(open('forked').read())", 30)).stdout)
+            assert forked <= 2, f"{forked} processes forked after the forged answer"
+        assert _tagged(tag) == [], "a process a cell forked outlived it"
+    finally:
+        await sb.close()
+        for pid in _tagged(tag):  # never leave them to the rest of the run
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)

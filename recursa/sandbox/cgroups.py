@@ -10,9 +10,17 @@ it runs anything else, so every task it ever starts is counted, and closes it at
 checks that write against the credentials of whoever opened the file (the host), so it works from
 inside bwrap's namespaces; and for the same reason no sandboxed code may ever hold such a
 descriptor: it would move any process it can name, the host's included, into a group the host
-kills. From then on only the host moves processes (the worker's main thread into the `cell` child
-for the length of a cell, and back), and it signals a member only after checking, through a pidfd,
-that the kernel lists it as the sandbox's own (`proc.kill_owned`).
+kills. From then on only the host moves processes, and it signals a member only after checking,
+through a pidfd, that the kernel lists it as the sandbox's own (`proc.kill_owned`).
+
+What the worker's threads fork never lands where it could outlive a cell, whatever the code of a
+cell writes to the host (a forged answer included): once its first cell starts, every thread of the
+worker is in one of two children of the group. `cell` holds them while a cell runs and whatever
+they fork; the host kills what it holds, the worker aside, at the end of every cell. `snap` is where
+the host puts the worker's main thread after a cell's answer, for it to fork its snapshot of the
+state after that cell (worker/snapshots.py); the kernel caps it at `SNAP_TASKS` tasks, and the host
+kills what it holds (by then an outdated snapshot) before it puts the thread there again. Its
+sandbox's group itself keeps only the keeper, which runs no code of the cells.
 
 On cgroup v1 the memory controller is a hierarchy of its own. Where it is mounted and this
 process's own memory group is writable, the sandbox also gets a child there (`memory.limit_in_bytes`,
@@ -42,12 +50,18 @@ import signal
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Literal
 
 from recursa.sandbox.proc import kill_owned
 
 _PREFIX = "recursa-"
 _counter = itertools.count(1)
 _EXIT_WAIT_S = 5.0  # how long interpreter exit waits for the left groups' killed processes to go
+# The snapshot group's cap: the worker's main thread, the snapshot it forks, and the outdated one it
+# is discarding (killed, not reaped yet). All a cell that forged its answer can keep there.
+SNAP_TASKS = 3
+Place = Literal["cell", "snap"]
+PLACES: tuple[Place, ...] = ("cell", "snap")
 
 # Groups of this process whose removal failed (their processes were still exiting), tried again at
 # the next create() and at exit. A deque: a finalizer on any thread appends while create() pops.
@@ -160,13 +174,13 @@ class TaskGroup:
         self._oom_seen = 0  # the memory group's OOM kills already reported (oom_kills)
         self._oom_events = -1  # its memory.oom_control (v1) or memory.events (v2), kept open as above
         self._oom_text = b""
-        # The cell group's pids.current, kept open: read after every cell, a pread costs ~2.5 us
-        # where opening a file there costs ~40. (A cgroup.procs descriptor would not do: v1 keeps
-        # the list it read at open time.)
-        self._cell_count = -1
-        # The descriptors through which the host moves the worker's main thread into and out of
-        # the cell group (v1 `tasks`, v2 `cgroup.procs`): the host's alone, never handed over.
-        self._cell_tasks = self._home_tasks = -1
+        # The cell and snapshot groups' pids.current, kept open: read after every cell, a pread
+        # costs ~2.5 us where opening a file there costs ~40. (A cgroup.procs descriptor would not
+        # do: v1 keeps the list it read at open time.)
+        self._counts: dict[str, int] = {}
+        # The descriptors through which the host moves the worker's main thread into those groups
+        # (v1 `tasks`, v2 `cgroup.procs`): the host's alone, never handed over.
+        self._movers: dict[str, int] = {}
         # Whose processes may be signalled (proc.belongs): the process the host started for the
         # sandbox and the worker's session, set once the worker is known (`own`).
         self.root: int | None = None
@@ -196,13 +210,22 @@ class TaskGroup:
             group.remove()
             return None
         try:
-            os.mkdir(group.cell_path)  # no limit of its own: its tasks count against the parent's
-            group._cell_count = os.open(
-                os.path.join(group.cell_path, "pids.current"), os.O_RDONLY | os.O_CLOEXEC
-            )
+            if group.version == 2:
+                # v2 lets a group hold processes or limit its children, not both: the worker joins
+                # a leaf of its own, and the group's children get a pids controller of their own.
+                if not _write(os.path.join(path, "cgroup.subtree_control"), "+pids"):
+                    raise OSError("the pids controller cannot be enabled for the sandbox's children")
+                os.mkdir(group.join_path)
             tasks = "tasks" if group.version == 1 else "cgroup.procs"
-            group._cell_tasks = os.open(os.path.join(group.cell_path, tasks), os.O_WRONLY | os.O_CLOEXEC)
-            group._home_tasks = os.open(os.path.join(group.path, tasks), os.O_WRONLY | os.O_CLOEXEC)
+            for place in PLACES:
+                folder = group.place_path(place)
+                os.mkdir(folder)
+                group._counts[place] = os.open(
+                    os.path.join(folder, "pids.current"), os.O_RDONLY | os.O_CLOEXEC
+                )
+                group._movers[place] = os.open(os.path.join(folder, tasks), os.O_WRONLY | os.O_CLOEXEC)
+            if not _write(os.path.join(group.place_path("snap"), "pids.max"), str(SNAP_TASKS)):
+                raise OSError("the snapshot group cannot be capped")
         except OSError:
             group.remove()
             return None
@@ -224,9 +247,13 @@ class TaskGroup:
             group.limit_memory(memory_bytes)
         return group
 
+    def place_path(self, place: Place) -> str:
+        return os.path.join(self.path, place)
+
     @property
-    def cell_path(self) -> str:
-        return os.path.join(self.path, "cell")
+    def join_path(self) -> str:
+        """Where the worker joins (its keeper stays there): on v2 a leaf, see `create`."""
+        return os.path.join(self.path, "home") if self.version == 2 else self.path
 
     def limit_memory(self, limit: int) -> bool:
         """Cap the memory (RAM, and swap with it) all the group's processes hold together; False
@@ -278,8 +305,8 @@ class TaskGroup:
         """Descriptors for a worker to move itself into the group as the first thing it does (it
         writes "0", then closes them before anything else), by the names the worker's config gives
         them: "cgroup_fd" and, on v1, "memory_cgroup_fd"; the caller closes its copies once the
-        worker has them. The cell group's are never handed over: the host moves the worker in and
-        out of it (`move`).
+        worker has them. Those of the cell and snapshot groups are never handed over: the host
+        moves the worker between them (`move`).
 
         v1: the `tasks` files, which move the calling thread only. A whole process (cgroup.procs)
         takes a lock whose writer waits for an RCU grace period, 5-15 ms after any idle spell, on
@@ -288,7 +315,7 @@ class TaskGroup:
         memory group charges a process's pages to its main thread's group, which never moves.)"""
         name = "tasks" if self.version == 1 else "cgroup.procs"
         fds: dict[str, int] = {}
-        paths = {"cgroup_fd": self.path}
+        paths = {"cgroup_fd": self.join_path}
         if self.memory_path is not None:
             paths["memory_cgroup_fd"] = self.memory_path
         try:
@@ -305,11 +332,11 @@ class TaskGroup:
         for it, and `session`, its worker's session (see proc.belongs)."""
         self.root, self.session = root, session
 
-    def move(self, pid: int, cell: bool) -> bool:
-        """Move thread `pid` (v1; the whole process on v2) into the cell group, or back into the
-        sandbox's own; False if the kernel refused (it is gone, or not in this group's tree).
-        Callers pass only a pid they checked to be the sandbox's worker."""
-        fd = self._cell_tasks if cell else self._home_tasks
+    def move(self, pid: int, place: Place) -> bool:
+        """Move thread `pid` (v1; the whole process on v2) into the cell or the snapshot group;
+        False if the kernel refused (it is gone, or not in this group's tree). Callers pass only a
+        pid they checked to be the sandbox's worker."""
+        fd = self._movers.get(place, -1)
         if fd < 0:
             return False
         try:
@@ -318,50 +345,53 @@ class TaskGroup:
             return False
         return True
 
-    def members(self, cell: bool = False) -> list[int]:
-        """The processes in the group (its memory group's too), or in its cell group only (host
-        pids); [] once it is gone."""
-        if cell and self._cell_count >= 0:
+    def members(self, place: Place | None = None) -> list[int]:
+        """The processes in the group and all its children (its memory group's too), or in one
+        child `place` only (host pids); [] once it is gone. (A process is listed in every group
+        that holds one of its threads.)"""
+        if place is not None:
             try:
-                if os.pread(self._cell_count, 32, 0).strip() == b"0":
+                if os.pread(self._counts[place], 32, 0).strip() == b"0":
                     return []  # the usual case: the cell left nothing behind
-            except OSError:
+            except (KeyError, OSError):
                 pass
-        if cell:
-            return [int(p) for p in _read(os.path.join(self.cell_path, "cgroup.procs")).split()]
-        found = {int(p) for p in _read(os.path.join(self.path, "cgroup.procs")).split()}
+            return [int(p) for p in _read(os.path.join(self.place_path(place), "cgroup.procs")).split()]
+        found = {int(p) for p in _read(os.path.join(self.join_path, "cgroup.procs")).split()}
         if self.memory_path is not None:
             found.update(int(p) for p in _read(os.path.join(self.memory_path, "cgroup.procs")).split())
-        return sorted(found.union(self.members(cell=True)))
+        for where in PLACES:
+            found.update(self.members(where))
+        return sorted(found)
 
     def tasks(self) -> int:
         """Tasks (processes and threads) in the group now, -1 if unknown."""
         text = _read(os.path.join(self.path, "pids.current")).strip()
         return int(text) if text.isdigit() else -1
 
-    def kill(self, cell: bool = False, keep: Collection[int] = ()) -> int:
-        """SIGKILL every process in the group (or in its cell group only) but `keep`, each only
+    def kill(self, place: Place | None = None, keep: Collection[int] = ()) -> int:
+        """SIGKILL every process in the group (or in its child `place` only) but `keep`, each only
         once the kernel shows it as a live process of this group's sandbox (`own`); how many were
-        signalled. (A thread a cell started lists its process in the cell group too.)"""
+        signalled."""
         killed = 0
-        for pid in self.members(cell):
+        for pid in self.members(place):
             if pid not in keep and kill_owned(pid, signal.SIGKILL, self.root, self.session):
                 killed += 1
         return killed
 
     def remove(self) -> bool:
         """Remove the group; False while processes are still in it (they are being killed)."""
-        if self._cell_count >= 0 and not self.members(cell=True):
-            os.close(self._cell_count)
-            self._cell_count = -1
+        if not self.members("cell") and not self.members("snap"):
+            for fd in self._counts.values():
+                os.close(fd)
+            self._counts = {}
         if self._oom_events >= 0:
             os.close(self._oom_events)
             self._oom_events = -1
-        for attr in ("_cell_tasks", "_home_tasks"):
-            fd, _ = getattr(self, attr), setattr(self, attr, -1)
-            if fd >= 0:
-                os.close(fd)
-        for path in (self.cell_path, self.path, self.memory_path):
+        movers, self._movers = self._movers, {}
+        for fd in movers.values():
+            os.close(fd)
+        home = os.path.join(self.path, "home")  # v2's (see join_path); a swept group's version is unknown
+        for path in (*(self.place_path(p) for p in PLACES), home, self.path, self.memory_path):
             if path is None:
                 continue
             try:

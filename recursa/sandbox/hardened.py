@@ -352,15 +352,20 @@ class HostHardening:
         cell forks or starts from there stays behind in it. Only a pid the kernel shows as this
         sandbox's own is ever written (never one the worker reported unchecked)."""
         if self.group is not None and self.cells_grouped and self._checked(pid):
-            self.group.move(pid, cell=True)  # type: ignore[arg-type]
+            self.group.move(pid, "cell")  # type: ignore[arg-type]
 
     def leave_cell(self, pid: int | None) -> bool:
-        """Move the worker back out of the cell group after its answer; whether the worker waits
-        for word of it (then the caller sends "cell_closed", also where the move failed)."""
-        if self.group is None or not self.cells_grouped:
+        """After the cell's answer (its code may have written it and still run): kill what the
+        snapshot group holds (the snapshot from before the cell, outdated now, or what such code
+        left there last time) and move the worker's main thread there, for it to fork its snapshot
+        of the state after the cell, in a group the kernel caps (cgroups.SNAP_TASKS). Whether the
+        worker waits for word of it (then the caller sends "cell_closed", also where the move failed)."""
+        group = self.group
+        if group is None or not self.cells_grouped:
             return False
         if self._checked(pid):
-            self.group.move(pid, cell=False)  # type: ignore[arg-type]
+            group.kill("snap", keep={pid, *self.spare})  # type: ignore[arg-type]
+            group.move(pid, "snap")  # type: ignore[arg-type]
         return True
 
     def _checked(self, pid: int | None) -> bool:
@@ -400,10 +405,10 @@ class HostHardening:
         if group is None:
             return 0
         keep = {self.worker_pid, *self.spare}
-        killed = group.kill(cell=True, keep=keep)
+        killed = group.kill("cell", keep=keep)
         if killed:
             for _ in range(250):
-                if not set(group.members(cell=True)) - keep:
+                if not set(group.members("cell")) - keep:
                     break
                 await asyncio.sleep(0.002)
         return killed

@@ -58,7 +58,7 @@ class VerifiersDialect(ToolsDialect):
         extra_data: str = "folder",
         texts: str = "auto",
         root_prompt_verbosity: str = "light",
-        max_output_length: int = MAX_OUTPUT_CHARS,
+        max_output_length: int | str = MAX_OUTPUT_CHARS,
     ) -> None:
         """`packages`: the Python packages listed as installed (the environment's
         pip_install_packages, space-separated). `extra_data`: "folder" (the context as files in a
@@ -72,6 +72,9 @@ class VerifiersDialect(ToolsDialect):
             raise ConfigError(
                 f"dialect option root_prompt_verbosity={root_prompt_verbosity!r}: choose 'light', 'medium' or 'heavy'"
             )
+        # An int, or its digits (--dialect-option max_output_length=4096 gives a str).
+        if isinstance(max_output_length, str) and max_output_length.strip().isdigit():
+            max_output_length = int(max_output_length)
         if (
             isinstance(max_output_length, bool)
             or not isinstance(max_output_length, int)

@@ -162,7 +162,6 @@ class Server:
         # and Python's own handler would end this process with a KeyboardInterrupt outside any cell.
         signal.signal(signal.SIGINT, self._on_sigint)
         self.chan.send(ready)
-        self.chan.start_reader()
         while True:
             if signal.getsignal(signal.SIGINT) != self._on_sigint:  # code may have replaced it
                 signal.signal(signal.SIGINT, self._on_sigint)
@@ -211,9 +210,9 @@ class Server:
         os._exit(0)  # skip interpreter teardown: user threads must not keep the process alive
 
     def _cell_closed(self) -> bool:
-        """Wait for the host's word that it moved this process back out of the cell's group (it
-        moved it in before sending the cell, and kills what stays there); False if another request
-        came first (kept for the loop)."""
+        """Wait for the host's word that it moved this thread out of the cell's group into the
+        snapshot's (it moved it in before sending the cell, and kills what stays there); False if
+        another request came first (kept for the loop)."""
         msg = self.chan.next_request()
         if msg is not None and msg.get("op") == "cell_closed":
             return True
@@ -244,7 +243,7 @@ class Server:
     def _rehearse(self) -> None:
         try:
             rehearse()
-            self.chan.lend_reader()  # as a cell does, and back: that hand-over's faults too
+            self.chan.lend_reader(start=False)  # as a cell does, and back: that hand-over's faults too
             self.chan.has_pending()
         except Exception:  # only ever a speed-up: never a reason for the worker to stop
             pass
@@ -259,8 +258,7 @@ class Server:
             took_over = True
             transport, info = taken
             self.chan = self._connect(WorkerChannel(transport))
-            self.chan.send(info)
-            self.chan.start_reader()
+            self.chan.send(info)  # its reader thread starts with its first cell, as a new worker's
             # Loop: this process is the worker now, and it needs a snapshot of its own.
 
 

@@ -113,7 +113,7 @@ class Snapshots:
         rand = sys.modules.get("random")  # random reseeds itself in a forked child; keep its state
         rand_state = rand.getstate() if rand is not None else None
         try:
-            pid = os.fork()
+            pid = _fork(self)
         except OSError as exc:
             chan.send({"op": "snapshot", "ok": False, "error": f"fork failed: {exc}"})
             return None
@@ -172,3 +172,13 @@ class Snapshots:
         self.control = socket.socket(fileno=fds[1])
         info = {"pid": os.getpid(), "pgid": os.getpgid(0), "old_worker_gone": gone}
         return SocketTransport(socket.socket(fileno=fds[0])), info
+
+
+def _fork(snapshots: Snapshots) -> int:
+    """os.fork(), once more after reaping the discarded snapshots if the kernel refused for want of
+    tasks: the host's snapshot group counts one that was killed until it is reaped."""
+    try:
+        return os.fork()
+    except BlockingIOError:
+        snapshots.reap(block=True)
+        return os.fork()

@@ -159,6 +159,7 @@ class WorkerChannel:
         self._role = threading.Lock()
         self._role.acquire()
         self._reader_on = threading.Event()
+        self._reader_started = False
         self._wake_r, self._wake_w = os.pipe()  # not inherited; os.pipe2 is missing on macOS
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -225,10 +226,18 @@ class WorkerChannel:
                 pass
 
     def start_reader(self) -> None:
+        self._reader_started = True
         threading.Thread(target=self._read_loop, name="recursa-reader", daemon=True).start()
 
-    def lend_reader(self) -> None:
-        """Main thread, before running a cell: let the reader thread read until `next_request`."""
+    def lend_reader(self, start: bool = True) -> None:
+        """Main thread, before running a cell: let the reader thread read until `next_request`.
+        The thread is started by the first such call with `start` (the first cell's): then, where
+        the host runs cells in a control group of their own, it is in that group from its first
+        instruction, and so is whatever code running on it forks (see recursa/sandbox/cgroups.py)."""
+        if not self._reader_started:
+            if not start:
+                return
+            self.start_reader()
         if not self._reader_on.is_set():
             self._role.release()
             self._reader_on.set()
