@@ -265,7 +265,7 @@ def test_per_request_budget_can_only_tighten_the_servers():
             [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
             {},
             400,
-            "not supported",
+            "image URLs must be https:// URLs",
         ),
         ([{"role": "user", "content": [{"type": "file", "file": {"file_id": "f1"}}]}], {}, 400, "file_id"),
         ([{"role": "user", "content": [{"type": "file", "file": {"file_data": "!!"}}]}], {}, 400, "base64"),

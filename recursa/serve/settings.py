@@ -54,6 +54,9 @@ class ServeSettings:
     max_depth_limit: int = 3
     max_iterations_limit: int = 100
     max_question_chars: int = 50_000  # a longer "question" is treated as context
+    # Image parts of one request (recursa.serve.images): how many, and their bytes together.
+    max_images: int = 16
+    max_image_bytes: int = 20 * 1024**2
     # Sessions (`extra_body={"recursa": {"session": id}}`): each open one keeps a REPL process.
     max_sessions: int = 32  # open at once; 0 turns sessions off
     # Open at once per caller (recursa.serve.callers.quota_of), so no one caller can take them all;
@@ -101,6 +104,8 @@ class ServeSettings:
             raise ConfigError("session_ttl_s must be a positive number of seconds")
         if not self.body_timeout_s > 0:
             raise ConfigError("body_timeout_s must be a positive number of seconds")
+        if self.max_images < 0 or self.max_image_bytes < 0:
+            raise ConfigError("max_images and max_image_bytes must be >= 0 (0: no image parts)")
         if self.idle_sessions_memory_bytes < 0:
             raise ConfigError("idle_sessions_memory_bytes must be >= 0")
         for name in ("max_runs_per_caller", "max_connections", "max_connections_per_address"):
