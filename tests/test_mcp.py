@@ -295,3 +295,20 @@ def test_http_transport_keeps_the_servers_shares(tmp_path):
             srv.url + "/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"}, headers=headers
         )
         assert ping.status_code == 400 and "Missing session ID" in ping.text
+
+
+async def test_http_transport_takes_contexts_up_to_the_operators_cap(tmp_path):
+    """The SDK's own body cap (4 MiB) refused a 5 MB context_text with 413, under the 2 GiB the
+    server promises (ServeSettings.max_context_bytes); the operator's cap is the one that holds."""
+    from recursa.serve.mcp_server import http_app
+    from tests.serve_helpers import install_test_root
+
+    settings = ServeSettings(model=install_test_root(), sub_model=SUB, trace_dir=tmp_path)
+    with BackgroundServer(http_app(build_mcp_server(settings), settings)) as server:
+        async with Client(server.url + "/mcp", read_timeout_seconds=60) as client:
+            question = "RUN: FINAL(str(len(context)))"
+            result = await client.call_tool(
+                TOOL_NAME, {"question": question, "context_text": "x" * 5_000_000}
+            )
+    assert not result.is_error, result.content
+    assert result.structured_content["answer"] == "5000000"

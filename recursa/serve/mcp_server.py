@@ -311,7 +311,11 @@ def http_app(
     share of requests in progress, and no request body over `settings.max_context_bytes`, past its
     deadline or past the JSON bounds (the SDK reads a body whole, with no cap of its own)."""
     keys = [k for k in (settings.api_key, *settings.api_keys.values()) if k]
-    app = server.streamable_http_app(streamable_http_path=path, host=host)
+    # The SDK's own body cap (4 MiB by default) refused any larger context_text, under the 2 GiB
+    # this server promises; BodyLimit below holds the operator's cap instead.
+    app = server.streamable_http_app(
+        streamable_http_path=path, host=host, max_request_body_size=settings.max_context_bytes
+    )
     # Outside in: the key; the caller's share of requests in progress (tool calls wait for run
     # slots inside, recursa.serve.shares); the body's deadline, size and JSON bounds.
     bounded = BodyDeadline(
