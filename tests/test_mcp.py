@@ -312,3 +312,36 @@ async def test_http_transport_takes_contexts_up_to_the_operators_cap(tmp_path):
             )
     assert not result.is_error, result.content
     assert result.structured_content["answer"] == "5000000"
+
+
+def test_one_caller_cannot_take_every_mcp_client_slot(tmp_path):
+    """Every `initialize` opens a transport session in the SDK, capped only for the whole server:
+    one key opening them as fast as it could took them all, and others' clients were refused for
+    the SDK's half-hour idle timeout. A caller holds its share now, whatever X-Recursa-Client it
+    sends, and a session it deletes leaves its count."""
+    from recursa.serve.mcp_server import http_app
+
+    keys = {"alice": "alice-key-0123456789abcdef", "bob": "bob-key-0123456789abcdefgh"}
+    settings = ServeSettings(model=MODEL, sub_model=SUB, trace_dir=tmp_path, api_keys=keys, max_mcp_clients=8)
+    assert settings.mcp_clients_per_caller == 2
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize"}
+    init["params"] = {
+        "protocolVersion": "2025-03-26",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"},
+    }
+
+    def headers(key, **more):
+        return {"accept": "application/json, text/event-stream", "authorization": f"Bearer {key}", **more}
+
+    with BackgroundServer(http_app(build_mcp_server(settings), settings)) as srv, httpx.Client() as http:
+        url = srv.url + "/mcp"
+        opened = [http.post(url, json=init, headers=headers(keys["alice"])) for _ in range(2)]
+        assert [r.status_code for r in opened] == [200, 200]
+        for extra in ({}, {"x-recursa-client": "another-label-0123456789"}):
+            third = http.post(url, json=init, headers=headers(keys["alice"], **extra))
+            assert third.status_code == 429 and "your share" in third.text, third.text
+        assert http.post(url, json=init, headers=headers(keys["bob"])).status_code == 200
+        gone = opened[0].headers["mcp-session-id"]
+        assert http.delete(url, headers=headers(keys["alice"], **{"mcp-session-id": gone})).status_code < 400
+        assert http.post(url, json=init, headers=headers(keys["alice"])).status_code == 200
