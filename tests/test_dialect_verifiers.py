@@ -174,3 +174,19 @@ def test_bad_options_are_named(server):
     if importlib.util.find_spec("verifiers") is None:  # here verifiers 0.1.14 lives in a venv of its own
         with pytest.raises(ConfigError, match=r"pip install 'recursa\[verifiers-rlm\]'"):
             make(texts="package")
+
+
+def test_a_cell_stopped_by_its_timeout_shows_no_earlier_cells_value(server, tmp_path):
+    result = run(
+        server,
+        tmp_path,
+        call("1 + 1"),
+        call("import time\ntime.sleep(30)"),
+        call("answer.update(content='mango', ready=True)"),
+        exec_timeout=1,
+    )
+    assert result.answer == "mango"
+    first, stopped = outputs(roots(server)[2])
+    assert first == "Out[1]: 2"
+    assert stopped.startswith("KeyboardInterrupt: execution was interrupted")
+    assert "Out[" not in stopped and "_rlm_vf" not in stopped  # nothing of the helper it runs through

@@ -108,7 +108,7 @@ async def test_streamable_http_server_answers_inline_text_with_progress(tmp_path
         ({"question": "q"}, "exactly one of context_path"),
         ({"question": "q", "context_text": "a", "context_path": "/x"}, "exactly one of context_path"),
         ({"question": "  ", "context_text": "a"}, "question is empty"),
-        ({"question": "q", "context_text": "a", "max_depth": 99}, "max_depth must be from 0 to 3"),
+        ({"question": "q", "context_text": "a", "max_depth": 99}, "arguments['max_depth']=99 is more than the operator allows (at most 3)"),
         ({"question": "q", "context_path": "/tmp"}, "turned off on this server"),
     ],
 )

@@ -70,7 +70,8 @@ class SubcallHandler:
                 return f"[error] {exc.kind}: {message}"
             raise CallbackError(exc.kind, message) from None
         except Exception as exc:  # a host-side bug: its message is the host's too
-            raise CallbackError(type(exc).__name__, redact(str(exc))) from None
+            error = CallbackError.of(exc)
+            raise CallbackError(error.kind, redact(str(error))) from None
 
     async def _tool(self, args: dict[str, Any]) -> Any:
         name = str(args.get("name"))

@@ -309,18 +309,12 @@ def _read_api_keys(path: str) -> dict[str, str]:
 
 def _check_model(settings: Any) -> None:
     """Fail at start-up, not on the first request, for a bad model name, key or price."""
+    from recursa.config import Spelling
     from recursa.rlm import RLM
 
-    RLM(
-        settings.model,
-        sub_model=settings.sub_model,
-        base_url=settings.base_url,
-        api_key=settings.upstream_api_key,
-        budget=settings.budget,
-        sandbox=settings.sandbox,
-        trace=False,
-        **settings.rlm_options,
-    )
+    given = {"model": settings.model, "sub_model": settings.sub_model, "base_url": settings.base_url}
+    given |= {"api_key": settings.upstream_api_key, "budget": settings.budget, "sandbox": settings.sandbox}
+    RLM.configured(given | {"trace": False, **settings.rlm_options}, Spelling("cli"))
 
 
 def _check_options(settings: Any) -> None:

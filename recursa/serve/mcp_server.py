@@ -22,10 +22,10 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel
 
 from recursa.asgi.body_deadline import BodyDeadline
-from recursa.budget import Budget, cap_problem, positive_phrase
-from recursa.errors import RecursaError
+from recursa.config import Spelling
+from recursa.errors import ConfigError, RecursaError
 from recursa.lm.base import valid_unicode
-from recursa.overrides import refused_widening
+from recursa.overrides import client_settings
 from recursa.serve.admission import AdmissionLimit, BodyLimit
 from recursa.serve.callers import CLIENT_HEADER, caller_quota, identify, new_session_id, quota_of
 from recursa.serve.json_limits import JSONBounds
@@ -244,23 +244,20 @@ def _spec(
             raise ToolError(exc.message) from None
     elif not context_text:
         raise ToolError("context_text is empty")
-    depth = settings.max_depth if max_depth is None else max_depth
-    iterations = settings.max_iterations if max_iterations is None else max_iterations
-    if not 0 <= depth <= settings.max_depth_limit:
-        raise ToolError(f"max_depth must be from 0 to {settings.max_depth_limit}")
-    if not 1 <= iterations <= settings.max_iterations_limit:
-        raise ToolError(f"max_iterations must be from 1 to {settings.max_iterations_limit}")
-    budget = settings.budget
-    if max_usd is not None:
-        problem = cap_problem("max_usd", max_usd)
-        if problem is not None:
-            raise ToolError(
-                f"max_usd={max_usd!r}: {problem}; give {positive_phrase('max_usd')}, or leave it out"
-            )
-        if budget.max_usd is not None and max_usd > budget.max_usd:
-            raise ToolError(refused_widening("max_usd", max_usd, budget.max_usd))
-        budget = Budget(max_usd, budget.max_tokens, budget.max_seconds, budget.max_llm_calls)
-    return RunSpec(question, context, depth, iterations, budget)
+    given = {"max_depth": max_depth, "max_iterations": max_iterations, "max_usd": max_usd}
+    asked = {k: v for k, v in given.items() if v is not None}
+    try:  # the schema's policy for what a client may set, as recursa serve's requests have it
+        run = client_settings(asked, settings.run_limits(), _ARGUMENTS, models=None)
+    except ConfigError as exc:
+        raise ToolError(str(exc)) from None
+    depth = run.get("max_depth", settings.max_depth)
+    iterations = run.get("max_iterations", settings.max_iterations)
+    budget = run.get("budget", settings.budget)
+    return RunSpec(question, context, depth, iterations, budget, spelling=_ARGUMENTS)
+
+
+# A tool call's settings are its arguments: `arguments['max_depth']`, as MCP's tools/call sends them.
+_ARGUMENTS = Spelling("key", "arguments")
 
 
 async def _drive(run: LiveRun, ctx: Context, max_iterations: int) -> Answer:

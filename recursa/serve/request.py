@@ -20,10 +20,11 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from recursa.budget import Budget, cap_problem, positive_phrase
-from recursa.config import BUDGET_CAPS
+from recursa.budget import Budget
+from recursa.config import BUDGET_CAPS, Spelling
+from recursa.errors import ConfigError
 from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION
-from recursa.overrides import refused_widening
+from recursa.overrides import client_settings, refused_widening
 from recursa.serve.api_error import ApiError, bad
 from recursa.serve.fields import REASONING_EFFORTS, AnswerShape, parse_shape
 from recursa.serve.images import InlineImage, chat_image, context_images
@@ -42,7 +43,10 @@ RECURSA_KEYS = (
     "session",
     *BUDGET_KEYS,
 )
+# The run settings a request may send under `recursa`, each by its schema name and checked by the
+# schema's client policy; a budget's caps also one by one.
 SETTING_KEYS = frozenset(("max_depth", "max_iterations", "budget", *BUDGET_KEYS))
+REQUEST_SPELLING = Spelling("dotted", "recursa")
 _SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 NEW_SESSION = "new"  # recursa.session "new": the server picks an unguessable id and returns it
 
@@ -423,36 +427,16 @@ def _context_value_ok(value: Any) -> bool:
 
 
 def _apply_settings(req: RunRequest, extra: dict[str, Any], settings: ServeSettings) -> None:
-    req.max_depth = _int_option(extra, "max_depth", settings.max_depth, 0, settings.max_depth_limit)
-    req.max_iterations = _int_option(
-        extra, "max_iterations", settings.max_iterations, 1, settings.max_iterations_limit
-    )
-    asked: dict[str, Any] = {}
-    nested = extra.get("budget")
-    if nested is not None:
-        if not isinstance(nested, dict) or set(nested) - set(BUDGET_KEYS):
-            raise bad(f"recursa.budget must be an object with keys among {', '.join(BUDGET_KEYS)}", "budget")
-        asked.update(nested)
-    asked.update({k: extra[k] for k in BUDGET_KEYS if extra.get(k) is not None})
-    caps: dict[str, Any] = {}
-    for key in BUDGET_KEYS:
-        server = getattr(settings.budget, key)
-        value = asked.get(key)
-        if value is None:
-            caps[key] = server
-            continue
-        problem = cap_problem(key, value)
-        if problem is not None:
-            raise bad(
-                f"recursa.{key}={value!r}: {problem}; send {positive_phrase(key)}, or leave it out for the "
-                "server's cap",
-                f"recursa.{key}",
-            )
-        # A request can only tighten the operator's caps, never lift them.
-        if server is not None and value > server:
-            raise bad(refused_widening(f"recursa.{key}", value, server), f"recursa.{key}")
-        caps[key] = value
-    req.budget = Budget(**caps)
+    """The request's run settings, each checked by the schema's policy for what a client may set
+    (recursa/overrides.py): the depth and turns up to the operator's limits, budget caps no higher."""
+    asked = {k: v for k, v in extra.items() if k in SETTING_KEYS and v is not None}
+    try:
+        run = client_settings(asked, settings.run_limits(), REQUEST_SPELLING, models=None)
+    except ConfigError as exc:
+        raise bad(str(exc), f"recursa.{exc.setting}" if exc.setting else "recursa") from None
+    req.max_depth = run.get("max_depth", settings.max_depth)
+    req.max_iterations = run.get("max_iterations", settings.max_iterations)
+    req.budget = run.get("budget", settings.budget)
     # Reasoning tokens are billed as output: a request may ask the root model for less effort than
     # the operator's sampling gives it, never for more.
     effort, limit = req.shape.sampling.get("reasoning_effort"), settings.reasoning_effort_limit()
@@ -463,11 +447,3 @@ def _apply_settings(req: RunRequest, extra: dict[str, Any], settings: ServeSetti
 def _rank(effort: str) -> int:
     return REASONING_EFFORTS.index(effort) if effort in REASONING_EFFORTS else len(REASONING_EFFORTS)
 
-
-def _int_option(extra: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
-    value = extra.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise bad(f"recursa.{key} must be an integer from {low} to {high} on this server", f"recursa.{key}")
-    return value

@@ -140,10 +140,11 @@ class VerifiersDialect(ToolsDialect):
             )
             if res.partial is not None:
                 self._partial = res.partial
-            record = await runner.value(RESULT_NAME)
-            text = self.texts.output(
-                res.stdout, res.stderr, read_result(record.value if record else None), self.max_output_length
-            )
+            stderr, record = _escaped(res)
+            if record is None:
+                found = await runner.value(RESULT_NAME)
+                record = read_result(found.value if found else None)
+            text = self.texts.output(res.stdout, stderr, record, self.max_output_length)
             results.append(CellResult(cell, None, _with_notes(text, res)))
             if res.final is not None and res.final.protocol == "answer":
                 final = res.final
@@ -166,6 +167,18 @@ class VerifiersDialect(ToolsDialect):
         ]
         self._seen.extend(messages)
         return messages  # type: ignore[return-value]
+
+
+def _escaped(res: ExecResult) -> tuple[str, dict[str, Any] | None]:
+    """stderr, and the cell's record when what stopped it got past the helper (an interrupt at the
+    time limit): recursa's traceback of it goes (its frames are the helper's), its last line stays."""
+    if not res.error:
+        return res.stderr, None
+    trace = res.error.rstrip("\n")
+    written = res.stderr.rstrip("\n")
+    if written.endswith(trace):
+        written = written[: len(written) - len(trace)]
+    return written, {"status": "error", "result": trace.splitlines()[-1]}
 
 
 def _with_notes(text: str, res: ExecResult) -> str:
