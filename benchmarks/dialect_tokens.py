@@ -46,6 +46,12 @@ class Root:
             code = f"hits = [l for l in context.splitlines() if l.endswith(' 42')]\nprint(str(hits)[:{self.output_chars}])"
         else:
             code = "answer['content'] = str(len(hits))\nanswer['ready'] = True"
+        if self.dialect == "verifiers" and turn >= self.turns - 1:
+            # Its turn limit ends the run before the last reply's calls run: the answer is set a turn
+            # earlier, and the last reply, with no call, ends the rollout.
+            if turn == self.turns:
+                return LMResponse("Done.", tokens, 20)
+            code += "\nanswer['content'] = str(len(hits))"
         if self.dialect in TOOL_DIALECTS:
             call = ToolCall(f"call_{turn}", "call_python_repl", {"code": code})
             return LMResponse("", tokens, 20, tool_calls=[call])

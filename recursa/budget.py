@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from recursa.errors import BudgetExceeded, ConfigError
+from recursa.outcomes import BUDGET_LIMITS, BudgetLimit
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class Budget:
     max_llm_calls: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_usd", "max_tokens", "max_seconds", "max_llm_calls"):
+        for name in BUDGET_LIMITS:
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, _checked(name, value))
@@ -47,7 +48,7 @@ _ZERO = {
     "max_seconds": "the run would time out before its first model call",
     "max_llm_calls": "a run needs at least one model call",
 }
-_EXAMPLE = {"max_usd": "1.0", "max_tokens": "200000", "max_seconds": "300", "max_llm_calls": "50"}
+CAP_EXAMPLES = {"max_usd": "1.0", "max_tokens": "200000", "max_seconds": "300", "max_llm_calls": "50"}
 
 
 def cap_problem(name: str, value: object) -> str | None:
@@ -83,7 +84,7 @@ def _checked(name: str, value: object) -> int | float:
     """`value` as an int (counts) or a float, or a ConfigError that names the argument and the fix."""
     problem = cap_problem(name, value)
     if problem is not None:
-        fix = f"use {positive_phrase(name)} such as {name}={_EXAMPLE[name]} or None (no cap)."
+        fix = f"use {positive_phrase(name)} such as {name}={CAP_EXAMPLES[name]} or None (no cap)."
         if isinstance(value, str):
             fix += " (A number read from text needs converting first: float(...) or int(...).)"
         raise ConfigError(f"Budget({name}={value!r}): {problem}; {fix}")
@@ -128,7 +129,7 @@ class Ledger:
         b = self.budget
         usd = usd or 0.0
         with self._lock:
-            refusal = None
+            refusal: tuple[BudgetLimit, str] | None = None
             if self.deadline is not None and self._monotonic() >= self.deadline:
                 refusal = ("max_seconds", f"the run's time budget of {b.max_seconds:g} s is used up")
             elif b.max_llm_calls is not None and self.calls + self.in_flight + 1 > b.max_llm_calls:
@@ -161,7 +162,7 @@ class Ledger:
             self.in_flight += 1
             return Reservation(tokens, usd)
 
-    def used_up(self) -> str | None:
+    def used_up(self) -> BudgetLimit | None:
         """Which cap is reached (so the next call would be refused whatever its size), or None."""
         b = self.budget
         with self._lock:

@@ -15,6 +15,7 @@ from recursa.cli_options import (
     HelpFormatter,
     add_model_names,
     add_model_options,
+    check_caps,
     check_context,
     for_cli,
     rlm_kwargs,
@@ -202,8 +203,10 @@ def _rlm_from_args(
 ) -> RLM:
     """The RLM that the options of `add_model_options` describe."""
     from recursa import RLM
+    from recursa.config import Spelling
 
-    return RLM(args.model, **rlm_kwargs(args, question), on_event=on_event)
+    settings = {"model": args.model, **rlm_kwargs(args, question), "on_event": on_event}
+    return RLM.configured(settings, Spelling("cli"))
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -380,6 +383,7 @@ def _add_bench_parser(sub: Any) -> None:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from recursa.bench import run as run_bench
 
+    check_caps(args)
     report = run_bench(
         args.task,
         sizes=args.sizes,

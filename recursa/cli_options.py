@@ -1,9 +1,10 @@
 """The command line's model options (shared by run, chat, serve and mcp), their checks, and error
 messages in the command line's own terms.
 
-Everything an `RLM(...)` argument can do that a CLI user needs has a flag here; an error raised
-in Python terms ("pass RLM(prices=...)") is rewritten for the flag the user can actually type
-(`for_cli`), so nobody at a shell is told to edit Python.
+Everything an `RLM(...)` argument can do that a CLI user needs has a flag here. The CLI's RLM is
+made with the schema's CLI spelling (`RLM.configured(..., Spelling("cli"))`), so a bad setting is
+named as the flag the user typed; `for_cli` tells in flags only what the layers below the schema
+say in Python terms (a model client's "pass api_key="), which cannot know who called them.
 """
 
 from __future__ import annotations
@@ -154,6 +155,20 @@ def check_flags(args: argparse.Namespace) -> None:
 
     values = {name: value for name, value in flag_values(args).items() if value is not None}
     RLMConfig.checked(Spelling("cli"), model=args.model, sub_model=args.sub_model or args.model, **values)
+    check_caps(args)
+
+
+def check_caps(args: argparse.Namespace) -> None:
+    """The budget caps given as flags (--max-usd, ...), each checked as Budget checks it."""
+    from recursa.budget import CAP_EXAMPLES, cap_problem, positive_phrase
+
+    for name, (flag, _) in BUDGET_CAPS.items():
+        value = getattr(args, name, None)
+        if value is not None and (problem := cap_problem(name, value)) is not None:
+            raise ConfigError(
+                f"{flag} {value}: {problem}; use {positive_phrase(name)} such as {flag} {CAP_EXAMPLES[name]}, "
+                "or leave the flag out for no cap."
+            )
 
 
 def flag_values(args: argparse.Namespace) -> dict[str, Any]:
@@ -326,29 +341,16 @@ def check_context(value: str) -> Path:
 
 # Python argument -> the flag a CLI user types instead.
 FLAGS = {n: s.flag for n, s in SETTINGS.items() if s.flag} | {n: cap[0] for n, cap in BUDGET_CAPS.items()}
-_PRICES_CALL = re.compile(r"RLM\(\.\.\., prices=\{.*?\}\}\)")
-_CALL = re.compile(r"(?:RLM|Budget)\((\w+)=([^()]*?)\)")
-# Python-only ways out that a CLI user has no flag for, and what to say instead.
-_PYTHON_ONLY = (
-    (", or trace=False for no trace", ""),
-    (" or None (no cap)", ", or leave the flag out for no cap"),
-    (" (or None: the same as exec_timeout)", ""),
-)
+_CALL = re.compile(r"RLM\((\w+)=([^()]*?)\)")
 _NAME = re.compile(
     r"(?<![\w.-])(" + "|".join(sorted(FLAGS, key=len, reverse=True)) + r")(=([^\s,;)]*))?(?![\w(])"
 )
 
 
 def for_cli(message: str) -> str:
-    """An error written for Python callers, told in flags (unknown forms are left as they are)."""
-    message = _PRICES_CALL.sub(
-        '--prices FILE (a JSON or TOML file such as {"openai/my-model": {"input_per_mtok": 0.25, '
-        '"output_per_mtok": 2.0}})',
-        message,
-    )
+    """A message of a layer below the schema (a model client, a run's stop reason), written for
+    Python callers, told in flags (unknown forms are left as they are)."""
     message = _CALL.sub(lambda m: _flag(m.group(1), m.group(2)) or m.group(0), message)
-    for python, cli in _PYTHON_ONLY:
-        message = message.replace(python, cli)
 
     def name(m: re.Match[str]) -> str:
         # Plain words ("model", "prompt") are only argument names when written `name=...`.

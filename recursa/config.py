@@ -28,7 +28,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, InstanceOf, ValidationError, field_validator
 
@@ -36,7 +36,9 @@ from recursa.budget import Budget
 from recursa.errors import ConfigError
 from recursa.sandbox import SANDBOXES
 
-SAMPLING_ROLES = ("root", "child", "sub")
+SamplingRole = Literal["root", "child", "sub"]
+SAMPLING_ROLES: tuple[SamplingRole, ...] = get_args(SamplingRole)
+SandboxName = Literal[tuple(SANDBOXES)]  # type: ignore[valid-type]  (the registry's names)
 # The prompt templates shipped with the loop (files in recursa/loop/prompts/): the names RLM(prompt=) takes.
 # "qwen", "small" and "claude" are the default prompt with a family's advice added (loop/prompts.py).
 BUILTIN_TEMPLATES = ("default", "qwen", "small", "claude", "answer-dict")
@@ -117,7 +119,7 @@ class RLMConfig(_Schema):
     max_depth: int = setting(1, "0 runs code only; 1 adds llm_query sub-calls; 2 or more, child RLMs", flag="--max-depth", client="tighten", ge=0)
     max_iterations: int = setting(30, "root turns before one last call asks for the answer", flag="--max-iterations", client="tighten", example="30", env=("max_turns", 10), ge=1)
     budget: InstanceOf[Budget] = setting(help="hard caps over the whole call tree (docs/concepts.md, \"Budgets are hard caps\")", client="tighten", factory=Budget, what="a recursa.Budget(max_usd=..., max_tokens=..., ...)", example="Budget(max_llm_calls=200)")
-    sandbox: str = setting("auto", "where the REPL runs (docs/sandbox.md)", flag="--sandbox")
+    sandbox: SandboxName = setting("auto", "where the REPL runs (docs/sandbox.md)", flag="--sandbox", what=f"a sandbox kind, one of: {', '.join(SANDBOXES)}")
     sandbox_options: dict[str, Any] | None = setting(None, "passed to the sandbox's constructor, e.g. {'start_timeout': 30}", what="a dict of option names to values", example="{'start_timeout': 30}")
     exec_timeout: Seconds = setting(120.0, "seconds one REPL cell may run before it is interrupted (its variables are kept)", flag="--exec-timeout", client="tighten", gt=0)
     turn_timeout: Seconds | None = setting(None, "seconds all the code of one reply may run together; each block runs at most exec_timeout and what is left of this (None: exec_timeout)", flag="--turn-timeout", client="tighten", example="120", gt=0)
@@ -135,7 +137,7 @@ class RLMConfig(_Schema):
     max_retries: int = setting(4, "retries of one failed model call", client="tighten", ge=0)
     on_event: Callable[[dict[str, Any]], None] | None = setting(None, "called with every trace event as it happens (e.g. an OtelListener)", what="a function taking one event dict, or None")
     call_headers: bool = setting(False, "send the X-RLM-* attribution headers with every call", client="client", env=("call_headers", True))
-    sampling: dict[str, dict[str, Any]] | None = setting(None, "request options per role, 'root', 'child' and 'sub' (docs/training.md)", example="{'root': {'temperature': 1.0, 'seed': 7}, 'sub': {'temperature': 0.0}}")
+    sampling: dict[SamplingRole, dict[str, Any]] | None = setting(None, "request options per role, 'root', 'child' and 'sub' (docs/training.md)", what=f"a dict of roles to request options (roles: {', '.join(SAMPLING_ROLES)})", example="{'root': {'temperature': 1.0, 'seed': 7}, 'sub': {'temperature': 0.0}}")
     subcall_errors: Literal["raise", "return"] = setting("raise", "a sub-call that fails for good 'raise's in the REPL or 'return's an '[error] ...' str", client="client")
     max_run_retries: int = setting(200, "model-call retries summed over the whole tree", client="tighten", ge=0)
     tools: list[Any] = setting(help="functions the REPL code may call (docs/tools.md)", factory=list)
@@ -153,13 +155,6 @@ class RLMConfig(_Schema):
     dialect_options: dict[str, Any] | None = setting(None, "options of a named dialect, e.g. {'tool_name': 'python'} for 'tools'", flag="--dialect-option KEY=VALUE", client="client", example="{'tool_name': 'python'}")
     cache_subcalls: bool = setting(False, "answer identical sub-calls (model, messages, sampling, tools) once per call tree, session or RLMEnv group (lm/call_cache.py)", flag="--cache-subcalls", client="client")
 
-    @field_validator("sandbox")
-    @classmethod
-    def _sandbox(cls, value: str) -> str:
-        if value not in SANDBOXES:
-            raise Invalid(f"a sandbox kind (unknown sandbox {value!r}); choose one of: {', '.join(SANDBOXES)}")
-        return value
-
     @field_validator("sandbox_options")
     @classmethod
     def _sandbox_options(cls, value: dict[str, Any] | None, info: Any) -> dict[str, Any] | None:
@@ -174,13 +169,6 @@ class RLMConfig(_Schema):
                 f"options sandbox {info.data.get('sandbox')!r} takes: it takes no option "
                 f"{', '.join(map(repr, unknown))}; its options: {', '.join(accepted or [])}"
             )
-        return value
-
-    @field_validator("sampling")
-    @classmethod
-    def _sampling(cls, value: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, Any]] | None:
-        if value and any(role not in SAMPLING_ROLES for role in value):
-            raise Invalid(f"a dict of roles to request options (roles: {', '.join(SAMPLING_ROLES)})")
         return value
 
     @field_validator("prices")
@@ -354,11 +342,17 @@ class Spelling:
     `form`: "python" (`RLM(name=value)`), "cli" (`--flag value`), "key" (`extras['name']=value`) or
     "dotted" (`_meta.recursa/runtime-v1.name=value`); `owner`: the callable ("RLM") or the container
     ("extras", "_meta.recursa/runtime-v1"); `names`: the caller's own name for a setting where it
-    differs from the schema's (RLMEnv's max_turns is max_iterations)."""
+    differs from the schema's (RLMEnv's max_turns is max_iterations); `defaults`: the caller's own
+    default for a setting where it differs from the schema's, by schema name."""
 
     form: Literal["python", "cli", "key", "dotted"]
     owner: str = "RLM"
     names: Mapping[str, str] = field(default_factory=dict)
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+
+    def schema_name(self, own: str) -> str:
+        """The schema's name of the setting the caller calls `own`."""
+        return next((name for name, mine in self.names.items() if mine == own), own)
 
     def label(self, name: str) -> str:
         own = self.names.get(name, name)
@@ -377,10 +371,11 @@ class Spelling:
         return declared is not None and "=" in (declared.flag or "")
 
     def given(self, name: str, value: Any) -> str:
-        """The setting as the caller passed it: `RLM(max_depth=-1)`, `--max-depth -1`, ..."""
+        """The setting as the caller passed it: `RLM(max_depth=-1)`, `--max-depth -1`, ...; in Python
+        a budget cap is an argument of `Budget`."""
         shown = _REPR.repr(value)
         if self.form == "python":
-            return f"{self.owner}({self.label(name)}={shown})"
+            return f"{'Budget' if name in BUDGET_CAPS else self.owner}({self.label(name)}={shown})"
         if self.form == "cli":
             if isinstance(value, dict) and self._pairs(name):
                 return " ".join(f"{self.label(name)} {k}={v}" for k, v in value.items())
@@ -395,6 +390,14 @@ class Spelling:
         return self.label(name)
 
     def assign(self, name: str, example: str) -> str:
+        """How this caller sets `name` to `example`; a client is pointed to the operator's flag for
+        a setting only the operator sets."""
+        declared = setting_of(name) if name in SETTINGS or name in ENV_SETTINGS else None
+        flag = (declared.flag or "") if declared is not None else ""
+        if self.form in ("key", "dotted") and declared is not None and declared.client == "operator":
+            return f"the operator's {flag or declared.name}"
+        if self.form == "cli" and flag.endswith(" FILE"):  # the value is a file's content
+            return f"{flag} (a JSON or TOML file such as {example})"
         if self.form == "cli":
             if example.startswith("{") and self._pairs(name):
                 return self.given(name, ast.literal_eval(example))
@@ -413,18 +416,20 @@ class Spelling:
             known = [self.names.get(n, n) for n in model.model_fields]
             close = near_miss(self.names.get(name, name), known)
             hint = f"did you mean {close!r}?" if close else "see docs/reference/settings.md for the settings"
-            return ConfigError(f"{self.given(name, values.get(name))}: {name} is not a setting; {hint}")
+            return ConfigError(f"{self.given(name, values.get(name))}: {name} is not a setting; {hint}", setting=name)
         declared = setting_of(name)
         cause = (first.get("ctx") or {}).get("error")
         if isinstance(cause, Invalid):
-            return ConfigError(self.problem(name, values.get(name), cause.what, cause.example))
-        own = declared.env is not None and name in self.names  # RLMEnv's name: RLMEnv's default
-        example = _shown(declared.env[1]) if own and declared.env else declared.example
+            return ConfigError(self.problem(name, values.get(name), cause.what, cause.example), setting=name)
+        example = _shown(self.defaults[name]) if name in self.defaults else declared.example
         what = declared.what
         if declared.optional and self.form != "cli" and "None" not in what:
             what += " (or None)"
-        return ConfigError(self.problem(name, values.get(name), what, example))
+        return ConfigError(self.problem(name, values.get(name), what, example), setting=name)
 
+
+# How RLMEnv's callers write settings: its own names and defaults (`setting(env=...)`).
+ENV_SPELLING = Spelling("python", "RLMEnv", ENV_NAMES, {n: s.env[1] for n, s in SETTINGS.items() if s.env})
 
 _REPR = reprlib.Repr()
 _REPR.maxstring = _REPR.maxother = 60

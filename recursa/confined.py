@@ -231,10 +231,7 @@ class _Walk:
             kind = image_type(data)
             if kind is not None:
                 self.images[rel] = data
-                self.files[rel] = (
-                    f"[image file: {kind}, {len(data):,} bytes. Show it to a sub-model with "
-                    f"llm_query(prompt, images=[{rel!r}])]"
-                )
+                self.files[rel] = image_entry(rel, kind, len(data))
                 return
             text = as_text(data)
         except OSError as exc:
@@ -303,6 +300,11 @@ _IMAGE_MAGIC = (
     (b"GIF87a", "image/gif"),
     (b"GIF89a", "image/gif"),
 )
+
+
+def image_entry(name: str, kind: str, size: int) -> str:
+    """What a context holds for an image (its bytes stay on the host, by `name`)."""
+    return f"[image file: {kind}, {size:,} bytes. Show it to a sub-model with llm_query(prompt, images=[{name!r}])]"
 
 
 def image_type(data: bytes) -> str | None:

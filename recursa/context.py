@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recursa.confined import ConfinedPath, read_context_path
+from recursa.confined import ConfinedPath, image_entry, image_type, read_context_path
 from recursa.errors import ContextError
 
 # Encoded piece by piece: the host's transient copy is a few of these (a slice, its bytes, the
@@ -70,7 +70,8 @@ class ContextPayload:
     # might give other bytes, so that buffer is kept instead.
     rebuild: Callable[[], ContextPayload] | None = field(default=None, repr=False)
     released: bool = False  # the REPL freed the bytes while loading them: build it again to reuse
-    # A folder context's image files by name: kept on the host for llm_query(images=[name]).
+    # A folder's image files, or a dict context's image values, by name: kept on the host for
+    # llm_query(images=[name]).
     images: dict[str, bytes] = field(default_factory=dict, repr=False)
 
     def close(self) -> None:
@@ -242,7 +243,31 @@ def _encode(context: Any) -> ContextPayload:
         payload.images = images
         payload.info.folder = isinstance(text, dict)
         return payload
+    if isinstance(context, dict) and any(isinstance(v, (bytes, bytearray, memoryview)) for v in context.values()):
+        return _with_images(context)
     return _encode_value(context, [])
+
+
+def _with_images(context: dict[Any, Any]) -> ContextPayload:
+    """A dict context whose values may be image bytes: each image is listed as a folder's image
+    file is, and kept on the host by its key for llm_query(images=[key])."""
+    text: dict[Any, Any] = {}
+    images: dict[str, bytes] = {}
+    for key, value in context.items():
+        if isinstance(value, (bytes, bytearray, memoryview)) and isinstance(key, str):
+            data = bytes(value)
+            kind = image_type(data)
+            if kind is None:
+                raise ContextError(
+                    f"context value of key {key!r} is bytes but not a PNG, JPEG, GIF or WebP image; a dict "
+                    "context's values are str, or image bytes (decode text with .decode('utf-8'))."
+                )
+            images[key] = data
+            value = image_entry(key, kind, len(data))
+        text[key] = value
+    payload = _encode_value(text, [])
+    payload.images = images
+    return payload
 
 
 def _encode_value(context: Any, skipped: list[str]) -> ContextPayload:

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from recursa.outcomes import BudgetLimit
+
 
 class RecursaError(Exception):
     """Base class of every error recursa raises on purpose."""
 
 
 class ConfigError(RecursaError, ValueError):
-    """The RLM was configured in a way that cannot work (unknown provider, missing key, no price...)."""
+    """The RLM was configured in a way that cannot work (unknown provider, missing key, no price...).
+    `setting`: the setting at fault, by the schema's name, where one is."""
+
+    def __init__(self, message: str, *, setting: str | None = None) -> None:
+        super().__init__(message)
+        self.setting = setting
 
 
 class ContextError(RecursaError, ValueError):
@@ -21,9 +28,9 @@ class BudgetExceeded(RecursaError):
     Raised before the call is sent, so the cap itself is never exceeded.
     """
 
-    def __init__(self, limit: str, message: str) -> None:
+    def __init__(self, limit: BudgetLimit, message: str) -> None:
         super().__init__(message)
-        self.limit = limit
+        self.limit: BudgetLimit = limit
 
 
 class LMError(RecursaError):

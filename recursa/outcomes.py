@@ -1,4 +1,5 @@
-"""How a run ends, as the closed sets of values results and traces carry (and users may match on)."""
+"""How a run ends and how its calls fail, as the closed sets of values results and traces carry
+(and users may match on)."""
 
 from __future__ import annotations
 
@@ -12,3 +13,19 @@ STOP_REASONS: tuple[StopReason, ...] = get_args(StopReason)
 # forced last call, or answer["content"] set by code that never marked it ready.
 AnswerProtocol = Literal["FINAL", "FINAL_VAR", "answer", "forced", "partial"]
 ANSWER_PROTOCOLS: tuple[AnswerProtocol, ...] = get_args(AnswerProtocol)
+# The cap of a Budget that refused a call: BudgetExceeded.limit.
+BudgetLimit = Literal["max_usd", "max_tokens", "max_seconds", "max_llm_calls"]
+BUDGET_LIMITS: tuple[BudgetLimit, ...] = get_args(BudgetLimit)
+# Why a model call was not sent: the trace's lm_call `refused`, a baseline's `failure`.
+Refusal = Literal["context_window", "budget", BudgetLimit]
+# What a failed call from the REPL to the host raises there, by class name: the kind of an error
+# reply (CallbackError.kind), of a failed batch item's `__error__`, and of "[error] <kind>: ..." text
+# under subcall_errors="return". The worker makes the class of that name (sandbox/worker/errors.py).
+ErrorKind = Literal["SubcallError", "BudgetExceeded", "ToolError", "TypeError", "ValueError", "SandboxError"]
+ERROR_KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
+
+
+def error_kind(name: str) -> ErrorKind:
+    """`name` when it is an error kind, else "SubcallError" (a failure the REPL's code cannot fix
+    by calling differently): what a kind read from a wire or an exception's class becomes."""
+    return name if name in ERROR_KINDS else "SubcallError"  # type: ignore[return-value]

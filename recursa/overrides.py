@@ -20,6 +20,7 @@ from typing import Any
 from recursa.budget import Budget, cap_problem, positive_phrase
 from recursa.config import BUDGET_CAPS, EnvConfig, RLMConfig, Spelling, near_miss, setting_of
 from recursa.errors import ConfigError
+from recursa.outcomes import BUDGET_LIMITS
 
 # Caps that bound only what the client's own key pays for; max_seconds also holds the operator's
 # machine (a sandbox, a run slot), so it can only be lowered whoever pays for the calls.
@@ -41,7 +42,13 @@ def client_settings(
     a model that is not one of `models` while the operator's key pays, is a ConfigError naming the
     option and the operator's limit. `stated_only` (a trainer's rows under its own config): only
     the limits in `limits` hold, any model goes when `models` is None, and the operator-only
-    settings are the row's to set too (the trainer runs both)."""
+    settings are the row's to set too (the trainer runs both). A budget's caps may also come one by
+    one (`recursa.max_usd`): parts of `budget`, each named as given. A ConfigError's `setting` names
+    the option at fault."""
+    given = dict(given)
+    loose = {cap: given.pop(cap) for cap in BUDGET_CAPS if cap in given}
+    if loose:
+        given.setdefault("budget", None)
     out: dict[str, Any] = {}
     for name, value in given.items():
         declared = setting_of(name)
@@ -50,10 +57,11 @@ def client_settings(
             continue
         if declared.client == "operator":
             raise ConfigError(
-                f"{spelling.given(name, value)}: {spelling.label(name)} is set by the operator only; leave it out"
+                f"{spelling.given(name, value)}: {spelling.label(name)} is set by the operator only; leave it out",
+                setting=name,
             )
         if name == "budget":
-            out[name] = _budget(value, limits.get("budget") or Budget(), spelling, own_key)
+            out[name] = _budget(value, loose, limits.get("budget") or Budget(), spelling, own_key)
             continue
         value = checked_value(name, value, spelling)
         if declared.client == "choose" and not own_key and models is not None and value not in models:
@@ -63,7 +71,7 @@ def client_settings(
             )
         limit = limits.get(name) if stated_only else limits.get(name, declared.default)
         if declared.client == "tighten" and limit is not None and value is not None and value > limit:
-            raise ConfigError(refused_widening(spelling.label(name), value, limit))
+            raise ConfigError(refused_widening(spelling.label(name), value, limit), setting=name)
         out[name] = value
     return out
 
@@ -79,18 +87,32 @@ def checked_value(name: str, value: Any, spelling: Spelling) -> Any:
     return model.check_one(name, value, spelling)
 
 
-def _budget(value: Any, operator: Budget, spelling: Spelling, own_key: bool) -> Budget:
-    """The operator's caps with the client's own in place of those it sets, none of them higher."""
-    asked = budget_value(spelling.label("budget"), value)
+def _budget(value: Any, loose: Mapping[str, Any], operator: Budget, spelling: Spelling, own_key: bool) -> Budget:
+    """The operator's caps with the client's own in place of those it sets, none of them higher:
+    `value` (a Budget or a dict of caps) and the caps given one by one (`loose`)."""
+    where = spelling.label("budget")
+    try:
+        whole = budget_value(where, value if value is not None else {})
+    except ConfigError as exc:
+        raise ConfigError(str(exc), setting="budget") from None
+    asked = {cap: getattr(whole, cap) for cap in BUDGET_CAPS}
+    for cap, mine in loose.items():
+        if (problem := cap_problem(cap, mine)) is not None:
+            raise ConfigError(
+                f"{spelling.given(cap, mine)}: {problem}; send {positive_phrase(cap)}, or leave it out for "
+                "the operator's cap",
+                setting=cap,
+            )
+        asked[cap] = mine
     caps = {cap: getattr(operator, cap) for cap in BUDGET_CAPS}
-    for cap in BUDGET_CAPS:
-        mine, theirs = getattr(asked, cap), caps[cap]
+    for cap, mine in asked.items():
+        theirs = caps[cap]
         if mine is None:
             continue
         if theirs is not None and mine > theirs and not (own_key and cap in _MONEY_CAPS):
-            where = spelling.label("budget")
             label = f"{where}[{cap!r}]" if spelling.form == "key" else f"{where}.{cap}"
-            raise ConfigError(refused_widening(label, mine, theirs))
+            label = spelling.label(cap) if cap in loose else label
+            raise ConfigError(refused_widening(label, mine, theirs), setting=cap if cap in loose else "budget")
         caps[cap] = mine
     return Budget(**caps)
 
@@ -171,8 +193,7 @@ def budget_value(name: str, value: Any) -> Budget:
         raise ConfigError(
             f"{name} is {kind(value)}; give a dict of Budget fields, e.g. {{'max_llm_calls': 200}}"
         )
-    fields = ("max_usd", "max_tokens", "max_seconds", "max_llm_calls")
-    check_keys(value, fields, lambda key: f"{name}[{key!r}]", strict=True)
+    check_keys(value, BUDGET_LIMITS, lambda key: f"{name}[{key!r}]", strict=True)
     for field, cap in value.items():
         if cap is not None and (problem := cap_problem(field, cap)) is not None:
             raise ConfigError(

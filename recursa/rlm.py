@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from recursa.budget import Budget
 from recursa.config import DEFAULTS as D
 from recursa.config import RLMConfig, Spelling
-from recursa.configure import build_config
+from recursa.configure import build_config, check_models
 from recursa.context import load_payload
 from recursa.errors import ConfigError
 from recursa.lm.base import estimate_tokens_upper
 from recursa.lm.prices import ModelPrice, PriceBook
-from recursa.lm.registry import make_client, parse_model
+from recursa.lm.registry import parse_model
 from recursa.loop.answer_schema import AnswerCheck
 from recursa.loop.engine import RunEngine
 from recursa.loop.options import RunOptions
@@ -96,21 +96,20 @@ class RLM:
         **settings: Any,
     ) -> None:
         given = {k: v for k, v in locals().items() if k not in ("self", "settings", "__class__")}
-        self.config, clients = build_config(given | settings, Spelling("python", "RLM"))
-        self.prices = PriceBook(prices)
-        clients.alias_prices(self.prices)
-        for spec in self.config.subcall_models():
-            provider, name = parse_model(spec)
-            if spec not in clients.clients:
-                # Building a client checks the provider and the key now rather than mid-run.
-                make_client(spec, base_url=base_url, api_key=api_key)
-            if self.config.budget.max_usd is not None and not self.prices.known(provider, name):
-                raise ConfigError(
-                    f"max_usd is set but no price is known for {spec!r}. Give one with "
-                    f'RLM(..., prices={{"{spec}": {{"input_per_mtok": 0.25, "output_per_mtok": 2.0}}}}) '
-                    "(US dollars per million tokens), or drop max_usd and cap max_tokens instead."
-                )
-        _check_first_call(self.config, self.prices)
+        self._configure(given | settings, Spelling("python", "RLM"))
+
+    @classmethod
+    def configured(cls, settings: Mapping[str, Any], spelling: Spelling) -> RLM:
+        """The RLM of `settings` (by schema name) whose errors name each setting as `spelling` writes
+        it: how a front door other than Python's (the CLI's flags) makes one."""
+        rlm = cls.__new__(cls)
+        rlm._configure(dict(settings), spelling)
+        return rlm
+
+    def _configure(self, given: dict[str, Any], spelling: Spelling) -> None:
+        self.config, self.prices = build_config(given, spelling)
+        check_models(self.config, self.prices, self.config.subcall_models(), spelling)
+        _check_first_call(self.config, self.prices, spelling)
 
     def __repr__(self) -> str:
         c = self.config
@@ -170,7 +169,7 @@ class RLM:
         return run_sync(self.acompletion(prompt))
 
 
-def _check_first_call(config: RLMConfig, prices: PriceBook) -> None:
+def _check_first_call(config: RLMConfig, prices: PriceBook, spelling: Spelling) -> None:
     """A budget too small for the root's first call would stop every run at once, with a message
     written for the model: say so now, with the numbers. The floor counts only what every first call
     holds (the system prompt's fixed text, a token per byte as reservations do, and
@@ -180,23 +179,24 @@ def _check_first_call(config: RLMConfig, prices: PriceBook) -> None:
         return
     system = fixed_text(template_for(config.model, config.prompt))
     prompt = estimate_tokens_upper([{"role": "system", "content": system}, {"role": "user", "content": ""}])
-    out = config.max_output_tokens
+    out, out_name = config.max_output_tokens, spelling.label("max_output_tokens")
     if budget.max_tokens is not None and budget.max_tokens < prompt + out:
         need = prompt + out
         raise ConfigError(
-            f"Budget(max_tokens={budget.max_tokens}) is less than the root's first call reserves before it "
-            f"is sent: at least {need:,} tokens (its system prompt, {prompt:,} at a token per byte, plus "
-            f"max_output_tokens ({out:,})), so every run would stop at once. Raise max_tokens well above "
-            f"{need:,} (a run makes several calls), or lower max_output_tokens."
+            f"{spelling.given('max_tokens', budget.max_tokens)} is less than the root's first call reserves "
+            f"before it is sent: at least {need:,} tokens (its system prompt, {prompt:,} at a token per "
+            f"byte, plus {out_name} ({out:,})), so every run would stop at once. Raise "
+            f"{spelling.label('max_tokens')} well above {need:,} (a run makes several calls), or lower {out_name}."
         )
     if budget.max_usd is not None:
         provider, name = parse_model(config.model)
         cost = prices.worst_case(provider, name, prompt, out)
         if cost is not None and budget.max_usd < cost:
             raise ConfigError(
-                f"Budget(max_usd={budget.max_usd:g}) is less than the root's first call of {config.model!r} "
-                f"can cost, which is reserved before it is sent: at least ${cost:.4f} ({prompt:,} prompt "
-                f"tokens and max_output_tokens ({out:,}) at its price), so every run would stop at once. "
-                "Raise max_usd well above that (a run makes several calls), or lower max_output_tokens."
+                f"{spelling.given('max_usd', budget.max_usd)} is less than the root's first call of "
+                f"{config.model!r} can cost, which is reserved before it is sent: at least ${cost:.4f} "
+                f"({prompt:,} prompt tokens and {out_name} ({out:,}) at its price), so every run would stop "
+                f"at once. Raise {spelling.label('max_usd')} well above that (a run makes several calls), "
+                f"or lower {out_name}."
             )
 

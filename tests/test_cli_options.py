@@ -139,10 +139,6 @@ def test_run_help_as_a_subprocess_shows_the_new_flags(tmp_path):
             "set OPENAI_API_KEY or pass api_key= (or pass base_url= for a local",
             "pass --api-key-env NAME (or pass --base-url for",
         ),
-        (
-            "Budget(max_usd=-1.0): use a non-negative number or None (no cap).",
-            "--max-usd -1.0: use a non-negative number, or leave",
-        ),
         ("drop max_usd and cap max_tokens instead", "drop --max-usd and cap --max-tokens instead"),
         (
             "pass the server's address with its scheme, e.g. base_url='http://localhost:8000/v1'.",

@@ -6,6 +6,7 @@ conversation with the environment itself where verifiers 0.1.14 is installed."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -83,14 +84,16 @@ def test_a_call_that_sets_the_answer_ends_the_rollout(server, tmp_path):
     ]
 
 
-def test_the_context_itself_with_extra_data_value(server, tmp_path):
+def test_the_context_itself_with_extra_data_value_and_a_shorter_cut(server, tmp_path):
     result = run(
         server,
         tmp_path,
+        call("print('x' * 100)"),
         call("answer['content'] = extra_data.split()[-1]\nanswer['ready'] = True"),
-        options={"extra_data": "value"},
+        options={"extra_data": "value", "max_output_length": "40"},  # as --dialect-option gives it
     )
     assert (result.answer, result.stop_reason) == ("mango", "final")
+    assert outputs(roots(server)[1]) == ["x" * 40 + "\n[the output was cut here]"]
 
 
 def test_a_folder_context_and_the_transcript_file(server, tmp_path):
@@ -158,20 +161,44 @@ def test_calls_it_cannot_run_are_answered_and_every_call_runs(server, tmp_path):
     ]
 
 
-def test_bad_options_are_named(server, tmp_path):
+def test_bad_options_are_named(server):
+    def make(**options):
+        RLM(
+            "openai/root", base_url=server.base_url, api_key=KEY, dialect="verifiers", dialect_options=options
+        )
+
     with pytest.raises(ConfigError, match="extra_data='files'"):
-        RLM(
-            "openai/root",
-            base_url=server.base_url,
-            api_key=KEY,
-            dialect="verifiers",
-            dialect_options={"extra_data": "files"},
-        )
+        make(extra_data="files")
     with pytest.raises(ConfigError, match="texts='exact'"):
-        RLM(
-            "openai/root",
-            base_url=server.base_url,
-            api_key=KEY,
-            dialect="verifiers",
-            dialect_options={"texts": "exact"},
-        )
+        make(texts="exact")
+    if importlib.util.find_spec("verifiers") is None:  # here verifiers 0.1.14 lives in a venv of its own
+        with pytest.raises(ConfigError, match=r"pip install 'recursa\[verifiers-rlm\]'"):
+            make(texts="package")
+
+
+def test_a_cell_stopped_by_its_timeout_shows_no_earlier_cells_value(server, tmp_path):
+    result = run(
+        server,
+        tmp_path,
+        call("1 + 1"),
+        call("import time\ntime.sleep(30)"),
+        call("answer.update(content='mango', ready=True)"),
+        exec_timeout=1,
+    )
+    assert result.answer == "mango"
+    first, stopped = outputs(roots(server)[2])
+    assert first == "Out[1]: 2"
+    assert stopped.startswith("KeyboardInterrupt: execution was interrupted")
+    assert "Out[" not in stopped and "_rlm_vf" not in stopped  # nothing of the helper it runs through
+
+
+def test_the_scripted_root_speaks_it_offline():
+    """`recursa demo --dialect verifiers`: the scripted root reads the <SCAFFOLDING> opening, runs
+    its steps as calls of the tool and answers through the answer dict."""
+    from recursa.tasks import generate
+
+    task = generate("niah", 20_000, seed=3)
+    rlm = RLM("scripted/gpt5-like", sub_model="scripted/oracle", dialect="verifiers", trace=False)
+    result = rlm.run(task.question, task.context)
+    assert (result.stop_reason, result.answer_protocol) == ("final", "answer")
+    assert task.score(result.answer) == 1.0

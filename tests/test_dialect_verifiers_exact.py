@@ -114,7 +114,13 @@ ANSWERED = [
         "answer['content'] = open('context.txt').read().split()[-1]\nanswer",
     ),
     call("print(llm_batch(['apple', 'mango']))"),
-    ToolCallReply([("python", {"code": "print(1)"}), ("call_python_repl", {"code": "print(x)\nNone"})]),
+    ToolCallReply(
+        [
+            ("python", {"code": "print(1)"}),
+            ("call_python_repl", {"source": "print(2)"}),
+            ("call_python_repl", {"code": "print(x)\nNone"}),
+        ]
+    ),
     call("x = (", "print(open('.messages').read())"),
     call("answer['ready'] = True"),
     "never asked",

@@ -46,7 +46,9 @@ def sha(data: bytes) -> str:
 
 
 def _prompt(content) -> str:
-    return content if isinstance(content, str) else next(p["text"] for p in content if p.get("type") == "text")
+    return (
+        content if isinstance(content, str) else next(p["text"] for p in content if p.get("type") == "text")
+    )
 
 
 def responder(model: str, messages: list[dict]) -> str:
@@ -83,7 +85,9 @@ def test_images_reach_vision_models_in_each_providers_format(tmp_path, provider,
         "batch four": [sha(GIF)],
     }
     assert "seen: batch two" in seen and "seen: batch three" in seen
-    assert subs["describe the picture"].prompt_tokens > 765  # the fake bills each image, and recursa counts it
+    assert (
+        subs["describe the picture"].prompt_tokens > 765
+    )  # the fake bills each image, and recursa counts it
     assert result.usage.input_tokens == sum(r.prompt_tokens for r in records)
     refusals = [line for line in seen.splitlines() if line.startswith("refused:")]
     assert len(refusals) == 7
@@ -129,7 +133,10 @@ def test_the_fake_server_reads_images_as_the_sdks_send_them() -> None:
                 {
                     "role": "user",
                     "content": [
-                        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}},
+                        {
+                            "type": "image",
+                            "source": {"type": "base64", "media_type": "image/png", "data": data},
+                        },
                         {"type": "image", "source": {"type": "url", "url": URL}},
                         {"type": "text", "text": "look"},
                     ],
@@ -151,3 +158,44 @@ def test_bytes_given_for_many_prompts_cross_the_channel_once() -> None:
     lists, blobs = batch_images_arg([GIF, [GIF, PNG], None, "pic.png"], 4)
     assert blobs == [base64.b64encode(GIF).decode(), base64.b64encode(PNG).decode()]
     assert lists == [[{"blob": 0}], [{"blob": 0}, {"blob": 1}], None, [{"path": "pic.png"}]]
+
+
+def test_image_urls_whose_names_lead_inside_the_network_are_refused(monkeypatch, tmp_path) -> None:
+    """An image URL's provider (a self-hosted vLLM) fetches it from inside the operator's network:
+    a name that resolves to a private or loopback address, `localhost.` and dotted-hex IPv4 passed
+    the name checks. Each is refused in the REPL now, before any call; a public name goes out."""
+    import socket
+
+    from tests.serve_helpers import install_test_root
+
+    table = {
+        "intranet.example.corp": "10.1.2.3",
+        "rebound.example.org": "127.0.0.1",
+        "cdn.example.org": "93.184.216.34",
+    }
+    real = socket.getaddrinfo
+
+    def resolve(host, *args, **kwargs):
+        if host in table:
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (table[host], 443))]
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    urls = [f"https://{host}/x.png" for host in (*table, "localhost.", "0x7f.0.0.1", "0177.0.0.01")]
+    code = f"""out = []
+for url in {urls!r}:
+    try:
+        llm_query('look', images=[url])
+        out.append('sent ' + url)
+    except Exception as e:
+        out.append('refused ' + url + ': ' + type(e).__name__ + ' ' + str(e))
+FINAL(chr(10).join(out))"""
+    rlm = RLM(install_test_root(), sub_model="scripted/oracle", trace_dir=tmp_path)
+    lines = rlm.run("RUN: " + code, context="ctx").answer.splitlines()
+    policy = [line for line in lines if "must name a public host" in line]
+    assert [line.split(":")[0] + ":" + line.split(":")[1] for line in policy] == [
+        f"refused {url}" for url in urls if "cdn." not in url
+    ], lines
+    assert "10.1.2.3 (private address)" in policy[0] and "127.0.0.1 (loopback address)" in policy[1]
+    # The public name passed the policy and went to the model (which takes no images).
+    assert next(line for line in lines if "cdn." in line).endswith("got 'list'"), lines

@@ -47,7 +47,7 @@ class Host:
         if prompt == "budget":
             raise BudgetExceeded("max_usd", "refused: this call could exceed the $1.00 budget")
         if prompt == "lm-error":
-            raise CallbackError("LMError", "the provider failed after 3 retries")
+            raise CallbackError("SubcallError", "the provider failed after 3 retries")
         if prompt == "bug":
             raise RuntimeError("handler bug")
         self.in_flight += 1
@@ -314,13 +314,25 @@ async def test_error_replies_raise_matching_exceptions(sandbox: Sandbox) -> None
     assert r.stdout.splitlines() == [
         "budget: refused: this call could exceed the $1.00 budget",
         "subcall: the provider failed after 3 retries",
-        "subcall: handler bug",
+        "subcall: RuntimeError: handler bug",  # a kind outside ErrorKind: named in the message
         "subcall: Object of type object is not JSON serializable",
     ]
     r = await run(sandbox, "llm_query('budget')")
     assert r.error is not None and r.error.endswith(
         "BudgetExceeded: refused: this call could exceed the $1.00 budget"
     )
+
+
+def test_error_kinds_are_one_closed_set_on_both_sides() -> None:
+    from recursa.outcomes import ERROR_KINDS
+    from recursa.sandbox.worker import errors
+
+    assert set(errors._ERROR_CLASSES) <= set(ERROR_KINDS)  # the worker cannot import recursa
+    for kind in ERROR_KINDS:
+        exc = errors.error_for(kind, "m")
+        assert exc.kind == kind and isinstance(exc, errors.SubcallError | errors.ToolError)
+    assert CallbackError.of(KeyError("k")).kind == "SubcallError"
+    assert CallbackError.of(ValueError("v")).kind == "ValueError"
 
 
 # -- timeouts, crashes, restarts ------------------------------------------------------------------

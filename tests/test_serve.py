@@ -25,7 +25,7 @@ from recursa import Budget
 from recursa.asgi.background import BackgroundServer
 from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION
 from recursa.serve.openai_server import create_app
-from recursa.serve.request import ApiError, parse_chat_request
+from recursa.serve.request import SETTING_KEYS, ApiError, parse_chat_request
 from recursa.serve.settings import ServeSettings
 from recursa.trace import load
 from tests.serve_helpers import descendants, install_test_root, max_overlap, wait_until
@@ -265,7 +265,7 @@ def test_per_request_budget_can_only_tighten_the_servers():
             [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
             {},
             400,
-            "not supported",
+            "image URLs must be https:// URLs",
         ),
         ([{"role": "user", "content": [{"type": "file", "file": {"file_id": "f1"}}]}], {}, 400, "file_id"),
         ([{"role": "user", "content": [{"type": "file", "file": {"file_data": "!!"}}]}], {}, 400, "base64"),
@@ -275,8 +275,11 @@ def test_per_request_budget_can_only_tighten_the_servers():
             [{"role": "user", "content": "q"}],
             {"max_depth": 9},
             400,
-            "max_depth must be an integer from 0 to 3",
+            "recursa.max_depth=9 is more than the operator allows (at most 3)",
         ),
+        ([{"role": "user", "content": "q"}], {"max_depth": -1}, 400, "recursa.max_depth must be an int >= 0"),
+        ([{"role": "user", "content": "q"}], {"max_iterations": True}, 400, "recursa.max_iterations must be an int"),
+        ([{"role": "user", "content": "q"}], {"budget": {"max_usd": 0.1}, "max_usd": 0.2}, 200, ""),
         ([{"role": "user", "content": "q"}], {"max_usd": -1}, 400, "non-negative"),
         ([{"role": "user", "content": "q"}], {"max_tokens": 0}, 400, "recursa.max_tokens=0: a cap of 0"),
         ([{"role": "user", "content": "q"}], {"budget": {"max_llm_calls": 2.5}}, 400, "whole number"),
@@ -285,9 +288,14 @@ def test_per_request_budget_can_only_tighten_the_servers():
     ],
 )
 def test_bad_messages_and_options_are_clear_400s(messages, extra, status, fragment):
+    if status == 200:  # a cap given one by one wins over the same cap in recursa.budget
+        assert _parse(messages, **extra).budget.max_usd == extra["max_usd"]
+        return
     with pytest.raises(ApiError) as info:
         _parse(messages, **extra)
     assert info.value.status == status and fragment in info.value.message
+    if len(extra) == 1 and (key := next(iter(extra))) in SETTING_KEYS:  # the field the client fixes
+        assert info.value.param == f"recursa.{key}"
 
 
 # -- extra_body: explicit context, path, URL, per-request settings -------------------------------

@@ -277,10 +277,6 @@ def test_a_bad_field_is_a_bad_request_naming_it(client, extra, named):
     ("content", "named"),
     [
         (
-            [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}],
-            "image",
-        ),
-        (
             [{"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}],
             "document",
         ),

@@ -384,7 +384,7 @@ def test_run_settings_errors_name_what_the_client_can_send(tmp_path):
         )
     assert r.status_code == 400
     message = r.json()["error"]["message"]
-    assert "Send no recursa.max_usd" in message and "--prices FILE" in message
+    assert "drop recursa.max_usd and cap recursa.max_tokens" in message and "operator's --prices FILE" in message
     assert "RLM(" not in message
 
 

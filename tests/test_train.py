@@ -817,3 +817,35 @@ def test_one_cpu_training_step_per_format(bench, tmp_path):
         assert math.isfinite(stats["loss"]) and stats["param_change"] > 0
         assert stats["loss_after"] < stats["loss"]  # the step went downhill on its own batch
     assert sft["rows"] == 8 and grpo["rows"] == 8
+
+
+def test_hostile_traces_export_what_they_can(tmp_path):
+    """A trace is anyone's file: runs nested 3,000 deep overflowed the stack when the RL export
+    weighed the tree and when the SFT export walked children (RecursionError), and a turn number
+    or an iteration count that is text stopped both exports (ValueError)."""
+
+    def run(run_id, parent, depth):
+        head = {
+            "type": "run_start",
+            "run_id": run_id,
+            "parent_run_id": parent,
+            "depth": depth,
+            "question": "q",
+        }
+        call = {"type": "lm_call", "run_id": run_id, "purpose": "root", "response": "FINAL(x)"}
+        call["new_messages"] = [{"role": "user", "content": "q"}]
+        return [head, {"type": "turn", "run_id": run_id, "turn": "one"}, call]
+
+    events = run("R", None, 0)
+    for i in range(3000):
+        events += run(f"C{i}", "R" if i == 0 else f"C{i - 1}", i + 1)
+    end = {"type": "run_end", "stop_reason": "final", "answer": "x", "iterations": "two"}
+    events += [{**end, "run_id": f"C{i}"} for i in reversed(range(3000))] + [
+        {**end, "run_id": "R", "iterations": 2}
+    ]
+    path = tmp_path / "deep.jsonl"
+    path.write_text("\n".join(json.dumps(e) for e in events) + "\n")
+    rl, _ = rl_rows([path], scores={"R": 1.0}, child_weight="1/k")
+    assert len({row["run_id"] for row in rl}) == 3001
+    sft, _ = sft_rows([path], scores={"R": 1.0}, include_children=True)
+    assert len({row["metadata"]["run_id"] for row in sft}) == 3001

@@ -376,6 +376,8 @@ def test_the_servers_own_public_address_is_not_public() -> None:
 
 
 def test_own_addresses_are_read_from_the_host() -> None:
-    own = urls.own_addresses()
+    from recursa.addresses import own_addresses
+
+    own = own_addresses()
     assert ipaddress.ip_address("127.0.0.1") in own and ipaddress.ip_address("::1") in own
     assert urls.address_problem(ipaddress.ip_address("8.8.8.8")) is None  # not this host's

@@ -431,3 +431,31 @@ def test_a_trace_whose_runs_form_a_loop_renders_what_it_can(tmp_path):
         timeout=60,
     )
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+
+
+def test_runs_nested_thousands_deep_render_from_the_top_level(tmp_path):
+    """A crafted chain of 3,000 child runs made every child's move below its parent's turn walk the
+    whole chain: seconds per thousand runs before the page had its data. Past MAX_RUN_NESTING the
+    runs are shown from the top level, and the view says so."""
+    from recursa.trace.viewer.model import MAX_RUN_NESTING
+
+    events = [{"type": "run_start", "run_id": "R", "depth": 0, "question": "root"}]
+    for i in range(3000):
+        parent = "R" if i == 0 else f"C{i - 1}"
+        events.append({"type": "run_start", "run_id": f"C{i}", "parent_run_id": parent, "depth": i + 1})
+        events.append({"type": "turn", "run_id": f"C{i}", "turn": 1})
+    path = tmp_path / "deep.jsonl"
+    path.write_text("\n".join(json.dumps(e) for e in events) + "\n")
+    view = build_view(path)
+    assert any(f"nested more than {MAX_RUN_NESTING} deep" in w for w in view["warnings"])
+    parents = {n["i"]: n["p"] for n in view["nodes"]}
+    runs_above = []
+    for node in view["nodes"]:
+        at, runs = parents[node["i"]], 0
+        while at >= 0:
+            runs += view["nodes"][at]["k"] == "run"
+            at = parents[at]
+        runs_above.append(runs)
+    assert (
+        max(runs_above) == MAX_RUN_NESTING + 1 and len([n for n in view["nodes"] if n["k"] == "run"]) == 3001
+    )

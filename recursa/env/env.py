@@ -19,13 +19,12 @@ import asyncio
 import os
 import weakref
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from recursa.budget import Budget
 from recursa.config import DEFAULTS as D
-from recursa.config import ENV_DEFAULTS, ENV_NAMES, ENV_SETTINGS, SETTINGS, EnvConfig, RLMConfig, Spelling
-from recursa.configure import build_config
+from recursa.config import ENV_DEFAULTS, ENV_SETTINGS, ENV_SPELLING, EnvConfig, RLMConfig
+from recursa.configure import build_config, check_models
 from recursa.context import load_payload
 from recursa.env.callback import CallbackClient, ChildCall, SubCall
 from recursa.env.episode import Episode, Scorer
@@ -34,8 +33,7 @@ from recursa.env.shared import EnvError, EpisodeHost, PerLoop, PrivateLoop
 from recursa.errors import ConfigError
 from recursa.lm.base import LMClient
 from recursa.lm.call_cache import CallCache
-from recursa.lm.prices import PriceBook
-from recursa.lm.registry import make_client, parse_model
+from recursa.lm.registry import make_client
 from recursa.lm.retry import RetryPolicy
 from recursa.loop.dialects import make_dialect
 from recursa.loop.engine import RunEngine
@@ -80,7 +78,9 @@ class RLMEnv:
     takes an assistant message with `tool_calls`, and `messages` carry them in OpenAI's format.
     `cache_subcalls`: identical sub-calls are answered once per episode, and once across the
     episodes of one `task_id` that are alive together (a group of samples of one task).
-    `**settings`: any other setting of `recursa.config.RLMConfig` (the settings page of the docs).
+    `**settings`: any other setting of `recursa.config.RLMConfig` or `EnvConfig` (`max_reply_chars`,
+    `wait_for_repl`, `fork`, `max_memory_bytes`, `prompt`, `sub_tools`, `mcp_servers`, ...): the
+    settings page of the docs lists each with its default.
     """
 
     def __init__(
@@ -95,61 +95,38 @@ class RLMEnv:
         max_depth: int = D.max_depth,
         budget: Budget | None = None,
         max_turns: int = ENV_DEFAULTS.max_turns,
-        prompt: str | Path | None = None,
         tools: Sequence[Callable[..., Any]] = (),
-        sub_tools: Sequence[Callable[..., Any]] = (),
-        mcp_servers: Any = None,
         tips: str | None = None,
         sandbox: str = D.sandbox,
-        sandbox_options: dict[str, Any] | None = None,
         exec_timeout: float = D.exec_timeout,
-        turn_timeout: float | None = D.turn_timeout,
-        max_reply_chars: int = D.max_reply_chars,
         max_live_repls: int = D.max_live_repls,
-        wait_for_repl: float = D.wait_for_repl,
-        fork: bool = D.fork,
-        max_memory_bytes: int | str | None = D.max_memory_bytes,
         **settings: Any,
     ) -> None:
-        spelling = Spelling("python", "RLMEnv", ENV_NAMES)
-        given = {**locals(), **settings, "call_headers": settings.get("call_headers", ENV_DEFAULTS.call_headers)}
-        own = EnvConfig.checked(spelling, **{k: given[k] for k in ENV_SETTINGS})
-        run = {name: given[spelling.names.get(name, name)] for name in SETTINGS if spelling.names.get(name, name) in given}
-        run |= {k: v for k, v in settings.items() if k not in ENV_SETTINGS and k not in run}
-        if sub_call is not None and not callable(sub_call):
-            raise ConfigError(
-                "RLMEnv(sub_call=...) takes an async function (messages, depth, parent_id) -> str."
-            )
+        given = {k: v for k, v in locals().items() if k not in ("self", "settings", "sub_call", "child_call")}
+        given |= settings
+        own = EnvConfig.checked(ENV_SPELLING, **{k: given.pop(k) for k in ENV_SETTINGS if k in given})
         sub = sub_model or DEFAULT_POLICY
-        self.config, _ = build_config(run | {"model": model or sub, "sub_model": sub}, spelling)
+        self.config, self.prices = build_config(given | {"model": model or sub, "sub_model": sub}, ENV_SPELLING)
+        self.sub_call, self.child_call = _checked_call(sub_call, "sub_call"), _checked_call(child_call, "child_call")
         if sub_model is None and sub_call is None and self.config.max_depth > 0:
             raise ConfigError(
                 "RLMEnv: sub-calls need a model: pass sub_model='openai/<served name>' with base_url=..., "
                 "or sub_call=<async fn(messages, depth, parent_id) -> str>, or max_depth=0 (code only)."
             )
-        parse_model(self.config.model)
+        paid = [sub] if sub_call is None and self.config.max_depth > 0 else []
+        check_models(self.config, self.prices, paid, ENV_SPELLING)
         self.dialect = make_dialect(self.config.dialect, self.config.dialect_options)  # checked above
-        self.prices = PriceBook(self.config.prices)
-        self.sub_call = sub_call
-        self.child_call = _checked_child_call(child_call)
-        if sub_call is None and self.config.max_depth > 0:
-            make_client(sub, base_url=base_url, api_key=api_key)  # a missing key or bad URL fails now
-            provider, name = parse_model(sub)
-            if self.config.budget.max_usd is not None and not self.prices.known(provider, name):
-                raise ConfigError(
-                    f"RLMEnv: max_usd is set but no price is known for {sub!r}; give one with prices=..."
-                )
-        self.max_reply_chars = own.max_reply_chars
-        self.wait_for_repl = own.wait_for_repl
-        self.fork = own.fork and SANDBOXES[sandbox].forks and "fork_server" not in (sandbox_options or {})
+        self.max_reply_chars, self.wait_for_repl = own.max_reply_chars, own.wait_for_repl
+        kind, options = SANDBOXES[self.config.sandbox], self.config.sandbox_options or {}
+        self.fork = own.fork and kind.forks and "fork_server" not in options
         self.quota = ReplQuota(own.max_live_repls)
         self.max_memory_bytes = own.max_memory_bytes
-        self.memory_pool = _memory_pool(own.max_memory_bytes, sandbox, self.config.sandbox_options)
+        self.memory_pool = _memory_pool(own.max_memory_bytes, kind.forks, options)
         self._owns_memory_pool = True
         # On a cluster each node's kernel bounds its share of the REPLs (cluster/node.py).
         self._cluster_memory = (
             {"memory_group": new_id("env"), "memory_bytes": own.max_memory_bytes}
-            if sandbox == "ray" and own.max_memory_bytes is not None
+            if self.config.sandbox == "ray" and own.max_memory_bytes is not None
             else {}
         )
         self._shared = PerLoop()
@@ -188,9 +165,11 @@ class RLMEnv:
         `child_call` runs its rlm_query children instead (see RLMEnv); `tools` are added to the
         environment's for this episode (e.g. closures over its context); `system_prompt` replaces
         the template's system message."""
-        if sub_call is not None and not callable(sub_call):
-            raise EnvError("sub_call= takes an async function (messages, depth, parent_id) -> str.")
-        child_call = _checked_child_call(child_call) or self.child_call
+        try:
+            sub_call, child_call = _checked_call(sub_call, "sub_call"), _checked_call(child_call, "child_call")
+        except ConfigError as exc:
+            raise EnvError(str(exc)) from None
+        child_call = child_call or self.child_call
         if system_prompt is not None and (not isinstance(system_prompt, str) or not system_prompt.strip()):
             raise EnvError("system_prompt= takes the system message as a non-empty str (or None for ours).")
         own_tools = _episode_tools(self.config.tools, tools)
@@ -360,19 +339,22 @@ class RLMEnv:
         self.close()
 
 
-def _memory_pool(limit: int | str | None, sandbox: str, options: dict[str, Any] | None) -> MemoryPool | None:
+def _memory_pool(limit: int | str | None, forks: bool, options: dict[str, Any]) -> MemoryPool | None:
     """The bound over the environment's REPLs ("auto": three quarters of the machine's memory), for
     the local worker processes (the kinds that fork) only."""
-    if limit is None or not SANDBOXES[sandbox].forks or "memory_pool" in (options or {}):
+    if limit is None or not forks or "memory_pool" in options:
         return None
     if limit == "auto":
         limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4
     return MemoryPool(int(limit))
 
 
-def _checked_child_call(fn: ChildCall | None) -> ChildCall | None:
+_CALL_SIGNATURES = {"sub_call": "(messages, depth, parent_id)", "child_call": "(prompt, context, depth, parent_id)"}
+
+
+def _checked_call(fn: Any, name: str) -> Any:
     if fn is not None and not callable(fn):
-        raise ConfigError("child_call= takes an async function (prompt, context, depth, parent_id) -> str.")
+        raise ConfigError(f"{name}= takes an async function {_CALL_SIGNATURES[name]} -> str.")
     return fn
 
 

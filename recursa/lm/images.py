@@ -7,19 +7,27 @@ or `{"type": "image", "url": ...}` (an image the provider fetches). OpenAI-compa
 Traces and error messages show an image as a reference (media type, size, sha256), never its bytes.
 
 Image URLs come from generated code, so they are held to a policy before any provider sees them:
-https only, a host name (no IP literal, no "localhost"): a self-hosted model server (vLLM, SGLang)
-fetches image URLs itself, from inside the operator's network.
+https only, a host name (no IP literal in any spelling, no "localhost"), and a name that resolves
+here only to public addresses (recursa.addresses; `public_hosts`): a self-hosted model server
+(vLLM, SGLang) fetches image URLs itself, from inside the operator's network, and a name such as
+`127.0.0.1.nip.io` or an internal one leads there. The provider resolves the name again when it
+fetches: a name that answers differently a moment later (DNS rebinding) is not covered, nor a name
+this host cannot resolve (its resolver cannot say where it leads); pass the bytes where that matters.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
 import ipaddress
+import re
+import socket
 from typing import Any
 from urllib.parse import urlsplit
 
+from recursa.addresses import address_problem
 from recursa.confined import image_type
 
 MAX_IMAGE_BYTES = 5 * 1024 * 1024  # Anthropic's limit per image; OpenAI's is higher
@@ -56,7 +64,7 @@ def base64_part(text: str, where: str) -> dict[str, Any]:
 def url_part(url: str, where: str) -> dict[str, Any]:
     """An image the provider fetches, if the URL policy (module docstring) allows it."""
     parts = urlsplit(url)
-    host = (parts.hostname or "").lower()
+    host = (parts.hostname or "").lower().rstrip(".")
     if parts.scheme != "https" or not host:
         raise ImageError(f"{where}: image URLs must be https:// URLs, got {url[:100]!r}")
     if host == "localhost" or host.endswith(".localhost") or _is_ip(host) or "." not in host:
@@ -71,8 +79,34 @@ def _is_ip(host: str) -> bool:
     try:
         ipaddress.ip_address(host.strip("[]"))
     except ValueError:
-        return host.replace(".", "").isdigit()  # 2130706433, 127.1: numeric forms resolvers take
+        # 2130706433, 127.1, 0x7f.0.0.1, 0177.1: the numeric forms resolvers take (inet_aton's)
+        return all(_NUMERIC_LABEL.fullmatch(label) for label in host.split("."))
     return True
+
+
+_NUMERIC_LABEL = re.compile(r"0x[0-9a-f]*|[0-9]+")
+_RESOLVE_TIMEOUT_S = 10.0
+
+
+async def public_hosts(parts: list[dict[str, Any]], where: str) -> None:
+    """ImageError when the host of an image URL among `parts` resolves here to an address that is
+    not public (see the module doc for what this does not cover)."""
+    hosts = dict.fromkeys((urlsplit(p["url"]).hostname or "").rstrip(".") for p in parts if "url" in p)
+    loop = asyncio.get_running_loop()
+    for host in filter(None, hosts):
+        try:
+            async with asyncio.timeout(_RESOLVE_TIMEOUT_S):
+                infos = await loop.getaddrinfo(host, 443, type=socket.SOCK_STREAM)
+        except (OSError, TimeoutError):
+            continue  # unresolvable here: the provider's resolver may still know it
+        for info in infos:
+            address = ipaddress.ip_address(str(info[4][0]).split("%")[0])
+            problem = address_problem(address)
+            if problem is not None:
+                raise ImageError(
+                    f"{where}: the image URL's host {host[:100]!r} leads to {address} ({problem} address), "
+                    "not to a public one; image URLs must name a public host (pass the image's bytes instead)"
+                )
 
 
 def is_image(part: Any) -> bool:

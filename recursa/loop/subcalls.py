@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from recursa.context import ContextPayload, load_payload
 from recursa.errors import BudgetExceeded, ContextError, ContextLengthError, LMError
 from recursa.lm.base import CallMeta, LMResponse, Message
-from recursa.lm.images import ImageError, base64_part, bytes_part, url_part
+from recursa.lm.images import ImageError, base64_part, bytes_part, public_hosts, url_part
 from recursa.lm.registry import parse_model
 from recursa.loop.tree import CallTree
 from recursa.result import RLMResult
@@ -70,7 +70,8 @@ class SubcallHandler:
                 return f"[error] {exc.kind}: {message}"
             raise CallbackError(exc.kind, message) from None
         except Exception as exc:  # a host-side bug: its message is the host's too
-            raise CallbackError(type(exc).__name__, redact(str(exc))) from None
+            error = CallbackError.of(exc)
+            raise CallbackError(error.kind, redact(str(error))) from None
 
     async def _tool(self, args: dict[str, Any]) -> Any:
         name = str(args.get("name"))
@@ -114,6 +115,7 @@ class SubcallHandler:
     async def _llm_query(self, args: dict[str, Any]) -> str:
         prompt = _text_arg(args, "prompt", "llm_query")
         images = self._images(args.get("images"))
+        await _public_hosts(images, "llm_query: images")
         return await self._one_llm(prompt, args.get("model"), images)
 
     def _images(
@@ -167,6 +169,7 @@ class SubcallHandler:
                     "TypeError", f"llm_query_batched: prompts[{i}] is {type(p).__name__}, not str"
                 )
         images = self._batch_images(args, len(prompts))  # a refused image fails the batch before any call
+        await _public_hosts([part for parts in images for part in parts], "llm_query_batched: images")
         calls = [self._one_llm(p, model, images[i]) for i, p in enumerate(prompts)]
         items = await _gather_items(calls, self.run.tree.trace.redact)
         return self._batch_outcome(items)
@@ -178,7 +181,9 @@ class SubcallHandler:
         if not isinstance(lists, list) or len(lists) != count or not isinstance(blobs, list):
             raise CallbackError("TypeError", "llm_query_batched: malformed images from the REPL")
         blobs = list(blobs)  # each becomes its part on first use, shared by the prompts that name it
-        return [self._images(given, f"llm_query_batched: images[{i}]", blobs) for i, given in enumerate(lists)]
+        return [
+            self._images(given, f"llm_query_batched: images[{i}]", blobs) for i, given in enumerate(lists)
+        ]
 
     def _batch_outcome(self, items: list[Any]) -> list[Any]:
         """In "return" mode failed items are error strings already: the REPL gets a plain list."""
@@ -333,6 +338,13 @@ class SubcallHandler:
                 "child's answer as a str",
             )
         return outcome
+
+
+async def _public_hosts(parts: list[dict[str, Any]], where: str) -> None:
+    try:
+        await public_hosts(parts, where)
+    except ImageError as exc:
+        raise CallbackError("ValueError", str(exc)) from None
 
 
 def _is_async(fn: Any) -> bool:

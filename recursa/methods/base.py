@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from recursa.budget import Budget
 from recursa.config import DEFAULTS as D
 from recursa.extras import install_hint
+from recursa.outcomes import Refusal, StopReason
 from recursa.tasks.base import Task
 from recursa.usage import Usage
 
@@ -136,11 +137,11 @@ class MethodResult:
     usage: Usage
     iterations: int = 0  # root turns (model calls of the root)
     sub_calls: int = 0  # model calls below the root
-    stop_reason: str = "final"
+    stop_reason: StopReason = "final"
     latency_s: float = 0.0
     trace_path: str | None = None
     error: str | None = None
-    failure: str | None = None  # a clean, expected failure ("context_window"), not a harness error
+    failure: Refusal | None = None  # a clean, expected failure ("context_window"), not a harness error
 
 
 class Method(Protocol):

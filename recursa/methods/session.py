@@ -12,9 +12,9 @@ from recursa.config import Spelling
 from recursa.configure import build_config
 from recursa.errors import BudgetExceeded, ContextLengthError, LMError
 from recursa.lm.base import CallMeta, Message
-from recursa.lm.prices import PriceBook
 from recursa.loop.tree import CallTree, new_id
 from recursa.methods.base import MethodResult, MethodSettings
+from recursa.outcomes import Refusal, StopReason
 from recursa.trace.writer import fold
 from recursa.usage import Usage
 
@@ -30,11 +30,10 @@ class BaselineRun:
         self.question = question
         # Host tools run on the tree's ToolRunner, as in an RLM.
         given = {**settings.engine_options(), "on_event": settings.on_event, "tools": tools}
-        self.config, _ = build_config(
+        self.config, self.prices = build_config(
             given | {"model": settings.model, "sub_model": settings.sub_model, "max_depth": 1},
             Spelling("python", type(settings).__name__),
         )
-        self.prices = PriceBook(settings.prices)
         self.run_id = new_id("run")
         self.usage = Usage()
         self.turns = 0
@@ -63,7 +62,12 @@ class BaselineRun:
         await asyncio.shield(self.tree.aclose())
 
     def result(
-        self, answer: str, *, stop_reason: str = "final", error: str | None = None, failure: str | None = None
+        self,
+        answer: str,
+        *,
+        stop_reason: StopReason = "final",
+        error: str | None = None,
+        failure: Refusal | None = None,
     ) -> MethodResult:
         assert self.tree is not None
         latency = time.perf_counter() - self._started

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from recursa.context import ContextPayload
-from recursa.outcomes import AnswerProtocol
+from recursa.outcomes import AnswerProtocol, ErrorKind, error_kind
 
 # The host side of the REPL's call-backs: (function name, JSON arguments) -> JSON result.
 # Raising `CallbackError` (or any exception) sends a clear error into the REPL, where the generated
@@ -22,9 +22,19 @@ HOST_FUNCTIONS = frozenset({"llm_query", "llm_query_batched", "rlm_query", "rlm_
 class CallbackError(Exception):
     """An error to raise inside the REPL, under `kind` (e.g. "BudgetExceeded")."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: ErrorKind, message: str) -> None:
         super().__init__(message)
-        self.kind = kind
+        self.kind: ErrorKind = kind
+
+    @classmethod
+    def of(cls, exc: Exception) -> CallbackError:
+        """`exc` as the REPL sees it: itself when it is one; else under its class's name when that
+        is an error kind, or a SubcallError whose message names the class (a host-side failure)."""
+        if isinstance(exc, CallbackError):
+            return exc
+        name = type(exc).__name__
+        kind = error_kind(name)
+        return cls(kind, str(exc) if kind == name else f"{name}: {exc}")
 
 
 @dataclass

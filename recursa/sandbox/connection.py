@@ -207,10 +207,9 @@ class Connection:
             data = self.chan.encode({"op": "reply", "id": call_id, "ok": True, "value": value})
         # Every host message into the sandbox passes here: whatever the handler (an RLM's scrubs with
         # its Redactor, which knows the run's keys; others may not), no host path gets through.
-        except CallbackError as exc:
-            data = self.chan.encode(_error_reply(call_id, exc.kind, scrub_paths(str(exc))))
         except Exception as exc:
-            data = self.chan.encode(_error_reply(call_id, type(exc).__name__, scrub_paths(str(exc))))
+            error = CallbackError.of(exc)
+            data = self.chan.encode(_error_reply(call_id, error.kind, scrub_paths(str(error))))
         with contextlib.suppress(OSError, ValueError):
             await self.chan.send_encoded(data)
 

@@ -124,10 +124,9 @@ class InProcessSandbox:
         try:
             # Through JSON like the worker channel, so both sandboxes hand the code the same values.
             return json.loads(json.dumps(fut.result()))
-        except CallbackError as exc:
-            raise RemoteError(exc.kind, scrub_paths(str(exc))) from None
         except Exception as exc:
-            raise RemoteError(type(exc).__name__, scrub_paths(str(exc))) from None
+            error = CallbackError.of(exc)
+            raise RemoteError(error.kind, scrub_paths(str(error))) from None
         except BaseException:
             fut.cancel()  # interrupted while waiting: stop the host-side work too
             raise

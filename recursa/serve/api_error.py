@@ -3,7 +3,6 @@ Messages API), so every SDK raises its usual exception."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 SHOULD_RETRY = "x-should-retry"
@@ -81,16 +80,3 @@ def anthropic_type(status: int) -> str:
 def bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:
     return ApiError(400, message, param=param, code=code)
 
-
-_PRICES_FIX = re.compile(
-    r"Give one with RLM\(\.\.\., prices=\{.*?\}\}\) \(US dollars per million tokens\), or drop max_usd and cap max_tokens instead\."
-)
-
-
-def for_request(message: str) -> str:
-    """A run-settings error written for Python callers, told as what a client can send instead."""
-    return _PRICES_FIX.sub(
-        "Send no recursa.max_usd (cap recursa.max_tokens instead), or ask the server's operator to "
-        "give prices (recursa serve --prices FILE).",
-        message,
-    )

@@ -14,7 +14,6 @@ from starlette.responses import Response
 
 from recursa.errors import RecursaError
 from recursa.result import RLMResult
-from recursa.serve.api_error import for_request
 from recursa.serve.bodies import sse_event
 from recursa.serve.callers import quota_of
 from recursa.serve.fields import AnswerShape
@@ -86,7 +85,7 @@ class RunService:
             return LiveRun(self.settings, spec)
         except (RecursaError, ValueError) as exc:
             raise ApiError(
-                400, f"cannot start the run: {for_request(str(exc))}", code="invalid_run_settings"
+                400, f"cannot start the run: {exc}", code="invalid_run_settings"
             ) from None
 
     async def resolve_context(self, req: RunRequest) -> Any:

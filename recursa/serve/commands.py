@@ -61,6 +61,15 @@ def add_parsers(sub: Any, add_model_options: Callable[[argparse.ArgumentParser],
         default=256,
         help="requests that may wait for a run slot; more get HTTP 429 (default: 256)",
     )
+    serve.add_argument(
+        "--max-images", type=int, default=16, help="image parts one request may hold (0: none)"
+    )
+    serve.add_argument(
+        "--max-image-bytes",
+        type=int,
+        default=20 * 1024**2,
+        help="bytes all image parts of one request may hold together",
+    )
     _add_session_options(serve)
     _add_share_options(serve)
 
@@ -300,18 +309,12 @@ def _read_api_keys(path: str) -> dict[str, str]:
 
 def _check_model(settings: Any) -> None:
     """Fail at start-up, not on the first request, for a bad model name, key or price."""
+    from recursa.config import Spelling
     from recursa.rlm import RLM
 
-    RLM(
-        settings.model,
-        sub_model=settings.sub_model,
-        base_url=settings.base_url,
-        api_key=settings.upstream_api_key,
-        budget=settings.budget,
-        sandbox=settings.sandbox,
-        trace=False,
-        **settings.rlm_options,
-    )
+    given = {"model": settings.model, "sub_model": settings.sub_model, "base_url": settings.base_url}
+    given |= {"api_key": settings.upstream_api_key, "budget": settings.budget, "sandbox": settings.sandbox}
+    RLM.configured(given | {"trace": False, **settings.rlm_options}, Spelling("cli"))
 
 
 def _check_options(settings: Any) -> None:
@@ -343,6 +346,9 @@ def _serve(args: argparse.Namespace) -> int:
     settings.allow_private_urls = args.allow_private_urls
     settings.max_runs = args.max_runs
     settings.max_waiting = args.max_waiting
+    if args.max_images < 0 or args.max_image_bytes < 0:
+        raise ConfigError("--max-images and --max-image-bytes take a number >= 0 (0: no image parts)")
+    settings.max_images, settings.max_image_bytes = args.max_images, args.max_image_bytes
     settings.access_log = not args.no_access_log
     settings.metrics = not args.no_metrics
     _apply_session_options(settings, args)

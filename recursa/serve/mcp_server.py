@@ -22,13 +22,14 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel
 
 from recursa.asgi.body_deadline import BodyDeadline
-from recursa.budget import Budget, cap_problem, positive_phrase
-from recursa.errors import RecursaError
+from recursa.config import Spelling
+from recursa.errors import ConfigError, RecursaError
 from recursa.lm.base import valid_unicode
-from recursa.overrides import refused_widening
+from recursa.overrides import client_settings
 from recursa.serve.admission import AdmissionLimit, BodyLimit
 from recursa.serve.callers import CLIENT_HEADER, caller_quota, identify, new_session_id, quota_of
 from recursa.serve.json_limits import JSONBounds
+from recursa.serve.mcp_shares import TransportSessionShares
 from recursa.serve.request import ApiError, bearer_token, key_matches
 from recursa.serve.runs import LiveRun, RunSpec
 from recursa.serve.sessions import SessionStore
@@ -39,6 +40,8 @@ from recursa.serve.steps import CellTally
 from recursa.version import __version__
 
 TOOL_NAME = "recursa_answer"
+# An MCP transport session with no request in progress this long is closed (the SDK's default).
+MCP_IDLE_S = 1800.0
 TOOL_DESCRIPTION = (
     "Answer a question over a context of any size (a file, a folder of text files, or inline text) "
     "with a Recursive Language Model: the model explores the context with Python code in a sandboxed "
@@ -241,23 +244,20 @@ def _spec(
             raise ToolError(exc.message) from None
     elif not context_text:
         raise ToolError("context_text is empty")
-    depth = settings.max_depth if max_depth is None else max_depth
-    iterations = settings.max_iterations if max_iterations is None else max_iterations
-    if not 0 <= depth <= settings.max_depth_limit:
-        raise ToolError(f"max_depth must be from 0 to {settings.max_depth_limit}")
-    if not 1 <= iterations <= settings.max_iterations_limit:
-        raise ToolError(f"max_iterations must be from 1 to {settings.max_iterations_limit}")
-    budget = settings.budget
-    if max_usd is not None:
-        problem = cap_problem("max_usd", max_usd)
-        if problem is not None:
-            raise ToolError(
-                f"max_usd={max_usd!r}: {problem}; give {positive_phrase('max_usd')}, or leave it out"
-            )
-        if budget.max_usd is not None and max_usd > budget.max_usd:
-            raise ToolError(refused_widening("max_usd", max_usd, budget.max_usd))
-        budget = Budget(max_usd, budget.max_tokens, budget.max_seconds, budget.max_llm_calls)
-    return RunSpec(question, context, depth, iterations, budget)
+    given = {"max_depth": max_depth, "max_iterations": max_iterations, "max_usd": max_usd}
+    asked = {k: v for k, v in given.items() if v is not None}
+    try:  # the schema's policy for what a client may set, as recursa serve's requests have it
+        run = client_settings(asked, settings.run_limits(), _ARGUMENTS, models=None)
+    except ConfigError as exc:
+        raise ToolError(str(exc)) from None
+    depth = run.get("max_depth", settings.max_depth)
+    iterations = run.get("max_iterations", settings.max_iterations)
+    budget = run.get("budget", settings.budget)
+    return RunSpec(question, context, depth, iterations, budget, spelling=_ARGUMENTS)
+
+
+# A tool call's settings are its arguments: `arguments['max_depth']`, as MCP's tools/call sends them.
+_ARGUMENTS = Spelling("key", "arguments")
 
 
 async def _drive(run: LiveRun, ctx: Context, max_iterations: int) -> Answer:
@@ -311,7 +311,21 @@ def http_app(
     share of requests in progress, and no request body over `settings.max_context_bytes`, past its
     deadline or past the JSON bounds (the SDK reads a body whole, with no cap of its own)."""
     keys = [k for k in (settings.api_key, *settings.api_keys.values()) if k]
-    app = server.streamable_http_app(streamable_http_path=path, host=host)
+    # The SDK's own body cap (4 MiB by default) refused any larger context_text, under the 2 GiB
+    # this server promises; BodyLimit below holds the operator's cap instead.
+    app = server.streamable_http_app(
+        streamable_http_path=path,
+        host=host,
+        max_request_body_size=settings.max_context_bytes,
+        max_sessions=settings.max_mcp_clients,
+        session_idle_timeout=MCP_IDLE_S,
+    )
+    app = TransportSessionShares(
+        app,
+        per_caller=settings.mcp_clients_per_caller,
+        caller_of=lambda headers: caller_quota(settings, headers),
+        idle_s=MCP_IDLE_S,
+    )
     # Outside in: the key; the caller's share of requests in progress (tool calls wait for run
     # slots inside, recursa.serve.shares); the body's deadline, size and JSON bounds.
     bounded = BodyDeadline(

@@ -25,6 +25,7 @@ from typing import Any
 
 from recursa.serve.api_error import bad
 from recursa.serve.fields import AnswerShape, check_known, check_types, sampling
+from recursa.serve.images import InlineImage, anthropic_image
 from recursa.serve.messages_tools import TOOLS_WHY, ToolReplay, parse_tools
 from recursa.serve.request import (
     InputMessage,
@@ -83,7 +84,6 @@ STANDARD = frozenset((*HONOURED, *NO_EFFECT, *REFUSED))
 # Content blocks an RLM does not read, and why (the 400's message names the block and the fix).
 _NOT_TEXT = "an RLM reads text: send the text itself, as a text block or as recursa.context"
 _BLOCKS_WHY = {
-    "image": _NOT_TEXT,
     "document": _NOT_TEXT + " (or, on the server, recursa.context_path)",
     "search_result": _NOT_TEXT,
     "container_upload": "this server runs no Anthropic containers; " + _NOT_TEXT,
@@ -175,17 +175,19 @@ def _turns(raw: Any) -> list[InputMessage]:
         if not isinstance(content, (str, list)):
             raise bad(f"{where}.content must be a string or a list of content blocks", f"{where}.content")
         replay.begin(role)
-        text, results = _turn_content(content, f"{where}.content", role, replay)
+        text, images, results = _turn_content(content, f"{where}.content", role, replay)
         # Tool results first (they answer the turn before), then what the user wrote; a turn of
         # results only is no user message, as in chat a tool message after the question is not one.
         out.extend(results)
-        if text or not results:
-            out.append(InputMessage(role, text, [], where))
+        if text or images or not results:
+            out.append(InputMessage(role, text, images, where))
     return out
 
 
-def _turn_content(content: Any, where: str, role: str, replay: ToolReplay) -> tuple[str, list[InputMessage]]:
-    """A turn's text, and its tool_result blocks as tool messages."""
+def _turn_content(
+    content: Any, where: str, role: str, replay: ToolReplay
+) -> tuple[str, list[Any], list[InputMessage]]:
+    """A turn's text, its image blocks, and its tool_result blocks as tool messages."""
     results: list[InputMessage] = []
 
     def block(part: dict[str, Any], kind: Any, at: str) -> str | None:
@@ -194,18 +196,20 @@ def _turn_content(content: Any, where: str, role: str, replay: ToolReplay) -> tu
             return None  # the call is not context, as a replayed tool_calls message in chat
         if kind == "tool_result":
             replay.result(part, role, at)
-            output, _ = read_content(part.get("content"), f"{at}.content", _block)
-            results.append(InputMessage("tool", output, [], at))
+            output, images = read_content(part.get("content"), f"{at}.content", _block)
+            results.append(InputMessage("tool", output, images, at))
             return None
         return _block(part, kind, at)
 
-    text, _ = read_content(content, where, block)
-    return text, results
+    text, images = read_content(content, where, block)
+    return text, images, results
 
 
-def _block(block: dict[str, Any], kind: Any, at: str) -> str | None:
+def _block(block: dict[str, Any], kind: Any, at: str) -> str | InlineImage | None:
     if kind == "text" and isinstance(block.get("text"), str):
         return str(block["text"])
+    if kind == "image":
+        return anthropic_image(block, at)
     if kind in _REPLAYED:
         return None
     if isinstance(kind, str) and kind in _BLOCKS_WHY:

@@ -5,6 +5,8 @@ The rules (documented in docs/serving.md, "Messages to question and context"):
   attached text file part is the context;
 - with nothing else to be the context, or a "question" longer than `max_question_chars`, the whole
   last user message becomes the context and the RLM carries out its request (`RLM.completion`);
+- image parts make the context a dict: each document under the field it came from, each image by
+  its name (recursa.serve.images);
 - `extra_body={"recursa": {...}}` may name the question, an inline context, a server-side
   `context_path` or a `context_url`, per-request `max_depth`, `max_iterations` and budget caps, and
   a `session` id (recursa.serve.sessions decides what a later request of a session means).
@@ -20,12 +22,14 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from recursa.budget import Budget, cap_problem, positive_phrase
-from recursa.config import BUDGET_CAPS
+from recursa.budget import Budget
+from recursa.config import BUDGET_CAPS, Spelling
+from recursa.errors import ConfigError
 from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION
-from recursa.overrides import refused_widening
+from recursa.overrides import client_settings, refused_widening
 from recursa.serve.api_error import ApiError, bad
 from recursa.serve.fields import REASONING_EFFORTS, AnswerShape, parse_shape
+from recursa.serve.images import InlineImage, chat_image, context_images
 from recursa.serve.settings import ServeSettings
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
@@ -41,7 +45,10 @@ RECURSA_KEYS = (
     "session",
     *BUDGET_KEYS,
 )
+# The run settings a request may send under `recursa`, each by its schema name and checked by the
+# schema's client policy; a budget's caps also one by one.
 SETTING_KEYS = frozenset(("max_depth", "max_iterations", "budget", *BUDGET_KEYS))
+REQUEST_SPELLING = Spelling("dotted", "recursa")
 _SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 NEW_SESSION = "new"  # recursa.session "new": the server picks an unguessable id and returns it
 
@@ -91,7 +98,7 @@ class RunRequest:
 
     model: str
     question: str
-    context: Any = None  # str | list[str] | dict[str, str]; None when a path or URL names it
+    context: Any = None  # str | list[str] | dict[str, str | image bytes]; None when a path or URL names it
     context_path: str | None = None
     context_url: str | None = None
     stream: bool = False
@@ -188,12 +195,18 @@ def build_request(
 
 @dataclass
 class InputMessage:
-    """One message of a request, whichever API it came through: its role, its text, its files."""
+    """One message of a request, whichever API it came through: its role, its text, its files and
+    images (`files` as read_content gives them sorts into both)."""
 
     role: str
     text: str
-    files: list[tuple[str, str]]  # (name, text)
+    files: list[Any]  # (name, text) of each text file; InlineImage parts go to `images`
     where: str = "messages"  # the request field it came from, for errors ("messages[2]", "input")
+    images: list[InlineImage] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.images = [*self.images, *(f for f in self.files if isinstance(f, InlineImage))]
+        self.files = [f for f in self.files if not isinstance(f, InlineImage)]
 
 
 def _messages(raw: Any) -> list[InputMessage]:
@@ -212,29 +225,31 @@ def _messages(raw: Any) -> list[InputMessage]:
     return out
 
 
-def _content(content: Any, where: str) -> tuple[str, list[tuple[str, str]]]:
+def _content(content: Any, where: str) -> tuple[str, list[Any]]:
     return read_content(content, where, _part)
 
 
-def _part(part: dict[str, Any], kind: Any, at: str) -> str | tuple[str, str]:
+def _part(part: dict[str, Any], kind: Any, at: str) -> str | tuple[str, str] | InlineImage:
     if kind == "text" and isinstance(part.get("text"), str):
         return str(part["text"])
     if kind == "refusal" and isinstance(part.get("refusal"), str):
         return str(part["refusal"])  # an assistant message replayed as the SDK typed it
     if kind == "file":
         return file_part(part.get("file"), at)
-    if kind in ("image_url", "input_audio"):
+    if kind == "image_url":
+        return chat_image(part, at)
+    if kind == "input_audio":
         raise bad(f"{at}: {kind} parts are not supported; an RLM reads text (send text or a text file)", at)
     raise bad(f"{at} must be a text part, a file part or (in an assistant message) a refusal part", at)
 
 
-PartReader = Callable[[dict[str, Any], Any, str], str | tuple[str, str] | None]
+PartReader = Callable[[dict[str, Any], Any, str], str | tuple[str, str] | InlineImage | None]
 
 
-def read_content(content: Any, where: str, read_part: PartReader) -> tuple[str, list[tuple[str, str]]]:
+def read_content(content: Any, where: str, read_part: PartReader) -> tuple[str, list[Any]]:
     """The text and inline files of a message's `content`: a string, or a list of parts that
-    `read_part(part, type, where)` reads into a text, a (name, text) file or None (a part left out).
-    The APIs share the walk and name their parts differently."""
+    `read_part(part, type, where)` reads into a text, a (name, text) file, an image or None (a part
+    left out). The APIs share the walk and name their parts differently."""
     if content is None:
         return "", []
     if isinstance(content, str):
@@ -242,7 +257,7 @@ def read_content(content: Any, where: str, read_part: PartReader) -> tuple[str, 
     if not isinstance(content, list):
         raise bad(f"{where} must be a string or a list of content parts", where)
     texts: list[str] = []
-    files: list[tuple[str, str]] = []
+    files: list[Any] = []
     for j, part in enumerate(content):
         fields = part if isinstance(part, dict) else {}
         read = read_part(fields, fields.get("type"), f"{where}[{j}]")
@@ -309,8 +324,16 @@ def _apply_context(
         others = [m for i, m in enumerate(messages) if i != last_user]
     req.asked = req.question
 
+    images = [image for m in messages for image in m.images]
     if explicit:
         key = explicit[0]
+        if images:
+            raise bad(
+                f"{images[0].where}: image parts are images of the context the messages make, and this "
+                f"request names its context with recursa.{key}; send the context as messages, or the "
+                "images in the folder a context_path names",
+                images[0].where,
+            )
         req.explicit = key
         value = extra[key]
         if key == "context":
@@ -327,23 +350,42 @@ def _apply_context(
             raise empty
         return
 
-    # Each document keeps a header ("[role]" or "[file: name]") unless it is the only one.
-    pieces = [(m.role, m.text, f"[{m.role}]\n{m.text}") for m in others if m.text]
-    pieces += [("file", text, f"[file: {name}]\n{text}") for m in messages for name, text in m.files]
-    req.docs = [(kind, header) for kind, _, header in pieces]
-    docs = [(text, header) for _, text, header in pieces]
-    if not docs or len(req.question) > settings.max_question_chars:
+    # Each document keeps a header ("[role]" or "[file: name]") unless it is the only one; with
+    # images the context is a dict, each document under the field it came from.
+    pieces = [(m.role, m.text, f"[{m.role}]\n{m.text}", f"{m.where} ({m.role})") for m in others if m.text]
+    pieces += [
+        ("file", text, f"[file: {name}]\n{text}", f"file: {name}") for m in messages for name, text in m.files
+    ]
+    named = context_images(images, settings)
+    req.docs = [(kind, header) for kind, _, header, _ in pieces]
+    req.docs += [("image", f"[image: {name}] {i.fingerprint()}") for name, i in zip(named, images, strict=True)]
+    docs = [(text, header, key) for _, text, header, key in pieces]
+    if (not docs and not named) or len(req.question) > settings.max_question_chars:
         # Nothing else to read (or the "question" is itself a document): the whole request is the
         # context and the RLM carries it out, as RLM.completion does.
         if req.question:
-            docs.append((req.question, f"[user]\n{req.question}"))
+            asked_at = messages[last_user].where if last_user is not None else "recursa.question"
+            docs.append((req.question, f"[user]\n{req.question}", f"{asked_at} (user)"))
         req.question = PROMPT_AS_CONTEXT_QUESTION
         req.completion_mode = True
-    if not docs:
+    if not docs and not named:
         raise bad("the request is empty: send a user message with the question (and context)", listed)
     if not req.question.strip():
         raise empty
-    req.context = docs[0][0] if len(docs) == 1 else [header for _, header in docs]
+    if named:
+        keyed: dict[str, Any] = {}
+        for text, _, key in docs:
+            keyed[_unique(key, keyed)] = text
+        req.context = keyed | {_unique(name, keyed): value for name, value in named.items()}
+    else:
+        req.context = docs[0][0] if len(docs) == 1 else [header for _, header, _ in docs]
+
+
+def _unique(key: str, taken: dict[str, Any]) -> str:
+    n, unique = 2, key
+    while unique in taken:
+        unique, n = f"{key} ({n})", n + 1
+    return unique
 
 
 def _empty_question(where: str | None) -> ApiError:
@@ -387,36 +429,16 @@ def _context_value_ok(value: Any) -> bool:
 
 
 def _apply_settings(req: RunRequest, extra: dict[str, Any], settings: ServeSettings) -> None:
-    req.max_depth = _int_option(extra, "max_depth", settings.max_depth, 0, settings.max_depth_limit)
-    req.max_iterations = _int_option(
-        extra, "max_iterations", settings.max_iterations, 1, settings.max_iterations_limit
-    )
-    asked: dict[str, Any] = {}
-    nested = extra.get("budget")
-    if nested is not None:
-        if not isinstance(nested, dict) or set(nested) - set(BUDGET_KEYS):
-            raise bad(f"recursa.budget must be an object with keys among {', '.join(BUDGET_KEYS)}", "budget")
-        asked.update(nested)
-    asked.update({k: extra[k] for k in BUDGET_KEYS if extra.get(k) is not None})
-    caps: dict[str, Any] = {}
-    for key in BUDGET_KEYS:
-        server = getattr(settings.budget, key)
-        value = asked.get(key)
-        if value is None:
-            caps[key] = server
-            continue
-        problem = cap_problem(key, value)
-        if problem is not None:
-            raise bad(
-                f"recursa.{key}={value!r}: {problem}; send {positive_phrase(key)}, or leave it out for the "
-                "server's cap",
-                f"recursa.{key}",
-            )
-        # A request can only tighten the operator's caps, never lift them.
-        if server is not None and value > server:
-            raise bad(refused_widening(f"recursa.{key}", value, server), f"recursa.{key}")
-        caps[key] = value
-    req.budget = Budget(**caps)
+    """The request's run settings, each checked by the schema's policy for what a client may set
+    (recursa/overrides.py): the depth and turns up to the operator's limits, budget caps no higher."""
+    asked = {k: v for k, v in extra.items() if k in SETTING_KEYS and v is not None}
+    try:
+        run = client_settings(asked, settings.run_limits(), REQUEST_SPELLING, models=None)
+    except ConfigError as exc:
+        raise bad(str(exc), f"recursa.{exc.setting}" if exc.setting else "recursa") from None
+    req.max_depth = run.get("max_depth", settings.max_depth)
+    req.max_iterations = run.get("max_iterations", settings.max_iterations)
+    req.budget = run.get("budget", settings.budget)
     # Reasoning tokens are billed as output: a request may ask the root model for less effort than
     # the operator's sampling gives it, never for more.
     effort, limit = req.shape.sampling.get("reasoning_effort"), settings.reasoning_effort_limit()
@@ -427,11 +449,3 @@ def _apply_settings(req: RunRequest, extra: dict[str, Any], settings: ServeSetti
 def _rank(effort: str) -> int:
     return REASONING_EFFORTS.index(effort) if effort in REASONING_EFFORTS else len(REASONING_EFFORTS)
 
-
-def _int_option(extra: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
-    value = extra.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise bad(f"recursa.{key} must be an integer from {low} to {high} on this server", f"recursa.{key}")
-    return value

@@ -31,6 +31,7 @@ from recursa.serve.fields import (
     force_function,
     sampling,
 )
+from recursa.serve.images import InlineImage, responses_image
 from recursa.serve.request import (
     InputMessage,
     RunRequest,
@@ -216,11 +217,11 @@ def _input(raw: Any) -> list[InputMessage]:
     return out
 
 
-def _content(content: Any, where: str) -> tuple[str, list[tuple[str, str]]]:
+def _content(content: Any, where: str) -> tuple[str, list[Any]]:
     return read_content(content, where, _part)
 
 
-def _part(part: dict[str, Any], kind: Any, at: str) -> str | tuple[str, str]:
+def _part(part: dict[str, Any], kind: Any, at: str) -> str | tuple[str, str] | InlineImage:
     if kind in ("input_text", "output_text") and isinstance(part.get("text"), str):
         return str(part["text"])
     if kind == "refusal" and isinstance(part.get("refusal"), str):
@@ -233,9 +234,11 @@ def _part(part: dict[str, Any], kind: Any, at: str) -> str | tuple[str, str]:
                 at,
             )
         return file_part(part, at, holder="")
-    if kind in ("input_image", "input_audio"):
+    if kind == "input_image":
+        return responses_image(part, at)
+    if kind == "input_audio":
         raise bad(f"{at}: {kind} parts are not supported; an RLM reads text (send text or a text file)", at)
-    raise bad(f"{at} must be an input_text, output_text or input_file part", at)
+    raise bad(f"{at} must be an input_text, output_text, input_file or input_image part", at)
 
 
 # -- the answer's shape ---------------------------------------------------------------------------

@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from recursa.budget import Budget
+from recursa.config import Spelling
 from recursa.result import RLMResult
 from recursa.rlm import RLM
+from recursa.serve.request import REQUEST_SPELLING
 from recursa.serve.settings import EventCallback, ServeSettings
 
 _DONE: dict[str, Any] = {"type": "__done__"}
@@ -35,6 +37,9 @@ class RunSpec:
     answer_schema: dict[str, Any] | None = None
     tips: str | None = None
     root_sampling: dict[str, Any] = field(default_factory=dict)
+    # How the client wrote the run's settings (a request's `recursa` field, a tool's arguments), for
+    # the messages of a setting it may fix.
+    spelling: Spelling = REQUEST_SPELLING
 
 
 def build_rlm(settings: ServeSettings, spec: RunSpec, on_event: Callable[[dict[str, Any]], None]) -> RLM:
@@ -44,20 +49,13 @@ def build_rlm(settings: ServeSettings, spec: RunSpec, on_event: Callable[[dict[s
         sampling = {role: dict(opts) for role, opts in (options.get("sampling") or {}).items()}
         sampling["root"] = {**sampling.get("root", {}), **spec.root_sampling}
         options["sampling"] = sampling
-    return RLM(
-        settings.model,
-        sub_model=settings.sub_model,
-        base_url=settings.base_url,
-        api_key=settings.upstream_api_key,
-        max_depth=spec.max_depth,
-        max_iterations=spec.max_iterations,
-        budget=spec.budget,
-        sandbox=settings.sandbox,
-        trace_dir=settings.trace_dir,
-        trace=settings.trace,
-        on_event=on_event,
-        **options,
-    )
+    given = {"model": settings.model, "sub_model": settings.sub_model, "base_url": settings.base_url}
+    given |= {"api_key": settings.upstream_api_key, "sandbox": settings.sandbox, "on_event": on_event}
+    given |= {"trace_dir": settings.trace_dir, "trace": settings.trace, **options}
+    given |= {"max_depth": spec.max_depth, "max_iterations": spec.max_iterations, "budget": spec.budget}
+    # What fails here is a client's setting (the operator's were checked at start-up): named as the
+    # client wrote it, with the operator's flag for what only the operator sets.
+    return RLM.configured(given, spec.spelling)
 
 
 class AskingSession(Protocol):

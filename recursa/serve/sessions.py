@@ -31,7 +31,6 @@ from typing import Any
 
 from recursa.errors import RecursaError
 from recursa.result import RLMResult
-from recursa.serve.api_error import for_request
 from recursa.serve.callers import MIN_SHARED_SESSION_ID, new_session_id, quota_of
 from recursa.serve.request import NEW_SESSION, SETTING_KEYS, ApiError, RunRequest, bad
 from recursa.serve.runs import LiveRun, RunSpec, build_rlm
@@ -200,7 +199,7 @@ class SessionStore:
             handle = ServedSession(owner, session_id, self.settings, spec, key, docs)
         except (RecursaError, ValueError) as exc:
             raise ApiError(
-                400, f"cannot start the session: {for_request(str(exc))}", code="invalid_run_settings"
+                400, f"cannot start the session: {exc}", code="invalid_run_settings"
             ) from None
         self.open[(owner, session_id)] = handle
         if self._reaper is None or self._reaper.done():

@@ -30,72 +30,16 @@ from collections.abc import AsyncIterator
 
 import httpx
 
+from recursa.addresses import OWN, IPAddress, address_problem
 from recursa.serve.api_error import ApiError
 from recursa.serve.request import read_capped
 
 MAX_REDIRECTS = 5
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
-_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")  # a NAT64 gateway reaches the IPv4 address inside
 _PARAM = "recursa.context_url"
 _INFLATE_STEP = 64 * 1024  # most bytes one decompression step may produce
 # zlib window bits: a gzip header, or a zlib header (what "deflate" means in HTTP)
 _ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
-
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-
-
-def address_problem(ip: IPAddress) -> str | None:
-    """What kind of non-public address `ip` is ("loopback", "link-local", ...), None when public."""
-    if isinstance(ip, ipaddress.IPv6Address):
-        inner = ip.ipv4_mapped or ip.sixtofour
-        if inner is None and ip in _NAT64:
-            inner = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-        if inner is not None:
-            return address_problem(inner)
-    kinds = (
-        ("unspecified", ip.is_unspecified),
-        ("loopback", ip.is_loopback),
-        ("link-local", ip.is_link_local),
-        ("multicast", ip.is_multicast),
-        ("private", ip.is_private),
-        ("reserved", ip.is_reserved),
-        ("non-public", not ip.is_global),
-    )
-    kind = next((kind for kind, hit in kinds if hit), None)
-    if kind is None and ip in own_addresses():
-        return OWN
-    return kind
-
-
-OWN = "this server's own"
-
-
-def own_addresses() -> frozenset[IPAddress]:
-    """The addresses of this host's interfaces (read when asked: they change with DHCP and VPNs).
-    Linux lists them in /proc (the kernel's local routing table, and every interface's IPv6
-    addresses); elsewhere only loopback is known, besides what the classification refuses."""
-    found: set[IPAddress] = {ipaddress.IPv4Address("127.0.0.1"), ipaddress.IPv6Address("::1")}
-    try:
-        with open("/proc/net/fib_trie", encoding="ascii") as fh:
-            last = ""
-            for line in fh:
-                text = line.strip()
-                if text.startswith("|--"):
-                    last = text[3:].strip()
-                elif text.endswith("host LOCAL") and last:
-                    found.add(ipaddress.IPv4Address(last))
-    except (OSError, ValueError):
-        pass
-    try:
-        with open("/proc/net/if_inet6", encoding="ascii") as fh:
-            for line in fh:
-                word = line.split(maxsplit=1)[0] if line.strip() else ""
-                if len(word) == 32:
-                    found.add(ipaddress.IPv6Address(int(word, 16)))
-    except (OSError, ValueError):
-        pass
-    return frozenset(found)
-
 
 async def fetch_url(url: str, *, max_bytes: int, timeout_s: float, allow_private: bool = False) -> bytes:
     """GET a context over http(s): only public addresses (unless `allow_private`), at most

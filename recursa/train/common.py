@@ -52,13 +52,17 @@ def _score_files(scores: ScoreSource) -> list[Path]:
 
 
 def finished_nodes(root: RunNode, report: ExportReport, where: Path) -> Iterator[RunNode]:
-    """The root and every descendant run, depth first; an unfinished child is skipped with its subtree."""
-    yield root
-    for child in root.children:
-        if child.end is None:
-            report.skip(SKIP_CHILD_UNFINISHED, where, n=len(child.walk()))
-            continue
-        yield from finished_nodes(child, report, where)
+    """The root and every descendant run, depth first; an unfinished child is skipped with its subtree.
+    Without recursion: a trace is anyone's file, and runs nested thousands deep are one line each."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        yield node
+        for child in reversed(node.children):
+            if child.end is None:
+                report.skip(SKIP_CHILD_UNFINISHED, where, n=len(child.walk()))
+                continue
+            stack.append(child)
 
 
 def check_out(out: str | Path | None) -> Path | None:

@@ -62,18 +62,16 @@ def child_weights(root: RunNode, mode: str = "inherit", *, count_subcalls: bool 
     if mode not in CHILD_WEIGHTS:
         raise ExportError(f"child weight must be one of {', '.join(CHILD_WEIGHTS)}, got {mode!r}")
     weights: dict[str, float] = {}
-
-    def visit(node: RunNode, weight: float) -> None:
+    stack = [(root, 1.0)]  # not recursive: a crafted trace nests runs thousands deep
+    while stack:
+        node, weight = stack.pop()
         weights[node.run_id] = weight
         subs = _subcall_count(node) if count_subcalls else 0
         k = len(node.children) + subs
         share = weight / k if mode == "1/k" and k else weight
         if subs:
             weights[f"{node.run_id}/sub"] = share
-        for child in node.children:
-            visit(child, share)
-
-    visit(root, 1.0)
+        stack.extend((child, share) for child in reversed(node.children))
     return weights
 
 

@@ -22,7 +22,7 @@ from recursa.train.errors import ExportError
 from recursa.train.fixes import fix_reply
 from recursa.train.report import ExportReport
 from recursa.train.scores import ScoreSource
-from recursa.train.source import SKIP_FOLDED, executed_code, run_steps
+from recursa.train.source import SKIP_FOLDED, executed_code, run_steps, whole
 
 DEFAULT_MAX_CHARS = 100_000
 DROP_ZERO = "runs that scored 0"
@@ -53,7 +53,7 @@ def sft_rows(
         if min_score is not None and value < min_score:
             report.drop(f"runs scored below --min-score {min_score:g}", run.path)
             continue
-        if int(root.end.get("iterations", 0) if root.end else 0) <= 1:
+        if whole(root.end.get("iterations") if root.end else 0, 0) <= 1:
             report.drop(DROP_ONE_TURN, run.path)
             continue
         nodes = list(finished_nodes(root, report, run.path)) if include_children else [root]

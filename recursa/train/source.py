@@ -235,7 +235,7 @@ def run_steps(node: RunNode, report: ExportReport | None = None) -> list[Step]:
     broken = False  # a folded reply corrupts every later prompt of the run
     for event in node.events:
         if event["type"] == "turn":
-            turn = int(event.get("turn", turn + 1))
+            turn = whole(event.get("turn"), turn + 1)
             continue
         if event["type"] == "compact":  # older turns were replaced by a summary: the prompt restarts
             history = _messages(event.get("messages"))
@@ -310,8 +310,18 @@ def executed_code(node: RunNode, upto_turn: int) -> list[str]:
     return [
         e["code"]
         for e in node.of_type("exec")
-        if isinstance(e.get("code"), str) and int(e.get("turn", 0)) <= upto_turn
+        if isinstance(e.get("code"), str) and whole(e.get("turn"), 0) <= upto_turn
     ]
+
+
+def whole(value: Any, default: int) -> int:
+    """A trace's whole number (a turn's), or `default` where a crafted or damaged line holds
+    something else (a string, a float past any int, a bool)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return default
 
 
 def _messages(raw: Any) -> list[Message]:
@@ -337,7 +347,11 @@ def _calls(raw: Any) -> list[dict[str, Any]] | None:
     if not isinstance(raw, list):
         return None
     calls = [
-        {"id": str(c.get("id") or ""), "name": str(c.get("name") or ""), "arguments": c.get("arguments") or {}}
+        {
+            "id": str(c.get("id") or ""),
+            "name": str(c.get("name") or ""),
+            "arguments": c.get("arguments") or {},
+        }
         for c in raw
         if isinstance(c, dict)
     ]

@@ -58,7 +58,7 @@ class VerifiersDialect(ToolsDialect):
         extra_data: str = "folder",
         texts: str = "auto",
         root_prompt_verbosity: str = "light",
-        max_output_length: int = MAX_OUTPUT_CHARS,
+        max_output_length: int | str = MAX_OUTPUT_CHARS,
     ) -> None:
         """`packages`: the Python packages listed as installed (the environment's
         pip_install_packages, space-separated). `extra_data`: "folder" (the context as files in a
@@ -72,6 +72,9 @@ class VerifiersDialect(ToolsDialect):
             raise ConfigError(
                 f"dialect option root_prompt_verbosity={root_prompt_verbosity!r}: choose 'light', 'medium' or 'heavy'"
             )
+        # An int, or its digits (--dialect-option max_output_length=4096 gives a str).
+        if isinstance(max_output_length, str) and max_output_length.strip().isdigit():
+            max_output_length = int(max_output_length)
         if (
             isinstance(max_output_length, bool)
             or not isinstance(max_output_length, int)
@@ -137,10 +140,11 @@ class VerifiersDialect(ToolsDialect):
             )
             if res.partial is not None:
                 self._partial = res.partial
-            record = await runner.value(RESULT_NAME)
-            text = self.texts.output(
-                res.stdout, res.stderr, read_result(record.value if record else None), self.max_output_length
-            )
+            stderr, record = _escaped(res)
+            if record is None:
+                found = await runner.value(RESULT_NAME)
+                record = read_result(found.value if found else None)
+            text = self.texts.output(res.stdout, stderr, record, self.max_output_length)
             results.append(CellResult(cell, None, _with_notes(text, res)))
             if res.final is not None and res.final.protocol == "answer":
                 final = res.final
@@ -163,6 +167,18 @@ class VerifiersDialect(ToolsDialect):
         ]
         self._seen.extend(messages)
         return messages  # type: ignore[return-value]
+
+
+def _escaped(res: ExecResult) -> tuple[str, dict[str, Any] | None]:
+    """stderr, and the cell's record when what stopped it got past the helper (an interrupt at the
+    time limit): recursa's traceback of it goes (its frames are the helper's), its last line stays."""
+    if not res.error:
+        return res.stderr, None
+    trace = res.error.rstrip("\n")
+    written = res.stderr.rstrip("\n")
+    if written.endswith(trace):
+        written = written[: len(written) - len(trace)]
+    return written, {"status": "error", "result": trace.splitlines()[-1]}
 
 
 def _with_notes(text: str, res: ExecResult) -> str:

@@ -30,7 +30,7 @@ ExtraData = Literal["folder", "value"]
 _DEFINE = """
 if "_rlm_vf_cell" not in globals():
     def _rlm_vf_define():
-        import ast, os, sys, traceback
+        import ast, os, traceback
         count = [0]
 
         def shown_traceback(exc):
@@ -44,12 +44,13 @@ if "_rlm_vf_cell" not in globals():
             return text
 
         def cell(code, transcript, folder, cap):
+            namespace = globals()
+            namespace["_rlm_vf_result"] = None  # an interrupted cell leaves no record of an earlier one
             if transcript is not None and folder:
                 with open(os.path.join(folder, ".messages"), "w", encoding="utf-8") as f:
                     f.write(transcript)
             count[0] += 1
             out = {"status": "ok", "result": None, "execution_count": count[0]}
-            namespace = globals()
             try:
                 body = list(ast.parse(code, mode="exec").body)
                 last = body.pop() if body and isinstance(body[-1], ast.Expr) else None

@@ -24,6 +24,7 @@ from typing import Any
 
 from recursa.context import ContextInfo, ContextPayload
 from recursa.errors import SandboxError
+from recursa.outcomes import error_kind
 from recursa.sandbox.base import CallbackError, ExecResult, FinalAnswer, Sandbox
 from recursa.sandbox.forkserver import ForkServer
 from recursa.sandbox.pools import MemoryPool
@@ -289,7 +290,7 @@ class NodeHost:
                 entry[1].set_result(value)
             else:
                 kind, message = value
-                entry[1].set_exception(CallbackError(str(kind), str(message)))
+                entry[1].set_exception(CallbackError(error_kind(str(kind)), str(message)))
 
     async def shutdown(self) -> None:
         for repl in list(self.repls):

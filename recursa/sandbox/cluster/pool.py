@@ -368,10 +368,9 @@ class RayPool:
             if handler is None:
                 raise CallbackError("SandboxError", "this REPL was closed")
             answer = (call_id, True, await handler(function, args))
-        except CallbackError as exc:
-            answer = (call_id, False, (exc.kind, str(exc)))
         except Exception as exc:  # as the local host does: the code sees the error, the run goes on
-            answer = (call_id, False, (type(exc).__name__, str(exc)))
+            error = CallbackError.of(exc)
+            answer = (call_id, False, (error.kind, str(error)))
         with contextlib.suppress(Exception):  # a node that died takes the cell with it
             host.answer.remote([answer])
 

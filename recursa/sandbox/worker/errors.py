@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-# Exceptions generated code can see and catch.
+# Exceptions generated code can see and catch. An error reply's kind is one of recursa.outcomes'
+# ErrorKind (this process cannot import recursa; tests/test_sandbox.py holds the two together).
 
 
 class SubcallError(Exception):

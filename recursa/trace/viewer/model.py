@@ -25,6 +25,10 @@ VIEW_VERSION = 1
 SUPPORTED_FORMAT = 1
 # Sub-call rows per run on the timeline: beyond this many calls at once, bars share rows.
 MAX_LANES = 256
+# Runs nested deeper than this are shown from the top level: a crafted chain of thousands of
+# children made every move of a child below its parent's turn walk the whole chain (5,000 runs:
+# 24 s before the page had its data). recursa's own traces nest max_depth runs deep.
+MAX_RUN_NESTING = 64
 KNOWN_TYPES = {
     "run_start",
     "sandbox",
@@ -73,6 +77,7 @@ class _RunState:
     turn: int | None = None
     pending: list[int] = field(default_factory=list)  # sub-calls and child runs since the last exec
     calls: int = 0
+    level: int = 0  # runs above this one
 
 
 def _num(value: Any, default: float = 0.0) -> float:
@@ -161,6 +166,7 @@ class _Builder:
         self.last_ts = 0.0
         self.run_count = 0
         self.warnings: list[str] = []  # what was wrong with the runs' shape (a trace is anyone's file)
+        self.too_deep = False
 
     def t(self, event: dict[str, Any]) -> float:
         value = _num(event.get("ts"), self.origin) - self.origin
@@ -224,6 +230,13 @@ class _Builder:
             )
             parent_id = None
         parent_state = self.runs.get(parent_id) if parent_id else None
+        if parent_state is not None and parent_state.level >= MAX_RUN_NESTING:
+            if not self.too_deep:
+                self.warnings.append(
+                    f"runs are nested more than {MAX_RUN_NESTING} deep: those below are shown as top-level runs"
+                )
+            self.too_deep = True
+            parent_state = None
         parent = self._anchor(parent_state) if parent_state else -1
         depth = int(_num(e.get("depth"), 0))
         node = self.add(
@@ -244,7 +257,7 @@ class _Builder:
         )
         node.status = "running"
         self.run_count += 1
-        self.runs[run_id] = _RunState(node.id, node.run)
+        self.runs[run_id] = _RunState(node.id, node.run, level=parent_state.level + 1 if parent_state else 0)
         if parent_state is not None:
             parent_state.pending.append(node.id)
 
