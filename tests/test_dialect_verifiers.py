@@ -190,3 +190,15 @@ def test_a_cell_stopped_by_its_timeout_shows_no_earlier_cells_value(server, tmp_
     assert first == "Out[1]: 2"
     assert stopped.startswith("KeyboardInterrupt: execution was interrupted")
     assert "Out[" not in stopped and "_rlm_vf" not in stopped  # nothing of the helper it runs through
+
+
+def test_the_scripted_root_speaks_it_offline():
+    """`recursa demo --dialect verifiers`: the scripted root reads the <SCAFFOLDING> opening, runs
+    its steps as calls of the tool and answers through the answer dict."""
+    from recursa.tasks import generate
+
+    task = generate("niah", 20_000, seed=3)
+    rlm = RLM("scripted/gpt5-like", sub_model="scripted/oracle", dialect="verifiers", trace=False)
+    result = rlm.run(task.question, task.context)
+    assert (result.stop_reason, result.answer_protocol) == ("final", "answer")
+    assert task.score(result.answer) == 1.0
