@@ -58,6 +58,7 @@ SCRIPTS = [
     Script("env_rollouts", "env_rollouts.py", ["--sizes-mb", "1", "--episodes", "16", "--alone", "4"], []),
     Script("answer_turns", "answer_turns.py", ["--beside-only"], []),
     Script("serve_throughput", "serve_throughput.py", ["--requests", "16", "--concurrency", "4"], []),
+    Script("acp_mcp", "acp_mcp.py", ["--prompts", "2"], ["--prompts", "10"]),
     Script("json_bounds", "json_bounds.py", ["--messages", "100000"], []),
     Script(
         "subcall_cache", "subcall_cache.py", ["--group", "4", "--chars", "20000", "--families", "oolong,niah"], []

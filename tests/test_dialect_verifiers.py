@@ -101,6 +101,7 @@ def test_a_folder_context_and_the_transcript_file(server, tmp_path):
     (folder / "sub").mkdir(parents=True)
     (folder / "a.txt").write_text("alpha")
     (folder / "sub" / "b.md").write_text("beta")
+    (folder / "c.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))  # its bytes stay on the host
     listing = "import os\nprint(sorted(os.path.relpath(os.path.join(d, f)) for d, _, fs in os.walk('.') for f in fs))"
     reading = "import json\nprint([m['role'] for m in map(json.loads, open('.messages'))])\n1 / 0"
     run(server, tmp_path, call(listing, reading), "done", context=folder)
@@ -190,3 +191,15 @@ def test_a_cell_stopped_by_its_timeout_shows_no_earlier_cells_value(server, tmp_
     assert first == "Out[1]: 2"
     assert stopped.startswith("KeyboardInterrupt: execution was interrupted")
     assert "Out[" not in stopped and "_rlm_vf" not in stopped  # nothing of the helper it runs through
+
+
+def test_the_scripted_root_speaks_it_offline():
+    """`recursa demo --dialect verifiers`: the scripted root reads the <SCAFFOLDING> opening, runs
+    its steps as calls of the tool and answers through the answer dict."""
+    from recursa.tasks import generate
+
+    task = generate("niah", 20_000, seed=3)
+    rlm = RLM("scripted/gpt5-like", sub_model="scripted/oracle", dialect="verifiers", trace=False)
+    result = rlm.run(task.question, task.context)
+    assert (result.stop_reason, result.answer_protocol) == ("final", "answer")
+    assert task.score(result.answer) == 1.0

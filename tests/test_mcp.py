@@ -295,3 +295,53 @@ def test_http_transport_keeps_the_servers_shares(tmp_path):
             srv.url + "/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"}, headers=headers
         )
         assert ping.status_code == 400 and "Missing session ID" in ping.text
+
+
+async def test_http_transport_takes_contexts_up_to_the_operators_cap(tmp_path):
+    """The SDK's own body cap (4 MiB) refused a 5 MB context_text with 413, under the 2 GiB the
+    server promises (ServeSettings.max_context_bytes); the operator's cap is the one that holds."""
+    from recursa.serve.mcp_server import http_app
+    from tests.serve_helpers import install_test_root
+
+    settings = ServeSettings(model=install_test_root(), sub_model=SUB, trace_dir=tmp_path)
+    with BackgroundServer(http_app(build_mcp_server(settings), settings)) as server:
+        async with Client(server.url + "/mcp", read_timeout_seconds=60) as client:
+            question = "RUN: FINAL(str(len(context)))"
+            result = await client.call_tool(
+                TOOL_NAME, {"question": question, "context_text": "x" * 5_000_000}
+            )
+    assert not result.is_error, result.content
+    assert result.structured_content["answer"] == "5000000"
+
+
+def test_one_caller_cannot_take_every_mcp_client_slot(tmp_path):
+    """Every `initialize` opens a transport session in the SDK, capped only for the whole server:
+    one key opening them as fast as it could took them all, and others' clients were refused for
+    the SDK's half-hour idle timeout. A caller holds its share now, whatever X-Recursa-Client it
+    sends, and a session it deletes leaves its count."""
+    from recursa.serve.mcp_server import http_app
+
+    keys = {"alice": "alice-key-0123456789abcdef", "bob": "bob-key-0123456789abcdefgh"}
+    settings = ServeSettings(model=MODEL, sub_model=SUB, trace_dir=tmp_path, api_keys=keys, max_mcp_clients=8)
+    assert settings.mcp_clients_per_caller == 2
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize"}
+    init["params"] = {
+        "protocolVersion": "2025-03-26",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"},
+    }
+
+    def headers(key, **more):
+        return {"accept": "application/json, text/event-stream", "authorization": f"Bearer {key}", **more}
+
+    with BackgroundServer(http_app(build_mcp_server(settings), settings)) as srv, httpx.Client() as http:
+        url = srv.url + "/mcp"
+        opened = [http.post(url, json=init, headers=headers(keys["alice"])) for _ in range(2)]
+        assert [r.status_code for r in opened] == [200, 200]
+        for extra in ({}, {"x-recursa-client": "another-label-0123456789"}):
+            third = http.post(url, json=init, headers=headers(keys["alice"], **extra))
+            assert third.status_code == 429 and "your share" in third.text, third.text
+        assert http.post(url, json=init, headers=headers(keys["bob"])).status_code == 200
+        gone = opened[0].headers["mcp-session-id"]
+        assert http.delete(url, headers=headers(keys["alice"], **{"mcp-session-id": gone})).status_code < 400
+        assert http.post(url, json=init, headers=headers(keys["alice"])).status_code == 200

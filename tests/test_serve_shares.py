@@ -247,3 +247,30 @@ def test_websocket_upgrades_leave_the_connection_caps_when_they_close(tmp_path: 
                     answer += chunk
                 assert answer.startswith(b"HTTP/1.1 403")
         wait_until(lambda: _health(srv.url), timeout_s=10, what="a request from the same address served")
+
+
+def test_a_reader_that_takes_nothing_is_cut_off(tmp_path: Path) -> None:
+    """A streamed answer its client never read waited in uvicorn's write, which has no time limit,
+    holding the caller's place (here the server's one) for as long as the client kept the connection
+    open. The connection is aborted once the client takes nothing for the write timeout."""
+    settings = serve_settings(tmp_path, ALICE, max_runs=1, max_waiting=0)
+    big = "RUN: big = 'x' * 16_000_000\nFINAL_VAR('big')"
+    body = json.dumps({**_chat(big), "stream": True}).encode()
+    with BackgroundServer(create_app(settings), write_timeout_s=0.5) as srv:
+        stalled = socket.socket()
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect((srv.host, srv.port))
+        head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {ALICE}\r\n"
+        head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        stalled.sendall(head.encode() + body)  # and never reads
+
+        def served() -> bool:
+            answer = httpx.post(
+                srv.url + "/v1/chat/completions", json=_chat(HELLO), headers=_auth(ALICE), timeout=GUARD_S
+            )
+            return answer.status_code == 200
+
+        try:
+            wait_until(served, timeout_s=GUARD_S, what="the server's one place freed from the stalled reader")
+        finally:
+            stalled.close()

@@ -15,7 +15,7 @@ from typing import Any
 
 import uvicorn
 
-from recursa.asgi.slow_clients import HEAD_TIMEOUT_S, head_timeout_protocol
+from recursa.asgi.slow_clients import HEAD_TIMEOUT_S, WRITE_TIMEOUT_S, head_timeout_protocol
 
 _START_TIMEOUT_S = 15.0
 _STOP_TIMEOUT_S = 15.0
@@ -44,6 +44,7 @@ class BackgroundServer:
         head_timeout_s: float = HEAD_TIMEOUT_S,
         max_connections: int | None = None,
         max_connections_per_address: int | None = None,
+        write_timeout_s: float = WRITE_TIMEOUT_S,
     ) -> None:
         self.app = app
         self.host = host
@@ -53,6 +54,7 @@ class BackgroundServer:
         self.name = name
         self.head_timeout_s = head_timeout_s
         self.caps = (max_connections, max_connections_per_address)
+        self.write_timeout_s = write_timeout_s
         self.port = 0
         self._server: _PromptServer | None = None
         self._thread: threading.Thread | None = None
@@ -76,7 +78,10 @@ class BackgroundServer:
             raise
         self.port = sock.getsockname()[1]
         protocol = head_timeout_protocol(
-            self.head_timeout_s, max_connections=self.caps[0], per_address=self.caps[1]
+            self.head_timeout_s,
+            max_connections=self.caps[0],
+            per_address=self.caps[1],
+            write_timeout_s=self.write_timeout_s,
         )
         config = uvicorn.Config(
             self.app,

@@ -15,6 +15,14 @@ address (a new one past it is closed at once), and at most `total` in all; at th
 connection takes the place of the oldest one that is waiting for a request head (a half-sent head,
 an idle keep-alive), and is closed at once only when every connection is busy with a request. A
 flood of heads, from one address or many, thus never keeps out a client whose request comes whole.
+
+A client that stops reading holds the rest: a streamed answer it never takes waited in uvicorn's
+write (which has no time limit) with its run slot, its share of the requests and its connection,
+and a whole answer it never took stayed in the connection's buffer, for as long as the client kept
+the connection open. So when the transport's buffer passes its high-water mark (the client took
+too little) and has not drained below the low-water mark within `write_timeout_s`, the connection
+is aborted: its buffer is dropped and the app sees the client leave (a run is cancelled, as for any
+client that leaves).
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 HEAD_TIMEOUT_S = 30.0
+# A reader that takes none of what the server has for it for this long is cut off (module doc).
+WRITE_TIMEOUT_S = 60.0
 
 
 class Connections:
@@ -78,8 +88,25 @@ def _descriptor_limit() -> int:
 
 class _HeadTimeoutH11(H11Protocol):
     head_timeout_s = HEAD_TIMEOUT_S
+    write_timeout_s = WRITE_TIMEOUT_S
     caps: Connections | None = None
     _head_timer: asyncio.TimerHandle | None = None
+    _write_timer: asyncio.TimerHandle | None = None
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.write_timeout_s, self._write_timed_out)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_timed_out(self) -> None:
+        self._write_timer = None
+        self.transport.abort()  # close() would wait for the buffer to drain, which never happens
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -95,8 +122,9 @@ class _HeadTimeoutH11(H11Protocol):
         self._arm_head_timer()  # the next request's head gets its own time
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
+        for timer in (self._head_timer, self._write_timer):
+            if timer is not None:
+                timer.cancel()
         if self.caps is not None:
             self.caps.leave(self)
         super().connection_lost(exc)
@@ -139,9 +167,15 @@ class _HeadTimeoutH11(H11Protocol):
 
 
 def head_timeout_protocol(
-    seconds: float = HEAD_TIMEOUT_S, *, max_connections: int | None = None, per_address: int | None = None
+    seconds: float = HEAD_TIMEOUT_S,
+    *,
+    max_connections: int | None = None,
+    per_address: int | None = None,
+    write_timeout_s: float = WRITE_TIMEOUT_S,
 ) -> type[_HeadTimeoutH11]:
     """uvicorn's `http=` protocol class for one server: connections whose request head takes longer
-    than `seconds` to arrive are closed, and connections are capped (`connection_caps`)."""
+    than `seconds` to arrive are closed, connections are capped (`connection_caps`), and a client
+    that takes nothing of its answer for `write_timeout_s` is cut off."""
     caps = Connections(*connection_caps(max_connections, per_address))
-    return type("HeadTimeoutH11Protocol", (_HeadTimeoutH11,), {"head_timeout_s": seconds, "caps": caps})
+    fields = {"head_timeout_s": seconds, "caps": caps, "write_timeout_s": write_timeout_s}
+    return type("HeadTimeoutH11Protocol", (_HeadTimeoutH11,), fields)

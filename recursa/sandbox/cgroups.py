@@ -14,13 +14,15 @@ kills. From then on only the host moves processes, and it signals a member only 
 through a pidfd, that the kernel lists it as the sandbox's own (`proc.kill_owned`).
 
 What the worker's threads fork never lands where it could outlive a cell, whatever the code of a
-cell writes to the host (a forged answer included): once its first cell starts, every thread of the
-worker is in one of two children of the group. `cell` holds them while a cell runs and whatever
-they fork; the host kills what it holds, the worker aside, at the end of every cell. `snap` is where
-the host puts the worker's main thread after a cell's answer, for it to fork its snapshot of the
-state after that cell (worker/snapshots.py); the kernel caps it at `SNAP_TASKS` tasks, and the host
-kills what it holds (by then an outdated snapshot) before it puts the thread there again. Its
-sandbox's group itself keeps only the keeper, which runs no code of the cells.
+cell writes to the host (a forged answer included): once it runs cells, every thread of the worker
+is in one of two children of the group. `cell` holds the ones that run code of the cells, and
+whatever they fork; the host kills what it holds, the worker aside, at the end of every cell.
+`snap` holds the thread that forks the worker's snapshots (worker/snapshots.py) after the host's
+word that a cell is over; the kernel caps it at `SNAP_TASKS` tasks, and the host kills what it
+holds (an outdated snapshot by then) before that word. The sandbox's group itself keeps only the
+keeper, which runs no code of the cells. On v1 the worker's threads take their places themselves
+before anything runs (`join_fds`); on v2, which moves only whole processes, the host moves the
+worker into `cell` for each cell and into `snap` after it.
 
 On cgroup v1 the memory controller is a hierarchy of its own. Where it is mounted and this
 process's own memory group is writable, the sandbox also gets a child there (`memory.limit_in_bytes`,
@@ -304,9 +306,11 @@ class TaskGroup:
     def join_fds(self) -> dict[str, int]:
         """Descriptors for a worker to move itself into the group as the first thing it does (it
         writes "0", then closes them before anything else), by the names the worker's config gives
-        them: "cgroup_fd" and, on v1, "memory_cgroup_fd"; the caller closes its copies once the
-        worker has them. Those of the cell and snapshot groups are never handed over: the host
-        moves the worker between them (`move`).
+        them: "cgroup_fd" and, on v1, "memory_cgroup_fd", "cell_cgroup_fd" and "snap_cgroup_fd"; the
+        caller closes its copies once the worker has them. On v1 the worker puts its main thread
+        in the cell group and its snapshots' forker in the snapshot group itself, once hardened
+        and before anything else runs (a thread that moves itself takes none of the lock that
+        moving another takes); on v2 the host moves the worker between them (`move`).
 
         v1: the `tasks` files, which move the calling thread only. A whole process (cgroup.procs)
         takes a lock whose writer waits for an RCU grace period, 5-15 ms after any idle spell, on
@@ -318,6 +322,9 @@ class TaskGroup:
         paths = {"cgroup_fd": self.join_path}
         if self.memory_path is not None:
             paths["memory_cgroup_fd"] = self.memory_path
+        if self.version == 1:
+            # Its threads' places (worker/taskgroup.py, `place`): only v1 moves threads apart.
+            paths.update(cell_cgroup_fd=self.place_path("cell"), snap_cgroup_fd=self.place_path("snap"))
         try:
             for key, folder in paths.items():
                 fds[key] = os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CLOEXEC)

@@ -98,6 +98,9 @@ class HostHardening:
         # The worker joined the group: the host moves it into the cell group for each cell, and it
         # waits for the host's "cell_closed" after answering one (worker/server.py).
         self.cells_grouped = False
+        # The worker put its threads in the cell and snapshot groups itself (v1, cgroups.py): the
+        # host moves nothing per cell.
+        self.cells_placed = False
         self.owner: tuple[int | None, int | None] = (None, None)  # (root, session): see ready()
         self._checked_pid: int | None = None  # the worker pid last found to be ours (_checked)
         self._checked_fd = -1  # a pidfd of it
@@ -258,6 +261,9 @@ class HostHardening:
         if self.group is not None:
             self.group.own(*self.owner)
         self.cells_grouped = self.group is not None and report.get("cgroup") is True
+        self.cells_placed = self.cells_grouped and report.get("cgroup_places") is True
+        if isinstance(report.get("cgroup_places"), str):
+            self.cells_grouped = False  # its threads may be anywhere: the group caps tasks, no more
         if self.pool is not None:
             self.pool.register(pid)
         limit = self.options.max_processes if self.options is not None else None
@@ -348,24 +354,26 @@ class HostHardening:
         return "poller" if self.options is not None else "none"
 
     def enter_cell(self, pid: int | None) -> None:
-        """Move the worker's main thread (the one that runs cells) into the cell group: what the
-        cell forks or starts from there stays behind in it. Only a pid the kernel shows as this
-        sandbox's own is ever written (never one the worker reported unchecked)."""
-        if self.group is not None and self.cells_grouped and self._checked(pid):
+        """Where the host moves the worker (cgroup v2): its main thread (the one that runs cells)
+        into the cell group, so that what the cell forks or starts from there stays behind in it.
+        Only a pid the kernel shows as this sandbox's own is ever written (never one the worker
+        reported unchecked)."""
+        if self.group is not None and self.cells_grouped and not self.cells_placed and self._checked(pid):
             self.group.move(pid, "cell")  # type: ignore[arg-type]
 
-    def leave_cell(self, pid: int | None) -> bool:
-        """After the cell's answer (its code may have written it and still run): kill what the
-        snapshot group holds (the snapshot from before the cell, outdated now, or what such code
-        left there last time) and move the worker's main thread there, for it to fork its snapshot
-        of the state after the cell, in a group the kernel caps (cgroups.SNAP_TASKS). Whether the
-        worker waits for word of it (then the caller sends "cell_closed", also where the move failed)."""
+    def leave_cell(self, pid: int | None, snapshots: bool) -> bool:
+        """After the cell's answer (its code may have written it and still run): with `snapshots`,
+        kill what the snapshot group holds (the snapshot from before the cell, outdated now, or
+        what such code left there), and where the host moves the worker, move it there to fork
+        its snapshot of the state after the cell. Whether the worker waits for word of it (then
+        the caller sends "cell_closed")."""
         group = self.group
-        if group is None or not self.cells_grouped:
+        if group is None or not self.cells_grouped or not snapshots:
             return False
         if self._checked(pid):
             group.kill("snap", keep={pid, *self.spare})  # type: ignore[arg-type]
-            group.move(pid, "snap")  # type: ignore[arg-type]
+            if not self.cells_placed:
+                group.move(pid, "snap")  # type: ignore[arg-type]
         return True
 
     def _checked(self, pid: int | None) -> bool:
@@ -514,6 +522,17 @@ class HostHardening:
         if pid is not None:
             self.worker_pid = pid  # the data-size limit and the process guard follow it
         self._alive = alive
+        if self.group is not None and self.cells_placed:
+            # Its first thread was the old worker's forker, in the snapshot group (where it has just
+            # made a forker of its own): that one runs the cells from now on. A pid its frame gave
+            # that the host cannot check is not believed: the kernel's word is, the process there
+            # that its keeper took in when the old worker died.
+            if pid is None or not self._checked(pid):
+                adopted = [p for p in self.group.members("snap") if _parent(p) in self.spare]
+                pid = adopted[0] if len(adopted) == 1 and self._checked(adopted[0]) else None
+            if pid is not None:
+                self.worker_pid = pid
+                self.group.move(pid, "cell")
 
     # -- after a context load ------------------------------------------------------------------
 
@@ -551,6 +570,11 @@ class HostHardening:
         if self.guard is not None:
             self.guard.stop()
             self.guard = None
+
+
+def _parent(pid: int) -> int | None:
+    fields = stat_fields(pid)
+    return int(fields[1]) if fields is not None else None
 
 
 def not_started() -> dict[str, Any]:

@@ -351,6 +351,8 @@ class SubprocessSandbox(WorkerHost):
     async def _enter_cell(self, worker: Connection, fresh: bool) -> None:
         if not self._hardening.cells_grouped:
             return
+        if self._hardening.cells_placed:
+            return  # its threads are in place for good (cgroups.py)
         if not fresh and worker.control is not None and not worker.snapshot_reported.is_set():
             # The worker forks its snapshot of the last state after its answer: moved into the cell
             # group before that, the snapshot would be among what the host kills at the cell's end.
@@ -360,7 +362,7 @@ class SubprocessSandbox(WorkerHost):
         self._hardening.enter_cell(worker.pid)
 
     async def _end_cell(self, answered: Connection | None) -> int:
-        if answered is not None and self._hardening.leave_cell(answered.pid):
+        if answered is not None and self._hardening.leave_cell(answered.pid, answered.control is not None):
             with contextlib.suppress(OSError, ValueError):
                 await answered.chan.send({"op": "cell_closed"})  # the worker waits for it to snapshot
         return await self._hardening.end_cell()

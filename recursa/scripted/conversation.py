@@ -15,6 +15,9 @@ from recursa.lm.base import Message
 from recursa.scripted.answer_forms import asked_schema
 
 _QUESTION_RE = re.compile(r"<question>[ \t]*\n(.*?)\n[ \t]*</question>", re.DOTALL)
+# dialect="verifiers": no system message; the instructions open the first user message inside
+# these tags, and the question follows them.
+_SCAFFOLD_RE = re.compile(r"\A<SCAFFOLDING>\n(.*?)\n</SCAFFOLDING>\n\n(.*)\Z", re.DOTALL)
 _STEP_RE = re.compile(r"^[ \t]*# step: ([\w-]+)", re.MULTILINE)  # indented: code in a markdown list
 _RESULT_RE = re.compile(r"^RESULT: (.*)$", re.MULTILINE)
 # The engine's last call after the final turn ("... No more code will run ..."), or any nudge like it.
@@ -33,6 +36,7 @@ class Conversation:
     outputs: list[str]  # what came back after each earlier reply (aligned with `steps`)
     last_user: str
     answer_schema: dict[str, Any] | None = None  # the JSON Schema the first message asks the answer in
+    scaffolded: bool = False  # the instructions came in a <SCAFFOLDING> block (read as `system`)
 
     @property
     def done(self) -> set[str]:
@@ -59,6 +63,8 @@ class Conversation:
     # What the system prompt says about this run.
     @property
     def has_subcalls(self) -> bool:
+        if self.scaffolded:
+            return "llm_batch" in self.system
         return "No model calls are available" not in self.system
 
     @property
@@ -69,22 +75,32 @@ class Conversation:
 
     @property
     def answer_dict_only(self) -> bool:
+        if self.scaffolded:
+            return 'answer["ready"] = True' in self.system
         return "The only way to answer" in self.system and "FINAL(" not in self.system
 
 
 def is_rlm_conversation(messages: list[Message]) -> bool:
     """True when the messages are an RLM root's chat (a question about a context in a REPL)."""
-    return any(m.get("role") == "user" and _QUESTION_RE.search(m.get("content", "")) for m in messages[:2])
+    return any(
+        m.get("role") == "user"
+        and (_QUESTION_RE.search(m.get("content", "")) or _SCAFFOLD_RE.match(m.get("content", "")))
+        for m in messages[:2]
+    )
 
 
 def read(messages: list[Message]) -> Conversation:
     system = next((m.get("content", "") for m in messages if m.get("role") == "system"), "")
     first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), None)
     question = schema = None
+    scaffold = None
     if first_user is not None:
         opening = messages[first_user].get("content", "")
         match = _QUESTION_RE.search(opening)
         question = match.group(1).strip() if match else None
+        scaffold = _SCAFFOLD_RE.match(opening) if match is None and not system else None
+        if scaffold is not None:
+            system, question = scaffold.group(1), scaffold.group(2).strip()
         schema = asked_schema(opening)
     steps: list[str] = []
     outputs: list[str] = []
@@ -96,7 +112,7 @@ def read(messages: list[Message]) -> Conversation:
         following = next((n for n in messages[i + 1 :] if n.get("role") == "user"), None)
         outputs.append(following.get("content", "") if following else "")
     last_user = next((m.get("content", "") for m in reversed(messages) if m.get("role") == "user"), "")
-    return Conversation(system, question, steps, outputs, last_user, schema)
+    return Conversation(system, question, steps, outputs, last_user, schema, scaffold is not None)
 
 
 def prompt_text(messages: list[Message]) -> str:

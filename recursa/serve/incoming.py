@@ -13,12 +13,16 @@ from starlette.requests import ClientDisconnect
 from recursa.serve.api_error import ApiError, bad
 from recursa.serve.callers import CLIENT_HEADER, identify
 from recursa.serve.chat import ClientGone
-from recursa.serve.json_limits import MAX_NESTING, TooDeepJSON, TooMuchJSON, loads_bounded, shape_problem
+from recursa.serve.json_limits import (
+    MAX_NESTING,
+    PARSE_IN_THREAD_BYTES,
+    TooDeepJSON,
+    TooMuchJSON,
+    loads_bounded,
+    shape_problem,
+)
 from recursa.serve.request import Caller, read_capped
 from recursa.serve.settings import ServeSettings
-
-# Bodies above this size are parsed on a worker thread so other requests keep being served.
-_PARSE_IN_THREAD_BYTES = 1_000_000
 
 
 def authorize(settings: ServeSettings, request: Request) -> Caller:
@@ -48,7 +52,7 @@ async def read_json(request: Request, max_bytes: int) -> Any:
         raise ClientGone from None
     raw = raw.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark, which JSON readers may ignore
     try:
-        if len(raw) > _PARSE_IN_THREAD_BYTES:
+        if len(raw) > PARSE_IN_THREAD_BYTES:
             body = await asyncio.to_thread(loads_bounded, raw)
         else:
             body = loads_bounded(raw)

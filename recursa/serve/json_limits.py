@@ -16,6 +16,7 @@ bound. What the values mean (how many messages, how many parts) is checked after
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from json.decoder import scanstring
@@ -26,6 +27,8 @@ MAX_VALUES = 100_000
 MAX_NESTING = 64
 MAX_MESSAGES = 20_000  # a request's messages (Chat Completions, Messages) or input items (Responses)
 MAX_PARTS = 50_000  # content parts over all of a request's messages together
+# Bodies above this size are parsed on a worker thread, so other requests keep being served.
+PARSE_IN_THREAD_BYTES = 1_000_000
 
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 _NUMBER = re.compile(r"(-?(?:0|[1-9][0-9]*))(\.[0-9]+)?([eE][-+]?[0-9]+)?")
@@ -201,7 +204,10 @@ class JSONBounds:
                 break
         raw = b"".join(chunks)
         try:
-            loads_bounded(raw)
+            if len(raw) > PARSE_IN_THREAD_BYTES:  # the loop serves every other request meanwhile
+                await asyncio.to_thread(loads_bounded, raw)
+            else:
+                loads_bounded(raw)
         except (TooMuchJSON, TooDeepJSON) as exc:
             body = json.dumps(
                 {"error": f"the request body holds {exc}, past what a request may hold"}

@@ -29,6 +29,7 @@ from recursa.overrides import client_settings
 from recursa.serve.admission import AdmissionLimit, BodyLimit
 from recursa.serve.callers import CLIENT_HEADER, caller_quota, identify, new_session_id, quota_of
 from recursa.serve.json_limits import JSONBounds
+from recursa.serve.mcp_shares import TransportSessionShares
 from recursa.serve.request import ApiError, bearer_token, key_matches
 from recursa.serve.runs import LiveRun, RunSpec
 from recursa.serve.sessions import SessionStore
@@ -39,6 +40,8 @@ from recursa.serve.steps import CellTally
 from recursa.version import __version__
 
 TOOL_NAME = "recursa_answer"
+# An MCP transport session with no request in progress this long is closed (the SDK's default).
+MCP_IDLE_S = 1800.0
 TOOL_DESCRIPTION = (
     "Answer a question over a context of any size (a file, a folder of text files, or inline text) "
     "with a Recursive Language Model: the model explores the context with Python code in a sandboxed "
@@ -308,7 +311,21 @@ def http_app(
     share of requests in progress, and no request body over `settings.max_context_bytes`, past its
     deadline or past the JSON bounds (the SDK reads a body whole, with no cap of its own)."""
     keys = [k for k in (settings.api_key, *settings.api_keys.values()) if k]
-    app = server.streamable_http_app(streamable_http_path=path, host=host)
+    # The SDK's own body cap (4 MiB by default) refused any larger context_text, under the 2 GiB
+    # this server promises; BodyLimit below holds the operator's cap instead.
+    app = server.streamable_http_app(
+        streamable_http_path=path,
+        host=host,
+        max_request_body_size=settings.max_context_bytes,
+        max_sessions=settings.max_mcp_clients,
+        session_idle_timeout=MCP_IDLE_S,
+    )
+    app = TransportSessionShares(
+        app,
+        per_caller=settings.mcp_clients_per_caller,
+        caller_of=lambda headers: caller_quota(settings, headers),
+        idle_s=MCP_IDLE_S,
+    )
     # Outside in: the key; the caller's share of requests in progress (tool calls wait for run
     # slots inside, recursa.serve.shares); the body's deadline, size and JSON bounds.
     bounded = BodyDeadline(

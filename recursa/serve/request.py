@@ -5,6 +5,8 @@ The rules (documented in docs/serving.md, "Messages to question and context"):
   attached text file part is the context;
 - with nothing else to be the context, or a "question" longer than `max_question_chars`, the whole
   last user message becomes the context and the RLM carries out its request (`RLM.completion`);
+- image parts make the context a dict: each document under the field it came from, each image by
+  its name (recursa.serve.images);
 - `extra_body={"recursa": {...}}` may name the question, an inline context, a server-side
   `context_path` or a `context_url`, per-request `max_depth`, `max_iterations` and budget caps, and
   a `session` id (recursa.serve.sessions decides what a later request of a session means).
@@ -96,7 +98,7 @@ class RunRequest:
 
     model: str
     question: str
-    context: Any = None  # str | list[str] | dict[str, str]; None when a path or URL names it
+    context: Any = None  # str | list[str] | dict[str, str | image bytes]; None when a path or URL names it
     context_path: str | None = None
     context_url: str | None = None
     stream: bool = False

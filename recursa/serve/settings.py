@@ -64,6 +64,10 @@ class ServeSettings:
     # of them (sessions_per_caller).
     max_sessions_per_caller: int | None = None
     session_ttl_s: float = 900.0  # an idle session is closed after this long
+    # MCP clients connected over HTTP at once (the MCP SDK's transport sessions, some 40 KB each),
+    # and one caller's share of them (recursa.serve.mcp_shares); None: as for the other shares.
+    max_mcp_clients: int = 10_000
+    max_mcp_clients_per_caller: int | None = None
     # Memory all idle sessions' REPL processes may hold together; past it the least recently used
     # idle sessions are closed (recursa.serve.session_memory).
     idle_sessions_memory_bytes: int = 4 * 1024**3
@@ -108,7 +112,15 @@ class ServeSettings:
             raise ConfigError("max_images and max_image_bytes must be >= 0 (0: no image parts)")
         if self.idle_sessions_memory_bytes < 0:
             raise ConfigError("idle_sessions_memory_bytes must be >= 0")
-        for name in ("max_runs_per_caller", "max_connections", "max_connections_per_address"):
+        names = (
+            "max_runs_per_caller",
+            "max_connections",
+            "max_connections_per_address",
+            "max_mcp_clients_per_caller",
+        )
+        if self.max_mcp_clients < 1:
+            raise ConfigError("max_mcp_clients must be >= 1")
+        for name in names:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name} must be >= 1 (None: the default share)")
@@ -183,6 +195,11 @@ class ServeSettings:
     def sessions_per_caller(self) -> int:
         """How many sessions one caller may hold open at once."""
         return self._share(self.max_sessions_per_caller, self.max_sessions, 1)
+
+    @property
+    def mcp_clients_per_caller(self) -> int:
+        """How many MCP transport sessions one caller may hold open at once."""
+        return self._share(self.max_mcp_clients_per_caller, self.max_mcp_clients, 1)
 
     @property
     def runs_per_caller(self) -> int:

@@ -46,7 +46,7 @@ def _kill_own_group(*_args: object) -> None:
 _PR_SET_CHILD_SUBREAPER = 36
 
 
-def split_off_keeper(channel_fd: int, notes_fd: int = -1) -> None:
+def split_off_keeper(channel_fd: int, notes_fd: int = -1, worker_only: tuple[int, ...] = ()) -> None:
     """Fork; the parent stays behind as the keeper and never returns, the child is the worker.
 
     A snapshot that takes over outlives the worker that forked it, so something other than the
@@ -59,6 +59,7 @@ def split_off_keeper(channel_fd: int, notes_fd: int = -1) -> None:
 
     `notes_fd`: a pipe to the host that only the keeper keeps (the worker closes it at once), for
     the notes on how processes below it ended: the log would not do, the cells write there too.
+    `worker_only`: descriptors the keeper closes at once (the worker's control-group places).
     """
     try:
         import ctypes
@@ -75,7 +76,8 @@ def split_off_keeper(channel_fd: int, notes_fd: int = -1) -> None:
         if os.getppid() != keeper:
             os._exit(0)
         return
-    os.close(channel_fd)  # only the worker speaks to the host
+    for fd in (channel_fd, *worker_only):  # only the worker speaks to the host
+        os.close(fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a group-wide Ctrl-C is for the worker
     # The keeper only waits, so it can take the host's death as a signal it handles (SIGTERM, not
     # the SIGKILL it asked for in main()) and take the whole group along.

@@ -24,7 +24,7 @@ from .context import ContextSource
 from .keeper import die_with_parent, split_off_keeper
 from .rehearsal import rehearse
 from .repl import Repl
-from .snapshots import Snapshots
+from .snapshots import Forker, Snapshots
 from .taskgroup import TaskGroup
 from .wire import SocketTransport, StdioTransport, WorkerChannel
 
@@ -146,9 +146,12 @@ class Server:
         raise KeyboardInterrupt
 
     def run(self, config: dict[str, Any]) -> None:
-        hardening = harden(config)
+        hardening = harden(config)  # while this process has one thread (Landlock binds only it)
+        self.snapshots.forker = self.group.place(Forker)
         if self.group.grouped:
             hardening["cgroup"] = self.group.joined
+        if self.group.placed is not False:
+            hardening["cgroup_places"] = self.group.placed
         if self.group.memory_joined is not False:
             hardening["memory_cgroup"] = self.group.memory_joined
         ready = {
@@ -162,6 +165,10 @@ class Server:
         # and Python's own handler would end this process with a KeyboardInterrupt outside any cell.
         signal.signal(signal.SIGINT, self._on_sigint)
         self.chan.send(ready)
+        self._serve()
+
+    def _serve(self) -> None:
+        """Serve requests until shutdown, then exit."""
         while True:
             if signal.getsignal(signal.SIGINT) != self._on_sigint:  # code may have replaced it
                 signal.signal(signal.SIGINT, self._on_sigint)
@@ -177,8 +184,7 @@ class Server:
             if op == "exec" and self._pristine:
                 self._pristine = False
             elif op == "exec" and self.snapshots.armed and not self.snapshots.alive():
-                if self._snapshot():
-                    continue  # this process is a snapshot that took over: that cell was not ours
+                self._snapshot()
             elif op == "load_context":
                 self.snapshots.discard()  # its state is about to be out of date
             if op == "exec" and self.group.joined is True:
@@ -191,14 +197,16 @@ class Server:
                 reply = _internal_error(msg, exc)
             if reply is not None:
                 self.chan.send(reply)
-            if op == "exec" and self.group.joined is True and not self._cell_closed():
-                continue  # no snapshot from inside the cell's group: it would be killed with it
+            closed = op == "exec" and self.group.joined is True and self.snapshots.armed
+            if closed and not self._cell_closed():
+                continue  # no snapshot before the host has emptied the snapshots' group
             if op in ("exec", "load_context") and self.snapshots.armed and not self._pristine:
                 # Snapshot the state after this cell now, while the host reads the result and asks
-                # its model: the next cell then starts without paying for the fork.
-                self._settle()
-                if self._snapshot():
-                    self._early = None  # a snapshot that took over: what the old worker read is not ours
+                # its model: the next cell then starts without paying for the fork. (The host's
+                # word after a cell comes once it has read the answer: no need to wait more.)
+                if not closed:
+                    self._settle()
+                self._snapshot()
                 if self._early is None and not self.chan.has_pending():
                     # The next cell's copy-on-write faults, taken while nobody waits; after the
                     # context, also what the first cell would pay once (`import ast`, ~2 ms).
@@ -248,18 +256,21 @@ class Server:
         except Exception:  # only ever a speed-up: never a reason for the worker to stop
             pass
 
-    def _snapshot(self) -> bool:
-        """Take a fresh snapshot; True if this process is a snapshot that has since taken over."""
-        took_over = False
-        while True:
-            taken = self.snapshots.take(self.chan)
-            if taken is None:
-                return took_over
-            took_over = True
-            transport, info = taken
-            self.chan = self._connect(WorkerChannel(transport))
-            self.chan.send(info)  # its reader thread starts with its first cell, as a new worker's
-            # Loop: this process is the worker now, and it needs a snapshot of its own.
+    def _snapshot(self) -> None:
+        """Take a fresh snapshot of this process (see `_resume` for what it does if it takes over)."""
+        self.snapshots.take(self.chan, self._resume)
+
+    def _resume(self, transport: SocketTransport, info: dict[str, Any]) -> None:
+        """In a snapshot that takes over: carry on as the worker, on the channel the host handed it."""
+        self.chan = self._connect(WorkerChannel(transport))
+        self._early = None  # what the old worker had read is not ours
+        if self.group.placed is True:
+            # This process's one thread is in the snapshots' group: a forker made now is there too,
+            # before the host hears of this process and moves this thread into the cell's.
+            self.snapshots.forker = Forker()
+        self.chan.send(info)  # its reader thread starts with its first cell, as a new worker's
+        self._snapshot()  # this process is the worker now, and it needs a snapshot of its own
+        self._serve()
 
 
 def _reap() -> None:
@@ -417,7 +428,7 @@ def _start(fd: int, config: dict[str, Any]) -> NoReturn:
     notes = config.pop("keeper_fd", -1)
     notes = notes if isinstance(notes, int) else -1
     if config.pop("keeper", False):
-        split_off_keeper(fd, notes)
+        split_off_keeper(fd, notes, tuple(group.place_fds()))
     elif notes >= 0:
         os.close(notes)
     os.set_inheritable(fd, False)  # children of generated code must not hold the channel

@@ -30,12 +30,14 @@ import socket
 import sys
 import threading
 import time
+from _queue import SimpleQueue  # queue.SimpleQueue itself; the queue module costs 1.4 ms to import
 
 from .keeper import die_with_parent
 from .wire import SocketTransport, WorkerChannel, decode_frame
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 
@@ -46,6 +48,7 @@ class Snapshots:
         self.control: socket.socket | None = None  # from the host's `standby` frame
         self.pid = 0  # the waiting snapshot, 0 if none
         self.dying: list[int] = []  # discarded snapshots not reaped yet
+        self.forker: Forker | None = None  # the thread that forks them, where the host wants one
         self._sids = itertools.count(1)
 
     @property
@@ -98,40 +101,48 @@ class Snapshots:
                 left.append(pid)
         self.dying = left
 
-    def take(self, chan: WorkerChannel) -> tuple[SocketTransport, dict[str, Any]] | None:
+    def take(self, chan: WorkerChannel, resume: Callable[[SocketTransport, dict[str, Any]], None]) -> None:
         """Replace the waiting snapshot with a fresh one of the current state.
 
-        Returns None in this process. In the snapshot, returns only once it has been told to take
-        over: with its new channel and the facts for the `restored` frame.
-        Call from the main thread between requests, when no frame is half sent by it.
+        Returns in this process. In the snapshot, once it has been told to take over, calls
+        `resume(transport, info)` (its new channel and the facts for the `restored` frame) to carry
+        on as the worker, and exits when that returns. Call from the main thread between requests,
+        when no frame is half sent by it.
         """
         self.discard(wait=False)
         self.reap()
         sid = next(self._sids)
         parent = os.getpid()
-        threads = max(0, threading.active_count() - 2)  # besides this thread and the channel reader
+        # Besides this thread, the channel's reader and the forker.
+        threads = max(0, threading.active_count() - 2 - (self.forker is not None))
         rand = sys.modules.get("random")  # random reseeds itself in a forked child; keep its state
         rand_state = rand.getstate() if rand is not None else None
-        try:
+
+        def fork() -> int:
             pid = _fork(self)
+            if pid:
+                return pid
+            try:  # the snapshot: only this thread exists here; the channel's locks are left behind
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                chan.close_copy()
+                fds = self._wait(parent, sid)
+                transport, info = self._take_over(parent, fds)
+                if rand is not None and rand_state is not None:
+                    rand.setstate(rand_state)
+                info.update(op="restored", sid=sid, threads_lost=threads)
+            except BaseException:
+                os._exit(1)
+            self.forker = None  # it was the parent's: this process makes its own (see Forker)
+            resume(transport, info)
+            os._exit(0)
+
+        try:
+            pid = self.forker.run(fork) if self.forker is not None else fork()
         except OSError as exc:
             chan.send({"op": "snapshot", "ok": False, "error": f"fork failed: {exc}"})
-            return None
-        if pid:
-            self.pid = pid
-            chan.send({"op": "snapshot", "ok": True, "sid": sid, "pid": pid})
-            return None
-        try:  # the snapshot: only this thread exists here; the channel's locks are left behind
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            chan.close_copy()
-            fds = self._wait(parent, sid)
-            transport, info = self._take_over(parent, fds)
-            if rand is not None and rand_state is not None:
-                rand.setstate(rand_state)
-            info.update(op="restored", sid=sid, threads_lost=threads)
-            return transport, info
-        except BaseException:
-            os._exit(1)
+            return
+        self.pid = pid
+        chan.send({"op": "snapshot", "ok": True, "sid": sid, "pid": pid})
 
     def _wait(self, parent: int, sid: int) -> list[int]:
         """Block until the host says take over; act on interrupts meanwhile; exit when it is gone."""
@@ -182,3 +193,48 @@ def _fork(snapshots: Snapshots) -> int:
     except BlockingIOError:
         snapshots.reap(block=True)
         return os.fork()
+
+
+class Forker:
+    """A thread of the worker that only forks its snapshots.
+
+    Where the host runs cells in a control group of their own (cgroup v1, see
+    recursa/sandbox/cgroups.py), the worker's main thread lives in the cell's group, so whatever it
+    forks is killed at the end of a cell; this thread lives in the snapshot group instead, which the
+    kernel caps. Each thread joins its group itself, by writing "0" to a `tasks` descriptor: the
+    kernel moves the calling thread without the lock a move of another thread takes, whose writer
+    waits for an RCU grace period (milliseconds after an idle spell, on every cell). A fork copies
+    the whole process whichever thread calls it; in the child this thread is the only one, and the
+    main thread (Python makes it so), and carries on as the snapshot.
+    """
+
+    def __init__(self, join: Callable[[], None] | None = None) -> None:
+        self._jobs: SimpleQueue[Callable[[], int]] = SimpleQueue()
+        self._done: SimpleQueue[Any] = SimpleQueue()
+        threading.Thread(target=self._serve, args=(join,), name="recursa-snapshots", daemon=True).start()
+        joined = self._done.get()
+        if isinstance(joined, BaseException):
+            raise joined
+
+    def _serve(self, join: Callable[[], None] | None) -> None:
+        try:
+            if join is not None:
+                join()
+            self._done.put(None)
+        except BaseException as exc:
+            self._done.put(exc)
+            return
+        while True:
+            job = self._jobs.get()
+            try:
+                self._done.put(job())
+            except BaseException as exc:
+                self._done.put(exc)
+
+    def run(self, job: Callable[[], int]) -> int:
+        """Run `job` (a fork) on this thread and return what it returned in this process."""
+        self._jobs.put(job)
+        out = self._done.get()
+        if isinstance(out, BaseException):
+            raise out
+        return int(out)
