@@ -88,6 +88,10 @@ def setup_code(extra_data: ExtraData, folder_context: bool, host_pid: int) -> st
     # An in-process REPL (sandbox="inprocess", for debugging) shares the host's working directory:
     # it is left as it is there.
     lines += [
+        # A folder's image file is a line about it in `context` (recursa/confined.py, image_entry):
+        # its bytes stay on the host, so it has no file here.
+        "def _rlm_vf_image(text):",
+        "    return text.startswith('[image file: ') and 'llm_query(prompt, images=[' in text",
         "def _rlm_vf_folder():",
         "    import json, os, tempfile",
         "    root = os.path.join(tempfile.mkdtemp(prefix='rlm_'), 'rlm_fs')",
@@ -95,7 +99,7 @@ def setup_code(extra_data: ExtraData, folder_context: bool, host_pid: int) -> st
         f"    if {folder_context!r} and isinstance(context, dict):",
         "        for name, text in context.items():",
         "            path = os.path.normpath(os.path.join(root, name))",
-        "            if not path.startswith(root + os.sep):",
+        "            if not path.startswith(root + os.sep) or _rlm_vf_image(text):",
         "                continue",
         "            os.makedirs(os.path.dirname(path), exist_ok=True)",
         "            with open(path, 'w', encoding='utf-8') as f:",
@@ -110,7 +114,7 @@ def setup_code(extra_data: ExtraData, folder_context: bool, host_pid: int) -> st
         "        os.chdir(root)",
         "    return root",
         f"extra_data = {_ROOT} = _rlm_vf_folder()",
-        "del _rlm_vf_folder",
+        "del _rlm_vf_folder, _rlm_vf_image",
     ]
     return "\n".join(lines)
 
