@@ -208,7 +208,7 @@ class Server:
                 self._snapshot()
                 if self._early is None and not self.chan.has_pending():
                     # The next cell's copy-on-write faults, taken while nobody waits; after the
-                    # context, also what the first cell would pay once (`import ast`, ~2 ms).
+                    # context, also what the first cell would pay once (`import ast`).
                     self._rehearse()
             elif op == "load_context" and not self.chan.has_pending():
                 self._rehearse()  # no snapshots: only the first cell's one-time work, as above
