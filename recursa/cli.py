@@ -247,7 +247,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _report_interrupted(args: argparse.Namespace, progress: _Progress) -> int:
     """Ctrl-C during `recursa run`. By now the run is cancelled: its REPL processes are gone and
     its trace ends with run_end. Say what it had done, any partial answer, and where the trace is."""
-    from recursa.trace import default_trace_dir
+    from recursa.trace.writer import default_trace_dir
 
     start, end = progress.root.get("run_start"), progress.root.get("run_end", {})
     trace: Path | None = None

@@ -17,7 +17,7 @@ from recursa.bench.sizes import CHARS_PER_TOKEN
 from recursa.budget import Budget
 from recursa.lm.prices import PriceBook
 from recursa.lm.registry import parse_model
-from recursa.methods import MethodSettings, get_method
+from recursa.methods.base import MethodSettings, get_method
 from recursa.tasks import generate
 from recursa.tasks.base import Task, context_chars
 from recursa.usage import Usage

@@ -21,8 +21,7 @@ from recursa.bench.report import plots_skipped, write_plots, write_summary
 from recursa.bench.results import ResultsFile
 from recursa.bench.sizes import DEFAULT_SIZES, BenchError, parse_sizes
 from recursa.errors import ConfigError
-from recursa.methods import METHODS
-from recursa.methods.base import missing_requirement
+from recursa.methods.base import METHODS, missing_requirement
 from recursa.tasks import families, get_family
 
 EXECUTORS = ("local", "ray")
