@@ -376,14 +376,14 @@ class TaskGroup:
         return int(text) if text.isdigit() else -1
 
     def kill(self, place: Place | None = None, keep: Collection[int] = ()) -> int:
-        """SIGKILL every process in the group (or in its child `place` only) but `keep`, each only
-        once the kernel shows it as a live process of this group's sandbox (`own`); how many were
-        signalled."""
-        killed = 0
-        for pid in self.members(place):
-            if pid not in keep and kill_owned(pid, signal.SIGKILL, self.root, self.session):
-                killed += 1
-        return killed
+        """SIGKILL every process in the group (or in its child `place` only) but `keep`; how many
+        were signalled (see `kill_one`)."""
+        return sum(self.kill_one(pid) for pid in self.members(place) if pid not in keep)
+
+    def kill_one(self, pid: int) -> bool:
+        """SIGKILL `pid` once the kernel shows it as a live process of this group's sandbox
+        (`own`); whether it was signalled."""
+        return kill_owned(pid, signal.SIGKILL, self.root, self.session)
 
     def remove(self) -> bool:
         """Remove the group; False while processes are still in it (they are being killed)."""
