@@ -14,7 +14,7 @@ import tempfile
 import time
 
 from recursa.bench.sizes import CHARS_PER_TOKEN, parse_size
-from recursa.methods import MethodSettings, get_method
+from recursa.methods.base import MethodSettings, get_method
 from recursa.tasks import families, generate
 
 

@@ -20,7 +20,7 @@ from recursa.lm.registry import register_provider
 from recursa.result import RLMResult
 from recursa.rlm import RLM
 from recursa.session import Session
-from recursa.tools import host_tool
+from recursa.tools.spec import host_tool
 from recursa.usage import ModelUsage, Usage
 from recursa.version import __version__
 

@@ -5,7 +5,9 @@ multicast, reserved and every other range Python's `ipaddress` does not call glo
 inside IPv6 (mapped, 6to4, NAT64) is judged by the IPv4 address. This host's own addresses are
 never public, whatever their range: a service bound to 0.0.0.0 answers on every one of them, a
 public one included, as it does on loopback. Used by the servers' context URLs
-(recursa.serve.urls) and by image URLs that sub-calls send to a provider (recursa.lm.images).
+(recursa.serve.urls) and by image URLs that sub-calls send to a provider (recursa.lm.images); and
+`is_loopback_name`, which names a request may address a server by on loopback
+(recursa.asgi.local_only, the trace viewer).
 """
 
 from __future__ import annotations
@@ -68,3 +70,16 @@ def own_addresses() -> frozenset[IPAddress]:
     except (OSError, ValueError):
         pass
     return frozenset(found)
+
+
+def is_loopback_name(host: str | None) -> bool:
+    """Whether a host name (no port, IPv6 with or without brackets) names this machine's loopback."""
+    if not host:
+        return False
+    host = host.strip("[]").rstrip(".").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

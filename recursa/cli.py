@@ -15,8 +15,10 @@ from recursa.cli_options import (
     HelpFormatter,
     add_model_names,
     add_model_options,
+    add_setting_flag,
     check_caps,
     check_context,
+    checked_flag,
     for_cli,
     rlm_kwargs,
 )
@@ -245,7 +247,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _report_interrupted(args: argparse.Namespace, progress: _Progress) -> int:
     """Ctrl-C during `recursa run`. By now the run is cancelled: its REPL processes are gone and
     its trace ends with run_end. Say what it had done, any partial answer, and where the trace is."""
-    from recursa.trace import default_trace_dir
+    from recursa.trace.writer import default_trace_dir
 
     start, end = progress.root.get("run_start"), progress.root.get("run_end", {})
     trace: Path | None = None
@@ -367,6 +369,7 @@ def _add_bench_parser(sub: Any) -> None:
     bench.add_argument("--max-usd", type=float, default=None, help="per row")
     bench.add_argument("--max-seconds", type=float, default=None, help="per row")
     bench.add_argument("--window", type=int, default=None, help="the root model's window in tokens")
+    add_setting_flag(bench, "context_windows")
     bench.add_argument(
         "--base-overflow",
         default="fail",
@@ -384,6 +387,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from recursa.bench import run as run_bench
 
     check_caps(args)
+    context_windows = checked_flag(args, "context_windows")
     report = run_bench(
         args.task,
         sizes=args.sizes,
@@ -406,6 +410,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         max_usd=args.max_usd,
         max_seconds=args.max_seconds,
         window_tokens=args.window,
+        context_windows=context_windows,
         base_overflow=args.base_overflow,
         max_retries=args.max_retries,
         dialect=args.dialect,

@@ -180,6 +180,19 @@ def flag_values(args: argparse.Namespace) -> dict[str, Any]:
     return values
 
 
+def checked_flag(args: argparse.Namespace, name: str) -> Any:
+    """One setting's flag as the schema takes it, checked and named as the flag (a command with
+    flags of its own, such as bench, takes single settings' flags this way)."""
+    from recursa.config import RLMConfig, Spelling
+
+    value = getattr(args, name, None)
+    if value is None:
+        return None
+    if _pairs(name):
+        value = _pairs_value(name, value)
+    return RLMConfig.check_one(name, value, Spelling("cli"))
+
+
 def _pairs(name: str) -> bool:
     return "=" in (SETTINGS[name].flag or "")
 

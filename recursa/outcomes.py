@@ -5,6 +5,18 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
+__all__ = [
+    "ANSWER_PROTOCOLS",
+    "BUDGET_LIMITS",
+    "ERROR_KINDS",
+    "STOP_REASONS",
+    "AnswerProtocol",
+    "BudgetLimit",
+    "ErrorKind",
+    "Refusal",
+    "StopReason",
+]
+
 # Why a run stopped; the same values in RLMResult.stop_reason and the trace's run_end events.
 # "context_window": the root's next call could not fit its model's window, even after compaction.
 StopReason = Literal["final", "max_iterations", "budget", "timeout", "error", "cancelled", "context_window"]

@@ -103,7 +103,7 @@ def test_choices_are_listed_where_there_are_some():
 
 def test_listed_choices_are_the_real_ones():
     from recursa.config import BUILTIN_TEMPLATES
-    from recursa.sandbox import SANDBOX_KINDS
+    from recursa.sandbox import SANDBOXES as SANDBOX_KINDS
     from recursa.tasks import families
 
     assert tuple(families()) == DEMO_FAMILIES

@@ -25,17 +25,10 @@ import pytest
 
 from recursa.context import build_payload
 from recursa.errors import ConfigError
-from recursa.sandbox import (
-    SANDBOX_KINDS,
-    ContainerSandbox,
-    E2BSandbox,
-    ModalSandbox,
-    StdioSandbox,
-    make_sandbox,
-)
+from recursa.sandbox import SANDBOXES, ContainerSandbox, E2BSandbox, ModalSandbox, make_sandbox
 from recursa.sandbox.containers import _docker_info_ok
 from recursa.sandbox.proc import running as _alive
-from recursa.sandbox.stdio import BOOTSTRAP, worker_argv, worker_source
+from recursa.sandbox.stdio import BOOTSTRAP, StdioSandbox, worker_argv, worker_source
 
 C_LOOP = "sum(range(10**13))"
 
@@ -159,7 +152,7 @@ def test_container_command_line(engine: str) -> None:
 def test_unknown_engine_and_kinds() -> None:
     with pytest.raises(ConfigError, match="docker, podman"):
         ContainerSandbox("lxc")
-    assert {"docker", "podman", "modal", "e2b"} <= set(SANDBOX_KINDS)
+    assert {"docker", "podman", "modal", "e2b"} <= set(SANDBOXES)
 
 
 # A stand-in for the engine's CLI: `run` executes the command after the image locally (the

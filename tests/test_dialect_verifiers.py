@@ -101,6 +101,7 @@ def test_a_folder_context_and_the_transcript_file(server, tmp_path):
     (folder / "sub").mkdir(parents=True)
     (folder / "a.txt").write_text("alpha")
     (folder / "sub" / "b.md").write_text("beta")
+    (folder / "c.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))  # its bytes stay on the host
     listing = "import os\nprint(sorted(os.path.relpath(os.path.join(d, f)) for d, _, fs in os.walk('.') for f in fs))"
     reading = "import json\nprint([m['role'] for m in map(json.loads, open('.messages'))])\n1 / 0"
     run(server, tmp_path, call(listing, reading), "done", context=folder)

@@ -122,7 +122,7 @@ ANSWERED = [
         ]
     ),
     call("x = (", "print(open('.messages').read())"),
-    call("answer['ready'] = True"),
+    call("answer['ready'] = True", "print(answer)\nanswer['content'] = answer['content'].upper()"),
     "never asked",
 ]
 BOXED = [call("print(open('context.txt').read())"), "The context names it.\n\nFinal: \\boxed{mango}"]
@@ -253,7 +253,7 @@ def test_a_rollout_answered_in_code_matches_the_environment(server, tmp_path):
     assert len(mine.roots) == 6  # the reply that set answer["ready"] ended both rollouts
     assert state["stop_condition"] == "answer_ready"
     assert (ours.answer, ours.stop_reason, ours.answer_protocol) == (state["final_answer"], "final", "answer")
-    assert ours.answer == "mango"
+    assert ours.answer == "MANGO"  # the later call of the answering reply changed it, as it may there
 
 
 def test_a_prose_answer_ends_both_rollouts_at_the_same_reply(server, tmp_path):

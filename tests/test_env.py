@@ -16,7 +16,8 @@ import pytest
 from recursa import Budget
 from recursa.env import EnvError, RLMEnv, group_rollouts
 from recursa.errors import ConfigError
-from recursa.tasks import generate, get
+from recursa.tasks import generate
+from recursa.tasks.base import get
 from recursa.testing.fake_server import FakeServer
 from recursa.trace import load
 

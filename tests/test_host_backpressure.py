@@ -20,7 +20,7 @@ from recursa.sandbox import SubprocessSandbox
 from recursa.sandbox.connection import MAX_CALLS_IN_FLIGHT
 from recursa.sandbox.frames import MAX_FRAME_VALUES, FrameDecoder, RefusedFrame, count_values
 from recursa.sandbox.protocol import FeedChannel, ProtocolError, encode_frame
-from recursa.tools import host_tool
+from recursa.tools.spec import host_tool
 from tests.test_escapes import feedback_before as feedback
 from tests.test_rlm_openai import code, make_rlm
 

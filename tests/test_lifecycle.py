@@ -20,7 +20,9 @@ import pytest
 from recursa import RLM, Budget
 from recursa.sandbox.proc import running as _running
 from recursa.tasks import generate
-from recursa.trace import Redactor, TraceWriter, load
+from recursa.trace import load
+from recursa.trace.redact import Redactor
+from recursa.trace.writer import TraceWriter
 
 from .helpers import wait_until
 from .serve_helpers import descendants

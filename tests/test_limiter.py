@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from recursa.lm import Limiter
+from recursa.lm.limiter import Limiter
 
 
 async def test_a_call_cancelled_while_queued_gives_back_its_model_slot() -> None:

@@ -11,23 +11,12 @@ from typing import Any
 import pytest
 
 from recursa.errors import ConfigError, ContextLengthError, LMError
-from recursa.lm import (
-    AnthropicClient,
-    CallMeta,
-    Limiter,
-    LMClient,
-    LMRequest,
-    LMResponse,
-    ModelPrice,
-    OpenAIClient,
-    PriceBook,
-    RetryPolicy,
-    call_with_retries,
-    make_client,
-    parse_model,
-)
+from recursa.lm import AnthropicClient, CallMeta, LMClient, LMRequest, LMResponse, ModelPrice, OpenAIClient
 from recursa.lm.anthropic_client import mark_cache, to_anthropic
-from recursa.lm.retry import parse_retry_after, status_error
+from recursa.lm.limiter import Limiter
+from recursa.lm.prices import PriceBook
+from recursa.lm.registry import make_client, parse_model
+from recursa.lm.retry import RetryPolicy, call_with_retries, parse_retry_after, status_error
 from recursa.testing.fake_server import FakeServer, Fault
 
 from .helpers import max_overlap

@@ -12,8 +12,7 @@ import asyncio
 
 import pytest
 
-from recursa.methods import METHODS, MethodSettings, get_method
-from recursa.methods.base import model_window
+from recursa.methods.base import METHODS, MethodSettings, get_method, model_window
 from recursa.scripted.name_options import DEFAULT_WINDOW, Settings
 from recursa.scripted.oracle import label_for
 from recursa.tasks import families, generate

@@ -28,6 +28,7 @@ SHAPED = "sk-proj-Zq81mNv02Lx93Kd74Hs65Jt"  # a provider key the run was never t
 # Secrets under names nobody listed, and bare random tokens: found by shape, whatever they are called.
 ASSIGNED = "hunter2-q9x"  # db_pass=..., a password of no known key's shape
 SIGNED = "a1b2c3d4e5f60718293a"  # a presigned URL's signature
+WEBHOOK = "aB3dE5fG7hI9jK1lM3nO5pQ7"  # a Slack webhook's secret (a signed path's segment)
 RANDOM = "Qm7Yt2Lp9Xc4Vb8Nw3Zr6Ks1Hd5Gf0Ja"  # a 34-character token, not labelled at all
 LEAKS = (KEY, BEARER, QUERY, SHAPED, ASSIGNED, SIGNED, RANDOM)
 
@@ -152,6 +153,14 @@ def test_the_scrubber_takes_every_form():
         f"https://h/x.bin?X-Goog-Signature={SIGNED}": f"https://h/x.bin?X-Goog-Signature={REDACTED}",
         f"https://h/dl/{RANDOM}/f.pdf": f"https://h/dl/{REDACTED}/f.pdf",
         f"token {RANDOM}.": f"token {REDACTED}.",
+        # A webhook's secret is a signed path's last segment (24 characters), a password may come
+        # without a user name, an AWS key id has a shape of its own, a cookie is a credential.
+        f"posting to https://hooks.slack.com/services/T0ABCDE12/B0FGHIJ34/{WEBHOOK} failed": (
+            f"posting to https://hooks.slack.com/services/T0ABCDE12/B0FGHIJ34/{REDACTED} failed"
+        ),
+        "redis://:s3cr3t-pw@cache:6379/0": f"redis://:{REDACTED}@cache:6379/0",
+        "key id AKIAIOSFODNN7EXAMPLE denied": f"key id {REDACTED} denied",
+        "Cookie: session=0123456789abcdef": f"Cookie: {REDACTED}",
     }
     for text, clean in cases.items():
         assert scrub(text) == clean
@@ -162,5 +171,6 @@ def test_the_scrubber_takes_every_form():
         "xsk-not-a-key-at-all",
         "max_tokens = 100000; monkey = bananas; key = key",
         "digest 3f786850e387550fdab836ed7e6dc881de23001b, run 123e4567-e89b-12d3-a456-426614174000",
+        "see https://github.com/openai/openai-python/blob/main/src/openai/_base_client.py#L100",
     ):
         assert scrub(code_line) == code_line

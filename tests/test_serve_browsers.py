@@ -13,8 +13,8 @@ import pytest
 pytest.importorskip("fastapi")
 import httpx
 
+from recursa.addresses import is_loopback_name
 from recursa.asgi.background import BackgroundServer
-from recursa.asgi.local_only import is_loopback_name
 from recursa.serve.openai_server import create_app
 from tests.serve_helpers import HELLO, serve_settings
 

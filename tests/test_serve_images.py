@@ -90,7 +90,10 @@ def test_image_parts_of_each_api_become_images_of_the_context(tmp_path) -> None:
                     {
                         "role": "user",
                         "content": [
-                            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}},
+                            {
+                                "type": "image",
+                                "source": {"type": "base64", "media_type": "image/png", "data": b64},
+                            },
                             {"type": "text", "text": "And this one?"},
                         ],
                     }
@@ -101,7 +104,10 @@ def test_image_parts_of_each_api_become_images_of_the_context(tmp_path) -> None:
             too_big = [{"type": "image_url", "image_url": {"url": data_url(PNG)}}] * 2
             over_bytes = _refused(oai, too_big)
             with pytest.raises(anthropic.BadRequestError) as not_an_image:
-                bad = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
+                bad = {
+                    "type": "image",
+                    "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"},
+                }
                 ant.messages.create(
                     model="recursa", max_tokens=10, messages=[{"role": "user", "content": [bad]}]
                 )
@@ -129,3 +135,36 @@ def _refused(client: openai.OpenAI, parts: list[dict]) -> openai.BadRequestError
             model="recursa", messages=[{"role": "user", "content": [{"type": "text", "text": "q"}, *parts]}]
         )
     return refused.value
+
+
+def test_images_make_a_dict_context_and_cannot_go_with_a_named_context() -> None:
+    from recursa.context import build_payload
+    from recursa.errors import ContextError
+    from recursa.serve.request import ApiError, parse_chat_request
+
+    settings = ServeSettings(model="scripted/gpt5-like")
+    image = {"type": "image_url", "image_url": {"url": data_url(PNG)}}
+    body = {
+        "model": "recursa",
+        "messages": [
+            {"role": "system", "content": "notes"},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "q"},
+                    image,
+                    {"type": "image_url", "image_url": {"url": URL}},
+                ],
+            },
+        ],
+    }
+    req = parse_chat_request(body, settings)
+    assert req.question == "q" and req.context["messages[0] (system)"] == "notes"
+    assert req.context["image-1.png"] == PNG and URL in req.context["image-2"]
+    payload = build_payload(req.context)  # the run's context: the image by name, its line in the buffer
+    assert list(payload.images) == ["image-1.png"] and b"image/png, 1,032 bytes" in payload.read_bytes()
+    with pytest.raises(ApiError) as refused:
+        parse_chat_request({**body, "recursa": {"context": "elsewhere"}}, settings)
+    assert refused.value.param == "messages[1].content[1]" and "recursa.context" in refused.value.message
+    with pytest.raises(ContextError, match=r"key 'scan\.png' is bytes but not a PNG, JPEG, GIF or WebP image"):
+        build_payload({"notes": "x", "scan.png": b"not an image"})

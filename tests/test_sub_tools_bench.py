@@ -15,7 +15,7 @@ import pytest
 import recursa.bench as bench
 from recursa import RLM
 from recursa.lm.base import CallMeta, LMRequest, LMResponse, Message
-from recursa.methods import MethodSettings, get_method
+from recursa.methods.base import MethodSettings, get_method
 from recursa.methods.search import document_search
 from recursa.scripted import get_policy
 from recursa.scripted.client import ScriptedClient

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from recursa.tasks import Task, families, generate, get_family, oolong_parse, oolong_score
+from recursa.tasks import Task, families, generate, get_family
 from recursa.tasks.niah import needle_sentence
 from recursa.tasks.oolong import (
     _GIVEAWAY_T,
@@ -18,7 +18,7 @@ from recursa.tasks.oolong import (
     oracle_label,
     parse_question,
 )
-from recursa.tasks.scoring import contains_token
+from recursa.tasks.scoring import contains_token, oolong_parse, oolong_score
 
 LINE = re.compile(r"^Date: ([A-Z][a-z]{2}) (\d{2}), (\d{4}) \|\| User: (\d+) \|\| Instance: ([^\n|]+)$")
 MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]

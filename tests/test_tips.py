@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import recursa.bench as bench
-from recursa.methods import MethodSettings, get_method
+from recursa.methods.base import MethodSettings, get_method
 from recursa.tasks import families, generate, get_family
 
 

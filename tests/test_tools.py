@@ -14,7 +14,7 @@ import pytest
 from recursa import RLM
 from recursa.errors import ConfigError
 from recursa.testing.tool_replies import ToolCallReply, offered_tools
-from recursa.tools import host_tool
+from recursa.tools.spec import host_tool
 from recursa.trace import load
 
 from .test_rlm_openai import code, make_rlm

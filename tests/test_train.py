@@ -24,18 +24,10 @@ from recursa.scripted import get_policy
 from recursa.tasks import generate
 from recursa.testing.fake_server import ScriptedResponder
 from recursa.trace import RunNode, load
-from recursa.train import (
-    ExportError,
-    child_weights,
-    export_rl,
-    export_sft,
-    fix_reply,
-    grpo_advantages,
-    looks_like_plan,
-    rl_rows,
-    sft_rows,
-)
+from recursa.train import ExportError, export_rl, export_sft, rl_rows, sft_rows
 from recursa.train import fixes as fx
+from recursa.train.fixes import fix_reply, looks_like_plan
+from recursa.train.rl import child_weights, grpo_advantages
 from recursa.train.sft import DROP_ONE_TURN, DROP_ZERO
 from recursa.train.source import (
     SKIP_BASELINE,

@@ -22,7 +22,7 @@ from recursa.cli import _parser, _rlm_from_args
 from recursa.env import RLMEnv
 from recursa.errors import ConfigError
 from recursa.lm.base import LMRequest
-from recursa.methods import MethodSettings, get_method
+from recursa.methods.base import MethodSettings, get_method
 from recursa.tasks import generate
 from recursa.trace import load
 

@@ -235,3 +235,22 @@ def test_standalone_html_from_the_cli_runs_no_trace_script(browser, tmp_path: Pa
 def test_live_server_page_runs_no_trace_script(browser, tmp_path: Path, bypass_csp: bool) -> None:
     with ViewerServer(hostile_trace(tmp_path / "evil.jsonl")) as viewer:
         _visit_everything(browser, viewer.url, bypass_csp)
+
+
+def test_the_viewer_on_every_address_still_refuses_rebound_names_and_idle_connections(tmp_path: Path) -> None:
+    """Bound to 0.0.0.0 (`--host 0.0.0.0`) the viewer checked no Host at all, so a page whose name
+    was rebound to 127.0.0.1 read the trace through loopback; and a connection that sent half a
+    request held one of its threads for good. Loopback requests must name the viewer by a loopback
+    name whatever it is bound to, and a silent connection is closed."""
+    import socket
+
+    with ViewerServer(hostile_trace(tmp_path / "evil.jsonl"), host="0.0.0.0", idle_timeout_s=0.5) as viewer:
+        port = viewer.url.rsplit(":", 1)[1].rstrip("/")
+        local = f"http://127.0.0.1:{port}/trace.json"
+        rebound = httpx.get(local, headers={"Host": f"attacker.example:{port}"})
+        assert rebound.status_code == 403 and NASTY not in rebound.text
+        assert httpx.get(local).status_code == 200
+        with socket.create_connection(("127.0.0.1", int(port))) as half:
+            half.sendall(b"GET /trace.json HTTP/1.1\r\n")
+            half.settimeout(30)
+            assert half.recv(100) == b""  # closed by the viewer, with nothing sent

@@ -19,29 +19,17 @@ preflight this server never grants, a key header at all.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
+from recursa.addresses import is_loopback_name
+
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-def is_loopback_name(host: str | None) -> bool:
-    """Whether a host name (no port, IPv6 with or without brackets) names this machine's loopback."""
-    if not host:
-        return False
-    host = host.strip("[]").rstrip(".").lower()
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _hostname(authority: str) -> str | None:

@@ -8,26 +8,12 @@ report.summary_path, report.plots, report.mean_score("rlm")
 
 from __future__ import annotations
 
-from recursa.bench.jobs import InstanceSpec, RunConfig, estimate_cost
-from recursa.bench.report import quantile, summary_table, write_plots, write_summary
-from recursa.bench.runner import DEFAULT_METHODS, EXECUTORS, BenchAborted, BenchReport, arun, run
-from recursa.bench.sizes import BenchError, parse_size, parse_sizes
+from recursa.bench.report import summary_table
+from recursa.bench.runner import BenchReport, arun, run
 
 __all__ = [
-    "DEFAULT_METHODS",
-    "EXECUTORS",
-    "BenchAborted",
-    "BenchError",
     "BenchReport",
-    "InstanceSpec",
-    "RunConfig",
     "arun",
-    "estimate_cost",
-    "parse_size",
-    "parse_sizes",
-    "quantile",
     "run",
     "summary_table",
-    "write_plots",
-    "write_summary",
 ]

@@ -17,7 +17,7 @@ from recursa.bench.sizes import CHARS_PER_TOKEN
 from recursa.budget import Budget
 from recursa.lm.prices import PriceBook
 from recursa.lm.registry import parse_model
-from recursa.methods import MethodSettings, get_method
+from recursa.methods.base import MethodSettings, get_method
 from recursa.tasks import generate
 from recursa.tasks.base import Task, context_chars
 from recursa.usage import Usage
@@ -56,6 +56,7 @@ class RunConfig:
     max_seconds: float | None = None
     trace_dir: str | None = None
     window_tokens: int | None = None
+    context_windows: dict[str, int] | None = None  # the RLM's guard (RLM(context_windows=...))
     base_overflow: str = "fail"
     exec_timeout: float = 120.0
     turn_timeout: float | None = None
@@ -77,6 +78,7 @@ class RunConfig:
             budget=Budget(max_usd=self.max_usd, max_tokens=self.max_tokens, max_seconds=self.max_seconds),
             trace_dir=Path(self.trace_dir) if self.trace_dir else None,
             window_tokens=self.window_tokens,
+            context_windows=self.context_windows,
             base_overflow=self.base_overflow,
             exec_timeout=self.exec_timeout,
             turn_timeout=self.turn_timeout,

@@ -21,8 +21,7 @@ from recursa.bench.report import plots_skipped, write_plots, write_summary
 from recursa.bench.results import ResultsFile
 from recursa.bench.sizes import DEFAULT_SIZES, BenchError, parse_sizes
 from recursa.errors import ConfigError
-from recursa.methods import METHODS
-from recursa.methods.base import missing_requirement
+from recursa.methods.base import METHODS, missing_requirement
 from recursa.tasks import families, get_family
 
 EXECUTORS = ("local", "ray")
@@ -114,6 +113,7 @@ def _check_models(config: RunConfig) -> None:
             max_concurrency=config.max_concurrency,
             max_retries=config.max_retries,
             dialect=config.dialect,
+            context_windows=config.context_windows,
             trace=False,
         )
     except ConfigError as exc:
@@ -322,7 +322,7 @@ def run(task: str, **options: Any) -> BenchReport:
     model, sub_model (default for a scripted root: scripted/oracle), base_url, api_key, executor
     ("local" or "ray"), out, knobs ("name=value,..." for the family), concurrency (instances at once,
     local), ray_actors, ray_address, progress, and per-row settings: sandbox, max_iterations,
-    max_output_tokens, max_usd, max_tokens, max_seconds (each per row), window_tokens,
+    max_output_tokens, max_usd, max_tokens, max_seconds (each per row), window_tokens, context_windows,
     base_overflow ("fail" or "truncate"), exec_timeout, turn_timeout, price_as.
     """
     try:

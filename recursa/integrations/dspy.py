@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 from dspy.primitives.code_interpreter import CodeExecutionError, CodeInterpreterError, FinalOutput
 
 from recursa.errors import ConfigError, SandboxError
-from recursa.sandbox import SANDBOX_KINDS, Sandbox, make_sandbox
+from recursa.sandbox import SANDBOXES, Sandbox, make_sandbox
 from recursa.sandbox.base import CallbackError, ExecResult
 from recursa.sync import PrivateLoop
 from recursa.trace.redact import redact
@@ -98,9 +98,9 @@ class RecursaInterpreter:
             raise ConfigError(
                 f"RecursaInterpreter(exec_timeout={exec_timeout!r}): give seconds > 0, e.g. 30."
             )
-        if sandbox not in SANDBOX_KINDS:
+        if sandbox not in SANDBOXES:
             raise ConfigError(
-                f"RecursaInterpreter(sandbox={sandbox!r}): choose one of {', '.join(SANDBOX_KINDS)}."
+                f"RecursaInterpreter(sandbox={sandbox!r}): choose one of {', '.join(SANDBOXES)}."
             )
         self.tools: dict[str, Callable[..., Any]] = dict(tools or {})
         self.output_fields = output_fields

@@ -56,7 +56,8 @@ from recursa.overrides import (
     kind,
     text_value,
 )
-from recursa.tasks import Task, get
+from recursa.tasks import Task
+from recursa.tasks.base import get
 from recursa.tools.spec import host_tool
 
 ENV_ID = "recursa-rlm"

@@ -26,7 +26,8 @@ from verifiers.v1.taskset import Taskset, TasksetConfig
 from verifiers.v1.utils.decorators import reward
 
 from recursa.config import DEFAULTS as D
-from recursa.tasks import generate, get
+from recursa.tasks import generate
+from recursa.tasks.base import get
 
 PLUGIN_ID = "recursa-verifiers"
 RUNTIME_KEY = "recursa/runtime-v1"

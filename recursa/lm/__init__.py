@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from recursa.lm.base import CallMeta, LMClient, LMRequest, LMResponse, Message, estimate_tokens_upper
-from recursa.lm.limiter import Limiter
-from recursa.lm.prices import ModelPrice, PriceBook
-from recursa.lm.registry import make_client, parse_model, providers, register_provider
-from recursa.lm.retry import RetryPolicy, call_with_retries
+from recursa.lm.base import CallMeta, LMClient, LMRequest, LMResponse, Message
+from recursa.lm.prices import ModelPrice
+from recursa.lm.registry import register_provider
 
 if TYPE_CHECKING:
     from recursa.lm.anthropic_client import AnthropicClient
@@ -20,17 +18,9 @@ __all__ = [
     "LMClient",
     "LMRequest",
     "LMResponse",
-    "Limiter",
     "Message",
     "ModelPrice",
     "OpenAIClient",
-    "PriceBook",
-    "RetryPolicy",
-    "call_with_retries",
-    "estimate_tokens_upper",
-    "make_client",
-    "parse_model",
-    "providers",
     "register_provider",
 ]
 

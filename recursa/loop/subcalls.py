@@ -145,9 +145,7 @@ class SubcallHandler:
                 elif isinstance(item.get("path"), str):
                     name = item["path"].removeprefix("./")
                     if name not in folder:
-                        known = (
-                            ", ".join(sorted(folder)[:20]) or "none: the context is not a folder with images"
-                        )
+                        known = ", ".join(sorted(folder)[:20]) or "none: the context is not a folder with images"
                         raise ImageError(
                             f"{at}: {name[:200]!r} is not an image file of the context (its image "
                             f"files: {known}); pass the image's bytes, or an https:// URL"
@@ -196,14 +194,10 @@ class SubcallHandler:
             for item in items
         ]
 
-    async def _one_llm(
-        self, prompt: str, model: str | None, images: list[dict[str, Any]] | None = None
-    ) -> str:
+    async def _one_llm(self, prompt: str, model: str | None, images: list[dict[str, Any]] | None = None) -> str:
         spec = self._resolve_model(model)
         run = self.run
-        content: str | list[dict[str, Any]] = (
-            [{"type": "text", "text": prompt}, *images] if images else prompt
-        )
+        content: str | list[dict[str, Any]] = [{"type": "text", "text": prompt}, *images] if images else prompt
         # A dialect may open every sub-call with a system message of its peer's (an optional member:
         # a dialect object of the user's need not have it).
         system: str | None = getattr(run.dialect, "sub_system", None)

@@ -79,6 +79,7 @@ class MethodSettings:
     budget: Budget = field(default_factory=Budget)  # per task instance
     trace_dir: Path | None = None
     window_tokens: int | None = None  # the root model's input window; None: known families, else unknown
+    context_windows: dict[str, int] | None = None  # RLM methods: the engine's window guard
     base_overflow: str = "fail"  # "fail" | "truncate"
     notes_chars: int = 8_000  # the summary agent's notes budget
     exec_timeout: float = D.exec_timeout
@@ -107,6 +108,7 @@ class MethodSettings:
             "max_output_tokens": self.max_output_tokens,
             "prices": self.prices,
             "dialect": self.dialect,
+            "context_windows": self.context_windows,
         }
 
     def window(self) -> int | None:

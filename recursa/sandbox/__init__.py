@@ -22,33 +22,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from recursa.errors import ConfigError
-from recursa.sandbox.base import CallbackError, CallHandler, ExecResult, FinalAnswer, Sandbox
+from recursa.sandbox.base import ExecResult, Sandbox
 from recursa.sandbox.cluster import RaySandbox
 from recursa.sandbox.containers import ContainerSandbox
 from recursa.sandbox.forkserver import ForkServer
 from recursa.sandbox.inprocess import InProcessSandbox
 from recursa.sandbox.policy import Hardening
 from recursa.sandbox.remote import E2BSandbox, ModalSandbox
-from recursa.sandbox.stdio import StdioSandbox
 from recursa.sandbox.subprocess import SubprocessSandbox
 
 __all__ = [
     "SANDBOXES",
-    "SANDBOX_KINDS",
-    "CallHandler",
-    "CallbackError",
-    "ContainerSandbox",
-    "E2BSandbox",
     "ExecResult",
-    "FinalAnswer",
     "ForkServer",
     "Hardening",
     "InProcessSandbox",
-    "ModalSandbox",
-    "RaySandbox",
     "Sandbox",
-    "SandboxKind",
-    "StdioSandbox",
     "SubprocessSandbox",
     "make_sandbox",
 ]
@@ -112,7 +101,6 @@ SANDBOXES: dict[str, SandboxKind] = {
         "the node's own local sandbox on a Ray cluster, run by a host actor there (the ray extra)",
     ),
 }
-SANDBOX_KINDS = tuple(SANDBOXES)
 
 
 def sandbox_kind(kind: Any, where: str = "make_sandbox") -> SandboxKind:

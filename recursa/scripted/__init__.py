@@ -11,16 +11,9 @@ task families from `recursa.tasks`, and `recursa` registers it as the provider "
 from __future__ import annotations
 
 from recursa.scripted.catalog import get_policy, policy_names, register
-from recursa.scripted.client import ScriptedClient
-from recursa.scripted.policy import Knobs, Policy, PolicyFactory, parse_knobs
 
 __all__ = [
-    "Knobs",
-    "Policy",
-    "PolicyFactory",
-    "ScriptedClient",
     "get_policy",
-    "parse_knobs",
     "policy_names",
     "register",
 ]

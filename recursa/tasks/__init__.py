@@ -16,18 +16,11 @@ from recursa.tasks import (  # noqa: F401  (each module registers its family)
     oolong_pairs,
     verbatim_copy,
 )
-from recursa.tasks.base import Family, Task, families, generate, get, get_family, register_family
-from recursa.tasks.scoring import contains_token, oolong_parse, oolong_score
+from recursa.tasks.base import Task, families, generate, get_family
 
 __all__ = [
-    "Family",
     "Task",
-    "contains_token",
     "families",
     "generate",
-    "get",
     "get_family",
-    "oolong_parse",
-    "oolong_score",
-    "register_family",
 ]

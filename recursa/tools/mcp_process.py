@@ -47,15 +47,17 @@ def kill_group(pid: int) -> None:
 
 
 def _children() -> list[int]:
+    """This process's children: from each thread's `children` file, or, on a kernel without them
+    (CONFIG_PROC_CHILDREN), by the parent of every process."""
     found: list[int] = []
     try:
-        tasks = list(Path("/proc/self/task").iterdir())
-    except OSError:
-        return found
-    for task in tasks:
-        with contextlib.suppress(OSError, ValueError):
+        for task in Path("/proc/self/task").iterdir():
             found.extend(int(p) for p in (task / "children").read_text().split())
-    return found
+        return found
+    except (OSError, ValueError):
+        pass
+    me = os.getpid()
+    return [int(e.name) for e in os.scandir("/proc") if e.name.isdigit() and _parent(int(e.name)) == me]
 
 
 def _parent(pid: int) -> int | None:

@@ -7,9 +7,11 @@ sent into the REPL or to a client, a log line). It removes:
   SECRET, PASSWORD, ACCESS_KEY), 8 characters or more;
 - the shapes of common provider keys (`sk-...`, `sk-ant-...`, `AIza...`, `hf_...`, `ghp_...`), even
   when it was not told the value;
-- credentials in header form (`Authorization: Bearer ...`, `x-api-key: ...`) and bare bearer tokens;
+- credentials in header form (`Authorization: Bearer ...`, `x-api-key: ...`, `Cookie: ...`) and
+  bare bearer tokens; an AWS access key id;
 - key-like query parameters (`?key=`, `&api_key=`, `access_token=`, `sig=`, a signed URL's
-  `X-Amz-Signature=`...) and a URL's password;
+  `X-Amz-Signature=`...), a URL's password (with or without a user name), and a random segment of
+  a URL's path (a webhook's secret, a share link's id: 20 characters or more, mixed as below);
 - whatever any name that ends in a secret's word is set to (`DB_PASS=...`, `"stripe_secret": "..."`,
   `MY_TOKEN: ...`), whatever the name's start: only the known keys' names were caught before;
 - a long random token on its own (32 characters or more of letters and digits with upper case,
@@ -41,7 +43,7 @@ _MORE_SHAPES = re.compile(
 )
 # `Authorization: Bearer x`, `"x-api-key": "x"` (also JSON-escaped inside a string).
 _HEADER = re.compile(
-    r"(?i)\b((?:proxy-)?authorization|x-api-key|api-key|x-goog-api-key|x-auth-token)"
+    r"(?i)\b((?:proxy-)?authorization|x-api-key|api-key|x-goog-api-key|x-auth-token|set-cookie|cookie)"
     r"((?:\\?[\"'])?\s*[:=]\s*(?:\\?[\"'])?)((?:bearer|basic|token)\s+)?" + _TOKEN
 )
 _BEARER = re.compile(r"(?i)\b(bearer\s+)" + _TOKEN)
@@ -58,7 +60,13 @@ _ASSIGNED = re.compile(
 )
 # A random-looking token: long, and upper case, lower case and digits all in it.
 _RANDOM = re.compile(r"(?<![A-Za-z0-9_+=-])[A-Za-z0-9_+-]{32,}={0,2}(?![A-Za-z0-9_+=-])")
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^/\s:@]+:)[^/\s@]+@")
+# A URL's password, with or without a user name (`redis://:pw@host`).
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^/\s:@]*:)[^/\s@]+@")
+# A random segment of a URL's path that is a signature or a capability: a Slack or Discord webhook's
+# secret, a share link's id. 20 characters or more; upper case, lower case and digits all in it.
+_URL = re.compile(r"\bhttps?://[^\s\"'<>`]+")
+_PATH_SECRET = re.compile(r"(?<=/)[A-Za-z0-9_-]{20,}(?=[/?#]|$)")
+_AWS_KEY_ID = re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")
 _KEY_ENV_NAME = re.compile(r"(?i)(API_?KEY|TOKEN|SECRET|PASSWORD|ACCESS_KEY)$")
 
 
@@ -93,6 +101,9 @@ class Redactor:
         text = _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
         text = _QUERY.sub(lambda m: m.group(1) + REDACTED, text)
         text = _USERINFO.sub(lambda m: m.group(1) + REDACTED + "@", text)
+        if "://" in text:
+            text = _URL.sub(_url_paths, text)
+        text = _AWS_KEY_ID.sub(REDACTED, text)
         text = _ASSIGNED.sub(lambda m: m.group(1) + REDACTED, text)
         return _RANDOM.sub(lambda m: REDACTED if _looks_random(m.group(0)) else m.group(0), text)
 
@@ -119,6 +130,16 @@ class Redactor:
                     quote = '"' if "'" in value else "'"  # quoted, a path with spaces is taken whole
                     setattr(exc, name, self(f"{quote}{value}{quote}")[1:-1])
         return exc
+
+
+def _url_paths(m: re.Match[str]) -> str:
+    url = m.group(0)
+    scheme_host, sep, rest = url.partition("://")
+    host, slash, path = rest.partition("/")
+    if not slash:
+        return url
+    path = _PATH_SECRET.sub(lambda p: REDACTED if _looks_random(p.group(0)) else p.group(0), path)
+    return f"{scheme_host}{sep}{host}/{path}"
 
 
 def _looks_random(token: str) -> bool:

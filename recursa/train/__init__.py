@@ -12,24 +12,15 @@ step-wise RL trainers read.
 """
 
 from recursa.train.errors import ExportError
-from recursa.train.fixes import FixResult, fix_reply, looks_like_plan
 from recursa.train.report import ExportReport
-from recursa.train.rl import child_weights, export_rl, grpo_advantages, rl_rows
-from recursa.train.scores import Score, ScoreBook
+from recursa.train.rl import export_rl, rl_rows
 from recursa.train.sft import export_sft, sft_rows
 
 __all__ = [
     "ExportError",
     "ExportReport",
-    "FixResult",
-    "Score",
-    "ScoreBook",
-    "child_weights",
     "export_rl",
     "export_sft",
-    "fix_reply",
-    "grpo_advantages",
-    "looks_like_plan",
     "rl_rows",
     "sft_rows",
 ]

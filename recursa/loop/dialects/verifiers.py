@@ -135,8 +135,9 @@ class VerifiersDialect(ToolsDialect):
                 continue
             code = cell.parsed.code[0]
             call_id = cell.call.id if cell.call else None
+            taken = () if final is None else (final.value,)
             res = await runner.execute(
-                cell_code(code, transcript, self.max_output_length + 1), call_id=call_id, shown=code
+                cell_code(code, transcript, self.max_output_length + 1, *taken), call_id=call_id, shown=code
             )
             if res.partial is not None:
                 self._partial = res.partial

@@ -15,6 +15,7 @@ host to read. The model's stdout and stderr reach the host as the REPL's own out
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -23,6 +24,7 @@ RESULT_NAME = "_rlm_vf_result"
 _HELPER = "_rlm_vf_cell"
 _ROOT = "_rlm_vf_root"  # the folder, where `.messages` goes whatever the model does to extra_data
 ExtraData = Literal["folder", "value"]
+_NOTHING: Any = object()
 
 # Runs in the REPL, once per cell (a no-op once the helper exists). Only the model's frames are
 # kept in a traceback ("<cell>", and "<unknown>" for a cell that does not parse): the frames of
@@ -43,9 +45,12 @@ if "_rlm_vf_cell" not in globals():
                 text = "Traceback (most recent call last):\\n" + text
             return text
 
-        def cell(code, transcript, folder, cap):
+        def cell(code, transcript, folder, cap, taken=None):
             namespace = globals()
             namespace["_rlm_vf_result"] = None  # an interrupted cell leaves no record of an earlier one
+            if taken is not None and isinstance(namespace.get("answer"), dict):
+                namespace["answer"].clear()  # as the environment keeps it once set, for the later calls
+                namespace["answer"].update({"ready": True, "content": taken[0]})
             if transcript is not None and folder:
                 with open(os.path.join(folder, ".messages"), "w", encoding="utf-8") as f:
                     f.write(transcript)
@@ -83,6 +88,10 @@ def setup_code(extra_data: ExtraData, folder_context: bool, host_pid: int) -> st
     # An in-process REPL (sandbox="inprocess", for debugging) shares the host's working directory:
     # it is left as it is there.
     lines += [
+        # A folder's image file is a line about it in `context` (recursa/confined.py, image_entry):
+        # its bytes stay on the host, so it has no file here.
+        "def _rlm_vf_image(text):",
+        "    return text.startswith('[image file: ') and 'llm_query(prompt, images=[' in text",
         "def _rlm_vf_folder():",
         "    import json, os, tempfile",
         "    root = os.path.join(tempfile.mkdtemp(prefix='rlm_'), 'rlm_fs')",
@@ -90,7 +99,7 @@ def setup_code(extra_data: ExtraData, folder_context: bool, host_pid: int) -> st
         f"    if {folder_context!r} and isinstance(context, dict):",
         "        for name, text in context.items():",
         "            path = os.path.normpath(os.path.join(root, name))",
-        "            if not path.startswith(root + os.sep):",
+        "            if not path.startswith(root + os.sep) or _rlm_vf_image(text):",
         "                continue",
         "            os.makedirs(os.path.dirname(path), exist_ok=True)",
         "            with open(path, 'w', encoding='utf-8') as f:",
@@ -105,15 +114,28 @@ def setup_code(extra_data: ExtraData, folder_context: bool, host_pid: int) -> st
         "        os.chdir(root)",
         "    return root",
         f"extra_data = {_ROOT} = _rlm_vf_folder()",
-        "del _rlm_vf_folder",
+        "del _rlm_vf_folder, _rlm_vf_image",
     ]
     return "\n".join(lines)
 
 
-def cell_code(code: str, transcript: str | None, cap: int) -> str:
+def cell_code(code: str, transcript: str | None, cap: int, taken: Any = _NOTHING) -> str:
     """The REPL code that runs one call's `code` (`transcript`: the new `.messages`, or None; `cap`:
-    characters of a repr or traceback worth sending back, as the output is cut there anyway)."""
-    return _DEFINE + f"{_HELPER}({code!r}, {transcript!r}, globals().get({_ROOT!r}), {int(cap)})\n"
+    characters of a repr or traceback worth sending back, as the output is cut there anyway;
+    `taken`: the content of an answer an earlier call of the reply set, which recursa's REPL took
+    and cleared, put back ready first)."""
+    again = "None" if taken is _NOTHING else f"({_literal(taken)},)"
+    return _DEFINE + f"{_HELPER}({code!r}, {transcript!r}, globals().get({_ROOT!r}), {int(cap)}, {again})\n"
+
+
+def _literal(value: Any) -> str:
+    """`value` as Python source (a JSON-safe value is one, but for a float such as nan: its text)."""
+    text = repr(value)
+    try:
+        ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return repr(str(value))
+    return text
 
 
 def read_result(value: Any) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from recursa.addresses import is_loopback_name
 from recursa.trace.viewer.model import TraceFormatError, build_view
 
 __all__ = ["TraceFormatError", "ViewerServer", "build_view", "export_html", "render_html"]
@@ -66,9 +67,15 @@ def export_html(trace: str | Path, out: str | Path) -> Path:
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
+    def setup(self) -> None:
+        # A connection that sends nothing for this long is closed: each holds a thread of its own,
+        # and half-sent requests held them for good.
+        self.timeout = self.server.idle_timeout_s
+        super().setup()
+
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
-        if not self.server.host_allowed(self.headers.get("Host", "")):
+        if not self.server.host_allowed(self.headers.get("Host", ""), self.connection.getsockname()[0]):
             # DNS rebinding: a web page whose own name now points at 127.0.0.1 sends that name.
             self._send(403, "text/plain; charset=utf-8", b"this viewer answers only to its own address")
         elif path in ("/", "/index.html"):
@@ -101,25 +108,23 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], trace: Path) -> None:
+    def __init__(self, address: tuple[str, int], trace: Path, idle_timeout_s: float) -> None:
         super().__init__(address, _Handler)
         self.trace = trace
+        self.idle_timeout_s = idle_timeout_s
         self.page = render_html(None).encode()
         self.csp = content_security_policy(_asset("viewer.js"))
         port = self.server_address[1]
-        bound = str(address[0])
-        # On a loopback address only the loopback names are this server; bound to another address
-        # the viewer is reachable by whatever names point there, so the Host is not checked.
-        self.hosts: set[str] | None = (
-            {f"{h}:{port}" for h in ("127.0.0.1", "localhost", "[::1]")}
-            if bound in ("127.0.0.1", "localhost", "::1")
-            else None
-        )
+        # Reached on a loopback address, only the loopback names are this server (whatever address
+        # it is bound to: bound to 0.0.0.0 it answers on 127.0.0.1 too, where a page of a name
+        # rebound to 127.0.0.1 would read the trace); reached on another address, the viewer is
+        # reachable by whatever names point there, so the Host is not checked.
+        self.hosts = {f"{h}:{port}" for h in ("127.0.0.1", "localhost", "[::1]")}
         self._cache: tuple[tuple[int, int], bytes] | None = None
         self._lock = threading.Lock()
 
-    def host_allowed(self, host: str) -> bool:
-        return self.hosts is None or host.lower() in self.hosts
+    def host_allowed(self, host: str, local_address: str) -> bool:
+        return not is_loopback_name(local_address) or host.lower() in self.hosts
 
     def view_json(self) -> bytes:
         """The view, rebuilt only when the file changed (a live run appends to it)."""
@@ -139,10 +144,12 @@ class ViewerServer:
         print(viewer.url)
     """
 
-    def __init__(self, trace: str | Path, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, trace: str | Path, *, host: str = "127.0.0.1", port: int = 0, idle_timeout_s: float = 30.0
+    ) -> None:
         self.trace = Path(trace)
         build_view(self.trace)  # fail now, with a clear message, if it is not a trace
-        self._server = _Server((host, port), self.trace)
+        self._server = _Server((host, port), self.trace, idle_timeout_s)
         self._thread: threading.Thread | None = None
 
     @property
