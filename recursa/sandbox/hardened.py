@@ -29,7 +29,6 @@ from recursa.sandbox.bwrap import (
     inner_pid,
     interpreter_prefixes,
     namespace_ids,
-    namespace_pid,
 )
 from recursa.sandbox.bytecode import worker_files
 from recursa.sandbox.cgroups import TaskGroup
@@ -381,17 +380,8 @@ class HostHardening:
             return False
         pid = self.worker_pid if pid is None else pid  # found by the host where the frame's was not believed
         if self._checked(pid):
-            spare = None
-            for member in group.members("snap"):
-                if member == pid or member in self.spare:
-                    continue
-                if spare is None and reported is not None and member != self._spared:
-                    own = namespace_pid(member) if self.using_bwrap else member
-                    if own == reported:
-                        spare = member
-                        continue
-                group.kill_one(member)
-            self._spared = spare
+            keep = {pid, *self.spare}
+            self._spared = group.empty_snapshots(keep, reported, self.using_bwrap, self._spared)  # type: ignore[arg-type]
             if not self.cells_placed:
                 group.move(pid, "snap")  # type: ignore[arg-type]
         return True
