@@ -108,7 +108,10 @@ async def test_streamable_http_server_answers_inline_text_with_progress(tmp_path
         ({"question": "q"}, "exactly one of context_path"),
         ({"question": "q", "context_text": "a", "context_path": "/x"}, "exactly one of context_path"),
         ({"question": "  ", "context_text": "a"}, "question is empty"),
-        ({"question": "q", "context_text": "a", "max_depth": 99}, "arguments['max_depth']=99 is more than the operator allows (at most 3)"),
+        (
+            {"question": "q", "context_text": "a", "max_depth": 99},
+            "arguments['max_depth']=99 is more than the operator allows (at most 3)",
+        ),
         ({"question": "q", "context_path": "/tmp"}, "turned off on this server"),
     ],
 )
@@ -345,3 +348,26 @@ def test_one_caller_cannot_take_every_mcp_client_slot(tmp_path):
         gone = opened[0].headers["mcp-session-id"]
         assert http.delete(url, headers=headers(keys["alice"], **{"mcp-session-id": gone})).status_code < 400
         assert http.post(url, json=init, headers=headers(keys["alice"])).status_code == 200
+
+
+def test_an_open_http_server_on_every_address_refuses_web_pages(tmp_path):
+    """The SDK checks Origin and Host only when the server is told a loopback host: `recursa mcp
+    --http --host 0.0.0.0` without a key let a page in the operator's browser (cross-site, or on a
+    name rebound to 127.0.0.1) call the tools on the operator's model key."""
+    from recursa.serve.mcp_server import http_app
+
+    settings = ServeSettings(model=MODEL, sub_model=SUB, trace_dir=tmp_path)
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize"}
+    init["params"] = {
+        "protocolVersion": "2025-03-26",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"},
+    }
+    headers = {"accept": "application/json, text/event-stream"}
+    with BackgroundServer(http_app(build_mcp_server(settings), settings, host="0.0.0.0")) as srv:
+        url = srv.url + "/mcp"
+        page = httpx.post(url, json=init, headers={**headers, "origin": "https://evil.example"})
+        assert page.status_code == 403 and "origin_not_allowed" in page.text
+        rebound = httpx.post(url, json=init, headers={**headers, "host": f"evil.example:{srv.port}"})
+        assert rebound.status_code == 403
+        assert httpx.post(url, json=init, headers=headers).status_code == 200

@@ -22,6 +22,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel
 
 from recursa.asgi.body_deadline import BodyDeadline
+from recursa.asgi.local_only import LocalOnly
 from recursa.config import Spelling
 from recursa.errors import ConfigError, RecursaError
 from recursa.lm.base import valid_unicode
@@ -339,6 +340,10 @@ def http_app(
         paths=frozenset((path,)),
         post_only=True,
     )
+    if not keys:
+        # The SDK checks Origin and Host only when `host` is a loopback name; bound to 0.0.0.0 a page
+        # in the operator's browser (cross-site, or a name rebound to 127.0.0.1) reached the tools.
+        admitted = LocalOnly(admitted, hint="start it with --api-key to serve others")
     return with_bearer_key(admitted, keys)
 
 
