@@ -233,8 +233,11 @@ def _strip_indent(line: str, indent: int) -> str:
 
 def _in_string(body: list[str]) -> bool:
     """Whether code so far ends inside a triple-quoted string (a fence there is part of the string)."""
+    code = "\n".join(body)
+    if '"""' not in code and "'''" not in code:
+        return False  # no triple quote, no such string (most blocks: no tokenizer run, ~0.1 ms)
     try:
-        for _ in tokenize.generate_tokens(io.StringIO("\n".join(body) + "\n").readline):
+        for _ in tokenize.generate_tokens(io.StringIO(code + "\n").readline):
             pass
     except tokenize.TokenError as exc:
         message = str(exc.args[0] if exc.args else exc)

@@ -318,6 +318,9 @@ class ReplyRules:
 
     def __post_init__(self) -> None:
         names = [r.name for r in self.rules]
+        # `on` is asked a score of times per reply read: a set, not a scan of every rule each time.
+        object.__setattr__(self, "_on", frozenset(names))
+        object.__setattr__(self, "_stages", {st: tuple(r for r in self.rules if r.stage == st) for st in STAGES})
         if len(set(names)) != len(names):
             raise ValueError(f"reply rules named twice: {sorted({n for n in names if names.count(n) > 1})}")
         unknown = set(names) - self._known
@@ -333,7 +336,7 @@ class ReplyRules:
         """Whether the rule `name` is in force (KeyError for a name no rule has)."""
         if name not in self._known:
             raise KeyError(f"no reply rule is named {name!r}")
-        return any(r.name == name for r in self.rules)
+        return name in self._on  # type: ignore[attr-defined]
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -366,7 +369,7 @@ class ReplyRules:
         return replace(self, rules=tuple(rules), _known=self._known | {rule.name})
 
     def of_stage(self, stage: Stage) -> tuple[Rule, ...]:
-        return tuple(r for r in self.rules if r.stage == stage)
+        return self._stages[stage]  # type: ignore[attr-defined,no-any-return]
 
     def beside_code_taken(self) -> BesideCode:
         """What a turn does with an answer written beside code."""

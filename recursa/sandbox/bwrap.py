@@ -160,7 +160,7 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def _ns_pid(pid: int) -> int | None:
+def namespace_pid(pid: int) -> int | None:
     """The pid of `pid` in its innermost pid namespace (last field of NSpid)."""
     try:
         with open(f"/proc/{pid}/status") as fh:
@@ -179,7 +179,7 @@ def inner_pid(outer_pid: int, ns_pid: int) -> int | None:
         pid = queue.pop(0)
         seen += 1
         for child in _children(pid):
-            if _ns_pid(child) == ns_pid and child != outer_pid:
+            if namespace_pid(child) == ns_pid and child != outer_pid:
                 return child
             queue.append(child)
     return None

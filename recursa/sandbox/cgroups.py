@@ -54,6 +54,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Literal
 
+from recursa.sandbox.bwrap import namespace_pid
 from recursa.sandbox.proc import kill_owned
 
 _PREFIX = "recursa-"
@@ -376,14 +377,32 @@ class TaskGroup:
         return int(text) if text.isdigit() else -1
 
     def kill(self, place: Place | None = None, keep: Collection[int] = ()) -> int:
-        """SIGKILL every process in the group (or in its child `place` only) but `keep`, each only
-        once the kernel shows it as a live process of this group's sandbox (`own`); how many were
-        signalled."""
-        killed = 0
-        for pid in self.members(place):
-            if pid not in keep and kill_owned(pid, signal.SIGKILL, self.root, self.session):
-                killed += 1
-        return killed
+        """SIGKILL every process in the group (or in its child `place` only) but `keep`; how many
+        were signalled (see `kill_one`)."""
+        return sum(self.kill_one(pid) for pid in self.members(place) if pid not in keep)
+
+    def empty_snapshots(
+        self, keep: Collection[int], reported: int | None, namespaced: bool, spared: int | None
+    ) -> int | None:
+        """Kill what the snapshot group holds but `keep` and the snapshot the worker reported last
+        (`reported`: its pid in the worker's namespace, `namespaced` when that is not the host's),
+        unless that is `spared`, the one spared last time: whatever code puts there thus lives past
+        the next cell's end at most. Returns the process spared now (host pid), if any."""
+        spare = None
+        for pid in self.members("snap"):
+            if pid in keep:
+                continue
+            if spare is None and reported is not None and pid != spared:
+                if (namespace_pid(pid) if namespaced else pid) == reported:
+                    spare = pid
+                    continue
+            self.kill_one(pid)
+        return spare
+
+    def kill_one(self, pid: int) -> bool:
+        """SIGKILL `pid` once the kernel shows it as a live process of this group's sandbox
+        (`own`); whether it was signalled."""
+        return kill_owned(pid, signal.SIGKILL, self.root, self.session)
 
     def remove(self) -> bool:
         """Remove the group; False while processes are still in it (they are being killed)."""

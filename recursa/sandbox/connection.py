@@ -77,6 +77,7 @@ class Connection:
         self.control: socket.socket | None = None  # our end of its control socket
         self.snapshot_sid: int | None = None
         self.snapshot_pid: int | None = None  # in the worker's pid namespace
+        self.reported_pid: int | None = None  # the last snapshot the worker reported, kept after a cell
         self.snapshot_error: str | None = None
         self.snapshot_reported = asyncio.Event()  # set by every `snapshot` frame
         self.restored: dict[str, Any] | None = None  # the `restored` frame, for a snapshot that took over
@@ -178,7 +179,7 @@ class Connection:
             ok = frame.get("ok") is True and isinstance(frame.get("sid"), int)
             self.snapshot_sid = frame["sid"] if ok else None
             pid = frame.get("pid")
-            self.snapshot_pid = pid if ok and isinstance(pid, int) else None
+            self.snapshot_pid = self.reported_pid = pid if ok and isinstance(pid, int) else None
             self.snapshot_error = None if ok else str(frame.get("error") or "no snapshot")
             self.snapshot_reported.set()
         elif op in ("exec_done", "context_loaded") and self.control is not None:

@@ -23,7 +23,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from recursa.errors import SandboxError
-from recursa.sandbox.bwrap import bwrap_command, find_bwrap, inner_pid, interpreter_prefixes, namespace_ids
+from recursa.sandbox.bwrap import (
+    bwrap_command,
+    find_bwrap,
+    inner_pid,
+    interpreter_prefixes,
+    namespace_ids,
+)
 from recursa.sandbox.bytecode import worker_files
 from recursa.sandbox.cgroups import TaskGroup
 from recursa.sandbox.guard import ProcessGuard, data_usage, set_data_limit
@@ -102,6 +108,7 @@ class HostHardening:
         # host moves nothing per cell.
         self.cells_placed = False
         self.owner: tuple[int | None, int | None] = (None, None)  # (root, session): see ready()
+        self._spared: int | None = None  # the snapshot leave_cell spared last (never twice)
         self._checked_pid: int | None = None  # the worker pid last found to be ours (_checked)
         self._checked_fd = -1  # a pidfd of it
         self._checked_close: weakref.finalize[Any, Any] | None = None
@@ -361,17 +368,20 @@ class HostHardening:
         if self.group is not None and self.cells_grouped and not self.cells_placed and self._checked(pid):
             self.group.move(pid, "cell")  # type: ignore[arg-type]
 
-    def leave_cell(self, pid: int | None, snapshots: bool) -> bool:
+    def leave_cell(self, pid: int | None, snapshots: bool, reported: int | None = None) -> bool:
         """After the cell's answer (its code may have written it and still run): with `snapshots`,
-        kill what the snapshot group holds (the snapshot from before the cell, outdated now, or
-        what such code left there), and where the host moves the worker, move it there to fork
-        its snapshot of the state after the cell. Whether the worker waits for word of it (then
-        the caller sends "cell_closed")."""
+        kill what the snapshot group holds but the snapshot the worker reported last (`reported`,
+        its pid in the worker's namespace: outdated now, the worker discards it itself as it forks
+        the next), spared once only, so that nothing code put there lives past the next cell's end;
+        and where the host moves the worker, move it there to fork its snapshot of the state after
+        the cell. Whether the worker waits for word of it (then the caller sends "cell_closed")."""
         group = self.group
         if group is None or not self.cells_grouped or not snapshots:
             return False
+        pid = self.worker_pid if pid is None else pid  # found by the host where the frame's was not believed
         if self._checked(pid):
-            group.kill("snap", keep={pid, *self.spare})  # type: ignore[arg-type]
+            keep = {pid, *self.spare}
+            self._spared = group.empty_snapshots(keep, reported, self.using_bwrap, self._spared)  # type: ignore[arg-type]
             if not self.cells_placed:
                 group.move(pid, "snap")  # type: ignore[arg-type]
         return True

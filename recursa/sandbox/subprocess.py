@@ -362,7 +362,9 @@ class SubprocessSandbox(WorkerHost):
         self._hardening.enter_cell(worker.pid)
 
     async def _end_cell(self, answered: Connection | None) -> int:
-        if answered is not None and self._hardening.leave_cell(answered.pid, answered.control is not None):
+        if answered is not None and self._hardening.leave_cell(
+            answered.pid, answered.control is not None, answered.reported_pid
+        ):
             with contextlib.suppress(OSError, ValueError):
                 await answered.chan.send({"op": "cell_closed"})  # the worker waits for it to snapshot
         return await self._hardening.end_cell()
