@@ -16,6 +16,7 @@ import math
 import numbers
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from recursa.budget import Budget, cap_problem, positive_phrase
 from recursa.config import BUDGET_CAPS, EnvConfig, RLMConfig, Spelling, near_miss, setting_of
@@ -212,3 +213,14 @@ def kind(value: Any) -> str:
 
 def _text_hint(value: Any) -> str:
     return " (a number, not text)" if isinstance(value, str) else ""
+
+
+def same_url(a: str, b: str) -> bool:
+    """Whether two base URLs name the same endpoint (scheme and host in any case, a trailing /)."""
+    x, y = urlsplit(a.strip()), urlsplit(b.strip())
+    return (x.scheme.lower(), x.netloc.lower(), x.path.rstrip("/"), x.query) == (
+        y.scheme.lower(),
+        y.netloc.lower(),
+        y.path.rstrip("/"),
+        y.query,
+    )

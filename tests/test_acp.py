@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import sys
 from pathlib import Path
@@ -12,13 +13,14 @@ import pytest
 
 acp = pytest.importorskip("acp", reason="agent-client-protocol is not installed (pip install recursa[acp])")
 
-from acp import PROTOCOL_VERSION, RequestError, spawn_agent_process, text_block  # noqa: E402
+from acp import PROTOCOL_VERSION, RequestError, image_block, spawn_agent_process, text_block  # noqa: E402
 from acp.schema import ClientCapabilities, EmbeddedResourceContentBlock, TextResourceContents  # noqa: E402
 
 from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION  # noqa: E402
 from recursa.testing.fake_server import FakeServer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256))
 
 
 class Recorder:
@@ -69,15 +71,23 @@ async def test_a_prompt_is_an_rlm_run_over_the_attached_files(
             type="resource",
             resource=TextResourceContents(uri="file:///notes.txt", text="the password is swordfish"),
         )
+        picture = image_block(base64.b64encode(PNG).decode(), "image/png")  # an image of the context
         reply = await conn.prompt(
-            session_id=session.session_id, prompt=[text_block("What is the password?"), notes]
+            session_id=session.session_id, prompt=[text_block("What is the password?"), notes, picture]
         )
+        with pytest.raises(RequestError) as not_an_image:
+            await conn.prompt(
+                session_id=session.session_id, prompt=[text_block("q"), image_block("AAAA", "image/png")]
+            )
     assert reply.stop_reason == "end_turn"
     run = reply.field_meta["recursa/run-v1"]
     assert run["stop_reason"] == "final" and run["iterations"] == 2 and run["trace_path"].endswith(".jsonl")
     assert client.texts("agent_message_chunk") == ["swordfish"]
     thoughts = "".join(client.texts("agent_thought_chunk"))
     assert "turn 1" in thoughts and "turn 2" in thoughts and "ran a REPL cell" in thoughts
+    assert init.agent_capabilities.prompt_capabilities.image
+    assert "prompt[1] is not a PNG, JPEG, GIF or WebP image" in str(not_an_image.value.data)
+    assert "['file:///notes.txt', 'image-1.png']" in server.requests[1].messages[-1]["content"]
     first = server.requests[0]
     assert (
         "What is the password?" in first.messages[1]["content"] and "a dict" in first.messages[1]["content"]
@@ -99,7 +109,9 @@ async def test_session_meta_points_the_model_elsewhere(server: FakeServer, scrip
             await conn.prompt(session_id="nope", prompt=[text_block("x")])
         with pytest.raises(RequestError) as bad_model:
             await conn.new_session(
-                cwd=str(tmp_path), mcp_servers=[], **{"recursa/runtime-v1": {"model": "bad/x", "api_key": "k"}}
+                cwd=str(tmp_path),
+                mcp_servers=[],
+                **{"recursa/runtime-v1": {"model": "bad/x", "api_key": "k"}},
             )
     assert "no session" in str(missing.value.data) and "unknown provider" in str(bad_model.value.data)
     assert reply.stop_reason == "end_turn" and client.texts("agent_message_chunk") == [

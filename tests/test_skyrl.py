@@ -245,3 +245,23 @@ def test_a_row_never_widens_what_the_config_limits() -> None:
             adapter.RecursaRLMEnv(env_config=config, extras=row)
     env = adapter.RecursaRLMEnv(env_config={"max_turns": 5}, extras={"max_turns": 2})  # lowering is fine
     assert env.max_turns == 3
+
+
+def test_a_row_cannot_send_the_environments_key_elsewhere() -> None:
+    """A dataset row's `base_url` took the key the environment calls with (env_config's, or the
+    provider's variable) to whatever server the row named: a dataset could collect it."""
+    from recursa.errors import ConfigError
+
+    config = {"sub_model": "openai/policy", "base_url": "http://127.0.0.1:8000/v1", "api_key": "operator-key"}
+    with pytest.raises(
+        ConfigError, match=r"extras\['base_url'\]='https://collector.example/v1' is not env_config's"
+    ):
+        adapter.RecursaRLMEnv(env_config=config, extras={"base_url": "https://collector.example/v1"})
+    with pytest.raises(ConfigError, match="send the row's own key"):
+        adapter.RecursaRLMEnv(
+            env_config={"sub_model": "openai/policy"}, extras={"base_url": "https://x.example/v1"}
+        )
+    # The config's own server (spelt with a trailing /), or a key of the row's own, is fine.
+    adapter.RecursaRLMEnv(env_config=config, extras={"base_url": "http://127.0.0.1:8000/v1/"}).close()
+    own = {"base_url": "https://mine.example/v1", "api_key": "row-key"}
+    adapter.RecursaRLMEnv(env_config=config, extras=own).close()

@@ -54,6 +54,7 @@ from recursa.overrides import (
     function_value,
     int_value,
     kind,
+    same_url,
     text_value,
 )
 from recursa.tasks import Task
@@ -296,6 +297,15 @@ def _within(row: dict[str, Any], config: dict[str, Any]) -> None:
     other than the config's `sub_model` only with its own `api_key`."""
     given = {_RUN_EXTRAS[k]: v for k, v in row.items() if k in _RUN_EXTRAS and v is not None}
     limits = {_RUN_EXTRAS[k]: v for k, v in config.items() if k in _RUN_EXTRAS and v is not None}
+    url, mine = given.get("base_url"), given.get("api_key")
+    if url is not None and not mine and not same_url(url, limits.get("base_url") or ""):
+        # The key this environment calls with (env_config's, or the provider's variable) would go
+        # to a server the row chose: a dataset could collect it.
+        raise ConfigError(
+            f"extras['base_url']={url[:200]!r} is not env_config's base_url, and the key this "
+            "environment calls with goes only there; send the row's own key in extras['api_key'], "
+            "set base_url in env_config, or leave it out of the row"
+        )
     client_settings(
         given,
         limits,

@@ -2,7 +2,8 @@
 package). Editors such as Zed can use it as an agent, and verifiers' ACP harnesses can run it.
 
 Each prompt is one RLM run. Its text is the question; embedded text resources (files the client
-attaches) are the context, one entry per file. Without any, the prompt's text is the context and the
+attaches) are the context, one entry per file, and image blocks are images of the context
+(`image-<n>.<ext>`, shown to sub-models with llm_query(images=[name])). Without any, the prompt's text is the context and the
 RLM carries out its request, as `RLM.completion` does. Progress arrives as thought chunks (one per
 root turn and REPL cell), the answer as the agent's message, and the prompt's response `_meta`
 holds `recursa/run-v1` (run id, stop reason, usage, trace path).
@@ -56,6 +57,8 @@ from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION
 from recursa.loop.tree import new_id
 from recursa.overrides import check_keys, client_settings, text_value
 from recursa.rlm import RLM
+from recursa.serve.api_error import ApiError
+from recursa.serve.images import InlineImage, base64_image, context_images
 from recursa.serve.settings import ServeSettings
 from recursa.tools.mcp_config import McpServerSpec, parse_mcp_servers
 from recursa.tools.mcp_tools import McpServers
@@ -99,7 +102,7 @@ class RecursaAgent:
             protocol_version=PROTOCOL_VERSION,
             agent_capabilities=AgentCapabilities(
                 load_session=False,
-                prompt_capabilities=PromptCapabilities(embedded_context=True),
+                prompt_capabilities=PromptCapabilities(embedded_context=True, image=True),
                 # stdio servers are always offered; of the others, streamable HTTP only
                 mcp_capabilities=McpCapabilities(http=True, sse=False),
                 session_capabilities=SessionCapabilities(close=SessionCloseCapabilities()),
@@ -146,7 +149,10 @@ class RecursaAgent:
             )
         if session.task is not None and not session.task.done():
             raise RequestError.invalid_request({"message": "a prompt is already running in this session"})
-        question, context = _question_and_context(prompt)
+        try:
+            question, context = _question_and_context(prompt, self.settings)
+        except ApiError as exc:
+            raise RequestError.invalid_params({"message": exc.message}) from None
         if not question and context is None:
             raise RequestError.invalid_params({"message": "the prompt has no text: send a text block"})
         if context is None:
@@ -320,10 +326,13 @@ def _both(first: Any, second: Any) -> Any:
     return both
 
 
-def _question_and_context(blocks: list[Any]) -> tuple[str, Any]:
+def _question_and_context(blocks: list[Any], settings: ServeSettings) -> tuple[str, Any]:
+    """The prompt's text, and its context: the embedded text resources by URI and the image blocks
+    by name (as `recursa serve` names a request's images: recursa.serve.images), or None."""
     texts: list[str] = []
-    files: dict[str, str] = {}
-    for block in blocks:
+    files: dict[str, Any] = {}
+    images: list[InlineImage] = []
+    for i, block in enumerate(blocks):
         kind = getattr(block, "type", None)
         if kind == "text":
             texts.append(block.text)
@@ -332,6 +341,9 @@ def _question_and_context(blocks: list[Any]) -> tuple[str, Any]:
             text = getattr(resource, "text", None)
             if isinstance(text, str):
                 files[str(getattr(resource, "uri", f"resource-{len(files)}"))] = text
+        elif kind == "image":
+            images.append(base64_image(getattr(block, "data", None), f"prompt[{i}]", ".data"))
+    files.update({k: v for k, v in context_images(images, settings).items() if k not in files})
     question = "\n\n".join(t for t in texts if t.strip()).strip()
     return question, (files if files else None)
 

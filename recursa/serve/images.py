@@ -80,6 +80,11 @@ def _url_or_data(url: str, at: str, holder: str) -> InlineImage:
     return _checked_url(url, at)
 
 
+def base64_image(data: Any, at: str, holder: str = "") -> InlineImage:
+    """An image from its bytes in base64 (an ACP prompt's image block, an Anthropic base64 source)."""
+    return _decoded(data, at, holder)
+
+
 def _decoded(data: Any, at: str, holder: str) -> InlineImage:
     if not isinstance(data, str) or not data:
         raise bad(f"{at}{holder} must be the image's bytes in base64", at)

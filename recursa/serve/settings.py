@@ -6,10 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from recursa.budget import Budget
 from recursa.errors import ConfigError
+from recursa.overrides import same_url
 from recursa.trace.redact import Redactor
 
 EventCallback = Callable[[dict[str, Any]], None]
@@ -153,7 +153,7 @@ class ServeSettings:
         if own is not None:
             return base_url, own
         allowed = [u for u in (self.base_url, *self.allowed_base_urls) if u]
-        if any(_same_url(base_url, u) for u in allowed):
+        if any(same_url(base_url, u) for u in allowed):
             return base_url, self.upstream_api_key
         raise ConfigError(
             f"{where}.base_url {base_url[:200]!r} is not a URL this agent's operator allowed, and the "
@@ -224,14 +224,3 @@ class ServeSettings:
     def model_names(self) -> list[str]:
         """Names a request's `model` may use: the served name and the root model itself."""
         return list(dict.fromkeys([self.served_model_name, self.model]))
-
-
-def _same_url(a: str, b: str) -> bool:
-    """Whether two base URLs name the same endpoint (scheme and host in any case, a trailing /)."""
-    x, y = urlsplit(a.strip()), urlsplit(b.strip())
-    return (x.scheme.lower(), x.netloc.lower(), x.path.rstrip("/"), x.query) == (
-        y.scheme.lower(),
-        y.netloc.lower(),
-        y.path.rstrip("/"),
-        y.query,
-    )

@@ -1,7 +1,7 @@
 """The process of a stdio MCP server, found and killed without an event loop.
 
-The `mcp` package starts a stdio server in a session of its own (its pid is its process group) and
-stops it in order when its client closes. A run that is abandoned (an episode or a session dropped
+The `mcp` package starts a stdio server in a session of its own (its pid is its process group, so
+what it starts, e.g. under `npx`, goes with it) and stops it in order when its client closes. A run that is abandoned (an episode or a session dropped
 without close, interpreter exit) has no loop left to close it on, so the server's process group is
 killed here by pid. The pid is found once, after connecting, by a mark in the server's environment
 among this process's children (Linux's /proc; elsewhere nothing is found and only the orderly close
@@ -43,7 +43,10 @@ def kill_group(pid: int) -> None:
     if _parent(pid) != os.getpid():
         return
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
+        if os.getpgid(pid) == pid:  # the group it leads (the mcp package starts it in a session of its own)
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
 
 
 def _children() -> list[int]:
