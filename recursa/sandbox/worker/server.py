@@ -98,11 +98,10 @@ def _no_core_dumps() -> dict[str, Any]:
 # Main loop.
 
 # How long the worker waits after an answer before it forks the next snapshot, unless the next
-# request comes first (benchmarks/turn_overhead.py, 100 MB, snapshots on): the host's own work after
-# a cell (reading the answer, the trace, the next model request) takes a few tenths of a millisecond
-# on a CPU that has been idle, and a snapshot forked into it (the fork, the snapshot's own start-up,
-# the dry run: three busy processes on two CPUs) had made that work about 0.8 ms longer with a 0.1 s
-# model. Back to back (an instant model) the next request ends the wait as soon as it arrives.
+# request comes first: the host's own work after a cell (reading the answer, the trace, the next
+# model request) is short, and a snapshot forked into it (the fork, the snapshot's start-up, its dry
+# run: three busy processes on two CPUs) would lengthen it (docs/performance.md, "Figures behind
+# choices in the code"). Back to back (an instant model) the next request ends the wait at once.
 _SETTLE_S = 0.001
 
 
@@ -116,8 +115,8 @@ class Server:
         self.repl = Repl(self._call)
         self.snapshots = Snapshots()
         # No cell has run in this process yet: the host restores this state by starting a worker
-        # again (context and definitions are replayed), so it needs no snapshot. The two it used to
-        # fork (at standby and after the context) were a fifth of a short-lived child REPL's CPU.
+        # again (context and definitions are replayed), so it needs no snapshot; forking one at
+        # standby and one after the context would cost a short-lived child REPL a fifth of its CPU.
         self._pristine = True
         self._early: dict[str, Any] | None = None  # a request read while settling (see _settle)
         self.chan = self._connect(WorkerChannel(transport, lines=lines))
@@ -210,7 +209,7 @@ class Server:
                     continue  # another request came first: kept for the loop
                 if self._early is None and not self.chan.has_pending():
                     # The next cell's copy-on-write faults, taken while nobody waits; after the
-                    # context, also what the first cell would pay once (`import ast`, ~2 ms).
+                    # context, also what the first cell would pay once (`import ast`).
                     self._rehearse()
             elif op == "load_context" and not self.chan.has_pending():
                 self._rehearse()  # no snapshots: only the first cell's one-time work, as above
