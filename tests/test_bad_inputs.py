@@ -1,4 +1,4 @@
-"""The bad-input corpus (issue 8, part 6), played case by case.
+"""The bad-input corpus, played case by case.
 
 Every case is data in tests/bad_inputs/*.json (one file per category): a name, a driver, the
 input and the expected outcome. A user mistake must end in a message that names the problem and

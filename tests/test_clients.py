@@ -1,4 +1,4 @@
-"""RLM(model=client): any object with a `complete` method drives an RLM (issue 20, "Any LM client")."""
+"""RLM(model=client): any object with a `complete` method drives an RLM."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""recursa's sandbox as DSPy's code interpreter, driven by the real `dspy.RLM` (issue 20).
+"""recursa's sandbox as DSPy's code interpreter, driven by the real `dspy.RLM`.
 
 The root and sub LMs are `dspy.LM`s pointed at the fake OpenAI-compatible server, which answers
 the root in DSPy's chat format with scripted code, one step per iteration.

@@ -371,7 +371,7 @@ async def test_token_fields_as_arrays_and_tuples_reach_the_rows_and_bad_ones_are
     tmp_path: Path,
 ) -> None:
     # An engine hands token ids over as numpy arrays (or tuples) and counts as numpy ints; every form
-    # but a list used to be dropped without a word: rows without token ids, usage estimated.
+    # must be kept, or rows lose their token ids and usage falls back to an estimate.
     np = pytest.importorskip("numpy")
 
     async def sub_call(messages, depth, parent_id):

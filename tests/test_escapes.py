@@ -429,8 +429,8 @@ def test_cell_output_cannot_forge_the_keepers_crash_notes(server, script, tmp_pa
 
 @pytest.mark.parametrize("bwrap", [False, True] if find_bwrap() is not None else [False])
 async def test_the_worker_log_is_a_bounded_tail_not_a_file(bwrap):
-    # Code can write to fd 2 directly (not through the captured sys.stderr): that used to fill a
-    # file on the host's disk, up to the file-size limit. Now it is a pipe the host keeps 64 KiB of.
+    # Code can write to fd 2 directly (not through the captured sys.stderr): a file there would fill
+    # the host's disk up to the file-size limit, so it is a pipe the host keeps 64 KiB of.
     from recursa.sandbox import SubprocessSandbox
     from recursa.sandbox.worker_log import KEEP_BYTES
 

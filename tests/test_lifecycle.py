@@ -150,7 +150,7 @@ async def test_stuck_child_runs_stop_at_the_deadline_and_each_ends_its_trace(ser
     children = trace.root.children
     assert len(children) == 3 and all(c.of_type("lm_call") for c in children)  # they really ran
     # Each child was stopped by the deadline (or by its parent's close, a moment later): either
-    # way its run_end is written. This used to be missing for children.
+    # way its run_end is written, for the children as for the root.
     assert trace.complete, trace.notes
     assert {c.stop_reason for c in children} <= {"timeout", "cancelled"}
 

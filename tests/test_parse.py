@@ -56,8 +56,8 @@ def test_truncate_middle_keeps_head_and_tail_and_counts():
 
 def test_output_the_worker_cut_to_the_limit_is_shown_with_one_count():
     # 60,006 characters printed under max_output_chars=1000: the worker keeps 500 + 500 and marks
-    # the rest; the host used to cut that again for the marker's length, showing a second marker
-    # whose count overlapped the first.
+    # the rest; the host must not cut that again for the marker's length (a second marker whose
+    # count overlaps the first).
     capture = Capture(1000)
     capture.out.write("A" * 30_000 + "MIDDLE" + "Z" * 30_000)
     stdout, stderr, omitted = capture.finish()

@@ -161,7 +161,7 @@ def test_a_datasets_own_keys_pass_and_init_again_ends_the_previous_episode(tmp_p
 
 def test_close_while_a_step_runs_on_another_thread_ends_it(tmp_path: Path) -> None:
     # A generator that gives up on a rollout (a timeout around the executor) closes the environment
-    # while its step still runs on a worker thread; close() used to raise there instead.
+    # while its step still runs on a worker thread; close() must end that step, not raise.
     import concurrent.futures
     import threading
 
@@ -182,7 +182,7 @@ def test_close_while_a_step_runs_on_another_thread_ends_it(tmp_path: Path) -> No
 
 def test_an_over_long_generation_is_told_to_the_policy_not_raised_at_the_trainer(tmp_path: Path) -> None:
     # A policy stuck repeating itself up to the length cap is ordinary in RL: SkyRL's own
-    # environment runs any str, so a refused reply used to stop the generator with EnvError.
+    # environment runs any str, so a refused reply must not stop the generator with EnvError.
     extras = {"extra_info": {"context_text": CONTEXT}, "reward_spec": {"ground_truth": "heron"},
               "trace_dir": str(tmp_path), "max_reply_chars": 2_000}  # fmt: skip
     env = skyrl_gym.make(adapter.ENV_ID, env_config={}, extras=extras)
@@ -198,7 +198,7 @@ def test_an_over_long_generation_is_told_to_the_policy_not_raised_at_the_trainer
 
 
 def test_an_lm_callback_that_breaks_skyrls_contract_fails_the_call_saying_so(tmp_path: Path) -> None:
-    # [None] used to reach the REPL as the model's reply "None", looking like an answer.
+    # [None] must not reach the REPL as the model's reply "None", which looks like an answer.
     extras = {"lm_callback": lambda prompts: [None], "extra_info": {"context_text": CONTEXT},
               "trace_dir": str(tmp_path)}  # fmt: skip
     env = skyrl_gym.make(adapter.ENV_ID, env_config={}, extras=extras)

@@ -1,4 +1,4 @@
-"""Generated code may only call the models the RLM was configured with (issue 16, item 8)."""
+"""Generated code may only call the models the RLM was configured with."""
 
 from __future__ import annotations
 

@@ -80,7 +80,7 @@ class JsonPoster:
         except LookupError:  # no proxy for this URL
             self.proxy, self.proxy_auth = None, None
         self._session: aiohttp.ClientSession | None = None
-        # The trust store only for https: loading it costs a fresh process's first call ~40 ms.
+        # The trust store only for https: loading it delays a fresh process's first call.
         self.uses_tls = self.base_url.startswith("https://")
 
     def _new_session(self) -> aiohttp.ClientSession:

@@ -365,9 +365,8 @@ async def _gather_items(coros: list[Awaitable[str]], redact: Callable[[str], str
     returns the answers with the failures marked.
 
     Items start one per turn of the event loop, so the first request is on the wire while the next
-    are still being built (each costs 0.3-0.5 ms of client CPU): started all at once, a batch of 64
-    sent nothing until all 64 were built (measured with the openai SDK then: the first request left
-    100-140 ms after the call instead of ~10 ms, on a busy 2-core machine).
+    are still being built: started all at once, a batch sends nothing until every item is built
+    (docs/performance.md, "Figures behind choices in the code").
     """
     tasks: list[asyncio.Future[str]] = []
     try:

@@ -177,9 +177,9 @@ class TaskGroup:
         self._oom_seen = 0  # the memory group's OOM kills already reported (oom_kills)
         self._oom_events = -1  # its memory.oom_control (v1) or memory.events (v2), kept open as above
         self._oom_text = b""
-        # The cell and snapshot groups' pids.current, kept open: read after every cell, a pread
-        # costs ~2.5 us where opening a file there costs ~40. (A cgroup.procs descriptor would not
-        # do: v1 keeps the list it read at open time.)
+        # The cell and snapshot groups' pids.current, kept open: read after every cell, a pread is
+        # far cheaper than opening the file (docs/performance.md, "Figures behind choices in the code"). (A cgroup.procs descriptor would
+        # not do: v1 keeps the list it read at open time.)
         self._counts: dict[str, int] = {}
         # The descriptors through which the host moves the worker's main thread into those groups
         # (v1 `tasks`, v2 `cgroup.procs`): the host's alone, never handed over.
@@ -281,7 +281,7 @@ class TaskGroup:
         """Processes the kernel killed in this group for its memory limit since the last call."""
         if self._oom_events < 0:
             return 0
-        try:  # after every cell: one pread, ~3 us, and a parse only when the file changed
+        try:  # after every cell: one pread, and a parse only when the file changed
             data = os.pread(self._oom_events, 512, 0)
         except OSError:
             return 0

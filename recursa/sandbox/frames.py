@@ -19,8 +19,8 @@ from typing import Any
 
 from recursa.sandbox.worker.wire import MAX_FRAME_BYTES
 
-# A frame is parsed on the event loop only below both limits: worst case about 15 ms of parsing for
-# the values and about 1 ms per MB of text. Above them the REPL gets an error naming the limit.
+# A frame is parsed on the event loop only below both limits, which bound how long one parse holds
+# the loop (docs/performance.md, "Figures behind choices in the code"). Above them the REPL gets an error naming the limit.
 MAX_HOST_FRAME_BYTES = 64 << 20
 MAX_FRAME_VALUES = 50_000
 _HEAD_BYTES = 256

@@ -241,9 +241,9 @@ class SubprocessSandbox(WorkerHost):
         ours, theirs = socket.socketpair()
         log = self._new_log()
         handed, notes = self._handed_fds()
-        # Popen (vfork + exec) itself takes 0.3 ms, but vfork holds the caller until the child execs,
-        # and on a busy machine (20 children starting at once) that wait grew to ~14 ms per worker:
-        # in a thread it no longer stalls the event loop. asyncio's subprocess API would add a child
+        # vfork holds the caller until the child execs, which on a busy machine is long (many
+        # children starting at once; docs/performance.md, "Figures behind choices in the code"):
+        # in a thread it does not stall the event loop. asyncio's subprocess API would add a child
         # watcher and pipe transports we do not want.
         launch = _Launch(
             functools.partial(

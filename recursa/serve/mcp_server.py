@@ -288,7 +288,7 @@ async def _drive(run: LiveRun, ctx: Context, max_iterations: int) -> Answer:
     if result.stop_reason == "error" and not result.answer:
         raise ToolError(valid_unicode(f"the run failed: {result.error}"))
     # valid_unicode: the answer (and a skipped file's name) can hold surrogates, which the SDK's JSON
-    # cannot encode: the client got "Error executing tool" instead of the answer.
+    # cannot encode; the call would fail ("Error executing tool") instead of returning the answer.
     fields = {
         "answer": result.answer,
         "stop_reason": result.stop_reason,

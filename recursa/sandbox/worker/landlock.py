@@ -129,8 +129,8 @@ def _plan_read_tree(path: str, hidden: list[str], out: list[tuple[str, int, bool
 _read_plans: dict[tuple[Any, ...], tuple[list[str], list[str], list[tuple[str, int, bool]]]] = {}
 # Every read rule's path opened (O_PATH; -1 where it is missing), by plan: a zygote keeps them and
 # each worker it forks inherits them, hands them to the kernel and closes its copies
-# (`release_opened_plans`). Walking the ~430 paths of a plan again in every worker made a forked
-# worker's hardening take 5.2 ms (median) where adding the rules from open descriptors takes 3.2.
+# (`release_opened_plans`): walking the plan's paths again in every worker would make a forked
+# worker's hardening slower than adding the rules from open descriptors (docs/performance.md, "Figures behind choices in the code").
 _opened_plans: dict[tuple[Any, ...], list[int]] = {}
 
 

@@ -30,6 +30,7 @@ from .wire import SocketTransport, StdioTransport, WorkerChannel
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any, NoReturn
 
 # The lockdown lives in hardening.py (with landlock.py, seccomp.py): imported only when asked for.
@@ -97,11 +98,10 @@ def _no_core_dumps() -> dict[str, Any]:
 # Main loop.
 
 # How long the worker waits after an answer before it forks the next snapshot, unless the next
-# request comes first (benchmarks/turn_overhead.py, 100 MB, snapshots on): the host's own work after
-# a cell (reading the answer, the trace, the next model request) takes a few tenths of a millisecond
-# on a CPU that has been idle, and a snapshot forked into it (the fork, the snapshot's own start-up,
-# the dry run: three busy processes on two CPUs) had made that work about 0.8 ms longer with a 0.1 s
-# model. Back to back (an instant model) the next request ends the wait as soon as it arrives.
+# request comes first: the host's own work after a cell (reading the answer, the trace, the next
+# model request) is short, and a snapshot forked into it (the fork, the snapshot's start-up, its dry
+# run: three busy processes on two CPUs) would lengthen it (docs/performance.md, "Figures behind
+# choices in the code"). Back to back (an instant model) the next request ends the wait at once.
 _SETTLE_S = 0.001
 
 
@@ -115,8 +115,8 @@ class Server:
         self.repl = Repl(self._call)
         self.snapshots = Snapshots()
         # No cell has run in this process yet: the host restores this state by starting a worker
-        # again (context and definitions are replayed), so it needs no snapshot. The two it used to
-        # fork (at standby and after the context) were a fifth of a short-lived child REPL's CPU.
+        # again (context and definitions are replayed), so it needs no snapshot; forking one at
+        # standby and one after the context would cost a short-lived child REPL a fifth of its CPU.
         self._pristine = True
         self._early: dict[str, Any] | None = None  # a request read while settling (see _settle)
         self.chan = self._connect(WorkerChannel(transport, lines=lines))
@@ -198,18 +198,18 @@ class Server:
             if reply is not None:
                 self.chan.send(reply)
             closed = op == "exec" and self.group.joined is True and self.snapshots.armed
-            if closed and not self._cell_closed():
-                continue  # no snapshot before the host has emptied the snapshots' group
             if op in ("exec", "load_context") and self.snapshots.armed and not self._pristine:
                 # Snapshot the state after this cell now, while the host reads the result and asks
-                # its model: the next cell then starts without paying for the fork. (The host's
-                # word after a cell comes once it has read the answer: no need to wait more.)
+                # its model: the next cell then starts without paying for the fork. After a cell
+                # in a control group, not before the host's word that it emptied the snapshots'
+                # group (which comes once it has read the answer: no need to wait more).
                 if not closed:
                     self._settle()
-                self._snapshot()
+                if not self._snapshot(self._cell_closed if closed else None):
+                    continue  # another request came first: kept for the loop
                 if self._early is None and not self.chan.has_pending():
                     # The next cell's copy-on-write faults, taken while nobody waits; after the
-                    # context, also what the first cell would pay once (`import ast`, ~2 ms).
+                    # context, also what the first cell would pay once (`import ast`).
                     self._rehearse()
             elif op == "load_context" and not self.chan.has_pending():
                 self._rehearse()  # no snapshots: only the first cell's one-time work, as above
@@ -218,9 +218,9 @@ class Server:
         os._exit(0)  # skip interpreter teardown: user threads must not keep the process alive
 
     def _cell_closed(self) -> bool:
-        """Wait for the host's word that it moved this thread out of the cell's group into the
-        snapshot's (it moved it in before sending the cell, and kills what stays there); False if
-        another request came first (kept for the loop)."""
+        """Wait for the host's word that it emptied the snapshots' group (and, where the host moves
+        the worker, moved it there out of the cell's, whose leftovers it kills); False if another
+        request came first (kept for the loop). Run on the thread that forks the snapshot."""
         msg = self.chan.next_request()
         if msg is not None and msg.get("op") == "cell_closed":
             return True
@@ -256,9 +256,10 @@ class Server:
         except Exception:  # only ever a speed-up: never a reason for the worker to stop
             pass
 
-    def _snapshot(self) -> None:
-        """Take a fresh snapshot of this process (see `_resume` for what it does if it takes over)."""
-        self.snapshots.take(self.chan, self._resume)
+    def _snapshot(self, first: Callable[[], bool] | None = None) -> bool:
+        """Take a fresh snapshot of this process once `first()` says so (see Snapshots.take, and
+        `_resume` for what the snapshot does if it takes over); whether it did."""
+        return self.snapshots.take(self.chan, self._resume, first)
 
     def _resume(self, transport: SocketTransport, info: dict[str, Any]) -> None:
         """In a snapshot that takes over: carry on as the worker, on the channel the host handed it."""

@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 from _queue import Empty as _Empty
-from _queue import SimpleQueue  # queue.SimpleQueue itself; the queue module costs 1.4 ms to import
+from _queue import SimpleQueue  # queue.SimpleQueue itself, without importing the queue module
 from collections.abc import Callable
 
 from .errors import RemoteError
@@ -211,8 +211,8 @@ class WorkerChannel:
     #
     # One thread at a time reads the transport: the one holding `_role`. Between requests that is
     # the main thread itself (`next_request`), so a request wakes the thread that runs it and no
-    # other: a hand-off from a reader thread cost each request a thread wake-up (about 0.15 ms on a
-    # CPU that had gone idle) and, after a snapshot fork, the reader's own copy-on-write faults.
+    # other: a hand-off from a reader thread would cost each request a thread wake-up and, after a
+    # snapshot fork, the reader's own copy-on-write faults (docs/performance.md, "Figures behind choices in the code").
     # While a cell runs the main thread is busy with user code, so it lends the role to the reader
     # thread (`lend_reader`), which delivers the replies to calls the cell makes and takes the
     # process down if the host goes away; the next `next_request` parks the reader again.

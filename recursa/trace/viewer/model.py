@@ -25,9 +25,10 @@ VIEW_VERSION = 1
 SUPPORTED_FORMAT = 1
 # Sub-call rows per run on the timeline: beyond this many calls at once, bars share rows.
 MAX_LANES = 256
-# Runs nested deeper than this are shown from the top level: a crafted chain of thousands of
-# children made every move of a child below its parent's turn walk the whole chain (5,000 runs:
-# 24 s before the page had its data). recursa's own traces nest max_depth runs deep.
+# Runs nested deeper than this are shown from the top level: under a crafted chain of thousands of
+# children, placing each child below its parent's turn walks the whole chain, which is quadratic
+# (docs/performance.md, "Figures behind choices in the code"). recursa's own traces nest max_depth
+# runs deep.
 MAX_RUN_NESTING = 64
 KNOWN_TYPES = {
     "run_start",
