@@ -30,6 +30,7 @@ from .wire import SocketTransport, StdioTransport, WorkerChannel
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any, NoReturn
 
 # The lockdown lives in hardening.py (with landlock.py, seccomp.py): imported only when asked for.
@@ -197,15 +198,15 @@ class Server:
             if reply is not None:
                 self.chan.send(reply)
             closed = op == "exec" and self.group.joined is True and self.snapshots.armed
-            if closed and not self._cell_closed():
-                continue  # no snapshot before the host has emptied the snapshots' group
             if op in ("exec", "load_context") and self.snapshots.armed and not self._pristine:
                 # Snapshot the state after this cell now, while the host reads the result and asks
-                # its model: the next cell then starts without paying for the fork. (The host's
-                # word after a cell comes once it has read the answer: no need to wait more.)
+                # its model: the next cell then starts without paying for the fork. After a cell
+                # in a control group, not before the host's word that it emptied the snapshots'
+                # group (which comes once it has read the answer: no need to wait more).
                 if not closed:
                     self._settle()
-                self._snapshot()
+                if not self._snapshot(self._cell_closed if closed else None):
+                    continue  # another request came first: kept for the loop
                 if self._early is None and not self.chan.has_pending():
                     # The next cell's copy-on-write faults, taken while nobody waits; after the
                     # context, also what the first cell would pay once (`import ast`).
@@ -217,9 +218,9 @@ class Server:
         os._exit(0)  # skip interpreter teardown: user threads must not keep the process alive
 
     def _cell_closed(self) -> bool:
-        """Wait for the host's word that it moved this thread out of the cell's group into the
-        snapshot's (it moved it in before sending the cell, and kills what stays there); False if
-        another request came first (kept for the loop)."""
+        """Wait for the host's word that it emptied the snapshots' group (and, where the host moves
+        the worker, moved it there out of the cell's, whose leftovers it kills); False if another
+        request came first (kept for the loop). Run on the thread that forks the snapshot."""
         msg = self.chan.next_request()
         if msg is not None and msg.get("op") == "cell_closed":
             return True
@@ -255,9 +256,10 @@ class Server:
         except Exception:  # only ever a speed-up: never a reason for the worker to stop
             pass
 
-    def _snapshot(self) -> None:
-        """Take a fresh snapshot of this process (see `_resume` for what it does if it takes over)."""
-        self.snapshots.take(self.chan, self._resume)
+    def _snapshot(self, first: Callable[[], bool] | None = None) -> bool:
+        """Take a fresh snapshot of this process once `first()` says so (see Snapshots.take, and
+        `_resume` for what the snapshot does if it takes over); whether it did."""
+        return self.snapshots.take(self.chan, self._resume, first)
 
     def _resume(self, transport: SocketTransport, info: dict[str, Any]) -> None:
         """In a snapshot that takes over: carry on as the worker, on the channel the host handed it."""

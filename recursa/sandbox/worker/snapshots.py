@@ -101,8 +101,15 @@ class Snapshots:
                 left.append(pid)
         self.dying = left
 
-    def take(self, chan: WorkerChannel, resume: Callable[[SocketTransport, dict[str, Any]], None]) -> None:
-        """Replace the waiting snapshot with a fresh one of the current state.
+    def take(
+        self,
+        chan: WorkerChannel,
+        resume: Callable[[SocketTransport, dict[str, Any]], None],
+        first: Callable[[], bool] | None = None,
+    ) -> bool:
+        """Replace the waiting snapshot with a fresh one of the current state, once `first()` (if
+        given: the wait for the host's word, run on the forking thread so that it is awake when the
+        word comes) says so; whether it did (or tried: a failed fork is reported to the host).
 
         Returns in this process. In the snapshot, once it has been told to take over, calls
         `resume(transport, info)` (its new channel and the facts for the `restored` frame) to carry
@@ -119,6 +126,8 @@ class Snapshots:
         rand_state = rand.getstate() if rand is not None else None
 
         def fork() -> int:
+            if first is not None and not first():
+                return -1
             pid = _fork(self)
             if pid:
                 return pid
@@ -140,9 +149,12 @@ class Snapshots:
             pid = self.forker.run(fork) if self.forker is not None else fork()
         except OSError as exc:
             chan.send({"op": "snapshot", "ok": False, "error": f"fork failed: {exc}"})
-            return
+            return True
+        if pid < 0:
+            return False
         self.pid = pid
         chan.send({"op": "snapshot", "ok": True, "sid": sid, "pid": pid})
+        return True
 
     def _wait(self, parent: int, sid: int) -> list[int]:
         """Block until the host says take over; act on interrupts meanwhile; exit when it is gone."""
