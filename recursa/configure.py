@@ -47,6 +47,7 @@ def build_config(given: Mapping[str, Any], spelling: Spelling) -> tuple[RLMConfi
     except ConfigError as exc:
         raise ConfigError(f"{spelling.given('dialect', config.dialect)}: {exc}") from None
     _check_tool_names(config.tools, config.sub_tools, spelling)
+    parse_model(config.model)  # the root's name chooses its prompt, whoever answers its calls
     prices = PriceBook(config.prices)
     clients.alias_prices(prices)
     return config, prices

@@ -380,3 +380,11 @@ def test_configuration_errors_name_the_fix() -> None:
     with pytest.raises(EnvError, match="the question is a bytes: pass the question to answer as a str"):
         env.start_sync(b"q?", CONTEXT)
     env.close()
+
+
+def test_the_root_model_name_is_checked_even_when_a_function_answers_the_calls() -> None:
+    async def sub_call(messages, depth, parent_id):
+        return "x"
+
+    with pytest.raises(ConfigError, match="'nonsense' names no provider"):
+        RLMEnv(model="nonsense", sub_call=sub_call)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from pathlib import Path
@@ -348,6 +349,13 @@ def test_one_caller_cannot_take_every_mcp_client_slot(tmp_path):
         gone = opened[0].headers["mcp-session-id"]
         assert http.delete(url, headers=headers(keys["alice"], **{"mcp-session-id": gone})).status_code < 400
         assert http.post(url, json=init, headers=headers(keys["alice"])).status_code == 200
+
+        async def at_once(n):  # openings sent together cannot pass the share together
+            async with httpx.AsyncClient() as client:
+                sent = [client.post(url, json=init, headers=headers(keys["bob"])) for _ in range(n)]
+                return sorted(r.status_code for r in await asyncio.gather(*sent))
+
+        assert asyncio.run(at_once(6)) == [200] + [429] * 5  # bob holds one already
 
 
 def test_an_open_http_server_on_every_address_refuses_web_pages(tmp_path):

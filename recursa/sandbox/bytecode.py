@@ -1,7 +1,7 @@
 """The worker's program files as cached bytecode, so a REPL process does not compile them at start.
 
-Compiling the worker's modules costs ~25 ms of CPU: a third of a worker's start, paid again by every
-child RLM. The host writes each file's .pyc next to it once (the usual __pycache__ place) and starts
+Compiling the worker's modules would be a large share of a worker's start, paid again by every
+child RLM (docs/performance.md, "Figures behind choices in the code"). The host writes each file's .pyc next to it once (the usual __pycache__ place) and starts
 the worker from it: the entry script's .pyc is run as the script, and the worker's imports find the
 others' like any import does. Python runs a .pyc given as the script without checking it against its
 source, so freshness is checked here, against the header the compiler wrote.

@@ -1,8 +1,8 @@
 """The host's side of a zygote: one warm worker in a bwrap namespace that forks REPL workers.
 
-Starting a hardened worker from nothing costs ~40 ms of CPU (bwrap, an interpreter, imports). A
-call tree with twenty child RLMs pays that twenty times at once, and on two cores the last child
-waits half a second for its REPL. A `ForkServer` starts one zygote (worker/start.py --zygote, see
+Starting a hardened worker from nothing costs tens of milliseconds of CPU (bwrap, an interpreter,
+imports). A call tree with many child RLMs pays that many times at once, and on two cores the last
+child waits long for its REPL (docs/performance.md, "Figures behind choices in the code"). A `ForkServer` starts one zygote (worker/start.py --zygote, see
 worker/zygote.py for what each forked worker does to shut itself off from its siblings) and then
 hands out workers forked from it in a few ms each.
 

@@ -437,8 +437,7 @@ def _kill_group_number(group: int) -> None:
 
     A group number stays taken while any process is in the group, so while one of ours is, the
     number is ours. Once the group is empty, killpg finds nobody and fails with ESRCH; checking for
-    members first (a scan of every process in /proc, about 1 ms per 100 processes, on every
-    worker's close) tells nothing more: it would see a group that reused the number just as killpg
+    members first (a scan of every process in /proc on every worker's close) tells nothing more: it would see a group that reused the number just as killpg
     does. Where the sandbox has a control group, that group's kill (hardened.py) is the exact one.
     """
     with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -70,15 +70,25 @@ class TransportSessionShares:
             await self._refuse(send)
             return
 
+        # The opening holds a place from now, so that openings sent at once cannot pass the share
+        # together; it becomes the session's place, or is given back if no session came of it.
+        self.held[quota] += 1
+        opened = False
+
         async def opening_send(message: dict[str, Any]) -> None:
+            nonlocal opened
             if message["type"] == "http.response.start" and message.get("status", 500) < 400:
                 given = dict(message.get("headers") or []).get(SESSION_HEADER)
-                if given:
+                if given and not opened:
                     self.sessions[given.decode("latin-1")] = _Session(quota, time.monotonic())
-                    self.held[quota] += 1
+                    opened = True
             await send(message)
 
-        await self.app(scope, receive, opening_send)
+        try:
+            await self.app(scope, receive, opening_send)
+        finally:
+            if not opened:
+                self._release(quota)
 
     async def _in_session(
         self, session: _Session, headers: dict[bytes, bytes], scope: Scope, receive: Receive, send: Send
@@ -110,9 +120,12 @@ class TransportSessionShares:
     def _forget(self, session_id: str) -> None:
         session = self.sessions.pop(session_id, None)
         if session is not None:
-            self.held[session.quota] -= 1
-            if not self.held[session.quota]:
-                del self.held[session.quota]
+            self._release(session.quota)
+
+    def _release(self, quota: str) -> None:
+        self.held[quota] -= 1
+        if not self.held[quota]:
+            del self.held[quota]
 
     async def _refuse(self, send: Send) -> None:
         message = (

@@ -215,9 +215,9 @@ def _advise_huge_pages(addr: int, length: int) -> None:
     """Ask for transparent huge pages over a large context piece (Linux; ignored elsewhere).
 
     With THP in "madvise" mode (the common default) a 1 GB str otherwise sits in 262,144 4 KiB
-    pages, and every fork snapshot copies that many page-table entries (about 18 ms per GB measured
-    here); in 2 MiB pages the fork costs well under a millisecond, and filling the str takes 512
-    page faults instead of 262,144. CPython allocates a str this large with mmap via malloc, so the
+    pages, and every fork snapshot copies that many page-table entries; in 2 MiB pages it copies
+    512 times fewer (docs/performance.md, "Figures behind choices in the code"), and filling the str takes 512 page faults instead of
+    262,144. CPython allocates a str this large with mmap via malloc, so the
     range is anonymous private memory that the advice applies to.
     """
     start = (addr + _HUGE_PAGE - 1) // _HUGE_PAGE * _HUGE_PAGE

@@ -5,11 +5,10 @@ afterwards copies it (a copy-on-write fault: several microseconds on a virtual m
 ordinary cell writes a few hundred pages that the interpreter and the cell machinery reuse from
 cell to cell: reference counts of shared objects, allocator pools, frames, the capture, the
 decoded request and the encoded reply. Going through the same steps once on throwaway objects
-takes those faults while nobody waits rather than in the next cell (benchmarks/turn_overhead.py:
-the worker's exec time of a trivial cell 0.51 -> 0.32 ms with snapshots on).
+takes those faults while nobody waits rather than in the next cell (docs/performance.md, "Figures behind choices in the code").
 
 It also runs once after the context is loaded, snapshots or not: the first cell would otherwise
-import `ast` itself (about 2 ms on the critical path of the run's first cell, e.g. a fan-out's).
+import `ast` itself, on the critical path of the run's first cell (e.g. a fan-out's).
 
 It touches no user state: the cell runs in a REPL of its own (its own namespace and capture; it
 never swaps sys.stdout), and the reply is encoded and dropped. Its code runs with the builtins as

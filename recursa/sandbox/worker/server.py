@@ -7,7 +7,7 @@ The host starts the worker through start.py (see there for how this package is l
     python -I -u -X utf8 start.py --zygote N [--config JSON]   (a fork server: zygote.py)
 
 Startup is paid by every child RLM, so the worker imports only what the first request needs:
-typing is for annotations alone, and ast waits for the first cell (7 ms of CPU, incl. contextlib).
+typing is for annotations alone, and ast (with contextlib) waits for the first cell.
 Everything in this package that a worker runs after hardening is imported here, before it: Landlock
 leaves the package's folder unreadable.
 """

@@ -1,8 +1,8 @@
 """The fork server inside the sandbox (the zygote): a warm worker that forks REPL workers on request.
 
 Standard library only; server.py imports it for `start.py --zygote FD`, before the hardening.
-A worker started from scratch pays ~40-60 ms of CPU on a quiet machine (bwrap, an interpreter,
-imports); twenty child RLMs starting at once on two cores wait over half a second for the last one. The zygote pays that
+A worker started from scratch pays tens of milliseconds of CPU (bwrap, an interpreter, imports),
+and many child RLMs starting at once on two cores wait long for the last one. The zygote pays that
 once: it imports everything a worker needs, works out the hardening rules, then forks one worker
 per request, at about a third of a fresh start's machine CPU, hardening included (docs/sandbox.md,
 "Child RLMs' REPLs are forked"; figures of benchmarks/worker_starts.py in docs/performance.md).
