@@ -181,8 +181,8 @@ class TaskGroup:
         # far cheaper than opening the file (docs/performance.md, "Figures behind choices in the code"). (A cgroup.procs descriptor would
         # not do: v1 keeps the list it read at open time.)
         self._counts: dict[str, int] = {}
-        # The descriptors through which the host moves the worker's main thread into those groups
-        # (v1 `tasks`, v2 `cgroup.procs`): the host's alone, never handed over.
+        # The descriptors through which the host moves the worker into those groups (v2's
+        # `cgroup.procs`; on v1 only a snapshot that took over, by its `tasks`): the host's alone.
         self._movers: dict[str, int] = {}
         # Whose processes may be signalled (proc.belongs): the process the host started for the
         # sandbox and the worker's session, set once the worker is known (`own`).

@@ -101,8 +101,8 @@ class HostHardening:
         self._warned = False
         self.group: TaskGroup | None = None  # this sandbox's control group, once made
         self._group_tried = False
-        # The worker joined the group: the host moves it into the cell group for each cell, and it
-        # waits for the host's "cell_closed" after answering one (worker/server.py).
+        # The worker joined the group: the host kills what each cell leaves in the cell group, and
+        # with snapshots the worker waits for its "cell_closed" after answering (worker/server.py).
         self.cells_grouped = False
         # The worker put its threads in the cell and snapshot groups itself (v1, cgroups.py): the
         # host moves nothing per cell.
