@@ -207,3 +207,37 @@ def test_env_close_refuses_the_start_sync_that_waits_for_a_slot(tmp_path: Path) 
         if held is None:
             env.quota.give()
         assert env.live_repls == 0
+
+
+async def test_one_episodes_fan_out_of_children_keeps_to_its_share(tmp_path: Path) -> None:
+    # A policy reply that starts twelve child RLMs at once: under a bound of 8 they would take every
+    # slot (a second episode could not start). Its share is 3 (its root and two children at once):
+    # the rest wait their turn inside the episode, and another episode starts beside it.
+    release = asyncio.Event()
+
+    async def sub_call(messages: list[dict], depth: int, parent_id: str | None) -> str:
+        if messages[0]["role"] == "system":
+            await release.wait()  # the children hold their slots until the test has looked
+        return await child_answers(messages, depth, parent_id)
+
+    env = make_env(tmp_path, sub_call=sub_call, max_live_repls=8, max_repls_per_episode=3)
+    async with asyncio.timeout(GUARD_S):
+        hostile = await env.start("q?", CONTEXT, task_id="hostile")
+        fan_out = asyncio.create_task(
+            hostile.step(code("print(rlm_query_batched(['x'] * 12, contexts=['c'] * 12))"))
+        )
+        await until(lambda: env.live_repls == 3)  # the root and two children; ten wait in the episode
+        other = await env.start("q?", CONTEXT, task_id="other")  # room is left for other episodes
+        assert env.live_repls == 4
+        release.set()
+        obs = await fan_out
+        assert obs[0]["content"].count("child ok") == 12
+        await other.close()
+        await hostile.close()
+    assert env.live_repls == 0 and env.quota.waiting == 0
+    await env.aclose()
+
+
+def test_a_share_below_max_depth_is_refused_naming_both(tmp_path: Path) -> None:
+    with pytest.raises(Exception, match=r"max_repls_per_episode=2 is below max_depth=3"):
+        make_env(tmp_path, max_depth=3, max_repls_per_episode=2)

@@ -28,7 +28,7 @@ from recursa.configure import build_config, check_models
 from recursa.context import load_payload
 from recursa.env.callback import CallbackClient, ChildCall, SubCall
 from recursa.env.episode import Episode, Scorer
-from recursa.env.quota import Prepaid, ReplQuota, ReplsFull
+from recursa.env.quota import EPISODE_SHARE, Prepaid, ReplQuota, ReplsFull
 from recursa.env.shared import EnvError, EpisodeHost, PerLoop, PrivateLoop
 from recursa.errors import ConfigError
 from recursa.lm.base import LMClient
@@ -120,6 +120,12 @@ class RLMEnv:
         kind, options = SANDBOXES[self.config.sandbox], self.config.sandbox_options or {}
         self.fork = own.fork and kind.forks and "fork_server" not in options
         self.quota = ReplQuota(own.max_live_repls)
+        self.max_repls_per_episode = own.max_repls_per_episode or max(EPISODE_SHARE, self.config.max_depth)
+        if self.max_repls_per_episode < self.config.max_depth:
+            raise ConfigError(
+                f"max_repls_per_episode={self.max_repls_per_episode} is below max_depth={self.config.max_depth}: "
+                "an episode needs a REPL per level of child RLMs at once; raise it to max_depth or more"
+            )
         self.max_memory_bytes = own.max_memory_bytes
         self.memory_pool = _memory_pool(own.max_memory_bytes, kind.forks, options)
         self._owns_memory_pool = True
@@ -192,9 +198,9 @@ class RLMEnv:
         chain = self.config.max_depth - 1 if child_call is None and self.config.max_depth >= 2 else 0
         if self.wait_for_repl > 0:
             await self.quota.take_waiting(self.wait_for_repl, chain)
-            quota = Prepaid(self.quota, chain, taken=True)
+            quota = Prepaid(self.quota, chain, taken=True, share=self.max_repls_per_episode)
         else:
-            quota = Prepaid(self.quota, chain)  # raises the error that says what to do when none is left
+            quota = Prepaid(self.quota, chain, share=self.max_repls_per_episode)  # raises the error that says what to do when none is left
         if self._closing and self._private.owns(asyncio.get_running_loop()):
             # A start_sync that got its slot from an episode close() just closed: its loop stops next.
             quota.refund()

@@ -38,6 +38,10 @@ from dataclasses import dataclass
 
 from recursa.env.shared import EnvError
 
+# The REPLs one episode holds at once where max_repls_per_episode is not given (or max_depth, where
+# that is more): room for a batch of children per level, far below the 256 the environment allows.
+EPISODE_SHARE = 16
+
 
 class ReplsFull(EnvError):
     """No REPL slot under `max_live_repls`: a start refused at once or whose `wait_for_repl` ran out,
@@ -54,6 +58,13 @@ class QuotaWords:
     close: str = "close finished episodes (await episode.close())"
     fewer: str = "run fewer episodes at once"
     wait: str = "let starts wait for a slot with RLMEnv(wait_for_repl=seconds)"
+    episode_limit: str = "RLMEnv(max_repls_per_episode={n})"
+    episode_knob: str = "max_repls_per_episode"
+
+    def for_episode(self) -> QuotaWords:
+        """The words of one episode's share (Prepaid): its knob, and what its code can do instead."""
+        fewer = "start fewer child RLMs at once in this episode"
+        return QuotaWords(self.episode_limit, self.episode_knob, self.depth, fewer, fewer, fewer)
 
 
 @dataclass(eq=False)
@@ -264,12 +275,21 @@ class Prepaid:
     """One episode's share of the quota. The root's slot is taken when the episode starts (its REPL
     starts in the background), so a burst of starts cannot overshoot the bound; its child RLMs
     take theirs as they open their REPLs. `chain`: the levels of child RLMs with REPLs below the
-    root (rule 1)."""
+    root (rule 1).
 
-    def __init__(self, quota: ReplQuota, chain: int, *, taken: bool = False) -> None:
+    `share`: the most slots the episode holds at once, its root's included, so that one episode's
+    fan-out of child RLMs (code the policy wrote) cannot take the slots other episodes start in.
+    It is a quota of its own under the same rules (at least `chain + 1`, one whole chain): a child
+    takes a slot of the episode's share first, then one of the environment's."""
+
+    def __init__(self, quota: ReplQuota, chain: int, *, taken: bool = False, share: int | None = None) -> None:
         if not taken:
             quota.take_start(chain)  # else take_waiting(seconds, chain) gave it
         self.quota = quota
+        self.own: ReplQuota | None = None
+        if share is not None:
+            self.own = ReplQuota(max(share, chain + 1), quota.words.for_episode())
+            self.own.live = 1  # the root's
         self.chain = chain
         self._prepaid = True
         self._ended = False
@@ -282,19 +302,42 @@ class Prepaid:
 
     def take(self) -> None:
         if not self._use_prepaid():
+            self._take_now()
+
+    def _take_now(self) -> None:
+        if self.own is not None:
+            self.own.take()
+        try:
             self.quota.take()
+        except BaseException:
+            if self.own is not None:
+                self.own.give()
+            raise
 
     async def take_for_run(self, depth: int, ancestors: tuple[str, ...], seconds: float) -> None:
-        """The slot of a run's REPL: the root's was taken at the start; a child waits for its own."""
+        """The slot of a run's REPL: the root's was taken at the start; a child waits for its own,
+        `seconds` at most in all."""
         if depth == 0 and self._use_prepaid():
             return
         if depth == 0:
-            self.quota.take()
+            self._take_now()
             return
-        await self.quota.take_child(seconds, self.quota.need(self.chain, depth), depth, ancestors)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        if self.own is not None:
+            await self.own.take_child(seconds, self.own.need(self.chain, depth), depth, ancestors)
+        try:
+            left = max(0.0, deadline - loop.time())
+            await self.quota.take_child(left, self.quota.need(self.chain, depth), depth, ancestors)
+        except BaseException:
+            if self.own is not None:
+                self.own.give()
+            raise
 
     def give(self) -> None:
         self.quota.give()
+        if self.own is not None:
+            self.own.give()
 
     def refund(self) -> None:
         """The episode is over: hand back the slot taken for its REPL if that never started, and
@@ -302,6 +345,6 @@ class Prepaid:
         with self._lock:
             ended, self._ended = self._ended, True
         if self._use_prepaid():
-            self.quota.give()
+            self.give()
         if not ended:
             self.quota.end_episode(self.chain)

@@ -67,7 +67,7 @@ ENV_ID = "recursa-rlm"
 _RUN_EXTRAS = {"max_turns": "max_iterations", "repl_timeout": "exec_timeout", "turn_timeout": "turn_timeout",
                "max_depth": "max_depth", "sub_model": "sub_model", "base_url": "base_url", "api_key": "api_key",
                "budget": "budget", "sandbox": "sandbox", "trace_dir": "trace_dir", "max_live_repls": "max_live_repls",
-               "max_output_chars": "max_output_chars", "wait_for_repl": "wait_for_repl",
+               "max_repls_per_episode": "max_repls_per_episode", "max_output_chars": "max_output_chars", "wait_for_repl": "wait_for_repl",
                "max_reply_chars": "max_reply_chars", "dialect": "dialect",
                "dialect_options": "dialect_options"}  # fmt: skip
 _SPELLED = {schema: extra for extra, schema in _RUN_EXTRAS.items()}
@@ -82,6 +82,8 @@ SKYRL_WORDS = QuotaWords(
     close="close finished environments (env.close())",
     fewer="run fewer rollouts at once",
     wait="let init wait for a slot with extras['wait_for_repl'] (seconds)",
+    episode_limit="extras['max_repls_per_episode']={n}",
+    episode_knob="extras['max_repls_per_episode']",
 )
 
 _envs: dict[str, RLMEnv] = {}
