@@ -60,8 +60,8 @@ from recursa.sandbox.proc import kill_owned
 _PREFIX = "recursa-"
 _counter = itertools.count(1)
 _EXIT_WAIT_S = 5.0  # how long interpreter exit waits for the left groups' killed processes to go
-# The snapshot group's cap: the worker's main thread, the snapshot it forks, and the outdated one it
-# is discarding (killed, not reaped yet). All a cell that forged its answer can keep there.
+# The snapshot group's cap: the worker's thread that forks snapshots, the snapshot it forks, and the
+# outdated one it is discarding (killed, not reaped yet). All that code can ever keep there.
 SNAP_TASKS = 3
 Place = Literal["cell", "snap"]
 PLACES: tuple[Place, ...] = ("cell", "snap")

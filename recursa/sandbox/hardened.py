@@ -289,6 +289,8 @@ class HostHardening:
         isolation["memory"] = self._memory(isolation, report)
         isolation["scratch"] = self._scratch(isolation, report)
         isolation["tasks"] = self._tasks(report, isolation)
+        if isinstance(report.get("cgroup_places"), str):
+            isolation["warnings"].append(f"{report['cgroup_places']}: what a cell starts outlives it")
         if self.using_bwrap and pid == proc_pid:
             isolation["warnings"].append("the worker's pid inside bwrap was not found: timeouts kill it")
         if limit is not None:

@@ -268,7 +268,10 @@ class Server:
         if self.group.placed is True:
             # This process's one thread is in the snapshots' group: a forker made now is there too,
             # before the host hears of this process and moves this thread into the cell's.
-            self.snapshots.forker = Forker()
+            try:
+                self.snapshots.forker = Forker()
+            except RuntimeError:  # no task left in the group: snapshots from the cell's, lost at its end
+                self.snapshots.forker = None
         self.chan.send(info)  # its reader thread starts with its first cell, as a new worker's
         self._snapshot()  # this process is the worker now, and it needs a snapshot of its own
         self._serve()

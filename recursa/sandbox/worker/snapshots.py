@@ -142,8 +142,10 @@ class Snapshots:
             except BaseException:
                 os._exit(1)
             self.forker = None  # it was the parent's: this process makes its own (see Forker)
-            resume(transport, info)
-            os._exit(0)
+            try:
+                resume(transport, info)
+            finally:
+                os._exit(0)  # never back into the loop of the thread that forked it
 
         try:
             pid = self.forker.run(fork) if self.forker is not None else fork()
