@@ -14,6 +14,7 @@ import pytest
 import recursa.bench as bench
 from recursa.bench.report import quantile
 from recursa.bench.results import ResultsFile
+from recursa.bench.sizes import BenchError
 
 ROW_FIELDS = {
     "task_id",
@@ -202,7 +203,7 @@ def test_a_run_with_nothing_scored_plots_nothing_and_warns_nothing(tmp_path, rec
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with pytest.raises(bench.BenchError, match="cannot be reached"):
+    with pytest.raises(BenchError, match="cannot be reached"):
         bench.run(
             "niah",
             sizes="1k",

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from recursa.tools.spec import RESERVED_NAMES
 
-# What the REPL defines: the names it restores after every cell (recursa.tools.RESERVED_NAMES) and
+# What the REPL defines: the names it restores after every cell (recursa.tools.spec.RESERVED_NAMES) and
 # the other spellings of FINAL / FINAL_VAR it accepts (recursa/sandbox/worker/repl.py).
 REPL_NAMES = RESERVED_NAMES | {"FINAL_ANSWER", "final", "Final", "final_answer", "Final_Answer"}
 REPL_NAMES |= {"final_var", "Final_var", "Final_Var"}

@@ -4,7 +4,7 @@ Unlike an RLM, CodeAct keeps the context in its prompt (cut to the model's windo
 and its code environment does not hold it. `codeact-bm25` adds `search(query, k)` over the whole
 context, answered on the host by a BM25 index (`bm25s`); `codeact-subcalls` adds `llm_query` and
 `llm_query_batched` to the code. The REPL is the same hardened sandbox an RLM uses; `search` is a
-host tool (`recursa.tools.host_tool`) the REPL calls over the request channel, as in an RLM.
+host tool (`recursa.host_tool`) the REPL calls over the request channel, as in an RLM.
 """
 
 from __future__ import annotations
