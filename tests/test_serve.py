@@ -525,3 +525,17 @@ def test_a_non_streaming_client_that_disconnects_cancels_the_run(srv):
         wait_until(lambda: bool(_service(srv).active), what="the run to start")
         wait_until(lambda: bool(descendants(os.getpid()) - baseline), what="the sandbox to start")
     _assert_cancelled_and_reaped(srv, baseline, before)
+
+
+def test_a_request_may_set_any_run_setting_the_schema_lets_a_client_set_and_only_lower_the_costly():
+    req = _parse([{"role": "user", "content": "q"}], tips="count in code", exec_timeout=5, subcall_errors="return")
+    assert req.settings == {"tips": "count in code", "exec_timeout": 5.0, "subcall_errors": "return"}
+    for extra, fragment in (
+        ({"exec_timeout": 999}, "recursa.exec_timeout=999.0 is more than the operator allows (at most 120.0)"),
+        ({"max_output_tokens": 0}, "recursa.max_output_tokens must be an int >= 1"),
+        ({"prices": {}}, "unknown recursa option"),  # the operator's alone
+        ({"sub_model": "openai/x"}, "unknown recursa option"),  # models stay the operator's
+    ):
+        with pytest.raises(ApiError) as info:
+            _parse([{"role": "user", "content": "q"}], **extra)
+        assert fragment in info.value.message, info.value.message

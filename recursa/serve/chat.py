@@ -80,6 +80,7 @@ class RunService:
         context = await self.resolve_context(req)
         spec = RunSpec(req.question, context, req.max_depth, req.max_iterations, req.budget)
         spec.answer_schema, spec.tips = req.shape.schema, req.shape.tips()
+        spec.settings = dict(req.settings)
         spec.root_sampling = dict(req.shape.sampling)
         try:
             return LiveRun(self.settings, spec)

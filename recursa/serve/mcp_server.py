@@ -178,7 +178,7 @@ def build_mcp_server(settings: ServeSettings, *, name: str = "recursa") -> MCPSe
                 f"no open session {session!r}: open one with recursa_session_open (sessions close after "
                 f"{settings.session_ttl_s:g} s idle)"
             )
-        max_depth, max_iterations, budget = handle.limits
+        max_depth, max_iterations, budget, _ = handle.limits
         run = LiveRun(settings, RunSpec(question, None, max_depth, max_iterations, budget), handle)
         handle.users += 1  # waited for: it does not expire
         await handle.lock.acquire()

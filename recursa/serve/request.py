@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recursa.budget import Budget
-from recursa.config import BUDGET_CAPS, Spelling
+from recursa.config import BUDGET_CAPS, SETTINGS, Spelling
 from recursa.errors import ConfigError
 from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION
 from recursa.overrides import client_settings, refused_widening
@@ -34,20 +34,11 @@ from recursa.serve.settings import ServeSettings
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 BUDGET_KEYS = tuple(BUDGET_CAPS)
-RECURSA_KEYS = (
-    "question",
-    "context",
-    "context_path",
-    "context_url",
-    "max_depth",
-    "max_iterations",
-    "budget",
-    "session",
-    *BUDGET_KEYS,
-)
-# The run settings a request may send under `recursa`, each by its schema name and checked by the
-# schema's client policy; a budget's caps also one by one.
-SETTING_KEYS = frozenset(("max_depth", "max_iterations", "budget", *BUDGET_KEYS))
+# The run settings a request may send under `recursa`: every setting the schema lets a client set
+# or lower (its `client` policy), by its schema name and checked by that policy, and a budget's caps
+# one by one too. Models ("choose") stay the operator's: a request brings no key of its own.
+SETTING_KEYS = frozenset((*(n for n, s in SETTINGS.items() if s.client in ("tighten", "client")), *BUDGET_KEYS))
+RECURSA_KEYS = ("question", "context", "context_path", "context_url", "session", *sorted(SETTING_KEYS))
 REQUEST_SPELLING = Spelling("dotted", "recursa")
 _SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 NEW_SESSION = "new"  # recursa.session "new": the server picks an unguessable id and returns it
@@ -105,6 +96,7 @@ class RunRequest:
     max_depth: int = 1
     max_iterations: int = 30
     budget: Budget = field(default_factory=Budget)
+    settings: dict[str, Any] = field(default_factory=dict)  # the request's other run settings, checked
     completion_mode: bool = False  # the question is PROMPT_AS_CONTEXT_QUESTION
     # For sessions: what the client asked and where the context came from, before the rules above
     # turned them into `question` and `context`.
@@ -436,9 +428,10 @@ def _apply_settings(req: RunRequest, extra: dict[str, Any], settings: ServeSetti
         run = client_settings(asked, settings.run_limits(), REQUEST_SPELLING, models=None)
     except ConfigError as exc:
         raise bad(str(exc), f"recursa.{exc.setting}" if exc.setting else "recursa") from None
-    req.max_depth = run.get("max_depth", settings.max_depth)
-    req.max_iterations = run.get("max_iterations", settings.max_iterations)
-    req.budget = run.get("budget", settings.budget)
+    req.max_depth = run.pop("max_depth", settings.max_depth)
+    req.max_iterations = run.pop("max_iterations", settings.max_iterations)
+    req.budget = run.pop("budget", settings.budget)
+    req.settings = run
     # Reasoning tokens are billed as output: a request may ask the root model for less effort than
     # the operator's sampling gives it, never for more.
     effort, limit = req.shape.sampling.get("reasoning_effort"), settings.reasoning_effort_limit()

@@ -37,6 +37,7 @@ class RunSpec:
     answer_schema: dict[str, Any] | None = None
     tips: str | None = None
     root_sampling: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)  # a client's other run settings, checked
     # How the client wrote the run's settings (a request's `recursa` field, a tool's arguments), for
     # the messages of a setting it may fix.
     spelling: Spelling = REQUEST_SPELLING
@@ -51,7 +52,7 @@ def build_rlm(settings: ServeSettings, spec: RunSpec, on_event: Callable[[dict[s
         options["sampling"] = sampling
     given = {"model": settings.model, "sub_model": settings.sub_model, "base_url": settings.base_url}
     given |= {"api_key": settings.upstream_api_key, "sandbox": settings.sandbox, "on_event": on_event}
-    given |= {"trace_dir": settings.trace_dir, "trace": settings.trace, **options}
+    given |= {"trace_dir": settings.trace_dir, "trace": settings.trace, **options, **spec.settings}
     given |= {"max_depth": spec.max_depth, "max_iterations": spec.max_iterations, "budget": spec.budget}
     # What fails here is a client's setting (the operator's were checked at start-up): named as the
     # client wrote it, with the operator's flag for what only the operator sets.
@@ -95,8 +96,8 @@ class LiveRun:
             self.run_id = event.get("run_id")
         if self.settings.on_event is not None:
             self.settings.on_event(event)
-        # Events are emitted on the loop thread today; a thread-safe hand-off keeps this correct
-        # should a sandbox host ever emit from a worker thread.
+        # Events are emitted on the loop thread; a thread-safe hand-off keeps this correct should a
+        # sandbox host emit from a worker thread.
         if threading.get_ident() == self._loop_thread:
             self.queue.put_nowait(event)
         else:
@@ -108,7 +109,7 @@ class LiveRun:
     async def _run(self) -> RLMResult:
         try:
             spec = self.spec
-            tips = _joined(self.settings.rlm_options.get("tips"), spec.tips)
+            tips = _joined(self.rlm.config.tips, spec.tips)  # the operator's, or the client's own
             if self.session is not None:
                 return await self.session.ask(
                     spec.question, self._on_event, tips=tips, answer_schema=spec.answer_schema

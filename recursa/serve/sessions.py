@@ -57,7 +57,7 @@ class ServedSession:
         self.owner = owner  # the caller it belongs to (recursa.serve.callers)
         self.id = session_id
         self.settings = settings
-        self.limits = (spec.max_depth, spec.max_iterations, spec.budget)
+        self.limits = (spec.max_depth, spec.max_iterations, spec.budget, spec.settings)
         self.sampling = dict(spec.root_sampling)  # the root model's sampling options, for good
         self.key = key
         # Fingerprints of the messages that made the context; None when a recursa option named it.
@@ -166,7 +166,7 @@ class SessionStore:
 
     def _run(self, handle: ServedSession, question: str, req: RunRequest | None = None) -> LiveRun:
         handle.last_used = time.monotonic()
-        max_depth, max_iterations, budget = handle.limits
+        max_depth, max_iterations, budget, _ = handle.limits  # the other settings are the session RLM's
         spec = RunSpec(question, None, max_depth, max_iterations, budget)
         if req is not None:  # the answer's shape is per question; sampling is the session's
             spec.answer_schema, spec.tips = req.shape.schema, req.shape.tips()
@@ -182,7 +182,7 @@ class SessionStore:
                 made_of.append(("user", f"[user]\n{req.asked}"))  # the request itself became the context
             docs = _fingerprints(made_of)
         spec = RunSpec(req.question, context, req.max_depth, req.max_iterations, req.budget)
-        spec.root_sampling = dict(req.shape.sampling)
+        spec.root_sampling, spec.settings = dict(req.shape.sampling), dict(req.settings)
         return self.create(req.caller.owner, req.session, spec, self._key(req), docs)
 
     def create(
@@ -263,10 +263,11 @@ class SessionStore:
                 "recursa.session",
                 "session_context_mismatch",
             )
-        if req.sent & SETTING_KEYS and (req.max_depth, req.max_iterations, req.budget) != handle.limits:
+        asked = (req.max_depth, req.max_iterations, req.budget, req.settings)
+        if req.sent & SETTING_KEYS and asked != handle.limits:
             raise bad(
-                f"session {handle.id!r} keeps the max_depth, max_iterations and budget of its first "
-                "request; send the same values (or none), or open a new session to change them",
+                f"session {handle.id!r} keeps the run settings (max_depth, max_iterations, budget, ...) "
+                "of its first request; send the same values (or none), or open a new session to change them",
                 "recursa.session",
                 "session_settings_mismatch",
             )
