@@ -18,8 +18,9 @@ cell writes to the host (a forged answer included): once it runs cells, every th
 is in one of two children of the group. `cell` holds the ones that run code of the cells, and
 whatever they fork; the host kills what it holds, the worker aside, at the end of every cell.
 `snap` holds the thread that forks the worker's snapshots (worker/snapshots.py) after the host's
-word that a cell is over; the kernel caps it at `SNAP_TASKS` tasks, and the host kills what it
-holds (an outdated snapshot by then) before that word. The sandbox's group itself keeps only the
+word that a cell is over; the kernel caps it at `SNAP_TASKS` tasks, and before that word the host
+kills what it holds but the snapshot the worker reported last, spared once only
+(`empty_snapshots`). The sandbox's group itself keeps only the
 keeper, which runs no code of the cells. On v1 the worker's threads take their places themselves
 before anything runs (`join_fds`); on v2, which moves only whole processes, the host moves the
 worker into `cell` for each cell and into `snap` after it.

@@ -374,7 +374,7 @@ class HostHardening:
         """After the cell's answer (its code may have written it and still run): with `snapshots`,
         kill what the snapshot group holds but the snapshot the worker reported last (`reported`,
         its pid in the worker's namespace: outdated now, the worker discards it itself as it forks
-        the next), spared once only, so that nothing code put there lives past the next cell's end;
+        the next), spared once only, so that whatever code put there is gone one cell later;
         and where the host moves the worker, move it there to fork its snapshot of the state after
         the cell. Whether the worker waits for word of it (then the caller sends "cell_closed")."""
         group = self.group
