@@ -2,10 +2,9 @@
 
 The model clients send plain JSON bodies they build themselves and read plain JSON answers, so
 they need from an HTTP stack only a pooled POST. Going through the `openai` SDK's generic POST
-cost about 0.6 ms of client CPU per call more than aiohttp alone (request models, httpx header
-merging, the SDK's httpx-to-aiohttp bridge), measured with 200 sequential calls to a local server:
-0.90 against 0.31 ms per call. That CPU is on every root turn and, multiplied by hundreds, on every
-fan-out (benchmarks/fanout.py, docs/performance.md).
+(request models, httpx header merging, the SDK's httpx-to-aiohttp bridge) costs several times the
+client CPU of aiohttp alone, on every root turn and, multiplied by hundreds, on every fan-out
+(docs/performance.md, "Figures behind choices in the code").
 
 Errors come out as two exceptions that `recursa.lm.api_call` turns into `LMError`s:
 `HttpStatusError` (an error answer, with its parsed body and headers) and `HttpConnectionError`
@@ -137,8 +136,8 @@ def env_headers(pairs: Mapping[str, str]) -> dict[str, str]:
 def shared_tls_context() -> ssl.SSLContext:
     """One TLS context for every client in the process.
 
-    Each client would otherwise build its own, loading the CA bundle again: about 37 ms of CPU per
-    client, and every run makes its own clients (8 s of a 41 s load test with 200 runs). The trust
+    Each client would otherwise build its own, loading the CA bundle again, and every run makes its
+    own clients (docs/performance.md, "Figures behind choices in the code"). The trust
     store is certifi's bundle (what the provider SDKs use), unless SSL_CERT_FILE or SSL_CERT_DIR
     name another.
     """

@@ -118,8 +118,8 @@ class Limiter:
 
 class _Slot:
     """One hold on a limiter, for `async with`. A plain class rather than an @asynccontextmanager:
-    every model call takes one, and the generator-based form cost each call a generator, a wrapper
-    object and two more frames (about 4 us of a sub-call's CPU, on the fan-out's critical path)."""
+    every model call takes one, and the generator-based form costs each call a generator, a wrapper
+    object and two more frames, on the fan-out's critical path."""
 
     __slots__ = ("_held", "_key", "_limiter")
 

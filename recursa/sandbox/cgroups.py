@@ -314,11 +314,12 @@ class TaskGroup:
         and before anything else runs (a thread that moves itself takes none of the lock that
         moving another takes); on v2 the host moves the worker between them (`move`).
 
-        v1: the `tasks` files, which move the calling thread only. A whole process (cgroup.procs)
-        takes a lock whose writer waits for an RCU grace period, 5-15 ms after any idle spell, on
-        every move; a thread moves in ~20 us. The worker joins while it has one thread, and the host
-        moves its main thread (which runs the cells) for each cell. v2 has only cgroup.procs. (A v1
-        memory group charges a process's pages to its main thread's group, which never moves.)"""
+        v1: the `tasks` files, which move the calling thread only: moving a whole process
+        (cgroup.procs), or another thread, takes a lock whose writer waits for an RCU grace period
+        after any idle spell, where a thread that moves itself does not (docs/performance.md,
+        "Figures behind choices in the code"). The worker joins while it has one thread. v2 has only
+        cgroup.procs. (A v1 memory group charges a process's pages to its main thread's group, which
+        never moves.)"""
         name = "tasks" if self.version == 1 else "cgroup.procs"
         fds: dict[str, int] = {}
         paths = {"cgroup_fd": self.join_path}

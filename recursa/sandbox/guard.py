@@ -3,7 +3,7 @@
 Process count. RLIMIT_NPROC counts every process of the user (a tight value would break the user's
 other programs and the other REPLs of a batch) and does nothing for root, so the host watches
 instead. seccomp denies setsid() and setpgid(), so everything the REPL starts stays in the worker's
-process group. Every 50 ms one watcher per event loop reads the system's thread total from
+process group. Every 50 ms (POLL_S) one watcher per event loop reads the system's thread total from
 /proc/loadavg (one small read); only when that grew by a fair share of a limit does it count the
 groups' members, all groups in one pass over /proc. Over the limit it stops the whole group (SIGSTOP reaches all members at once, and a fork in
 progress is restarted), kills every member except the worker itself, resumes it and interrupts the

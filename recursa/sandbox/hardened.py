@@ -390,8 +390,8 @@ class HostHardening:
 
     def _checked(self, pid: int | None) -> bool:
         """Whether `pid` is a live process of this sandbox (proc.belongs), checked once per worker:
-        a pidfd kept open on it then tells, in a poll, that it is still that process (a /proc read
-        costs ~0.15 ms on a loaded host, twice per cell)."""
+        a pidfd kept open on it then tells, in a poll, that it is still that process, where the
+        /proc reads of a check would be paid twice per cell."""
         group = self.group
         if pid is None or group is None:
             return False

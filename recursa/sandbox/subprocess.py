@@ -400,14 +400,12 @@ _SLOTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] 
 def _start_slots() -> asyncio.Semaphore:
     """At most two worker starts per CPU at a time, per event loop.
 
-    A start is CPU-bound (bwrap, an interpreter, imports, hardening: ~50 ms of CPU), so starting many
-    more at once than there are CPUs finishes none sooner; it only takes the CPU from everything else
-    in this process. And badly so: each worker runs in a session of its own, so the kernel's
-    autogroup scheduling shares the CPU equally between the host and every starting worker. With 20
-    children starting at once on 2 CPUs, the event loop's thread waited 185 ms for a CPU while they
-    started; 66 ms with this limit (measured with `python benchmarks/vs_official/run.py depth`
-    when the limit was added; that run's figures are in the project history, this session's in
-    docs/performance.md, "vs_official").
+    A start is CPU-bound (bwrap, an interpreter, imports, hardening), so starting many more at once
+    than there are CPUs finishes none sooner; it only takes the CPU from everything else in this
+    process. And badly so: each worker runs in a session of its own, so the kernel's autogroup
+    scheduling shares the CPU equally between the host and every starting worker, and the event
+    loop's thread waits for a CPU while they start (docs/performance.md, "Figures behind choices in
+    the code").
     """
     loop = asyncio.get_running_loop()
     slots = _SLOTS.get(loop)
