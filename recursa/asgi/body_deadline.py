@@ -12,10 +12,11 @@ client to disconnect, while its run goes on) have no deadline.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from recursa.asgi.responses import send_json
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -72,21 +73,11 @@ class BodyDeadline:
         await self.app(scope, timed_receive, guarded_send)
 
     async def _too_slow(self, send: Send) -> None:
-        body = json.dumps(
-            {
-                "error": {
-                    "message": f"the request body did not arrive in time ({self.timeout_s:g} s, plus a second "
-                    "per MiB received); send it at once",
-                    "type": "invalid_request_error",
-                    "param": None,
-                    "code": "request_timeout",
-                }
-            }
-        ).encode()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"connection", b"close"),
-        ]
-        await send({"type": "http.response.start", "status": 408, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        error = {
+            "message": f"the request body did not arrive in time ({self.timeout_s:g} s, plus a second "
+            "per MiB received); send it at once",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "request_timeout",
+        }
+        await send_json(send, 408, {"error": error}, [(b"connection", b"close")])

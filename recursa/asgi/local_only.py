@@ -19,12 +19,12 @@ preflight this server never grants, a key header at all.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
 from recursa.addresses import is_loopback_name
+from recursa.asgi.responses import send_json
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -87,16 +87,5 @@ class LocalOnly:
             f"{why}: a server without an API key serves no web page, nor any name its loopback "
             f"address is reached by but 127.0.0.1 and localhost; {self.hint}"
         )
-        body = json.dumps(
-            {
-                "error": {
-                    "message": message,
-                    "type": "permission_error",
-                    "param": None,
-                    "code": "origin_not_allowed",
-                }
-            }
-        ).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": 403, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        error = {"message": message, "type": "permission_error", "param": None, "code": "origin_not_allowed"}
+        await send_json(send, 403, {"error": error})

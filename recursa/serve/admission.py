@@ -17,10 +17,10 @@ without one is cut off where it passes the cap (the app sees the client leave; t
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from recursa.asgi.responses import send_json
 from recursa.serve.api_error import MESSAGES_PATH, ApiError
 from recursa.serve.observe import REQUEST_ID_KEY
 
@@ -110,14 +110,8 @@ class AdmissionLimit:
                 type="rate_limit_error",
                 code="caller_busy",
             )
-        body = json.dumps(busy.body_for(path, request_id)).encode()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"retry-after", str(self.retry_after_s).encode()),
-        ]
-        await send({"type": "http.response.start", "status": 429, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        retry = [(b"retry-after", str(self.retry_after_s).encode())]
+        await send_json(send, 429, busy.body_for(path, request_id), retry)
 
 
 class BodyLimit:
@@ -163,9 +157,5 @@ class BodyLimit:
         await self.app(scope, capped_receive, guarded_send)
 
     async def _too_large(self, send: Send) -> None:
-        body = json.dumps(
-            {"error": f"the request body is larger than this server's limit of {self.max_bytes:,} bytes"}
-        ).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        error = f"the request body is larger than this server's limit of {self.max_bytes:,} bytes"
+        await send_json(send, 413, {"error": error})

@@ -14,13 +14,13 @@ the idle timeout (then the SDK has closed it too).
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from recursa.asgi.responses import send_json
 from recursa.serve.admission import ASGIApp, Receive, Scope, Send
 
 SESSION_HEADER = b"mcp-session-id"
@@ -132,13 +132,5 @@ class TransportSessionShares:
             f"you already have {self.per_caller} MCP sessions open, your share of this server; close one "
             "(DELETE with its Mcp-Session-Id) or reuse it, or wait until an idle one times out"
         )
-        body = json.dumps(
-            {"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": message}}
-        ).encode()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"retry-after", b"60"),
-        ]
-        await send({"type": "http.response.start", "status": 429, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        refusal = {"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": message}}
+        await send_json(send, 429, refusal, [(b"retry-after", b"60")])
