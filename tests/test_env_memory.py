@@ -71,3 +71,17 @@ def test_a_bad_bound_names_the_option() -> None:
         RLMEnv(max_depth=0, max_memory_bytes=1000)
     assert RLMEnv(max_depth=0, max_memory_bytes=None).memory_pool is None
     assert RLMEnv(max_depth=0).memory_pool is not None  # bounded by default
+
+
+def test_bounds_are_shared_within_one_sandbox_kind_only() -> None:
+    # The SkyRL adapter shares one environment's bounds with the others of a process: a local
+    # environment never takes a cluster's (or a thread sandbox's) memory bound for its own.
+    threads = RLMEnv(max_depth=0, sandbox="inprocess")
+    local, other = RLMEnv(max_depth=0), RLMEnv(max_depth=0)
+    own_pool = local.memory_pool
+    local.share_bounds(threads)
+    assert local.quota is threads.quota and own_pool is not None and local.memory_pool is own_pool
+    other.share_bounds(local)
+    assert other.quota is threads.quota and other.memory_pool is own_pool
+    for env in (threads, local, other):
+        env.close()

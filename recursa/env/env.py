@@ -298,10 +298,12 @@ class RLMEnv:
         """Count this environment's REPLs against `other`'s bounds (its live REPLs, and the memory
         they all hold, on this machine or per node of a cluster) instead of bounds of its own:
         environments made for one trainer keep one bound, however many settings their rows use.
-        Call it before the first episode starts."""
+        Call it before the first episode starts. The memory bound is shared between environments
+        of the same sandbox kind only (a pool on this machine, or a group per node of a cluster)."""
         self.quota = other.quota
-        self.memory_pool, self._owns_memory_pool = other.memory_pool, False
-        self._cluster_memory = other._cluster_memory
+        if other.config.sandbox == self.config.sandbox:
+            self.memory_pool, self._owns_memory_pool = other.memory_pool, False
+            self._cluster_memory = other._cluster_memory
 
     # -- closing -------------------------------------------------------------------------------
     async def aclose(self) -> None:

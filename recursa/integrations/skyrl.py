@@ -87,11 +87,11 @@ SKYRL_WORDS = QuotaWords(
 )
 
 _envs: dict[str, RLMEnv] = {}
-# One set of bounds (live REPLs, the memory they hold) per max_live_repls and max_memory_bytes,
+# One set of bounds (live REPLs, the memory they hold) per max_live_repls, max_memory_bytes and sandbox,
 # shared by the environments of rows whose other settings differ (a per-row budget, max_turns or
 # trace_dir makes an RLMEnv each): with bounds per RLMEnv, N such groups could keep N times
 # max_live_repls REPLs alive, holding N times the memory bound.
-_bounds: dict[tuple[int, Any], RLMEnv] = {}
+_bounds: dict[tuple[int, Any, str], RLMEnv] = {}
 _envs_lock = threading.Lock()
 
 
@@ -263,7 +263,7 @@ def _make_env(extras: dict[str, Any]) -> RLMEnv:
     given.setdefault("max_depth", default_depth)
     given.setdefault("exec_timeout", SKYRL_REPL_TIMEOUT)
     env = RLMEnv(sub_call=_no_sub_call if delegated and not sub_model else None, **given)
-    key = (env.quota.limit, env.max_memory_bytes)
+    key = (env.quota.limit, env.max_memory_bytes, env.config.sandbox)
     holder = _bounds.get(key)  # shared_env holds _envs_lock
     if holder is None:
         # The bound's errors, a child's too, in this API's knobs.
