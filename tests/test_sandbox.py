@@ -705,7 +705,9 @@ async def test_a_sandbox_killed_while_loading_its_context_closes_no_descriptor_t
     # By then that number may be a file opened since: here, the ones opened just after the kill.
     sb = SubprocessSandbox()
     await sb.start(host)
-    load = asyncio.create_task(sb.load_context(build_payload("ctx " * 1000)))
+    # A context the worker takes a while to load (a small one could be answered before the kill
+    # lands, on a busy machine).
+    load = asyncio.create_task(sb.load_context(build_payload("ctx " * 4_000_000)))
     while sb._context is None:  # noqa: ASYNC110 - the load has its memfd copy, waits for the worker
         await asyncio.sleep(0)
     sb.kill_now()
