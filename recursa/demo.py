@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from recursa.config import DEFAULTS as D
 from recursa.rlm import RLM
 from recursa.tasks import generate
 
@@ -46,10 +47,10 @@ def run_demo(
     seed: int = 7,
     model: str = "scripted/gpt5-like",
     sub_model: str = "scripted/oracle",
-    sandbox: str = "auto",
+    sandbox: str = D.sandbox,
     trace_dir: str | None = None,
     on_event: Callable[[dict[str, Any]], None] | None = None,
-    dialect: str = "recursa",
+    dialect: str = D.dialect,
 ) -> DemoReport:
     task = generate(family, size_chars, seed=seed)
     rlm = RLM(

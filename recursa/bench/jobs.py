@@ -15,6 +15,7 @@ from typing import Any
 from recursa.bench.results import clip
 from recursa.bench.sizes import CHARS_PER_TOKEN
 from recursa.budget import Budget
+from recursa.config import DEFAULTS as D
 from recursa.lm.prices import PriceBook
 from recursa.lm.registry import parse_model
 from recursa.methods.base import MethodSettings, get_method
@@ -47,10 +48,10 @@ class RunConfig:
     sub_model: str | None = None
     base_url: str | None = None
     api_key: str | None = field(default=None, repr=False)
-    sandbox: str = "auto"
+    sandbox: str = D.sandbox
     sandbox_options: dict[str, Any] | None = None  # e.g. sandbox="ray": the cluster's address
-    max_iterations: int = 30
-    max_output_tokens: int = 16_384
+    max_iterations: int = D.max_iterations
+    max_output_tokens: int = D.max_output_tokens
     max_usd: float | None = None
     max_tokens: int | None = None
     max_seconds: float | None = None
@@ -58,12 +59,12 @@ class RunConfig:
     window_tokens: int | None = None
     context_windows: dict[str, int] | None = None  # the RLM's guard (RLM(context_windows=...))
     base_overflow: str = "fail"
-    exec_timeout: float = 120.0
+    exec_timeout: float = D.exec_timeout
     turn_timeout: float | None = None
-    max_concurrency: int = 64
-    max_retries: int = 4
+    max_concurrency: int = D.max_concurrency
+    max_retries: int = D.max_retries
     price_as: dict[str, str] | None = None
-    dialect: str = "recursa"
+    dialect: str = D.dialect
 
     def settings(self, on_event: Any = None) -> MethodSettings:
         return MethodSettings(

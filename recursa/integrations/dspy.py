@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 from dspy.primitives.code_interpreter import CodeExecutionError, CodeInterpreterError, FinalOutput
 
+from recursa.config import DEFAULTS as D
 from recursa.errors import ConfigError, SandboxError
 from recursa.sandbox import SANDBOXES, Sandbox, make_sandbox
 from recursa.sandbox.base import CallbackError, ExecResult
@@ -90,9 +91,9 @@ class RecursaInterpreter:
         output_fields: list[dict[str, Any]] | None = None,
         *,
         exec_timeout: float = 30.0,
-        sandbox: str = "auto",
+        sandbox: str = D.sandbox,
         sandbox_options: dict[str, Any] | None = None,
-        max_output_chars: int = 20_000,
+        max_output_chars: int = D.max_output_chars,
     ) -> None:
         if not isinstance(exec_timeout, (int, float)) or exec_timeout <= 0:
             raise ConfigError(

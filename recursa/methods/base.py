@@ -88,7 +88,7 @@ class MethodSettings:
     max_retries: int = D.max_retries
     prices: dict[str, Any] | None = None
     on_event: Any = None  # a callable receiving every trace event (progress bars)
-    dialect: str = "recursa"  # the RLM root's conversation (recursa/loop/dialects/)
+    dialect: str = D.dialect  # the RLM root's conversation (recursa/loop/dialects/)
 
     def engine_options(self) -> dict[str, Any]:
         """The settings a method running the RLM engine passes on as they are (`RLM` and

@@ -24,6 +24,7 @@ from typing import Any
 
 from recursa.budget import Budget
 from recursa.config import BUDGET_CAPS, SETTINGS, Spelling
+from recursa.config import DEFAULTS as D
 from recursa.errors import ConfigError
 from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION
 from recursa.overrides import client_settings, refused_widening
@@ -93,8 +94,8 @@ class RunRequest:
     context_path: str | None = None
     context_url: str | None = None
     stream: bool = False
-    max_depth: int = 1
-    max_iterations: int = 30
+    max_depth: int = D.max_depth
+    max_iterations: int = D.max_iterations
     budget: Budget = field(default_factory=Budget)
     settings: dict[str, Any] = field(default_factory=dict)  # the request's other run settings, checked
     completion_mode: bool = False  # the question is PROMPT_AS_CONTEXT_QUESTION

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from recursa.budget import Budget
+from recursa.config import DEFAULTS as D
 from recursa.errors import ConfigError
 from recursa.overrides import same_url
 from recursa.trace.redact import Redactor
@@ -36,10 +37,10 @@ class ServeSettings:
     # Client name -> that client's own bearer key: each is a caller of its own (recursa.serve.callers).
     api_keys: dict[str, str] = field(default_factory=dict, repr=False)
     served_model_name: str = "recursa"
-    max_depth: int = 1
-    max_iterations: int = 30
+    max_depth: int = D.max_depth
+    max_iterations: int = D.max_iterations
     budget: Budget = field(default_factory=Budget)
-    sandbox: str = "auto"
+    sandbox: str = D.sandbox
     trace_dir: Path | None = None
     trace: bool = True
     context_roots: tuple[Path, ...] = ()
