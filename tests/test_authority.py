@@ -9,6 +9,7 @@ a file of the host's outside scratch (Landlock does not cover metadata).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import stat
@@ -238,8 +239,9 @@ async def test_a_root_host_refuses_a_worker_that_could_change_its_files(tmp_path
 
 
 # Forge the end of the cell: send the host an answer to the running request, wait until the host
-# has taken it (its word after an answer arrives), then go on running and fork children that would
-# outlive the cell. Each child names itself `tag` so that the host can find it whatever its pid.
+# has taken it (its word after an answer arrives), then go on running and try to fork children that
+# would outlive the cell. Each child names itself `tag` so that the host can find it whatever its
+# pid; the code then tells the host how many forks the kernel allowed, through a call.
 FORGED_END = """
 import ctypes, os, sys, time
 f, server, request = sys._getframe(), None, None
@@ -264,9 +266,40 @@ for _ in range(4):
         time.sleep(600)
         os._exit(0)
     forked += 1
-with open("forked", "w") as fh:
-    fh.write(str(forked))
+chan.call("llm_query", {{"prompt": f"forked {{forked}}"}})
 """
+
+
+@pytest.mark.parametrize("bwrap", BWRAP)
+async def test_code_that_forges_the_end_of_its_cell_starts_nothing_after_it(tmp_path, bwrap):
+    """The host took the forged answer and ended the cell: from then on the kernel refuses the code
+    every new task in the cell's group, until the next cell starts (whose end kills what it makes)."""
+    tag = f"forged{os.getpid() % 100000}{int(bwrap)}"
+    told: asyncio.Queue[str] = asyncio.Queue()
+
+    async def handler(fn: str, args: dict[str, Any]) -> Any:
+        told.put_nowait(str(args.get("prompt")))
+        return "ok"
+
+    sb = SubprocessSandbox(bwrap=bwrap, scratch_root=tmp_path)
+    await sb.start(handler)
+    try:
+        if sb._hardening.group is None:
+            pytest.skip("no control group on this host: the poller alone watches the cell's processes")
+        assert (await sb.execute("x = 1", 30)).error is None
+        r = await sb.execute(FORGED_END.format(tag=tag), 30)
+        assert r.stdout == "forged\n", r  # the host took the forged answer
+        said = await asyncio.wait_for(told.get(), 30)  # the code ran on after it, and is done forking
+        assert said == "forked 0", said
+        assert _tagged(tag) == [], "a process forked after the host ended the cell is alive"
+        r = await sb.execute("print(x)", 30)
+        assert r.stdout == "1\n", r
+    finally:
+        await sb.close()
+        for pid in _tagged(tag):  # never leave them to the rest of the run
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)
+
 
 # Run code on the worker's reader thread (which delivers the replies to a cell's calls) by replacing
 # what it calls, and fork from there: a thread the host never moves into the cell's group.
@@ -293,29 +326,37 @@ chan.call("llm_query", {{"prompt": "x"}})
 
 
 # Run code on the thread that forks the worker's snapshots (it calls os.fork) and fork from there,
-# as many as it may; once only (the host empties the snapshots' group as each cell ends).
+# as many as it may (reaping what it can: a killed snapshot counts until it is reaped); once only
+# (the host empties the snapshots' group as each cell ends).
 FROM_THE_FORKER = """
 import ctypes, os, time
 real_fork = os.fork
 def hijacked():
     os.fork = real_fork
     forked = 0
-    for _ in range(4):
+    for _ in range(200):
         try:
             pid = real_fork()
         except OSError:
+            try:
+                os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            time.sleep(0.005)
             continue
         if pid == 0:
             ctypes.CDLL(None).prctl(15, {tag!r}.encode(), 0, 0, 0)
             time.sleep(600)
             os._exit(0)
         forked += 1
+        if forked == 4:
+            break
     with open("forked", "w") as fh:
         fh.write(str(forked))
     return real_fork()
 os.fork = hijacked
 """
-ATTACKS = {"forged_end": FORGED_END, "reader_thread": FROM_THE_READER, "forker_thread": FROM_THE_FORKER}
+ATTACKS = {"reader_thread": FROM_THE_READER, "forker_thread": FROM_THE_FORKER}
 
 
 def _tagged(tag: str) -> list[int]:
@@ -356,8 +397,8 @@ async def test_no_process_a_cell_started_outlives_it_whatever_it_writes(tmp_path
         if attack != "reader_thread":
             forked = int((await sb.execute("print(open('forked').read())", 30)).stdout)
             assert forked >= 1, "the attack did not run"
-            if attack == "forker_thread":  # the snapshots' group: the kernel's cap holds
-                assert forked <= 2, f"{forked} processes forked in the snapshots' group"
+            if attack == "forker_thread":  # the snapshots' group holds one process: the snapshot's place
+                assert forked <= 1, f"{forked} processes forked in the snapshots' group"
         assert _tagged(tag) == [], "a process a cell forked outlived it"
     finally:
         await sb.close()
