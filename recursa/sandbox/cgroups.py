@@ -321,7 +321,8 @@ class TaskGroup:
     def cap_snapshots(self, extra: int = 0) -> bool:
         """Cap the snapshot group at SNAP_TASKS tasks, plus `extra` for a snapshot that takes over
         (it makes its own forking thread there while the old worker's may still be counted)."""
-        return self._set_limit("snap", str(SNAP_TASKS + extra))
+        # (v2, where the host moves the whole worker there after each cell: as many as before.)
+        return self._set_limit("snap", str(SNAP_TASKS + extra + (self.version == 2)))
 
     def _set_limit(self, place: Place, value: str) -> bool:
         fd = self._limits.get(place, -1)

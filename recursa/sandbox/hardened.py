@@ -180,8 +180,9 @@ class HostHardening:
             # to it, see own_scratch), so the host's files are someone else's to it.
             paths = (*interpreter_prefixes(self.python), *worker_files(), *spec["read_only"])
             spec["identity"] = identity_spec((*paths, os.path.dirname(scratch)), unprivileged_ids())
-        if self._bwrap_path() is None and self.options.max_scratch_bytes is not None:
-            # No bwrap to mount a sized scratch: the worker mounts one itself where it may.
+        if self._bwrap_path() is None:
+            # No bwrap: the worker makes a mount namespace of its own where it may, every mount in it
+            # read-only but scratch (the host's files keep their metadata), and scratch a sized tmpfs.
             spec["scratch_tmpfs"] = {"path": scratch, "bytes": self.options.max_scratch_bytes}
             if not grouped:
                 # Where that takes a user namespace of its own, RLIMIT_NPROC counts in it alone, as
@@ -383,19 +384,23 @@ class HostHardening:
             self._checked_close()  # closes the pidfd, once
         self._checked_pid, self._checked_fd, self._checked_close = None, -1, None
 
+    def close_cell(self) -> None:
+        """The cell has ended (its answer came, or it was killed): close the cell's group to new
+        tasks until the next cell. Whatever code of the cell still runs (a thread it started, code
+        that wrote its own answer and went on) gets no task from the kernel from then on, so what
+        it forked before is all `end_cell` has to kill."""
+        if self.group is not None and self.cells_grouped:
+            self.group.open_cell(False)
+
     async def end_cell(self) -> int:
-        """Close the cell's group to new tasks, then kill what the cell that just ended left in it;
-        how many. Whatever code of the cell still runs (a thread it started, code that wrote its own
-        answer) gets no task from the kernel from then on, so what it forked before is all there is
-        to kill: the group is listed again until a listing holds none of it (a fork the kernel had
-        let through just before the group closed joins it a moment later). Waits (briefly) until
-        they have exited, so the next cell has their task slots back once the worker reaps them (it
-        does before every cell)."""
+        """Kill what the cell that just ended left in the cell's group (closed: `close_cell`); how
+        many. The group is listed again until a listing holds none of it: a fork the kernel had let
+        through just before the group closed joins it a moment later. Waits (briefly) until they
+        have exited, so the next cell has their task slots back once the worker reaps them (it does
+        before every cell)."""
         group = self.group
         if group is None:
             return 0
-        if self.cells_grouped:
-            group.open_cell(False)
         keep = {self.worker_pid, *self.spare}
         signalled: set[int] = set()
         for attempt in range(250):

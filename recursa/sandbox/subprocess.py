@@ -371,6 +371,7 @@ class SubprocessSandbox(WorkerHost):
         self._hardening.enter_cell(worker.pid)
 
     async def _end_cell(self, answered: Connection | None) -> int:
+        self._hardening.close_cell()  # first: from its answer on, the cell starts nothing
         if answered is not None and self._hardening.leave_cell(
             answered.pid, answered.control is not None, answered.reported_pid
         ):
