@@ -20,6 +20,8 @@ Ray's own daemons), how many episodes each node took, and each node's peak memor
 `--think-ms T` waits T ms before each step, as a policy generating its reply would: the REPL then
 forks its snapshot of the state after a cell (and takes the next cell's copy-on-write faults in a
 dry run) while the policy thinks, as in training, instead of on the next step's path.
+`--fresh-contexts` gives every episode a context object of its own (else all share one, as the
+samples of one task do, and the environment encodes it once: recursa/env/contexts.py).
 
 `--concurrency` is per size: 64 episodes of a 100 MB context at once would hold 64 copies of it
 (about 13 GB with the REPLs' decoded strings); the default runs those 8 at a time. The first step
@@ -69,9 +71,12 @@ def make_context(size_mb: float) -> str:
 
 
 async def one_episode(
-    env: RLMEnv, context: str, i: int, out: SizeResult, gate: asyncio.Semaphore, think_s: float = 0.0
+    env: RLMEnv, context: str, i: int, out: SizeResult, gate: asyncio.Semaphore, think_s: float = 0.0,
+    fresh: bool = False,
 ) -> None:
     async with gate:
+        if fresh:
+            context = context[:-8] + f"{i:08d}"  # a new object, made before the start is timed
         began = time.perf_counter()
         episode = await env.start(f"Question {i}?", context)
         out.start_ms.append((time.perf_counter() - began) * 1000)
@@ -93,7 +98,7 @@ async def one_episode(
 
 async def measure(
     size_mb: float, episodes: int, concurrency: int, alone: int, snapshots: bool = True,
-    sandbox: str = "auto", sandbox_options: dict | None = None, think_s: float = 0.0,
+    sandbox: str = "auto", sandbox_options: dict | None = None, think_s: float = 0.0, fresh: bool = False,
 ) -> tuple[SizeResult, SizeResult]:
     """Episodes one at a time (the engine's own time per step), then `episodes` at `concurrency`."""
     single = SizeResult(size_mb, alone, 1)
@@ -109,11 +114,12 @@ async def measure(
         await one_episode(env, context, -1, SizeResult(size_mb, 1, 1), gate)  # warm: zygote, imports
         started = time.perf_counter()
         for i in range(alone):
-            await one_episode(env, context, i, single, gate, think_s)
+            await one_episode(env, context, i, single, gate, think_s, fresh)
         single.wall_s = time.perf_counter() - started
         started = time.perf_counter()
         results = await asyncio.gather(
-            *(one_episode(env, context, i, out, gate, think_s) for i in range(episodes)), return_exceptions=True
+            *(one_episode(env, context, i, out, gate, think_s, fresh) for i in range(episodes)),
+            return_exceptions=True,
         )
         out.wall_s = time.perf_counter() - started
     out.errors.extend(f"{type(r).__name__}: {r}" for r in results if isinstance(r, BaseException))
@@ -306,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1, help="with --ray-nodes: local and Ray batches, alternated")
     parser.add_argument("--vs-skyrl", action="store_true", help="SkyRL-gym's in-process environment beside ours")
     parser.add_argument("--think-ms", type=float, default=0.0, help="the policy's time per reply, waited before each step")
+    parser.add_argument("--fresh-contexts", action="store_true", help="a context object of its own per episode")
     args = parser.parse_args(argv)
     sizes = [float(s) for s in args.sizes_mb.split(",")]
     if args.ray_nodes:
@@ -320,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     for size, limit in zip(sizes, limits, strict=True):
         single, batch = asyncio.run(
             measure(size, args.episodes, min(limit, args.episodes), args.alone, not args.no_snapshots,
-                    think_s=args.think_ms / 1000)
+                    think_s=args.think_ms / 1000, fresh=args.fresh_contexts)
         )
         rows.append(single)
         for r in (single, batch):
