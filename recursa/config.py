@@ -28,7 +28,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, InstanceOf, ValidationError, field_validator
 
@@ -137,7 +137,7 @@ class RLMConfig(_Schema):
     max_retries: int = setting(4, "retries of one failed model call", client="tighten", ge=0)
     on_event: Callable[[dict[str, Any]], None] | None = setting(None, "called with every trace event as it happens (e.g. an OtelListener)", what="a function taking one event dict, or None")
     call_headers: bool = setting(False, "send the X-RLM-* attribution headers with every call", client="client", env=("call_headers", True))
-    sampling: dict[SamplingRole, dict[str, Any]] | None = setting(None, "request options per role, 'root', 'child' and 'sub' (docs/training.md)", what=f"a dict of roles to request options (roles: {', '.join(SAMPLING_ROLES)})", example="{'root': {'temperature': 1.0, 'seed': 7}, 'sub': {'temperature': 0.0}}")
+    sampling: dict[SamplingRole, dict[str, Any]] | None = setting(None, "request options per role, 'root', 'child' and 'sub' (docs/training.md); a client sends only those of `SamplingOptions`, each by its own policy", client="client", what=f"a dict of roles to request options (roles: {', '.join(SAMPLING_ROLES)})", example="{'root': {'temperature': 1.0, 'seed': 7}, 'sub': {'temperature': 0.0}}")
     subcall_errors: Literal["raise", "return"] = setting("raise", "a sub-call that fails for good 'raise's in the REPL or 'return's an '[error] ...' str", client="client")
     max_run_retries: int = setting(200, "model-call retries summed over the whole tree", client="tighten", ge=0)
     tools: list[Any] = setting(help="functions the REPL code may call (docs/tools.md)", factory=list)
@@ -238,6 +238,26 @@ class EnvConfig(_Schema):
     fork: bool = setting(True, "fork REPLs from one warm zygote shared by the episodes (forking sandboxes only)")
 
 
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+
+
+class SamplingOptions(_Schema):
+    """The request options a client may send for a role's calls (`sampling`, and a server request's
+    top-level sampling fields), each with its bounds and policy. The operator's own `sampling` may
+    hold any option its provider takes; a client's holds only these."""
+
+    temperature: float | None = setting(None, "sampling temperature", client="client", what="a number from 0 to 2", example="0.7", ge=0, le=2)
+    top_p: float | None = setting(None, "nucleus sampling's probability mass", client="client", what="a number from 0 to 1", example="0.9", ge=0, le=1)
+    frequency_penalty: float | None = setting(None, "penalty on tokens by their count so far", client="client", what="a number from -2 to 2", example="0.5", ge=-2, le=2)
+    presence_penalty: float | None = setting(None, "penalty on tokens already present", client="client", what="a number from -2 to 2", example="0.5", ge=-2, le=2)
+    min_p: float | None = setting(None, "vLLM's minimum token probability, relative to the likeliest", client="client", what="a number from 0 to 1", example="0.05", ge=0, le=1)
+    repetition_penalty: float | None = setting(None, "vLLM's penalty on repeated tokens", client="client", what="a number from 0 to 10", example="1.1", ge=0, le=10)
+    seed: int | None = setting(None, "the sampler's seed, for repeatable calls", client="client", what="an integer", example="7")
+    top_k: int | None = setting(None, "sample among the k likeliest tokens", client="client", what="an integer", example="40")
+    # Ordered from least to most: reasoning tokens are billed as output, so a client may only lower it.
+    reasoning_effort: ReasoningEffort | None = setting(None, "how much the model reasons before it answers (reasoning tokens are billed as output)", client="tighten", what=f"one of {', '.join(get_args(ReasoningEffort))}", example="'low'")
+
+
 @dataclass(frozen=True)
 class Setting:
     """One declared setting, as the front doors and the docs read it."""
@@ -252,8 +272,18 @@ class Setting:
     what: str
     example: str
     env: tuple[str, Any] | None
-    owner: str  # "RLMConfig" or "EnvConfig"
+    owner: str  # "RLMConfig", "EnvConfig" or "SamplingOptions"
     optional: bool  # None is a value of it (Python callers and dicts may pass it; flags leave it out)
+    order: tuple[Any, ...] | None  # a Literal's values, least first: what "tighten" compares by
+
+    def exceeds(self, value: Any, limit: Any) -> bool:
+        """Whether `value` asks for more than `limit` (a Literal's later value is more; None is no
+        value, or no limit)."""
+        if value is None or limit is None:
+            return False
+        if self.order is not None:
+            return self.order.index(value) > self.order.index(limit) if limit in self.order else False
+        return value > limit
 
 
 def _declared(model: type[BaseModel]) -> dict[str, Setting]:
@@ -274,6 +304,7 @@ def _declared(model: type[BaseModel]) -> dict[str, Setting]:
             env=extra.get("env"),
             owner=model.__name__,
             optional="None" in str(info.annotation),
+            order=next((get_args(a) for a in (info.annotation, *get_args(info.annotation)) if get_origin(a) is Literal), None),
         )
     return out
 
@@ -312,6 +343,7 @@ def _shown(value: Any) -> str:
 
 SETTINGS: dict[str, Setting] = _declared(RLMConfig)
 ENV_SETTINGS: dict[str, Setting] = _declared(EnvConfig)
+SAMPLING_SETTINGS: dict[str, Setting] = _declared(SamplingOptions)
 # The caps of `budget` (recursa.Budget's fields): settings of their own for the CLI and for clients,
 # who may only lower them (each costs money or capacity). Budget itself checks each value.
 BUDGET_CAPS: dict[str, tuple[str, str]] = {
@@ -333,20 +365,29 @@ DEFAULTS = SimpleNamespace(**{name: s.default for name, s in {**SETTINGS, **ENV_
 
 
 def setting_of(name: str) -> Setting:
-    return SETTINGS.get(name) or ENV_SETTINGS[name]
+    found = declared_setting(name)
+    if found is None:
+        raise KeyError(name)
+    return found
+
+
+def declared_setting(name: str) -> Setting | None:
+    """The declaration of `name` in any of the schemas, or None (a budget cap, a door's own option)."""
+    return SETTINGS.get(name) or ENV_SETTINGS.get(name) or SAMPLING_SETTINGS.get(name)
 
 
 @dataclass(frozen=True)
 class Spelling:
     """How a caller writes settings, so that a message names a setting as the user wrote it.
 
-    `form`: "python" (`RLM(name=value)`), "cli" (`--flag value`), "key" (`extras['name']=value`) or
-    "dotted" (`_meta.recursa/runtime-v1.name=value`); `owner`: the callable ("RLM") or the container
-    ("extras", "_meta.recursa/runtime-v1"); `names`: the caller's own name for a setting where it
-    differs from the schema's (RLMEnv's max_turns is max_iterations); `defaults`: the caller's own
-    default for a setting where it differs from the schema's, by schema name."""
+    `form`: "python" (`RLM(name=value)`), "cli" (`--flag value`), "key" (`extras['name']=value`),
+    "dotted" (`_meta.recursa/runtime-v1.name=value`) or "field" (a request's own field, `temperature=3`);
+    `owner`: the callable ("RLM") or the container ("extras", "_meta.recursa/runtime-v1"); `names`:
+    the caller's own name for a setting where it differs from the schema's (RLMEnv's max_turns is
+    max_iterations; the Responses API's reasoning.effort is reasoning_effort); `defaults`: the
+    caller's own default for a setting where it differs from the schema's, by schema name."""
 
-    form: Literal["python", "cli", "key", "dotted"]
+    form: Literal["python", "cli", "key", "dotted", "field"]
     owner: str = "RLM"
     names: Mapping[str, str] = field(default_factory=dict)
     defaults: Mapping[str, Any] = field(default_factory=dict)
@@ -355,12 +396,18 @@ class Spelling:
         """The schema's name of the setting the caller calls `own`."""
         return next((name for name, mine in self.names.items() if mine == own), own)
 
+    def within(self, name: str, key: str) -> Spelling:
+        """How this caller writes the entries of `key` in the dict setting `name` (a role's sampling
+        options: `extras['sampling']['root']['temperature']`)."""
+        label = self.label(name)
+        return Spelling(self.form, f"{label}[{key!r}]" if self.form == "key" else f"{label}.{key}")
+
     def label(self, name: str) -> str:
         own = self.names.get(name, name)
-        if self.form == "python":
+        if self.form in ("python", "field"):
             return own
         if self.form == "cli":
-            declared = SETTINGS.get(name) or ENV_SETTINGS.get(name)
+            declared = declared_setting(name)
             flag = declared.flag if declared is not None else BUDGET_CAPS.get(name, (None,))[0]
             return (flag or "--" + own.replace("_", "-")).split()[0]
         return f"{self.owner}[{own!r}]" if self.form == "key" else f"{self.owner}.{own}"
@@ -393,7 +440,7 @@ class Spelling:
     def assign(self, name: str, example: str) -> str:
         """How this caller sets `name` to `example`; a client is pointed to the operator's flag for
         a setting only the operator sets."""
-        declared = setting_of(name) if name in SETTINGS or name in ENV_SETTINGS else None
+        declared = declared_setting(name)
         flag = (declared.flag or "") if declared is not None else ""
         if self.form in ("key", "dotted") and declared is not None and declared.client == "operator":
             return f"the operator's {flag or declared.name}"
