@@ -139,7 +139,7 @@ def build_mcp_server(settings: ServeSettings, *, name: str = "recursa") -> MCPSe
         try:
             run = LiveRun(settings, spec)
         except (RecursaError, ValueError) as exc:
-            raise ToolError(settings.redact(f"cannot start the run: {exc}")) from None
+            raise ToolError(settings.redact(f"cannot start the run: {_ARGUMENTS.told(exc)}")) from None
         async with shares.slot(quota_of(_owner(settings, ctx))):
             return await _drive(run, ctx, spec.max_iterations)
 
@@ -170,7 +170,7 @@ def build_mcp_server(settings: ServeSettings, *, name: str = "recursa") -> MCPSe
             raise ToolError(exc.message) from None
         except RecursaError as exc:
             await sessions.close(owner, session_id)
-            raise ToolError(settings.redact(f"cannot open the session: {exc}")) from None
+            raise ToolError(settings.redact(f"cannot open the session: {_ARGUMENTS.told(exc)}")) from None
         trace = _trace_shown(handle.session.trace_path, ctx)
         return SessionInfo(session=session_id, idle_ttl_s=settings.session_ttl_s, trace_path=trace)
 
