@@ -257,6 +257,23 @@ async def test_many_episodes_at_once_share_one_pool(sub_server: FakeServer, tmp_
     await env.aclose()
 
 
+async def test_a_groups_samples_share_one_encoded_context(sub_server: FakeServer, tmp_path: Path) -> None:
+    # Samples of one task start with the same context object: encoded once, and the buffer stays
+    # whole for every REPL that loads it (a REPL that took it over would free it as it read).
+    env = make_env(sub_server, tmp_path, max_depth=0, trace=False)
+    first = await env.start("q?", CONTEXT)
+    assert "49 3" in (await first.step(PEEK))[0]["content"]
+    second = await env.start("q?", CONTEXT)
+    await second.step(code("import os\nos._exit(3)"))  # the REPL dies: a fresh one loads it again
+    assert "49 3" in (await second.step(PEEK))[0]["content"]
+    other = await env.start("q?", [CONTEXT, CONTEXT])  # mutable: encoded each time, not kept
+    assert len(env._contexts) == 1
+    for episode in (first, second, other):
+        await episode.close()
+    await env.aclose()
+    assert len(env._contexts) == 0
+
+
 async def test_dropped_episode_is_reaped_by_garbage_collection(
     sub_server: FakeServer, tmp_path: Path
 ) -> None:

@@ -25,8 +25,8 @@ from recursa.budget import Budget
 from recursa.config import DEFAULTS as D
 from recursa.config import ENV_DEFAULTS, ENV_SETTINGS, ENV_SPELLING, EnvConfig, RLMConfig
 from recursa.configure import build_config, check_models
-from recursa.context import load_payload
 from recursa.env.callback import CallbackClient, ChildCall, SubCall
+from recursa.env.contexts import EncodedContexts
 from recursa.env.episode import Episode, Scorer
 from recursa.env.quota import EPISODE_SHARE, Prepaid, ReplQuota, ReplsFull
 from recursa.env.shared import EnvError, EpisodeHost, PerLoop, PrivateLoop
@@ -136,6 +136,7 @@ class RLMEnv:
             else {}
         )
         self._shared = PerLoop()
+        self._contexts = EncodedContexts()  # a group's samples share one encoded context
         self._private = PrivateLoop()
         self._closing = False  # close() is closing the blocking API's episodes and loop
         # The call caches of the groups (episodes of one task_id) with an episode alive.
@@ -206,7 +207,7 @@ class RLMEnv:
             quota.refund()
             raise EnvError("the environment was closed (env.close()) while this start waited for a REPL slot")
         try:
-            payload = await load_payload(context)
+            payload = await self._contexts.load(context)
         except BaseException:
             quota.refund()
             raise
@@ -317,6 +318,7 @@ class RLMEnv:
                 except Exception as exc:  # e.g. a scorer that raised: the other episodes still close
                     failure = failure or exc
         finally:
+            self._contexts.clear()
             await self._shared.aclose_here()
             if self.memory_pool is not None and self._owns_memory_pool:
                 self.memory_pool.close()  # once its REPLs' groups are gone; else swept later

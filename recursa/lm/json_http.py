@@ -25,6 +25,7 @@ from aiohttp.helpers import get_env_proxy_for_url
 from yarl import URL
 
 from recursa.lm.base import utf8_json
+from recursa.public_fetch import tls_context
 from recursa.version import __version__
 
 USER_AGENT = f"recursa/{__version__}"
@@ -134,19 +135,10 @@ def env_headers(pairs: Mapping[str, str]) -> dict[str, str]:
 
 @functools.cache
 def shared_tls_context() -> ssl.SSLContext:
-    """One TLS context for every client in the process.
+    """One TLS context for every client in the process (per SSL_CERT_FILE / SSL_CERT_DIR).
 
     Each client would otherwise build its own, loading the CA bundle again, and every run makes its
-    own clients (docs/performance.md, "Figures behind choices in the code"). The trust
-    store is certifi's bundle (what the provider SDKs use), unless SSL_CERT_FILE or SSL_CERT_DIR
-    name another.
+    own clients (docs/performance.md, "Figures behind choices in the code"). The trust store is
+    certifi's bundle (what the provider SDKs use), unless SSL_CERT_FILE or SSL_CERT_DIR name another.
     """
-    cafile, capath = os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")
-    if cafile is None and capath is None:
-        try:
-            import certifi
-
-            cafile = certifi.where()
-        except ImportError:  # no certifi: the system store
-            pass
-    return ssl.create_default_context(cafile=cafile, capath=capath)
+    return tls_context()

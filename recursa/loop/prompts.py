@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import statistics
 from collections.abc import Sequence
@@ -106,7 +107,9 @@ def fixed_text(template: str) -> str:
     return Template(template).safe_substitute(_Blank())
 
 
+@functools.cache
 def _builtin(name: str) -> str:
+    """A built-in template (package data, read once: every episode of an environment starts from it)."""
     if name in FAMILY_VARIANTS:
         return Template(_read("default.md")).safe_substitute(family_notes=_read(f"families/{name}.md"))
     return _read(f"{name}.md")
