@@ -183,16 +183,18 @@ class Ledger:
                 return
             reservation.settled = True
             self._unreserve(reservation)
-            self.spent_tokens += tokens
-            self.spent_usd += usd
-            self.calls += 1
+            self._spend(tokens, usd)
 
     def charge(self, tokens: int, usd: float) -> None:
         """Count a call made outside the tree (a trainer's own turn): spent, never refused."""
         with self._lock:
-            self.spent_tokens += tokens
-            self.spent_usd += usd
-            self.calls += 1
+            self._spend(tokens, usd)
+
+    def _spend(self, tokens: int, usd: float) -> None:
+        # What a call cost is reported by a server or a trainer: nothing hands budget back.
+        self.spent_tokens += max(tokens, 0)
+        self.spent_usd += usd if usd > 0 else 0.0
+        self.calls += 1
 
     def release(self, reservation: Reservation) -> None:
         """Drop a reservation for a call that was never billed (refused or failed before sending)."""

@@ -111,7 +111,10 @@ class JsonPoster:
             raise HttpConnectionError(isinstance(err, TimeoutError)) from err
         if status >= 300:
             raise HttpStatusError(status, _error_body(raw), resp_headers)
-        return json.loads(raw)
+        try:
+            return json.loads(raw)
+        except RecursionError:  # the answer is hostile input: nested past what the parser takes
+            raise json.JSONDecodeError("nested too deeply", "", 0) from None
 
     async def aclose(self) -> None:
         session, self._session = self._session, None
@@ -123,7 +126,7 @@ def _error_body(raw: bytes) -> Any:
     text = raw.decode("utf-8", "replace")
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return text.strip()
 
 

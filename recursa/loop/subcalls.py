@@ -23,6 +23,7 @@ from recursa.result import RLMResult
 from recursa.sandbox.base import CallbackError
 from recursa.tools.calling import call_with_tools
 from recursa.tools.runner import ToolFailure
+from recursa.tools.spec import Tool
 from recursa.usage import Usage
 
 # Failures of the call itself (not of how it was called): what subcall_errors="return" turns into text.
@@ -47,6 +48,8 @@ class CallingRun(Protocol):
     usage_scopes: list[Usage]
 
     def new_call_id(self) -> str: ...
+
+    def tools(self) -> list[Tool]: ...
 
     async def spawn_child(self, question: str, payload: ContextPayload) -> RLMResult: ...
 
@@ -78,6 +81,13 @@ class SubcallHandler:
         call_args, call_kwargs = args.get("args") or [], args.get("kwargs") or {}
         if not isinstance(call_args, list) or not isinstance(call_kwargs, dict):
             raise CallbackError("TypeError", f"{name}: malformed tool call from the REPL")
+        # The tree's runner holds every host tool of the tree (sub-models' too, and those a child
+        # is not given): code that writes its own call frames may name only its own run's.
+        own = [t.name for t in self.run.tools() if t.where == "host"]
+        if name not in own:
+            raise CallbackError(
+                "ToolError", f"there is no host tool named {name[:200]!r} here (tools: {', '.join(own) or 'none'})."
+            )
         started = time.perf_counter()
         error: str | None = None
         try:
