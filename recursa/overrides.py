@@ -20,7 +20,18 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from recursa.budget import Budget, cap_problem, positive_phrase
-from recursa.config import BUDGET_CAPS, EnvConfig, RLMConfig, Spelling, near_miss, setting_of
+from recursa.config import (
+    BUDGET_CAPS,
+    SAMPLING_ROLES,
+    SAMPLING_SETTINGS,
+    SETTINGS,
+    EnvConfig,
+    RLMConfig,
+    SamplingOptions,
+    Spelling,
+    near_miss,
+    setting_of,
+)
 from recursa.errors import ConfigError
 from recursa.outcomes import BUDGET_LIMITS
 
@@ -61,6 +72,9 @@ def client_settings(
         if name == "budget":
             out[name] = _budget(value, loose, limits.get("budget") or Budget(), spelling, own_key)
             continue
+        if name == "sampling":
+            out[name] = client_sampling(value, limits.get("sampling"), spelling)
+            continue
         value = checked_value(name, value, spelling)
         if declared.client == "choose" and not own_key and models is not None and value not in models:
             raise ConfigError(
@@ -68,7 +82,7 @@ def client_settings(
                 f"{', '.join(map(repr, models))}; choose one of those, or send your own API key with it"
             )
         limit = limits.get(name) if stated_only else limits.get(name, declared.default)
-        if declared.client == "tighten" and limit is not None and value is not None and value > limit:
+        if declared.client == "tighten" and declared.exceeds(value, limit):
             raise ConfigError(refused_widening(spelling.label(name), value, limit), setting=name)
         out[name] = value
     return out
@@ -107,6 +121,45 @@ _OWN_KEYS = ("base_url", "api_key")
 _SECRETS = ("api_key",)
 
 
+def client_sampling(
+    given: Any,
+    operator: Mapping[str, Mapping[str, Any]] | None,
+    spelling: Spelling,
+    at: Callable[[str], Spelling] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """A client's sampling options (role -> options) over the operator's `operator` sampling: each
+    option one a client may send (`SamplingOptions` in recursa/config.py), checked by its bounds and
+    by its policy ("tighten": no more than the operator's value for that role). `at(role)`: how the
+    client writes a role's options (default: inside its `sampling`, as `spelling` writes it; a
+    server request's top-level fields are the root's). A ConfigError's `setting` names the option."""
+    out = {role: dict(options) for role, options in (operator or {}).items()}
+    if not isinstance(given, Mapping):
+        raise ConfigError(
+            f"{spelling.label('sampling')} is {kind(given)}; give a dict of roles to options, e.g. "
+            f"{SETTINGS['sampling'].example}",
+            setting="sampling",
+        )
+    for role, options in given.items():
+        within = at(role) if at is not None else spelling.within("sampling", role)
+        if role not in SAMPLING_ROLES or not isinstance(options, Mapping):
+            raise ConfigError(
+                f"{within.owner}: give a dict of sampling options for a role, one of "
+                f"{', '.join(SAMPLING_ROLES)}; e.g. {{'temperature': 0.7}}",
+                setting="sampling",
+            )
+        check_keys(options, SAMPLING_SETTINGS, within.label, strict=True)
+        theirs = out.setdefault(role, {})
+        for key, value in options.items():
+            if value is None:
+                continue
+            value = checked_value(key, value, within)
+            declared, limit = SAMPLING_SETTINGS[key], theirs.get(key)
+            if declared.client == "tighten" and declared.exceeds(value, limit):
+                raise ConfigError(refused_widening(within.label(key), value, limit), setting=key)
+            theirs[key] = value
+    return out
+
+
 def checked_value(name: str, value: Any, spelling: Spelling) -> Any:
     """One setting's value checked by the schema, named as `spelling` writes it. A whole number
     written as a float (3.0, as JSON and trainers' configs may) counts as the int it is."""
@@ -114,7 +167,7 @@ def checked_value(name: str, value: Any, spelling: Spelling) -> Any:
     whole = isinstance(value, float) and value.is_integer()
     if whole and declared.annotation in (int, int | None):
         value = int(value)
-    model = RLMConfig if name in RLMConfig.model_fields else EnvConfig
+    model = next(m for m in (RLMConfig, EnvConfig, SamplingOptions) if name in m.model_fields)
     return model.check_one(name, value, spelling)
 
 

@@ -239,12 +239,18 @@ def test_a_row_never_widens_what_the_config_limits() -> None:
         ({"max_turns": 5}, {"max_turns": 50}, r"extras\['max_turns'\]=50 is more than the operator allows \(at most 5\)"),
         ({"budget": {"max_usd": 1.0}}, {"budget": {"max_usd": 9.0}}, r"extras\['budget'\]\['max_usd'\]=9.0 .*at most 1.0"),
         ({"sub_model": "openai/policy"}, {"sub_model": "openai/other"}, r"extras\['sub_model'\]='openai/other'"),
+        ({"sampling": {"root": {"reasoning_effort": "low"}}}, {"sampling": {"root": {"reasoning_effort": "high"}}},
+         r"extras\['sampling'\]\['root'\]\['reasoning_effort'\]='high' is more than the operator allows"),
     )  # fmt: skip
     for config, row, said in refusals:
         with pytest.raises(ConfigError, match=said):
             adapter.RecursaRLMEnv(env_config=config, extras=row)
     env = adapter.RecursaRLMEnv(env_config={"max_turns": 5}, extras={"max_turns": 2})  # lowering is fine
     assert env.max_turns == 3
+    # A row's sampling is merged over the config's: what it leaves out of a role stays the config's.
+    config = {"sampling": {"root": {"reasoning_effort": "low", "temperature": 0.5}}}
+    env = adapter.RecursaRLMEnv(env_config=config, extras={"sampling": {"root": {"temperature": 1.0}}})
+    assert env._env.config.sampling == {"root": {"reasoning_effort": "low", "temperature": 1.0}}
 
 
 @pytest.mark.parametrize(

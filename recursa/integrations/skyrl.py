@@ -69,7 +69,7 @@ _RUN_EXTRAS = {"max_turns": "max_iterations", "repl_timeout": "exec_timeout", "t
                "budget": "budget", "sandbox": "sandbox", "trace_dir": "trace_dir", "max_live_repls": "max_live_repls",
                "max_repls_per_episode": "max_repls_per_episode", "max_output_chars": "max_output_chars", "wait_for_repl": "wait_for_repl",
                "max_reply_chars": "max_reply_chars", "dialect": "dialect",
-               "dialect_options": "dialect_options"}  # fmt: skip
+               "dialect_options": "dialect_options", "sampling": "sampling"}  # fmt: skip
 _SPELLED = {schema: extra for extra, schema in _RUN_EXTRAS.items()}
 _ENV_KEYWORDS = {extra: ENV_NAMES.get(schema, schema) for extra, schema in _RUN_EXTRAS.items()}
 # SkyRL's own environment gives a cell this long; a drop-in keeps its default.
@@ -104,8 +104,7 @@ class RecursaRLMEnv(BaseTextEnv):
         # `extras`: the config's knobs are the defaults, a row's override them.
         # A row may lower what the config's limits cost, never raise them (recursa/overrides.py).
         operator = checked_extras(env_config or None, "env_config", strict=True)
-        row = checked_extras(extras)
-        _within(row, operator)
+        row = _within(checked_extras(extras), operator)
         self.extras = {**operator, **row}
         self.env_config = env_config
         self._env = shared_env(self.extras)
@@ -294,10 +293,11 @@ _EXTRAS: dict[str, Callable[[str, Any], Any]] = {
 _PASSED = ("custom_tools", "context", "task_id")  # checked where they are used
 
 
-def _within(row: dict[str, Any], config: dict[str, Any]) -> None:
-    """A row's run settings may lower, never raise, what the config sets for them (and the bound on
-    live REPLs, set or not), repeat and never change its sandbox and trace_dir, and name a model or
-    server other than the config's only with its own `api_key`."""
+def _within(row: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """The row, whose run settings may lower, never raise, what the config sets for them (and the
+    bound on live REPLs, set or not), repeat and never change its sandbox and trace_dir, and name a
+    model or server other than the config's only with its own `api_key`; its `sampling` is merged
+    over the config's (a role's options the row leaves out stay the config's)."""
     given = {_RUN_EXTRAS[k]: v for k, v in row.items() if k in _RUN_EXTRAS and v is not None}
     limits = {_RUN_EXTRAS[k]: v for k, v in config.items() if k in _RUN_EXTRAS and v is not None}
     # The bound on live REPLs holds for the whole process, whatever the config states: a row above
@@ -312,7 +312,7 @@ def _within(row: dict[str, Any], config: dict[str, Any]) -> None:
             "environment calls with goes only there; send the row's own key in extras['api_key'], "
             "set base_url in env_config, or leave it out of the row"
         )
-    client_settings(
+    run = client_settings(
         given,
         limits,
         Spelling("key", "extras", _SPELLED),
@@ -320,6 +320,7 @@ def _within(row: dict[str, Any], config: dict[str, Any]) -> None:
         own_key=bool(row.get("api_key")),
         stated_only=True,
     )
+    return row | ({"sampling": run["sampling"]} if "sampling" in run else {})
 
 
 def checked_extras(extras: Any, name: str = "extras", *, strict: bool = False) -> dict[str, Any]:
