@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Collection, Mapping
+from pathlib import PurePath
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -53,8 +54,9 @@ def client_settings(
     only the operator sets, a value above the operator's for one that costs money or capacity, or
     a model that is not one of `models` while the operator's key pays, is a ConfigError naming the
     option and the operator's limit. `stated_only` (a trainer's rows under its own config): only
-    the limits in `limits` hold, any model goes when `models` is None, and the operator-only
-    settings are the row's to set too (the trainer runs both). A budget's caps may also come one by
+    the limits in `limits` hold, any model goes when `models` is None, and an operator-only setting
+    may repeat the operator's value (a row is data: which sandbox runs it and where its files go
+    stay the operator's choice) or direct the row's own key (`_OWN_KEYS`). A budget's caps may also come one by
     one (`recursa.max_usd`): parts of `budget`, each named as given. A ConfigError's `setting` names
     the option at fault."""
     given = dict(given)
@@ -64,14 +66,9 @@ def client_settings(
     out: dict[str, Any] = {}
     for name, value in given.items():
         declared = setting_of(name)
-        if declared.client == "operator" and stated_only:
-            out[name] = value if name == "budget" else checked_value(name, value, spelling)
-            continue
         if declared.client == "operator":
-            raise ConfigError(
-                f"{spelling.given(name, value)}: {spelling.label(name)} is set by the operator only; leave it out",
-                setting=name,
-            )
+            out[name] = _operator_setting(name, value, limits, spelling, stated_only)
+            continue
         if name == "budget":
             out[name] = _budget(value, loose, limits.get("budget") or Budget(), spelling, own_key)
             continue
@@ -89,6 +86,39 @@ def client_settings(
             raise ConfigError(refused_widening(spelling.label(name), value, limit), setting=name)
         out[name] = value
     return out
+
+
+def _operator_setting(
+    name: str, value: Any, limits: Mapping[str, Any], spelling: Spelling, stated_only: bool
+) -> Any:
+    """A setting only the operator chooses (which sandbox runs the code, where files go, which
+    server its key goes to), as a client's options give it: refused, but for a trainer's row that
+    repeats the operator's value, or that directs only the key the row brings itself (`_OWN_KEYS`;
+    the adapter holds a row's base_url to its own key)."""
+    operators = limits.get(name, setting_of(name).default)
+    if stated_only:
+        mine = checked_value(name, value, spelling)
+        if name in _OWN_KEYS or mine == operators:
+            return mine
+    secret = name in _SECRETS
+    shown = "" if secret else f" (the operator's: {_plain(operators)!r})"
+    said = f"{spelling.label(name)}=(not shown)" if secret else spelling.given(name, _plain(value))
+    repeat = "repeat the operator's setting, or " if stated_only else ""
+    raise ConfigError(
+        f"{said}: {spelling.label(name)} is the operator's to choose{shown}; {repeat}leave it out",
+        setting=name,
+    )
+
+
+def _plain(value: Any) -> Any:
+    """A path as the text it was written as (not PosixPath('...'))."""
+    return str(value) if isinstance(value, PurePath) else value
+
+
+# Operator settings a trainer's row may set for calls it pays for with its own key, and those
+# whose value never appears in a message.
+_OWN_KEYS = ("base_url", "api_key")
+_SECRETS = ("api_key",)
 
 
 def client_sampling(
