@@ -9,9 +9,12 @@ steps: three small cells over `context`, then FINAL.
     python benchmarks/env_rollouts.py --sizes-mb 1 --episodes 256 --concurrency 64 --ray-nodes 2
     python benchmarks/env_rollouts.py --sizes-mb 1 --vs-skyrl
 
-`--ray-nodes N` runs the same episodes twice, on local REPLs and with `sandbox="ray"` on a cluster of
-N nodes simulated on this machine (Ray's own `cluster_utils`), and reports the extra hop per step,
-episodes per second against local, and each node's peak memory (its REPL host and workers).
+`--ray-nodes N` runs the same episodes on local REPLs and with `sandbox="ray"` on a cluster of N
+nodes simulated on this machine (Ray's own `cluster_utils`): one at a time, a local and a Ray episode
+in turn (so both see the same moment of a shared machine), then all at once, local then Ray
+(`--rounds` alternates more). It reports the extra hop per step, episodes per second against local,
+the CPU time per episode of each kind of process (the driver, the node hosts, the REPL workers,
+Ray's own daemons), how many episodes each node took, and each node's peak memory.
 `--vs-skyrl` steps SkyRL-gym's own in-process `rlm` environment through the same cells beside ours.
 
 `--concurrency` is per size: 64 episodes of a 100 MB context at once would hold 64 copies of it
@@ -129,7 +132,7 @@ def skyrl_times(size_mb: float, episodes: int) -> tuple[list[float], list[float]
 
 
 def ray_compare(size_mb: float, episodes: int, concurrency: int, alone: int, nodes: int,
-                snapshots: bool) -> int:  # fmt: skip
+                snapshots: bool, rounds: int) -> int:  # fmt: skip
     """Local REPLs against sandbox="ray" on a simulated cluster of `nodes` nodes; 1 on errors."""
     import threading
 
@@ -144,43 +147,133 @@ def ray_compare(size_mb: float, episodes: int, concurrency: int, alone: int, nod
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
     peak: dict[str, int] = {}
+    host_pids: set[int] = set()
     stop = threading.Event()
 
     def sample() -> None:
         while not stop.wait(0.25):
             for node_id, host in node_hosts():
                 try:
-                    rss = ray.get(host.describe.remote(), timeout=5)["rss_bytes"]
+                    facts = ray.get(host.describe.remote(), timeout=5)
                 except Exception:
                     continue
-                peak[node_id] = max(peak.get(node_id, 0), rss)
+                host_pids.add(facts["pid"])
+                peak[node_id] = max(peak.get(node_id, 0), facts["rss_bytes"])
 
+    ray_options = {"resources": {"cpu_repl": 0.001}}
+    local_steps, ray_steps = SizeResult(size_mb, alone, 1), SizeResult(size_mb, alone, 1)
+    batches: list[tuple[str, SizeResult, dict[str, float]]] = []
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     try:
-        local = asyncio.run(measure(size_mb, episodes, concurrency, alone, snapshots))
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        remote = asyncio.run(measure(size_mb, episodes, concurrency, alone, snapshots, sandbox="ray",
-                                     sandbox_options={"resources": {"cpu_repl": 0.001}}))  # fmt: skip
+        asyncio.run(one_at_a_time(size_mb, alone, snapshots, ray_options, local_steps, ray_steps))
+        for _ in range(rounds):
+            for where in ("local", "ray"):
+                before = cpu_times(host_pids)
+                _, batch = asyncio.run(measure(size_mb, episodes, concurrency, 0, snapshots,
+                                               sandbox="auto" if where == "local" else "ray",
+                                               sandbox_options=None if where == "local" else ray_options))  # fmt: skip
+                after = cpu_times(host_pids)
+                batches.append((where, batch, {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}))
+        opened = {node_id: ray.get(host.describe.remote(), timeout=30)["opened"] for node_id, host in node_hosts()}
+    finally:
         stop.set()
         sampler.join()
-    finally:
         shutdown_hosts()
         ray.shutdown()
         cluster.shutdown()
     print(f"\n{'where':>6} {'episodes':>8} {'at once':>7} {'ep/s':>7} {'step ms p50':>11} {'first ms p50':>12} {'errors':>6}")
-    for name, (single, batch) in (("local", local), ("ray", remote)):
-        for r in (single, batch):
-            print(f"{name:>6} {r.episodes:>8} {r.concurrency:>7} {r.per_s:>7.1f} {pct(r.later_ms, 0.5):>11.2f} "
-                  f"{statistics.median(r.first_ms) if r.first_ms else float('nan'):>12.1f} {len(r.errors):>6}")
-    hop = pct(remote[0].later_ms, 0.5) - pct(local[0].later_ms, 0.5)
-    ratio = remote[1].per_s / local[1].per_s if local[1].per_s else float("nan")
-    print(f"hop per step (ray p50 - local p50, one at a time): {hop:.2f} ms (target <= 1 ms: "
+    for name, r in [("local", local_steps), ("ray", ray_steps)] + [(w, b) for w, b, _ in batches]:
+        print(f"{name:>6} {r.episodes:>8} {r.concurrency:>7} {r.per_s:>7.1f} {pct(r.later_ms, 0.5):>11.2f} "
+              f"{statistics.median(r.first_ms) if r.first_ms else float('nan'):>12.1f} {len(r.errors):>6}")  # fmt: skip
+        for error in r.errors[:3]:
+            print(f"  failed: {error}")
+    print("\nCPU ms per episode, all at once (" + ", ".join(KINDS) + "):")
+    for where, batch, spent in batches:
+        print(f"{where:>6}: " + "  ".join(f"{spent.get(k, 0.0) * 1000 / batch.episodes:6.1f}" for k in KINDS)
+              + f"  total {sum(spent.values()) * 1000 / batch.episodes:.1f}")  # fmt: skip
+    hop = pct(ray_steps.later_ms, 0.5) - pct(local_steps.later_ms, 0.5)
+    local_rate = statistics.mean(b.per_s for w, b, _ in batches if w == "local")
+    ray_rate = statistics.mean(b.per_s for w, b, _ in batches if w == "ray")
+    ratio = ray_rate / local_rate if local_rate else float("nan")
+    print(f"\nhop per step (ray p50 - local p50, one at a time, in turn): {hop:.2f} ms (target <= 1 ms: "
           f"{'met' if hop <= 1.0 else 'NOT met'})")
-    print(f"episodes per second, ray / local at {concurrency} at once: {ratio:.2f}x (target >= 0.9x: "
-          f"{'met' if ratio >= 0.9 else 'NOT met'})")
+    print(f"episodes per second, ray / local at {concurrency} at once: {ratio:.2f}x ({ray_rate:.1f} / "
+          f"{local_rate:.1f}; target >= 0.9x: {'met' if ratio >= 0.9 else 'NOT met'})")
     for i, (node_id, rss) in enumerate(sorted(peak.items())):
-        print(f"node {i} ({node_id[:12]}): peak {rss / 1e6:.0f} MB (REPL host and its workers)")
-    return 1 if any(r.errors for pair in (local, remote) for r in pair) else 0
+        print(f"node {i} ({node_id[:12]}): {opened.get(node_id, 0)} episodes, peak {rss / 1e6:.0f} MB "
+              "(REPL host and its workers)")
+    return 1 if any(r.errors for r in [local_steps, ray_steps, *(b for _, b, _ in batches)]) else 0
+
+
+async def one_at_a_time(size_mb: float, alone: int, snapshots: bool, ray_options: dict,
+                        local: SizeResult, remote: SizeResult) -> None:  # fmt: skip
+    """`alone` episodes on each side, one at a time, a local one and a Ray one in turn."""
+    context = make_context(size_mb)
+    gate = asyncio.Semaphore(1)
+    extra = {} if snapshots else {"snapshots": False}
+    async with (
+        RLMEnv(max_depth=0, max_turns=len(REPLIES), trace=False, sandbox_options=extra or None) as here,
+        RLMEnv(max_depth=0, max_turns=len(REPLIES), trace=False, sandbox="ray",
+               sandbox_options={**ray_options, **extra}) as there,
+    ):  # fmt: skip
+        for env in (here, there):  # warm: zygote, imports, the node's host
+            await one_episode(env, context, -1, SizeResult(size_mb, 1, 1), gate)
+        for i in range(alone):
+            await one_episode(here, context, i, local, gate)
+            await one_episode(there, context, i, remote, gate)
+
+
+KINDS = ("driver", "node hosts", "REPL workers", "Ray daemons")
+
+
+def cpu_times(host_pids: set[int]) -> dict[str, float]:
+    """CPU seconds so far of this process and everything below it (the simulated cluster's daemons,
+    the node hosts and every REPL worker), by kind. A process's reaped children count with it, so
+    REPL workers that ended count under their fork server's kind."""
+    import os
+
+    me, tick = os.getpid(), os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    stats: dict[int, list[bytes]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as fh:
+                    fields = fh.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            parents[int(entry)], stats[int(entry)] = int(fields[1]), fields
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    spent: dict[str, float] = dict.fromkeys(KINDS, 0.0)
+    frontier = [(me, "driver")]
+    while frontier:
+        pid, kind = frontier.pop()
+        fields = stats.get(pid)
+        if fields is None:
+            continue
+        own, reaped = (int(fields[11]) + int(fields[12])) / tick, (int(fields[13]) + int(fields[14])) / tick
+        spent[kind] += own
+        spent["REPL workers" if kind in ("driver", "node hosts") else kind] += reaped
+        for child in children.get(pid, []):
+            if child in host_pids:
+                frontier.append((child, "node hosts"))
+            elif kind in ("node hosts", "REPL workers"):
+                frontier.append((child, "REPL workers"))
+            else:
+                frontier.append((child, "Ray daemons" if _is_ray(child) else "REPL workers"))
+    return spent
+
+
+def _is_ray(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            command = fh.read()
+    except OSError:
+        return False
+    return b"/site-packages/ray/" in command or command.startswith(b"ray::")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -202,13 +295,14 @@ def main(argv: list[str] | None = None) -> int:
         help="REPLs without state-keeping snapshots (an instant policy leaves no time to take them)",
     )
     parser.add_argument("--ray-nodes", type=int, default=0, help="also run on a simulated Ray cluster of N nodes")
+    parser.add_argument("--rounds", type=int, default=1, help="with --ray-nodes: local and Ray batches, alternated")
     parser.add_argument("--vs-skyrl", action="store_true", help="SkyRL-gym's in-process environment beside ours")
     args = parser.parse_args(argv)
     sizes = [float(s) for s in args.sizes_mb.split(",")]
     if args.ray_nodes:
         concurrency = int(args.concurrency.split(",")[0])
         return ray_compare(sizes[0], args.episodes, min(concurrency, args.episodes), args.alone, args.ray_nodes,
-                           not args.no_snapshots)  # fmt: skip
+                           not args.no_snapshots, args.rounds)  # fmt: skip
     limits = [int(c) for c in args.concurrency.split(",")]
     limits = (limits + [limits[-1]] * len(sizes))[: len(sizes)]
     print(f"{'size':>7} {'episodes':>8} {'at once':>7} {'wall s':>7} {'ep/s':>7} {'first ms p50':>12} "

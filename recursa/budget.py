@@ -44,7 +44,7 @@ class Budget:
 _COUNTS = ("max_tokens", "max_llm_calls")
 # Why a cap of zero cannot be meant: each stops the run before its first model call.
 _ZERO = {
-    "max_tokens": "the first model call reserves its prompt plus max_output_tokens",
+    "max_tokens": "the first model call reserves its prompt plus «max_output_tokens»",
     "max_seconds": "the run would time out before its first model call",
     "max_llm_calls": "a run needs at least one model call",
 }
@@ -183,16 +183,18 @@ class Ledger:
                 return
             reservation.settled = True
             self._unreserve(reservation)
-            self.spent_tokens += tokens
-            self.spent_usd += usd
-            self.calls += 1
+            self._spend(tokens, usd)
 
     def charge(self, tokens: int, usd: float) -> None:
         """Count a call made outside the tree (a trainer's own turn): spent, never refused."""
         with self._lock:
-            self.spent_tokens += tokens
-            self.spent_usd += usd
-            self.calls += 1
+            self._spend(tokens, usd)
+
+    def _spend(self, tokens: int, usd: float) -> None:
+        # What a call cost is reported by a server or a trainer: nothing hands budget back.
+        self.spent_tokens += max(tokens, 0)
+        self.spent_usd += usd if usd > 0 else 0.0
+        self.calls += 1
 
     def release(self, reservation: Reservation) -> None:
         """Drop a reservation for a call that was never billed (refused or failed before sending)."""

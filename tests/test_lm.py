@@ -447,6 +447,56 @@ def test_openai_usage_mapping_with_provider_cost_and_missing_details() -> None:
     assert bare.cached_tokens == 0 and bare.provider_cost_usd is None
 
 
+def test_usage_a_server_reports_never_hands_budget_back_nor_fails_the_answer() -> None:
+    # A negative count was spent as it came (the budget grew back by it); a string or a NaN
+    # raised ValueError out of the client, and the run failed with an internal error.
+    from recursa.budget import Budget, Ledger
+
+    client = OpenAIClient("m", base_url="http://127.0.0.1:1/v1")
+    answer = {"choices": [{"message": {"role": "assistant", "content": "hi"}}]}
+    for usage in ({"prompt_tokens": -10**12, "completion_tokens": -5}, {"prompt_tokens": "x"},
+                  {"prompt_tokens": float("nan"), "completion_tokens": float("inf")}):  # fmt: skip
+        out = client._to_response({**answer, "usage": usage})
+        assert (out.text, out.input_tokens, out.output_tokens) == ("hi", 0, 0)
+    deep = "[" * 50_000 + "]" * 50_000
+    calls = client._to_response(
+        {"choices": [{"message": {"tool_calls": [{"id": "c", "function": {"name": "f", "arguments": deep}}]}}]}
+    ).tool_calls
+    assert calls[0].error is not None and "not valid JSON" in calls[0].error
+    tracker = Ledger(Budget(max_tokens=100, max_usd=1.0))
+    tracker.settle(tracker.reserve(10, 0.1), -10**9, -100.0)
+    tracker.charge(-10**9, float("-inf"))
+    assert (tracker.spent_tokens, tracker.spent_usd) == (0, 0.0)
+
+
+async def test_an_answer_nested_too_deeply_to_parse_is_a_failed_call_not_a_crash() -> None:
+    from aiohttp import web
+
+    nested = b"[" * 100_000 + b"]" * 100_000
+
+    async def chat(request: web.Request) -> web.Response:
+        status = 400 if (await request.json())["model"] == "refuses" else 200
+        return web.Response(body=b'{"error": ' + nested + b"}", status=status, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        for model, said in (("answers", "not valid JSON"), ("refuses", "HTTP 400")):
+            client = OpenAIClient(model, base_url=f"http://127.0.0.1:{port}/v1", api_key="k", retry=FAST)
+            try:
+                with pytest.raises(LMError, match=said):  # was a RecursionError out of the client
+                    await client.complete(request("ping"))
+            finally:
+                await client.aclose()
+    finally:
+        await runner.cleanup()
+
+
 def test_anthropic_usage_counts_cache_reads_and_writes_as_input() -> None:
     client = AnthropicClient("m", base_url="http://127.0.0.1:1")
     msg = {  # the Messages API's JSON answer

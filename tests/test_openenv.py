@@ -171,3 +171,52 @@ async def test_web_pages_floods_and_larger_tasks_are_refused(served):
         smaller = await client.reset(family="niah", size_chars=3_000, seed=2)
         assert smaller.observation["task_id"] == generate("niah", 3_000, seed=2).id
     await until(lambda: env.live_repls == 0)
+
+
+async def test_an_idle_session_is_closed_socket_and_slot():
+    """openenv-core's idle reaper freed a session's slot and environment but left its socket open,
+    serving on an environment already closed, and without a timeout nothing closed an idle session:
+    one client could hold every slot for good. The server closes an idle session now, and the
+    episode and the slot are free for the next client."""
+    import websockets
+
+    env = RLMEnv(max_depth=0, trace=False, max_live_repls=2, max_turns=3)
+    app = create_openenv_app(env, max_sessions=1, session_idle_timeout_s=0.3)
+    with BackgroundServer(app) as srv:
+        async with websockets.connect(srv.url.replace("http://", "ws://") + "/ws") as idle:
+            await idle.send(json.dumps({"type": "reset", "data": {"question": "q", "context": "ctx"}}))
+            assert json.loads(await idle.recv())["type"] == "observation"
+            assert env.live_repls == 1
+            async with asyncio.timeout(30):  # the client sends nothing more: the server closes it
+                with pytest.raises(websockets.ConnectionClosed) as closed:
+                    await idle.recv()
+        assert closed.value.rcvd.code == 4408 and "idle for 0.3 s" in closed.value.rcvd.reason
+        await until(lambda: env.live_repls == 0)
+        async with GenericEnvClient(base_url=srv.url) as client:  # max_sessions=1: the slot is free
+            ran = await client.reset(question="q", context="ctx")
+            assert ran.done is False
+
+
+async def test_one_client_address_holds_its_share_of_sessions():
+    """One client opening sessions took every slot of the server (max_sessions) for as long as it
+    liked. An address holds its share now, sessions and HTTP resets in progress together, and the
+    rest of the server stays for everyone else."""
+    import httpx
+    import websockets
+
+    env = RLMEnv(max_depth=0, trace=False, max_live_repls=2, max_turns=3)
+    with BackgroundServer(create_openenv_app(env, max_sessions=4, sessions_per_client=1)) as srv:
+        ws_url = srv.url.replace("http://", "ws://") + "/ws"
+        async with websockets.connect(ws_url) as first:
+            async with websockets.connect(ws_url) as second, asyncio.timeout(30):
+                with pytest.raises(websockets.ConnectionClosed) as refused:
+                    await second.recv()
+            assert refused.value.rcvd.code == 1013 and "--max-sessions-per-client" in refused.value.rcvd.reason
+            async with httpx.AsyncClient(base_url=srv.url, timeout=30) as http:
+                busy = await http.post("/reset", json={"question": "q", "context": "ctx"})
+            assert busy.status_code == 429 and busy.json()["error"]["code"] == "client_busy"
+            await first.send(json.dumps({"type": "reset", "data": {"question": "q", "context": "ctx"}}))
+            assert json.loads(await first.recv())["type"] == "observation"  # the first goes on
+        async with GenericEnvClient(base_url=srv.url) as client:  # its end gave the share back
+            await client.reset(question="q", context="ctx")
+    await until(lambda: env.live_repls == 0)

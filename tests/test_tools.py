@@ -311,6 +311,25 @@ def test_a_failing_sub_tool_is_reported_to_the_sub_model_and_rounds_are_capped(s
     assert "gave up after 2 tries" in root_turns(server)[1].messages[-1]["content"]
 
 
+def test_code_cannot_call_a_host_tool_its_run_was_not_given(server, tmp_path):
+    # The tree's runner holds the sub-models' tools too: a call frame the code writes itself named one.
+    from tests.test_host_backpressure import RAW_WRITER
+
+    ran: list[str] = []
+
+    @host_tool
+    def search(query: str) -> str:
+        """For sub-models only."""
+        ran.append(query)
+        return "results"
+
+    call = {"op": "call", "id": 10**9, "fn": "tool", "args": {"name": "search", "args": ["x"], "kwargs": {}}}
+    use(server, code(RAW_WRITER + f"write_all(frame({call!r}))\nprint(len(llm_query('q')))"), "FINAL(done)",
+        sub=lambda messages: "answer")  # fmt: skip
+    result = make_rlm(server, tmp_path, sub_tools=[search]).run("q", "ctx")
+    assert result.answer == "done" and ran == []
+
+
 # -- error mode, tips, typed answers, partial answers ------------------------------------------
 
 

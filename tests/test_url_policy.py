@@ -8,12 +8,9 @@ from __future__ import annotations
 import asyncio
 import gzip
 import ipaddress
-import ssl
-import threading
 import tracemalloc
 import zlib
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -22,11 +19,14 @@ pytest.importorskip("fastapi")
 import httpx
 from fastapi.testclient import TestClient
 
+from recursa import public_fetch
 from recursa.serve import urls
+from recursa.serve.api_error import ApiError
 from recursa.serve.openai_server import create_app
 from recursa.serve.settings import ServeSettings
 from tests.helpers import serve_process
 from tests.serve_helpers import install_test_root
+from tests.web_sites import Site, trusted_ca
 
 INTERNAL = "INTERNAL-ADMIN-ANSWER"
 PUBLIC_TEXT = "public document text"
@@ -36,42 +36,9 @@ ROOT_MODEL = install_test_root()
 PUBLIC_IP = "127.0.0.2"
 
 
-class Site:
-    """A small web server that counts its requests; `routes` maps a path to (status, headers, body)."""
-
-    def __init__(self, host: str, routes: dict[str, tuple[int, dict[str, str], str | bytes]]) -> None:
-        self.hits: list[str] = []
-        site = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                site.hits.append(self.path)
-                status, headers, body = routes.get(self.path, (404, {}, "missing"))
-                data = body if isinstance(body, bytes) else body.encode()
-                self.send_response(status)
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args) -> None:
-                return
-
-        self.server = ThreadingHTTPServer((host, 0), Handler)
-        self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(5)
-
-
 @pytest.fixture
 def internal() -> Iterator[Site]:
-    site = Site("127.0.0.1", {"/admin": (200, {}, INTERNAL)})
+    site = Site("127.0.0.1", {"/admin": (200, {}, INTERNAL)}).start()
     yield site
     site.close()
 
@@ -89,9 +56,9 @@ def public(internal: Site, monkeypatch) -> Iterator[Site]:
     }
     for k in range(7):
         routes[f"/loop{k}"] = (302, {"Location": f"/loop{k + 1}"}, "")
-    site = Site(PUBLIC_IP, routes)
-    real = urls.address_problem
-    monkeypatch.setattr(urls, "address_problem", lambda ip: None if str(ip) == PUBLIC_IP else real(ip))
+    site = Site(PUBLIC_IP, routes).start()
+    real = public_fetch.address_problem
+    monkeypatch.setattr(public_fetch, "address_problem", lambda ip: None if str(ip) == PUBLIC_IP else real(ip))
     yield site
     site.close()
 
@@ -169,7 +136,7 @@ def test_loopback_in_any_form_is_refused_and_never_contacted(http, internal, for
     ],
 )
 def test_address_classification(address: str, kind: str | None) -> None:
-    assert urls.address_problem(ipaddress.ip_address(address)) == kind
+    assert public_fetch.address_problem(ipaddress.ip_address(address)) == kind
 
 
 def test_redirects_are_checked_at_every_hop(http, internal, public) -> None:
@@ -192,14 +159,14 @@ def test_redirects_are_checked_at_every_hop(http, internal, public) -> None:
 def test_the_connection_goes_to_the_address_that_was_checked(http, internal, public, monkeypatch) -> None:
     """DNS rebinding: the name is public when checked and loopback when looked up again."""
     answers = iter([PUBLIC_IP])
-    real = urls.resolve
+    real = public_fetch.resolve
 
     async def rebinding(host: str, port: int):
         if host == "rebind.example":
             return [ipaddress.ip_address(next(answers, "127.0.0.1"))]
         return await real(host, port)
 
-    monkeypatch.setattr(urls, "resolve", rebinding)
+    monkeypatch.setattr(public_fetch, "resolve", rebinding)
     reply = _ask(http, f"http://rebind.example:{public.port}/doc")
     assert reply.status_code == 200, reply.text
     assert reply.json()["choices"][0]["message"]["content"] == PUBLIC_TEXT
@@ -241,32 +208,21 @@ def test_recursa_serve_command_line(tmp_path: Path, internal, flags: list[str]) 
 def test_https_goes_to_the_checked_address_and_verifies_the_name(http, monkeypatch, tmp_path) -> None:
     """Pinned to an address, the request still sends the name as TLS server name and Host, and the
     certificate is checked against that name."""
-    trustme = pytest.importorskip("trustme")
-    ca = trustme.CA()
-    cert = ca.issue_cert("docs.example")
-    ca_file = tmp_path / "ca.pem"
-    ca.cert_pem.write_to_path(str(ca_file))
-    monkeypatch.setenv("SSL_CERT_FILE", str(ca_file))
-    site = Site(PUBLIC_IP, {"/doc": (200, {}, PUBLIC_TEXT)})
-    names: list[str | None] = []
-    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    cert.configure_cert(server_context)
-    server_context.sni_callback = lambda _sock, name, _ctx: names.append(name)
-    site.server.socket = server_context.wrap_socket(site.server.socket, server_side=True)
-    real_problem, real_resolve = urls.address_problem, urls.resolve
+    site = Site(PUBLIC_IP, {"/doc": (200, {}, PUBLIC_TEXT)}).tls(trusted_ca(tmp_path, monkeypatch), "docs.example").start()
+    real_problem, real_resolve = public_fetch.address_problem, public_fetch.resolve
 
     async def resolve(host: str, port: int):
         return [ipaddress.ip_address(PUBLIC_IP)] if host == "docs.example" else await real_resolve(host, port)
 
-    monkeypatch.setattr(urls, "resolve", resolve)
+    monkeypatch.setattr(public_fetch, "resolve", resolve)
     monkeypatch.setattr(
-        urls, "address_problem", lambda ip: None if str(ip) == PUBLIC_IP else real_problem(ip)
+        public_fetch, "address_problem", lambda ip: None if str(ip) == PUBLIC_IP else real_problem(ip)
     )
     try:
         reply = _ask(http, f"https://docs.example:{site.port}/doc")
         assert reply.status_code == 200, reply.text
         assert reply.json()["choices"][0]["message"]["content"] == PUBLIC_TEXT
-        assert names[0] == "docs.example" and site.hits == ["/doc"]
+        assert site.names[0] == "docs.example" and site.hits == ["/doc"]
         # The certificate names docs.example, not the address: asked by address, it does not verify.
         _refused(_ask(http, f"https://{PUBLIC_IP}:{site.port}/doc"), code="context_fetch_failed")
     finally:
@@ -290,7 +246,7 @@ def test_compressed_bodies_are_capped_on_their_decoded_size(http, public, monkey
         "/small": (200, {"Content-Encoding": "gzip"}, gzip.compress(PUBLIC_TEXT.encode())),
         "/broken": (200, {"Content-Encoding": "gzip"}, gzip.compress(PUBLIC_TEXT.encode())[:-12]),
     }
-    site = Site(PUBLIC_IP, public_routes)
+    site = Site(PUBLIC_IP, public_routes).start()
     base = f"http://{PUBLIC_IP}:{site.port}"
 
     async def fetch(path: str) -> bytes:
@@ -300,7 +256,7 @@ def test_compressed_bodies_are_capped_on_their_decoded_size(http, public, monkey
         assert asyncio.run(fetch("/small")) == PUBLIC_TEXT.encode()
         tracemalloc.start()
         try:
-            with pytest.raises(urls.ApiError) as refused:
+            with pytest.raises(ApiError) as refused:
                 asyncio.run(fetch("/bomb"))
             peak = tracemalloc.get_traced_memory()[1]
         finally:
@@ -312,7 +268,7 @@ def test_compressed_bodies_are_capped_on_their_decoded_size(http, public, monkey
             ("/brotli", "Content-Encoding"),
             ("/broken", "ended"),
         ):
-            with pytest.raises(urls.ApiError) as refused:
+            with pytest.raises(ApiError) as refused:
                 asyncio.run(fetch(path))
             assert refused.value.code == "context_fetch_failed" and words in refused.value.message, path
         # Through the server: the client gets the refusal, and the server goes on.
@@ -380,4 +336,4 @@ def test_own_addresses_are_read_from_the_host() -> None:
 
     own = own_addresses()
     assert ipaddress.ip_address("127.0.0.1") in own and ipaddress.ip_address("::1") in own
-    assert urls.address_problem(ipaddress.ip_address("8.8.8.8")) is None  # not this host's
+    assert public_fetch.address_problem(ipaddress.ip_address("8.8.8.8")) is None  # not this host's

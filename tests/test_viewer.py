@@ -459,3 +459,30 @@ def test_runs_nested_thousands_deep_render_from_the_top_level(tmp_path):
     assert (
         max(runs_above) == MAX_RUN_NESTING + 1 and len([n for n in view["nodes"] if n["k"] == "run"]) == 3001
     )
+
+
+def test_malformed_fields_and_lone_surrogates_neither_crash_the_reader_nor_the_outputs(tmp_path):
+    """What a cell printed or a model replied reaches the trace as-is: a lone surrogate (written as
+    its JSON escape) made the standalone page unwritable (UnicodeEncodeError); a run id that is a
+    list, a parent that is a dict, a line nested 100,000 deep and a context that is a number each
+    crashed `recursa.trace.load` (and so `recursa export`) with a TypeError or RecursionError."""
+    from recursa.trace import load
+    from recursa.train import rl_rows
+
+    start = {"type": "run_start", "run_id": "A", "depth": 0, "question": "q", "context": 5}
+    lines = [
+        json.dumps(start),
+        json.dumps({**start, "run_id": ["x"]}),
+        json.dumps({**start, "run_id": "B", "parent_run_id": {"a": 1}, "depth": "deep"}),
+        '{"type": "turn", "run_id": "A", "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
+        json.dumps({"type": "run_end", "run_id": "A", "stop_reason": "final", "answer": "ok\udc80"}),
+    ]
+    path = tmp_path / "odd.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    trace = load(path)
+    assert trace.root.answer == "ok\N{REPLACEMENT CHARACTER}" and trace.runs["B"].parent_run_id is None
+    notes = " ".join(trace.notes)
+    assert "run_id that is list" in notes and "line 4 is not valid JSON" in notes and "names a parent" in notes
+    assert "ok\N{REPLACEMENT CHARACTER}" in export_html(path, tmp_path / "odd.html").read_text(encoding="utf-8")
+    rows, _report = rl_rows([path], scores={"A": 1.0})
+    assert isinstance(rows, list)

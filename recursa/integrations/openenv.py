@@ -19,7 +19,9 @@ Each OpenEnv session (one WebSocket connection of an `EnvClient`) is one `Recurs
   scorer. A new `reset` closes the session's episode first, and so does the end of the session.
 
 Concurrency is OpenEnv's `max_concurrent_envs` (sessions at once) over one shared `RLMEnv`, whose
-`max_live_repls`, budgets and turn limits hold across every session. Contexts come only as values
+`max_live_repls`, budgets and turn limits hold across every session. One client address holds at
+most its share of the sessions, and a session idle past its timeout is closed, socket and slot
+(recursa.asgi.client_shares). Contexts come only as values
 in the request, never as paths on the server.
 """
 
@@ -35,6 +37,7 @@ from openenv.core.env_server.types import Action, EnvironmentMetadata, Observati
 from pydantic import Field, model_validator
 
 from recursa.asgi.body_deadline import BodyDeadline
+from recursa.asgi.client_shares import IDLE_TIMEOUT_S, ClientShares
 from recursa.asgi.local_only import LocalOnly
 from recursa.env import Episode, RLMEnv
 from recursa.env.shared import EnvError
@@ -235,6 +238,9 @@ def _context(value: Any) -> Any:
     )
 
 
+_ENVIRONMENT_PATHS = frozenset(("/reset", "/step", "/mcp"))  # HTTP requests that make an environment
+
+
 def create_openenv_app(
     env: RLMEnv,
     *,
@@ -242,29 +248,46 @@ def create_openenv_app(
     family: str = "niah",
     size_chars: int = 20_000,
     body_timeout_s: float = 60.0,
+    sessions_per_client: int | None = None,
+    session_idle_timeout_s: float = IDLE_TIMEOUT_S,
 ) -> Any:
     """OpenEnv's FastAPI app serving `env`: /ws sessions (what `EnvClient` uses), /reset, /step,
     /state, /schema, /health; at most `max_sessions` sessions at once, and as many HTTP resets and
     steps in progress (each makes an environment of its own). `size_chars` is a generated task's
-    size, and the largest a reset may ask for.
+    size, and the largest a reset may ask for. One client address holds at most
+    `sessions_per_client` sessions and requests together (None: a quarter of `max_sessions`, and
+    all of them for this machine's own programs), and a session with no message for
+    `session_idle_timeout_s` is closed (recursa.asgi.client_shares).
 
     The server has no keys, so it answers only the programs of its machine and trainers elsewhere,
     never a web page (recursa.asgi.local_only); a body or message is at most MAX_MESSAGE_BYTES
     within the JSON bounds (recursa.serve.json_limits), and a body must arrive by its deadline."""
     if family not in families():
         raise EnvError(f"family {family!r} is not a task family; choose one of {', '.join(families())}")
+    if sessions_per_client is not None and sessions_per_client < 1:
+        raise EnvError(f"sessions_per_client={sessions_per_client}: give a whole number >= 1, or None")
+    if not session_idle_timeout_s > 0:
+        raise EnvError(f"session_idle_timeout_s={session_idle_timeout_s}: give a number of seconds > 0")
 
     def factory() -> RecursaEnvironment:
         return RecursaEnvironment(env, family=family, size_chars=size_chars)
 
     app = create_app(factory, RLMAction, RLMObservation, env_name="recursa", max_concurrent_envs=max_sessions)
     # Innermost first: the JSON bounds, the size cap, the body's deadline, the HTTP resets and steps
-    # in progress (each holds an environment that openenv's session cap never counts), the origin.
+    # in progress (each holds an environment that openenv's session cap never counts), each client
+    # address's share of those and of the sessions (and the sessions' idle close), the origin.
     app.add_middleware(JSONBounds)
     app.add_middleware(BodyLimit, max_bytes=MAX_MESSAGE_BYTES)
     app.add_middleware(BodyDeadline, timeout_s=body_timeout_s)
     app.add_middleware(
-        AdmissionLimit, limit=max_sessions, paths=frozenset(("/reset", "/step", "/mcp")), post_only=True
+        AdmissionLimit, limit=max_sessions, paths=_ENVIRONMENT_PATHS, post_only=True
+    )
+    app.add_middleware(
+        ClientShares,
+        total=max_sessions,
+        per_client=sessions_per_client,
+        idle_timeout_s=session_idle_timeout_s,
+        paths=_ENVIRONMENT_PATHS,
     )
     app.add_middleware(
         LocalOnly, hint="OpenEnv clients (EnvClient, TRL) send no Origin and are served from anywhere"

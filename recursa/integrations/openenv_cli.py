@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from recursa.asgi.client_shares import IDLE_TIMEOUT_S
 from recursa.asgi.ports import port
 from recursa.errors import ConfigError
 from recursa.extras import install_hint
@@ -29,6 +30,19 @@ def add_parser(sub: Any, add_model_options: Callable[[argparse.ArgumentParser], 
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=port, default=8010, help="port to listen on")
     p.add_argument("--max-sessions", type=int, default=64, help="OpenEnv sessions (episodes) at once")
+    p.add_argument(
+        "--max-sessions-per-client",
+        type=int,
+        default=None,
+        help="sessions (and HTTP resets and steps in progress) one client address may hold; default: a "
+        "quarter of --max-sessions, and all of them for this machine's own programs",
+    )
+    p.add_argument(
+        "--session-idle-timeout",
+        type=float,
+        default=IDLE_TIMEOUT_S,
+        help="seconds a session may go without a message before the server closes it",
+    )
     p.add_argument(
         "--max-live-repls", type=int, default=256, help="REPL processes alive at once, children included"
     )
@@ -51,13 +65,24 @@ def run(args: argparse.Namespace) -> int:
     kwargs["max_turns"] = kwargs.pop("max_iterations")
     if args.max_sessions < 1:
         raise ConfigError(f"--max-sessions {args.max_sessions}: give a whole number >= 1")
+    if args.max_sessions_per_client is not None and args.max_sessions_per_client < 1:
+        raise ConfigError(f"--max-sessions-per-client {args.max_sessions_per_client}: give a whole number >= 1")
+    if not args.session_idle_timeout > 0:
+        raise ConfigError(f"--session-idle-timeout {args.session_idle_timeout}: give a number of seconds > 0")
     env = RLMEnv(
         kwargs.pop("sub_model") or args.model,
         model=args.model,
         max_live_repls=args.max_live_repls,
         **kwargs,
     )
-    app = create_openenv_app(env, max_sessions=args.max_sessions, family=args.family, size_chars=args.size)
+    app = create_openenv_app(
+        env,
+        max_sessions=args.max_sessions,
+        family=args.family,
+        size_chars=args.size,
+        sessions_per_client=args.max_sessions_per_client,
+        session_idle_timeout_s=args.session_idle_timeout,
+    )
     print(f"recursa openenv: http://{args.host}:{args.port} (OpenEnv /ws, /reset, /step)", file=sys.stderr)
     # The servers' connection handling: a request head's time limit, connections capped below the
     # descriptor limit (per address and in all), and a WebSocket message's size.

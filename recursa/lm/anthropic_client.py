@@ -16,7 +16,7 @@ from typing import Any
 
 from recursa.lm.api_call import Endpoint, call_api, resolve_credentials
 from recursa.lm.base import LMRequest, LMResponse, Message
-from recursa.lm.billing import AttemptUsage, BilledFailure
+from recursa.lm.billing import AttemptUsage, BilledFailure, reported_count
 from recursa.lm.images import anthropic_content
 from recursa.lm.json_http import JsonPoster
 from recursa.lm.retry import RetryPolicy, public_url
@@ -212,8 +212,7 @@ def _usage(usage: Any) -> AttemptUsage | None:
         return None
 
     def count(key: str) -> int:
-        value = usage.get(key)
-        return value if isinstance(value, int) and value > 0 else 0
+        return reported_count(usage.get(key))
 
     read, written = count("cache_read_input_tokens"), count("cache_creation_input_tokens")
     return AttemptUsage(

@@ -35,6 +35,15 @@ _CHARS_PER_TOKEN = 4
 _TOKENS_PER_MESSAGE = 4
 
 
+def reported_count(value: Any) -> int:
+    """A token count as a server reported it: a whole number >= 0, else 0. A server's usage is
+    hostile input too: a negative count would hand budget back, and a NaN or a string failed the
+    run where the answer was fine."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 @dataclass(frozen=True)
 class AttemptUsage:
     """What one billed attempt counts for."""

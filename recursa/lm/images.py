@@ -6,13 +6,13 @@ or `{"type": "image", "url": ...}` (an image the provider fetches). OpenAI-compa
 `image_url` parts (bytes as a data URL), Anthropic `image` blocks with a base64 or url source.
 Traces and error messages show an image as a reference (media type, size, sha256), never its bytes.
 
-Image URLs come from generated code, so they are held to a policy before any provider sees them:
-https only, a host name (no IP literal in any spelling, no "localhost"), and a name that resolves
-here only to public addresses (recursa.addresses; `public_hosts`): a self-hosted model server
-(vLLM, SGLang) fetches image URLs itself, from inside the operator's network, and a name such as
-`127.0.0.1.nip.io` or an internal one leads there. The provider resolves the name again when it
-fetches: a name that answers differently a moment later (DNS rebinding) is not covered, nor a name
-this host cannot resolve (its resolver cannot say where it leads); pass the bytes where that matters.
+Image URLs come from generated code, so they are held to a policy, and no provider ever fetches
+one: https only, a host name (no IP literal in any spelling, no "localhost"), and recursa fetches
+the image itself (`fetched_parts`, through recursa.public_fetch: every address the name resolves to
+must be public, and the connection goes to the address that was checked), within MAX_IMAGE_BYTES,
+IMAGE_FETCH_TIMEOUT_S and an image Content-Type, and sends the provider the bytes. A self-hosted
+model server (vLLM, SGLang) would otherwise fetch the URL from inside the operator's network,
+resolving the name again: a name that answers differently a moment later (DNS rebinding) led there.
 """
 
 from __future__ import annotations
@@ -23,12 +23,11 @@ import binascii
 import hashlib
 import ipaddress
 import re
-import socket
 from typing import Any
 from urllib.parse import urlsplit
 
-from recursa.addresses import address_problem
 from recursa.confined import image_type
+from recursa.public_fetch import FetchError, fetch_public
 
 MAX_IMAGE_BYTES = 5 * 1024 * 1024  # Anthropic's limit per image; OpenAI's is higher
 
@@ -62,7 +61,7 @@ def base64_part(text: str, where: str) -> dict[str, Any]:
 
 
 def url_part(url: str, where: str) -> dict[str, Any]:
-    """An image the provider fetches, if the URL policy (module docstring) allows it."""
+    """An image to fetch (`fetched_parts`) before any call, if the URL policy (module doc) allows it."""
     parts = urlsplit(url)
     host = (parts.hostname or "").lower().rstrip(".")
     if parts.scheme != "https" or not host:
@@ -85,28 +84,52 @@ def _is_ip(host: str) -> bool:
 
 
 _NUMERIC_LABEL = re.compile(r"0x[0-9a-f]*|[0-9]+")
-_RESOLVE_TIMEOUT_S = 10.0
+IMAGE_FETCH_TIMEOUT_S = 30.0  # one image URL's fetch, redirects included
+MAX_FETCHED_BYTES = 64 << 20  # the images one call's URLs may bring in together (a host frame's cap)
+_FETCHES_AT_ONCE = 8
 
 
-async def public_hosts(parts: list[dict[str, Any]], where: str) -> None:
-    """ImageError when the host of an image URL among `parts` resolves here to an address that is
-    not public (see the module doc for what this does not cover)."""
-    hosts = dict.fromkeys((urlsplit(p["url"]).hostname or "").rstrip(".") for p in parts if "url" in p)
-    loop = asyncio.get_running_loop()
-    for host in filter(None, hosts):
-        try:
-            async with asyncio.timeout(_RESOLVE_TIMEOUT_S):
-                infos = await loop.getaddrinfo(host, 443, type=socket.SOCK_STREAM)
-        except (OSError, TimeoutError):
-            continue  # unresolvable here: the provider's resolver may still know it
-        for info in infos:
-            address = ipaddress.ip_address(str(info[4][0]).split("%")[0])
-            problem = address_problem(address)
-            if problem is not None:
-                raise ImageError(
-                    f"{where}: the image URL's host {host[:100]!r} leads to {address} ({problem} address), "
-                    "not to a public one; image URLs must name a public host (pass the image's bytes instead)"
+async def fetched_parts(groups: list[list[dict[str, Any]]], where: str) -> list[list[dict[str, Any]]]:
+    """`groups` (each prompt's parts) with every URL part replaced by the image's bytes, fetched here
+    (module doc); each distinct URL once. ImageError names the first URL that could not be had."""
+    urls = list(dict.fromkeys(p["url"] for parts in groups for p in parts if "url" in p and "data" not in p))
+    if not urls:
+        return groups
+    gate = asyncio.Semaphore(_FETCHES_AT_ONCE)
+    total = 0
+
+    async def one(url: str) -> dict[str, Any]:
+        nonlocal total
+        at = f"{where}: the image at {url[:100]!r}"
+        async with gate:
+            if total > MAX_FETCHED_BYTES:
+                raise ImageError(_too_many(where))
+            try:
+                got = await fetch_public(
+                    url,
+                    what=at,
+                    max_bytes=MAX_IMAGE_BYTES,
+                    timeout_s=IMAGE_FETCH_TIMEOUT_S,
+                    schemes=("https",),
+                    accept=("image/",),
+                    private_hint=" (image URLs must name a public host; pass the image's bytes instead)",
                 )
+            except FetchError as exc:
+                raise ImageError(exc.message) from None
+            total += len(got.data)
+            if total > MAX_FETCHED_BYTES:
+                raise ImageError(_too_many(where))
+        return {**bytes_part(got.data, at), "url": url}
+
+    parts = dict(zip(urls, await asyncio.gather(*(one(u) for u in urls)), strict=True))
+    return [[parts[p["url"]] if "url" in p and "data" not in p else p for p in group] for group in groups]
+
+
+def _too_many(where: str) -> str:
+    return (
+        f"{where}: the images at these URLs pass {MAX_FETCHED_BYTES:,} bytes together, the most one call "
+        "fetches; send fewer per call"
+    )
 
 
 def is_image(part: Any) -> bool:
@@ -115,9 +138,10 @@ def is_image(part: Any) -> bool:
 
 def reference(part: dict[str, Any]) -> str:
     """How traces and messages name an image: never its bytes."""
-    if "url" in part:
-        return f"[image {part['url'][:200]}]"
-    return f"[image {part.get('media_type')} {part.get('bytes', 0):,} bytes sha256:{str(part.get('sha256'))[:16]}]"
+    source = f" from {part['url'][:200]}" if "url" in part else ""
+    if "data" not in part:
+        return f"[image{source}]"
+    return f"[image{source} {part.get('media_type')} {part.get('bytes', 0):,} bytes sha256:{str(part.get('sha256'))[:16]}]"
 
 
 def content_text(content: Any) -> str:
@@ -137,10 +161,8 @@ def openai_content(content: Any) -> Any:
     for part in content:
         if not is_image(part):
             out.append({"type": "text", "text": part.get("text") or ""})
-        elif "url" in part:
-            out.append({"type": "image_url", "image_url": {"url": part["url"]}})
         else:
-            data_url = f"data:{part['media_type']};base64,{part['data']}"
+            data_url = f"data:{part['media_type']};base64,{_data(part)}"
             out.append({"type": "image_url", "image_url": {"url": data_url}})
     return out
 
@@ -153,12 +175,17 @@ def anthropic_content(content: Any) -> Any:
     for part in content:
         if not is_image(part):
             out.append({"type": "text", "text": part.get("text") or "(empty)"})
-        elif "url" in part:
-            out.append({"type": "image", "source": {"type": "url", "url": part["url"]}})
         else:
-            source = {"type": "base64", "media_type": part["media_type"], "data": part["data"]}
+            source = {"type": "base64", "media_type": part["media_type"], "data": _data(part)}
             out.append({"type": "image", "source": source})
     return out
+
+
+def _data(part: dict[str, Any]) -> str:
+    """An image's base64; a URL part that was never fetched is refused, never passed on (module doc)."""
+    if "data" not in part:
+        raise ImageError(f"{reference(part)} was not fetched; recursa sends providers image bytes, never URLs")
+    return str(part["data"])
 
 
 def image_refs(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -25,6 +25,7 @@ from aiohttp.helpers import get_env_proxy_for_url
 from yarl import URL
 
 from recursa.lm.base import utf8_json
+from recursa.public_fetch import tls_context
 from recursa.version import __version__
 
 USER_AGENT = f"recursa/{__version__}"
@@ -110,7 +111,10 @@ class JsonPoster:
             raise HttpConnectionError(isinstance(err, TimeoutError)) from err
         if status >= 300:
             raise HttpStatusError(status, _error_body(raw), resp_headers)
-        return json.loads(raw)
+        try:
+            return json.loads(raw)
+        except RecursionError:  # the answer is hostile input: nested past what the parser takes
+            raise json.JSONDecodeError("nested too deeply", "", 0) from None
 
     async def aclose(self) -> None:
         session, self._session = self._session, None
@@ -122,7 +126,7 @@ def _error_body(raw: bytes) -> Any:
     text = raw.decode("utf-8", "replace")
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return text.strip()
 
 
@@ -134,19 +138,10 @@ def env_headers(pairs: Mapping[str, str]) -> dict[str, str]:
 
 @functools.cache
 def shared_tls_context() -> ssl.SSLContext:
-    """One TLS context for every client in the process.
+    """One TLS context for every client in the process (per SSL_CERT_FILE / SSL_CERT_DIR).
 
     Each client would otherwise build its own, loading the CA bundle again, and every run makes its
-    own clients (docs/performance.md, "Figures behind choices in the code"). The trust
-    store is certifi's bundle (what the provider SDKs use), unless SSL_CERT_FILE or SSL_CERT_DIR
-    name another.
+    own clients (docs/performance.md, "Figures behind choices in the code"). The trust store is
+    certifi's bundle (what the provider SDKs use), unless SSL_CERT_FILE or SSL_CERT_DIR name another.
     """
-    cafile, capath = os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")
-    if cafile is None and capath is None:
-        try:
-            import certifi
-
-            cafile = certifi.where()
-        except ImportError:  # no certifi: the system store
-            pass
-    return ssl.create_default_context(cafile=cafile, capath=capath)
+    return tls_context()

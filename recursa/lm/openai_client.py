@@ -7,7 +7,7 @@ from typing import Any
 
 from recursa.lm.api_call import Endpoint, call_api, resolve_credentials
 from recursa.lm.base import LMRequest, LMResponse, Message
-from recursa.lm.billing import AttemptUsage, BilledFailure
+from recursa.lm.billing import AttemptUsage, BilledFailure, reported_count
 from recursa.lm.images import openai_content
 from recursa.lm.json_http import JsonPoster, env_headers, shared_tls_context
 from recursa.lm.retry import RetryPolicy, public_url
@@ -48,7 +48,7 @@ class OpenAIClient:
             key_env=ENV_VAR,
             url_env="OPENAI_BASE_URL",
             official_host=_OFFICIAL_HOST,
-            hint=" (or pass base_url= for a local OpenAI-compatible server, which needs no key)",
+            hint=" (or pass «base_url=» for a local OpenAI-compatible server, which needs no key)",
         )
         official, effective_url = creds.official, creds.base_url or "https://api.openai.com/v1"
         self._secret = creds.secret
@@ -143,14 +143,14 @@ def _usage(resp: dict[str, Any]) -> AttemptUsage | None:
     usage = resp.get("usage")
     if not isinstance(usage, dict):
         return None
-    input_tokens = int(usage.get("prompt_tokens") or 0)
-    details = usage.get("prompt_tokens_details") or {}
-    cached = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
+    input_tokens = reported_count(usage.get("prompt_tokens"))
+    details = usage.get("prompt_tokens_details")
+    cached = reported_count(details.get("cached_tokens")) if isinstance(details, dict) else 0
     # OpenRouter (and some gateways) report what the call cost; it wins over our price table.
     raw_cost = usage.get("cost")
     return AttemptUsage(
         input_tokens=input_tokens,
-        output_tokens=int(usage.get("completion_tokens") or 0),
+        output_tokens=reported_count(usage.get("completion_tokens")),
         cached_tokens=min(cached, input_tokens) if input_tokens else cached,
         provider_cost_usd=float(raw_cost) if isinstance(raw_cost, int | float) and raw_cost >= 0 else None,
     )

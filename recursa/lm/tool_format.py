@@ -68,7 +68,7 @@ def openai_tool_calls(message: Any) -> list[ToolCall]:
         name = str(fn.get("name") or "")
         try:
             args = json.loads(fn.get("arguments") or "{}")
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             calls.append(ToolCall(call_id, name, {}, error=f"the arguments were not valid JSON ({exc})"))
             continue
         if not isinstance(args, dict):

@@ -16,13 +16,14 @@ from typing import Any, Protocol
 from recursa.context import ContextPayload, load_payload
 from recursa.errors import BudgetExceeded, ContextError, ContextLengthError, LMError
 from recursa.lm.base import CallMeta, LMResponse, Message
-from recursa.lm.images import ImageError, base64_part, bytes_part, public_hosts, url_part
+from recursa.lm.images import ImageError, base64_part, bytes_part, fetched_parts, url_part
 from recursa.lm.registry import parse_model
 from recursa.loop.tree import CallTree
 from recursa.result import RLMResult
 from recursa.sandbox.base import CallbackError
 from recursa.tools.calling import call_with_tools
 from recursa.tools.runner import ToolFailure
+from recursa.tools.spec import Tool
 from recursa.usage import Usage
 
 # Failures of the call itself (not of how it was called): what subcall_errors="return" turns into text.
@@ -47,6 +48,8 @@ class CallingRun(Protocol):
     usage_scopes: list[Usage]
 
     def new_call_id(self) -> str: ...
+
+    def tools(self) -> list[Tool]: ...
 
     async def spawn_child(self, question: str, payload: ContextPayload) -> RLMResult: ...
 
@@ -78,6 +81,13 @@ class SubcallHandler:
         call_args, call_kwargs = args.get("args") or [], args.get("kwargs") or {}
         if not isinstance(call_args, list) or not isinstance(call_kwargs, dict):
             raise CallbackError("TypeError", f"{name}: malformed tool call from the REPL")
+        # The tree's runner holds every host tool of the tree (sub-models' too, and those a child
+        # is not given): code that writes its own call frames may name only its own run's.
+        own = [t.name for t in self.run.tools() if t.where == "host"]
+        if name not in own:
+            raise CallbackError(
+                "ToolError", f"there is no host tool named {name[:200]!r} here (tools: {', '.join(own) or 'none'})."
+            )
         started = time.perf_counter()
         error: str | None = None
         try:
@@ -114,8 +124,7 @@ class SubcallHandler:
     # -- plain model calls -------------------------------------------------------------------
     async def _llm_query(self, args: dict[str, Any]) -> str:
         prompt = _text_arg(args, "prompt", "llm_query")
-        images = self._images(args.get("images"))
-        await _public_hosts(images, "llm_query: images")
+        (images,) = await _fetched([self._images(args.get("images"))], "llm_query: images")
         return await self._one_llm(prompt, args.get("model"), images)
 
     def _images(
@@ -167,7 +176,7 @@ class SubcallHandler:
                     "TypeError", f"llm_query_batched: prompts[{i}] is {type(p).__name__}, not str"
                 )
         images = self._batch_images(args, len(prompts))  # a refused image fails the batch before any call
-        await _public_hosts([part for parts in images for part in parts], "llm_query_batched: images")
+        images = await _fetched(images, "llm_query_batched: images")
         calls = [self._one_llm(p, model, images[i]) for i, p in enumerate(prompts)]
         items = await _gather_items(calls, self.run.tree.trace.redact)
         return self._batch_outcome(items)
@@ -334,9 +343,10 @@ class SubcallHandler:
         return outcome
 
 
-async def _public_hosts(parts: list[dict[str, Any]], where: str) -> None:
+async def _fetched(groups: list[list[dict[str, Any]]], where: str) -> list[list[dict[str, Any]]]:
+    """The images' URLs fetched by recursa (lm/images.py): a provider is sent bytes, never a URL."""
     try:
-        await public_hosts(parts, where)
+        return await fetched_parts(groups, where)
     except ImageError as exc:
         raise CallbackError("ValueError", str(exc)) from None
 

@@ -13,12 +13,15 @@ a remote SDK's output callback and writes through an async function.
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from recursa.outcomes import AnswerProtocol
 from recursa.sandbox.base import ExecResult, FinalAnswer
 from recursa.sandbox.frames import (
     MAX_HOST_FRAME_BYTES,
@@ -43,6 +46,8 @@ _FEED_BACKLOG_BYTES = MAX_HOST_FRAME_BYTES + 8 * _RECV_CHUNK
 # How long one channel may keep the event loop between yields (frames are handed out one at a time,
 # so this is overrun by one frame's handling at most).
 _SLICE_S = 0.001
+# How a worker's answer may say it was given (the other protocols are the engine's own).
+_WORKER_PROTOCOLS: tuple[AnswerProtocol, ...] = ("FINAL", "FINAL_VAR", "answer")
 
 
 class Channel:
@@ -249,26 +254,49 @@ def final_from_wire(data: Any) -> FinalAnswer | None:
     """A FinalAnswer from the worker's JSON (types checked: the worker is not trusted)."""
     if not isinstance(data, dict):
         return None
-    text = str(data.get("text", ""))
+    text = _text(data.get("text"))
     value = text if data.get("value_is_text") else data.get("value", text)
     var = data.get("var_name")
-    return FinalAnswer(text, value, str(data.get("protocol", "FINAL")), var if isinstance(var, str) else None)
+    protocol = data.get("protocol")
+    return FinalAnswer(
+        text,
+        value,
+        protocol if protocol in _WORKER_PROTOCOLS else "FINAL",
+        var if isinstance(var, str) else None,
+    )
 
 
 def exec_result_from_wire(frame: dict[str, Any]) -> ExecResult:
+    """An ExecResult from the worker's answer. Code in the cell can write that answer itself, so
+    every field is checked: one of the wrong kind is read as absent, never raised on the host."""
+
     def strs(key: str) -> list[str]:
         items = frame.get(key)
-        return [str(x) for x in items] if isinstance(items, list) else []
+        return [_text(x) for x in items] if isinstance(items, list) else []
 
-    error = frame.get("error")
+    error, partial = frame.get("error"), frame.get("partial")
     return ExecResult(
-        stdout=str(frame.get("stdout", "")),
-        stderr=str(frame.get("stderr", "")),
-        omitted_chars=int(frame.get("omitted_chars", 0) or 0),
-        error=str(error) if error is not None else None,
+        stdout=_text(frame.get("stdout")),
+        stderr=_text(frame.get("stderr")),
+        omitted_chars=_number(frame.get("omitted_chars"), int),
+        error=_text(error) if error is not None else None,
         final=final_from_wire(frame.get("final")),
         restored_names=strs("restored_names"),
         notes=strs("notes"),
-        duration_s=float(frame.get("duration_s", 0.0) or 0.0),
-        partial=str(frame["partial"]) if frame.get("partial") is not None else None,
+        duration_s=_number(frame.get("duration_s"), float),
+        partial=_text(partial) if partial is not None else None,
     )
+
+
+def _text(value: Any) -> str:
+    """A str field as sent; anything else (a forged answer's list or number) as its JSON text."""
+    if isinstance(value, str):
+        return value
+    return "" if value is None else json.dumps(value)
+
+
+def _number(value: Any, kind: type[int] | type[float]) -> Any:
+    """A count or a duration: a finite, non-negative number of JSON, else 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return kind(0)
+    return kind(value)

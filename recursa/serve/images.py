@@ -5,7 +5,8 @@ An image's bytes (base64, or a `data:` URL) are checked as `llm_query(images=...
 PNG, JPEG, GIF or WebP image of at most MAX_IMAGE_BYTES) and become a value of the context, named
 `image-<n>.<ext>` in the order the request gives them: the code shows one to a sub-model with
 `llm_query(prompt, images=[name])`. An image URL is held to llm_query's URL policy and listed in the
-context by its URL, which the code passes on as it is. A request holds at most
+context by its URL, which the code passes to llm_query: recursa fetches it there, from the address
+it checked (recursa.lm.images), and no provider is sent the URL. A request holds at most
 `ServeSettings.max_images` images of at most `max_image_bytes` together; past either it is a 400
 naming the image's field.
 """

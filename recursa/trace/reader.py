@@ -3,11 +3,30 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from recursa.outcomes import StopReason
+
+# A JSON escape of a UTF-16 surrogate. Alone (not half of a pair) it decodes to a str that no UTF-8
+# writer accepts: a cell's output (or a model's reply) put one in the trace, and the viewer's page
+# or an export could not be written.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def parse_line(line: str, **options: Any) -> Any:
+    """One line of a trace as JSON (`options` for json.loads); a lone surrogate in it comes back as
+    U+FFFD. Raises ValueError for a line that is not JSON or is nested too deeply to parse."""
+    try:
+        value = json.loads(line, **options)
+        if _SURROGATE_ESCAPE.search(line):
+            text = json.dumps(value, ensure_ascii=False).encode("utf-16-le", "surrogatepass")
+            value = json.loads(text.decode("utf-16-le", "replace"), **options)
+    except RecursionError:
+        raise ValueError("nested too deeply to read") from None
+    return value
 
 
 @dataclass
@@ -85,8 +104,18 @@ def run_tree(
     problems = notes if notes is not None else []
     for event in events:
         run_id = event.get("run_id")
+        if not isinstance(run_id, str):  # a list or a dict would not even be a dict key
+            if event["type"] == "run_start":
+                problems.append(f"a run_start has a run_id that is {type(run_id).__name__}, not text; skipped")
+            continue
         if event["type"] == "run_start":
-            node = RunNode(run_id, event.get("parent_run_id"), event.get("depth", 0), event)
+            parent_id, depth = event.get("parent_run_id"), event.get("depth", 0)
+            if parent_id is not None and not isinstance(parent_id, str):
+                problems.append(f"run {run_id} names a parent that is not a run id; read as a top-level run")
+                parent_id = None
+            if not isinstance(depth, int) or isinstance(depth, bool):
+                depth = 0
+            node = RunNode(run_id, parent_id, depth, event)
             if run_id in runs:
                 problems.append(f"run {run_id} starts more than once; its later events go to the last start")
             if node.parent_run_id == run_id:
@@ -117,8 +146,8 @@ def load(path: str | Path) -> Trace:
                 continue
             last = number
             try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
+                event = parse_line(line)
+            except ValueError:
                 unreadable.append(number)
                 continue
             if isinstance(event, dict) and isinstance(event.get("type"), str):

@@ -98,8 +98,9 @@ class TraceRun:
     @property
     def task_key(self) -> str:
         """The question and the context's hash: identifies a task when no task id was given."""
-        ctx = self.node.start.get("context") or {}
-        return f"{self.node.question}\x00{ctx.get('sha256', '')}"
+        ctx = self.node.start.get("context")
+        digest = ctx.get("sha256", "") if isinstance(ctx, dict) else ""
+        return f"{self.node.question}\x00{digest}"
 
 
 def find_inputs(paths: Iterable[str | Path], exclude: Iterable[Path] = ()) -> Inputs:

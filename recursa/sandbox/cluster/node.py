@@ -3,9 +3,15 @@
 Each REPL here is the same local sandbox the driver would start (`"auto"`: the hardened worker,
 inside bubblewrap where the node has it), so a REPL on a node has exactly the isolation it would
 have on the driver's machine. The actor keeps no model, key or budget: every call-back a REPL makes
-(`llm_query`, `rlm_query`, tools) is queued for the driver that owns the REPL, which fetches the
-queue with `next_calls` and answers with `answer`. A context is materialised once per node (one
-memfd per context key, from the object store) and every REPL on the node maps that same buffer.
+(`llm_query`, `rlm_query`, tools) goes to the driver that owns the REPL, which answers it. A context
+is materialised once per node (one memfd per context key, from the object store) and every REPL on
+the node maps that same buffer.
+
+A driver talks to its host through `exchange` alone: each call carries every request the driver
+made since its last call (cells of many REPLs, answers to call-backs, cancellations) and returns
+every event ready for that driver (requests done, call-backs asked), waiting for one when none is.
+So a step costs one actor call, and a busy driver's steps share calls: the per-call work of Ray
+(two processes' task machinery on every node's cores) is paid per batch, not per cell.
 
 This module imports no Ray: the driver wraps `NodeHost` with `ray.remote` (pool.py), so the class
 is also testable as a plain object.
@@ -17,10 +23,12 @@ import asyncio
 import contextlib
 import itertools
 import os
+import pickle
 import socket
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from recursa.context import ContextInfo, ContextPayload
 from recursa.errors import SandboxError
@@ -29,12 +37,38 @@ from recursa.sandbox.base import CallbackError, ExecResult, FinalAnswer, Sandbox
 from recursa.sandbox.forkserver import ForkServer
 from recursa.sandbox.pools import MemoryPool
 
-# A call-back as it crosses to the driver: (client, repl, call id, function, arguments).
-Call = tuple[str, str, int, str, dict[str, Any]]
-# An answer as it comes back: (call id, True, value) or (call id, False, (error kind, message)).
+# A request from the driver: (request id, method, arguments). Methods: REQUESTS, and "answer"
+# (arguments: a list of Answer) and "cancel" (arguments: the request id), which have no reply.
+Request = tuple[int, str, tuple[Any, ...]]
+# An event for the driver: ("done", request id, True, value) / ("done", request id, False, exception)
+# or a call-back, ("call", repl, call id, function, arguments).
+Event = tuple[Any, ...]
+# An answer to a call-back: (call id, True, value) or (call id, False, (error kind, message)).
 Answer = tuple[int, bool, Any]
 
-_MAX_BATCH = 512  # call-backs handed to the driver per fetch; more wait for the next one
+REQUESTS: Final = frozenset(
+    {"open", "close", "load_context", "define", "execute", "get_variable", "variable_names"}
+)
+_MAX_BATCH = 512  # events handed to the driver per exchange; more go with the next one
+# Exchanges of one driver held open waiting for events: one is the driver's standing ear; a second
+# is the exchange that carried the latest requests. A third releases the oldest, empty.
+_MAX_WAITERS = 2
+
+
+@dataclass
+class Mailbox:
+    """One driver's traffic on this host: its requests running, its events, its waiting exchanges."""
+
+    events: list[Event] = field(default_factory=list)
+    waiters: deque[asyncio.Future[list[Event]]] = field(default_factory=deque)
+    running: dict[int, asyncio.Task[None]] = field(default_factory=dict)
+    latest: int = 0  # the highest request id seen: a cancel past it arrived first
+    cancelled: set[int] = field(default_factory=set)
+    delivering: bool = False
+
+    def take(self) -> list[Event]:
+        batch, self.events = self.events[:_MAX_BATCH], self.events[_MAX_BATCH:]
+        return batch
 
 
 @dataclass
@@ -54,6 +88,15 @@ class NodeContext:
         return ContextPayload(
             self.kind, os.dup(self.fd), self.size_bytes, list(self.byte_lengths), list(self.keys), self.info
         )
+
+
+def _portable(exc: Exception) -> Exception:
+    """`exc` as it can cross to the driver: itself when it pickles, else a SandboxError naming it."""
+    try:
+        pickle.dumps(exc)
+    except Exception:
+        return SandboxError(f"{type(exc).__name__}: {exc}")
+    return exc
 
 
 def tree_rss(root: int) -> int:
@@ -100,7 +143,7 @@ class NodeHost:
         self._owner: dict[str, str] = {}  # repl -> the client (driver-side pool) it answers to
         self._contexts: dict[str, NodeContext] = {}
         self._loading: dict[str, asyncio.Future[NodeContext]] = {}
-        self._outbox: dict[str, asyncio.Queue[Call]] = {}
+        self._mail: dict[str, Mailbox] = {}  # client -> its traffic
         self._waiting: dict[int, tuple[str, asyncio.Future[Any]]] = {}
         self._ids = itertools.count(1)
         self.opened = 0  # REPLs ever started here
@@ -139,7 +182,7 @@ class NodeHost:
         self.opened += 1
         self.repls[repl] = sandbox
         self._owner[repl] = client
-        self._outbox.setdefault(client, asyncio.Queue())
+        self._mail.setdefault(client, Mailbox())
         try:
             await sandbox.start(self._handler(client, repl))
         except BaseException:
@@ -163,6 +206,13 @@ class NodeHost:
 
     async def close_client(self, client: str) -> int:
         """Close every REPL of one driver-side pool (its loop ended); how many there were."""
+        box = self._mail.pop(client, None)
+        if box is not None:
+            for task in box.running.values():
+                task.cancel()
+            for waiter in box.waiters:
+                if not waiter.done():
+                    waiter.set_result([])
         repls = [r for r, c in self._owner.items() if c == client]
         await asyncio.gather(*(self._drop(r) for r in repls), return_exceptions=True)
         for call_id, (owner, future) in list(self._waiting.items()):
@@ -170,7 +220,6 @@ class NodeHost:
                 future.set_exception(CallbackError("SandboxError", "the driver that owned this REPL left"))
             if owner == client:
                 self._waiting.pop(call_id, None)
-        self._outbox.pop(client, None)
         return len(repls)
 
     async def _drop(self, repl: str) -> None:
@@ -255,31 +304,86 @@ class NodeHost:
     async def variable_names(self, repl: str) -> list[str]:
         return await self._repl(repl).variable_names()
 
-    # -- call-backs to the driver ------------------------------------------------------------------
+    # -- the driver's traffic -----------------------------------------------------------------------
+
+    async def exchange(self, client: str, requests: list[Request]) -> list[Event]:
+        """Start `requests` (in order), then return the events ready for `client`, waiting for one
+        when there is none (or for `close_client`, which returns [])."""
+        box = self._mail.setdefault(client, Mailbox())
+        for request_id, method, args in requests:
+            if method == "answer":
+                self.answer(args[0])
+            elif method == "cancel":
+                task = box.running.get(args[0])
+                if task is not None:
+                    task.cancel()
+                elif args[0] > box.latest:
+                    box.cancelled.add(args[0])  # its request comes in a later exchange
+            elif method in REQUESTS:
+                box.latest = max(box.latest, request_id)
+                if request_id in box.cancelled:
+                    box.cancelled.discard(request_id)
+                    continue
+                box.running[request_id] = asyncio.get_running_loop().create_task(
+                    self._run(box, request_id, method, args)
+                )
+            else:
+                self._post(box, ("done", request_id, False, SandboxError(f"no request {method!r}")))
+        if box.events:
+            return box.take()
+        if len(box.waiters) >= _MAX_WAITERS:
+            oldest = box.waiters.popleft()
+            if not oldest.done():
+                oldest.set_result([])
+        waiter: asyncio.Future[list[Event]] = asyncio.get_running_loop().create_future()
+        box.waiters.append(waiter)
+        try:
+            return await waiter
+        finally:
+            with contextlib.suppress(ValueError):
+                box.waiters.remove(waiter)
+
+    async def _run(self, box: Mailbox, request_id: int, method: str, args: tuple[Any, ...]) -> None:
+        try:
+            event: Event = ("done", request_id, True, await getattr(self, method)(*args))
+        except asyncio.CancelledError:
+            return  # the driver stopped waiting (a timeout, an aborted step) or left
+        except Exception as exc:
+            event = ("done", request_id, False, _portable(exc))
+        finally:
+            box.running.pop(request_id, None)
+        self._post(box, event)
+
+    def _post(self, box: Mailbox, event: Event) -> None:
+        box.events.append(event)
+        if box.waiters and not box.delivering:
+            # Delivered on the loop's next turn, so events that come ready together travel together.
+            box.delivering = True
+            asyncio.get_running_loop().call_soon(self._deliver, box)
+
+    @staticmethod
+    def _deliver(box: Mailbox) -> None:
+        box.delivering = False
+        while box.events and box.waiters:
+            waiter = box.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(box.take())
 
     def _handler(self, client: str, repl: str) -> Callable[[str, dict[str, Any]], Any]:
         async def handle(function: str, args: dict[str, Any]) -> Any:
+            box = self._mail.get(client)
+            if box is None:
+                raise CallbackError("SandboxError", "the driver that owned this REPL left")
             call_id = next(self._ids)
             future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             self._waiting[call_id] = (client, future)
-            queue = self._outbox.get(client)
-            if queue is None:
-                raise CallbackError("SandboxError", "the driver that owned this REPL left")
-            queue.put_nowait((client, repl, call_id, function, args))
+            self._post(box, ("call", repl, call_id, function, args))
             try:
                 return await future
             finally:
                 self._waiting.pop(call_id, None)
 
         return handle
-
-    async def next_calls(self, client: str) -> list[Call]:
-        """The call-backs waiting for `client`'s answers: at least one (this waits for it)."""
-        queue = self._outbox.setdefault(client, asyncio.Queue())
-        batch = [await queue.get()]
-        while len(batch) < _MAX_BATCH and not queue.empty():
-            batch.append(queue.get_nowait())
-        return batch
 
     def answer(self, answers: list[Answer]) -> None:
         for call_id, ok, value in answers:

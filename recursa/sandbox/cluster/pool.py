@@ -3,10 +3,13 @@
 One `NodeHost` actor per Ray node serves every REPL this process puts there (node.py). A `RayPool`
 belongs to one event loop of the driver (the loop a run, a session or an `RLMEnv` lives on): it
 places REPLs on nodes, ships each context into Ray's object store once (Ray moves it to a node once,
-however many REPLs there load it), and runs one pump per node that fetches the call-backs of its
-REPLs and answers each on this loop, through the run's own handler: sub-calls, tools and the budget
-ledger never leave the driver. A node that dies fails the REPLs it held, each with an error naming
-the node; REPLs elsewhere go on.
+however many REPLs there load it), and talks to each node's host through exchanges: the requests
+its REPLs' stand-ins make on one turn of this loop leave together in one actor call, and each call
+brings back whatever is ready (requests done, call-backs asked). Call-backs are answered on this
+loop, through the run's own handler: sub-calls, tools and the budget ledger never leave the
+driver. While anything may still come from a node, one exchange to it stays open (that is how a
+call-back or a result reaches the driver without being asked for). A node that dies fails the
+REPLs it held, each with an error naming the node; REPLs elsewhere go on.
 """
 
 from __future__ import annotations
@@ -27,12 +30,13 @@ from typing import Any
 from recursa.context import ContextPayload
 from recursa.errors import ConfigError, SandboxError, SandboxLost
 from recursa.sandbox.base import CallbackError, CallHandler, Sandbox
-from recursa.sandbox.cluster.node import Answer, Call, NodeHost
+from recursa.sandbox.cluster.node import Answer, Event, NodeHost, Request
 
 _NAMESPACE = "recursa"
 _SHUTDOWN_S = 10.0  # for every node host to close its REPLs before the hosts are killed
 _PROBE_S = 5.0  # a TCP connect to the head before ray.init
-_HOST_CONCURRENCY = 10_000  # async calls in flight on one node host (REPL cells, call-backs, loads)
+_HOST_CONCURRENCY = 10_000  # async calls in flight on one node host (exchanges of every driver)
+_NODES_TTL_S = 1.0  # how long placement trusts the node table it read from the GCS
 
 
 def import_ray() -> Any:
@@ -40,7 +44,7 @@ def import_ray() -> Any:
         import ray
     except ImportError:
         raise ConfigError(
-            'sandbox="ray" needs Ray, which is not installed: pip install "recursa[ray]" '
+            "«sandbox='ray'» needs Ray, which is not installed: pip install \"recursa[ray]\" "
             '(pip install -e ".[ray]" in a source checkout)'
         ) from None
     return ray
@@ -59,8 +63,8 @@ def connect(address: str | None) -> Any:
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = f"the Ray cluster at {address!r}" if address else "a local Ray instance"
         raise ConfigError(
-            f'sandbox="ray" could not connect to {where}: {exc}. Start the cluster (`ray start --head`) '
-            'or pass sandbox_options={"address": "HOST:PORT"} (or "auto" for the running one).'
+            f"«sandbox='ray'» could not connect to {where}: {exc}. Start the cluster (`ray start --head`) "
+            'or pass «sandbox_options=»{"address": "HOST:PORT"} (or "auto" for the running one).'
         ) from None
     return ray
 
@@ -77,7 +81,7 @@ def _check_reachable(address: str) -> None:
     except OSError as exc:
         problem = f"nothing answers there ({exc.strerror or exc})"
     raise ConfigError(
-        f'sandbox="ray": the Ray cluster address {address!r} cannot be reached: {problem}. '
+        f"«sandbox='ray'»: the Ray cluster address {address!r} cannot be reached: {problem}. "
         'Give the head node\'s GCS address (`ray start --head` prints it), "auto" for a cluster '
         "started on this machine, or None for a local instance."
     )
@@ -159,6 +163,18 @@ def shutdown_hosts() -> int:
     return len(actors)
 
 
+@dataclass
+class _Link:
+    """This pool's traffic to one node's host: requests not sent yet, exchanges in flight."""
+
+    node: Node
+    host: Any
+    outgoing: list[Request] = field(default_factory=list)
+    flushing: bool = False
+    in_flight: int = 0
+    waiting: int = 0  # requests sent and not answered yet
+
+
 class RayPool:
     """The REPLs one event loop of this process runs on a Ray cluster."""
 
@@ -168,7 +184,8 @@ class RayPool:
         self.client = uuid.uuid4().hex
         self._handlers: dict[str, CallHandler] = {}  # repl -> the run's call-back handler
         self._repl_node: dict[str, Node] = {}
-        self._pumps: dict[str, asyncio.Task[None]] = {}
+        self._links: dict[str, _Link] = {}  # node id -> traffic to its host
+        self._pending: dict[int, tuple[_Link, asyncio.Future[Any]]] = {}  # request id -> its answer
         self._dead: dict[str, str] = {}  # node id -> why
         self._contexts: dict[str, Any] = {}  # context key -> object ref (kept while REPLs use it)
         self._context_users: dict[str, set[str]] = {}
@@ -176,13 +193,14 @@ class RayPool:
         self._affinity: dict[str, str] = {}  # affinity key (a call tree's root run) -> node id
         self._tasks: set[asyncio.Task[None]] = set()
         self._ids = itertools.count(1)
+        self._node_table: tuple[float, list[dict[str, Any]]] | None = None
 
     # -- placement ---------------------------------------------------------------------------------
 
     def nodes(self, resources: dict[str, float] | None, labels: dict[str, str] | None) -> list[Node]:
         """Live nodes that have every resource in `resources` and every label in `labels`."""
         found = []
-        for entry in self.ray.nodes():
+        for entry in self._cluster_nodes():
             if not entry.get("Alive") or entry["NodeID"] in self._dead:
                 continue
             have = entry.get("Resources", {})
@@ -193,6 +211,14 @@ class RayPool:
                 continue
             found.append(Node(entry["NodeID"], entry.get("NodeManagerAddress", "?"), dict(have), node_labels))
         return found
+
+    def _cluster_nodes(self) -> list[dict[str, Any]]:
+        """The cluster's node table, asked of the GCS at most every _NODES_TTL_S (REPLs start in
+        bursts; a node that dies meanwhile is known from its host's failure, `_dead`)."""
+        now = asyncio.get_running_loop().time()
+        if self._node_table is None or now - self._node_table[0] > _NODES_TTL_S:
+            self._node_table = (now, self.ray.nodes())
+        return self._node_table[1]
 
     def _order(self, nodes: list[Node], affinity: str | None) -> list[Node]:
         """Where to try first: the node of the same call tree, then the least loaded."""
@@ -217,14 +243,13 @@ class RayPool:
                     + ", ".join(f"{n['NodeID'][:12]} {n.get('Resources', {})}" for n in self.ray.nodes())
                 )
             for node in self._order(candidates, affinity):
-                host = _host_actor(self.ray, node, self.make_sandbox, kind, max_repls_per_node)
+                link = self._link(node, kind, max_repls_per_node)
                 self._handlers[repl] = handler
                 self._repl_node[repl] = node
-                self._ensure_pump(node, host)
                 self._placed[node.node_id] = self._placed.get(node.node_id, 0) + 1  # before the await:
                 try:  # REPLs placed at once must see each other
                     share = None if memory is None else {**memory, "nodes": len(candidates)}
-                    reply = await self._call(node, host.open.remote(self.client, repl, options, share))
+                    reply = await self.request(link, "open", self.client, repl, options, share)
                 except BaseException:
                     self._unplace(node)
                     self._forget(repl)
@@ -255,10 +280,10 @@ class RayPool:
     async def close(self, repl: str) -> None:
         node = self._repl_node.get(repl)
         try:
-            if node is not None and node.node_id not in self._dead:
-                host = self.host(node)
+            link = self._links.get(node.node_id) if node is not None else None
+            if link is not None and link.node.node_id not in self._dead:
                 with contextlib.suppress(NodeLost):
-                    await self._call(node, host.close.remote(repl))
+                    await self.request(link, "close", repl)
         finally:
             if node is not None:
                 self._unplace(node)
@@ -278,38 +303,105 @@ class RayPool:
         self._forget(repl)
 
     def host(self, node: Node) -> Any:
-        key = (self.ray.get_runtime_context().gcs_address, node.node_id)
-        with _hosts_lock:
-            return _hosts[key]
+        """The host actor on `node` (this process's)."""
+        return self._link(node).host
 
-    # -- calls to a node ---------------------------------------------------------------------------
+    # -- requests to a node's host ---------------------------------------------------------------
 
-    async def _call(self, node: Node, ref: Any) -> Any:
-        """Await a node-host call; a dead node becomes NodeLost, a cancelled wait cancels the call."""
-        why = self._dead.get(node.node_id)
+    def _link(self, node: Node, kind: str = "auto", max_repls: int | None = None) -> _Link:
+        link = self._links.get(node.node_id)
+        if link is None:
+            host = _host_actor(self.ray, node, self.make_sandbox, kind, max_repls)
+            link = self._links[node.node_id] = _Link(node, host)
+        return link
+
+    async def request(self, link: _Link, method: str, *args: Any) -> Any:
+        """Ask `link`'s host to run `method`; its value, or its error raised here. A dead node
+        raises NodeLost; a cancelled wait cancels the request on the node."""
+        why = self._dead.get(link.node.node_id)
         if why is not None:
-            self.ray.cancel(ref)
-            raise NodeLost(node, why)
+            raise NodeLost(link.node, why)
+        request_id = next(self._ids)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = (link, future)
+        link.waiting += 1
+        self._send(link, (request_id, method, args))
         try:
-            return await ref
+            return await future
         except asyncio.CancelledError:
-            with contextlib.suppress(Exception):
-                self.ray.cancel(ref)
+            if link.node.node_id not in self._dead:
+                self._send(link, (0, "cancel", (request_id,)))
             raise
-        except self.ray.exceptions.RayActorError as exc:
-            why = self._dead.setdefault(node.node_id, _why(exc))
-            raise NodeLost(node, why) from None
-        except self.ray.exceptions.RayTaskError as exc:
-            cause = exc.as_instanceof_cause()
-            if isinstance(cause, SandboxError):
-                raise SandboxError(str(cause.args[0]) if cause.args else str(cause)) from None
-            raise
+        finally:
+            self._pending.pop(request_id, None)
+            link.waiting -= 1
 
     async def call(self, repl: str, method: str, *args: Any) -> Any:
         node = self._repl_node.get(repl)
         if node is None:
             raise SandboxError("this REPL is closed")
-        return await self._call(node, getattr(self.host(node), method).remote(repl, *args))
+        return await self.request(self._link(node), method, repl, *args)
+
+    def _send(self, link: _Link, request: Request) -> None:
+        """Queue `request`; everything queued on this turn of the loop leaves in one exchange."""
+        link.outgoing.append(request)
+        if not link.flushing:
+            link.flushing = True
+            asyncio.get_running_loop().call_soon(self._flush, link)
+
+    def _flush(self, link: _Link) -> None:
+        link.flushing = False
+        batch, link.outgoing = link.outgoing, []
+        if link.node.node_id in self._dead:
+            return
+        try:
+            ref = link.host.exchange.remote(self.client, batch)
+        except Exception as exc:  # the handle itself refuses (Ray shutting down)
+            self._lose(link, _why(exc))
+            return
+        link.in_flight += 1
+        task = asyncio.get_running_loop().create_task(self._receive(link, ref))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _receive(self, link: _Link, ref: Any) -> None:
+        try:
+            events: list[Event] = await ref
+        except self.ray.exceptions.RayActorError as exc:
+            self._lose(link, _why(exc))
+            return
+        except self.ray.exceptions.RayError as exc:  # the exchange itself failed: its requests with it
+            self._fail(link, SandboxError(f"the Ray node host {link.node.name} failed: {exc}"))
+            events = []
+        finally:
+            link.in_flight -= 1
+        for event in events:
+            if event[0] == "done":
+                _, request_id, ok, value = event
+                entry = self._pending.get(request_id)
+                if entry is not None and not entry[1].done():
+                    if ok:
+                        entry[1].set_result(value)
+                    else:
+                        entry[1].set_exception(value)
+            else:
+                task = asyncio.get_running_loop().create_task(self._answer(link, event))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        # One exchange stays open while anything may still come from this node: answers to
+        # requests, call-backs of its REPLs' cells.
+        if link.in_flight == 0 and (link.waiting or self._placed.get(link.node.node_id)):
+            if not link.flushing:
+                self._flush(link)
+
+    def _lose(self, link: _Link, why: str) -> None:
+        self._dead.setdefault(link.node.node_id, why)
+        self._fail(link, NodeLost(link.node, self._dead[link.node.node_id]))
+
+    def _fail(self, link: _Link, error: BaseException) -> None:
+        for owner, future in list(self._pending.values()):
+            if owner is link and not future.done():
+                future.set_exception(error)
 
     async def load_context(self, repl: str, payload: ContextPayload) -> None:
         key = payload.info.sha256
@@ -341,26 +433,7 @@ class RayPool:
 
     # -- call-backs coming home --------------------------------------------------------------------
 
-    def _ensure_pump(self, node: Node, host: Any) -> None:
-        pump = self._pumps.get(node.node_id)
-        if pump is None or pump.done():
-            self._pumps[node.node_id] = asyncio.get_running_loop().create_task(
-                self._pump(node, host), name=f"recursa-ray-pump-{node.node_id[:8]}"
-            )
-
-    async def _pump(self, node: Node, host: Any) -> None:
-        while True:
-            try:
-                batch: list[Call] = await host.next_calls.remote(self.client)
-            except self.ray.exceptions.RayActorError as exc:
-                self._dead.setdefault(node.node_id, _why(exc))
-                return
-            for call in batch:
-                task = asyncio.get_running_loop().create_task(self._answer(host, call))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-
-    async def _answer(self, host: Any, call: Call) -> None:
+    async def _answer(self, link: _Link, call: Event) -> None:
         _, repl, call_id, function, args = call
         handler = self._handlers.get(repl)
         answer: Answer
@@ -371,25 +444,18 @@ class RayPool:
         except Exception as exc:  # as the local host does: the code sees the error, the run goes on
             error = CallbackError.of(exc)
             answer = (call_id, False, (error.kind, str(error)))
-        with contextlib.suppress(Exception):  # a node that died takes the cell with it
-            host.answer.remote([answer])
+        if link.node.node_id not in self._dead:  # a node that died takes the cell with it
+            self._send(link, (0, "answer", ([answer],)))
 
     async def aclose(self) -> None:
-        """Close this pool's REPLs on every node and stop its pumps."""
-        for node_id, pump in list(self._pumps.items()):
-            pump.cancel()
-            node = next((n for n in self._repl_node.values() if n.node_id == node_id), None)
-            if node_id not in self._dead:
-                key = (self.ray.get_runtime_context().gcs_address, node_id)
-                with _hosts_lock:
-                    host = _hosts.get(key)
-                if host is not None:
-                    with contextlib.suppress(Exception):
-                        await host.close_client.remote(self.client)
-            del node
+        """Close this pool's REPLs on every node; its open exchanges end with it."""
+        for link in list(self._links.values()):
+            if link.node.node_id not in self._dead:
+                with contextlib.suppress(Exception):
+                    await link.host.close_client.remote(self.client)
         for task in list(self._tasks):
             task.cancel()
-        self._pumps.clear()
+        self._links.clear()
         self._handlers.clear()
         self._repl_node.clear()
         self._contexts.clear()
@@ -403,7 +469,7 @@ def _why(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-# One pool per event loop (a run's, a session's, an RLMEnv's): pumps and handlers live on it.
+# One pool per event loop (a run's, a session's, an RLMEnv's): its exchanges and handlers live on it.
 _pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, RayPool] = weakref.WeakKeyDictionary()
 
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recursa.trace.reader import parse_line
+
 VIEW_VERSION = 1
 # The newest trace layout this viewer understands (run_start's "format"; absent means 1).
 SUPPORTED_FORMAT = 1
@@ -118,12 +120,9 @@ def read_events(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
         if not line.strip():
             continue
         try:
-            event = json.loads(line, parse_constant=_constant)
-        except RecursionError:  # nested thousands deep: not an event recursa writes
-            bad_lines += 1
-            continue
-        except json.JSONDecodeError:
-            if number == len(lines):
+            event = parse_line(line, parse_constant=_constant)
+        except ValueError as exc:  # not JSON, or nested thousands deep (not an event recursa writes)
+            if isinstance(exc, json.JSONDecodeError) and number == len(lines):
                 warnings.append("the last line is cut off: the run was still writing or crashed")
             else:
                 bad_lines += 1
