@@ -18,7 +18,7 @@ import base64
 import binascii
 import hmac
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,23 +55,6 @@ def bearer_token(authorization: str) -> str | None:
 def key_matches(token: str | None, api_key: str) -> bool:
     # Constant-time comparison: response timing must not reveal how much of a guess matched.
     return token is not None and hmac.compare_digest(token.encode(), api_key.encode())
-
-
-async def read_capped(
-    declared_length: str | None, chunks: AsyncIterator[bytes], max_bytes: int, too_large: ApiError
-) -> bytes:
-    """A body read chunk by chunk, refused (`too_large`) as soon as it passes `max_bytes`, so an
-    oversized upload or download never sits whole in memory."""
-    if declared_length and declared_length.isdigit() and int(declared_length) > max_bytes:
-        raise too_large
-    parts: list[bytes] = []
-    size = 0
-    async for chunk in chunks:
-        size += len(chunk)
-        if size > max_bytes:
-            raise too_large
-        parts.append(chunk)
-    return b"".join(parts)
 
 
 @dataclass(frozen=True)
