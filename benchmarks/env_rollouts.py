@@ -151,7 +151,7 @@ def ray_compare(size_mb: float, episodes: int, concurrency: int, alone: int, nod
     stop = threading.Event()
 
     def sample() -> None:
-        while not stop.wait(0.25):
+        while not stop.wait(1.0):  # each look walks the host's process tree, on its event loop
             for node_id, host in node_hosts():
                 try:
                     facts = ray.get(host.describe.remote(), timeout=5)

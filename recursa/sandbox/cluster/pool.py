@@ -114,6 +114,7 @@ class NodeLost(SandboxLost):
 _hosts_lock = threading.Lock()
 _hosts: dict[tuple[str, str], Any] = {}  # (gcs address, node id) -> actor handle
 _PROCESS_TAG = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+_host_classes: dict[type, Any] = {}  # NodeHost -> its Ray actor class (guarded by _hosts_lock)
 
 
 def _host_actor(ray: Any, node: Node, make_sandbox: Callable[..., Sandbox], kind: str,
@@ -124,7 +125,7 @@ def _host_actor(ray: Any, node: Node, make_sandbox: Callable[..., Sandbox], kind
     with _hosts_lock:
         actor = _hosts.get(key)
         if actor is None:
-            remote = ray.remote(NodeHost).options(
+            remote = _host_class(ray).options(
                 name=f"recursa-repls-{_PROCESS_TAG}-{node.node_id[:16]}",
                 namespace=_NAMESPACE,
                 num_cpus=0,
@@ -134,6 +135,16 @@ def _host_actor(ray: Any, node: Node, make_sandbox: Callable[..., Sandbox], kind
             actor = remote.remote(make_sandbox, kind=kind, max_repls=max_repls)
             _hosts[key] = actor
         return actor
+
+
+def _host_class(ray: Any) -> Any:
+    """NodeHost as a Ray actor class, made once per process: Ray exports a class to the cluster
+    once per actor class object (a few hundred milliseconds of the driver's time: it disassembles
+    the class to name it), so one per node would pay that for every node."""
+    made = _host_classes.get(NodeHost)
+    if made is None:
+        made = _host_classes[NodeHost] = ray.remote(NodeHost)
+    return made
 
 
 def node_hosts() -> list[tuple[str, Any]]:
