@@ -54,6 +54,9 @@ _MAX_BATCH = 512  # events handed to the driver per exchange; more go with the n
 # Exchanges of one driver held open waiting for events: one is the driver's standing ear; a second
 # is the exchange that carried the latest requests. A third releases the oldest, empty.
 _MAX_WAITERS = 2
+# While other requests run, a new event waits this long for company before it is delivered, and
+# the driver holds a new request as long while others of its are out: busy traffic shares calls.
+GATHER_S = 0.002
 
 
 @dataclass
@@ -349,7 +352,10 @@ class NodeHost:
         if box.waiters and not box.delivering:
             # Delivered on the loop's next turn, so events that come ready together travel together.
             box.delivering = True
-            asyncio.get_running_loop().call_soon(self._deliver, box)
+            if len(box.running) > 1:
+                asyncio.get_running_loop().call_later(GATHER_S, self._deliver, box)
+            else:
+                asyncio.get_running_loop().call_soon(self._deliver, box)
 
     @staticmethod
     def _deliver(box: Mailbox) -> None:
