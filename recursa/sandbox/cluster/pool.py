@@ -44,7 +44,7 @@ def import_ray() -> Any:
         import ray
     except ImportError:
         raise ConfigError(
-            'sandbox="ray" needs Ray, which is not installed: pip install "recursa[ray]" '
+            "«sandbox='ray'» needs Ray, which is not installed: pip install \"recursa[ray]\" "
             '(pip install -e ".[ray]" in a source checkout)'
         ) from None
     return ray
@@ -63,8 +63,8 @@ def connect(address: str | None) -> Any:
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = f"the Ray cluster at {address!r}" if address else "a local Ray instance"
         raise ConfigError(
-            f'sandbox="ray" could not connect to {where}: {exc}. Start the cluster (`ray start --head`) '
-            'or pass sandbox_options={"address": "HOST:PORT"} (or "auto" for the running one).'
+            f"«sandbox='ray'» could not connect to {where}: {exc}. Start the cluster (`ray start --head`) "
+            'or pass «sandbox_options=»{"address": "HOST:PORT"} (or "auto" for the running one).'
         ) from None
     return ray
 
@@ -81,7 +81,7 @@ def _check_reachable(address: str) -> None:
     except OSError as exc:
         problem = f"nothing answers there ({exc.strerror or exc})"
     raise ConfigError(
-        f'sandbox="ray": the Ray cluster address {address!r} cannot be reached: {problem}. '
+        f"«sandbox='ray'»: the Ray cluster address {address!r} cannot be reached: {problem}. "
         'Give the head node\'s GCS address (`ray start --head` prints it), "auto" for a cluster '
         "started on this machine, or None for a local instance."
     )
