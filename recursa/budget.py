@@ -44,7 +44,7 @@ class Budget:
 _COUNTS = ("max_tokens", "max_llm_calls")
 # Why a cap of zero cannot be meant: each stops the run before its first model call.
 _ZERO = {
-    "max_tokens": "the first model call reserves its prompt plus max_output_tokens",
+    "max_tokens": "the first model call reserves its prompt plus «max_output_tokens»",
     "max_seconds": "the run would time out before its first model call",
     "max_llm_calls": "a run needs at least one model call",
 }

@@ -19,7 +19,6 @@ from recursa.cli_options import (
     check_caps,
     check_context,
     checked_flag,
-    for_cli,
     rlm_kwargs,
 )
 from recursa.errors import ConfigError, RecursaError
@@ -236,7 +235,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         if result.error:
-            print(f"stopped early: {for_cli(result.error)}", file=sys.stderr)
+            print(f"stopped early: {result.error}", file=sys.stderr)
         if result.skipped_files:
             from recursa.cli_chat import skipped_note
 
@@ -499,10 +498,12 @@ def _fake_server(argv: list[str]) -> int:
 
 
 def _scrubbed(exc: BaseException, args: argparse.Namespace) -> str:
-    """An error's message for the terminal, without the key given on the command line or anything
-    key-like (a provider's message may quote a header or a URL's ?key=). Paths stay: the reader is
-    the user whose files they are."""
-    return redact(str(exc), getattr(args, "api_key", None), paths=False)
+    """An error's message for the terminal, the settings it names as flags, without the key given on
+    the command line or anything key-like (a provider's message may quote a header or a URL's
+    ?key=). Paths stay: the reader is the user whose files they are."""
+    from recursa.config import Spelling
+
+    return redact(Spelling("cli").told(exc), getattr(args, "api_key", None), paths=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -514,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except RecursaError as exc:
-        print(f"recursa: error: {for_cli(_scrubbed(exc, args))}", file=sys.stderr)
+        print(f"recursa: error: {_scrubbed(exc, args)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("recursa: interrupted", file=sys.stderr)

@@ -21,7 +21,6 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import IO, Any
 
-from recursa.cli_options import for_cli
 from recursa.errors import RecursaError
 from recursa.result import RLMResult
 from recursa.rlm import RLM
@@ -151,7 +150,7 @@ class Chat:
             self._note(skipped_note(result.skipped_files))
         self._note(status_line(result))
         if result.stop_reason not in _ANSWERED:
-            why = for_cli(result.error) if result.error else "no reason given"
+            why = result.error or "no reason given"
             what = "a partial answer is above" if result.answer else "no answer"
             self._note(f"recursa: this question stopped early ({why}); {what}. Ask another, or 'exit'.")
 

@@ -1,10 +1,9 @@
-"""The command line's model options (shared by run, chat, serve and mcp), their checks, and error
-messages in the command line's own terms.
+"""The command line's model options (shared by run, chat, serve and mcp) and their checks.
 
-Everything an `RLM(...)` argument can do that a CLI user needs has a flag here. The CLI's RLM is
-made with the schema's CLI spelling (`RLM.configured(..., Spelling("cli"))`), so a bad setting is
-named as the flag the user typed; `for_cli` tells in flags only what the layers below the schema
-say in Python terms (a model client's "pass api_key="), which cannot know who called them.
+Everything an `RLM(...)` argument can do that a CLI user needs has a flag here, made from the
+setting's declaration (recursa/config.py). The CLI's RLM is made with the schema's CLI spelling
+(`RLM.configured(..., Spelling("cli"))`), so a bad setting is named as the flag the user typed, and
+so are the settings a lower layer's message or a run's stop reason names (`Spelling.told`).
 """
 
 from __future__ import annotations
@@ -350,37 +349,3 @@ def check_context(value: str) -> Path:
             "in: --context - reads standard input"
         )
     return path
-
-
-# Python argument -> the flag a CLI user types instead.
-FLAGS = {n: s.flag for n, s in SETTINGS.items() if s.flag} | {n: cap[0] for n, cap in BUDGET_CAPS.items()}
-_CALL = re.compile(r"RLM\((\w+)=([^()]*?)\)")
-_NAME = re.compile(
-    r"(?<![\w.-])(" + "|".join(sorted(FLAGS, key=len, reverse=True)) + r")(=([^\s,;)]*))?(?![\w(])"
-)
-
-
-def for_cli(message: str) -> str:
-    """A message of a layer below the schema (a model client, a run's stop reason), written for
-    Python callers, told in flags (unknown forms are left as they are)."""
-    message = _CALL.sub(lambda m: _flag(m.group(1), m.group(2)) or m.group(0), message)
-
-    def name(m: re.Match[str]) -> str:
-        # Plain words ("model", "prompt") are only argument names when written `name=...`.
-        if "_" not in m.group(1) and m.group(2) is None:
-            return m.group(0)
-        return _flag(m.group(1), m.group(3) or "") or m.group(0)
-
-    return _NAME.sub(name, message)
-
-
-def _flag(name: str, value: str) -> str | None:
-    flag = FLAGS.get(name)
-    if flag is None:
-        return None
-    # `name='value'.` ends a sentence: the period stays after the flag's value, the quotes go.
-    raw = value.strip()
-    value = raw.rstrip(".").strip("'\"")
-    if not value:
-        return flag
-    return f"{flag.split()[0]} {value}" + ("." if raw.endswith(".") else "")

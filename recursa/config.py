@@ -23,17 +23,20 @@ from __future__ import annotations
 
 import ast
 import difflib
+import re
 import reprlib
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, Required, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, InstanceOf, ValidationError, field_validator
+from typing_extensions import TypedDict  # pydantic reads only this one's fields on Python < 3.12
 
 from recursa.budget import Budget
-from recursa.errors import ConfigError
+from recursa.errors import ConfigError, template_of
+from recursa.lm.prices import ModelPrice
 from recursa.sandbox import SANDBOXES
 
 SamplingRole = Literal["root", "child", "sub"]
@@ -83,6 +86,17 @@ def setting(
 
 
 Seconds = float
+Rate = Annotated[float, Field(ge=0)]
+
+
+class PriceRates(TypedDict, total=False):
+    """One model's price as a dict (`ModelPrice`'s fields): USD per million tokens."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
+    input_per_mtok: Required[Rate]
+    output_per_mtok: Required[Rate]
+    cached_input_per_mtok: Rate | None
+    cache_write_per_mtok: Rate | None
 
 
 class _Schema(BaseModel):
@@ -127,17 +141,17 @@ class RLMConfig(_Schema):
     max_concurrency: int = setting(64, "model calls in flight at once over the whole tree", client="tighten", ge=1)
     max_parallel_children: int = setting(32, "child runs (each with its own REPL process) at once, per depth level", client="tighten", ge=1)
     per_model_concurrency: dict[str, Annotated[int, Field(ge=1)]] | None = setting(None, "a lower limit of calls in flight for named models", what="a dict of model name to an int >= 1", example="{'openai/gpt-5-mini': 16}")
-    trace_dir: Path | None = setting(None, "where JSONL traces go (default: $XDG_CACHE_HOME or ~/.cache, then recursa/traces)", flag="--trace-dir", example="'traces'")
+    trace_dir: Annotated[Path, Field(strict=False)] | None = setting(None, "where JSONL traces go (default: $XDG_CACHE_HOME or ~/.cache, then recursa/traces)", flag="--trace-dir", example="'traces'")
     trace: bool = setting(True, "False writes no trace file")
     prompt: str | Path | None = setting(None, "the root's prompt template: a built-in name or a file (default: by model family)", flag="--prompt")
     max_output_tokens: int = setting(16_384, "each model call's output limit, reserved in the budget before it is sent", flag="--max-output-tokens", client="tighten", example="16_384", ge=1)
     sub_model_chars: int = setting(500_000, "how much text one sub-call can take, as the root's prompt states it", example="500_000", ge=1)
-    prices: dict[str, Any] | None = setting(None, "US dollars per million tokens per model, for models without a known price", flag="--prices FILE", example="{'openai/my-model': {'input_per_mtok': 0.25, 'output_per_mtok': 2.0}}")
+    prices: dict[str, InstanceOf[ModelPrice] | PriceRates] | None = setting(None, "US dollars per million tokens per model, for models without a known price", flag="--prices FILE", what="a dict of model name to its rates, USD per million tokens, numbers >= 0 (input_per_mtok and output_per_mtok; cached_input_per_mtok, cache_write_per_mtok optional)", example="{'openai/my-model': {'input_per_mtok': 0.25, 'output_per_mtok': 2.0}}")
     request_timeout: Seconds = setting(600.0, "seconds one model request may take", client="tighten", gt=0)
     max_retries: int = setting(4, "retries of one failed model call", client="tighten", ge=0)
     on_event: Callable[[dict[str, Any]], None] | None = setting(None, "called with every trace event as it happens (e.g. an OtelListener)", what="a function taking one event dict, or None")
     call_headers: bool = setting(False, "send the X-RLM-* attribution headers with every call", client="client", env=("call_headers", True))
-    sampling: dict[SamplingRole, dict[str, Any]] | None = setting(None, "request options per role, 'root', 'child' and 'sub' (docs/training.md)", what=f"a dict of roles to request options (roles: {', '.join(SAMPLING_ROLES)})", example="{'root': {'temperature': 1.0, 'seed': 7}, 'sub': {'temperature': 0.0}}")
+    sampling: dict[SamplingRole, dict[str, Any]] | None = setting(None, "request options per role, 'root', 'child' and 'sub' (docs/training.md); a client sends only those of `SamplingOptions`, each by its own policy", client="client", what=f"a dict of roles to request options (roles: {', '.join(SAMPLING_ROLES)})", example="{'root': {'temperature': 1.0, 'seed': 7}, 'sub': {'temperature': 0.0}}")
     subcall_errors: Literal["raise", "return"] = setting("raise", "a sub-call that fails for good 'raise's in the REPL or 'return's an '[error] ...' str", client="client")
     max_run_retries: int = setting(200, "model-call retries summed over the whole tree", client="tighten", ge=0)
     tools: list[Any] = setting(help="functions the REPL code may call (docs/tools.md)", factory=list)
@@ -171,32 +185,11 @@ class RLMConfig(_Schema):
             )
         return value
 
-    @field_validator("prices")
+    @field_validator("trace_dir")
     @classmethod
-    def _prices(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        for key, price in (value or {}).items():
-            rates = price if isinstance(price, dict) else getattr(price, "__dict__", None)
-            bad = (
-                {k: v for k, v in rates.items() if v is not None and not _non_negative(v)}
-                if isinstance(rates, dict)
-                else rates
-            )
-            if bad:
-                raise Invalid(
-                    f"USD per million tokens, numbers >= 0 (the price of {key!r} has {bad})",
-                    SETTINGS["prices"].example,
-                )
-        return value
-
-    @field_validator("trace_dir", mode="before")
-    @classmethod
-    def _trace_dir(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            value = Path(value)
-        if isinstance(value, Path) and value.exists() and not value.is_dir():
-            raise Invalid(
-                "a folder for the trace files, not a file (a missing folder is created)", "'traces'"
-            )
+    def _trace_dir(cls, value: Path | None) -> Path | None:
+        if value is not None and value.exists() and not value.is_dir():
+            raise Invalid("a folder for the trace files, not a file (a missing folder is created)", "'traces'")
         return value
 
     @field_validator("prompt")
@@ -238,6 +231,26 @@ class EnvConfig(_Schema):
     fork: bool = setting(True, "fork REPLs from one warm zygote shared by the episodes (forking sandboxes only)")
 
 
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+
+
+class SamplingOptions(_Schema):
+    """The request options a client may send for a role's calls (`sampling`, and a server request's
+    top-level sampling fields), each with its bounds and policy. The operator's own `sampling` may
+    hold any option its provider takes; a client's holds only these."""
+
+    temperature: float | None = setting(None, "sampling temperature", client="client", what="a number from 0 to 2", example="0.7", ge=0, le=2)
+    top_p: float | None = setting(None, "nucleus sampling's probability mass", client="client", what="a number from 0 to 1", example="0.9", ge=0, le=1)
+    frequency_penalty: float | None = setting(None, "penalty on tokens by their count so far", client="client", what="a number from -2 to 2", example="0.5", ge=-2, le=2)
+    presence_penalty: float | None = setting(None, "penalty on tokens already present", client="client", what="a number from -2 to 2", example="0.5", ge=-2, le=2)
+    min_p: float | None = setting(None, "vLLM's minimum token probability, relative to the likeliest", client="client", what="a number from 0 to 1", example="0.05", ge=0, le=1)
+    repetition_penalty: float | None = setting(None, "vLLM's penalty on repeated tokens", client="client", what="a number from 0 to 10", example="1.1", ge=0, le=10)
+    seed: int | None = setting(None, "the sampler's seed, for repeatable calls", client="client", what="an integer", example="7")
+    top_k: int | None = setting(None, "sample among the k likeliest tokens", client="client", what="an integer", example="40")
+    # Ordered from least to most: reasoning tokens are billed as output, so a client may only lower it.
+    reasoning_effort: ReasoningEffort | None = setting(None, "how much the model reasons before it answers (reasoning tokens are billed as output)", client="tighten", what=f"one of {', '.join(get_args(ReasoningEffort))}", example="'low'")
+
+
 @dataclass(frozen=True)
 class Setting:
     """One declared setting, as the front doors and the docs read it."""
@@ -252,8 +265,18 @@ class Setting:
     what: str
     example: str
     env: tuple[str, Any] | None
-    owner: str  # "RLMConfig" or "EnvConfig"
+    owner: str  # "RLMConfig", "EnvConfig" or "SamplingOptions"
     optional: bool  # None is a value of it (Python callers and dicts may pass it; flags leave it out)
+    order: tuple[Any, ...] | None  # a Literal's values, least first: what "tighten" compares by
+
+    def exceeds(self, value: Any, limit: Any) -> bool:
+        """Whether `value` asks for more than `limit` (a Literal's later value is more; None is no
+        value, or no limit)."""
+        if value is None or limit is None:
+            return False
+        if self.order is not None:
+            return self.order.index(value) > self.order.index(limit) if limit in self.order else False
+        return value > limit
 
 
 def _declared(model: type[BaseModel]) -> dict[str, Setting]:
@@ -274,6 +297,7 @@ def _declared(model: type[BaseModel]) -> dict[str, Setting]:
             env=extra.get("env"),
             owner=model.__name__,
             optional="None" in str(info.annotation),
+            order=next((get_args(a) for a in (info.annotation, *get_args(info.annotation)) if get_origin(a) is Literal), None),
         )
     return out
 
@@ -312,6 +336,7 @@ def _shown(value: Any) -> str:
 
 SETTINGS: dict[str, Setting] = _declared(RLMConfig)
 ENV_SETTINGS: dict[str, Setting] = _declared(EnvConfig)
+SAMPLING_SETTINGS: dict[str, Setting] = _declared(SamplingOptions)
 # The caps of `budget` (recursa.Budget's fields): settings of their own for the CLI and for clients,
 # who may only lower them (each costs money or capacity). Budget itself checks each value.
 BUDGET_CAPS: dict[str, tuple[str, str]] = {
@@ -333,20 +358,29 @@ DEFAULTS = SimpleNamespace(**{name: s.default for name, s in {**SETTINGS, **ENV_
 
 
 def setting_of(name: str) -> Setting:
-    return SETTINGS.get(name) or ENV_SETTINGS[name]
+    found = declared_setting(name)
+    if found is None:
+        raise KeyError(name)
+    return found
+
+
+def declared_setting(name: str) -> Setting | None:
+    """The declaration of `name` in any of the schemas, or None (a budget cap, a door's own option)."""
+    return SETTINGS.get(name) or ENV_SETTINGS.get(name) or SAMPLING_SETTINGS.get(name)
 
 
 @dataclass(frozen=True)
 class Spelling:
     """How a caller writes settings, so that a message names a setting as the user wrote it.
 
-    `form`: "python" (`RLM(name=value)`), "cli" (`--flag value`), "key" (`extras['name']=value`) or
-    "dotted" (`_meta.recursa/runtime-v1.name=value`); `owner`: the callable ("RLM") or the container
-    ("extras", "_meta.recursa/runtime-v1"); `names`: the caller's own name for a setting where it
-    differs from the schema's (RLMEnv's max_turns is max_iterations); `defaults`: the caller's own
-    default for a setting where it differs from the schema's, by schema name."""
+    `form`: "python" (`RLM(name=value)`), "cli" (`--flag value`), "key" (`extras['name']=value`),
+    "dotted" (`_meta.recursa/runtime-v1.name=value`) or "field" (a request's own field, `temperature=3`);
+    `owner`: the callable ("RLM") or the container ("extras", "_meta.recursa/runtime-v1"); `names`:
+    the caller's own name for a setting where it differs from the schema's (RLMEnv's max_turns is
+    max_iterations; the Responses API's reasoning.effort is reasoning_effort); `defaults`: the
+    caller's own default for a setting where it differs from the schema's, by schema name."""
 
-    form: Literal["python", "cli", "key", "dotted"]
+    form: Literal["python", "cli", "key", "dotted", "field"]
     owner: str = "RLM"
     names: Mapping[str, str] = field(default_factory=dict)
     defaults: Mapping[str, Any] = field(default_factory=dict)
@@ -355,15 +389,44 @@ class Spelling:
         """The schema's name of the setting the caller calls `own`."""
         return next((name for name, mine in self.names.items() if mine == own), own)
 
+    def within(self, name: str, key: str) -> Spelling:
+        """How this caller writes the entries of `key` in the dict setting `name` (a role's sampling
+        options: `extras['sampling']['root']['temperature']`)."""
+        label = self.label(name)
+        return Spelling(self.form, f"{label}[{key!r}]" if self.form == "key" else f"{label}.{key}")
+
     def label(self, name: str) -> str:
+        """The setting's name as this caller writes it: `max_depth`, `--max-depth`, `extras['max_depth']`;
+        on the command line, a setting with no flag is named as the Python argument it is."""
         own = self.names.get(name, name)
-        if self.form == "python":
+        if self.form in ("python", "field"):
             return own
         if self.form == "cli":
-            declared = SETTINGS.get(name) or ENV_SETTINGS.get(name)
-            flag = declared.flag if declared is not None else BUDGET_CAPS.get(name, (None,))[0]
-            return (flag or "--" + own.replace("_", "-")).split()[0]
+            flag = _flag(name)
+            return flag.split()[0] if flag else f"RLM({own}=...)"
         return f"{self.owner}[{own!r}]" if self.form == "key" else f"{self.owner}.{own}"
+
+    def told(self, message: str | BaseException) -> str:
+        """A message of the layers below the schema (recursa.errors.RecursaError) with each setting
+        it marks named as this caller writes it: `«name»` its label, `«name=»` how it is passed
+        (`api_key=`, `--api-key-env NAME`, the operator's flag for a client), `«name=example»` it
+        set to `example`."""
+        text = template_of(message) if isinstance(message, BaseException) else message
+        return _MARKED.sub(lambda m: self._marked(m.group(1), m.group(2), m.group(3)), text)
+
+    def _marked(self, name: str, passed: str, example: str) -> str:
+        if example:
+            return self.assign(name, example)
+        if not passed:
+            return self.label(name)
+        if self.form in ("python", "field"):
+            return f"{self.label(name)}="
+        if self.form == "cli":
+            return _flag(name) or self.label(name)
+        declared = declared_setting(name)
+        if declared is not None and declared.client == "operator":
+            return f"the operator's {_flag(name) or name}"
+        return self.label(name)
 
     @staticmethod
     def _pairs(name: str) -> bool:
@@ -393,7 +456,7 @@ class Spelling:
     def assign(self, name: str, example: str) -> str:
         """How this caller sets `name` to `example`; a client is pointed to the operator's flag for
         a setting only the operator sets."""
-        declared = setting_of(name) if name in SETTINGS or name in ENV_SETTINGS else None
+        declared = declared_setting(name)
         flag = (declared.flag or "") if declared is not None else ""
         if self.form in ("key", "dotted") and declared is not None and declared.client == "operator":
             return f"the operator's {flag or declared.name}"
@@ -429,6 +492,15 @@ class Spelling:
         return ConfigError(self.problem(name, values.get(name), what, example), setting=name)
 
 
+def _flag(name: str) -> str | None:
+    """The setting's CLI flag as declared (with its metavar: `--api-key-env NAME`), or None."""
+    declared = declared_setting(name)
+    return declared.flag if declared is not None else BUDGET_CAPS.get(name, (None,))[0]
+
+
+# A setting a message of a lower layer names: «name», «name=» or «name=example» (RecursaError).
+_MARKED = re.compile(r"«(\w+)(=?)([^»]*)»")
+PYTHON = Spelling("python", "RLM")
 # How RLMEnv's callers write settings: its own names and defaults (`setting(env=...)`).
 ENV_SPELLING = Spelling("python", "RLMEnv", ENV_NAMES, {n: s.env[1] for n, s in SETTINGS.items() if s.env})
 
@@ -442,8 +514,3 @@ def near_miss(key: str, known: Collection[str]) -> str | None:
     folded = {k.lower(): k for k in known}
     found = difflib.get_close_matches(key.lower().replace("-", "_"), list(folded), n=1, cutoff=_NEAR)
     return folded[found[0]] if found else None
-
-
-def _non_negative(value: Any) -> bool:
-    # NaN is a float but no price: it compares False with everything.
-    return isinstance(value, int | float) and not isinstance(value, bool) and value == value and value >= 0

@@ -6,7 +6,26 @@ from recursa.outcomes import BudgetLimit
 
 
 class RecursaError(Exception):
-    """Base class of every error recursa raises on purpose."""
+    """Base class of every error recursa raises on purpose.
+
+    A message written below the front doors names a setting as `«name»`, `«name=»` or
+    `«name=example»`; `str(error)` is the message as a Python caller writes them (`name`, `name=`,
+    `name=example`), and a front door names them its own way from the schema's declaration
+    (`Spelling.told(error)`: `--flag`, `--flag example`, `recursa.name`). `template` keeps the marks."""
+
+    def __init__(self, message: str = "", *args: object) -> None:
+        super().__init__(plain(message), *args)
+        self.template = message
+
+
+def plain(template: str) -> str:
+    """A message's settings as a Python caller writes them: the marks `«` and `»` left out."""
+    return template.replace("«", "").replace("»", "")
+
+
+def template_of(error: BaseException) -> str:
+    """The message of `error` with the settings it names still marked (its plain text otherwise)."""
+    return getattr(error, "template", None) or str(error)
 
 
 class ConfigError(RecursaError, ValueError):

@@ -15,11 +15,23 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Collection, Mapping
+from pathlib import PurePath
 from typing import Any
 from urllib.parse import urlsplit
 
 from recursa.budget import Budget, cap_problem, positive_phrase
-from recursa.config import BUDGET_CAPS, EnvConfig, RLMConfig, Spelling, near_miss, setting_of
+from recursa.config import (
+    BUDGET_CAPS,
+    SAMPLING_ROLES,
+    SAMPLING_SETTINGS,
+    SETTINGS,
+    EnvConfig,
+    RLMConfig,
+    SamplingOptions,
+    Spelling,
+    near_miss,
+    setting_of,
+)
 from recursa.errors import ConfigError
 from recursa.outcomes import BUDGET_LIMITS
 
@@ -42,8 +54,9 @@ def client_settings(
     only the operator sets, a value above the operator's for one that costs money or capacity, or
     a model that is not one of `models` while the operator's key pays, is a ConfigError naming the
     option and the operator's limit. `stated_only` (a trainer's rows under its own config): only
-    the limits in `limits` hold, any model goes when `models` is None, and the operator-only
-    settings are the row's to set too (the trainer runs both). A budget's caps may also come one by
+    the limits in `limits` hold, any model goes when `models` is None, and an operator-only setting
+    may repeat the operator's value (a row is data: which sandbox runs it and where its files go
+    stay the operator's choice) or direct the row's own key (`_OWN_KEYS`). A budget's caps may also come one by
     one (`recursa.max_usd`): parts of `budget`, each named as given. A ConfigError's `setting` names
     the option at fault."""
     given = dict(given)
@@ -53,27 +66,100 @@ def client_settings(
     out: dict[str, Any] = {}
     for name, value in given.items():
         declared = setting_of(name)
-        if declared.client == "operator" and stated_only:
-            out[name] = value if name == "budget" else checked_value(name, value, spelling)
-            continue
         if declared.client == "operator":
-            raise ConfigError(
-                f"{spelling.given(name, value)}: {spelling.label(name)} is set by the operator only; leave it out",
-                setting=name,
-            )
+            out[name] = _operator_setting(name, value, limits, spelling, stated_only)
+            continue
         if name == "budget":
             out[name] = _budget(value, loose, limits.get("budget") or Budget(), spelling, own_key)
             continue
+        if name == "sampling":
+            out[name] = client_sampling(value, limits.get("sampling"), spelling)
+            continue
         value = checked_value(name, value, spelling)
         if declared.client == "choose" and not own_key and models is not None and value not in models:
+            pays = "for no model a client names; leave it out"
+            if models:
+                pays = f"only for {', '.join(map(repr, models))}; choose one of those"
             raise ConfigError(
-                f"{spelling.given(name, value)}: runs here use the operator's key, which pays only for "
-                f"{', '.join(map(repr, models))}; choose one of those, or send your own API key with it"
+                f"{spelling.given(name, value)}: runs here use the operator's key, which pays {pays}, "
+                "or send your own API key with it"
             )
         limit = limits.get(name) if stated_only else limits.get(name, declared.default)
-        if declared.client == "tighten" and limit is not None and value is not None and value > limit:
+        if declared.client == "tighten" and declared.exceeds(value, limit):
             raise ConfigError(refused_widening(spelling.label(name), value, limit), setting=name)
         out[name] = value
+    return out
+
+
+def _operator_setting(
+    name: str, value: Any, limits: Mapping[str, Any], spelling: Spelling, stated_only: bool
+) -> Any:
+    """A setting only the operator chooses (which sandbox runs the code, where files go, which
+    server its key goes to), as a client's options give it: refused, but for a trainer's row that
+    repeats the operator's value, or that directs only the key the row brings itself (`_OWN_KEYS`;
+    the adapter holds a row's base_url to its own key)."""
+    operators = limits.get(name, setting_of(name).default)
+    if stated_only:
+        mine = checked_value(name, value, spelling)
+        if name in _OWN_KEYS or mine == operators:
+            return mine
+    secret = name in _SECRETS
+    shown = "" if secret else f" (the operator's: {_plain(operators)!r})"
+    said = f"{spelling.label(name)}=(not shown)" if secret else spelling.given(name, _plain(value))
+    repeat = "repeat the operator's setting, or " if stated_only else ""
+    raise ConfigError(
+        f"{said}: {spelling.label(name)} is the operator's to choose{shown}; {repeat}leave it out",
+        setting=name,
+    )
+
+
+def _plain(value: Any) -> Any:
+    """A path as the text it was written as (not PosixPath('...'))."""
+    return str(value) if isinstance(value, PurePath) else value
+
+
+# Operator settings a trainer's row may set for calls it pays for with its own key, and those
+# whose value never appears in a message.
+_OWN_KEYS = ("base_url", "api_key")
+_SECRETS = ("api_key",)
+
+
+def client_sampling(
+    given: Any,
+    operator: Mapping[str, Mapping[str, Any]] | None,
+    spelling: Spelling,
+    at: Callable[[str], Spelling] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """A client's sampling options (role -> options) over the operator's `operator` sampling: each
+    option one a client may send (`SamplingOptions` in recursa/config.py), checked by its bounds and
+    by its policy ("tighten": no more than the operator's value for that role). `at(role)`: how the
+    client writes a role's options (default: inside its `sampling`, as `spelling` writes it; a
+    server request's top-level fields are the root's). A ConfigError's `setting` names the option."""
+    out = {role: dict(options) for role, options in (operator or {}).items()}
+    if not isinstance(given, Mapping):
+        raise ConfigError(
+            f"{spelling.label('sampling')} is {kind(given)}; give a dict of roles to options, e.g. "
+            f"{SETTINGS['sampling'].example}",
+            setting="sampling",
+        )
+    for role, options in given.items():
+        within = at(role) if at is not None else spelling.within("sampling", role)
+        if role not in SAMPLING_ROLES or not isinstance(options, Mapping):
+            raise ConfigError(
+                f"{within.owner}: give a dict of sampling options for a role, one of "
+                f"{', '.join(SAMPLING_ROLES)}; e.g. {{'temperature': 0.7}}",
+                setting="sampling",
+            )
+        check_keys(options, SAMPLING_SETTINGS, within.label, strict=True)
+        theirs = out.setdefault(role, {})
+        for key, value in options.items():
+            if value is None:
+                continue
+            value = checked_value(key, value, within)
+            declared, limit = SAMPLING_SETTINGS[key], theirs.get(key)
+            if declared.client == "tighten" and declared.exceeds(value, limit):
+                raise ConfigError(refused_widening(within.label(key), value, limit), setting=key)
+            theirs[key] = value
     return out
 
 
@@ -84,7 +170,7 @@ def checked_value(name: str, value: Any, spelling: Spelling) -> Any:
     whole = isinstance(value, float) and value.is_integer()
     if whole and declared.annotation in (int, int | None):
         value = int(value)
-    model = RLMConfig if name in RLMConfig.model_fields else EnvConfig
+    model = next(m for m in (RLMConfig, EnvConfig, SamplingOptions) if name in m.model_fields)
     return model.check_one(name, value, spelling)
 
 

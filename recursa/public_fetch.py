@@ -115,11 +115,11 @@ async def fetch_public(
                         raise FetchError(
                             "failed", f"{what} is {declared or 'of no declared type'!r}, not one of {', '.join(accept)}"
                         )
-                    body = await _capped(
+                    body = await read_capped(
                         response.headers.get("Content-Length"),
                         _decoded(response.headers.get("Content-Encoding", ""), response.content.iter_chunked(_CHUNK), what),
                         max_bytes,
-                        what,
+                        FetchError("too_large", f"{what} is larger than the limit of {max_bytes:,} bytes"),
                     )
                     return Fetched(body, declared)
             raise FetchError("failed", f"{what} redirected more than {MAX_REDIRECTS} times")
@@ -201,8 +201,11 @@ def _parse(url: str | URL, what: str, schemes: tuple[str, ...], *, redirect: boo
     return parsed
 
 
-async def _capped(declared: str | None, chunks: AsyncIterator[bytes], max_bytes: int, what: str) -> bytes:
-    too_large = FetchError("too_large", f"{what} is larger than the limit of {max_bytes:,} bytes")
+async def read_capped(
+    declared: str | None, chunks: AsyncIterator[bytes], max_bytes: int, too_large: Exception
+) -> bytes:
+    """A body (a download, a request's upload) read chunk by chunk, refused (`too_large`) as soon as
+    it passes `max_bytes`, so an oversized one never sits whole in memory."""
     if declared and declared.isdigit() and int(declared) > max_bytes:
         raise too_large
     parts: list[bytes] = []

@@ -107,6 +107,7 @@ class RLM:
         return rlm
 
     def _configure(self, given: dict[str, Any], spelling: Spelling) -> None:
+        self.spelling = spelling  # how a stop reason names a setting: as the caller writes it
         self.config, self.prices = build_config(given, spelling)
         check_models(self.config, self.prices, self.config.subcall_models(), spelling)
         _check_first_call(self.config, self.prices, spelling)
@@ -128,7 +129,7 @@ class RLM:
         options = self.run_options(question, tips=tips, answer_schema=answer_schema)
         payload = await load_payload(context)
         run_id = new_id("run")
-        tree = CallTree.create(self.config, self.prices, run_id)
+        tree = CallTree.create(self.config, self.prices, run_id, self.spelling)
         try:
             await tree.connect_mcp()
             engine = RunEngine(

@@ -148,7 +148,7 @@ class Session:
         if self._tree is not None and self._sandbox is not None and self._payload is not None:
             return self._tree, self._sandbox, self._payload
         payload = await load_payload(self.context)
-        tree = CallTree.create(self.rlm.config, self.rlm.prices, self.session_id)
+        tree = CallTree.create(self.rlm.config, self.rlm.prices, self.session_id, self.rlm.spelling)
         try:
             await tree.connect_mcp()
             sandbox = tree.new_sandbox()

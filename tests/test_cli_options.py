@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from recursa.cli import DEMO_FAMILIES, _parser
-from recursa.cli_options import SANDBOXES, for_cli
+from recursa.cli_options import SANDBOXES
+from recursa.errors import ConfigError
 from recursa.testing.fake_server import FakeServer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -128,28 +129,52 @@ def test_run_help_as_a_subprocess_shows_the_new_flags(tmp_path):
 # -- errors in the interface's own terms ------------------------------------------------------------
 
 
+def _missing_key() -> Exception:
+    from recursa.lm.registry import make_client
+
+    try:
+        make_client("openai/gpt-5-mini", api_key=None, base_url=None)
+    except ConfigError as exc:
+        return exc
+    raise AssertionError("no error")
+
+
+def _bad_url() -> Exception:
+    from recursa.lm.registry import make_client
+
+    try:
+        make_client("openai/m", api_key="k", base_url="localhost:8000/v1")
+    except ConfigError as exc:
+        return exc
+    raise AssertionError("no error")
+
+
 @pytest.mark.parametrize(
-    ("python", "cli"),
+    ("error", "python", "cli"),
     [
         (
-            "RLM(max_depth=-1): max_depth must be an int >= 0; e.g. max_depth=1.",
-            "--max-depth -1: --max-depth must",
-        ),
-        (
+            _missing_key,
             "set OPENAI_API_KEY or pass api_key= (or pass base_url= for a local",
-            "pass --api-key-env NAME (or pass --base-url for",
+            "set OPENAI_API_KEY or pass --api-key-env NAME (or pass --base-url for a local",
         ),
-        ("drop max_usd and cap max_tokens instead", "drop --max-usd and cap --max-tokens instead"),
         (
-            "pass the server's address with its scheme, e.g. base_url='http://localhost:8000/v1'.",
+            _bad_url,
+            "with its scheme, e.g. base_url='http://localhost:8000/v1'.",
             "with its scheme, e.g. --base-url http://localhost:8000/v1.",  # no stray quote
         ),
-        ("a larger RLM(request_timeout=...).", "a larger RLM(request_timeout=...)."),  # no flag: unchanged
-        ("the model answered; prompt it again", "the model answered; prompt it again"),  # plain words stay
     ],
 )
-def test_python_forms_are_told_as_flags(python, cli):
-    assert cli in for_cli(python)
+def test_a_lower_layers_message_names_settings_as_each_door_writes_them(monkeypatch, error, python, cli):
+    """A model client cannot know who made it: its message marks the settings it names, and each
+    front door names them from the schema's declaration (the flag; a client's "the operator's")."""
+    from recursa.config import Spelling
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    exc = error()
+    assert python in str(exc) and "«" not in str(exc)
+    assert cli in Spelling("cli").told(exc)
+    assert "recursa.api_key" not in Spelling("dotted", "recursa").told(exc)  # not a client's to set
 
 
 # -- recursa models --------------------------------------------------------------------------------

@@ -415,3 +415,41 @@ def test_a_request_may_not_ask_for_more_reasoning_effort_than_the_operator_gives
             parse({"model": "recursa", **body}, settings)
         assert refused.value.status == 400
         assert "at most 'low'" in str(refused.value.message), refused.value.message
+
+
+def test_every_door_takes_the_schemas_sampling_policy(tmp_path):
+    """One declaration (SamplingOptions in recursa/config.py) decides what a client may send for a
+    role's calls: a request's `recursa.sampling`, an MCP tool's arguments and an ACP session's
+    `_meta` alike may lower reasoning_effort, never raise it, and send only declared options; what a
+    client leaves out of a role stays the operator's."""
+    from recursa.errors import ConfigError
+    from recursa.serve.acp_agent import _checked_runtime
+    from recursa.serve.api_error import ApiError
+    from recursa.serve.mcp_server import _spec
+    from recursa.serve.request import parse_chat_request
+
+    settings = ServeSettings(
+        model=ROOT, rlm_options={"sampling": {"root": {"reasoning_effort": "low", "temperature": 0.5}}}
+    )
+
+    def chat(sampling):
+        body = {"model": "recursa", "messages": ask("q"), "recursa": {"sampling": sampling}}
+        return parse_chat_request(body, settings).settings["sampling"]
+
+    doors = [
+        (chat, ApiError, "recursa.sampling.root.reasoning_effort"),
+        (lambda s: _spec(settings, "q", None, "ctx", {"sampling": s}).settings["sampling"], Exception,
+         "arguments['sampling']['root']['reasoning_effort']"),
+        (lambda s: _checked_runtime({"sampling": s}, settings)["sampling"], ConfigError,
+         "_meta.recursa/runtime-v1.sampling.root.reasoning_effort"),
+    ]  # fmt: skip
+    for read, refusal, label in doors:
+        lowered = read({"root": {"reasoning_effort": "minimal"}, "sub": {"seed": 3}})
+        assert lowered == {"root": {"reasoning_effort": "minimal", "temperature": 0.5}, "sub": {"seed": 3}}
+        with pytest.raises(refusal) as raised:
+            read({"root": {"reasoning_effort": "high"}})
+        assert f"{label}='high' is more than the operator allows (at most 'low')" in str(raised.value)
+        with pytest.raises(refusal, match=r"logprobs.* is not an option"):
+            read({"root": {"logprobs": True}})  # the operator's own sampling may hold it; a client's not
+        with pytest.raises(refusal, match=r"temperature.* must be a number from 0 to 2"):
+            read({"child": {"temperature": 9}})

@@ -26,9 +26,11 @@ async def generate(client: openai.AsyncOpenAI, chat: list[dict]) -> str:
     return reply.choices[0].message.content or ""
 
 
-async def rollout(server: FakeServer, extras: dict, prompt: list[dict]) -> tuple[list[dict], dict, object]:
+async def rollout(
+    server: FakeServer, extras: dict, prompt: list[dict], env_config: dict | None = None
+) -> tuple[list[dict], dict, object]:
     """SkyRL's generator loop: init, then generate -> step (in an executor) -> append, until done."""
-    env = skyrl_gym.make(adapter.ENV_ID, env_config={}, extras=extras)
+    env = skyrl_gym.make(adapter.ENV_ID, env_config=env_config or {}, extras=extras)
     loop = asyncio.get_running_loop()
     chat, _ = await loop.run_in_executor(None, env.init, prompt)
     client = openai.AsyncOpenAI(base_url=server.base_url, api_key="k")
@@ -60,9 +62,9 @@ async def test_an_episode_as_skyrls_generator_runs_it(server: FakeServer, script
         "lm_callback": lm_callback,
         "extra_info": {"context_text": CONTEXT, "task_id": "heron-1"},
         "reward_spec": {"method": "rule", "ground_truth": "Heron"},
-        "trace_dir": str(tmp_path),
     }
-    chat, last, env = await rollout(server, extras, [{"role": "user", "content": "What is the code word?"}])
+    prompt = [{"role": "user", "content": "What is the code word?"}]
+    chat, last, env = await rollout(server, extras, prompt, {"trace_dir": str(tmp_path)})
     assert chat[0]["role"] == "system" and "What is the code word?" in chat[1]["content"]
     assert "SPELL HERON" in chat[3]["content"]  # the REPL's output came back as an observation
     assert prompts == [["spell heron"]]
@@ -84,9 +86,8 @@ async def test_turn_budget_and_family_reward(server: FakeServer, script, tmp_pat
         "extra_info": {"context_text": CONTEXT},
         "reward_spec": {"ground_truth": "heron"},
         "family": "niah",
-        "trace_dir": str(tmp_path),
     }
-    _, last, env = await rollout(server, extras, [{"role": "user", "content": "Code word?"}])
+    _, last, env = await rollout(server, extras, [{"role": "user", "content": "Code word?"}], {"trace_dir": str(tmp_path)})
     assert last["done"] and last["metadata"]["stop_reason"] == "max_iterations"
     assert last["reward"] == 0.0 and env.get_metrics()["turns_used"] == 3  # two turns, then the answer call
 
@@ -123,14 +124,15 @@ def test_a_bad_extra_is_refused_naming_its_key(extras: dict, named: str) -> None
     # Before, these fell back to defaults without a word (a typo, a non-function callback or reward
     # function, a reward_spec that is not a dict), or failed as int()'s ValueError naming nothing.
     with pytest.raises(adapter.ConfigError) as refused:
-        skyrl_gym.make(adapter.ENV_ID, env_config={}, extras={"sandbox": "inprocess", **extras})
+        skyrl_gym.make(adapter.ENV_ID, env_config={"sandbox": "inprocess"}, extras=extras)
     assert named in str(refused.value)
 
 
 def test_a_datasets_own_keys_pass_and_init_again_ends_the_previous_episode(tmp_path: Path) -> None:
     extras = {"data_source": "x", "uid": 3, "max_tokens": 10, "env_class": adapter.ENV_ID,
-              "extra_info": {"context_text": CONTEXT}, "trace_dir": str(tmp_path), "max_turns": 3.0}  # fmt: skip
-    env = skyrl_gym.make(adapter.ENV_ID, env_config={}, extras=extras)
+              "extra_info": {"context_text": CONTEXT}, "max_turns": 3.0}  # fmt: skip
+    config = {"trace_dir": str(tmp_path)}
+    env = skyrl_gym.make(adapter.ENV_ID, env_config=config, extras=extras)
     assert env.max_turns == 4
     prompt = [{"role": "user", "content": "What is the code word?"}]
     env.init(prompt)
@@ -139,7 +141,7 @@ def test_a_datasets_own_keys_pass_and_init_again_ends_the_previous_episode(tmp_p
     assert first.stop_reason == "cancelled" and env._env.live_repls == 1
     # Rows whose other settings differ (max_turns here) make an RLMEnv each, under one bound.
     one, two = (
-        skyrl_gym.make(adapter.ENV_ID, env_config={}, extras={**extras, "max_live_repls": 1, "max_turns": n})
+        skyrl_gym.make(adapter.ENV_ID, env_config=config, extras={**extras, "max_live_repls": 1, "max_turns": n})
         for n in (3, 4)
     )
     assert one._env is not two._env
@@ -166,9 +168,8 @@ def test_close_while_a_step_runs_on_another_thread_ends_it(tmp_path: Path) -> No
     import threading
 
     running = threading.Event()
-    extras = {"extra_info": {"context_text": CONTEXT}, "trace_dir": str(tmp_path),
-              "custom_tools": {"started": lambda: running.set()}}  # fmt: skip
-    env = skyrl_gym.make(adapter.ENV_ID, env_config={}, extras=extras)
+    extras = {"extra_info": {"context_text": CONTEXT}, "custom_tools": {"started": lambda: running.set()}}
+    env = skyrl_gym.make(adapter.ENV_ID, env_config={"trace_dir": str(tmp_path)}, extras=extras)
     env.init([{"role": "user", "content": "What is the code word?"}])
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         step = pool.submit(env.step, code("started()\nimport time\ntime.sleep(300)"))
@@ -184,8 +185,8 @@ def test_an_over_long_generation_is_told_to_the_policy_not_raised_at_the_trainer
     # A policy stuck repeating itself up to the length cap is ordinary in RL: SkyRL's own
     # environment runs any str, so a refused reply must not stop the generator with EnvError.
     extras = {"extra_info": {"context_text": CONTEXT}, "reward_spec": {"ground_truth": "heron"},
-              "trace_dir": str(tmp_path), "max_reply_chars": 2_000}  # fmt: skip
-    env = skyrl_gym.make(adapter.ENV_ID, env_config={}, extras=extras)
+              "max_reply_chars": 2_000}  # fmt: skip
+    env = skyrl_gym.make(adapter.ENV_ID, env_config={"trace_dir": str(tmp_path)}, extras=extras)
     env.init([{"role": "user", "content": "What is the code word?"}])
     out = env.step(code("print('again ' * 1000)") + " again" * 1000)
     assert not out["done"] and out["reward"] == 0.0
@@ -199,9 +200,8 @@ def test_an_over_long_generation_is_told_to_the_policy_not_raised_at_the_trainer
 
 def test_an_lm_callback_that_breaks_skyrls_contract_fails_the_call_saying_so(tmp_path: Path) -> None:
     # [None] must not reach the REPL as the model's reply "None", which looks like an answer.
-    extras = {"lm_callback": lambda prompts: [None], "extra_info": {"context_text": CONTEXT},
-              "trace_dir": str(tmp_path)}  # fmt: skip
-    env = skyrl_gym.make(adapter.ENV_ID, env_config={}, extras=extras)
+    extras = {"lm_callback": lambda prompts: [None], "extra_info": {"context_text": CONTEXT}}
+    env = skyrl_gym.make(adapter.ENV_ID, env_config={"trace_dir": str(tmp_path)}, extras=extras)
     env.init([{"role": "user", "content": "What is the code word?"}])
     out = env.step(
         code("try:\n    print(repr(llm_query('hi')))\nexcept Exception as e:\n    print('failed:', e)")
@@ -239,12 +239,47 @@ def test_a_row_never_widens_what_the_config_limits() -> None:
         ({"max_turns": 5}, {"max_turns": 50}, r"extras\['max_turns'\]=50 is more than the operator allows \(at most 5\)"),
         ({"budget": {"max_usd": 1.0}}, {"budget": {"max_usd": 9.0}}, r"extras\['budget'\]\['max_usd'\]=9.0 .*at most 1.0"),
         ({"sub_model": "openai/policy"}, {"sub_model": "openai/other"}, r"extras\['sub_model'\]='openai/other'"),
+        # What the config leaves out is the environment's default, not no limit at all: a row of
+        # a dataset under env_config={} took max_depth=50, 100,000 REPLs or a model of its choice.
+        ({}, {"max_depth": 50}, r"extras\['max_depth'\]=50 is more than the operator allows \(at most 0\)"),
+        ({}, {"max_live_repls": 10**5}, r"extras\['max_live_repls'\]=100000 .*\(at most 256\)"),
+        ({}, {"repl_timeout": 10**6}, r"extras\['repl_timeout'\]=1000000.0 .*\(at most 180.0\)"),
+        ({}, {"sub_model": "openai/gpt-5"}, r"pays for no model a client names"),
+        ({"sampling": {"root": {"reasoning_effort": "low"}}}, {"sampling": {"root": {"reasoning_effort": "high"}}},
+         r"extras\['sampling'\]\['root'\]\['reasoning_effort'\]='high' is more than the operator allows"),
     )  # fmt: skip
     for config, row, said in refusals:
         with pytest.raises(ConfigError, match=said):
             adapter.RecursaRLMEnv(env_config=config, extras=row)
     env = adapter.RecursaRLMEnv(env_config={"max_turns": 5}, extras={"max_turns": 2})  # lowering is fine
     assert env.max_turns == 3
+    # A row's sampling is merged over the config's: what it leaves out of a role stays the config's.
+    config = {"sampling": {"root": {"reasoning_effort": "low", "temperature": 0.5}}}
+    env = adapter.RecursaRLMEnv(env_config=config, extras={"sampling": {"root": {"temperature": 1.0}}})
+    assert env._env.config.sampling == {"root": {"reasoning_effort": "low", "temperature": 1.0}}
+
+
+@pytest.mark.parametrize(
+    ("row", "said"),
+    [
+        ({"sandbox": "inprocess"}, r"extras\['sandbox'\]='inprocess': extras\['sandbox'\] is the operator's to choose \(the operator's: 'subprocess'\)"),
+        ({"trace_dir": "/etc/cron.d"}, r"extras\['trace_dir'\]='/etc/cron.d': .* \(the operator's: None\)"),
+    ],
+)
+def test_a_row_never_chooses_the_sandbox_or_where_files_go(row: dict, said: str) -> None:
+    """A dataset row is data: its extras chose the sandbox (sandbox="inprocess" ran the policy's code
+    in the trainer's own process) and the directory traces are written to. Both are the operator's
+    (env_config's) choices now; a row may only repeat them."""
+    from recursa.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=said):
+        adapter.RecursaRLMEnv(env_config={"sandbox": "subprocess"}, extras=row)
+    # Nor the bound on live REPLs: a row above it had a bound, and a memory bound, of its own.
+    with pytest.raises(ConfigError, match=r"extras\['max_live_repls'\]=1000 is more .* \(at most 256\)"):
+        adapter.RecursaRLMEnv(env_config={}, extras={"max_live_repls": 1000})
+    same = adapter.RecursaRLMEnv(env_config={"sandbox": "subprocess"}, extras={"sandbox": "subprocess"})
+    assert same._env.config.sandbox == "subprocess"
+    same.close()
 
 
 def test_a_row_cannot_send_the_environments_key_elsewhere() -> None:

@@ -44,11 +44,11 @@ class Generator:
 
     async def agent_loop(self, prompt: list[dict[str, Any]], extras: dict[str, Any]) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
-        extras = {**extras, "max_turns": 4, "trace_dir": str(self.tmp_path)}
+        extras = {**extras, "max_turns": 4}
         if "lm_callback" not in extras:
             extras["lm_callback"] = self.lm_callback
             extras["subcall_fn"] = self.subcall_fn(loop, extras)
-        env = skyrl_gym.make(adapter.ENV_ID, env_config={}, extras=extras)
+        env = skyrl_gym.make(adapter.ENV_ID, env_config={"trace_dir": str(self.tmp_path)}, extras=extras)
         chat, _ = await loop.run_in_executor(None, env.init, copy.deepcopy(prompt))
         out: dict[str, Any] = {}
         while True:
@@ -112,11 +112,10 @@ async def test_children_are_the_generators_rollouts_with_its_tools_prompt_and_ju
 async def test_reward_fn_in_the_reward_spec_scores_the_answer(tmp_path: Path) -> None:
     env = skyrl_gym.make(
         adapter.ENV_ID,
-        env_config={},
+        env_config={"trace_dir": str(tmp_path)},
         extras={
             "extra_info": {"context_text": "ctx"},
             "reward_spec": {"ground_truth": "x", "reward_fn": lambda answer: 0.25},
-            "trace_dir": str(tmp_path),
         },
     )
     await asyncio.to_thread(env.init, [{"role": "user", "content": "q?"}])

@@ -72,7 +72,7 @@ def _rows(settings: dict[str, Any]) -> str:
 
 
 def table() -> str:
-    from recursa.config import BUDGET_CAPS, ENV_SETTINGS, SETTINGS
+    from recursa.config import BUDGET_CAPS, ENV_SETTINGS, SAMPLING_SETTINGS, SETTINGS
 
     caps = "\n".join(
         f"| `{name}` | `{flag}` | lower only | {_cell(text)} |" for name, (flag, text) in BUDGET_CAPS.items()
@@ -85,6 +85,12 @@ def table() -> str:
         + caps
         + "\n\n## Settings only `RLMEnv` has\n\n"
         + _rows(ENV_SETTINGS)
+        + "\n\n## Sampling options a client may send\n\n"
+        + "The operator's own `sampling` may hold any request option its provider takes; a client's "
+        + "(a request's `recursa.sampling` or top-level sampling fields, a tool's `sampling` argument, "
+        + "an ACP session's `_meta`, a dataset row's `extras`) holds only these, merged over the "
+        + "operator's for each role (`sampling={role: {...}}`).\n\n"
+        + _rows(SAMPLING_SETTINGS)
         + "\n"
     )
 

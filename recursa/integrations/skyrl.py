@@ -14,14 +14,14 @@ of its own: `max_depth`, `sub_model` / `base_url` / `api_key` (an OpenAI-compati
 sub-calls), `sub_call` (an async function, as for `RLMEnv`), `budget` (a dict of `Budget` fields),
 `family` (a `recursa.tasks` family whose scorer gives the reward), `scorer` (answer -> float),
 `turn_timeout` (seconds for all the code of one step together; default: `repl_timeout`),
-`sandbox`, `trace_dir`, `max_live_repls`, `wait_for_repl`, `dialect` (the conversation: "skyrl"
+`sandbox` and `trace_dir` (env_config's: a row may only repeat them), `max_live_repls`, `wait_for_repl`, `dialect` (the conversation: "skyrl"
 for SkyRL's own, exactly; see docs/dialects.md) and `dialect_options`. Every knob is checked when the
 environment is made (`checked_extras`): a wrong kind or a misspelt name is refused naming the key.
 With `subcall_fn`, `rlm_query` children are the generator's own rollouts (as in SkyRL); without
 it, recursa child RLMs whose turns go where the other sub-calls go.
 
 The same knobs in `env_config` (SkyRL's config for this environment id) are defaults that a
-row's extras override.
+row's extras override, within the config's limits (`_within`).
 
 Episodes of environments with the same settings share one `RLMEnv` (its event loop thread, fork
 server and connection pool), so a generator's hundreds of environments cost one of each.
@@ -40,9 +40,9 @@ from skyrl_gym import register as _register
 from skyrl_gym import registry as _registry
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType
 
-from recursa.config import ENV_NAMES, Spelling
+from recursa.config import ENV_NAMES, Spelling, setting_of
 from recursa.env import ChildCall, Episode, ReplyRefused, RLMEnv, SubCall
-from recursa.env.quota import QuotaWords, ReplQuota
+from recursa.env.quota import EPISODE_SHARE, QuotaWords, ReplQuota
 from recursa.errors import ConfigError
 from recursa.lm.base import Message
 from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION
@@ -69,7 +69,7 @@ _RUN_EXTRAS = {"max_turns": "max_iterations", "repl_timeout": "exec_timeout", "t
                "budget": "budget", "sandbox": "sandbox", "trace_dir": "trace_dir", "max_live_repls": "max_live_repls",
                "max_repls_per_episode": "max_repls_per_episode", "max_output_chars": "max_output_chars", "wait_for_repl": "wait_for_repl",
                "max_reply_chars": "max_reply_chars", "dialect": "dialect",
-               "dialect_options": "dialect_options"}  # fmt: skip
+               "dialect_options": "dialect_options", "sampling": "sampling"}  # fmt: skip
 _SPELLED = {schema: extra for extra, schema in _RUN_EXTRAS.items()}
 _ENV_KEYWORDS = {extra: ENV_NAMES.get(schema, schema) for extra, schema in _RUN_EXTRAS.items()}
 # SkyRL's own environment gives a cell this long; a drop-in keeps its default.
@@ -89,7 +89,7 @@ SKYRL_WORDS = QuotaWords(
 _envs: dict[str, RLMEnv] = {}
 # One set of bounds (live REPLs, the memory they hold) per max_live_repls, max_memory_bytes and sandbox,
 # shared by the environments of rows whose other settings differ (a per-row budget, max_turns or
-# trace_dir makes an RLMEnv each): with bounds per RLMEnv, N such groups could keep N times
+# max_output_chars makes an RLMEnv each): with bounds per RLMEnv, N such groups could keep N times
 # max_live_repls REPLs alive, holding N times the memory bound.
 _bounds: dict[tuple[int, Any, str], RLMEnv] = {}
 _envs_lock = threading.Lock()
@@ -104,8 +104,7 @@ class RecursaRLMEnv(BaseTextEnv):
         # `extras`: the config's knobs are the defaults, a row's override them.
         # A row may lower what the config's limits cost, never raise them (recursa/overrides.py).
         operator = checked_extras(env_config or None, "env_config", strict=True)
-        row = checked_extras(extras)
-        _within(row, operator)
+        row = _within(checked_extras(extras), operator)
         self.extras = {**operator, **row}
         self.env_config = env_config
         self._env = shared_env(self.extras)
@@ -254,15 +253,20 @@ def shared_env(extras: dict[str, Any]) -> RLMEnv:
         return env
 
 
+def _default_depth(extras: dict[str, Any]) -> int:
+    # SkyRL's subcall_fn runs rlm_query's children in the trainer: that takes a depth of 2.
+    if extras.get("subcall_fn") is not None:
+        return 2
+    delegated = extras.get("lm_callback") is not None or extras.get("sub_call") is not None
+    return 1 if delegated or extras.get("sub_model") else 0
+
+
 def _make_env(extras: dict[str, Any]) -> RLMEnv:
     delegated = extras.get("lm_callback") is not None or extras.get("sub_call") is not None
-    sub_model = extras.get("sub_model")
-    # SkyRL's subcall_fn runs rlm_query's children in the trainer: that takes a depth of 2.
-    default_depth = 2 if extras.get("subcall_fn") is not None else 1 if (delegated or sub_model) else 0
     given = {_ENV_KEYWORDS[k]: extras[k] for k in _RUN_EXTRAS if extras.get(k) is not None}
-    given.setdefault("max_depth", default_depth)
+    given.setdefault("max_depth", _default_depth(extras))
     given.setdefault("exec_timeout", SKYRL_REPL_TIMEOUT)
-    env = RLMEnv(sub_call=_no_sub_call if delegated and not sub_model else None, **given)
+    env = RLMEnv(sub_call=_no_sub_call if delegated and not extras.get("sub_model") else None, **given)
     key = (env.quota.limit, env.max_memory_bytes, env.config.sandbox)
     holder = _bounds.get(key)  # shared_env holds _envs_lock
     if holder is None:
@@ -294,11 +298,13 @@ _EXTRAS: dict[str, Callable[[str, Any], Any]] = {
 _PASSED = ("custom_tools", "context", "task_id")  # checked where they are used
 
 
-def _within(row: dict[str, Any], config: dict[str, Any]) -> None:
-    """A row's run settings may lower, never raise, what the config sets for them, and name a model
-    other than the config's `sub_model` only with its own `api_key`."""
+def _within(row: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """The row, whose run settings may lower, never raise, what the config sets for them (or, where
+    it sets nothing, what the environment takes by default), repeat and never change its sandbox and
+    trace_dir, and name a model or server other than the config's only with its own `api_key`; its
+    `sampling` is merged over the config's (a role's options the row leaves out stay the config's)."""
     given = {_RUN_EXTRAS[k]: v for k, v in row.items() if k in _RUN_EXTRAS and v is not None}
-    limits = {_RUN_EXTRAS[k]: v for k, v in config.items() if k in _RUN_EXTRAS and v is not None}
+    limits = _operator_limits(config, row)
     url, mine = given.get("base_url"), given.get("api_key")
     if url is not None and not mine and not same_url(url, limits.get("base_url") or ""):
         # The key this environment calls with (env_config's, or the provider's variable) would go
@@ -308,14 +314,31 @@ def _within(row: dict[str, Any], config: dict[str, Any]) -> None:
             "environment calls with goes only there; send the row's own key in extras['api_key'], "
             "set base_url in env_config, or leave it out of the row"
         )
-    client_settings(
+    run = client_settings(
         given,
         limits,
         Spelling("key", "extras", _SPELLED),
-        models=[limits["sub_model"]] if "sub_model" in limits else None,
+        models=[limits["sub_model"]] if "sub_model" in limits else [],
         own_key=bool(row.get("api_key")),
         stated_only=True,
     )
+    return row | ({"sampling": run["sampling"]} if "sampling" in run else {})
+
+
+def _operator_limits(config: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+    """The config's run settings, and for a setting that costs money or capacity and that it leaves
+    out, the value the environment takes when no row sets it: a dataset's row (env_config={}, as
+    most trainers configure it) asked for max_depth=50 or max_live_repls=100000 on the operator's
+    key and machine."""
+    limits = {_RUN_EXTRAS[k]: v for k, v in config.items() if k in _RUN_EXTRAS and v is not None}
+    depth = limits.get("max_depth", _default_depth({**config, **row}))
+    implied = {"max_depth": depth, "exec_timeout": SKYRL_REPL_TIMEOUT,
+               "max_repls_per_episode": max(EPISODE_SHARE, depth)}  # fmt: skip
+    for schema in _RUN_EXTRAS.values():
+        declared = setting_of(schema)
+        if schema not in limits and declared.client == "tighten":
+            limits[schema] = implied.get(schema, declared.env[1] if declared.env else declared.default)
+    return limits
 
 
 def checked_extras(extras: Any, name: str = "extras", *, strict: bool = False) -> dict[str, Any]:

@@ -65,7 +65,7 @@ def resolve_credentials(
     official = effective_url is None or urlsplit(effective_url).hostname == official_host
     if key is None:
         if official:
-            raise ConfigError(f"no {label} API key for model {model!r}: set {key_env} or pass api_key={hint}")
+            raise ConfigError(f"no {label} API key for model {model!r}: set {key_env} or pass «api_key=»{hint}")
         return Credentials(PLACEHOLDER_KEY, None, effective_url, official)
     return Credentials(key, key, effective_url, official)
 

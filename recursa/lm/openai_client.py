@@ -48,7 +48,7 @@ class OpenAIClient:
             key_env=ENV_VAR,
             url_env="OPENAI_BASE_URL",
             official_host=_OFFICIAL_HOST,
-            hint=" (or pass base_url= for a local OpenAI-compatible server, which needs no key)",
+            hint=" (or pass «base_url=» for a local OpenAI-compatible server, which needs no key)",
         )
         official, effective_url = creds.official, creds.base_url or "https://api.openai.com/v1"
         self._secret = creds.secret

@@ -45,6 +45,12 @@ class ModelPrice:
     cached_input_per_mtok: float | None = None
     cache_write_per_mtok: float | None = None
 
+    def __post_init__(self) -> None:
+        # A negative or NaN rate would make every cap in dollars hold nothing back.
+        for name, rate in vars(self).items():
+            if rate is not None and not (isinstance(rate, int | float) and rate >= 0):
+                raise ConfigError(f"ModelPrice({name}={rate!r}): a rate is USD per million tokens, a number >= 0")
+
     def cost(
         self, input_tokens: int, output_tokens: int, cached_tokens: int = 0, cache_write_tokens: int = 0
     ) -> float:

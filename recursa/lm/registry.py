@@ -82,6 +82,6 @@ def check_base_url(base_url: object) -> None:
     parts = urlsplit(base_url) if isinstance(base_url, str) else None
     if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
         raise ConfigError(
-            f"base_url {base_url!r} is not an http(s) URL; pass the server's address with its scheme, "
-            "e.g. base_url='http://localhost:8000/v1'."
+            f"«base_url» {base_url!r} is not an http(s) URL; pass the server's address with its scheme, "
+            "e.g. «base_url='http://localhost:8000/v1'»."
         )

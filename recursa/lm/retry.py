@@ -217,13 +217,13 @@ def status_error(
         what = "rejected the API key" if status == 401 else "refused access (key lacks permission?)"
         return LMError(
             f"{provider} {what} (HTTP {status}) for model {model!r} at {where}. "
-            f"Set {env_var} or pass api_key= with a valid key.",
+            f"Set {env_var} or pass «api_key=» with a valid key.",
             status=status,
         )
     if status == 404:
         return LMError(
             f"model {model!r} was not found at {where} (HTTP 404){said}. Check the model name in "
-            "'provider/model' and the base_url (OpenAI-compatible servers usually end in /v1).",
+            "'provider/model' and the «base_url» (OpenAI-compatible servers usually end in /v1).",
             status=status,
         )
     if status in RETRYABLE_STATUSES:
@@ -317,7 +317,7 @@ def connection_error(
         # (The SDK's aiohttp transport also raises its timeout error for a reset connection.)
         message = (
             f"{provider}/{model}: timed out waiting for the answer from {where}{detail}. A slow model "
-            "or a long reply may need a larger RLM(request_timeout=...)."
+            "or a long reply may need a larger «request_timeout»."
         )
     else:
         message = f"{provider}/{model}: the connection to {where} was lost before the answer arrived{detail}."

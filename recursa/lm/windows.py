@@ -87,7 +87,7 @@ class ContextWindows:
         chars = sum(_chars(m.get("content")) for m in messages)
         raise ContextLengthError(
             f"the prompt is about {tokens:,} tokens ({chars:,} characters) and the reply may take "
-            f"max_output_tokens={max_output_tokens:,}, but {spec} takes {window:,} tokens in all; "
+            f"«max_output_tokens={max_output_tokens}», but {spec} takes {window:,} tokens in all; "
             "nothing was sent"
         )
 

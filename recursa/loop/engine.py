@@ -10,7 +10,7 @@ from typing import Any
 
 from recursa.config import RLMConfig
 from recursa.context import ContextPayload
-from recursa.errors import BudgetExceeded, ContextLengthError, LMError, RecursaError, SandboxLost
+from recursa.errors import BudgetExceeded, ContextLengthError, LMError, RecursaError, SandboxLost, template_of
 from recursa.lm.base import CallMeta, LMResponse, Message
 from recursa.loop.blocks import ReplyCode
 from recursa.loop.compaction import WindowTracker, compacted_history, split_for_compaction, summary_prompt
@@ -191,7 +191,7 @@ class RunEngine:
         limit = self.tree.ledger.used_up()
         if limit is not None:
             cap = getattr(self.config.budget, limit)
-            raise BudgetExceeded(limit, f"the budget's {limit}={cap:g} is used up")
+            raise BudgetExceeded(limit, f"the budget's «{limit}={cap:g}» is used up")
 
     def cancel(self, why: str) -> None:
         """Stop the run between turns (its owner gave up on it); `finish()` then closes it."""
@@ -207,25 +207,25 @@ class RunEngine:
             seconds = self.config.budget.max_seconds
             r.stop_reason, r.error = "timeout", f"the run's time budget of {seconds:g} s ran out"
         elif isinstance(exc, BudgetExceeded):
-            r.stop_reason, r.error = ("timeout" if exc.limit == "max_seconds" else "budget"), str(exc)
+            r.stop_reason, r.error = ("timeout" if exc.limit == "max_seconds" else "budget"), template_of(exc)
         elif isinstance(exc, ContextLengthError):
             r.stop_reason = "context_window"
             r.error = (
-                f"the root's next call does not fit {self.model}'s context window ({exc}). The history "
-                "could not be compacted further; lower max_output_chars or max_output_tokens, or set "
-                "RLM(root_window_tokens=...) to compact earlier"
+                f"the root's next call does not fit {self.model}'s context window ({template_of(exc)}). The history "
+                "could not be compacted further; lower «max_output_chars» or «max_output_tokens», or set "
+                "«root_window_tokens» to compact earlier"
             )
         elif isinstance(exc, LMError):
-            r.stop_reason, r.error = "error", f"the root model call failed: {exc}"
+            r.stop_reason, r.error = "error", f"the root model call failed: {template_of(exc)}"
         elif isinstance(exc, SandboxLost):
-            r.stop_reason, r.error = "error", str(exc)
+            r.stop_reason, r.error = "error", template_of(exc)
         elif isinstance(exc, asyncio.CancelledError):
             r.stop_reason, r.error, self._pending = "cancelled", "the run was cancelled", exc
         else:
             r.stop_reason, self._pending = "error", exc
-            r.error = str(exc) if isinstance(exc, RecursaError) else f"{type(exc).__name__}: {exc}"
-        if r.error:
-            r.error = self.tree.trace.redact(r.error)
+            r.error = template_of(exc) if isinstance(exc, RecursaError) else f"{type(exc).__name__}: {exc}"
+        if r.error:  # the settings it names as the caller of this run writes them; no secret
+            r.error = self.tree.trace.redact(self.tree.spelling.told(r.error))
 
     async def finish(self) -> RLMResult:
         """Close the REPL and write run_end (once). Raises again what stopped the run if that was a

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from recursa.budget import Ledger
-from recursa.config import RLMConfig
+from recursa.config import PYTHON, RLMConfig, Spelling
 from recursa.errors import ConfigError, SandboxError
 from recursa.lm.call_cache import CallCache
 from recursa.lm.gateway import ClientSettings, ModelGateway
@@ -63,9 +63,12 @@ class CallTree:
     mcp: McpServers | None = None  # connect_mcp(): the tree's own MCP servers, closed by aclose
     # Where this tree's REPLs gather on a cluster (sandbox="ray"): children next to their parent.
     placement: str = field(default_factory=lambda: new_id("tree"))
+    spelling: Spelling = PYTHON  # how the tree's caller writes settings, for the runs' stop reasons
 
     @classmethod
-    def create(cls, config: RLMConfig, prices: PriceBook, root_run_id: str) -> CallTree:
+    def create(
+        cls, config: RLMConfig, prices: PriceBook, root_run_id: str, spelling: Spelling = PYTHON
+    ) -> CallTree:
         redactor = Redactor([config.api_key])
         path: Path | None = None
         if config.trace:
@@ -91,7 +94,7 @@ class CallTree:
             gateway.call_cache = CallCache()
         if config.clients:
             gateway.share(config.clients)  # the user's own client objects: used, never closed here
-        return cls(config, ledger, gateway, trace, _tool_runner(config, redactor))
+        return cls(config, ledger, gateway, trace, _tool_runner(config, redactor), spelling=spelling)
 
     async def connect_mcp(self) -> None:
         """Connect the MCP servers of `config.mcp_servers` (before any run of the tree starts): their
@@ -172,7 +175,7 @@ class CallTree:
             return make_sandbox(self.config.sandbox, **options)
         except TypeError as exc:  # an option the sandbox does not take
             raise ConfigError(
-                f"RLM(sandbox_options=...) does not fit sandbox {self.config.sandbox!r}: {exc}. "
+                f"«sandbox_options» does not fit sandbox {self.config.sandbox!r}: {exc}. "
                 "See the sandbox's constructor (recursa.sandbox) for the options it accepts."
             ) from None
 

@@ -124,7 +124,7 @@ class RecursaAgent:
             # a bad model, key, base URL, budget or MCP server entry fails here, not on the first prompt
             self._rlm(overrides, servers)
         except (RecursaError, TypeError, ValueError) as exc:
-            said = str(exc)
+            said = _RUNTIME.told(exc)
             message = said if said.startswith(f"_meta.{RUNTIME_KEY}") else f"_meta.{RUNTIME_KEY}: {said}"
             raise RequestError.invalid_params({"message": self._redact(message, given)}) from None
         session_id = overrides.get("session_id") or new_id("acp")
@@ -236,16 +236,11 @@ class RecursaAgent:
             **s.rlm_options,
             **{k: v for k, v in overrides.items() if k in _CLIENT_SETTINGS},
         }
-        return RLM(
-            options.pop("model", s.model),
-            base_url=base_url,
-            api_key=api_key,
-            sandbox=s.sandbox,
-            trace_dir=s.trace_dir,
-            trace=s.trace,
-            on_event=_both(s.on_event, on_event),
-            **{**options, "mcp_servers": mcp_servers},
-        )
+        options |= {"base_url": base_url, "api_key": api_key, "sandbox": s.sandbox, "trace_dir": s.trace_dir}
+        options |= {"trace": s.trace, "on_event": _both(s.on_event, on_event), "mcp_servers": mcp_servers}
+        # What fails here is the client's (the operator's settings were checked at start-up): named
+        # as the client wrote it, with the operator's flag for what only the operator sets.
+        return RLM.configured({"model": s.model, **options}, _RUNTIME)
 
     async def _run(self, session_id: str, session: _Session, question: str, context: Any) -> Any:
         loop = asyncio.get_running_loop()
@@ -282,6 +277,7 @@ class RecursaAgent:
 # schema (recursa/config.py), checked against the operator's limits (recursa/overrides.py).
 _DOOR = ("base_url", "api_key", "session_id")
 _CLIENT_SETTINGS = tuple(n for n, s in SETTINGS.items() if s.client != "operator")
+_RUNTIME = Spelling("dotted", f"_meta.{RUNTIME_KEY}")
 
 
 def _checked_runtime(given: dict[str, Any], settings: ServeSettings) -> dict[str, Any]:
@@ -298,7 +294,7 @@ def _checked_runtime(given: dict[str, Any], settings: ServeSettings) -> dict[str
     run = client_settings(
         asked,
         settings.run_limits(),
-        Spelling("dotted", where),
+        _RUNTIME,
         models=settings.run_models(),
         own_key=isinstance(door.get("api_key"), str) and bool(door["api_key"]),
     )

@@ -85,9 +85,8 @@ class RunService:
         try:
             return LiveRun(self.settings, spec)
         except (RecursaError, ValueError) as exc:
-            raise ApiError(
-                400, f"cannot start the run: {exc}", code="invalid_run_settings"
-            ) from None
+            said = spec.spelling.told(exc)
+            raise ApiError(400, f"cannot start the run: {said}", code="invalid_run_settings") from None
 
     async def resolve_context(self, req: RunRequest) -> Any:
         """The request's context, with a server path checked and a URL fetched."""

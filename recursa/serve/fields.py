@@ -9,7 +9,9 @@ reason why it changes nothing, or refused with a 400 that names it and says why.
   `with_structured_output(method="function_calling")` asks for it). Tools the model may choose
   among are refused: an RLM runs its own code and never hands a tool call back to the client.
 - sampling fields (temperature, top_p, seed, penalties, reasoning_effort; vLLM's top_k, min_p,
-  repetition_penalty): sent with the root model's own calls.
+  repetition_penalty): sent with the root model's own calls, each checked by the schema's
+  declaration (`SamplingOptions` in recursa/config.py): its bounds, and reasoning_effort no more
+  than the operator's sampling gives the root (recursa/overrides.py).
 - `stop`, `max_completion_tokens` / `max_tokens`: applied to the final answer (cut at the first stop
   sequence; cut at about 4 characters per token, with finish_reason "length", and the root model
   is told the limit).
@@ -22,22 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from recursa.config import SAMPLING_SETTINGS, Spelling
+from recursa.errors import ConfigError
+from recursa.overrides import checked_value
 from recursa.serve.api_error import bad
 
 CHARS_PER_TOKEN = 4  # how the answer limit turns tokens into characters (no tokenizer is assumed)
-
-# Sampling fields -> (check, what a valid value is). Each is forwarded to the root model's calls.
-_NUMBER_RANGES = {
-    "temperature": (0.0, 2.0),
-    "top_p": (0.0, 1.0),
-    "frequency_penalty": (-2.0, 2.0),
-    "presence_penalty": (-2.0, 2.0),
-    "min_p": (0.0, 1.0),
-    "repetition_penalty": (0.0, 10.0),
-}
-_INT_SAMPLING = ("seed", "top_k")
-REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
-SAMPLING_FIELDS = (*_NUMBER_RANGES, *_INT_SAMPLING, "reasoning_effort")
 # What each provider's API takes of them; others are refused for that provider, not sent to fail.
 _PROVIDER_SAMPLING = {"anthropic": frozenset(("temperature", "top_p", "top_k"))}
 
@@ -69,7 +61,7 @@ HONOURED = (
     "response_format",
     "tools",
     "tool_choice",
-    *SAMPLING_FIELDS,
+    *SAMPLING_SETTINGS,
     "stop",
     "max_tokens",
     "max_completion_tokens",
@@ -91,6 +83,8 @@ class AnswerShape:
     schema: dict[str, Any] | None = None  # the JSON Schema the final answer must match
     tool_name: str | None = None  # kind "tool": the function whose arguments the answer is
     sampling: dict[str, Any] = field(default_factory=dict)  # sent with the root model's calls
+    # How the request wrote the sampling options: the field of each where the API names it otherwise.
+    sampling_spelling: Spelling = field(default_factory=lambda: Spelling("field"))
     stop: tuple[str, ...] = ()
     max_answer_tokens: int | None = None
     # stream_options.include_usage: a last chunk with `choices: []` and the usage, as OpenAI sends it.
@@ -162,7 +156,7 @@ def parse_shape(body: dict[str, Any], provider: str | None) -> AnswerShape:
     shape = AnswerShape()
     _response_format(body.get("response_format"), shape)
     _tools(body.get("tools"), body.get("tool_choice"), shape)
-    shape.sampling = sampling(body, provider)
+    read_sampling(body, provider, shape)
     shape.stop = _stop(body.get("stop"))
     shape.max_answer_tokens = _max_tokens(body)
     shape.include_usage = _include_usage(body.get("stream_options"))
@@ -304,44 +298,33 @@ def _functions(tools: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
-def sampling(
-    body: dict[str, Any], provider: str | None, fields: dict[str, str] | None = None
-) -> dict[str, Any]:
-    """The sampling fields of `body` (`reasoning_effort` among them), checked. `fields`: the request
-    field an option came from where the API names it otherwise (Responses: reasoning.effort)."""
-    named = fields or {}
+def read_sampling(
+    body: dict[str, Any], provider: str | None, shape: AnswerShape, fields: dict[str, str] | None = None
+) -> None:
+    """The sampling options among `body` (by the schema's names), each checked by its declaration,
+    into `shape`. `fields`: the request field an option came from where the API names it otherwise
+    (Responses: reasoning.effort)."""
+    spelling = shape.sampling_spelling = Spelling("field", names=fields or {})
     out: dict[str, Any] = {}
-    for name, (low, high) in _NUMBER_RANGES.items():
-        value = body.get(name)
-        if value is None:
+    for name in SAMPLING_SETTINGS:
+        if body.get(name) is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-            raise bad(f"`{name}` must be a number from {low:g} to {high:g}", name)
-        out[name] = value
-    for name in _INT_SAMPLING:
-        value = body.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise bad(f"`{name}` must be an integer", name)
-        out[name] = value
-    effort = body.get("reasoning_effort")
-    if effort is not None:
-        if effort not in REASONING_EFFORTS:
-            raise bad(f"`reasoning_effort` must be one of {', '.join(REASONING_EFFORTS)}", "reasoning_effort")
-        out["reasoning_effort"] = effort
+        try:
+            out[name] = checked_value(name, body[name], spelling)
+        except ConfigError as exc:
+            raise bad(str(exc), spelling.label(name)) from None
+    shape.sampling = out
     allowed = _PROVIDER_SAMPLING.get(provider or "")
     if allowed is not None:
         for name in out:
             if name not in allowed:
-                field_name = named.get(name, name)
+                field_name = spelling.label(name)
                 raise bad(
                     f"`{field_name}` cannot be applied: this server's root model is an {provider} model, whose "
                     f"API takes only {', '.join(sorted(allowed))} of the sampling fields",
                     field_name,
                     "unsupported_parameter",
                 )
-    return out
 
 
 def _stop(value: Any) -> tuple[str, ...]:

@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
+from recursa.public_fetch import read_capped
 from recursa.serve.api_error import ApiError, bad
 from recursa.serve.callers import CLIENT_HEADER, identify
 from recursa.serve.chat import ClientGone
@@ -21,7 +22,7 @@ from recursa.serve.json_limits import (
     loads_bounded,
     shape_problem,
 )
-from recursa.serve.request import Caller, read_capped
+from recursa.serve.request import Caller
 from recursa.serve.settings import ServeSettings
 
 

@@ -4,44 +4,34 @@ A body's bytes can expand many times over once parsed: a body of millions of tin
 (`{"role":"user","content":"x"},` is 30 bytes, a dict and two strings of some 300) took twenty
 times its size in memory and held the event loop for seconds, and at the body cap (2 GiB) would
 take tens of GB. So a body may hold at most `MAX_VALUES` JSON values (every object, array and
-member counts) nested at most `MAX_NESTING` deep, and the reader stops at the first value past
-either bound, having built no more than that many.
+member counts) nested at most `MAX_NESTING` deep.
 
-Two paths, one rule: a body whose every `,`, `[` and `{` (those inside strings too, an upper
-bound) stays within the bounds cannot pass them, and goes to the standard library's parser (C);
-any other body (a large document full of commas, or a flood of values) is read by `_Reader`, which
-counts as it goes, reads strings with the standard library's C string scanner and stops at the
-bound. What the values mean (how many messages, how many parts) is checked after, per API.
+A body whose every `,`, `[` and `{` (those inside strings too, an upper bound) stays within the
+bounds cannot pass them and goes straight to the standard library's parser. Any other is first read
+as a stream of events by ijson's C parser (yajl), which builds one value at a time and is stopped at
+the first value past a bound; only a body within them is then parsed. Both paths read standard JSON
+only: NaN and Infinity, which json.loads would take and ijson does not, are refused on both. What the
+values mean (how many messages, how many parts) is checked after, per API.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import re
-from json.decoder import scanstring
 from typing import Any
+
+import ijson
 
 from recursa.asgi.responses import send_json
 
-# A body past MAX_VALUES costs the reader some 0.3 s of CPU before it stops (docs/serving.md).
+# A body past MAX_VALUES costs the reader some 0.1 s of CPU before it stops (docs/serving.md).
 MAX_VALUES = 100_000
 MAX_NESTING = 64
 MAX_MESSAGES = 20_000  # a request's messages (Chat Completions, Messages) or input items (Responses)
 MAX_PARTS = 50_000  # content parts over all of a request's messages together
 # Bodies above this size are parsed on a worker thread, so other requests keep being served.
 PARSE_IN_THREAD_BYTES = 1_000_000
-
-_WHITESPACE = re.compile(r"[ \t\n\r]*")
-_NUMBER = re.compile(r"(-?(?:0|[1-9][0-9]*))(\.[0-9]+)?([eE][-+]?[0-9]+)?")
-_CONSTANTS: dict[str, Any] = {
-    "null": None,
-    "true": True,
-    "false": False,
-    "NaN": float("nan"),
-    "Infinity": float("inf"),
-    "-Infinity": float("-inf"),
-}
+_CLOSING = frozenset(("end_map", "end_array"))
 
 
 class TooMuchJSON(ValueError):
@@ -53,109 +43,52 @@ class TooDeepJSON(ValueError):
 
 
 def loads_bounded(raw: bytes) -> Any:
-    """`raw` parsed as JSON (json.loads's result), or TooMuchJSON past the bounds, or
+    """`raw` parsed as JSON (json.loads's result), or TooMuchJSON / TooDeepJSON past the bounds, or
     json.JSONDecodeError / UnicodeDecodeError for a body that is not JSON."""
-    if raw.count(b"[") + raw.count(b"{") + raw.count(b",") < MAX_VALUES:
-        value = json.loads(raw)
-        _check_nesting(value)
-        return value
-    return _Reader(raw.decode("utf-8")).document()
+    opening = raw.count(b"[") + raw.count(b"{")
+    if opening + raw.count(b",") >= MAX_VALUES or opening > MAX_NESTING:
+        _count(raw)
+    return json.loads(raw, parse_constant=_not_json)
 
 
-def _check_nesting(value: Any) -> None:
-    """TooMuchJSON when `value` nests deeper than MAX_NESTING (the same bound the reader keeps)."""
-    stack = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is None:
-            continue
-        if depth >= MAX_NESTING:
-            raise TooDeepJSON(f"JSON nested more than {MAX_NESTING} deep")
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+def _count(raw: bytes) -> None:
+    """TooMuchJSON / TooDeepJSON at the first value of `raw` past a bound, having built none of them."""
+    values = depth = 0
+    try:
+        for event, _ in ijson.basic_parse(_Doubling(raw)):
+            if event in _CLOSING:
+                depth -= 1
+            elif event != "map_key":
+                values += 1
+                if values > MAX_VALUES:
+                    raise TooMuchJSON(f"more than {MAX_VALUES:,} JSON values")
+                if event in ("start_map", "start_array"):
+                    depth += 1
+                    if depth > MAX_NESTING:
+                        raise TooDeepJSON(f"JSON nested more than {MAX_NESTING} deep")
+    except ijson.JSONError as exc:
+        raise json.JSONDecodeError(f"not JSON ({str(exc).splitlines()[0]})", "", 0) from None
 
 
-_SPACE = frozenset(" \t\n\r")
+class _Doubling:
+    """`raw` read in pieces that double in size. The parser builds every value of a piece before it
+    yields the first, so a piece past the bound is at most as large as what came before it; and it
+    reads a string that spans pieces again from its start with each piece, which doubling pieces
+    keep to twice the string's length (64 KiB pieces made a 13 MB string take 17 s)."""
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw, self.at, self.size = memoryview(raw), 0, 1 << 16
+
+    def read(self, size: int = -1) -> bytes:
+        if size == 0:  # the parser asks for nothing first, to learn whether the reader gives bytes
+            return b""
+        piece = bytes(self.raw[self.at : self.at + self.size])
+        self.at, self.size = self.at + len(piece), self.size * 2
+        return piece
 
 
-class _Reader:
-    """JSON as json.loads reads it (the same values, NaN and Infinity included, the last of a
-    repeated key kept), counting every value and stopping at the bounds."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.left = MAX_VALUES
-
-    def document(self) -> Any:
-        value, end = self.value(self.skip(0), 0)
-        if self.skip(end) != len(self.text):
-            raise json.JSONDecodeError("Extra data", self.text, end)
-        return value
-
-    def skip(self, at: int) -> int:
-        if self.text[at : at + 1] in _SPACE:
-            return _WHITESPACE.match(self.text, at).end()  # type: ignore[union-attr]
-        return at
-
-    def value(self, at: int, depth: int) -> tuple[Any, int]:
-        self.left -= 1
-        if self.left < 0:
-            raise TooMuchJSON(f"more than {MAX_VALUES:,} JSON values")
-        text = self.text
-        char = text[at : at + 1]
-        if char == '"':
-            return scanstring(text, at + 1)
-        if char == "{" or char == "[":
-            if depth >= MAX_NESTING:
-                raise TooDeepJSON(f"JSON nested more than {MAX_NESTING} deep")
-            return self.object(at + 1, depth + 1) if char == "{" else self.array(at + 1, depth + 1)
-        number = _NUMBER.match(text, at)
-        if number is not None:
-            whole, fraction, exponent = number.groups()
-            if fraction or exponent:
-                return float(whole + (fraction or "") + (exponent or "")), number.end()
-            return int(whole), number.end()
-        for word, constant in _CONSTANTS.items():
-            if text.startswith(word, at):
-                return constant, at + len(word)
-        raise json.JSONDecodeError("Expecting value", text, at)
-
-    def array(self, at: int, depth: int) -> tuple[list[Any], int]:
-        text, skip, value, items = self.text, self.skip, self.value, []
-        at = skip(at)
-        if text[at : at + 1] == "]":
-            return items, at + 1
-        while True:
-            item, at = value(at, depth)
-            items.append(item)
-            at = skip(at)
-            char = text[at : at + 1]
-            if char == "]":
-                return items, at + 1
-            if char != ",":
-                raise json.JSONDecodeError("Expecting ',' delimiter", text, at)
-            at = skip(at + 1)
-
-    def object(self, at: int, depth: int) -> tuple[dict[str, Any], int]:
-        text, skip, value, members = self.text, self.skip, self.value, {}
-        at = skip(at)
-        if text[at : at + 1] == "}":
-            return members, at + 1
-        while True:
-            if text[at : at + 1] != '"':
-                raise json.JSONDecodeError("Expecting property name enclosed in double quotes", text, at)
-            key, at = scanstring(text, at + 1)
-            at = skip(at)
-            if text[at : at + 1] != ":":
-                raise json.JSONDecodeError("Expecting ':' delimiter", text, at)
-            members[key], at = value(skip(at + 1), depth)
-            at = skip(at)
-            char = text[at : at + 1]
-            if char == "}":
-                return members, at + 1
-            if char != ",":
-                raise json.JSONDecodeError("Expecting ',' delimiter", text, at)
-            at = skip(at + 1)
+def _not_json(word: str) -> Any:
+    raise json.JSONDecodeError(f"{word} is not a JSON value", word, 0)
 
 
 def shape_problem(body: Any) -> tuple[str, str] | None:

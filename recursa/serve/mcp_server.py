@@ -47,7 +47,9 @@ TOOL_DESCRIPTION = (
     "Answer a question over a context of any size (a file, a folder of text files, or inline text) "
     "with a Recursive Language Model: the model explores the context with Python code in a sandboxed "
     "REPL and calls sub-models on pieces of it, so the context never has to fit in a model window. "
-    "Give `context_path` (a file or folder on this machine) or `context_text`."
+    "Give `context_path` (a file or folder on this machine) or `context_text`. `sampling`: request "
+    "options per role ('root', 'child', 'sub'), e.g. {'root': {'temperature': 0.2, 'seed': 7}}; "
+    "reasoning_effort no more than the server's."
 )
 
 
@@ -127,15 +129,17 @@ def build_mcp_server(settings: ServeSettings, *, name: str = "recursa") -> MCPSe
         max_depth: int | None = None,
         max_iterations: int | None = None,
         max_usd: float | None = None,
+        sampling: dict[str, dict[str, Any]] | None = None,
     ) -> Answer:
         """See TOOL_DESCRIPTION."""
         if not question.strip():
             raise ToolError("question is empty")
-        spec = _spec(settings, question, context_path, context_text, max_depth, max_iterations, max_usd)
+        asked = {"max_depth": max_depth, "max_iterations": max_iterations, "max_usd": max_usd, "sampling": sampling}
+        spec = _spec(settings, question, context_path, context_text, asked)
         try:
             run = LiveRun(settings, spec)
         except (RecursaError, ValueError) as exc:
-            raise ToolError(settings.redact(f"cannot start the run: {exc}")) from None
+            raise ToolError(settings.redact(f"cannot start the run: {_ARGUMENTS.told(exc)}")) from None
         async with shares.slot(quota_of(_owner(settings, ctx))):
             return await _drive(run, ctx, spec.max_iterations)
 
@@ -149,11 +153,13 @@ def build_mcp_server(settings: ServeSettings, *, name: str = "recursa") -> MCPSe
         max_depth: int | None = None,
         max_iterations: int | None = None,
         max_usd: float | None = None,
+        sampling: dict[str, dict[str, Any]] | None = None,
     ) -> SessionInfo:
         """Load a context once into a REPL kept for several questions; returns the session id."""
         if settings.max_sessions == 0:
             raise ToolError("sessions are turned off on this server (--max-sessions 0); use recursa_answer")
-        spec = _spec(settings, "(session)", context_path, context_text, max_depth, max_iterations, max_usd)
+        asked = {"max_depth": max_depth, "max_iterations": max_iterations, "max_usd": max_usd, "sampling": sampling}
+        spec = _spec(settings, "(session)", context_path, context_text, asked)
         session_id = new_session_id()
         owner = _owner(settings, ctx)
         key = ("path", str(spec.context)) if context_path is not None else ("inline", None)
@@ -164,7 +170,7 @@ def build_mcp_server(settings: ServeSettings, *, name: str = "recursa") -> MCPSe
             raise ToolError(exc.message) from None
         except RecursaError as exc:
             await sessions.close(owner, session_id)
-            raise ToolError(settings.redact(f"cannot open the session: {exc}")) from None
+            raise ToolError(settings.redact(f"cannot open the session: {_ARGUMENTS.told(exc)}")) from None
         trace = _trace_shown(handle.session.trace_path, ctx)
         return SessionInfo(session=session_id, idle_ttl_s=settings.session_ttl_s, trace_path=trace)
 
@@ -230,11 +236,10 @@ def _spec(
     question: str,
     context_path: str | None,
     context_text: str | None,
-    max_depth: int | None,
-    max_iterations: int | None,
-    max_usd: float | None,
+    arguments: dict[str, Any],
 ) -> RunSpec:
-    """A run's context and limits from tool arguments, checked against the operator's settings."""
+    """A run's context and settings from tool arguments (by the schema's names), checked against the
+    operator's settings."""
     if (context_path is None) == (context_text is None):
         raise ToolError("give exactly one of context_path (a file or folder) or context_text")
     context: Any = context_text
@@ -245,16 +250,15 @@ def _spec(
             raise ToolError(exc.message) from None
     elif not context_text:
         raise ToolError("context_text is empty")
-    given = {"max_depth": max_depth, "max_iterations": max_iterations, "max_usd": max_usd}
-    asked = {k: v for k, v in given.items() if v is not None}
+    asked = {k: v for k, v in arguments.items() if v is not None}
     try:  # the schema's policy for what a client may set, as recursa serve's requests have it
         run = client_settings(asked, settings.run_limits(), _ARGUMENTS, models=None)
     except ConfigError as exc:
         raise ToolError(str(exc)) from None
-    depth = run.get("max_depth", settings.max_depth)
-    iterations = run.get("max_iterations", settings.max_iterations)
-    budget = run.get("budget", settings.budget)
-    return RunSpec(question, context, depth, iterations, budget, spelling=_ARGUMENTS)
+    depth = run.pop("max_depth", settings.max_depth)
+    iterations = run.pop("max_iterations", settings.max_iterations)
+    budget = run.pop("budget", settings.budget)
+    return RunSpec(question, context, depth, iterations, budget, settings=run, spelling=_ARGUMENTS)
 
 
 # A tool call's settings are its arguments: `arguments['max_depth']`, as MCP's tools/call sends them.

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from recursa.serve.api_error import bad
-from recursa.serve.fields import AnswerShape, check_known, check_types, sampling
+from recursa.serve.fields import AnswerShape, check_known, check_types, read_sampling
 from recursa.serve.images import InlineImage, anthropic_image
 from recursa.serve.messages_tools import TOOLS_WHY, ToolReplay, parse_tools
 from recursa.serve.request import (
@@ -232,7 +232,7 @@ def _shape(body: dict[str, Any], provider: str | None) -> tuple[AnswerShape, boo
     asked = {name: body.get(name) for name in ("temperature", "top_p", "top_k")}
     if effort is not None:
         asked["reasoning_effort"] = effort
-    shape.sampling = sampling(asked, provider, {"reasoning_effort": "output_config.effort"})
+    read_sampling(asked, provider, shape, {"reasoning_effort": "output_config.effort"})
     top_k = shape.sampling.get("top_k")
     if top_k is not None and top_k < 1:
         raise bad("`top_k` must be a positive integer", "top_k")

@@ -18,7 +18,7 @@ import base64
 import binascii
 import hmac
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,9 +27,9 @@ from recursa.config import BUDGET_CAPS, SETTINGS, Spelling
 from recursa.config import DEFAULTS as D
 from recursa.errors import ConfigError
 from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION
-from recursa.overrides import client_settings, refused_widening
+from recursa.overrides import client_sampling, client_settings
 from recursa.serve.api_error import ApiError, bad
-from recursa.serve.fields import REASONING_EFFORTS, AnswerShape, parse_shape
+from recursa.serve.fields import AnswerShape, parse_shape
 from recursa.serve.images import InlineImage, chat_image, context_images
 from recursa.serve.settings import ServeSettings
 
@@ -55,23 +55,6 @@ def bearer_token(authorization: str) -> str | None:
 def key_matches(token: str | None, api_key: str) -> bool:
     # Constant-time comparison: response timing must not reveal how much of a guess matched.
     return token is not None and hmac.compare_digest(token.encode(), api_key.encode())
-
-
-async def read_capped(
-    declared_length: str | None, chunks: AsyncIterator[bytes], max_bytes: int, too_large: ApiError
-) -> bytes:
-    """A body read chunk by chunk, refused (`too_large`) as soon as it passes `max_bytes`, so an
-    oversized upload or download never sits whole in memory."""
-    if declared_length and declared_length.isdigit() and int(declared_length) > max_bytes:
-        raise too_large
-    parts: list[bytes] = []
-    size = 0
-    async for chunk in chunks:
-        size += len(chunk)
-        if size > max_bytes:
-            raise too_large
-        parts.append(chunk)
-    return b"".join(parts)
 
 
 @dataclass(frozen=True)
@@ -423,23 +406,22 @@ def _context_value_ok(value: Any) -> bool:
 
 def _apply_settings(req: RunRequest, extra: dict[str, Any], settings: ServeSettings) -> None:
     """The request's run settings, each checked by the schema's policy for what a client may set
-    (recursa/overrides.py): the depth and turns up to the operator's limits, budget caps no higher."""
+    (recursa/overrides.py): the depth and turns up to the operator's limits, budget caps no higher,
+    and the top-level sampling fields (the root's) by their own policies, as `recursa.sampling`'s."""
     asked = {k: v for k, v in extra.items() if k in SETTING_KEYS and v is not None}
+    limits = settings.run_limits()
     try:
-        run = client_settings(asked, settings.run_limits(), REQUEST_SPELLING, models=None)
+        run = client_settings(asked, limits, REQUEST_SPELLING, models=None)
     except ConfigError as exc:
         raise bad(str(exc), f"recursa.{exc.setting}" if exc.setting else "recursa") from None
+    shape = req.shape
+    try:
+        client_sampling({"root": shape.sampling}, limits.get("sampling"), shape.sampling_spelling,
+                        at=lambda _: shape.sampling_spelling)  # fmt: skip
+    except ConfigError as exc:
+        raise bad(str(exc), shape.sampling_spelling.label(exc.setting or "")) from None
     req.max_depth = run.pop("max_depth", settings.max_depth)
     req.max_iterations = run.pop("max_iterations", settings.max_iterations)
     req.budget = run.pop("budget", settings.budget)
     req.settings = run
-    # Reasoning tokens are billed as output: a request may ask the root model for less effort than
-    # the operator's sampling gives it, never for more.
-    effort, limit = req.shape.sampling.get("reasoning_effort"), settings.reasoning_effort_limit()
-    if effort is not None and limit in REASONING_EFFORTS and _rank(effort) > _rank(limit):
-        raise bad(refused_widening("reasoning_effort", effort, limit), "reasoning_effort")
-
-
-def _rank(effort: str) -> int:
-    return REASONING_EFFORTS.index(effort) if effort in REASONING_EFFORTS else len(REASONING_EFFORTS)
 

@@ -23,13 +23,12 @@ from typing import Any
 
 from recursa.serve.api_error import bad
 from recursa.serve.fields import (
-    REASONING_EFFORTS,
     AnswerShape,
     check_known,
     check_no_effect,
     check_types,
     force_function,
-    sampling,
+    read_sampling,
 )
 from recursa.serve.images import InlineImage, responses_image
 from recursa.serve.request import (
@@ -251,7 +250,7 @@ def _shape(body: dict[str, Any], provider: str | None) -> tuple[AnswerShape, boo
     effort, summary = _reasoning(body.get("reasoning"))
     picked = {name: body.get(name) for name in ("temperature", "top_p")}
     picked["reasoning_effort"] = effort
-    shape.sampling = sampling(picked, provider, {"reasoning_effort": "reasoning.effort"})
+    read_sampling(picked, provider, shape, {"reasoning_effort": "reasoning.effort"})
     limit = body.get("max_output_tokens")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise bad("`max_output_tokens` must be a positive integer", "max_output_tokens")
@@ -338,9 +337,7 @@ def _reasoning(value: Any) -> tuple[str | None, bool]:
         return None, False
     if not isinstance(value, dict):
         raise bad('`reasoning` must be an object such as {"effort": "low", "summary": "auto"}', "reasoning")
-    effort = value.get("effort")
-    if effort is not None and effort not in REASONING_EFFORTS:
-        raise bad(f"`reasoning.effort` must be one of {', '.join(REASONING_EFFORTS)}", "reasoning.effort")
+    effort = value.get("effort")  # checked with the other sampling options
     summary = value.get("summary", value.get("generate_summary"))
     if summary is not None and summary not in SUMMARY_KINDS:
         raise bad(f"`reasoning.summary` must be one of {', '.join(SUMMARY_KINDS)}", "reasoning.summary")

@@ -180,13 +180,6 @@ class ServeSettings:
             "budget": self.budget,
         }
 
-    def reasoning_effort_limit(self) -> str | None:
-        """The most reasoning effort a request may ask of the root model: the effort the operator's
-        sampling gives it (`rlm_options["sampling"]["root"]`); None where it gives none."""
-        root = (self.rlm_options.get("sampling") or {}).get("root") or {}
-        effort = root.get("reasoning_effort")
-        return effort if isinstance(effort, str) else None
-
     def run_models(self) -> list[str]:
         """The models the operator's key pays for: a client may pick among these without a key."""
         allowed = [m for m in self.rlm_options.get("allowed_models", ()) if isinstance(m, str)]

@@ -48,7 +48,7 @@ def make_dialect(spec: str | Dialect | None, options: Mapping[str, Any] | None =
         spec = DEFAULT_DIALECT
     if not isinstance(spec, str):
         if options:
-            raise ConfigError("dialect_options= go with a dialect given by name; this dialect is an object")
+            raise ConfigError("«dialect_options=» go with a dialect given by name; this dialect is an object")
         if not all(hasattr(spec, a) for a in ("name", "opening", "read", "run", "feedback")):
             raise ConfigError(
                 f"dialect={spec!r} is neither a dialect name ({', '.join(_REGISTRY)}) nor an object with "
@@ -59,7 +59,7 @@ def make_dialect(spec: str | Dialect | None, options: Mapping[str, Any] | None =
     if factory is None:
         raise ConfigError(f"unknown dialect {spec!r}; choose one of: {', '.join(_REGISTRY)}")
     if options is not None and not isinstance(options, Mapping):
-        raise ConfigError(f"dialect_options={options!r}: give a dict of option names to values")
+        raise ConfigError(f"«dialect_options={options!r}»: give a dict of option names to values")
     try:
         return factory(**dict(options or {}))
     except TypeError as exc:
