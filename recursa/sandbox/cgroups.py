@@ -77,12 +77,19 @@ _exiting = False  # set by the exit hook: a sandbox finalized after it waits for
 _exit_deadline = 0.0  # when exit stops waiting, for all groups together
 
 
+# Tests only: the mount point of a cgroup2 hierarchy whose groups to use even where its `pids`
+# controller is not there (it is bound to a v1 hierarchy on a v1 host): the v2 paths (joins, moves,
+# cleanup) then run on such a host, without the kernel's task caps.
+TEST_V2_ROOT = "RECURSA_TEST_CGROUP2_ROOT"
+
+
 @dataclass(frozen=True)
 class _Parent:
     path: str  # this process's own cgroup folder in that hierarchy
     version: int
     memory: bool  # the memory controller can be limited in a child (v2 only)
     memory_v1: str | None = None  # this process's own folder in a writable v1 memory hierarchy
+    pids: bool = True  # the pids controller can cap a child (only TEST_V2_ROOT's may lack it)
 
 
 @functools.lru_cache(maxsize=1)
@@ -95,11 +102,14 @@ def _parent() -> _Parent | None:
     except OSError:
         return None
     v2 = next((path for hid, ctrl, path in lines if hid == "0" and ctrl == ""), None)
+    test_root = os.environ.get(TEST_V2_ROOT)
+    if test_root:
+        mounts["cgroup2"] = test_root
     if v2 is not None and "cgroup2" in mounts:
         folder = os.path.join(mounts["cgroup2"], v2.lstrip("/"))
         enabled = _read(os.path.join(folder, "cgroup.subtree_control")).split()
-        if "pids" in enabled and os.access(folder, os.W_OK):
-            return _Parent(folder, 2, "memory" in enabled)
+        if ("pids" in enabled or test_root) and os.access(folder, os.W_OK):
+            return _Parent(folder, 2, "memory" in enabled, pids="pids" in enabled)
     memory = _v1_folder(lines, mounts, "memory", "memory.limit_in_bytes")
     pids = _v1_folder(lines, mounts, "pids", "cgroup.procs")
     return None if pids is None else _Parent(pids, 1, False, memory)
@@ -192,6 +202,7 @@ class TaskGroup:
         # (a thread it started, code that forged its answer) starts nothing that outlives the cell.
         self._limits: dict[str, int] = {}
         self._generation = 0  # of the cell and snapshot groups (`renew_places`)
+        self.capped = True  # its pids controller caps its tasks (see _Parent.pids)
         # Whose processes may be signalled (proc.belongs): the process the host started for the
         # sandbox and the worker's session, set once the worker is known (`own`).
         self.root: int | None = None
@@ -217,14 +228,15 @@ class TaskGroup:
         except OSError:
             return None
         group = cls(path, parent.version, max_tasks, None)
-        if not _write(os.path.join(path, "pids.max"), str(max(1, max_tasks))):
+        group.capped = parent.pids
+        if group.capped and not _write(os.path.join(path, "pids.max"), str(max(1, max_tasks))):
             group.remove()
             return None
         try:
             if group.version == 2:
                 # v2 lets a group hold processes or limit its children, not both: the worker joins
                 # a leaf of its own, and the group's children get a pids controller of their own.
-                if not _write(os.path.join(path, "cgroup.subtree_control"), "+pids"):
+                if group.capped and not _write(os.path.join(path, "cgroup.subtree_control"), "+pids"):
                     raise OSError("the pids controller cannot be enabled for the sandbox's children")
                 os.mkdir(group.join_path)
             group._make_places()
@@ -256,10 +268,12 @@ class TaskGroup:
         for place in PLACES:
             folder = self.place_path(place)
             os.mkdir(folder)
-            self._counts[place] = os.open(os.path.join(folder, "pids.current"), os.O_RDONLY | os.O_CLOEXEC)
             self._movers[place] = os.open(os.path.join(folder, tasks), os.O_WRONLY | os.O_CLOEXEC)
+            if not self.capped:
+                continue
+            self._counts[place] = os.open(os.path.join(folder, "pids.current"), os.O_RDONLY | os.O_CLOEXEC)
             self._limits[place] = os.open(os.path.join(folder, "pids.max"), os.O_WRONLY | os.O_CLOEXEC)
-        if not (self.open_cell(False) and self.cap_snapshots()):
+        if self.capped and not (self.open_cell(False) and self.cap_snapshots()):
             raise OSError("the cell and snapshot groups cannot be capped")
 
     def renew_places(self) -> bool:
@@ -319,10 +333,10 @@ class TaskGroup:
         return self._set_limit("cell", "max" if running else "0")
 
     def cap_snapshots(self, extra: int = 0) -> bool:
-        """Cap the snapshot group at SNAP_TASKS tasks, plus `extra` for a snapshot that takes over
-        (it makes its own forking thread there while the old worker's may still be counted)."""
-        # (v2, where the host moves the whole worker there after each cell: as many as before.)
-        return self._set_limit("snap", str(SNAP_TASKS + extra + (self.version == 2)))
+        """Cap the snapshot group at SNAP_TASKS tasks, plus `extra`: for a snapshot that takes over
+        (it makes its own forking thread there while the old worker's may still be counted), or,
+        where the host moves the whole worker there (v2), for its other threads."""
+        return self._set_limit("snap", str(SNAP_TASKS + extra))
 
     def _set_limit(self, place: Place, value: str) -> bool:
         fd = self._limits.get(place, -1)
