@@ -13,17 +13,15 @@ descriptor: it would move any process it can name, the host's included, into a g
 kills. From then on only the host moves processes, and it signals a member only after checking,
 through a pidfd, that the kernel lists it as the sandbox's own (`proc.kill_owned`).
 
-What the worker's threads fork never lands where it could outlive a cell, whatever the code of a
-cell writes to the host (a forged answer included): once it runs cells, every thread of the worker
-is in one of two children of the group. `cell` holds the ones that run code of the cells, and
-whatever they fork; the host kills what it holds, the worker aside, at the end of every cell.
-`snap` holds the thread that forks the worker's snapshots (worker/snapshots.py) after the host's
-word that a cell is over; the kernel caps it at `SNAP_TASKS` tasks, and before that word the host
-kills what it holds but the snapshot the worker reported last, spared once only
-(`empty_snapshots`). The sandbox's group itself keeps only the
-keeper, which runs no code of the cells. On v1 the worker's threads take their places themselves
-before anything runs (`join_fds`); on v2, which moves only whole processes, the host moves the
-worker into `cell` for each cell and into `snap` after it.
+What the worker's threads fork never outlives a cell, whatever the code of a cell writes to the
+host (a forged answer included): once it runs cells, every thread of the worker is in one of two
+children of the group. `cell` holds the ones that run code of the cells and whatever they fork: the
+host closes it to new tasks as a cell ends (`open_cell`) and kills what it holds but the worker.
+`snap` holds the thread that forks the worker's snapshots (worker/snapshots.py) after the host's word
+that a cell is over, capped at SNAP_TASKS; `empty_snapshots` leaves there only the snapshot the
+worker reported last, once. The keeper alone stays in the group itself. On v1 the worker's threads
+take their places themselves (`join_fds`); on v2 the host moves the whole worker into `cell` for each
+cell and into `snap` after it.
 
 On cgroup v1 the memory controller is a hierarchy of its own. Where it is mounted and this
 process's own memory group is writable, the sandbox also gets a child there (`memory.limit_in_bytes`,
@@ -31,10 +29,9 @@ and `memory.memsw.limit_in_bytes` where swap is accounted, so swap cannot stretc
 same way through its `tasks` file. Only the child is ever written: the parent's settings (someone
 else's: a container's, a session manager's) are left alone.
 
-Removal: a group can only be removed once the last of its processes has exited, which takes a while
-for processes that were just killed (a large one frees its memory first). A group whose removal
-fails is kept on a list in this process and tried again (its processes killed again first) at every
-group this process makes and at interpreter exit (a bounded wait). Groups whose host died without
+Removal: a group can only be removed once the last of its processes has exited (one just killed
+takes a while: a large one frees its memory first). A group whose removal fails is kept on a list
+and tried again (its processes killed again first) at every group this process makes and at exit. Groups whose host died without
 either (SIGKILL, a crash) are removed by the next host that makes groups in the same parent folders.
 
 Nothing here is required: where no group can be made, `TaskGroup.create` returns None and the
@@ -56,7 +53,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from recursa.sandbox.bwrap import namespace_pid
-from recursa.sandbox.proc import kill_owned
+from recursa.sandbox.proc import kill_owned, started_at
 
 _PREFIX = "recursa-"
 _counter = itertools.count(1)
@@ -197,9 +194,7 @@ class TaskGroup:
         # The descriptors through which the host moves the worker into those groups (v2's
         # `cgroup.procs`; on v1 only a snapshot that took over, by its `tasks`): the host's alone.
         self._movers: dict[str, int] = {}
-        # The cell and snapshot groups' pids.max, kept open: the host closes the cell's group to new
-        # tasks whenever no cell runs (`open_cell`), so code that runs on past the end of its cell
-        # (a thread it started, code that forged its answer) starts nothing that outlives the cell.
+        # Their pids.max, kept open: written twice per cell (`open_cell`, see the module doc).
         self._limits: dict[str, int] = {}
         self._generation = 0  # of the cell and snapshot groups (`renew_places`)
         self.capped = True  # its pids controller caps its tasks (see _Parent.pids)
@@ -329,7 +324,8 @@ class TaskGroup:
 
     def open_cell(self, running: bool) -> bool:
         """Let the cell's group start tasks while a cell runs (up to the sandbox's own cap), and none
-        at all between cells; whether the kernel took it."""
+        at all between cells, so that code which runs on past its cell (a thread it started, code
+        that forged its answer) starts nothing that outlives it; whether the kernel took it."""
         return self._set_limit("cell", "max" if running else "0")
 
     def cap_snapshots(self, extra: int = 0) -> bool:
@@ -587,21 +583,9 @@ def _sweep(parent: str) -> None:
 
 def _made_by_live(pid: int, path: str) -> bool:
     """Whether process `pid` is alive and old enough to have made the group at `path`."""
-    stat = _read(f"/proc/{pid}/stat")
-    if not stat:
-        return False
     try:
         made = os.stat(path).st_mtime
-        ticks = int(stat.rpartition(")")[2].split()[19])  # field 22, starttime, in clock ticks
-    except (OSError, IndexError, ValueError):
+    except OSError:
         return True  # unknown: leave it
-    started = _boot_time() + ticks / os.sysconf("SC_CLK_TCK")
-    return started <= made + 1.0  # boot time is whole seconds
-
-
-@functools.lru_cache(maxsize=1)
-def _boot_time() -> float:
-    for line in _read("/proc/stat").splitlines():
-        if line.startswith("btime "):
-            return float(line.split()[1])
-    return 0.0
+    started = started_at(pid)
+    return started is not None and started <= made + 1.0  # boot time is whole seconds
