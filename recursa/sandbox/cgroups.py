@@ -61,9 +61,11 @@ from recursa.sandbox.proc import kill_owned
 _PREFIX = "recursa-"
 _counter = itertools.count(1)
 _EXIT_WAIT_S = 5.0  # how long interpreter exit waits for the left groups' killed processes to go
-# The snapshot group's cap: the worker's thread that forks snapshots, the snapshot it forks, and the
-# outdated one it is discarding (killed, not reaped yet). All that code can ever keep there.
-SNAP_TASKS = 3
+# The snapshot group's cap: the worker's thread that forks snapshots and the one snapshot it keeps.
+# The kernel counts a killed snapshot until it is reaped, so the worker reaps the outdated one
+# before it forks the next where that one has not exited yet (worker/snapshots.py). Code that runs
+# on that thread (it can) thus has room for one process, which takes the snapshot's place.
+SNAP_TASKS = 2
 Place = Literal["cell", "snap"]
 PLACES: tuple[Place, ...] = ("cell", "snap")
 
@@ -185,6 +187,11 @@ class TaskGroup:
         # The descriptors through which the host moves the worker into those groups (v2's
         # `cgroup.procs`; on v1 only a snapshot that took over, by its `tasks`): the host's alone.
         self._movers: dict[str, int] = {}
+        # The cell and snapshot groups' pids.max, kept open: the host closes the cell's group to new
+        # tasks whenever no cell runs (`open_cell`), so code that runs on past the end of its cell
+        # (a thread it started, code that forged its answer) starts nothing that outlives the cell.
+        self._limits: dict[str, int] = {}
+        self._generation = 0  # of the cell and snapshot groups (`renew_places`)
         # Whose processes may be signalled (proc.belongs): the process the host started for the
         # sandbox and the worker's session, set once the worker is known (`own`).
         self.root: int | None = None
@@ -220,16 +227,7 @@ class TaskGroup:
                 if not _write(os.path.join(path, "cgroup.subtree_control"), "+pids"):
                     raise OSError("the pids controller cannot be enabled for the sandbox's children")
                 os.mkdir(group.join_path)
-            tasks = "tasks" if group.version == 1 else "cgroup.procs"
-            for place in PLACES:
-                folder = group.place_path(place)
-                os.mkdir(folder)
-                group._counts[place] = os.open(
-                    os.path.join(folder, "pids.current"), os.O_RDONLY | os.O_CLOEXEC
-                )
-                group._movers[place] = os.open(os.path.join(folder, tasks), os.O_WRONLY | os.O_CLOEXEC)
-            if not _write(os.path.join(group.place_path("snap"), "pids.max"), str(SNAP_TASKS)):
-                raise OSError("the snapshot group cannot be capped")
+            group._make_places()
         except OSError:
             group.remove()
             return None
@@ -251,8 +249,45 @@ class TaskGroup:
             group.limit_memory(memory_bytes)
         return group
 
-    def place_path(self, place: Place) -> str:
-        return os.path.join(self.path, place)
+    def _make_places(self) -> None:
+        """Make the cell and snapshot groups (see the module doc) and open what the host keeps of
+        them; the cell's closed to new tasks until a cell runs, the snapshots' capped."""
+        tasks = "tasks" if self.version == 1 else "cgroup.procs"
+        for place in PLACES:
+            folder = self.place_path(place)
+            os.mkdir(folder)
+            self._counts[place] = os.open(os.path.join(folder, "pids.current"), os.O_RDONLY | os.O_CLOEXEC)
+            self._movers[place] = os.open(os.path.join(folder, tasks), os.O_WRONLY | os.O_CLOEXEC)
+            self._limits[place] = os.open(os.path.join(folder, "pids.max"), os.O_WRONLY | os.O_CLOEXEC)
+        if not (self.open_cell(False) and self.cap_snapshots()):
+            raise OSError("the cell and snapshot groups cannot be capped")
+
+    def renew_places(self) -> bool:
+        """New cell and snapshot groups for the next worker of this sandbox: the kernel counts a
+        process against its group's cap until it is reaped, and one whose parents were killed with
+        the last worker is left to init, which may take its time (or never reap, in some
+        containers), so the last worker's groups may count tasks that are gone. Whether it worked
+        (else the worker gets no places: the group caps its tasks, no more)."""
+        self._close_places()
+        for place in PLACES:
+            with contextlib.suppress(OSError):  # else a process of it is still exiting: later
+                os.rmdir(self.place_path(place))
+        self._generation += 1
+        try:
+            self._make_places()
+        except OSError:
+            self._close_places()
+            return False
+        return True
+
+    def _close_places(self) -> None:
+        for fd in (*self._counts.values(), *self._movers.values(), *self._limits.values()):
+            os.close(fd)
+        self._counts, self._movers, self._limits = {}, {}, {}
+
+    def place_path(self, place: Place, generation: int | None = None) -> str:
+        generation = self._generation if generation is None else generation
+        return os.path.join(self.path, f"{place}-{generation}" if generation else place)
 
     @property
     def join_path(self) -> str:
@@ -277,6 +312,27 @@ class TaskGroup:
             return False
         self.memory_bytes = limit if ok else None
         return ok
+
+    def open_cell(self, running: bool) -> bool:
+        """Let the cell's group start tasks while a cell runs (up to the sandbox's own cap), and none
+        at all between cells; whether the kernel took it."""
+        return self._set_limit("cell", "max" if running else "0")
+
+    def cap_snapshots(self, extra: int = 0) -> bool:
+        """Cap the snapshot group at SNAP_TASKS tasks, plus `extra` for a snapshot that takes over
+        (it makes its own forking thread there while the old worker's may still be counted)."""
+        # (v2, where the host moves the whole worker there after each cell: as many as before.)
+        return self._set_limit("snap", str(SNAP_TASKS + extra + (self.version == 2)))
+
+    def _set_limit(self, place: Place, value: str) -> bool:
+        fd = self._limits.get(place, -1)
+        if fd < 0:
+            return False
+        try:
+            os.write(fd, value.encode())
+        except OSError:
+            return False
+        return True
 
     def oom_kills(self) -> int:
         """Processes the kernel killed in this group for its memory limit since the last call."""
@@ -371,6 +427,9 @@ class TaskGroup:
             found.update(int(p) for p in _read(os.path.join(self.memory_path, "cgroup.procs")).split())
         for where in PLACES:
             found.update(self.members(where))
+            for generation in range(self._generation):  # a last worker's, not removed yet
+                old = _read(os.path.join(self.place_path(where, generation), "cgroup.procs"))
+                found.update(int(p) for p in old.split())
         return sorted(found)
 
     def tasks(self) -> int:
@@ -409,17 +468,24 @@ class TaskGroup:
     def remove(self) -> bool:
         """Remove the group; False while processes are still in it (they are being killed)."""
         if not self.members("cell") and not self.members("snap"):
-            for fd in self._counts.values():
-                os.close(fd)
-            self._counts = {}
+            self._close_places()
         if self._oom_events >= 0:
             os.close(self._oom_events)
             self._oom_events = -1
-        movers, self._movers = self._movers, {}
-        for fd in movers.values():
+        for fd in (*self._movers.values(), *self._limits.values()):
             os.close(fd)
-        home = os.path.join(self.path, "home")  # v2's (see join_path); a swept group's version is unknown
-        for path in (*(self.place_path(p) for p in PLACES), home, self.path, self.memory_path):
+        self._movers, self._limits = {}, {}
+        # Its children (every generation of the places, v2's `home`), whatever this object knows of
+        # them: a group swept after its host died is known by its path alone. (Only those: a
+        # memory pool's folder, removed the same way, holds other sandboxes' groups.)
+        children: list[str] = []
+        with contextlib.suppress(OSError):
+            children = [
+                e.path
+                for e in os.scandir(self.path)
+                if e.name == "home" or (e.name.partition("-")[0] in PLACES and e.is_dir(follow_symlinks=False))
+            ]
+        for path in (*children, self.path, self.memory_path):
             if path is None:
                 continue
             try:
