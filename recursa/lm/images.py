@@ -1,10 +1,11 @@
 """Images in model calls: recursa's one content-part shape, and each provider's form of it.
 
 A message's `content` is a str, or a list of parts: `{"type": "text", "text": ...}` and
-`{"type": "image", "media_type": ..., "data": <base64>, "sha256": ..., "bytes": n}` (image bytes)
-or `{"type": "image", "url": ...}` (an image the provider fetches). OpenAI-compatible servers get
-`image_url` parts (bytes as a data URL), Anthropic `image` blocks with a base64 or url source.
-Traces and error messages show an image as a reference (media type, size, sha256), never its bytes.
+`{"type": "image", "media_type": ..., "data": <base64>, "sha256": ..., "bytes": n}` (image bytes,
+with the `url` they were fetched from, if any). `{"type": "image", "url": ...}` is an image still to
+fetch: it never reaches a provider. OpenAI-compatible servers get `image_url` parts (bytes as a data
+URL), Anthropic `image` blocks with a base64 source. Traces and error messages show an image as a
+reference (its URL, media type, size, sha256), never its bytes.
 
 Image URLs come from generated code, so they are held to a policy, and no provider ever fetches
 one: https only, a host name (no IP literal in any spelling, no "localhost"), and recursa fetches

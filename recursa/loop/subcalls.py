@@ -359,8 +359,6 @@ class SubcallHandler:
         return outcome
 
 
-
-
 def _is_async(fn: Any) -> bool:
     """An async function, or an object whose __call__ is one."""
     call = type(fn).__call__ if not inspect.isfunction(fn) and not inspect.ismethod(fn) else None
