@@ -53,16 +53,16 @@ from dataclasses import dataclass
 from typing import Literal
 
 from recursa.sandbox.bwrap import namespace_pid
-from recursa.sandbox.proc import kill_owned, started_at
+from recursa.sandbox.proc import exiting, kill_owned, started_at
 
 _PREFIX = "recursa-"
 _counter = itertools.count(1)
 _EXIT_WAIT_S = 5.0  # how long interpreter exit waits for the left groups' killed processes to go
-# The snapshot group's cap: the worker's thread that forks snapshots and the one snapshot it keeps.
-# The kernel counts a killed snapshot until it is reaped, so the worker reaps the outdated one
-# before it forks the next where that one has not exited yet (worker/snapshots.py). Code that runs
-# on that thread (it can) thus has room for one process, which takes the snapshot's place.
-SNAP_TASKS = 2
+# The snapshot group's cap: the worker's thread that forks snapshots, the snapshot it forks, and the
+# outdated one it discards (killed, counted until it is reaped: waiting for that before each fork
+# took ~4 ms a cell under load). Code on that thread thus gets room for two processes at most, which
+# the host kills as soon as the worker reports its snapshot (`audit_snapshots`).
+SNAP_TASKS = 3
 Place = Literal["cell", "snap"]
 PLACES: tuple[Place, ...] = ("cell", "snap")
 
@@ -461,7 +461,7 @@ class TaskGroup:
         the next cell's end at most. Returns the process spared now (host pid), if any."""
         spare = None
         for pid in self.members("snap"):
-            if pid in keep:
+            if pid in keep or exiting(pid):  # (an outdated snapshot the worker has just killed)
                 continue
             if spare is None and reported is not None and pid != spared:
                 if (namespace_pid(pid) if namespaced else pid) == reported:
@@ -469,6 +469,15 @@ class TaskGroup:
                     continue
             self.kill_one(pid)
         return spare
+
+    def audit_snapshots(self, keep: Collection[int], reported: int | None, namespaced: bool) -> None:
+        """The worker has just reported the snapshot it keeps (`reported`; None: none): empty the
+        snapshot group of all else (`empty_snapshots`), unless it counts the forking thread and
+        one snapshot at most."""
+        with contextlib.suppress(KeyError, OSError, ValueError):
+            if int(os.pread(self._counts["snap"], 32, 0)) <= 2:
+                return
+        self.empty_snapshots(keep, reported, namespaced, None)
 
     def kill_one(self, pid: int) -> bool:
         """SIGKILL `pid` once the kernel shows it as a live process of this group's sandbox
