@@ -317,7 +317,7 @@ class HostHardening:
         """What caps the number of tasks: "pids cgroup" (exact), "RLIMIT_NPROC" (exact, bwrap's
         user namespace) or "poller" (processes only, checked every 50 ms), "none"."""
         joined = report.get("cgroup")
-        if joined is True and self.group is not None:
+        if joined is True and self.group is not None and self.group.capped:
             return "pids cgroup"
         if isinstance(joined, str):
             isolation["warnings"].append(joined)
@@ -352,6 +352,10 @@ class HostHardening:
             keep = {pid, *self.spare}
             self._spared = group.empty_snapshots(keep, reported, self.using_bwrap, self._spared)  # type: ignore[arg-type]
             if not self.cells_placed:
+                # The whole worker goes there (v2): room for its threads (as many as the closed cell
+                # group left it) besides the one snapshot, set before the move, which no cap stops.
+                with contextlib.suppress(OSError):
+                    group.cap_snapshots(extra=len(os.listdir(f"/proc/{pid}/task")) - 1)
                 group.move(pid, "snap")  # type: ignore[arg-type]
         return True
 
