@@ -415,18 +415,16 @@ class Spelling:
         return _MARKED.sub(lambda m: self._marked(m.group(1), m.group(2), m.group(3)), text)
 
     def _marked(self, name: str, passed: str, example: str) -> str:
+        declared = declared_setting(name)
+        if self.form in ("key", "dotted") and declared is not None and declared.client == "operator":
+            return f"the operator's {_flag(name) or name}"  # not the client's to set
         if example:
             return self.assign(name, example)
         if not passed:
             return self.label(name)
         if self.form in ("python", "field"):
             return f"{self.label(name)}="
-        if self.form == "cli":
-            return _flag(name) or self.label(name)
-        declared = declared_setting(name)
-        if declared is not None and declared.client == "operator":
-            return f"the operator's {_flag(name) or name}"
-        return self.label(name)
+        return (self.form == "cli" and _flag(name)) or self.label(name)
 
     @staticmethod
     def _pairs(name: str) -> bool:
