@@ -151,7 +151,7 @@ def ray_compare(size_mb: float, episodes: int, concurrency: int, alone: int, nod
     stop = threading.Event()
 
     def sample() -> None:
-        while not stop.wait(0.25):
+        while not stop.wait(1.0):  # each look walks the host's process tree, on its event loop
             for node_id, host in node_hosts():
                 try:
                     facts = ray.get(host.describe.remote(), timeout=5)
@@ -188,7 +188,8 @@ def ray_compare(size_mb: float, episodes: int, concurrency: int, alone: int, nod
               f"{statistics.median(r.first_ms) if r.first_ms else float('nan'):>12.1f} {len(r.errors):>6}")  # fmt: skip
         for error in r.errors[:3]:
             print(f"  failed: {error}")
-    print("\nCPU ms per episode, all at once (" + ", ".join(KINDS) + "):")
+    print("\nCPU ms per episode, all at once (" + ", ".join(KINDS) + "; REPL workers: those below a node"
+          " host; local ones leave this process's tree, so they are not counted):")
     for where, batch, spent in batches:
         print(f"{where:>6}: " + "  ".join(f"{spent.get(k, 0.0) * 1000 / batch.episodes:6.1f}" for k in KINDS)
               + f"  total {sum(spent.values()) * 1000 / batch.episodes:.1f}")  # fmt: skip

@@ -77,9 +77,12 @@ def client_settings(
             continue
         value = checked_value(name, value, spelling)
         if declared.client == "choose" and not own_key and models is not None and value not in models:
+            pays = "for no model a client names; leave it out"
+            if models:
+                pays = f"only for {', '.join(map(repr, models))}; choose one of those"
             raise ConfigError(
-                f"{spelling.given(name, value)}: runs here use the operator's key, which pays only for "
-                f"{', '.join(map(repr, models))}; choose one of those, or send your own API key with it"
+                f"{spelling.given(name, value)}: runs here use the operator's key, which pays {pays}, "
+                "or send your own API key with it"
             )
         limit = limits.get(name) if stated_only else limits.get(name, declared.default)
         if declared.client == "tighten" and declared.exceeds(value, limit):

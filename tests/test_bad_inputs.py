@@ -374,10 +374,17 @@ class CliOutcome:
     before: dict[str, bytes]
 
 
+def _user_cache() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+
+
 def _cli_env(root: Path, extra: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and not k.startswith("RECURSA_")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     env["XDG_CACHE_HOME"] = str(root / "cache")  # default trace folder: never the user's
+    # matplotlib's font cache lives under XDG_CACHE_HOME too: built afresh per case, it cost every
+    # bench case seconds (long enough, on a loaded machine, to reach the launcher's 60 s alarm).
+    env.setdefault("MPLCONFIGDIR", str(_user_cache() / "matplotlib"))
     env.update(extra)
     return env
 

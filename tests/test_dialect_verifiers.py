@@ -96,6 +96,15 @@ def test_the_context_itself_with_extra_data_value_and_a_shorter_cut(server, tmp_
     assert outputs(roots(server)[1]) == ["x" * 40 + "\n[the output was cut here]"]
 
 
+def test_a_longer_cut_than_the_runs_output_cap_is_held_to_it(server, tmp_path):
+    # dialect_options are a client's to send (a served request's): a cut of 10**8 showed the root a
+    # 5 MB observation, at the operator's cost, where max_output_chars allowed 2,000.
+    run(server, tmp_path, call("'A' * 5_000_000"), "\\boxed{done}", options={"max_output_length": 10**8},
+        max_output_chars=2_000)  # fmt: skip
+    (shown,) = outputs(roots(server)[1])
+    assert shown.startswith("Out[1]: 'AAA") and len(shown) < 2_100, len(shown)
+
+
 def test_a_folder_context_and_the_transcript_file(server, tmp_path):
     folder = tmp_path / "docs"
     (folder / "sub").mkdir(parents=True)

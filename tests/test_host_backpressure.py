@@ -9,6 +9,7 @@ error the REPL sees, and keeps its event loop free for everything else.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import time
@@ -103,15 +104,22 @@ class LoopWatch:
 async def test_a_flood_of_raw_call_frames_does_not_stall_the_host(server, script, tmp_path) -> None:
     seen: list[str] = []
     running = peak = 0
+    bound_reached = asyncio.Event()
 
     @host_tool
     async def slow_echo(x: str) -> str:
-        """Answers after a while."""
+        """Answers once the bound of calls in flight was reached (or after 5 s)."""
         nonlocal running, peak
         seen.append(x)
         running += 1
         peak = max(peak, running)
-        await asyncio.sleep(0.05)
+        if running >= MAX_CALLS_IN_FLIGHT:
+            bound_reached.set()
+        # Held until the bound is reached, not for a fixed time: on a loaded machine the worker's
+        # frames came slower than 50 ms calls ended, and the bound was never reached.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(5):
+                await bound_reached.wait()
         running -= 1
         return x
 

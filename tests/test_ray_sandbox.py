@@ -186,7 +186,8 @@ def test_skyrl_rows_run_on_the_cluster_unchanged(cluster: dict) -> None:
     skyrl_gym = pytest.importorskip("skyrl_gym", reason="skyrl-gym is not installed (the skyrl extra)")
     from recursa.integrations import skyrl as adapter
 
-    env = skyrl_gym.make(adapter.ENV_ID, env_config={}, extras={
+    # The sandbox is the operator's (env_config); a row may only repeat it.
+    env = skyrl_gym.make(adapter.ENV_ID, env_config={"sandbox": "ray"}, extras={
         "sandbox": "ray", "max_turns": 3, "reward_spec": {"ground_truth": "14"},
         "extra_info": {"context_text": "fourteen letters"}})  # fmt: skip
     env.init([{"role": "user", "content": "How long is the context?"}])

@@ -174,3 +174,15 @@ def test_the_scrubber_takes_every_form():
         "see https://github.com/openai/openai-python/blob/main/src/openai/_base_client.py#L100",
     ):
         assert scrub(code_line) == code_line
+
+
+def test_a_huge_message_loses_its_middle_and_every_key_it_held():
+    # A cell's 10 MB exception was scrubbed whole by every pattern, on the event loop: half a
+    # minute during which a served process answered nobody. Past 20,000 characters the middle goes,
+    # after the known keys and the common key shapes are taken out of the whole text.
+    scrub = Redactor([KEY])
+    text = f"{KEY} " + "a_" * 2_000_000 + f" {SHAPED} " + "b_" * 2_000_000 + f" Bearer {BEARER}"
+    out = scrub(text)
+    assert len(out) < 20_100 and "characters left out" in out
+    assert out.startswith(REDACTED) and out.endswith(f"Bearer {REDACTED}")
+    assert KEY not in out and SHAPED not in out and BEARER not in out

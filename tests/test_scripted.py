@@ -61,7 +61,7 @@ class Harness:
         max_turns: int = 10,
         max_depth: int = 2,
         output_limit: int = 20_000,
-        cpu_timeout: float = 1.0,
+        cpu_timeout: float = 5.0,  # CPU seconds: a sub-call per line of a 100k context took >1 s on a loaded machine
     ) -> None:
         self.sub_name = sub
         self.sub = get_policy(sub)

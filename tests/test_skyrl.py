@@ -239,6 +239,12 @@ def test_a_row_never_widens_what_the_config_limits() -> None:
         ({"max_turns": 5}, {"max_turns": 50}, r"extras\['max_turns'\]=50 is more than the operator allows \(at most 5\)"),
         ({"budget": {"max_usd": 1.0}}, {"budget": {"max_usd": 9.0}}, r"extras\['budget'\]\['max_usd'\]=9.0 .*at most 1.0"),
         ({"sub_model": "openai/policy"}, {"sub_model": "openai/other"}, r"extras\['sub_model'\]='openai/other'"),
+        # What the config leaves out is the environment's default, not no limit at all: a row of
+        # a dataset under env_config={} took max_depth=50, 100,000 REPLs or a model of its choice.
+        ({}, {"max_depth": 50}, r"extras\['max_depth'\]=50 is more than the operator allows \(at most 0\)"),
+        ({}, {"max_live_repls": 10**5}, r"extras\['max_live_repls'\]=100000 .*\(at most 256\)"),
+        ({}, {"repl_timeout": 10**6}, r"extras\['repl_timeout'\]=1000000.0 .*\(at most 180.0\)"),
+        ({}, {"sub_model": "openai/gpt-5"}, r"pays for no model a client names"),
         ({"sampling": {"root": {"reasoning_effort": "low"}}}, {"sampling": {"root": {"reasoning_effort": "high"}}},
          r"extras\['sampling'\]\['root'\]\['reasoning_effort'\]='high' is more than the operator allows"),
     )  # fmt: skip

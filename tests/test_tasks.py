@@ -74,7 +74,6 @@ def test_sizes_are_honoured_within_five_percent(family: str, size: int) -> None:
         assert task.meta["size_chars"] == task.size_chars
 
 
-@pytest.mark.serial  # asserts calls overlap or finish in time: not beside another test
 def test_ten_million_characters_are_generated_to_size() -> None:
     # How fast is benchmarks/families_10m.py's to say (the suite times nothing).
     for family in ("niah", "oolong"):

@@ -254,3 +254,56 @@ def test_the_viewer_on_every_address_still_refuses_rebound_names_and_idle_connec
             half.sendall(b"GET /trace.json HTTP/1.1\r\n")
             half.settimeout(30)
             assert half.recv(100) == b""  # closed by the viewer, with nothing sent
+
+
+def test_held_connections_never_keep_the_users_browser_out(tmp_path: Path) -> None:
+    """Each connection held a thread of the viewer, and a head sent a byte now and then (within the
+    idle timeout) kept it for good: nothing bounded how many, so a local process could take every
+    thread and descriptor it had. The viewer holds at most max_connections now, and a new one
+    takes the place of the oldest connection still waiting for its head."""
+    import select
+    import socket
+
+    with ViewerServer(hostile_trace(tmp_path / "evil.jsonl"), idle_timeout_s=60, max_connections=4) as viewer:
+        port = int(viewer.url.rsplit(":", 1)[1].rstrip("/"))
+        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(12)]
+        try:
+            for sock in held:
+                sock.sendall(b"GET /trace.json HTTP/1.1\r\nHost: 127.0.0.1")  # a head never finished
+            closed: set[socket.socket] = set()
+            for _ in range(100):  # until the server has dropped the 8 oldest; at most 10 s
+                ready, _, _ = select.select([s for s in held if s not in closed], [], [], 0.1)
+                closed |= {s for s in ready if s.recv(100) == b""}
+                if len(closed) >= 8:
+                    break
+            assert closed == set(held[:8])
+            assert select.select(held[8:], [], [], 0)[0] == []  # the 4 newest are still open
+            page = httpx.get(viewer.url, timeout=30)  # the user's browser: it takes one's place
+            assert page.status_code == 200
+        finally:
+            for sock in held:
+                sock.close()
+
+
+def test_one_remote_address_holds_a_quarter_of_the_viewers_connections() -> None:
+    """Bound beyond loopback (--host), one address may hold a quarter of the connections: its new
+    one takes the place of its own oldest waiting one, and is refused when all of its are busy."""
+    import socket
+
+    from recursa.trace.viewer.connections import ConnectionGate
+
+    gate = ConnectionGate(total=8, head_timeout_s=60)
+    pairs = [socket.socketpair() for _ in range(4)]
+    try:
+        mine = [p[0] for p in pairs]
+        assert gate.admit(mine[0], "203.0.113.9") and gate.admit(mine[1], "203.0.113.9")
+        assert gate.admit(mine[2], "203.0.113.9")  # past 8 // 4: the oldest waiting one goes
+        assert pairs[0][1].recv(10) == b""
+        gate.head_done(mine[1])
+        gate.head_done(mine[2])
+        assert not gate.admit(mine[3], "203.0.113.9")  # both busy answering: refused
+        assert gate.admit(mine[3], "198.51.100.7")  # another address has its own share
+    finally:
+        for a, b in pairs:
+            a.close()
+            b.close()

@@ -40,9 +40,9 @@ from skyrl_gym import register as _register
 from skyrl_gym import registry as _registry
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType
 
-from recursa.config import DEFAULTS, ENV_NAMES, Spelling
+from recursa.config import ENV_NAMES, Spelling, setting_of
 from recursa.env import ChildCall, Episode, ReplyRefused, RLMEnv, SubCall
-from recursa.env.quota import QuotaWords, ReplQuota
+from recursa.env.quota import EPISODE_SHARE, QuotaWords, ReplQuota
 from recursa.errors import ConfigError
 from recursa.lm.base import Message
 from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION
@@ -253,15 +253,20 @@ def shared_env(extras: dict[str, Any]) -> RLMEnv:
         return env
 
 
+def _default_depth(extras: dict[str, Any]) -> int:
+    # SkyRL's subcall_fn runs rlm_query's children in the trainer: that takes a depth of 2.
+    if extras.get("subcall_fn") is not None:
+        return 2
+    delegated = extras.get("lm_callback") is not None or extras.get("sub_call") is not None
+    return 1 if delegated or extras.get("sub_model") else 0
+
+
 def _make_env(extras: dict[str, Any]) -> RLMEnv:
     delegated = extras.get("lm_callback") is not None or extras.get("sub_call") is not None
-    sub_model = extras.get("sub_model")
-    # SkyRL's subcall_fn runs rlm_query's children in the trainer: that takes a depth of 2.
-    default_depth = 2 if extras.get("subcall_fn") is not None else 1 if (delegated or sub_model) else 0
     given = {_ENV_KEYWORDS[k]: extras[k] for k in _RUN_EXTRAS if extras.get(k) is not None}
-    given.setdefault("max_depth", default_depth)
+    given.setdefault("max_depth", _default_depth(extras))
     given.setdefault("exec_timeout", SKYRL_REPL_TIMEOUT)
-    env = RLMEnv(sub_call=_no_sub_call if delegated and not sub_model else None, **given)
+    env = RLMEnv(sub_call=_no_sub_call if delegated and not extras.get("sub_model") else None, **given)
     key = (env.quota.limit, env.max_memory_bytes, env.config.sandbox)
     holder = _bounds.get(key)  # shared_env holds _envs_lock
     if holder is None:
@@ -294,15 +299,12 @@ _PASSED = ("custom_tools", "context", "task_id")  # checked where they are used
 
 
 def _within(row: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
-    """The row, whose run settings may lower, never raise, what the config sets for them (and the
-    bound on live REPLs, set or not), repeat and never change its sandbox and trace_dir, and name a
-    model or server other than the config's only with its own `api_key`; its `sampling` is merged
-    over the config's (a role's options the row leaves out stay the config's)."""
+    """The row, whose run settings may lower, never raise, what the config sets for them (or, where
+    it sets nothing, what the environment takes by default), repeat and never change its sandbox and
+    trace_dir, and name a model or server other than the config's only with its own `api_key`; its
+    `sampling` is merged over the config's (a role's options the row leaves out stay the config's)."""
     given = {_RUN_EXTRAS[k]: v for k, v in row.items() if k in _RUN_EXTRAS and v is not None}
-    limits = {_RUN_EXTRAS[k]: v for k, v in config.items() if k in _RUN_EXTRAS and v is not None}
-    # The bound on live REPLs holds for the whole process, whatever the config states: a row above
-    # it made a bound of its own, and with it a memory bound of its own (`_bounds`).
-    limits.setdefault("max_live_repls", DEFAULTS.max_live_repls)
+    limits = _operator_limits(config, row)
     url, mine = given.get("base_url"), given.get("api_key")
     if url is not None and not mine and not same_url(url, limits.get("base_url") or ""):
         # The key this environment calls with (env_config's, or the provider's variable) would go
@@ -316,11 +318,27 @@ def _within(row: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
         given,
         limits,
         Spelling("key", "extras", _SPELLED),
-        models=[limits["sub_model"]] if "sub_model" in limits else None,
+        models=[limits["sub_model"]] if "sub_model" in limits else [],
         own_key=bool(row.get("api_key")),
         stated_only=True,
     )
     return row | ({"sampling": run["sampling"]} if "sampling" in run else {})
+
+
+def _operator_limits(config: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+    """The config's run settings, and for a setting that costs money or capacity and that it leaves
+    out, the value the environment takes when no row sets it: a dataset's row (env_config={}, as
+    most trainers configure it) asked for max_depth=50 or max_live_repls=100000 on the operator's
+    key and machine."""
+    limits = {_RUN_EXTRAS[k]: v for k, v in config.items() if k in _RUN_EXTRAS and v is not None}
+    depth = limits.get("max_depth", _default_depth({**config, **row}))
+    implied = {"max_depth": depth, "exec_timeout": SKYRL_REPL_TIMEOUT,
+               "max_repls_per_episode": max(EPISODE_SHARE, depth)}  # fmt: skip
+    for schema in _RUN_EXTRAS.values():
+        declared = setting_of(schema)
+        if schema not in limits and declared.client == "tighten":
+            limits[schema] = implied.get(schema, declared.env[1] if declared.env else declared.default)
+    return limits
 
 
 def checked_extras(extras: Any, name: str = "extras", *, strict: bool = False) -> dict[str, Any]:

@@ -70,6 +70,13 @@ _AWS_KEY_ID = re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")
 _KEY_ENV_NAME = re.compile(r"(?i)(API_?KEY|TOKEN|SECRET|PASSWORD|ACCESS_KEY)$")
 
 
+# Past this many characters a message loses its middle before the patterns run: they take time in
+# proportion to the text, on the caller's thread (often the event loop), and a cell's 10 MB
+# exception held a served process's loop for half a minute. Known keys and common key shapes are
+# taken out of the whole text first.
+_MESSAGE_CHARS = 20_000
+
+
 class Redactor:
     """Replaces keys in text with [REDACTED] and host paths with `<host path>/NAME` (see the module
     doc); `secrets`: the keys a run was configured with, beside those the environment holds;
@@ -89,8 +96,12 @@ class Redactor:
         self._short = [s for s in ordered if len(s) < 8]
 
     def __call__(self, text: str) -> str:
-        """Everything the module doc lists: for messages (an exception's, a log line)."""
+        """Everything the module doc lists: for messages (an exception's, a log line), whose middle
+        past _MESSAGE_CHARS is left out."""
         text = self.bulk(text)
+        if len(text) > _MESSAGE_CHARS:
+            half = _MESSAGE_CHARS // 2
+            text = f"{text[:half]}\n... [{len(text) - 2 * half:,} characters left out] ...\n{text[-half:]}"
         if self.paths:
             text = scrub_paths(text, self.shown)
         for secret in self._short:

@@ -91,6 +91,8 @@ class Runner(Protocol):
     """What a dialect runs a reply's cells with (loop/blocks.ReplyCode): recursa's rules for a
     parsed reply, or one raw cell for a dialect with rules of its own."""
 
+    max_output_chars: int  # the run's cap on the output of a cell shown to the model
+
     async def run(self, parsed: Reply, *, retry: bool, call_id: str | None = None) -> Outcome: ...
 
     async def execute(self, code: str, *, call_id: str | None = None, shown: str | None = None) -> ExecResult: ...

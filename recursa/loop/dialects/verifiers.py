@@ -64,7 +64,7 @@ class VerifiersDialect(ToolsDialect):
         pip_install_packages, space-separated). `extra_data`: "folder" (the context as files in a
         folder, 0.1.14) or "value" (the context itself). `texts`: "auto", "package" or "recursa".
         `root_prompt_verbosity`: how the instructions describe llm_batch ("light", "medium",
-        "heavy"). `max_output_length`: where a call's result is cut."""
+        "heavy"). `max_output_length`: where a call's result is cut (at most the run's max_output_chars)."""
         super().__init__(TOOL_NAME, TOOL_ARGUMENT)
         if extra_data not in ("folder", "value"):
             raise ConfigError(f"dialect option extra_data={extra_data!r}: choose 'folder' or 'value'")
@@ -127,6 +127,9 @@ class VerifiersDialect(ToolsDialect):
         if not retry:  # the turn limit is reached before the environment answers this reply's calls
             return [CellResult(cell, None, None) for cell in reading.cells]
         transcript = transcript_lines(self.texts.transcript(self._seen))
+        # The environment's cut, within the run's: a client's dialect option must not show the
+        # model (at the operator's cost) more than max_output_chars of a cell.
+        cap = min(self.max_output_length, runner.max_output_chars)
         results: list[CellResult] = []
         final: FinalAnswer | None = None
         for cell in reading.cells:  # every call runs, also after one set the answer, as there
@@ -137,7 +140,7 @@ class VerifiersDialect(ToolsDialect):
             call_id = cell.call.id if cell.call else None
             taken = () if final is None else (final.value,)
             res = await runner.execute(
-                cell_code(code, transcript, self.max_output_length + 1, *taken), call_id=call_id, shown=code
+                cell_code(code, transcript, cap + 1, *taken), call_id=call_id, shown=code
             )
             if res.partial is not None:
                 self._partial = res.partial
@@ -145,7 +148,7 @@ class VerifiersDialect(ToolsDialect):
             if record is None:
                 found = await runner.value(RESULT_NAME)
                 record = read_result(found.value if found else None)
-            text = self.texts.output(res.stdout, stderr, record, self.max_output_length)
+            text = self.texts.output(res.stdout, stderr, record, cap)
             results.append(CellResult(cell, None, _with_notes(text, res)))
             if res.final is not None and res.final.protocol == "answer":
                 final = res.final

@@ -30,7 +30,7 @@ from typing import Any
 from recursa.context import ContextPayload
 from recursa.errors import ConfigError, SandboxError, SandboxLost
 from recursa.sandbox.base import CallbackError, CallHandler, Sandbox
-from recursa.sandbox.cluster.node import Answer, Event, NodeHost, Request
+from recursa.sandbox.cluster.node import GATHER_S, Answer, Event, NodeHost, Request
 
 _NAMESPACE = "recursa"
 _SHUTDOWN_S = 10.0  # for every node host to close its REPLs before the hosts are killed
@@ -114,6 +114,7 @@ class NodeLost(SandboxLost):
 _hosts_lock = threading.Lock()
 _hosts: dict[tuple[str, str], Any] = {}  # (gcs address, node id) -> actor handle
 _PROCESS_TAG = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+_host_classes: dict[type, Any] = {}  # NodeHost -> its Ray actor class (guarded by _hosts_lock)
 
 
 def _host_actor(ray: Any, node: Node, make_sandbox: Callable[..., Sandbox], kind: str,
@@ -124,7 +125,7 @@ def _host_actor(ray: Any, node: Node, make_sandbox: Callable[..., Sandbox], kind
     with _hosts_lock:
         actor = _hosts.get(key)
         if actor is None:
-            remote = ray.remote(NodeHost).options(
+            remote = _host_class(ray).options(
                 name=f"recursa-repls-{_PROCESS_TAG}-{node.node_id[:16]}",
                 namespace=_NAMESPACE,
                 num_cpus=0,
@@ -134,6 +135,16 @@ def _host_actor(ray: Any, node: Node, make_sandbox: Callable[..., Sandbox], kind
             actor = remote.remote(make_sandbox, kind=kind, max_repls=max_repls)
             _hosts[key] = actor
         return actor
+
+
+def _host_class(ray: Any) -> Any:
+    """NodeHost as a Ray actor class, made once per process: Ray exports a class to the cluster
+    once per actor class object (a few hundred milliseconds of the driver's time: it disassembles
+    the class to name it), so one per node would pay that for every node."""
+    made = _host_classes.get(NodeHost)
+    if made is None:
+        made = _host_classes[NodeHost] = ray.remote(NodeHost)
+    return made
 
 
 def node_hosts() -> list[tuple[str, Any]]:
@@ -190,6 +201,7 @@ class RayPool:
         self._contexts: dict[str, Any] = {}  # context key -> object ref (kept while REPLs use it)
         self._context_users: dict[str, set[str]] = {}
         self._placed: dict[str, int] = {}  # node id -> REPLs this pool put there
+        self._opened: dict[str, int] = {}  # node id -> REPLs this pool ever started there (ties)
         self._affinity: dict[str, str] = {}  # affinity key (a call tree's root run) -> node id
         self._tasks: set[asyncio.Task[None]] = set()
         self._ids = itertools.count(1)
@@ -221,8 +233,9 @@ class RayPool:
         return self._node_table[1]
 
     def _order(self, nodes: list[Node], affinity: str | None) -> list[Node]:
-        """Where to try first: the node of the same call tree, then the least loaded."""
-        nodes = sorted(nodes, key=lambda n: self._placed.get(n.node_id, 0))
+        """Where to try first: the node of the same call tree, then the least loaded (of equals,
+        the one that has started fewer, so REPLs one at a time take turns)."""
+        nodes = sorted(nodes, key=lambda n: (self._placed.get(n.node_id, 0), self._opened.get(n.node_id, 0)))
         wanted = self._affinity.get(affinity) if affinity else None
         return sorted(nodes, key=lambda n: n.node_id != wanted)
 
@@ -260,6 +273,7 @@ class RayPool:
                     continue
                 if affinity:
                     self._affinity.setdefault(affinity, node.node_id)
+                self._opened[node.node_id] = self._opened.get(node.node_id, 0) + 1
                 return node, reply
             if loop.time() >= deadline:
                 raise SandboxError(
@@ -347,7 +361,11 @@ class RayPool:
         link.outgoing.append(request)
         if not link.flushing:
             link.flushing = True
-            asyncio.get_running_loop().call_soon(self._flush, link)
+            loop = asyncio.get_running_loop()
+            if link.waiting > 1:
+                loop.call_later(GATHER_S, self._flush, link)
+            else:
+                loop.call_soon(self._flush, link)
 
     def _flush(self, link: _Link) -> None:
         link.flushing = False

@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any
 
 from recursa.addresses import is_loopback_name
+from recursa.trace.viewer.connections import ConnectionGate
 from recursa.trace.viewer.model import TraceFormatError, build_view
 
 __all__ = ["TraceFormatError", "ViewerServer", "build_view", "export_html", "render_html"]
@@ -73,6 +74,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.timeout = self.server.idle_timeout_s
         super().setup()
 
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()
+        self.server.gate.head_done(self.connection)  # read whole (or refused): no longer waiting
+        return parsed
+
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         if not self.server.host_allowed(self.headers.get("Host", ""), self.connection.getsockname()[0]):
@@ -108,10 +114,11 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], trace: Path, idle_timeout_s: float) -> None:
+    def __init__(self, address: tuple[str, int], trace: Path, idle_timeout_s: float, max_connections: int) -> None:
         super().__init__(address, _Handler)
         self.trace = trace
         self.idle_timeout_s = idle_timeout_s
+        self.gate = ConnectionGate(max_connections, head_timeout_s=idle_timeout_s)
         self.page = render_html(None).encode()
         self.csp = content_security_policy(_asset("viewer.js"))
         port = self.server_address[1]
@@ -122,6 +129,14 @@ class _Server(ThreadingHTTPServer):
         self.hosts = {f"{h}:{port}" for h in ("127.0.0.1", "localhost", "[::1]")}
         self._cache: tuple[tuple[int, int], bytes] | None = None
         self._lock = threading.Lock()
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        address = str(client_address[0]) if isinstance(client_address, tuple) and client_address else ""
+        return self.gate.admit(request, address)
+
+    def shutdown_request(self, request: Any) -> None:
+        self.gate.leave(request)
+        super().shutdown_request(request)
 
     def host_allowed(self, host: str, local_address: str) -> bool:
         return not is_loopback_name(local_address) or host.lower() in self.hosts
@@ -145,11 +160,19 @@ class ViewerServer:
     """
 
     def __init__(
-        self, trace: str | Path, *, host: str = "127.0.0.1", port: int = 0, idle_timeout_s: float = 30.0
+        self,
+        trace: str | Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        idle_timeout_s: float = 30.0,
+        max_connections: int = 64,
     ) -> None:
         self.trace = Path(trace)
         build_view(self.trace)  # fail now, with a clear message, if it is not a trace
-        self._server = _Server((host, port), self.trace, idle_timeout_s)
+        # A connection silent for idle_timeout_s, or whose request head took longer, is closed, and
+        # at most max_connections are open (recursa/trace/viewer/connections.py).
+        self._server = _Server((host, port), self.trace, idle_timeout_s, max_connections)
         self._thread: threading.Thread | None = None
 
     @property
