@@ -98,7 +98,10 @@ async def fetch_public(
         ):
             for hop in range(MAX_REDIRECTS + 1):
                 host = current.raw_host or ""
-                resolver.pin(host, await _checked(host, current.port or 443, what, allow_private, hop > 0, private_hint))
+                resolver.pin(
+                    host,
+                    await _checked(host, current.port or 443, what, allow_private, hop > 0, private_hint),
+                )
                 headers = {"Accept-Encoding": "gzip, deflate"}
                 async with session.get(current, headers=headers, allow_redirects=False) as response:
                     location = response.headers.get("Location")
@@ -113,11 +116,16 @@ async def fetch_public(
                     declared = response.headers.get("Content-Type", "").split(";")[0].strip().lower()
                     if accept and not declared.startswith(accept):
                         raise FetchError(
-                            "failed", f"{what} is {declared or 'of no declared type'!r}, not one of {', '.join(accept)}"
+                            "failed",
+                            f"{what} is {declared or 'of no declared type'!r}, not one of {', '.join(accept)}",
                         )
                     body = await read_capped(
                         response.headers.get("Content-Length"),
-                        _decoded(response.headers.get("Content-Encoding", ""), response.content.iter_chunked(_CHUNK), what),
+                        _decoded(
+                            response.headers.get("Content-Encoding", ""),
+                            response.content.iter_chunked(_CHUNK),
+                            what,
+                        ),
                         max_bytes,
                         FetchError("too_large", f"{what} is larger than the limit of {max_bytes:,} bytes"),
                     )

@@ -253,5 +253,22 @@ async def test_a_session_never_widens_what_the_operator_pays_for(tmp_path: Path)
         assert named in said and limit in said, said
 
 
+async def test_sessions_are_bounded(tmp_path: Path) -> None:
+    """Each open session may run a prompt at any time (a REPL, its children, model calls on the
+    operator's key), and session/new had no bound: a client's thousand sessions were a thousand runs
+    at once. At --max-sessions a new one is refused until one is closed."""
+    args = ["-m", "recursa.cli", "acp", "--model", "openai/gpt-5-mini", "--max-sessions", "2",
+            "--trace-dir", str(tmp_path)]  # fmt: skip
+    async with spawn_agent_process(Recorder(), sys.executable, *args, env=agent_env()) as (conn, _proc):
+        await conn.initialize(protocol_version=PROTOCOL_VERSION)
+        first = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+        await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+        with pytest.raises(RequestError) as refused:
+            await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+        assert "at most 2 sessions" in str(refused.value.data) and "--max-sessions" in str(refused.value.data)
+        await conn.close_session(session_id=first.session_id)
+        await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+
+
 def _traces(folder: Path) -> list[Path]:
     return sorted(folder.glob("*.jsonl"))

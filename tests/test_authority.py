@@ -9,6 +9,7 @@ a file of the host's outside scratch (Landlock does not cover metadata).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import stat
@@ -225,21 +226,36 @@ def _ns_pids(pid: int) -> list[int]:
 @pytest.mark.skipif(os.geteuid() != 0, reason="the refusal is a root host's: this test runs as a user")
 async def test_a_root_host_refuses_a_worker_that_could_change_its_files(tmp_path, monkeypatch):
     """Where the worker keeps root's identity and no read-only mount holds (here: the unprivileged
-    ids are root's own, and no scratch tmpfs means no mount namespace of its own), the start fails
+    ids are root's own, and the worker is not asked for a mount namespace, as where the kernel
+    refuses it one), the start fails
     with what to do, and leaves no worker behind: never a silent mode open to chmod of root's files."""
     from recursa.errors import SandboxError
     from recursa.sandbox import hardened
 
     monkeypatch.setattr(hardened, "unprivileged_ids", lambda: (0, 0))
-    sb = SubprocessSandbox(bwrap=False, scratch_root=tmp_path, hardening=Hardening(max_scratch_bytes=None))
+    monkeypatch.setattr(hardened.HostHardening, "config", _no_mount_namespace(hardened.HostHardening.config))
+    sb = SubprocessSandbox(bwrap=False, scratch_root=tmp_path)
     with pytest.raises(SandboxError, match="bubblewrap"):
         await sb.start(_noop)
     await sb.close()
 
 
+def _no_mount_namespace(config):
+    """HostHardening.config without the worker's own mount namespace: what a kernel that refuses it
+    one leaves (user namespaces off, a container's seccomp)."""
+
+    def patched(self, scratch, grouped=False):
+        out = config(self, scratch, grouped)
+        out.get("hardening", {}).pop("scratch_tmpfs", None)
+        return out
+
+    return patched
+
+
 # Forge the end of the cell: send the host an answer to the running request, wait until the host
-# has taken it (its word after an answer arrives), then go on running and fork children that would
-# outlive the cell. Each child names itself `tag` so that the host can find it whatever its pid.
+# has taken it (its word after an answer arrives), then go on running and try to fork children that
+# would outlive the cell. Each child names itself `tag` so that the host can find it whatever its
+# pid; the code then tells the host how many forks the kernel allowed, through a call.
 FORGED_END = """
 import ctypes, os, sys, time
 f, server, request = sys._getframe(), None, None
@@ -264,9 +280,40 @@ for _ in range(4):
         time.sleep(600)
         os._exit(0)
     forked += 1
-with open("forked", "w") as fh:
-    fh.write(str(forked))
+chan.call("llm_query", {{"prompt": f"forked {{forked}}"}})
 """
+
+
+@pytest.mark.parametrize("bwrap", BWRAP)
+async def test_code_that_forges_the_end_of_its_cell_starts_nothing_after_it(tmp_path, bwrap):
+    """The host took the forged answer and ended the cell: from then on the kernel refuses the code
+    every new task in the cell's group, until the next cell starts (whose end kills what it makes)."""
+    tag = f"forged{os.getpid() % 100000}{int(bwrap)}"
+    told: asyncio.Queue[str] = asyncio.Queue()
+
+    async def handler(fn: str, args: dict[str, Any]) -> Any:
+        told.put_nowait(str(args.get("prompt")))
+        return "ok"
+
+    sb = SubprocessSandbox(bwrap=bwrap, scratch_root=tmp_path)
+    await sb.start(handler)
+    try:
+        if sb._hardening.group is None:
+            pytest.skip("no control group on this host: the poller alone watches the cell's processes")
+        assert (await sb.execute("x = 1", 30)).error is None
+        r = await sb.execute(FORGED_END.format(tag=tag), 30)
+        assert r.stdout == "forged\n", r  # the host took the forged answer
+        said = await asyncio.wait_for(told.get(), 30)  # the code ran on after it, and is done forking
+        assert said == "forked 0", said
+        assert _tagged(tag) == [], "a process forked after the host ended the cell is alive"
+        r = await sb.execute("print(x)", 30)
+        assert r.stdout == "1\n", r
+    finally:
+        await sb.close()
+        for pid in _tagged(tag):  # never leave them to the rest of the run
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)
+
 
 # Run code on the worker's reader thread (which delivers the replies to a cell's calls) by replacing
 # what it calls, and fork from there: a thread the host never moves into the cell's group.
@@ -293,29 +340,37 @@ chan.call("llm_query", {{"prompt": "x"}})
 
 
 # Run code on the thread that forks the worker's snapshots (it calls os.fork) and fork from there,
-# as many as it may; once only (the host empties the snapshots' group as each cell ends).
+# as many as it may (reaping what it can: a killed snapshot counts until it is reaped); once only
+# (the host empties the snapshots' group as each cell ends).
 FROM_THE_FORKER = """
 import ctypes, os, time
 real_fork = os.fork
 def hijacked():
     os.fork = real_fork
     forked = 0
-    for _ in range(4):
+    for _ in range(200):
         try:
             pid = real_fork()
         except OSError:
+            try:
+                os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            time.sleep(0.005)
             continue
         if pid == 0:
             ctypes.CDLL(None).prctl(15, {tag!r}.encode(), 0, 0, 0)
             time.sleep(600)
             os._exit(0)
         forked += 1
+        if forked == 4:
+            break
     with open("forked", "w") as fh:
         fh.write(str(forked))
     return real_fork()
 os.fork = hijacked
 """
-ATTACKS = {"forged_end": FORGED_END, "reader_thread": FROM_THE_READER, "forker_thread": FROM_THE_FORKER}
+ATTACKS = {"reader_thread": FROM_THE_READER, "forker_thread": FROM_THE_FORKER}
 
 
 def _tagged(tag: str) -> list[int]:
@@ -356,11 +411,124 @@ async def test_no_process_a_cell_started_outlives_it_whatever_it_writes(tmp_path
         if attack != "reader_thread":
             forked = int((await sb.execute("print(open('forked').read())", 30)).stdout)
             assert forked >= 1, "the attack did not run"
-            if attack == "forker_thread":  # the snapshots' group: the kernel's cap holds
-                assert forked <= 2, f"{forked} processes forked in the snapshots' group"
+            if attack == "forker_thread":  # the snapshots' group holds one process: the snapshot's place
+                assert forked <= 1, f"{forked} processes forked in the snapshots' group"
         assert _tagged(tag) == [], "a process a cell forked outlived it"
     finally:
         await sb.close()
         for pid in _tagged(tag):  # never leave them to the rest of the run
             with contextlib.suppress(OSError):
                 os.kill(pid, 9)
+
+
+# A host that is no root: this interpreter as the uid and gid of nobody, with no capability at all.
+# Its Python may live below a folder only root may enter (a pyenv in /root): the host then runs in a
+# mount namespace of its own in which that folder is a world-readable tmpfs holding that tree alone,
+# as a user's own Python would be to the user.
+UNPRIVILEGED_HOST = """
+set -e
+mount --make-rprivate /
+for top in $TOPS; do
+    mkdir -p "$WORK/real$top"
+    mount --bind "$top" "$WORK/real$top"
+    mount -t tmpfs -o mode=0755,size=1m recursa-test "$top"
+done
+for tree in $TREES; do
+    mkdir -p "$tree"
+    mount --bind "$WORK/real$tree" "$tree"
+done
+exec setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all --bounding-set=-all "$@"
+"""
+
+# What the unprivileged host runs: the metadata attack in a REPL per mode; a JSON line per mode.
+AS_USER = """
+import asyncio, json, sys, warnings
+from recursa.sandbox import Hardening, SubprocessSandbox
+
+data, scratch, attack_mine, attack_roots = sys.argv[1:5]
+
+def no_mount_namespace(config):
+    def patched(scratch, grouped=False):
+        out = config(scratch, grouped)
+        out.get("hardening", {}).pop("scratch_tmpfs", None)
+        return out
+    return patched
+
+async def noop(fn, args):
+    return None
+
+async def mode(bwrap, refused):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sb = SubprocessSandbox(bwrap=bwrap, scratch_root=scratch, hardening=Hardening(allow_read=(data,)))
+        if refused:  # as where the kernel refuses the worker a namespace of its own (no user namespaces)
+            sb._hardening.config = no_mount_namespace(sb._hardening.config)
+        await sb.start(noop)
+    try:
+        mine = (await sb.execute(attack_mine, 30)).stdout
+        roots = (await sb.execute(attack_roots, 30)).stdout
+        own = (await sb.execute("open('f', 'w').close()\\nimport os\\nos.chmod('f', 0o600)\\nprint('ok')", 30)).stdout
+        return {"bwrap": sb.isolation["bwrap"], "identity": sb.isolation["identity"], "mine": mine,
+                "roots": roots, "scratch": own, "warned": [str(w.message) for w in caught]}
+    finally:
+        await sb.close()
+
+async def main():
+    for bwrap, refused in ((False, False), (False, True), (None, False)):
+        print(json.dumps(await mode(bwrap, refused)), flush=True)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a root host plays the user here; as a user the tests above are that")
+def test_an_unprivileged_hosts_worker_cannot_change_the_users_files(tmp_path):
+    """A host that is no root and has no capability: without bwrap the worker keeps the host's uid,
+    so its own user's files are the ones at stake. Where the worker makes a user and mount namespace
+    of its own, every mount but scratch is read-only: metadata calls on the user's files fail and
+    `isolation` says what protects them. Where the kernel refuses it one, it says they are exposed,
+    with a warning, never silently; and root's files stay root's either way.
+    Bwrap where it is installed (the default "if available") binds them read-only."""
+    import json
+    import shutil
+    import tempfile
+
+    work = tempfile.mkdtemp(prefix="recursa-user-host-")  # not below pytest's root-only folders
+    try:
+        data = os.path.join(work, "data")
+        os.mkdir(data)
+        mine, roots = os.path.join(data, "mine"), os.path.join(data, "roots")
+        for path in (mine, roots):
+            with open(path, "w") as fh:
+                fh.write("x")
+        os.chmod(mine, 0o600)
+        os.chown(mine, 65534, 65534)  # the user's own secret
+        for path in (work, data, os.path.join(work, "scratch")):
+            os.makedirs(path, exist_ok=True)
+            os.chown(path, 65534, 65534)
+        before = {p: os.stat(p) for p in (mine, roots)}
+        python = os.path.realpath(sys.executable)
+        # The top folders on the interpreter's path that only root may enter, and what they must show.
+        tops = sorted({"/" + p.split("/")[1] for p in (python, sys.prefix) if not os.stat("/" + p.split("/")[1]).st_mode & 0o001})
+        trees = sorted({"/".join(sys.prefix.split("/")[:3])} if tops else set())
+        env = {**os.environ, "WORK": work, "TOPS": " ".join(tops), "TREES": " ".join(trees)}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(os.path.join(p, "recursa")))
+        cmd = ["unshare", "--mount", "sh", "-c", UNPRIVILEGED_HOST, "host", python, "-c", AS_USER]
+        cmd += [data, os.path.join(work, "scratch"), _metadata_attack(mine), _metadata_attack(roots)]
+        out = subprocess.run(cmd, env=env, cwd=work, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        own_ns, no_ns, auto = (json.loads(line) for line in out.stdout.splitlines())
+        for mode in (own_ns, no_ns, auto):
+            assert mode["roots"] == "done []\n", mode  # root's files: the user may not, nor may the worker
+            assert mode["scratch"] == "ok\n", mode  # its own files in scratch stay its own to change
+        assert own_ns["identity"]["uid"] == 65534 and own_ns["identity"]["host_files_metadata"] == "protected"
+        assert own_ns["mine"] == "done []\n", own_ns
+        assert no_ns["identity"]["host_files_metadata"] == "exposed", no_ns
+        assert any("can change the mode" in w for w in no_ns["warned"]), no_ns  # said, never silent
+        assert "chmod" in no_ns["mine"], no_ns  # and it is so: the user's own file was open to it
+        if find_bwrap() is not None:
+            assert auto["bwrap"] and auto["identity"]["host_files_metadata"] == "protected", auto
+            assert auto["mine"] == "done []\n", auto
+        assert os.stat(roots) == before[roots]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

@@ -291,3 +291,23 @@ FINAL(chr(10).join(out))"""
     assert "redirected to the host 'inside.example', which resolves to a loopback address" in lines[5]
     assert "'text/html', not one of image/" in lines[6]
     assert f"'{NAME}', which resolves to a loopback address" in lines[7]
+
+
+def test_fetched_images_held_by_a_runs_calls_are_bounded(image_site) -> None:
+    """recursa holds the images it fetched until their calls are answered: hundreds of calls from a
+    REPL's threads, each with its images, held them all at once. A tree's calls hold at most its
+    ImageHold (fetches in flight reserve MAX_IMAGE_BYTES each), and what a call took is given back."""
+    import asyncio
+
+    from recursa.lm.images import MAX_IMAGE_BYTES, ImageError, ImageHold, fetched_parts
+
+    cat, page = image_site.base + "/cat.png", image_site.other + "/page"
+    hold = ImageHold(limit=MAX_IMAGE_BYTES)  # room for one fetch in flight
+    groups, held = asyncio.run(fetched_parts([[{"type": "image", "url": cat}]], "llm_query: images", hold))
+    assert groups[0][0]["sha256"] == hashlib.sha256(CAT).hexdigest() and held == hold.held == len(CAT)
+    with pytest.raises(ImageError, match=f"calls in flight hold {len(CAT)} bytes of fetched images"):
+        asyncio.run(fetched_parts([[{"type": "image", "url": cat}]], "llm_query: images", hold))
+    hold.give(held)  # the call was answered
+    with pytest.raises(ImageError, match="not one of image/"):  # a failure gives back what it took
+        asyncio.run(fetched_parts([[{"type": "image", "url": page}]], "llm_query: images", hold))
+    assert hold.held == 0

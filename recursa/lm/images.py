@@ -1,10 +1,11 @@
 """Images in model calls: recursa's one content-part shape, and each provider's form of it.
 
 A message's `content` is a str, or a list of parts: `{"type": "text", "text": ...}` and
-`{"type": "image", "media_type": ..., "data": <base64>, "sha256": ..., "bytes": n}` (image bytes)
-or `{"type": "image", "url": ...}` (an image the provider fetches). OpenAI-compatible servers get
-`image_url` parts (bytes as a data URL), Anthropic `image` blocks with a base64 or url source.
-Traces and error messages show an image as a reference (media type, size, sha256), never its bytes.
+`{"type": "image", "media_type": ..., "data": <base64>, "sha256": ..., "bytes": n}` (image bytes,
+with the `url` they were fetched from, if any). `{"type": "image", "url": ...}` is an image still to
+fetch: it never reaches a provider. OpenAI-compatible servers get `image_url` parts (bytes as a data
+URL), Anthropic `image` blocks with a base64 source. Traces and error messages show an image as a
+reference (its URL, media type, size, sha256), never its bytes.
 
 Image URLs come from generated code, so they are held to a policy, and no provider ever fetches
 one: https only, a host name (no IP literal in any spelling, no "localhost"), and recursa fetches
@@ -85,25 +86,52 @@ def _is_ip(host: str) -> bool:
 
 _NUMERIC_LABEL = re.compile(r"0x[0-9a-f]*|[0-9]+")
 IMAGE_FETCH_TIMEOUT_S = 30.0  # one image URL's fetch, redirects included
-MAX_FETCHED_BYTES = 64 << 20  # the images one call's URLs may bring in together (a host frame's cap)
-_FETCHES_AT_ONCE = 8
+# What the fetched images of one call tree's calls may hold at once, fetches in flight included (as
+# much as a REPL's call frames in flight may: recursa.sandbox.connection.MAX_CALL_BYTES_IN_FLIGHT).
+MAX_HELD_BYTES = 256 << 20
+_FETCHES_AT_ONCE = 8  # per call
 
 
-async def fetched_parts(groups: list[list[dict[str, Any]]], where: str) -> list[list[dict[str, Any]]]:
+class ImageHold:
+    """The bytes of fetched images that one call tree's model calls hold until they are answered.
+    Each fetch reserves MAX_IMAGE_BYTES before it starts and gives back what the image did not
+    need, so hundreds of calls from a REPL's threads cannot each bring in images at once."""
+
+    def __init__(self, limit: int = MAX_HELD_BYTES) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, size: int, where: str) -> None:
+        if self.held + size > self.limit:
+            raise ImageError(
+                f"{where}: this run's calls in flight hold {self.held:,} bytes of fetched images, and "
+                f"{self.limit:,} is the most they may; wait for some calls to finish, or send fewer images"
+            )
+        self.held += size
+
+    def give(self, size: int) -> None:
+        self.held -= size
+
+
+async def fetched_parts(
+    groups: list[list[dict[str, Any]]], where: str, hold: ImageHold
+) -> tuple[list[list[dict[str, Any]]], int]:
     """`groups` (each prompt's parts) with every URL part replaced by the image's bytes, fetched here
-    (module doc); each distinct URL once. ImageError names the first URL that could not be had."""
+    (module doc), each distinct URL once; and the bytes they took from `hold`, which the caller gives
+    back once its calls are answered. ImageError names the first URL that could not be had (what the
+    others took is given back then)."""
     urls = list(dict.fromkeys(p["url"] for parts in groups for p in parts if "url" in p and "data" not in p))
     if not urls:
-        return groups
+        return groups, 0
     gate = asyncio.Semaphore(_FETCHES_AT_ONCE)
-    total = 0
+    held = 0
 
     async def one(url: str) -> dict[str, Any]:
-        nonlocal total
+        nonlocal held
         at = f"{where}: the image at {url[:100]!r}"
         async with gate:
-            if total > MAX_FETCHED_BYTES:
-                raise ImageError(_too_many(where))
+            hold.take(MAX_IMAGE_BYTES, where)
+            held += MAX_IMAGE_BYTES
             try:
                 got = await fetch_public(
                     url,
@@ -116,20 +144,30 @@ async def fetched_parts(groups: list[list[dict[str, Any]]], where: str) -> list[
                 )
             except FetchError as exc:
                 raise ImageError(exc.message) from None
-            total += len(got.data)
-            if total > MAX_FETCHED_BYTES:
-                raise ImageError(_too_many(where))
+            spare = MAX_IMAGE_BYTES - len(got.data)
+            hold.give(spare)
+            held -= spare
         return {**bytes_part(got.data, at), "url": url}
 
-    parts = dict(zip(urls, await asyncio.gather(*(one(u) for u in urls)), strict=True))
-    return [[parts[p["url"]] if "url" in p and "data" not in p else p for p in group] for group in groups]
+    try:
+        async with asyncio.TaskGroup() as group:  # the first failure cancels the other fetches
+            tasks = [group.create_task(one(url)) for url in urls]
+    except BaseException as exc:
+        hold.give(held)
+        refused = _first_image_error(exc)
+        if refused is not None:
+            raise refused from None
+        raise
+    parts = {url: task.result() for url, task in zip(urls, tasks, strict=True)}
+    return [[parts[p["url"]] if "url" in p and "data" not in p else p for p in group] for group in groups], held
 
 
-def _too_many(where: str) -> str:
-    return (
-        f"{where}: the images at these URLs pass {MAX_FETCHED_BYTES:,} bytes together, the most one call "
-        "fetches; send fewer per call"
-    )
+def _first_image_error(exc: BaseException) -> ImageError | None:
+    if isinstance(exc, ImageError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        return next(filter(None, map(_first_image_error, exc.exceptions)), None)
+    return None
 
 
 def is_image(part: Any) -> bool:

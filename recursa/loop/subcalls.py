@@ -124,8 +124,11 @@ class SubcallHandler:
     # -- plain model calls -------------------------------------------------------------------
     async def _llm_query(self, args: dict[str, Any]) -> str:
         prompt = _text_arg(args, "prompt", "llm_query")
-        (images,) = await _fetched([self._images(args.get("images"))], "llm_query: images")
-        return await self._one_llm(prompt, args.get("model"), images)
+        (images,), held = await self._fetched([self._images(args.get("images"))], "llm_query: images")
+        try:
+            return await self._one_llm(prompt, args.get("model"), images)
+        finally:
+            self.run.tree.image_hold.give(held)
 
     def _images(
         self, given: Any, where: str = "llm_query: images", blobs: list[Any] | None = None
@@ -176,10 +179,23 @@ class SubcallHandler:
                     "TypeError", f"llm_query_batched: prompts[{i}] is {type(p).__name__}, not str"
                 )
         images = self._batch_images(args, len(prompts))  # a refused image fails the batch before any call
-        images = await _fetched(images, "llm_query_batched: images")
-        calls = [self._one_llm(p, model, images[i]) for i, p in enumerate(prompts)]
-        items = await _gather_items(calls, self.run.tree.trace.redact)
+        images, held = await self._fetched(images, "llm_query_batched: images")
+        try:
+            calls = [self._one_llm(p, model, images[i]) for i, p in enumerate(prompts)]
+            items = await _gather_items(calls, self.run.tree.trace.redact)
+        finally:
+            self.run.tree.image_hold.give(held)
         return self._batch_outcome(items)
+
+    async def _fetched(
+        self, groups: list[list[dict[str, Any]]], where: str
+    ) -> tuple[list[list[dict[str, Any]]], int]:
+        """The images' URLs fetched by recursa (lm/images.py): a provider is sent bytes, never a URL.
+        The bytes they hold count against the tree's `image_hold` until the caller gives them back."""
+        try:
+            return await fetched_parts(groups, where, self.run.tree.image_hold)
+        except ImageError as exc:
+            raise CallbackError("ValueError", str(exc)) from None
 
     def _batch_images(self, args: dict[str, Any], count: int) -> list[list[dict[str, Any]]]:
         lists, blobs = args.get("images"), args.get("image_data") or []
@@ -341,14 +357,6 @@ class SubcallHandler:
                 "child's answer as a str",
             )
         return outcome
-
-
-async def _fetched(groups: list[list[dict[str, Any]]], where: str) -> list[list[dict[str, Any]]]:
-    """The images' URLs fetched by recursa (lm/images.py): a provider is sent bytes, never a URL."""
-    try:
-        return await fetched_parts(groups, where)
-    except ImageError as exc:
-        raise CallbackError("ValueError", str(exc)) from None
 
 
 def _is_async(fn: Any) -> bool:

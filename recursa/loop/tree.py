@@ -14,6 +14,7 @@ from recursa.config import PYTHON, RLMConfig, Spelling
 from recursa.errors import ConfigError, SandboxError
 from recursa.lm.call_cache import CallCache
 from recursa.lm.gateway import ClientSettings, ModelGateway
+from recursa.lm.images import ImageHold
 from recursa.lm.limiter import Limiter
 from recursa.lm.prices import PriceBook
 from recursa.lm.retry import RetryBudget, RetryPolicy
@@ -64,6 +65,8 @@ class CallTree:
     # Where this tree's REPLs gather on a cluster (sandbox="ray"): children next to their parent.
     placement: str = field(default_factory=lambda: new_id("tree"))
     spelling: Spelling = PYTHON  # how the tree's caller writes settings, for the runs' stop reasons
+    # The bytes of image URLs that its calls in flight fetched and hold (lm/images.py bounds them).
+    image_hold: ImageHold = field(default_factory=ImageHold)
 
     @classmethod
     def create(

@@ -13,17 +13,15 @@ descriptor: it would move any process it can name, the host's included, into a g
 kills. From then on only the host moves processes, and it signals a member only after checking,
 through a pidfd, that the kernel lists it as the sandbox's own (`proc.kill_owned`).
 
-What the worker's threads fork never lands where it could outlive a cell, whatever the code of a
-cell writes to the host (a forged answer included): once it runs cells, every thread of the worker
-is in one of two children of the group. `cell` holds the ones that run code of the cells, and
-whatever they fork; the host kills what it holds, the worker aside, at the end of every cell.
-`snap` holds the thread that forks the worker's snapshots (worker/snapshots.py) after the host's
-word that a cell is over; the kernel caps it at `SNAP_TASKS` tasks, and before that word the host
-kills what it holds but the snapshot the worker reported last, spared once only
-(`empty_snapshots`). The sandbox's group itself keeps only the
-keeper, which runs no code of the cells. On v1 the worker's threads take their places themselves
-before anything runs (`join_fds`); on v2, which moves only whole processes, the host moves the
-worker into `cell` for each cell and into `snap` after it.
+What the worker's threads fork never outlives a cell, whatever the code of a cell writes to the
+host (a forged answer included): once it runs cells, every thread of the worker is in one of two
+children of the group. `cell` holds the ones that run code of the cells and whatever they fork: the
+host closes it to new tasks as a cell ends (`open_cell`) and kills what it holds but the worker.
+`snap` holds the thread that forks the worker's snapshots (worker/snapshots.py) after the host's word
+that a cell is over, capped at SNAP_TASKS; `empty_snapshots` leaves there only the snapshot the
+worker reported last, once. The keeper alone stays in the group itself. On v1 the worker's threads
+take their places themselves (`join_fds`); on v2 the host moves the whole worker into `cell` for each
+cell and into `snap` after it.
 
 On cgroup v1 the memory controller is a hierarchy of its own. Where it is mounted and this
 process's own memory group is writable, the sandbox also gets a child there (`memory.limit_in_bytes`,
@@ -31,10 +29,9 @@ and `memory.memsw.limit_in_bytes` where swap is accounted, so swap cannot stretc
 same way through its `tasks` file. Only the child is ever written: the parent's settings (someone
 else's: a container's, a session manager's) are left alone.
 
-Removal: a group can only be removed once the last of its processes has exited, which takes a while
-for processes that were just killed (a large one frees its memory first). A group whose removal
-fails is kept on a list in this process and tried again (its processes killed again first) at every
-group this process makes and at interpreter exit (a bounded wait). Groups whose host died without
+Removal: a group can only be removed once the last of its processes has exited (one just killed
+takes a while: a large one frees its memory first). A group whose removal fails is kept on a list
+and tried again (its processes killed again first) at every group this process makes and at exit. Groups whose host died without
 either (SIGKILL, a crash) are removed by the next host that makes groups in the same parent folders.
 
 Nothing here is required: where no group can be made, `TaskGroup.create` returns None and the
@@ -56,14 +53,16 @@ from dataclasses import dataclass
 from typing import Literal
 
 from recursa.sandbox.bwrap import namespace_pid
-from recursa.sandbox.proc import kill_owned
+from recursa.sandbox.proc import kill_owned, started_at
 
 _PREFIX = "recursa-"
 _counter = itertools.count(1)
 _EXIT_WAIT_S = 5.0  # how long interpreter exit waits for the left groups' killed processes to go
-# The snapshot group's cap: the worker's thread that forks snapshots, the snapshot it forks, and the
-# outdated one it is discarding (killed, not reaped yet). All that code can ever keep there.
-SNAP_TASKS = 3
+# The snapshot group's cap: the worker's thread that forks snapshots and the one snapshot it keeps.
+# The kernel counts a killed snapshot until it is reaped, so the worker reaps the outdated one
+# before it forks the next where that one has not exited yet (worker/snapshots.py). Code that runs
+# on that thread (it can) thus has room for one process, which takes the snapshot's place.
+SNAP_TASKS = 2
 Place = Literal["cell", "snap"]
 PLACES: tuple[Place, ...] = ("cell", "snap")
 
@@ -75,12 +74,19 @@ _exiting = False  # set by the exit hook: a sandbox finalized after it waits for
 _exit_deadline = 0.0  # when exit stops waiting, for all groups together
 
 
+# Tests only: the mount point of a cgroup2 hierarchy whose groups to use even where its `pids`
+# controller is not there (it is bound to a v1 hierarchy on a v1 host): the v2 paths (joins, moves,
+# cleanup) then run on such a host, without the kernel's task caps.
+TEST_V2_ROOT = "RECURSA_TEST_CGROUP2_ROOT"
+
+
 @dataclass(frozen=True)
 class _Parent:
     path: str  # this process's own cgroup folder in that hierarchy
     version: int
     memory: bool  # the memory controller can be limited in a child (v2 only)
     memory_v1: str | None = None  # this process's own folder in a writable v1 memory hierarchy
+    pids: bool = True  # the pids controller can cap a child (only TEST_V2_ROOT's may lack it)
 
 
 @functools.lru_cache(maxsize=1)
@@ -93,11 +99,14 @@ def _parent() -> _Parent | None:
     except OSError:
         return None
     v2 = next((path for hid, ctrl, path in lines if hid == "0" and ctrl == ""), None)
+    test_root = os.environ.get(TEST_V2_ROOT)
+    if test_root:
+        mounts["cgroup2"] = test_root
     if v2 is not None and "cgroup2" in mounts:
         folder = os.path.join(mounts["cgroup2"], v2.lstrip("/"))
         enabled = _read(os.path.join(folder, "cgroup.subtree_control")).split()
-        if "pids" in enabled and os.access(folder, os.W_OK):
-            return _Parent(folder, 2, "memory" in enabled)
+        if ("pids" in enabled or test_root) and os.access(folder, os.W_OK):
+            return _Parent(folder, 2, "memory" in enabled, pids="pids" in enabled)
     memory = _v1_folder(lines, mounts, "memory", "memory.limit_in_bytes")
     pids = _v1_folder(lines, mounts, "pids", "cgroup.procs")
     return None if pids is None else _Parent(pids, 1, False, memory)
@@ -185,6 +194,10 @@ class TaskGroup:
         # The descriptors through which the host moves the worker into those groups (v2's
         # `cgroup.procs`; on v1 only a snapshot that took over, by its `tasks`): the host's alone.
         self._movers: dict[str, int] = {}
+        # Their pids.max, kept open: written twice per cell (`open_cell`, see the module doc).
+        self._limits: dict[str, int] = {}
+        self._generation = 0  # of the cell and snapshot groups (`renew_places`)
+        self.capped = True  # its pids controller caps its tasks (see _Parent.pids)
         # Whose processes may be signalled (proc.belongs): the process the host started for the
         # sandbox and the worker's session, set once the worker is known (`own`).
         self.root: int | None = None
@@ -210,26 +223,18 @@ class TaskGroup:
         except OSError:
             return None
         group = cls(path, parent.version, max_tasks, None)
-        if not _write(os.path.join(path, "pids.max"), str(max(1, max_tasks))):
+        group.capped = parent.pids
+        if group.capped and not _write(os.path.join(path, "pids.max"), str(max(1, max_tasks))):
             group.remove()
             return None
         try:
             if group.version == 2:
                 # v2 lets a group hold processes or limit its children, not both: the worker joins
                 # a leaf of its own, and the group's children get a pids controller of their own.
-                if not _write(os.path.join(path, "cgroup.subtree_control"), "+pids"):
+                if group.capped and not _write(os.path.join(path, "cgroup.subtree_control"), "+pids"):
                     raise OSError("the pids controller cannot be enabled for the sandbox's children")
                 os.mkdir(group.join_path)
-            tasks = "tasks" if group.version == 1 else "cgroup.procs"
-            for place in PLACES:
-                folder = group.place_path(place)
-                os.mkdir(folder)
-                group._counts[place] = os.open(
-                    os.path.join(folder, "pids.current"), os.O_RDONLY | os.O_CLOEXEC
-                )
-                group._movers[place] = os.open(os.path.join(folder, tasks), os.O_WRONLY | os.O_CLOEXEC)
-            if not _write(os.path.join(group.place_path("snap"), "pids.max"), str(SNAP_TASKS)):
-                raise OSError("the snapshot group cannot be capped")
+            group._make_places()
         except OSError:
             group.remove()
             return None
@@ -251,8 +256,47 @@ class TaskGroup:
             group.limit_memory(memory_bytes)
         return group
 
-    def place_path(self, place: Place) -> str:
-        return os.path.join(self.path, place)
+    def _make_places(self) -> None:
+        """Make the cell and snapshot groups (see the module doc) and open what the host keeps of
+        them; the cell's closed to new tasks until a cell runs, the snapshots' capped."""
+        tasks = "tasks" if self.version == 1 else "cgroup.procs"
+        for place in PLACES:
+            folder = self.place_path(place)
+            os.mkdir(folder)
+            self._movers[place] = os.open(os.path.join(folder, tasks), os.O_WRONLY | os.O_CLOEXEC)
+            if not self.capped:
+                continue
+            self._counts[place] = os.open(os.path.join(folder, "pids.current"), os.O_RDONLY | os.O_CLOEXEC)
+            self._limits[place] = os.open(os.path.join(folder, "pids.max"), os.O_WRONLY | os.O_CLOEXEC)
+        if self.capped and not (self.open_cell(False) and self.cap_snapshots()):
+            raise OSError("the cell and snapshot groups cannot be capped")
+
+    def renew_places(self) -> bool:
+        """New cell and snapshot groups for the next worker of this sandbox: the kernel counts a
+        process against its group's cap until it is reaped, and one whose parents were killed with
+        the last worker is left to init, which may take its time (or never reap, in some
+        containers), so the last worker's groups may count tasks that are gone. Whether it worked
+        (else the worker gets no places: the group caps its tasks, no more)."""
+        self._close_places()
+        for place in PLACES:
+            with contextlib.suppress(OSError):  # else a process of it is still exiting: later
+                os.rmdir(self.place_path(place))
+        self._generation += 1
+        try:
+            self._make_places()
+        except OSError:
+            self._close_places()
+            return False
+        return True
+
+    def _close_places(self) -> None:
+        for fd in (*self._counts.values(), *self._movers.values(), *self._limits.values()):
+            os.close(fd)
+        self._counts, self._movers, self._limits = {}, {}, {}
+
+    def place_path(self, place: Place, generation: int | None = None) -> str:
+        generation = self._generation if generation is None else generation
+        return os.path.join(self.path, f"{place}-{generation}" if generation else place)
 
     @property
     def join_path(self) -> str:
@@ -277,6 +321,28 @@ class TaskGroup:
             return False
         self.memory_bytes = limit if ok else None
         return ok
+
+    def open_cell(self, running: bool) -> bool:
+        """Let the cell's group start tasks while a cell runs (up to the sandbox's own cap), and none
+        at all between cells, so that code which runs on past its cell (a thread it started, code
+        that forged its answer) starts nothing that outlives it; whether the kernel took it."""
+        return self._set_limit("cell", "max" if running else "0")
+
+    def cap_snapshots(self, extra: int = 0) -> bool:
+        """Cap the snapshot group at SNAP_TASKS tasks, plus `extra`: for a snapshot that takes over
+        (it makes its own forking thread there while the old worker's may still be counted), or,
+        where the host moves the whole worker there (v2), for its other threads."""
+        return self._set_limit("snap", str(SNAP_TASKS + extra))
+
+    def _set_limit(self, place: Place, value: str) -> bool:
+        fd = self._limits.get(place, -1)
+        if fd < 0:
+            return False
+        try:
+            os.write(fd, value.encode())
+        except OSError:
+            return False
+        return True
 
     def oom_kills(self) -> int:
         """Processes the kernel killed in this group for its memory limit since the last call."""
@@ -371,6 +437,9 @@ class TaskGroup:
             found.update(int(p) for p in _read(os.path.join(self.memory_path, "cgroup.procs")).split())
         for where in PLACES:
             found.update(self.members(where))
+            for generation in range(self._generation):  # a last worker's, not removed yet
+                old = _read(os.path.join(self.place_path(where, generation), "cgroup.procs"))
+                found.update(int(p) for p in old.split())
         return sorted(found)
 
     def tasks(self) -> int:
@@ -409,17 +478,24 @@ class TaskGroup:
     def remove(self) -> bool:
         """Remove the group; False while processes are still in it (they are being killed)."""
         if not self.members("cell") and not self.members("snap"):
-            for fd in self._counts.values():
-                os.close(fd)
-            self._counts = {}
+            self._close_places()
         if self._oom_events >= 0:
             os.close(self._oom_events)
             self._oom_events = -1
-        movers, self._movers = self._movers, {}
-        for fd in movers.values():
+        for fd in (*self._movers.values(), *self._limits.values()):
             os.close(fd)
-        home = os.path.join(self.path, "home")  # v2's (see join_path); a swept group's version is unknown
-        for path in (*(self.place_path(p) for p in PLACES), home, self.path, self.memory_path):
+        self._movers, self._limits = {}, {}
+        # Its children (every generation of the places, v2's `home`), whatever this object knows of
+        # them: a group swept after its host died is known by its path alone. (Only those: a
+        # memory pool's folder, removed the same way, holds other sandboxes' groups.)
+        children: list[str] = []
+        with contextlib.suppress(OSError):
+            children = [
+                e.path
+                for e in os.scandir(self.path)
+                if e.name == "home" or (e.name.partition("-")[0] in PLACES and e.is_dir(follow_symlinks=False))
+            ]
+        for path in (*children, self.path, self.memory_path):
             if path is None:
                 continue
             try:
@@ -507,21 +583,9 @@ def _sweep(parent: str) -> None:
 
 def _made_by_live(pid: int, path: str) -> bool:
     """Whether process `pid` is alive and old enough to have made the group at `path`."""
-    stat = _read(f"/proc/{pid}/stat")
-    if not stat:
-        return False
     try:
         made = os.stat(path).st_mtime
-        ticks = int(stat.rpartition(")")[2].split()[19])  # field 22, starttime, in clock ticks
-    except (OSError, IndexError, ValueError):
+    except OSError:
         return True  # unknown: leave it
-    started = _boot_time() + ticks / os.sysconf("SC_CLK_TCK")
-    return started <= made + 1.0  # boot time is whole seconds
-
-
-@functools.lru_cache(maxsize=1)
-def _boot_time() -> float:
-    for line in _read("/proc/stat").splitlines():
-        if line.startswith("btime "):
-            return float(line.split()[1])
-    return 0.0
+    started = started_at(pid)
+    return started is not None and started <= made + 1.0  # boot time is whole seconds

@@ -14,9 +14,7 @@ import asyncio
 import contextlib
 import functools
 import os
-import pwd
 import select
-import stat
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
@@ -33,6 +31,7 @@ from recursa.sandbox.bwrap import (
 from recursa.sandbox.bytecode import worker_files
 from recursa.sandbox.cgroups import TaskGroup
 from recursa.sandbox.guard import ProcessGuard, data_usage, set_data_limit
+from recursa.sandbox.identity import identity_spec, refuse_root_exposure, unprivileged_ids
 from recursa.sandbox.policy import Hardening, describe, unconfined
 from recursa.sandbox.pools import MemoryPool
 from recursa.sandbox.proc import belongs, stat_fields
@@ -51,32 +50,6 @@ def memory_budget(options: Hardening, data_limit: int) -> int:
 
 
 _kernel_landlock_abi = functools.lru_cache(maxsize=1)(landlock_abi)
-
-
-@functools.lru_cache(maxsize=1)
-def unprivileged_ids() -> tuple[int, int]:
-    """The uid and gid a worker of a root host without bwrap takes: "nobody"'s, else 65534."""
-    try:
-        entry = pwd.getpwnam("nobody")
-    except KeyError:
-        return 65534, 65534
-    return entry.pw_uid, entry.pw_gid
-
-
-def _reachable_by_all(paths: tuple[str, ...]) -> bool:
-    """Whether any user may reach `paths` (the interpreter, the worker's files, what the worker may
-    read, the folder of its scratch folder): each, and every folder on the way, searchable by
-    others. Else an unprivileged worker keeps CAP_DAC_READ_SEARCH (worker/hardening.py: why)."""
-    for path in paths:
-        parts = os.path.abspath(path).split(os.sep)
-        for depth in range(2, len(parts) + 1):
-            try:
-                mode = os.stat(os.sep.join(parts[:depth]) or os.sep).st_mode
-            except OSError:
-                return False
-            if not mode & stat.S_IXOTH:
-                return False
-    return True
 
 
 class HostHardening:
@@ -180,6 +153,8 @@ class HostHardening:
             budget = None if data is None else memory_budget(opts, data)
             pool = self.pool.folder() if self.pool is not None else None
             self.group = TaskGroup.create(opts.max_processes, budget, pool)
+        elif self.group is not None:
+            self.group.renew_places()  # places of its own for a new worker (without, join_fds fails)
         if self.group is None:
             return {}
         try:
@@ -203,16 +178,11 @@ class HostHardening:
         elif os.geteuid() == 0:
             # Root without bwrap: the worker takes an unprivileged uid (its scratch folder is given
             # to it, see own_scratch), so the host's files are someone else's to it.
-            uid, gid = unprivileged_ids()
-            paths = (
-                *interpreter_prefixes(self.python),
-                *worker_files(),
-                *spec["read_only"],
-                os.path.dirname(scratch),
-            )
-            spec["identity"] = {"uid": uid, "gid": gid, "keep_search": not _reachable_by_all(paths)}
-        if self._bwrap_path() is None and self.options.max_scratch_bytes is not None:
-            # No bwrap to mount a sized scratch: the worker mounts one itself where it may.
+            paths = (*interpreter_prefixes(self.python), *worker_files(), *spec["read_only"])
+            spec["identity"] = identity_spec((*paths, os.path.dirname(scratch)), unprivileged_ids())
+        if self._bwrap_path() is None:
+            # No bwrap: the worker makes a mount namespace of its own where it may, every mount in it
+            # read-only but scratch (the host's files keep their metadata), and scratch a sized tmpfs.
             spec["scratch_tmpfs"] = {"path": scratch, "bytes": self.options.max_scratch_bytes}
             if not grouped:
                 # Where that takes a user namespace of its own, RLIMIT_NPROC counts in it alone, as
@@ -267,6 +237,8 @@ class HostHardening:
         self.owner = (proc_pid, int(fields[3]) if fields is not None else None)
         if self.group is not None:
             self.group.own(*self.owner)
+            self.group.open_cell(False)  # no cell runs yet (a restarted worker may follow a killed cell)
+            self.group.cap_snapshots()
         self.cells_grouped = self.group is not None and report.get("cgroup") is True
         self.cells_placed = self.cells_grouped and report.get("cgroup_places") is True
         if isinstance(report.get("cgroup_places"), str):
@@ -275,17 +247,8 @@ class HostHardening:
             self.pool.register(pid)
         limit = self.options.max_processes if self.options is not None else None
         isolation = describe(report, bwrap=self.using_bwrap, process_limit=limit)
-        if (
-            self.options is not None
-            and os.geteuid() == 0
-            and isolation["identity"]["host_files_metadata"] != "protected"
-        ):
-            # Never a silent mode in which a cell may change the mode or owner of root's files.
-            raise SandboxError(
-                "the REPL worker would run as root with the host's files open to changes of mode and "
-                f"owner ({isolation['identity'].get('why')}); install bubblewrap (apt-get install "
-                "bubblewrap) or let the host take an unprivileged uid (it needs CAP_SETUID)"
-            )
+        if self.options is not None:
+            refuse_root_exposure(isolation["identity"])  # never a silent mode open to chmod of root's files
         isolation["memory"] = self._memory(isolation, report)
         isolation["scratch"] = self._scratch(isolation, report)
         isolation["tasks"] = self._tasks(report, isolation)
@@ -354,7 +317,7 @@ class HostHardening:
         """What caps the number of tasks: "pids cgroup" (exact), "RLIMIT_NPROC" (exact, bwrap's
         user namespace) or "poller" (processes only, checked every 50 ms), "none"."""
         joined = report.get("cgroup")
-        if joined is True and self.group is not None:
+        if joined is True and self.group is not None and self.group.capped:
             return "pids cgroup"
         if isinstance(joined, str):
             isolation["warnings"].append(joined)
@@ -363,12 +326,16 @@ class HostHardening:
         return "poller" if self.options is not None else "none"
 
     def enter_cell(self, pid: int | None) -> None:
-        """Where the host moves the worker (cgroup v2): its main thread (the one that runs cells)
-        into the cell group, so that what the cell forks or starts from there stays behind in it.
-        Only a pid the kernel shows as this sandbox's own is ever written (never one the worker
-        reported unchecked)."""
-        if self.group is not None and self.cells_grouped and not self.cells_placed and self._checked(pid):
-            self.group.move(pid, "cell")  # type: ignore[arg-type]
+        """Before a cell: open the cell's group to new tasks (closed between cells, see `end_cell`);
+        where the host moves the worker (cgroup v2), move it, the process that runs cells, into that
+        group, so that what the cell forks or starts from there stays behind in it. Only a pid the
+        kernel shows as this sandbox's own is ever written (never one the worker reported unchecked)."""
+        group = self.group
+        if group is None or not self.cells_grouped:
+            return
+        group.open_cell(True)
+        if not self.cells_placed and self._checked(pid):
+            group.move(pid, "cell")  # type: ignore[arg-type]
 
     def leave_cell(self, pid: int | None, snapshots: bool, reported: int | None = None) -> bool:
         """After the cell's answer (its code may have written it and still run): with `snapshots`,
@@ -385,6 +352,10 @@ class HostHardening:
             keep = {pid, *self.spare}
             self._spared = group.empty_snapshots(keep, reported, self.using_bwrap, self._spared)  # type: ignore[arg-type]
             if not self.cells_placed:
+                # The whole worker goes there (v2): room for its threads (as many as the closed cell
+                # group left it) besides the one snapshot, set before the move, which no cap stops.
+                with contextlib.suppress(OSError):
+                    group.cap_snapshots(extra=len(os.listdir(f"/proc/{pid}/task")) - 1)
                 group.move(pid, "snap")  # type: ignore[arg-type]
         return True
 
@@ -417,21 +388,35 @@ class HostHardening:
             self._checked_close()  # closes the pidfd, once
         self._checked_pid, self._checked_fd, self._checked_close = None, -1, None
 
+    def close_cell(self) -> None:
+        """The cell has ended (its answer came, or it was killed): close the cell's group to new
+        tasks until the next cell. Whatever code of the cell still runs (a thread it started, code
+        that wrote its own answer and went on) gets no task from the kernel from then on, so what
+        it forked before is all `end_cell` has to kill."""
+        if self.group is not None and self.cells_grouped:
+            self.group.open_cell(False)
+
     async def end_cell(self) -> int:
-        """Kill what the cell that just ended left running (its control group's cell group); how
-        many. Waits (briefly) until they have exited, so the next cell has their task slots back
-        once the worker reaps them (it does before every cell)."""
+        """Kill what the cell that just ended left in the cell's group (closed: `close_cell`); how
+        many. The group is listed again until a listing holds none of it: a fork the kernel had let
+        through just before the group closed joins it a moment later. Waits (briefly) until they
+        have exited, so the next cell has their task slots back once the worker reaps them (it does
+        before every cell)."""
         group = self.group
         if group is None:
             return 0
         keep = {self.worker_pid, *self.spare}
-        killed = group.kill("cell", keep=keep)
-        if killed:
-            for _ in range(250):
-                if not set(group.members("cell")) - keep:
-                    break
+        signalled: set[int] = set()
+        for attempt in range(250):
+            left = set(group.members("cell")) - keep
+            for pid in left - signalled:
+                if group.kill_one(pid):
+                    signalled.add(pid)
+            if not left and attempt:
+                break
+            if left:
                 await asyncio.sleep(0.002)
-        return killed
+        return len(signalled)
 
     async def release(self) -> None:
         """The sandbox is closing: kill what is left in its control group and remove the group once
@@ -518,8 +503,9 @@ class HostHardening:
             out["cgroup_limit_bytes"] = group.memory_bytes
         return out
 
-    def takeover(self, pid: int | None, restored: dict[str, Any] | None, alive: Callable[[], bool]) -> None:
-        """A fork snapshot replaced the worker: same process group, new pid and connection.
+    def takeover(self, pid: int | None, restored: dict[str, Any] | None, alive: Callable[[], bool]) -> bool:
+        """A fork snapshot replaced the worker: same process group, new pid and connection. Whether
+        it waits for the host's word (`cell_closed`) before it forks a snapshot of its own.
 
         `pid` is the host's pid for it where the host can see it; under bwrap the `restored`
         frame's pid is one inside the namespace, so the host pid is looked up from bwrap down.
@@ -534,17 +520,27 @@ class HostHardening:
         if pid is not None:
             self.worker_pid = pid  # the data-size limit and the process guard follow it
         self._alive = alive
+        if self.group is None or not self.cells_placed:
+            return False
+        # Its first thread was the old worker's forker, in the snapshot group (where it has just made
+        # a forker of its own): that one runs the cells from now on. A pid its frame gave that the
+        # host cannot check is not believed: the kernel's word is, the process there that its keeper
+        # took in when the old worker died.
+        if pid is None or not self._checked(pid):
+            adopted = [p for p in self.group.members("snap") if _parent(p) in self.spare]
+            pid = adopted[0] if len(adopted) == 1 and self._checked(adopted[0]) else None
+        self.group.cap_snapshots()  # back to one snapshot's room (see before_takeover)
+        if pid is not None:
+            self.worker_pid = pid
+            self.group.move(pid, "cell")
+            self.group.kill("snap", keep={pid, *self.spare})  # whatever else it forked there
+        return True
+
+    def before_takeover(self) -> None:
+        """A snapshot is about to take over: room for its forking thread in the snapshot group,
+        where the old worker's forker and its discarded snapshot may still be counted."""
         if self.group is not None and self.cells_placed:
-            # Its first thread was the old worker's forker, in the snapshot group (where it has just
-            # made a forker of its own): that one runs the cells from now on. A pid its frame gave
-            # that the host cannot check is not believed: the kernel's word is, the process there
-            # that its keeper took in when the old worker died.
-            if pid is None or not self._checked(pid):
-                adopted = [p for p in self.group.members("snap") if _parent(p) in self.spare]
-                pid = adopted[0] if len(adopted) == 1 and self._checked(adopted[0]) else None
-            if pid is not None:
-                self.worker_pid = pid
-                self.group.move(pid, "cell")
+            self.group.cap_snapshots(extra=1)
 
     # -- after a context load ------------------------------------------------------------------
 

@@ -147,7 +147,10 @@ class WorkerHost:
     def _no_snapshot_reason(self) -> str:
         return "snapshots are off for this sandbox" if not self.snapshots else "the worker could not get one"
 
-    def _on_takeover(self, conn: Connection) -> None:
+    def _before_takeover(self) -> None:
+        """A snapshot is about to be told to replace the worker."""
+
+    async def _on_takeover(self, conn: Connection) -> None:
         """A snapshot has just replaced the worker (`conn.pid` is its host pid where visible)."""
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -167,9 +170,8 @@ class WorkerHost:
         return self._worker.snapshot_pid if self._worker is not None else None
 
     async def wait_snapshot(self, timeout: float = 5.0) -> int | None:
-        """Wait until the worker has announced its snapshot of the state after the last cell (it
-        forks it just after answering); returns its pid, None without one (before the first cell
-        there is none: a restart restores that state)."""
+        """Wait until the worker has announced its snapshot of the state after the last cell; its
+        pid, None without one (before the first cell there is none: a restart restores that state)."""
         worker = self._worker
         if worker is None or worker.control is None:
             return None
@@ -233,8 +235,7 @@ class WorkerHost:
             await self._send_definitions(self._worker, list(self._definitions.values()))
 
     def _new_log(self) -> WorkerLog:
-        """The tail of a new worker's stdout and stderr (worker_log.py): give it `write_fd`, then
-        call `spawned()`."""
+        """The tail of a new worker's output (worker_log.py): give it `write_fd`, then `spawned()`."""
         return WorkerLog.pipe()
 
     async def _failed_start(
@@ -277,6 +278,7 @@ class WorkerHost:
             return None, old.snapshot_error or "none was ready"
         main_ours, main_theirs = socket.socketpair()
         ctl_ours, ctl_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._before_takeover()
         try:
             sent = old.control_send({"op": "takeover"}, [main_theirs.fileno(), ctl_theirs.fileno()])
         finally:
@@ -306,7 +308,7 @@ class WorkerHost:
             # Processes are not part of a snapshot: stop what the old worker's cells had started.
             restored["strays_killed"] = process.kill_strays(keep=process.pid)
         self._cleanup.process = process
-        self._on_takeover(conn)
+        await self._on_takeover(conn)
         return conn, ""
 
     def _note_sink(self) -> Callable[[str], None]:
@@ -565,8 +567,7 @@ class WorkerHost:
         )
 
     async def _ask(self, frame: dict[str, Any], timeout: float | None = None) -> dict[str, Any] | None:
-        """A get_var / list_vars request under the same deadline policy as a cell (`timeout`, by
-        default query_timeout)."""
+        """A get_var / list_vars request under a cell's deadline policy (`timeout`: query_timeout)."""
         async with self._lock:
             worker = await self._live_worker()
             fut = await worker.request(frame)
@@ -580,9 +581,8 @@ class WorkerHost:
                         return await asyncio.shield(fut)
             except (TimeoutError, WorkerGone):
                 recovery = await self._restore_or_restart(worker, fresh=self._fresh())
-                self._carry_notes.append(
-                    recovery.note("Reading a REPL variable hung or crashed the REPL", "read")
-                )
+                note = "Reading a REPL variable hung or crashed the REPL"
+                self._carry_notes.append(recovery.note(note, "read"))
                 return None
 
     async def get_variable(self, name: str, timeout: float | None = None) -> FinalAnswer | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 from collections.abc import Iterator
@@ -46,6 +47,26 @@ def processes() -> Iterator[tuple[int, list[bytes]]]:
             fields = stat_fields(name)
             if fields is not None:
                 yield int(name), fields
+
+
+def started_at(pid: int) -> float | None:
+    """When process `pid` started (seconds since the epoch, to the second), None once it is gone."""
+    fields = stat_fields(pid)
+    if fields is None or len(fields) < 20:
+        return None
+    return _boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, in clock ticks
+
+
+@functools.lru_cache(maxsize=1)
+def _boot_time() -> float:
+    try:
+        with open("/proc/stat") as fh:
+            for line in fh:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return 0.0
 
 
 def running(pid: int) -> bool:

@@ -326,9 +326,14 @@ class SubprocessSandbox(WorkerHost):
             self._hardening.spare.add(keeper)
         process.found_worker()
 
-    def _on_takeover(self, conn: Connection) -> None:
+    def _before_takeover(self) -> None:
+        self._hardening.before_takeover()
+
+    async def _on_takeover(self, conn: Connection) -> None:
         # The data-size limit and the process guard follow the snapshot that took over.
-        self._hardening.takeover(conn.pid, conn.restored, lambda: conn.alive)
+        if self._hardening.takeover(conn.pid, conn.restored, lambda: conn.alive):
+            with contextlib.suppress(OSError, ValueError):
+                await conn.chan.send({"op": "cell_closed"})  # it waits for it to fork its snapshot
 
     def _handed_fds(self) -> tuple[dict[str, int], int]:
         """Descriptors a new worker inherits, by the name its config gives their numbers under (the
@@ -351,9 +356,13 @@ class SubprocessSandbox(WorkerHost):
     async def _enter_cell(self, worker: Connection, fresh: bool) -> None:
         if not self._hardening.cells_grouped:
             return
-        if self._hardening.cells_placed:
-            return  # its threads are in place for good (cgroups.py)
-        if not fresh and worker.control is not None and not worker.snapshot_reported.is_set():
+        # (Where the worker's threads are in place for good, cgroups.py, nothing moves.)
+        if (
+            not self._hardening.cells_placed
+            and not fresh
+            and worker.control is not None
+            and not worker.snapshot_reported.is_set()
+        ):
             # The worker forks its snapshot of the last state after its answer: moved into the cell
             # group before that, the snapshot would be among what the host kills at the cell's end.
             with contextlib.suppress(TimeoutError):
@@ -362,6 +371,7 @@ class SubprocessSandbox(WorkerHost):
         self._hardening.enter_cell(worker.pid)
 
     async def _end_cell(self, answered: Connection | None) -> int:
+        self._hardening.close_cell()  # first: from its answer on, the cell starts nothing
         if answered is not None and self._hardening.leave_cell(
             answered.pid, answered.control is not None, answered.reported_pid
         ):

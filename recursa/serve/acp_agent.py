@@ -127,6 +127,15 @@ class RecursaAgent:
             said = _RUNTIME.told(exc)
             message = said if said.startswith(f"_meta.{RUNTIME_KEY}") else f"_meta.{RUNTIME_KEY}: {said}"
             raise RequestError.invalid_params({"message": self._redact(message, given)}) from None
+        if len(self._sessions) >= self.settings.max_sessions:
+            # Each open session may run a prompt (a REPL, its children, model calls) at any time:
+            # sessions without end were runs without end on the operator's machine and key.
+            raise RequestError.invalid_request(
+                {
+                    "message": f"this agent holds at most {self.settings.max_sessions} sessions at once "
+                    "(recursa acp --max-sessions); close one with session/close first"
+                }
+            )
         session_id = overrides.get("session_id") or new_id("acp")
         if session_id in self._sessions:  # a client's id must not take over a session that exists
             raise RequestError.invalid_params(

@@ -104,6 +104,12 @@ def add_parsers(sub: Any, add_model_options: Callable[[argparse.ArgumentParser],
         "(repeatable; --base-url is always allowed). Any other URL a client names must come with the "
         "client's own api_key",
     )
+    acp.add_argument(
+        "--max-sessions",
+        type=int,
+        default=32,
+        help="sessions open at once, each able to run a prompt (more: refused)",
+    )
 
     view = sub.add_parser("view", help="a trace viewer in the browser")
     view.add_argument("trace", help="a trace file (.jsonl), e.g. a result's trace_path")
@@ -473,6 +479,9 @@ def _acp(args: argparse.Namespace) -> int:
                 f"--allow-base-url {url!r} is not an http(s) URL; e.g. http://127.0.0.1:8000/v1"
             )
     settings.allowed_base_urls = tuple(args.allow_base_url or [])
+    if args.max_sessions < 1:
+        raise ConfigError(f"--max-sessions {args.max_sessions}: give a whole number >= 1")
+    settings.max_sessions = args.max_sessions
     _check_options(settings)
     import asyncio
 

@@ -173,21 +173,24 @@ def _drop_identity(want: dict[str, Any], libc: Any, report: Report) -> int:
 
 
 def _scratch_tmpfs(want: dict[str, Any], owner: tuple[int, int] | None, report: Report) -> None:
-    """Without bwrap: the scratch folder as a sized tmpfs in a mount namespace of the worker's own,
-    where the kernel allows it (CAP_SYS_ADMIN, e.g. a root host without bubblewrap, or else a user
-    namespace of its own: mounts.py), and every other mount read-only there. Elsewhere the folder
-    stays the host's, bounded per file only, and the report says why."""
+    """Without bwrap: a mount namespace of the worker's own where the kernel allows it (CAP_SYS_ADMIN,
+    e.g. a root host without bubblewrap, or else a user namespace of its own: mounts.py), with the
+    scratch folder as a sized tmpfs there (unless `bytes` is None: then it stays the host's folder)
+    and every other mount read-only. Elsewhere the folder stays the host's, bounded per file only,
+    the host's files are as open to metadata calls as to the worker's uid, and the report says why."""
+    size = want.get("bytes")
     try:
-        how = scratch_tmpfs(str(want["path"]), int(want["bytes"]), owner)
+        how = scratch_tmpfs(str(want["path"]), None if size is None else int(size), owner)
     except (OSError, KeyError, TypeError, ValueError) as exc:
         report.data["scratch_tmpfs"] = None
         report.data["scratch_tmpfs_error"] = str(exc)
         report.data["read_only_outside_scratch"] = f"no mount namespace of its own: {exc}"
         return
-    report.data["scratch_tmpfs"] = int(want["bytes"])
+    report.data["scratch_tmpfs"] = None if size is None else int(size)
     report.data["scratch_tmpfs_by"] = how
+    mounted = () if size is None else (str(want["path"]),)
     try:
-        read_only_except([str(want["path"])], mounted=(str(want["path"]),))
+        read_only_except([str(want["path"])], mounted=mounted)
     except OSError as exc:
         report.data["read_only_outside_scratch"] = str(exc)
     else:

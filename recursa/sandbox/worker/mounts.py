@@ -137,11 +137,12 @@ def read_only_except(writable: list[str], mounted: tuple[str, ...] = ()) -> None
         _mount_setattr(path, 0, _MOUNT_ATTR_RDONLY, recursive=False)
 
 
-def scratch_tmpfs(scratch: str, size: int, owner: tuple[int, int] | None = None) -> str:
+def scratch_tmpfs(scratch: str, size: int | None, owner: tuple[int, int] | None = None) -> str:
     """Make the worker's scratch folder (its cwd) a tmpfs of `size` bytes (owned by `owner`, the
-    unprivileged uid and gid the worker is about to take, if any), in a mount namespace of its own;
-    returns the namespaces that allowed it: "mount" (CAP_SYS_ADMIN) or "user+mount" (a user
-    namespace of its own). Raises OSError where the kernel refuses both."""
+    unprivileged uid and gid the worker is about to take, if any), in a mount namespace of its own
+    (size None: the namespace only, the folder stays as it is); returns the namespaces that allowed
+    it: "mount" (CAP_SYS_ADMIN) or "user+mount" (a user namespace of its own). Raises OSError where
+    the kernel refuses both."""
     try:
         private_namespace()
         how = "mount"
@@ -153,9 +154,10 @@ def scratch_tmpfs(scratch: str, size: int, owner: tuple[int, int] | None = None)
         except OSError as second:
             raise OSError(second.errno, f"{exc.strerror}; {second.strerror}") from None
         how = "user+mount"
-    mode = "mode=0700" if owner is None else f"mode=0700,uid={owner[0]},gid={owner[1]}"
-    mount_tmpfs(scratch, mode, size)
-    os.chdir(scratch)  # the cwd still named the folder under the mount
+    if size is not None:
+        mode = "mode=0700" if owner is None else f"mode=0700,uid={owner[0]},gid={owner[1]}"
+        mount_tmpfs(scratch, mode, size)
+        os.chdir(scratch)  # the cwd still named the folder under the mount
     return how
 
 

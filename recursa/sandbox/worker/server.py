@@ -273,7 +273,9 @@ class Server:
             except RuntimeError:  # no task left in the group: snapshots from the cell's, lost at its end
                 self.snapshots.forker = None
         self.chan.send(info)  # its reader thread starts with its first cell, as a new worker's
-        self._snapshot()  # this process is the worker now, and it needs a snapshot of its own
+        # This process is the worker now, and it needs a snapshot of its own: where the host keeps
+        # the snapshots' group, once it has put this process's threads in place and emptied it.
+        self._snapshot(self._cell_closed if self.group.placed is True else None)
         self._serve()
 
 

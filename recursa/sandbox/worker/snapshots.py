@@ -199,14 +199,24 @@ class Snapshots:
         return SocketTransport(socket.socket(fileno=fds[0])), info
 
 
+# How often, 1 ms apart, a fork the snapshot group has no room for is tried again (see _fork).
+_FORK_TRIES = 20
+
+
 def _fork(snapshots: Snapshots) -> int:
-    """os.fork(), once more after reaping the discarded snapshots if the kernel refused for want of
-    tasks: the host's snapshot group counts one that was killed until it is reaped."""
-    try:
-        return os.fork()
-    except BlockingIOError:
-        snapshots.reap(block=True)
-        return os.fork()
+    """os.fork(); where the kernel refuses for want of tasks, again after reaping the discarded
+    snapshots (the host's snapshot group holds one snapshot, and counts one that was killed until it
+    is reaped), and where none is ours to reap, a few times more: a snapshot that has just taken
+    over may find the old worker's discarded one still counted until the keeper reaps it."""
+    for _ in range(_FORK_TRIES - 1):
+        try:
+            return os.fork()
+        except BlockingIOError:
+            if snapshots.dying:
+                snapshots.reap(block=True)
+            else:
+                time.sleep(0.001)
+    return os.fork()
 
 
 class Forker:
