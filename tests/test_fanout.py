@@ -102,3 +102,41 @@ def test_proxies_come_from_the_environment_once(monkeypatch: pytest.MonkeyPatch)
     assert poster.proxy == URL("http://proxy.internal:3128")
     monkeypatch.setenv("NO_PROXY", "model.internal")
     assert JsonPoster("http://model.internal:8000/v1", headers={}, timeout=5, connect_timeout=1).proxy is None
+
+
+@pytest.mark.filterwarnings("ignore:sandbox=.inprocess. runs generated code")
+def test_children_waiting_for_a_slot_hold_no_context_yet(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Each child's context is a memfd: a cell's rlm_query_batched over 2,000 contexts encoded them
+    # all before waiting for a slot, and took every file descriptor of the host process (1,024).
+    import recursa.context as context_module
+    from recursa import RLM
+
+    real, open_now, peak = context_module.build_payload, [0], [0]
+
+    def counted(context: object) -> context_module.ContextPayload:
+        payload = real(context)
+        open_now[0] += 1
+        peak[0] = max(peak[0], open_now[0])
+        close = payload.close
+
+        def closed() -> None:
+            if payload.fd >= 0:
+                open_now[0] -= 1
+            close()
+
+        payload.close = closed  # type: ignore[method-assign]
+        return payload
+
+    monkeypatch.setattr(context_module, "build_payload", counted)
+
+    def respond(model: str, messages: list[dict]) -> str:
+        if "child" not in messages[1]["content"]:
+            batch = "r = rlm_query_batched(['child'] * 12, contexts=[str(i) for i in range(12)])"
+            return f"```repl\n{batch}\nFINAL(len(r))\n```"
+        return "```repl\nFINAL('ok')\n```"
+
+    with FakeServer(responder=respond) as server:
+        rlm = RLM("openai/m", base_url=server.base_url, api_key="k" * 16, max_depth=2, sandbox="inprocess",
+                  max_parallel_children=2, trace_dir=tmp_path)  # fmt: skip
+        assert rlm.run("q", "the root's context").answer == "12"
+    assert peak[0] <= 3, peak[0]  # the root's own and the two children running

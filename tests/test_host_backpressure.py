@@ -216,16 +216,18 @@ async def test_unknown_malformed_and_idless_calls_never_reach_the_handler(box) -
     assert handler.calls == [("llm_query", {"prompt": "real", "model": None})]
 
 
-async def test_an_answer_the_cell_forged_with_fields_of_the_wrong_kind_is_read_not_raised(box) -> None:
+async def test_an_answer_the_cell_forged_with_fields_of_the_wrong_kind_or_size_is_read_bounded(box) -> None:
     # The cell answers its own request before the worker does, with every field of the wrong kind:
     # the host raised ValueError out of execute() (the whole run failed with a traceback).
     sandbox, _ = box
     forged = {"op": "exec_done", "stdout": {"a": 1}, "omitted_chars": "zz", "duration_s": [1],
-              "notes": [None, 2], "final": {"text": 5, "protocol": "forced", "value_is_text": True}}  # fmt: skip
-    src = RAW_WRITER + f"write_all(b''.join(frame({{**{forged!r}, 'id': i}}) for i in range(1, 60)))"
+              "notes": [None, 2, *["N" * 3_000] * 2_000],  # went to the trace whole (GBs a cell)
+              "final": {"text": 5, "protocol": "forced", "value_is_text": True}}  # fmt: skip
+    src = RAW_WRITER + f"write_all(frame({{**{forged!r}, 'id': 1}}))"  # the sandbox's first request
     r = await sandbox.execute(src, timeout=30)
     assert (r.stdout, r.omitted_chars, r.duration_s, r.notes[:2]) == ('{"a": 1}', 0, 0.0, ["", "2"])
     assert r.final is not None and (r.final.text, r.final.protocol) == ("5", "FINAL")
+    assert len(r.notes) <= 100 and max(map(len, r.notes)) <= 2_000
     r = await sandbox.execute("print('next')", timeout=30)
     assert r.stdout == "next\n" and not r.restarted
 

@@ -515,11 +515,23 @@ def forecast_config(city: str) -> str:
     return f"{city} via {SERVICE['url']}"
 
 
+def forecast_default(city: str, units: str = "metric", key: str = WEATHER_API_KEY) -> str:
+    return f"{city}: {units} {key[:2]}"
+
+
+def forecast_literal(city: str) -> str:
+    return fetch(city, token="tok-5be0c4a1d9e2")  # noqa: F821 (defined in the REPL)
+
+
 def test_a_sandbox_tool_never_carries_a_secret_into_the_repl(server, script, tmp_path):
     # Shipped, the constant was a REPL variable and in the tool's __globals__: the code could read it.
-    for tool, name in ((forecast, "WEATHER_API_KEY"), (forecast_config, "SERVICE")):
+    for tool, name in ((forecast, "WEATHER_API_KEY"), (forecast_config, "SERVICE"), (forecast_default, "WEATHER_API_KEY")):
         with pytest.raises(ConfigError, match=rf"reads the global '{name}'.*looks like a secret.*host_tool"):
             make_rlm(server, tmp_path, tools=[tool])
+    # A key written out in the tool's own source went in with it (a default named by a global was
+    # not even checked: the def line names it, its body does not).
+    with pytest.raises(ConfigError, match=r"'forecast_literal' holds what looks like a secret.*\(token\)"):
+        make_rlm(server, tmp_path, tools=[forecast_literal])
     # As a host tool it runs where the key is, and the REPL sees only its answers.
     script.root("root-model", code("FINAL(forecast('Oslo') + '|' + str('wx-8c1' in repr(globals())))"))
     result = make_rlm(server, tmp_path, tools=[host_tool(forecast)]).run("q", "ctx")

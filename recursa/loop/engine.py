@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from recursa.config import RLMConfig
-from recursa.context import ContextPayload
+from recursa.context import ContextPayload, load_payload
 from recursa.errors import BudgetExceeded, ContextLengthError, LMError, RecursaError, SandboxLost, template_of
 from recursa.lm.base import CallMeta, LMResponse, Message
 from recursa.loop.blocks import ReplyCode
@@ -100,21 +100,25 @@ class RunEngine:
     def new_call_id(self) -> str:
         return f"{self.run_id}.c{next(self._call_ids)}"
 
-    async def spawn_child(self, question: str, payload: ContextPayload) -> RLMResult:
-        child = RunEngine(
-            self.tree,
-            question=question,
-            payload=payload,
-            depth=self.depth + 1,
-            parent_scopes=self.usage_scopes,
-            ancestors=(self.run_id, *self.ancestors),
-            options=self.options.for_child(),
-        )
-        try:
-            async with self.tree.child_slots(child.depth):
+    async def spawn_child(self, question: str, context: Any) -> RLMResult:
+        """A child run over `context` (ContextError if it cannot be one). Its context is encoded
+        once a slot is free: each holds a file descriptor, and a cell's batch of thousands of
+        children, all encoded while they waited, took every descriptor of the host process."""
+        async with self.tree.child_slots(self.depth + 1):
+            payload = await load_payload(context)
+            try:
+                child = RunEngine(
+                    self.tree,
+                    question=question,
+                    payload=payload,
+                    depth=self.depth + 1,
+                    parent_scopes=self.usage_scopes,
+                    ancestors=(self.run_id, *self.ancestors),
+                    options=self.options.for_child(),
+                )
                 return await child.run()
-        finally:
-            payload.close()
+            finally:
+                payload.close()
 
     # -- the loop: RLM.run drives it here; recursa.env steps it with a trainer's replies ---------
     async def run(self) -> RLMResult:

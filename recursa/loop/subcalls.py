@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from recursa.context import ContextPayload, load_payload
+from recursa.context import ContextPayload
 from recursa.errors import BudgetExceeded, ContextError, ContextLengthError, LMError
 from recursa.lm.base import CallMeta, LMResponse, Message
 from recursa.lm.images import ImageError, base64_part, bytes_part, fetched_parts, url_part
@@ -51,7 +51,7 @@ class CallingRun(Protocol):
 
     def tools(self) -> list[Tool]: ...
 
-    async def spawn_child(self, question: str, payload: ContextPayload) -> RLMResult: ...
+    async def spawn_child(self, question: str, context: Any) -> RLMResult: ...
 
 
 class SubcallHandler:
@@ -326,10 +326,9 @@ class SubcallHandler:
             return await self._handed_child(prompt, context)
         question = prompt if context is not None else PROMPT_AS_CONTEXT_QUESTION
         try:
-            payload = await load_payload(context if context is not None else prompt)
+            result = await run.spawn_child(question, context if context is not None else prompt)
         except ContextError as exc:
             raise CallbackError("ValueError", f"rlm_query: {exc}") from None
-        result = await run.spawn_child(question, payload)
         if result.stop_reason == "final" or result.answer:
             return result.answer
         raise CallbackError(

@@ -46,6 +46,9 @@ _FEED_BACKLOG_BYTES = MAX_HOST_FRAME_BYTES + 8 * _RECV_CHUNK
 # How long one channel may keep the event loop between yields (frames are handed out one at a time,
 # so this is overrun by one frame's handling at most).
 _SLICE_S = 0.001
+# Notes (and restored names) read from one answer of a worker, and the characters kept of each.
+_MAX_NOTES = 100
+_NOTE_CHARS = 2_000
 # How a worker's answer may say it was given (the other protocols are the engine's own).
 _WORKER_PROTOCOLS: tuple[AnswerProtocol, ...] = ("FINAL", "FINAL_VAR", "answer")
 
@@ -271,8 +274,10 @@ def exec_result_from_wire(frame: dict[str, Any]) -> ExecResult:
     every field is checked: one of the wrong kind is read as absent, never raised on the host."""
 
     def strs(key: str) -> list[str]:
+        # The worker's notes are a few short sentences, its restored names a few names: a forged
+        # answer's 50,000 long ones went into the trace whole, hundreds of MB per cell.
         items = frame.get(key)
-        return [_text(x) for x in items] if isinstance(items, list) else []
+        return [_text(x)[:_NOTE_CHARS] for x in items[:_MAX_NOTES]] if isinstance(items, list) else []
 
     error, partial = frame.get("error"), frame.get("partial")
     return ExecResult(

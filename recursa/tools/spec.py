@@ -7,6 +7,7 @@ or an index the sandbox cannot reach). Sub-model tools (`RLM(sub_tools=...)`) al
 
 from __future__ import annotations
 
+import ast
 import builtins
 import inspect
 import json
@@ -234,8 +235,20 @@ def _sandbox_source(fn: Any, name: str, siblings: set[str]) -> str:
             f"the source of tool {name!r} cannot be read (defined interactively?); {fix}."
         ) from None
     body = _strip_decorators(body)
+    secret_here = "holds what looks like a secret (a key, token or password), and secrets never enter the sandbox"
+    where_secret = "mark the tool @recursa.host_tool (it then runs in the host, where the secret stays)"
+    tree = _def_node(body)
+    for label, value in _literals(tree):
+        if looks_secret(label, value):
+            raise ConfigError(
+                f"tool {name!r} {secret_here}: its source writes one out ({label or 'a literal'}); {where_secret}, "
+                "or pass the value as an argument if the code may see it."
+            )
     preamble = []
-    for global_name in sorted(_global_names(fn.__code__)):
+    # Defaults are evaluated where the def runs: the globals they name are shipped (and checked) too.
+    in_defaults = {n.id for d in (*tree.args.defaults, *tree.args.kw_defaults) if d for n in ast.walk(d)
+                   if isinstance(n, ast.Name)} if tree else set()  # fmt: skip
+    for global_name in sorted(_global_names(fn.__code__) | in_defaults):
         if global_name in siblings or hasattr(builtins, global_name) or global_name in RESERVED_NAMES:
             continue
         if global_name not in fn.__globals__:
@@ -246,10 +259,8 @@ def _sandbox_source(fn: Any, name: str, siblings: set[str]) -> str:
         elif _is_constant(value):
             if _holds_secret(global_name, value):
                 raise ConfigError(
-                    f"tool {name!r} reads the global {global_name!r}, which holds what looks like a secret (a "
-                    "key, token or password), and secrets never enter the sandbox; mark the tool "
-                    "@recursa.host_tool (it then runs in the host, where the secret stays), or pass the "
-                    "value as an argument if the code may see it."
+                    f"tool {name!r} reads the global {global_name!r}, which {secret_here}; {where_secret}, "
+                    "or pass the value as an argument if the code may see it."
                 )
             preamble.append(f"{global_name} = {value!r}")
         else:
@@ -258,6 +269,47 @@ def _sandbox_source(fn: Any, name: str, siblings: set[str]) -> str:
                 f"shipped to the sandbox; {fix}."
             )
     return "\n".join([*preamble, body])
+
+
+def _def_node(source: str) -> ast.FunctionDef | None:
+    try:
+        node = ast.parse(source).body[0]
+    except (SyntaxError, IndexError, ValueError, RecursionError, MemoryError):
+        return None
+    return node if isinstance(node, ast.FunctionDef) else None
+
+
+def _literals(tree: ast.FunctionDef | None) -> list[tuple[str, str]]:
+    """The str literals of a def but its docstring, each with the name it is given where it has one
+    (a parameter's default, a keyword argument, a dict key, an assignment's target)."""
+    if tree is None:
+        return []
+    named: dict[int, str] = {}
+    args = tree.args
+    positional = [*args.posonlyargs, *args.args]
+    for arg, default in zip(positional[len(positional) - len(args.defaults) :], args.defaults, strict=True):
+        named[id(default)] = arg.arg
+    for arg, default in zip(args.kwonlyargs, args.kw_defaults, strict=True):
+        if default is not None:
+            named[id(default)] = arg.arg
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg:
+            named[id(node.value)] = node.arg
+        elif isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values, strict=True):
+                if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                    named[id(value)] = key.value
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Name) and node.value is not None:
+                    named[id(node.value)] = target.id
+    doc = tree.body[0].value if tree.body and isinstance(tree.body[0], ast.Expr) else None
+    return [
+        (named.get(id(node), ""), node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node is not doc
+    ]
 
 
 def _global_names(code: types.CodeType) -> set[str]:
