@@ -575,26 +575,33 @@ def _remove_soon(groups: list[TaskGroup]) -> bool:
         time.sleep(0.01)
 
 
-def _sweep(parent: str) -> None:
+def _sweep(parent: str, started: dict[int, float | None] | None = None) -> None:
     """Remove empty groups a host that died (killed, crashed) left behind. The host is the pid in
     the group's name, unless the process with that pid now started after the group was made (the
-    pid was reused, by an unrelated process or by this host restarted in a fresh container)."""
+    pid was reused, by an unrelated process or by this host restarted in a fresh container).
+    `started`: each owner's start time, read from /proc once per sweep (a host with many REPLs has
+    a group per REPL, and every REPL start sweeps)."""
+    started = {} if started is None else started
     with contextlib.suppress(OSError):
         for name in os.listdir(parent):
             if not name.startswith(_PREFIX):
                 continue
             owner = name[len(_PREFIX) :].split("-", 1)[0]
             path = os.path.join(parent, name)
-            if owner.isdigit() and not _made_by_live(int(owner), path):
-                _sweep(path)  # a memory pool (pools.py) holds its REPLs' groups
+            if not owner.isdigit():
+                continue
+            pid = int(owner)
+            if pid not in started:
+                started[pid] = started_at(pid)
+            if not _made_by_live(started[pid], path):
+                _sweep(path, started)  # a memory pool (pools.py) holds its REPLs' groups
                 TaskGroup(path, 0, 0, None).remove()
 
 
-def _made_by_live(pid: int, path: str) -> bool:
-    """Whether process `pid` is alive and old enough to have made the group at `path`."""
+def _made_by_live(started: float | None, path: str) -> bool:
+    """Whether a process that started at `started` (None: not alive) could have made the group at `path`."""
     try:
         made = os.stat(path).st_mtime
     except OSError:
         return True  # unknown: leave it
-    started = started_at(pid)
     return started is not None and started <= made + 1.0  # boot time is whole seconds
