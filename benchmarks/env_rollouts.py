@@ -154,6 +154,7 @@ def ray_compare(size_mb: float, episodes: int, concurrency: int, alone: int, nod
     from ray.cluster_utils import Cluster
 
     from recursa.sandbox.cluster import node_hosts, shutdown_hosts
+    from recursa.sandbox.cluster.node import tree_rss
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
     for _ in range(nodes):
@@ -161,18 +162,23 @@ def ray_compare(size_mb: float, episodes: int, concurrency: int, alone: int, nod
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
     peak: dict[str, int] = {}
-    host_pids: set[int] = set()
+    host_pids: dict[str, int] = {}  # node id -> its host's pid
+    sampling = [0.0]  # the sampler thread's own CPU seconds, taken out of the driver's figure
     stop = threading.Event()
 
     def sample() -> None:
-        while not stop.wait(1.0):  # each look walks the host's process tree, on its event loop
+        # The cluster is simulated on this machine: the hosts' trees are read here, in this thread,
+        # so the hosts' event loops do not pay for it (a look scans all of /proc).
+        while not stop.wait(2.0):
+            began = time.thread_time()
             for node_id, host in node_hosts():
-                try:
-                    facts = ray.get(host.describe.remote(), timeout=5)
-                except Exception:
-                    continue
-                host_pids.add(facts["pid"])
-                peak[node_id] = max(peak.get(node_id, 0), facts["rss_bytes"])
+                if node_id not in host_pids:
+                    try:
+                        host_pids[node_id] = ray.get(host.describe.remote(), timeout=5)["pid"]
+                    except Exception:
+                        continue
+                peak[node_id] = max(peak.get(node_id, 0), tree_rss(host_pids[node_id]))
+            sampling[0] += time.thread_time() - began
 
     ray_options = {"resources": {"cpu_repl": 0.001}}
     local_steps, ray_steps = SizeResult(size_mb, alone, 1), SizeResult(size_mb, alone, 1)
@@ -183,12 +189,14 @@ def ray_compare(size_mb: float, episodes: int, concurrency: int, alone: int, nod
         asyncio.run(one_at_a_time(size_mb, alone, snapshots, ray_options, local_steps, ray_steps))
         for _ in range(rounds):
             for where in ("local", "ray"):
-                before = cpu_times(host_pids)
+                before, sampled = cpu_times(set(host_pids.values())), sampling[0]
                 _, batch = asyncio.run(measure(size_mb, episodes, concurrency, 0, snapshots,
                                                sandbox="auto" if where == "local" else "ray",
                                                sandbox_options=None if where == "local" else ray_options))  # fmt: skip
-                after = cpu_times(host_pids)
-                batches.append((where, batch, {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}))
+                after = cpu_times(set(host_pids.values()))
+                spent = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+                spent["driver"] -= sampling[0] - sampled
+                batches.append((where, batch, spent))
         opened = {node_id: ray.get(host.describe.remote(), timeout=30)["opened"] for node_id, host in node_hosts()}
     finally:
         stop.set()

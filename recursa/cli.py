@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from recursa.cli_options import (
-    SANDBOXES,
     HelpFormatter,
     add_model_names,
     add_model_options,
@@ -23,7 +22,6 @@ from recursa.cli_options import (
 )
 from recursa.errors import ConfigError, RecursaError
 from recursa.extras import install_hint
-from recursa.loop.dialects import dialect_names
 from recursa.terminal import for_terminal
 from recursa.trace.redact import redact
 from recursa.version import __version__
@@ -151,16 +149,8 @@ def _parser() -> argparse.ArgumentParser:
         "--model", default="scripted/gpt5-like", help="root model (`recursa models` lists them)"
     )
     demo.add_argument("--sub-model", default="scripted/oracle", help="model behind llm_query")
-    demo.add_argument("--sandbox", default="auto", choices=SANDBOXES, help="where the REPL runs")
-    demo.add_argument(
-        "--dialect", default="recursa", choices=dialect_names(), help="the root's conversation (docs/dialects.md)"
-    )
-    demo.add_argument(
-        "--trace-dir",
-        default=None,
-        metavar="DIR",
-        help="folder for the trace (default: ~/.cache/recursa/traces)",
-    )
+    for name in ("sandbox", "dialect", "trace_dir"):  # as every command that starts runs has them
+        add_setting_flag(demo, name)
     demo.add_argument("--json", action="store_true", help="print the report as one JSON object")
 
     models = sub.add_parser(
@@ -364,8 +354,8 @@ def _add_bench_parser(sub: Any) -> None:
     bench.add_argument(
         "--ray-address", default=None, help="a running Ray cluster to join (default: a local one)"
     )
-    bench.add_argument("--sandbox", default="auto", choices=SANDBOXES, help="where the REPL runs")
-    bench.add_argument("--max-iterations", type=int, default=30, help="root turns per run")
+    for name in BENCH_SETTINGS:  # the run settings' flags as every command that starts runs has them
+        add_setting_flag(bench, name)
     bench.add_argument("--max-usd", type=float, default=None, help="per row")
     bench.add_argument("--max-seconds", type=float, default=None, help="per row")
     bench.add_argument("--window", type=int, default=None, help="the root model's window in tokens")
@@ -376,11 +366,11 @@ def _add_bench_parser(sub: Any) -> None:
         choices=("fail", "truncate"),
         help="what the base-model method does with a context over --window",
     )
-    bench.add_argument("--max-retries", type=int, default=4, help="retries per model call")
-    bench.add_argument(
-        "--dialect", default="recursa", choices=dialect_names(), help="the RLM root's conversation (docs/dialects.md)"
-    )
     bench.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+# The run settings `recursa bench` takes as the schema's flags (its budget caps are per row).
+BENCH_SETTINGS = ("sandbox", "max_iterations", "max_retries", "dialect")
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -388,6 +378,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     check_caps(args)
     context_windows = checked_flag(args, "context_windows")
+    for name in BENCH_SETTINGS:
+        checked_flag(args, name)
     report = run_bench(
         args.task,
         sizes=args.sizes,

@@ -148,7 +148,7 @@ class RLMConfig(_Schema):
     sub_model_chars: int = setting(500_000, "how much text one sub-call can take, as the root's prompt states it", example="500_000", ge=1)
     prices: dict[str, InstanceOf[ModelPrice] | PriceRates] | None = setting(None, "US dollars per million tokens per model, for models without a known price", flag="--prices FILE", what="a dict of model name to its rates, USD per million tokens, numbers >= 0 (input_per_mtok and output_per_mtok; cached_input_per_mtok, cache_write_per_mtok optional)", example="{'openai/my-model': {'input_per_mtok': 0.25, 'output_per_mtok': 2.0}}")
     request_timeout: Seconds = setting(600.0, "seconds one model request may take", client="tighten", gt=0)
-    max_retries: int = setting(4, "retries of one failed model call", client="tighten", ge=0)
+    max_retries: int = setting(4, "retries of one failed model call", flag="--max-retries", client="tighten", ge=0)
     on_event: Callable[[dict[str, Any]], None] | None = setting(None, "called with every trace event as it happens (e.g. an OtelListener)", what="a function taking one event dict, or None")
     call_headers: bool = setting(False, "send the X-RLM-* attribution headers with every call", client="client", env=("call_headers", True))
     sampling: dict[SamplingRole, dict[str, Any]] | None = setting(None, "request options per role, 'root', 'child' and 'sub' (docs/training.md); a client sends only those of `SamplingOptions`, each by its own policy", client="client", what=f"a dict of roles to request options (roles: {', '.join(SAMPLING_ROLES)})", example="{'root': {'temperature': 1.0, 'seed': 7}, 'sub': {'temperature': 0.0}}")
@@ -415,18 +415,16 @@ class Spelling:
         return _MARKED.sub(lambda m: self._marked(m.group(1), m.group(2), m.group(3)), text)
 
     def _marked(self, name: str, passed: str, example: str) -> str:
+        declared = declared_setting(name)
+        if self.form in ("key", "dotted") and declared is not None and declared.client == "operator":
+            return f"the operator's {_flag(name) or name}"  # not the client's to set
         if example:
             return self.assign(name, example)
         if not passed:
             return self.label(name)
         if self.form in ("python", "field"):
             return f"{self.label(name)}="
-        if self.form == "cli":
-            return _flag(name) or self.label(name)
-        declared = declared_setting(name)
-        if declared is not None and declared.client == "operator":
-            return f"the operator's {_flag(name) or name}"
-        return self.label(name)
+        return (self.form == "cli" and _flag(name)) or self.label(name)
 
     @staticmethod
     def _pairs(name: str) -> bool:
@@ -476,7 +474,7 @@ class Spelling:
     def error(self, exc: ValidationError, model: type[BaseModel], values: Mapping[str, Any]) -> ConfigError:
         first = exc.errors()[0]
         name = str(first["loc"][0]) if first["loc"] else "?"
-        if first["type"] == "extra_forbidden":
+        if first["type"] == "extra_forbidden" and len(first["loc"]) == 1:
             known = [self.names.get(n, n) for n in model.model_fields]
             close = near_miss(self.names.get(name, name), known)
             hint = f"did you mean {close!r}?" if close else "see docs/reference/settings.md for the settings"
@@ -487,9 +485,26 @@ class Spelling:
             return ConfigError(self.problem(name, values.get(name), cause.what, cause.example), setting=name)
         example = _shown(self.defaults[name]) if name in self.defaults else declared.example
         what = declared.what
-        if declared.optional and self.form != "cli" and "None" not in what:
+        if declared.optional and self.form in ("python", "key", "dotted") and "None" not in what:
             what += " (or None)"
+        what += self._inside(name, exc.errors(), values.get(name))
         return ConfigError(self.problem(name, values.get(name), what, example), setting=name)
+
+    def _inside(self, name: str, errors: list[Any], value: Any) -> str:
+        """Where inside a dict or list setting's value it went wrong (`prices['m']['input']`: extra
+        inputs are not permitted), from pydantic's deepest errors; "" for a setting's whole value."""
+        deepest = max(len(e["loc"]) for e in errors)
+        found = []
+        for error in (e for e in errors if len(e["loc"]) == deepest > 1):
+            path, at = [], value
+            for i, part in enumerate(error["loc"][1:], 2):  # a union's branch names are not keys
+                if (isinstance(at, Mapping) and part in at) or (isinstance(at, list) and isinstance(part, int)):
+                    path.append(part)
+                    at = at[part]
+                elif i == deepest and isinstance(at, Mapping) and part != "[key]":  # a missing key
+                    path.append(part)
+            found.append(f"{self.label(name)}{''.join(f'[{p!r}]' for p in path)}: {error['msg'].lower()}")
+        return f" ({'; '.join(found)})" if found else ""
 
 
 def _flag(name: str) -> str | None:

@@ -45,7 +45,7 @@ def build_config(given: Mapping[str, Any], spelling: Spelling) -> tuple[RLMConfi
     try:  # made once now, so a wrong name, option or a missing peer package fails before any spend
         make_dialect(config.dialect, config.dialect_options)
     except ConfigError as exc:
-        raise ConfigError(f"{spelling.given('dialect', config.dialect)}: {exc}") from None
+        raise ConfigError(f"{spelling.given('dialect', config.dialect)}: {spelling.told(exc)}") from None
     _check_tool_names(config.tools, config.sub_tools, spelling)
     parse_model(config.model)  # the root's name chooses its prompt, whoever answers its calls
     prices = PriceBook(config.prices)

@@ -174,7 +174,8 @@ def test_a_lower_layers_message_names_settings_as_each_door_writes_them(monkeypa
     exc = error()
     assert python in str(exc) and "«" not in str(exc)
     assert cli in Spelling("cli").told(exc)
-    assert "recursa.api_key" not in Spelling("dotted", "recursa").told(exc)  # not a client's to set
+    client = Spelling("dotted", "recursa").told(exc)
+    assert "the operator's --base-url" in client and "recursa.base_url" not in client  # not a client's to set
 
 
 # -- recursa models --------------------------------------------------------------------------------

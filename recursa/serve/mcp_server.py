@@ -254,7 +254,7 @@ def _spec(
     try:  # the schema's policy for what a client may set, as recursa serve's requests have it
         run = client_settings(asked, settings.run_limits(), _ARGUMENTS, models=None)
     except ConfigError as exc:
-        raise ToolError(str(exc)) from None
+        raise ToolError(_ARGUMENTS.told(exc)) from None
     depth = run.pop("max_depth", settings.max_depth)
     iterations = run.pop("max_iterations", settings.max_iterations)
     budget = run.pop("budget", settings.budget)

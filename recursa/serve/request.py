@@ -413,7 +413,7 @@ def _apply_settings(req: RunRequest, extra: dict[str, Any], settings: ServeSetti
     try:
         run = client_settings(asked, limits, REQUEST_SPELLING, models=None)
     except ConfigError as exc:
-        raise bad(str(exc), f"recursa.{exc.setting}" if exc.setting else "recursa") from None
+        raise bad(REQUEST_SPELLING.told(exc), f"recursa.{exc.setting}" if exc.setting else "recursa") from None
     shape = req.shape
     try:
         client_sampling({"root": shape.sampling}, limits.get("sampling"), shape.sampling_spelling,

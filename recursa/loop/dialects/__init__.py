@@ -66,13 +66,4 @@ def make_dialect(spec: str | Dialect | None, options: Mapping[str, Any] | None =
         raise ConfigError(f"dialect {spec!r} does not take these options ({exc})") from None
 
 
-def checked_dialect(spec: Any, options: Any, front: str) -> Dialect:
-    """The dialect made once when an RLM or an environment is built, so a wrong name, option or a
-    missing peer package fails before any spend, in the front door's own words."""
-    try:
-        return make_dialect(spec, options)
-    except ConfigError as exc:
-        raise ConfigError(f"{front}(dialect={spec!r}): {exc}") from None
-
-
-__all__ = ["DEFAULT_DIALECT", "Dialect", "checked_dialect", "dialect_names", "make_dialect", "register_dialect"]
+__all__ = ["DEFAULT_DIALECT", "Dialect", "dialect_names", "make_dialect", "register_dialect"]
