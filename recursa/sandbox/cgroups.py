@@ -53,16 +53,16 @@ from dataclasses import dataclass
 from typing import Literal
 
 from recursa.sandbox.bwrap import namespace_pid
-from recursa.sandbox.proc import kill_owned, started_at
+from recursa.sandbox.proc import exiting, kill_owned, started_at
 
 _PREFIX = "recursa-"
 _counter = itertools.count(1)
 _EXIT_WAIT_S = 5.0  # how long interpreter exit waits for the left groups' killed processes to go
-# The snapshot group's cap: the worker's thread that forks snapshots and the one snapshot it keeps.
-# The kernel counts a killed snapshot until it is reaped, so the worker reaps the outdated one
-# before it forks the next where that one has not exited yet (worker/snapshots.py). Code that runs
-# on that thread (it can) thus has room for one process, which takes the snapshot's place.
-SNAP_TASKS = 2
+# The snapshot group's cap: the worker's thread that forks snapshots, the snapshot it forks, and the
+# outdated one it discards (killed, counted until it is reaped: waiting for that before each fork
+# took ~4 ms a cell under load). Code on that thread thus gets room for two processes at most, which
+# the host kills as soon as the worker reports its snapshot (`audit_snapshots`).
+SNAP_TASKS = 3
 Place = Literal["cell", "snap"]
 PLACES: tuple[Place, ...] = ("cell", "snap")
 
@@ -461,7 +461,7 @@ class TaskGroup:
         the next cell's end at most. Returns the process spared now (host pid), if any."""
         spare = None
         for pid in self.members("snap"):
-            if pid in keep:
+            if pid in keep or exiting(pid):  # (an outdated snapshot the worker has just killed)
                 continue
             if spare is None and reported is not None and pid != spared:
                 if (namespace_pid(pid) if namespaced else pid) == reported:
@@ -469,6 +469,15 @@ class TaskGroup:
                     continue
             self.kill_one(pid)
         return spare
+
+    def audit_snapshots(self, keep: Collection[int], reported: int | None, namespaced: bool) -> None:
+        """The worker has just reported the snapshot it keeps (`reported`; None: none): empty the
+        snapshot group of all else (`empty_snapshots`), unless it counts the forking thread and
+        one snapshot at most."""
+        with contextlib.suppress(KeyError, OSError, ValueError):
+            if int(os.pread(self._counts["snap"], 32, 0)) <= 2:
+                return
+        self.empty_snapshots(keep, reported, namespaced, None)
 
     def kill_one(self, pid: int) -> bool:
         """SIGKILL `pid` once the kernel shows it as a live process of this group's sandbox
@@ -566,26 +575,33 @@ def _remove_soon(groups: list[TaskGroup]) -> bool:
         time.sleep(0.01)
 
 
-def _sweep(parent: str) -> None:
+def _sweep(parent: str, started: dict[int, float | None] | None = None) -> None:
     """Remove empty groups a host that died (killed, crashed) left behind. The host is the pid in
     the group's name, unless the process with that pid now started after the group was made (the
-    pid was reused, by an unrelated process or by this host restarted in a fresh container)."""
+    pid was reused, by an unrelated process or by this host restarted in a fresh container).
+    `started`: each owner's start time, read from /proc once per sweep (a host with many REPLs has
+    a group per REPL, and every REPL start sweeps)."""
+    started = {} if started is None else started
     with contextlib.suppress(OSError):
         for name in os.listdir(parent):
             if not name.startswith(_PREFIX):
                 continue
             owner = name[len(_PREFIX) :].split("-", 1)[0]
             path = os.path.join(parent, name)
-            if owner.isdigit() and not _made_by_live(int(owner), path):
-                _sweep(path)  # a memory pool (pools.py) holds its REPLs' groups
+            if not owner.isdigit():
+                continue
+            pid = int(owner)
+            if pid not in started:
+                started[pid] = started_at(pid)
+            if not _made_by_live(started[pid], path):
+                _sweep(path, started)  # a memory pool (pools.py) holds its REPLs' groups
                 TaskGroup(path, 0, 0, None).remove()
 
 
-def _made_by_live(pid: int, path: str) -> bool:
-    """Whether process `pid` is alive and old enough to have made the group at `path`."""
+def _made_by_live(started: float | None, path: str) -> bool:
+    """Whether a process that started at `started` (None: not alive) could have made the group at `path`."""
     try:
         made = os.stat(path).st_mtime
     except OSError:
         return True  # unknown: leave it
-    started = started_at(pid)
     return started is not None and started <= made + 1.0  # boot time is whole seconds

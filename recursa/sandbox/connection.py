@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from recursa.sandbox.base import HOST_FUNCTIONS, CallbackError, CallHandler
@@ -80,6 +81,8 @@ class Connection:
         self.reported_pid: int | None = None  # the last snapshot the worker reported, kept after a cell
         self.snapshot_error: str | None = None
         self.snapshot_reported = asyncio.Event()  # set by every `snapshot` frame
+        # Told of every `snapshot` frame first (its pid, None for none), e.g. to empty its group.
+        self.on_snapshot: Callable[[int | None], None] = lambda pid: None
         self.restored: dict[str, Any] | None = None  # the `restored` frame, for a snapshot that took over
         self.worker_ns_pid: int | None = None  # the worker's pid as it sees it (its namespace's)
         self._ids = itertools.count(1)
@@ -181,6 +184,7 @@ class Connection:
             pid = frame.get("pid")
             self.snapshot_pid = self.reported_pid = pid if ok and isinstance(pid, int) else None
             self.snapshot_error = None if ok else str(frame.get("error") or "no snapshot")
+            self.on_snapshot(self.reported_pid)
             self.snapshot_reported.set()
         elif op in ("exec_done", "context_loaded") and self.control is not None:
             # The worker now replaces its snapshot with one of the state after this request.

@@ -353,11 +353,19 @@ class HostHardening:
             self._spared = group.empty_snapshots(keep, reported, self.using_bwrap, self._spared)  # type: ignore[arg-type]
             if not self.cells_placed:
                 # The whole worker goes there (v2): room for its threads (as many as the closed cell
-                # group left it) besides the one snapshot, set before the move, which no cap stops.
+                # group left it) besides the snapshots, set before the move, which no cap stops.
                 with contextlib.suppress(OSError):
                     group.cap_snapshots(extra=len(os.listdir(f"/proc/{pid}/task")) - 1)
                 group.move(pid, "snap")  # type: ignore[arg-type]
         return True
+
+    def audit_snapshots(self, reported: int | None) -> None:
+        """The worker has reported the snapshot it forked after the host's word (None: none): from
+        now on the snapshot group holds nothing else that lives, whatever code ran on the thread
+        that forks it (cgroups.SNAP_TASKS)."""
+        group = self.group
+        if group is not None and self.cells_grouped:
+            group.audit_snapshots({self.worker_pid, *self.spare}, reported, self.using_bwrap)  # type: ignore[arg-type]
 
     def _checked(self, pid: int | None) -> bool:
         """Whether `pid` is a live process of this sandbox (proc.belongs), checked once per worker:

@@ -69,6 +69,15 @@ def _boot_time() -> float:
     return 0.0
 
 
+_PF_EXITING = 0x4
+
+
+def exiting(pid: int) -> bool:
+    """Whether `pid` is gone, a zombie or on its way out (killed, its exit under way)."""
+    fields = stat_fields(pid)
+    return fields is None or fields[0] in (b"Z", b"X") or bool(int(fields[6]) & _PF_EXITING)
+
+
 def running(pid: int) -> bool:
     """True while `pid` runs; a zombie (dead, waiting for its reaper) counts as gone."""
     fields = stat_fields(pid)

@@ -332,6 +332,7 @@ class SubprocessSandbox(WorkerHost):
     async def _on_takeover(self, conn: Connection) -> None:
         # The data-size limit and the process guard follow the snapshot that took over.
         if self._hardening.takeover(conn.pid, conn.restored, lambda: conn.alive):
+            conn.on_snapshot = self._hardening.audit_snapshots
             with contextlib.suppress(OSError, ValueError):
                 await conn.chan.send({"op": "cell_closed"})  # it waits for it to fork its snapshot
 
@@ -375,6 +376,7 @@ class SubprocessSandbox(WorkerHost):
         if answered is not None and self._hardening.leave_cell(
             answered.pid, answered.control is not None, answered.reported_pid
         ):
+            answered.on_snapshot = self._hardening.audit_snapshots
             with contextlib.suppress(OSError, ValueError):
                 await answered.chan.send({"op": "cell_closed"})  # the worker waits for it to snapshot
         return await self._hardening.end_cell()

@@ -205,9 +205,9 @@ _FORK_TRIES = 20
 
 def _fork(snapshots: Snapshots) -> int:
     """os.fork(); where the kernel refuses for want of tasks, again after reaping the discarded
-    snapshots (the host's snapshot group holds one snapshot, and counts one that was killed until it
-    is reaped), and where none is ours to reap, a few times more: a snapshot that has just taken
-    over may find the old worker's discarded one still counted until the keeper reaps it."""
+    snapshots (the host's snapshot group counts one that was killed until it is reaped), and where
+    none is ours to reap, a few times more: a snapshot that has just taken over may find the old
+    worker's discarded one still counted until the keeper reaps it."""
     for _ in range(_FORK_TRIES - 1):
         try:
             return os.fork()
