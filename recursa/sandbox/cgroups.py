@@ -257,8 +257,7 @@ class TaskGroup:
         return group
 
     def _make_places(self) -> None:
-        """Make the cell and snapshot groups (see the module doc) and open what the host keeps of
-        them; the cell's closed to new tasks until a cell runs, the snapshots' capped."""
+        """Make the cell and snapshot groups (module doc), closed and capped, and open their files."""
         tasks = "tasks" if self.version == 1 else "cgroup.procs"
         for place in PLACES:
             folder = self.place_path(place)
@@ -272,11 +271,9 @@ class TaskGroup:
             raise OSError("the cell and snapshot groups cannot be capped")
 
     def renew_places(self) -> bool:
-        """New cell and snapshot groups for the next worker of this sandbox: the kernel counts a
-        process against its group's cap until it is reaped, and one whose parents were killed with
-        the last worker is left to init, which may take its time (or never reap, in some
-        containers), so the last worker's groups may count tasks that are gone. Whether it worked
-        (else the worker gets no places: the group caps its tasks, no more)."""
+        """New cell and snapshot groups for the next worker: a process counts against its group's
+        cap until reaped, and one whose parents died with the last worker is left to init, which
+        may never reap (some containers' do not). Whether it worked (else join_fds fails)."""
         self._close_places()
         for place in PLACES:
             with contextlib.suppress(OSError):  # else a process of it is still exiting: later
@@ -286,8 +283,7 @@ class TaskGroup:
             self._make_places()
         except OSError:
             self._close_places()
-            return False
-        return True
+        return bool(self._movers)
 
     def _close_places(self) -> None:
         for fd in (*self._counts.values(), *self._movers.values(), *self._limits.values()):
@@ -323,15 +319,13 @@ class TaskGroup:
         return ok
 
     def open_cell(self, running: bool) -> bool:
-        """Let the cell's group start tasks while a cell runs (up to the sandbox's own cap), and none
-        at all between cells, so that code which runs on past its cell (a thread it started, code
-        that forged its answer) starts nothing that outlives it; whether the kernel took it."""
+        """Let the cell's group start tasks while a cell runs, and none between cells: code that runs
+        on past its cell (a thread it started, a forged answer) starts nothing; whether it took."""
         return self._set_limit("cell", "max" if running else "0")
 
     def cap_snapshots(self, extra: int = 0) -> bool:
         """Cap the snapshot group at SNAP_TASKS tasks, plus `extra`: for a snapshot that takes over
-        (it makes its own forking thread there while the old worker's may still be counted), or,
-        where the host moves the whole worker there (v2), for its other threads."""
+        (its forking thread, while the old worker's may still count), or for the worker's threads (v2)."""
         return self._set_limit("snap", str(SNAP_TASKS + extra))
 
     def _set_limit(self, place: Place, value: str) -> bool:
@@ -472,8 +466,7 @@ class TaskGroup:
 
     def audit_snapshots(self, keep: Collection[int], reported: int | None, namespaced: bool) -> None:
         """The worker has just reported the snapshot it keeps (`reported`; None: none): empty the
-        snapshot group of all else (`empty_snapshots`), unless it counts the forking thread and
-        one snapshot at most."""
+        snapshot group of all else, unless it counts the forking thread and one snapshot at most."""
         with contextlib.suppress(KeyError, OSError, ValueError):
             if int(os.pread(self._counts["snap"], 32, 0)) <= 2:
                 return
