@@ -22,6 +22,7 @@ from recursa.cli_options import (
 )
 from recursa.errors import ConfigError, RecursaError
 from recursa.extras import install_hint
+from recursa.terminal import for_terminal
 from recursa.trace.redact import redact
 from recursa.version import __version__
 
@@ -216,7 +217,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_dict(), ensure_ascii=False))
     else:
-        print(result.answer)
+        print(for_terminal(result.answer, sys.stdout))
         u = result.usage
         print(
             f"\n[{result.stop_reason}] {result.iterations} turns · {u.llm_calls} LM calls · "
@@ -225,7 +226,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         if result.error:
-            print(f"stopped early: {result.error}", file=sys.stderr)
+            print(for_terminal(f"stopped early: {result.error}", sys.stderr), file=sys.stderr)
         if result.skipped_files:
             from recursa.cli_chat import skipped_note
 
@@ -259,7 +260,7 @@ def _report_interrupted(args: argparse.Namespace, progress: _Progress) -> int:
         print(json.dumps(summary, ensure_ascii=False))
     elif start is not None:
         if answer:
-            print(answer)
+            print(for_terminal(answer, sys.stdout))
         print(
             f"\n[cancelled] {end.get('iterations', progress.turns)} turns · "
             f"{usage.get('llm_calls', progress.calls)} LM calls · "

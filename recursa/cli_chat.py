@@ -25,6 +25,7 @@ from recursa.errors import RecursaError
 from recursa.result import RLMResult
 from recursa.rlm import RLM
 from recursa.session import Session
+from recursa.terminal import for_terminal
 
 EXIT_WORDS = ("exit", "quit")
 _ANSWERED = ("final", "max_iterations")
@@ -174,7 +175,7 @@ class Chat:
             self._note("no questions asked")
 
     def _print(self, value: Any) -> None:
-        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        text = for_terminal(value, self.out) if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
         print(text, file=self.out, flush=True)
 
     def _note(self, text: str) -> None:

@@ -204,3 +204,40 @@ def test_a_server_on_a_non_loopback_name_without_a_key_warns(tmp_path, command):
         proc.terminate()
         proc.wait(timeout=30)
     assert any("warning: listening on 127.0.0.2 without --api-key" in line for line in lines), lines
+
+
+def test_an_answer_printed_on_a_terminal_cannot_drive_it(tmp_path):
+    # The answer is the model's: its escape sequences (here a window title, a colour, a carriage
+    # return that overwrites the line) reached the user's terminal as they were. Piped, it is data.
+    import pty
+
+    from recursa.testing.fake_server import FakeServer
+
+    hostile = "ok\x1b]0;pwned\x07 \x1b[31mred\x1b[0m\rX\x9b2J"
+    reply = f"```repl\nFINAL({hostile!r})\n```"
+    (tmp_path / "ctx.txt").write_text("text")
+    with FakeServer(responder=lambda model, messages: reply) as server:
+        base = ["run", "q", "--context", str(tmp_path / "ctx.txt"), "--model", "openai/m", "--base-url",
+                server.base_url, "--trace-dir", str(tmp_path)]  # fmt: skip
+        main, side = pty.openpty()
+        try:
+            done = subprocess.run([sys.executable, "-m", "recursa.cli", *base], stdout=side,
+                                  stderr=subprocess.PIPE, timeout=120)  # fmt: skip
+            os.close(side)
+            shown = b""
+            while True:
+                try:
+                    chunk = os.read(main, 65536)
+                except OSError:  # the terminal's other end is closed: all was read
+                    break
+                if not chunk:
+                    break
+                shown += chunk
+        finally:
+            os.close(main)
+        piped = recursa(*base)
+    assert done.returncode == 0, done.stderr
+    text = shown.decode("utf-8", "replace")
+    assert "\x1b" not in text and "\x9b" not in text and "\r" not in text.replace("\r\n", "\n")
+    assert r"ok\x1b]0;pwned\x07 \x1b[31mred\x1b[0m\x0dX\x9b2J" in text
+    assert piped.stdout.startswith(hostile.replace("\r", "\n"))  # (text mode reads \r as a newline)
