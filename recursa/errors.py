@@ -15,7 +15,21 @@ class RecursaError(Exception):
 
     def __init__(self, message: str = "", *args: object) -> None:
         super().__init__(plain(message), *args)
-        self.template = message
+        self._marked = message
+
+    @property
+    def template(self) -> str:
+        """The message with its marks, while `args` still hold that message. Code that rewrites
+        `args` (a scrub of secrets, a note appended) without `reword` makes `str(error)` the
+        message: marks are lost then, never the rewrite."""
+        if self.args and self.args[0] == plain(self._marked):
+            return self._marked
+        return str(self)
+
+    def reword(self, template: str) -> None:
+        """Replace the message (marks kept), in place: the error's class and attributes stay."""
+        self.args = (plain(template), *self.args[1:])
+        self._marked = template
 
 
 def plain(template: str) -> str:

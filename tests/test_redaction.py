@@ -16,6 +16,9 @@ import httpx
 import pytest
 
 from recursa import RLM, host_tool
+from recursa.config import Spelling
+from recursa.errors import LMError
+from recursa.lm.retry import gave_up
 from recursa.testing.fake_state import Fault, FaultRule, FaultSchedule
 from recursa.trace.redact import REDACTED, Redactor
 from tests.test_escapes import feedback_before
@@ -186,3 +189,20 @@ def test_a_huge_message_loses_its_middle_and_every_key_it_held():
     assert len(out) < 20_100 and "characters left out" in out
     assert out.startswith(REDACTED) and out.endswith(f"Bearer {REDACTED}")
     assert KEY not in out and SHAPED not in out and BEARER not in out
+
+
+@pytest.mark.parametrize("form", ["cli", "field"])
+def test_a_scrubbed_error_keeps_no_key_in_the_message_a_door_renders(form):
+    # Doors render an error's marked message (Spelling.told), not str(error): the scrub must reach it.
+    key = "sk-proj-" + "q7" * 20
+    error = LMError(f"«base_url=» answered 401 for the key {key}; check «api_key=»")
+    Redactor([key]).exception(error)
+    told = Spelling(form).told(error)
+    assert key not in told and REDACTED in told
+    assert key not in str(error)
+
+
+def test_a_retried_calls_last_error_says_how_many_attempts_to_every_door():
+    error = gave_up(LMError("«base_url=» is temporarily unavailable (HTTP 503)"), 3)
+    assert str(error).endswith("(gave up after 3 attempts)")
+    assert Spelling("cli").told(error).endswith("(gave up after 3 attempts)")

@@ -108,7 +108,7 @@ class RetryBudget:
 def gave_up(err: LMError, attempts: int) -> LMError:
     """``err`` with the number of attempts it took appended (for the last failure of a call)."""
     if attempts > 1:
-        err.args = (f"{err} (gave up after {attempts} attempts)",)
+        err.reword(f"{err.template} (gave up after {attempts} attempts)")
     return err
 
 

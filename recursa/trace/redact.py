@@ -29,6 +29,7 @@ import os
 import re
 from collections.abc import Iterable
 
+from recursa.errors import RecursaError
 from recursa.trace.hostpaths import scrub_paths
 
 REDACTED = "[REDACTED]"
@@ -132,6 +133,8 @@ class Redactor:
 
     def exception(self, exc: BaseException) -> BaseException:
         """`exc` with its message scrubbed (in place, so its class and attributes stay)."""
+        if isinstance(exc, RecursaError):  # its marked message too, which doors render
+            exc.reword(self(exc.template))
         if any(isinstance(a, str) for a in exc.args):
             exc.args = tuple(self(a) if isinstance(a, str) else a for a in exc.args)
         if isinstance(exc, OSError):  # its message is made from these, not from args
