@@ -326,7 +326,7 @@ class HostHardening:
         return "poller" if self.options is not None else "none"
 
     def enter_cell(self, pid: int | None) -> None:
-        """Before a cell: open the cell's group to new tasks (closed between cells, see `end_cell`);
+        """Before a cell: open the cell's group to new tasks (closed between cells: `close_cell`);
         where the host moves the worker (cgroup v2), move it, the process that runs cells, into that
         group, so that what the cell forks or starts from there stays behind in it. Only a pid the
         kernel shows as this sandbox's own is ever written (never one the worker reported unchecked)."""
@@ -537,7 +537,7 @@ class HostHardening:
         if pid is None or not self._checked(pid):
             adopted = [p for p in self.group.members("snap") if _parent(p) in self.spare]
             pid = adopted[0] if len(adopted) == 1 and self._checked(adopted[0]) else None
-        self.group.cap_snapshots()  # back to one snapshot's room (see before_takeover)
+        self.group.cap_snapshots()  # back to its usual room (see before_takeover)
         if pid is not None:
             self.worker_pid = pid
             self.group.move(pid, "cell")
