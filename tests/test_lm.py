@@ -474,13 +474,20 @@ def test_usage_a_server_reports_never_hands_budget_back_nor_fails_the_answer() -
     assert (tracker.spent_tokens, tracker.spent_usd) == (0, 0.0)
 
 
-async def test_an_answer_nested_too_deeply_to_parse_is_a_failed_call_not_a_crash() -> None:
+async def test_an_answer_nested_too_deeply_or_too_large_is_a_failed_call_not_a_crash() -> None:
     from aiohttp import web
 
     nested = b"[" * 100_000 + b"]" * 100_000
 
-    async def chat(request: web.Request) -> web.Response:
-        status = 400 if (await request.json())["model"] == "refuses" else 200
+    async def chat(request: web.Request) -> web.StreamResponse:
+        model = (await request.json())["model"]
+        if model == "endless":  # a body with no length that never ends: it was read into memory whole
+            stream = web.StreamResponse(headers={"Content-Type": "application/json"})
+            await stream.prepare(request)
+            for _ in range(80):
+                await stream.write(b" " * (1 << 20))
+            return stream
+        status = 400 if model == "refuses" else 200
         return web.Response(body=b'{"error": ' + nested + b"}", status=status, content_type="application/json")
 
     app = web.Application()
@@ -491,7 +498,7 @@ async def test_an_answer_nested_too_deeply_to_parse_is_a_failed_call_not_a_crash
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        for model, said in (("answers", "not valid JSON"), ("refuses", "HTTP 400")):
+        for model, said in (("answers", "not valid JSON"), ("refuses", "HTTP 400"), ("endless", "too large")):
             client = OpenAIClient(model, base_url=f"http://127.0.0.1:{port}/v1", api_key="k", retry=FAST)
             try:
                 with pytest.raises(LMError, match=said):  # was a RecursionError out of the client
