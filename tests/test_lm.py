@@ -350,6 +350,11 @@ def test_missing_key_is_a_config_error() -> None:
         make_client("openai/gpt-5-mini")
     with pytest.raises(ConfigError, match="ANTHROPIC_API_KEY"):
         make_client("anthropic/claude-sonnet-4-5")
+    # Credentials in the URL were refused by the HTTP client at the first call, as an internal error.
+    for url in ("http://user:PassWord9Secret@127.0.0.1:1/v1", "https://:PassWord9Secret@h.example/v1"):
+        with pytest.raises(ConfigError, match=r"carries credentials") as refused:
+            make_client("openai/m", base_url=url, api_key="k")
+        assert "PassWord9Secret" not in str(refused.value)
     # A local server needs no key.
     assert make_client("openai/llama3", base_url="http://127.0.0.1:1/v1").model == "llama3"
     assert make_client("anthropic/x", base_url="http://127.0.0.1:1").provider == "anthropic"
@@ -469,13 +474,20 @@ def test_usage_a_server_reports_never_hands_budget_back_nor_fails_the_answer() -
     assert (tracker.spent_tokens, tracker.spent_usd) == (0, 0.0)
 
 
-async def test_an_answer_nested_too_deeply_to_parse_is_a_failed_call_not_a_crash() -> None:
+async def test_an_answer_nested_too_deeply_or_too_large_is_a_failed_call_not_a_crash() -> None:
     from aiohttp import web
 
     nested = b"[" * 100_000 + b"]" * 100_000
 
-    async def chat(request: web.Request) -> web.Response:
-        status = 400 if (await request.json())["model"] == "refuses" else 200
+    async def chat(request: web.Request) -> web.StreamResponse:
+        model = (await request.json())["model"]
+        if model == "endless":  # a body with no length that never ends: it was read into memory whole
+            stream = web.StreamResponse(headers={"Content-Type": "application/json"})
+            await stream.prepare(request)
+            for _ in range(80):
+                await stream.write(b" " * (1 << 20))
+            return stream
+        status = 400 if model == "refuses" else 200
         return web.Response(body=b'{"error": ' + nested + b"}", status=status, content_type="application/json")
 
     app = web.Application()
@@ -486,7 +498,7 @@ async def test_an_answer_nested_too_deeply_to_parse_is_a_failed_call_not_a_crash
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        for model, said in (("answers", "not valid JSON"), ("refuses", "HTTP 400")):
+        for model, said in (("answers", "not valid JSON"), ("refuses", "HTTP 400"), ("endless", "too large")):
             client = OpenAIClient(model, base_url=f"http://127.0.0.1:{port}/v1", api_key="k", retry=FAST)
             try:
                 with pytest.raises(LMError, match=said):  # was a RecursionError out of the client

@@ -102,6 +102,18 @@ def test_a_failing_sub_model_call_says_nothing_of_keys(server, script, tmp_path)
     assert_clean(trace, "the trace file")
 
 
+def test_a_sub_model_that_echoes_the_key_does_not_hand_it_to_the_repl(server, script, tmp_path):
+    # A server that repeats the request's headers in its reply (a debugging proxy, a gateway's
+    # error text as content) gave the run's key to the REPL's code through llm_query's return value.
+    script.root("root-model", code("x = llm_query('hi')\nprint('KEY' if x.count('-') > 3 else 'none', x)"),
+                code("FINAL('done')"))  # fmt: skip
+    script.sub("sub-model", lambda prompt: f"echo: Authorization: Bearer {KEY}")
+    make_rlm(server, tmp_path).run("q", "ctx")
+    told = feedback_before(server, 2)
+    assert f"echo: Authorization: Bearer {REDACTED}" in told, told
+    assert_clean(told, "what llm_query returned")
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_served_run_that_fails_says_nothing_of_keys(server, script, tmp_path, stream, caplog):
     pytest.importorskip("fastapi")

@@ -25,7 +25,13 @@ from recursa.lm.billing import (
     estimate_reply_tokens,
     estimated_prompt_usage,
 )
-from recursa.lm.json_http import HttpConnectionError, HttpError, HttpStatusError
+from recursa.lm.json_http import (
+    MAX_ANSWER_BYTES,
+    AnswerTooLarge,
+    HttpConnectionError,
+    HttpError,
+    HttpStatusError,
+)
 from recursa.lm.retry import (
     RetryPolicy,
     call_with_retries,
@@ -99,6 +105,12 @@ async def call_api(
             failure: LMError = map_error(endpoint, err)
             if isinstance(err, HttpConnectionError) and reached_server(err.__cause__):
                 failure = as_billed(failure, estimated_prompt_usage(messages))
+        except AnswerTooLarge as err:
+            failure = BilledFailure(
+                f"{endpoint.provider}/{endpoint.model} at {endpoint.where} answered with a body too large "
+                f"to read ({err}; at most {MAX_ANSWER_BYTES:,})",
+                usage=estimated_prompt_usage(messages),
+            )
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             failure = BilledFailure(
                 f"{endpoint.provider}/{endpoint.model} at {endpoint.where} answered with a body that is "

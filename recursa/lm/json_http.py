@@ -43,6 +43,15 @@ class HttpStatusError(HttpError):
         self.headers = headers
 
 
+# An answer is read up to this many bytes: a model's reply with its log-probs and token ids is a few
+# MB, and a server that sent an endless body filled the host's memory.
+MAX_ANSWER_BYTES = 64 << 20
+
+
+class AnswerTooLarge(ValueError):
+    """The server's answer is over MAX_ANSWER_BYTES; it was not read past them."""
+
+
 class HttpConnectionError(HttpError):
     def __init__(self, timed_out: bool) -> None:
         super().__init__("timed out" if timed_out else "connection failed")
@@ -104,7 +113,7 @@ class JsonPoster:
                 proxy=self.proxy,
                 proxy_auth=self.proxy_auth,
             ) as resp:
-                raw = await resp.read()
+                raw = await _bounded_body(resp)
                 status, resp_headers = resp.status, resp.headers
         except (TimeoutError, aiohttp.ClientError, OSError) as err:
             # aiohttp's connect and read timeouts are TimeoutErrors too.
@@ -120,6 +129,17 @@ class JsonPoster:
         session, self._session = self._session, None
         if session is not None and not session.closed:
             await session.close()
+
+
+async def _bounded_body(resp: aiohttp.ClientResponse) -> bytes:
+    if resp.content_length is not None and resp.content_length > MAX_ANSWER_BYTES:
+        raise AnswerTooLarge(f"{resp.content_length:,} bytes announced")
+    body = bytearray()
+    async for chunk in resp.content.iter_chunked(1 << 20):
+        body += chunk
+        if len(body) > MAX_ANSWER_BYTES:
+            raise AnswerTooLarge(f"over {MAX_ANSWER_BYTES:,} bytes")
+    return bytes(body)
 
 
 def _error_body(raw: bytes) -> Any:

@@ -243,7 +243,7 @@ class SubcallHandler:
 
         try:
             if self.config.sub_tools:
-                return await call_with_tools(
+                text = await call_with_tools(
                     call,
                     content,
                     self.config.sub_tools,
@@ -252,7 +252,8 @@ class SubcallHandler:
                     trace=run.tree.trace,
                     run_id=run.run_id,
                 )
-            response = await call([{"role": "user", "content": content}], None)
+            else:
+                text = (await call([{"role": "user", "content": content}], None)).text
         except BudgetExceeded as exc:
             raise CallbackError("BudgetExceeded", str(exc)) from None
         except ContextLengthError as exc:
@@ -263,7 +264,9 @@ class SubcallHandler:
             ) from None
         except LMError as exc:
             raise CallbackError("SubcallError", f"the call to {spec} failed: {exc}") from None
-        return response.text
+        # A server that echoes the request's headers (a debugging proxy, a gateway's error text in
+        # the reply) would hand the run's key to the REPL's code: the trace's scrub, on the way in.
+        return run.tree.trace.redact.bulk(text)
 
     def _resolve_model(self, model: Any) -> str:
         if model is None:
