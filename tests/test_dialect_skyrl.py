@@ -53,8 +53,8 @@ def test_what_the_policy_sees_matches_skyrl(name, tmp_path):
     actions = EPISODES[name]
     extras = {"max_turns": 3, "extra_info": {"context_text": CONTEXT}}
     theirs = _steps(BaseRLMEnv(extras=dict(extras)), actions)
-    ours_env = skyrl_gym.make(
-        "recursa-rlm", extras={**extras, "dialect": "skyrl", "max_depth": 0, "trace_dir": str(tmp_path)}
+    ours_env = skyrl_gym.make(  # where traces go is the operator's (env_config), not a row's
+        "recursa-rlm", env_config={"trace_dir": str(tmp_path)}, extras={**extras, "dialect": "skyrl", "max_depth": 0}
     )
     ours = _steps(ours_env, actions)
     assert len(ours) == len(theirs)
@@ -64,7 +64,7 @@ def test_what_the_policy_sees_matches_skyrl(name, tmp_path):
 
 def test_a_refused_reply_gives_the_turn_prompt_back(tmp_path):
     extras = {"max_turns": 3, "extra_info": {"context_text": CONTEXT}, "dialect": "skyrl", "max_depth": 0}
-    env = skyrl_gym.make("recursa-rlm", extras={**extras, "max_reply_chars": 50, "trace_dir": str(tmp_path)})
+    env = skyrl_gym.make("recursa-rlm", env_config={"trace_dir": str(tmp_path)}, extras={**extras, "max_reply_chars": 50})
     chat, _ = env.init([{"role": "user", "content": QUESTION}])
     prompt = chat[-1]
     out = env.step("x" * 60)

@@ -146,9 +146,8 @@ def test_a_skyrl_step_stops_the_blocks_of_a_reply_when_its_time_is_used(tmp_path
     )
     from recursa.integrations import skyrl as adapter
 
-    extras = {"repl_timeout": 30, "turn_timeout": CAP, "extra_info": {"context_text": "ctx"},
-              "trace_dir": str(tmp_path)}  # fmt: skip
-    env = skyrl_gym.make(adapter.ENV_ID, env_config={}, extras=extras)
+    extras = {"repl_timeout": 30, "turn_timeout": CAP, "extra_info": {"context_text": "ctx"}}
+    env = skyrl_gym.make(adapter.ENV_ID, env_config={"trace_dir": str(tmp_path)}, extras=extras)
     env.init([{"role": "user", "content": "q?"}])
     out = env.step(slow_blocks())
     (said,) = out["observations"]
