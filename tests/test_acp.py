@@ -272,3 +272,20 @@ async def test_sessions_are_bounded(tmp_path: Path) -> None:
 
 def _traces(folder: Path) -> list[Path]:
     return sorted(folder.glob("*.jsonl"))
+
+
+async def test_a_prompts_text_and_resources_are_held_to_the_context_cap(tmp_path: Path) -> None:
+    """Embedded resources are the run's context: past max_context_bytes the prompt is refused
+    before a context is built, as `recursa serve` refuses such a body."""
+    from recursa.serve.acp_agent import RecursaAgent
+    from recursa.serve.settings import ServeSettings
+
+    agent = RecursaAgent(ServeSettings(model="scripted/gpt5-like", trace_dir=tmp_path, max_context_bytes=1_000))
+    session = await agent.new_session(cwd=str(tmp_path), mcp_servers=[])
+    files = [
+        EmbeddedResourceContentBlock(type="resource", resource=TextResourceContents(uri=f"file:///{i}.txt", text="x" * 400))
+        for i in range(3)
+    ]
+    with pytest.raises(RequestError) as refused:
+        await agent.prompt(session_id=session.session_id, prompt=[text_block("What is in them?"), *files])
+    assert "over 1,000 bytes" in str(refused.value.data) and "max_context_bytes" in str(refused.value.data)

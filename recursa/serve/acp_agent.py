@@ -337,15 +337,24 @@ def _question_and_context(blocks: list[Any], settings: ServeSettings) -> tuple[s
     texts: list[str] = []
     files: dict[str, Any] = {}
     images: list[InlineImage] = []
+    size = 0  # characters of text and resources: each takes at least a byte of the context
     for i, block in enumerate(blocks):
         kind = getattr(block, "type", None)
         if kind == "text":
             texts.append(block.text)
+            size += len(block.text)
         elif kind == "resource":
             resource = block.resource
             text = getattr(resource, "text", None)
             if isinstance(text, str):
                 files[str(getattr(resource, "uri", f"resource-{len(files)}"))] = text
+                size += len(text)
+        if size > settings.max_context_bytes:
+            raise ApiError(
+                413,
+                f"the prompt's text and embedded resources are over {settings.max_context_bytes:,} bytes, "
+                "the most this agent takes (ServeSettings.max_context_bytes); attach fewer or smaller files",
+            )
         elif kind == "image":
             images.append(base64_image(getattr(block, "data", None), f"prompt[{i}]", ".data"))
     files.update({k: v for k, v in context_images(images, settings).items() if k not in files})
