@@ -5,6 +5,8 @@ pyproject's addopts run two workers), a test so marked runs while no other worke
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -107,3 +109,12 @@ def access_lines() -> Iterator[list[str]]:
     logger.removeHandler(handler)
     logger.setLevel(old[0])
     logger.disabled = old[1]
+
+
+@pytest.fixture
+def victim() -> Iterator[subprocess.Popen[bytes]]:
+    """A process of the host's own, which no sandboxed cell may get killed (the authority tests)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    yield proc
+    proc.kill()
+    proc.wait()

@@ -69,15 +69,6 @@ async def _noop(fn: str, args: dict[str, Any]) -> Any:
     return None
 
 
-@pytest.fixture
-def victim():
-    """A process of the host's own, which no cell may get killed."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    yield proc
-    proc.kill()
-    proc.wait()
-
-
 @pytest.mark.parametrize("bwrap", BWRAP)
 async def test_a_cell_cannot_get_the_host_to_kill_its_processes(tmp_path, victim, bwrap):
     sb = SubprocessSandbox(bwrap=bwrap, scratch_root=tmp_path)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-import sys
 import tempfile
 from typing import Any
 
@@ -115,14 +114,6 @@ async def test_the_worker_is_moved_into_the_cells_group_and_out_after_each_cell(
     finally:
         await sb.close()
     assert group.path not in _listing(v2.path)  # removed when the sandbox closed
-
-
-@pytest.fixture
-def victim():
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    yield proc
-    proc.kill()
-    proc.wait()
 
 
 @pytest.mark.parametrize("bwrap", BWRAP)
