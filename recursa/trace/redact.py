@@ -133,10 +133,13 @@ class Redactor:
 
     def exception(self, exc: BaseException) -> BaseException:
         """`exc` with its message scrubbed (in place, so its class and attributes stay)."""
-        if isinstance(exc, RecursaError):  # its marked message too, which doors render
-            exc.reword(self(exc.template))
-        if any(isinstance(a, str) for a in exc.args):
-            exc.args = tuple(self(a) if isinstance(a, str) else a for a in exc.args)
+        first: tuple[object, ...] = ()
+        if isinstance(exc, RecursaError) and exc.args:
+            exc.reword(self(exc.template))  # the marked message doors render; args[0] is made from it
+            first = exc.args[:1]
+        rest = exc.args[len(first) :]
+        if any(isinstance(a, str) for a in rest):
+            exc.args = (*first, *(self(a) if isinstance(a, str) else a for a in rest))
         if isinstance(exc, OSError):  # its message is made from these, not from args
             for name in ("filename", "filename2"):
                 value = getattr(exc, name, None)
