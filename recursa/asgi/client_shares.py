@@ -10,9 +10,10 @@ addresses are this machine's own programs, which the server cannot tell apart: w
 every other address gets a quarter of `total`, at least 1.
 
 A session whose client sends nothing for `idle_timeout_s` while the app waits for its next message
-is closed (code 4408, with the reason), and the app reads the client leaving, so it releases what
-the session held: OpenEnv's own idle reaper freed the session's slot and environment but left the
-socket open and serving, on an environment already closed. The time a step takes on the server
+is closed (code 4408, with the reason): the app reads the client leaving, releases what the session
+held, and only then is the close frame sent, so the client can reconnect at once. (OpenEnv's own idle
+reaper freed the session's slot and environment but left the socket open and serving, on an
+environment already closed.) The time a step takes on the server
 never counts as idle.
 """
 
@@ -83,40 +84,58 @@ class ClientShares:
             await self._refuse(kind, share, receive, send)
             return
         self.held[address] += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.held[address] -= 1
+                if not self.held[address]:
+                    del self.held[address]
+
         try:
             if kind == "websocket":
-                await self._session(scope, receive, send)
+                await self._session(scope, receive, send, release)
             else:
                 await self.app(scope, receive, send)
         finally:
-            self.held[address] -= 1
-            if not self.held[address]:
-                del self.held[address]
+            release()
 
-    async def _session(self, scope: Scope, receive: Receive, send: Send) -> None:
-        closed = False
+    async def _session(self, scope: Scope, receive: Receive, send: Send, release: Callable[[], None]) -> None:
+        """Runs the app's session. The share comes back as soon as the app reads that its client
+        left (what is left is the server's own clean-up, which OpenEnv's session count does not
+        hold either), so a client that reconnects right after closing is served. An idle session's
+        close frame is sent only once the app has returned, its episode released, for the same
+        reason."""
+        idle_close: dict[str, Any] | None = None
 
         async def idle_receive() -> dict[str, Any]:
-            nonlocal closed
-            if closed:
+            nonlocal idle_close
+            if idle_close is not None:
                 return {"type": "websocket.disconnect", "code": IDLE_CLOSE_CODE}
             try:
                 async with asyncio.timeout(self.idle_timeout_s):
-                    return await receive()
+                    message = await receive()
             except TimeoutError:
-                closed = True
                 reason = f"idle for {self.idle_timeout_s:g} s: closed ({self.idle_flag}); reconnect"
-                try:
-                    await send({"type": "websocket.close", "code": IDLE_CLOSE_CODE, "reason": reason})
-                except Exception:  # the client left meanwhile: the app reads a disconnect either way
-                    pass
+                idle_close = {"type": "websocket.close", "code": IDLE_CLOSE_CODE, "reason": reason}
                 return {"type": "websocket.disconnect", "code": IDLE_CLOSE_CODE}
+            if message.get("type") == "websocket.disconnect":
+                release()
+            return message
 
         async def guarded_send(message: dict[str, Any]) -> None:
-            if not closed:  # after the idle close, what the app still sends has no one to go to
+            if idle_close is None:  # after the idle close, the app's own close frame is replaced by ours
                 await send(message)
 
         await self.app(scope, idle_receive, guarded_send)
+        if idle_close is not None:
+            release()
+            try:
+                await send(idle_close)
+            except Exception:  # the client left meanwhile: nothing is owed to it
+                pass
 
     async def _refuse(self, kind: str, share: int, receive: Receive, send: Send) -> None:
         if kind == "http":
