@@ -231,6 +231,19 @@ class EnvConfig(_Schema):
     fork: bool = setting(True, "fork REPLs from one warm zygote shared by the episodes (forking sandboxes only)")
 
 
+class MethodConfig(_Schema):
+    """The settings only the benchmark's methods have (recursa/methods; their runs' settings are an
+    RLMConfig's, and each method chooses its own max_depth, tools and tips)."""
+
+    window_tokens: int | None = setting(None, "the root model's input window in tokens, to which the baselines cut a context (None: the model family's known window)", flag="--window", example="128_000", ge=1)
+    base_overflow: Literal["fail", "truncate"] = setting("fail", "what the base method does with a context past the window: 'fail' cleanly, or 'truncate' it to what fits", flag="--base-overflow")
+    notes_chars: int = setting(8_000, "the summary method's notes, in characters", example="8_000", ge=200)
+
+
+# The run settings each benchmark method sets itself, by what it is (`rlm-nosub` is max_depth=0).
+METHOD_OWNED = ("max_depth", "tools", "sub_tools", "tips")
+
+
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 
 
@@ -265,7 +278,7 @@ class Setting:
     what: str
     example: str
     env: tuple[str, Any] | None
-    owner: str  # "RLMConfig", "EnvConfig" or "SamplingOptions"
+    owner: str  # the schema that declares it: "RLMConfig", "EnvConfig", "SamplingOptions", "MethodConfig"
     optional: bool  # None is a value of it (Python callers and dicts may pass it; flags leave it out)
     order: tuple[Any, ...] | None  # a Literal's values, least first: what "tighten" compares by
 
@@ -337,6 +350,7 @@ def _shown(value: Any) -> str:
 SETTINGS: dict[str, Setting] = _declared(RLMConfig)
 ENV_SETTINGS: dict[str, Setting] = _declared(EnvConfig)
 SAMPLING_SETTINGS: dict[str, Setting] = _declared(SamplingOptions)
+METHOD_SETTINGS: dict[str, Setting] = _declared(MethodConfig)
 # The caps of `budget` (recursa.Budget's fields): settings of their own for the CLI and for clients,
 # who may only lower them (each costs money or capacity). Budget itself checks each value.
 BUDGET_CAPS: dict[str, tuple[str, str]] = {
@@ -366,7 +380,7 @@ def setting_of(name: str) -> Setting:
 
 def declared_setting(name: str) -> Setting | None:
     """The declaration of `name` in any of the schemas, or None (a budget cap, a door's own option)."""
-    return SETTINGS.get(name) or ENV_SETTINGS.get(name) or SAMPLING_SETTINGS.get(name)
+    return SETTINGS.get(name) or ENV_SETTINGS.get(name) or SAMPLING_SETTINGS.get(name) or METHOD_SETTINGS.get(name)
 
 
 @dataclass(frozen=True)

@@ -242,3 +242,26 @@ def test_quantiles_interpolate_like_numpy() -> None:
     assert quantile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
     assert quantile([1.0, 2.0, 3.0, 4.0], 0.95) == pytest.approx(3.85)
     assert quantile([7.0], 0.25) == 7.0
+
+
+def test_rows_take_the_run_settings_by_name_and_refuse_bad_ones_as_written(tmp_path, capsys) -> None:
+    from recursa.cli import main
+    from recursa.errors import ConfigError
+
+    for given, said in (
+        ({"max_iteration": 3}, "recursa.bench.run(max_iteration=3): max_iteration is not a setting; did you mean"),
+        ({"max_depth": 2}, "recursa.bench.run(max_depth=2): each method sets max_depth itself"),
+        ({"window_tokens": 0}, "recursa.bench.run(window_tokens=0): window_tokens must be an int >= 1"),
+        ({"max_usd": -1}, "recursa.bench.run(max_usd=-1): a cap below zero"),
+    ):
+        with pytest.raises(ConfigError) as refused:
+            bench.run("niah", sizes="1k", n=1, out=tmp_path / "o", progress=False, **given)
+        assert str(refused.value).startswith(said), refused.value
+    assert main(["bench", "niah", "--window", "0", "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.startswith("recursa: error: --window 0: --window must be an int >= 1")
+    assert not (tmp_path / "o").exists()  # nothing written for a run that could not start
+    # A run setting reaches each row's method as it is: one CodeAct step is not enough to answer.
+    report = bench.run("niah", sizes="1k", n=1, methods="codeact", max_iterations=1, out=tmp_path / "o",
+                       progress=False)  # fmt: skip
+    assert report.rows[0]["stop_reason"] == "max_iterations" and report.rows[0]["iterations"] == 1
+    assert json.loads((tmp_path / "o" / "config.json").read_text())["max_iterations"] == 1

@@ -32,7 +32,7 @@ class BaseModel:
     async def run(self, task: Task, settings: MethodSettings) -> MethodResult:
         text = context_text(task.context)
         truncated = False
-        if settings.base_overflow == "truncate":
+        if settings.options.base_overflow == "truncate":
             text, truncated = fit_to_window(text, settings.window())
         messages = [
             {"role": "system", "content": BASE_SYSTEM},
