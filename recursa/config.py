@@ -363,7 +363,6 @@ BUDGET_CAPS: dict[str, tuple[str, str]] = {
     "max_seconds": ("--max-seconds", "a wall-clock cap for the run (default: none)"),
     "max_llm_calls": ("--max-llm-calls", "a cap on model calls over the whole run (default: none)"),
 }
-DEFAULT_MAX_OUTPUT_TOKENS: int = SETTINGS["max_output_tokens"].default
 # RLMEnv's own names and defaults where they differ from RLM's (`setting(env=...)`).
 ENV_NAMES: dict[str, str] = {n: s.env[0] for n, s in SETTINGS.items() if s.env is not None}
 ENV_DEFAULTS = SimpleNamespace(**{s.env[0]: s.env[1] for s in SETTINGS.values() if s.env is not None})

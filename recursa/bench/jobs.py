@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from recursa.bench.results import clip
+from recursa.bench.results import RowStatus, clip
 from recursa.bench.sizes import CHARS_PER_TOKEN
 from recursa.budget import Budget
 from recursa.lm.prices import PriceBook
@@ -121,7 +121,7 @@ def estimate_cost(usage: Usage, price_as: dict[str, str] | None) -> tuple[float,
     return total, ("priced as " + ", ".join(sorted(used))) if used else "provider"
 
 
-def _status(stop_reason: str, error: str | None, failure: str | None) -> str:
+def _status(stop_reason: str, failure: str | None) -> RowStatus:
     if failure:
         return "failed"  # the method failed the way it is expected to (past its window, over budget)
     if stop_reason in ("final", "max_iterations"):
@@ -163,7 +163,7 @@ async def run_row(task: Task, method: str, config: RunConfig, spec: InstanceSpec
             "traceback": traceback.format_exc(limit=6),
             "latency_s": round(time.time() - started, 4),
         }
-    status = _status(result.stop_reason, result.error, result.failure)
+    status = _status(result.stop_reason, result.failure)
     score = task.score(result.answer) if status != "error" else None
     metrics = task.metrics(result.answer) if status != "error" else {}
     cost, basis = estimate_cost(result.usage, config.price_as)

@@ -8,7 +8,6 @@ already answered or cleanly failed and retries harness errors. After the run (al
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -24,6 +23,7 @@ from recursa.budget import CAP_EXAMPLES, Budget, cap_problem, positive_phrase
 from recursa.config import BUDGET_CAPS, Spelling
 from recursa.errors import ConfigError
 from recursa.methods.base import METHODS, MethodSettings, missing_requirement
+from recursa.sync import run_sync
 from recursa.tasks import families, get_family
 
 EXECUTORS = ("local", "ray")
@@ -308,10 +308,4 @@ def run(task: str, **options: Any) -> BenchReport:
     max_tokens, max_seconds, max_llm_calls), and the methods' own (window_tokens, base_overflow,
     notes_chars); docs/reference/settings.md lists them. Each holds per row.
     """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(arun(task, **options))
-    # Called from inside a running loop (a notebook): run on a private loop in a helper thread.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, arun(task, **options)).result()
+    return run_sync(arun(task, **options))

@@ -143,12 +143,3 @@ def get_method(name: str) -> Method:
     cls = getattr(importlib.import_module(module_name), class_name)
     method: Method = cls(name=name, **options)
     return method
-
-
-def context_text(context: Any) -> str:
-    """A context as one text for a prompt: list elements and dict entries (with their keys) in order."""
-    if isinstance(context, str):
-        return context
-    if isinstance(context, dict):
-        return "\n\n".join(f"### {k}\n{v}" for k, v in context.items())
-    return "\n\n".join(str(x) for x in context)

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from recursa.context import build_payload
+from recursa.context import build_payload, context_text
 from recursa.errors import BudgetExceeded, LMError
 from recursa.lm.base import Message
 from recursa.loop.blocks import ReplyClock
@@ -22,7 +22,7 @@ from recursa.loop.feedback import why_stop_after
 from recursa.loop.output import render_turn
 from recursa.loop.parse import read_reply
 from recursa.loop.rules import rules_of
-from recursa.methods.base import MethodResult, MethodSettings, context_text
+from recursa.methods.base import MethodResult, MethodSettings
 from recursa.methods.base_model import fit_to_window
 from recursa.methods.prompts import (
     CODEACT_SYSTEM,

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from recursa.context import context_text
 from recursa.errors import BudgetExceeded, LMError
-from recursa.methods.base import MethodResult, MethodSettings, context_text
+from recursa.methods.base import MethodResult, MethodSettings
 from recursa.methods.prompts import SUMMARY_FINAL, SUMMARY_SYSTEM, task_block
 from recursa.methods.session import BaselineRun
 from recursa.tasks.base import Task
