@@ -145,7 +145,9 @@ def test_cli_bench_and_its_bad_input(tmp_path: Path, monkeypatch, capsys) -> Non
 
 def test_unreachable_model_stops_with_an_error_and_keeps_finished_rows(tmp_path: Path, capsys) -> None:
     out_dir = str(tmp_path / "o")
-    first = cli_in_process(capsys, "bench", "niah", "--sizes", "2k", "--n", "1", "--method", "base", "--out", out_dir)
+    first = cli_in_process(
+        capsys, "bench", "niah", "--sizes", "2k", "--n", "1", "--method", "base", "--out", out_dir
+    )
     assert first[0] == 0, first[1]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
