@@ -102,7 +102,9 @@ class PriceRates(TypedDict, total=False):
 class _Schema(BaseModel):
     """Settings checked strictly (no "3" for 3, no NaN), each error named as the caller wrote it."""
 
-    model_config = ConfigDict(strict=True, extra="forbid", arbitrary_types_allowed=True, allow_inf_nan=False)
+    model_config = ConfigDict(
+        strict=True, extra="forbid", arbitrary_types_allowed=True, allow_inf_nan=False, defer_build=True
+    )
 
     @classmethod
     def checked(cls, spelling: Spelling, **values: Any) -> Any:

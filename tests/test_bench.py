@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -95,7 +96,20 @@ def test_base_fails_cleanly_past_the_window_in_the_rows(tmp_path: Path) -> None:
     assert by_method["base"]["score"] == 0.0 and by_method["rlm"]["score"] == 1.0
 
 
-def test_cli_bench_and_its_bad_input(tmp_path: Path) -> None:
+def cli_in_process(capsys: Any, *args: str) -> tuple[int, str]:
+    """`recursa ARGS` run by this process (the CLI's main, argparse's exit included): its exit code
+    and what it printed to stderr. For bad input, which ends before any run starts."""
+    from recursa.cli import main
+
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    return code, capsys.readouterr().err
+
+
+def test_cli_bench_and_its_bad_input(tmp_path: Path, monkeypatch, capsys) -> None:
     ok = cli(
         "bench",
         "verbatim-copy",
@@ -120,26 +134,26 @@ def test_cli_bench_and_its_bad_input(tmp_path: Path) -> None:
         (("bench", "niah", "--executor", "spark"), "invalid choice: 'spark' (choose from 'local', 'ray')"),
         (("bench", "niah", "--model", "nowhere/m"), "unknown provider"),
     ):
-        out = cli(*args, "--out", "bad", cwd=tmp_path)
-        assert out.returncode == 2 and needle in out.stderr and "Traceback" not in out.stderr, (
-            args,
-            out.stderr,
-        )
+        code, err = cli_in_process(capsys, *args, "--out", str(tmp_path / "bad"))
+        assert code == 2 and needle in err and "Traceback" not in err, (args, err)
     (tmp_path / "rows.jsonl").write_text('{"text": "no question"}\n')
-    wrong = cli("bench", "codeqa", "--data", "rows.jsonl", "--out", "bad", cwd=tmp_path)
-    assert wrong.returncode == 2 and "missing field" in wrong.stderr
+    monkeypatch.chdir(tmp_path)
+    code, err = cli_in_process(capsys, "bench", "codeqa", "--data", "rows.jsonl", "--out", "bad")
+    assert code == 2 and "missing field" in err
     assert not (tmp_path / "bad").exists()  # nothing written for a run that could not start
 
 
-def test_unreachable_model_stops_with_an_error_and_keeps_finished_rows(tmp_path: Path) -> None:
-    first = cli(
-        "bench", "niah", "--sizes", "2k", "--n", "1", "--method", "base", "--out", "o", "--json", cwd=tmp_path
+def test_unreachable_model_stops_with_an_error_and_keeps_finished_rows(tmp_path: Path, capsys) -> None:
+    out_dir = str(tmp_path / "o")
+    first = cli_in_process(
+        capsys, "bench", "niah", "--sizes", "2k", "--n", "1", "--method", "base", "--out", out_dir
     )
-    assert first.returncode == 0
+    assert first[0] == 0, first[1]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    out = cli(
+    code, err = cli_in_process(
+        capsys,
         "bench",
         "niah",
         "--sizes",
@@ -149,16 +163,15 @@ def test_unreachable_model_stops_with_an_error_and_keeps_finished_rows(tmp_path:
         "--method",
         "base",
         "--out",
-        "o",
+        out_dir,
         "--max-retries",
         "0",
         "--model",
         "openai/m",
         "--base-url",
         f"http://127.0.0.1:{port}/v1",
-        cwd=tmp_path,
     )
-    assert out.returncode == 2 and "cannot be reached" in out.stderr and "Traceback" not in out.stderr
+    assert code == 2 and "cannot be reached" in err and "Traceback" not in err
     rows = ResultsFile(tmp_path / "o" / "results.jsonl").rows()
     assert len(rows) == 1 and rows[0]["model"] == "scripted/gpt5-like"  # the finished row is kept
 
