@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -375,6 +376,7 @@ def test_serve_announces_its_url_logs_each_request_and_serves_metrics(tmp_path):
     import httpx
 
     port = _free_port()
+    _, hard_files = resource.getrlimit(resource.RLIMIT_NOFILE)
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -395,11 +397,17 @@ def test_serve_announces_its_url_logs_each_request_and_serves_metrics(tmp_path):
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard_files)),
     )
     try:
         assert proc.stderr is not None
         announced = proc.stderr.readline()
         assert f"at http://127.0.0.1:{port}/v1" in announced
+        # Started at a soft limit of 256 descriptors (128 connections), it lifted its own.
+        limits = Path(f"/proc/{proc.pid}/limits").read_text()
+        files = next(line for line in limits.splitlines() if line.startswith("Max open files"))
+        soft_files = int(files.split()[3])
+        assert soft_files == min(hard_files, 65_536)
         auth = {"Authorization": "Bearer serve-key-0123456789"}
         body = {"model": "recursa", "messages": [{"role": "user", "content": "the secret is 7"}]}
         answer = httpx.post(
