@@ -255,9 +255,9 @@ def _spec(
         run = client_settings(asked, settings.run_limits(), _ARGUMENTS, models=None)
     except ConfigError as exc:
         raise ToolError(_ARGUMENTS.told(exc)) from None
-    depth = run.pop("max_depth", settings.max_depth)
-    iterations = run.pop("max_iterations", settings.max_iterations)
-    budget = run.pop("budget", settings.budget)
+    depth = run.pop("max_depth", settings.run_setting("max_depth"))
+    iterations = run.pop("max_iterations", settings.run_setting("max_iterations"))
+    budget = run.pop("budget", settings.run_setting("budget"))
     return RunSpec(question, context, depth, iterations, budget, settings=run, spelling=_ARGUMENTS)
 
 

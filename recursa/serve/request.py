@@ -420,8 +420,8 @@ def _apply_settings(req: RunRequest, extra: dict[str, Any], settings: ServeSetti
                         at=lambda _: shape.sampling_spelling)  # fmt: skip
     except ConfigError as exc:
         raise bad(str(exc), shape.sampling_spelling.label(exc.setting or "")) from None
-    req.max_depth = run.pop("max_depth", settings.max_depth)
-    req.max_iterations = run.pop("max_iterations", settings.max_iterations)
-    req.budget = run.pop("budget", settings.budget)
+    req.max_depth = run.pop("max_depth", settings.run_setting("max_depth"))
+    req.max_iterations = run.pop("max_iterations", settings.run_setting("max_iterations"))
+    req.budget = run.pop("budget", settings.run_setting("budget"))
     req.settings = run
 
