@@ -71,8 +71,11 @@ def _add_keys(p: argparse.ArgumentParser) -> None:
     """The clients' keys (ServeSettings.api_key, api_keys), read from the environment or a file so
     that they stay out of argv and `ps`; and --otel, every run's events as OpenTelemetry spans."""
     shared, own = SERVER_SETTINGS["api_key"], SERVER_SETTINGS["api_keys"]
-    p.add_argument("--api-key", default=os.environ.get("RECURSA_SERVE_API_KEY"), help=shared.help)
-    p.add_argument("--api-keys-file", metavar="FILE", help=own.help)
+    p.add_argument(
+        "--api-key", default=os.environ.get("RECURSA_SERVE_API_KEY"),
+        help=f"{shared.help} (default: $RECURSA_SERVE_API_KEY)",
+    )
+    p.add_argument("--api-keys-file", metavar="FILE", help=f"{own.help}; one `NAME KEY` line per client")
     p.add_argument("--otel", action="store_true", help="emit OpenTelemetry GenAI spans (global tracer)")
 
 
