@@ -152,6 +152,10 @@ class NodeLink:
             why = f"its REPL host sent an invalid message ({exc})"
         except OSError as exc:
             why = f"the stream to its REPL host failed ({exc})"
+        except asyncio.CancelledError:  # this loop is ending: the host closes this pool's REPLs
+            if self._writer is not None:
+                self._writer.close()
+            raise
         self.lose(why)
 
     def _resolve(self, frame: dict[str, Any]) -> None:
