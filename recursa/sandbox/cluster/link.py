@@ -72,7 +72,7 @@ class NodeLink:
         self.closing = False
         self.repls: set[str] = set()  # this pool's REPLs on the node: the only ones it may speak for
         self.options_sent: set[str] = set()  # digests of REPL options the host holds (remember_options)
-        self._writer: asyncio.StreamWriter | None = None
+        self._out: wire.Outbox | None = None
         self._pending: dict[int, tuple[str, asyncio.Future[Any]]] = {}  # request id -> (method, answer)
         self._calls: dict[int, asyncio.Task[None]] = {}  # call-backs being served
         self._room = asyncio.Event()
@@ -82,17 +82,25 @@ class NodeLink:
     async def connect(self) -> None:
         """Have the host expect this stream, open it, and read it from now on."""
         token = secrets.token_bytes(wire.TOKEN_BYTES)
-        async with asyncio.timeout(_CONNECT_S):
-            port = await self.host.listen.remote(self.client, self.node.address, token)
-            reader, writer = await asyncio.open_connection(self.node.address, port)
-            _tune(writer)
-            writer.write(token)
-            frames = wire.frames(reader)
-            first = await anext(frames, None)
+        port: int | str = "?"
+        try:
+            async with asyncio.timeout(_CONNECT_S):
+                port = await self.host.listen.remote(self.client, self.node.address, token)
+                reader, writer = await asyncio.open_connection(self.node.address, port)
+                _tune(writer)
+                writer.write(token)
+                frames = wire.frames(reader)
+                first = await anext(frames, None)
+        except (OSError, TimeoutError) as exc:
+            raise SandboxError(
+                f"this driver could not open its stream to the REPL host at {self.node.address}:{port} "
+                f"({exc or type(exc).__name__}): the driver must reach every REPL node's address, as a "
+                "driver inside the cluster does (one outside it, through ray://, may not)"
+            ) from None
         if not isinstance(first, dict) or first.get("op") != "ready":
             writer.close()
             raise SandboxError(f"the Ray node host {self.node.name} refused this driver's stream")
-        self._writer = writer
+        self._out = wire.Outbox(writer)
         self._spawn(self._read(frames), self._watch())
 
     def _spawn(self, *coroutines: Any) -> None:
@@ -126,8 +134,8 @@ class NodeLink:
         return len(self._pending)
 
     def send(self, frame: dict[str, Any]) -> None:
-        if self._writer is not None and self.lost is None and not self._writer.is_closing():
-            self._writer.write(wire.encode(frame))
+        if self._out is not None and self.lost is None:
+            self._out.send(frame)
 
     # -- what the node sends ----------------------------------------------------------------------
 
@@ -153,8 +161,8 @@ class NodeLink:
         except OSError as exc:
             why = f"the stream to its REPL host failed ({exc})"
         except asyncio.CancelledError:  # this loop is ending: the host closes this pool's REPLs
-            if self._writer is not None:
-                self._writer.close()
+            if self._out is not None:
+                self._out.close()
             raise
         self.lose(why)
 
@@ -238,8 +246,8 @@ class NodeLink:
                 future.set_exception(error)
         for task in list(self._calls.values()):
             task.cancel()  # a node that died takes the cells that asked with it
-        if self._writer is not None:
-            self._writer.close()
+        if self._out is not None:
+            self._out.writer.close()  # what is queued for a lost node goes nowhere
         self._on_lost(self)
 
     async def aclose(self) -> None:
@@ -248,8 +256,8 @@ class NodeLink:
         if self.lost is None:
             with contextlib.suppress(Exception):
                 await self.host.close_client.remote(self.client)
-        if self._writer is not None:
-            self._writer.close()
+        if self._out is not None:
+            self._out.close()
         for task in [*self._tasks, *self._calls.values()]:
             task.cancel()
 

@@ -41,20 +41,12 @@ from recursa.sandbox.proc import descendants
 _MAX_UNAUTHENTICATED = 64  # connections waiting to show a token; more are closed at once
 
 
-@dataclass
-class Stream:
+class Stream(wire.Outbox):
     """One driver's authenticated stream to this host, and its requests running."""
 
-    writer: asyncio.StreamWriter
-    running: dict[int, asyncio.Task[None]] = field(default_factory=dict)
-
-    def send(self, frame: dict[str, Any]) -> None:
-        if not self.writer.is_closing():
-            self.writer.write(wire.encode(frame))
-
-    async def drain(self) -> None:
-        with contextlib.suppress(OSError):
-            await self.writer.drain()
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        super().__init__(writer)
+        self.running: dict[int, asyncio.Task[None]] = {}
 
 
 @dataclass
@@ -182,7 +174,7 @@ class NodeHost:
         if stream is not None:
             for task in stream.running.values():
                 task.cancel()
-            stream.writer.close()
+            stream.close()
         repls = [r for r, c in self._owner.items() if c == client]
         await asyncio.gather(*(self._drop(r) for r in repls), return_exceptions=True)
         for call_id, (owner, future) in list(self._waiting.items()):
@@ -389,16 +381,14 @@ class NodeHost:
                 value = await self.load_cached(*args)
             else:
                 value = await getattr(self, op)(*args)
-            out = wire.encode({"op": "done", "id": request_id, "value": wire.value_to_wire(value)})
+            stream.send({"op": "done", "id": request_id, "value": wire.value_to_wire(value)})
         except asyncio.CancelledError:
             return  # the driver stopped waiting (a timeout, an aborted step) or left
-        except Exception as exc:
-            out = wire.encode({"op": "failed", "id": request_id, **wire.error_to_wire(exc)})
+        except Exception as exc:  # the method's error, or a value that cannot be a frame
+            stream.send({"op": "failed", "id": request_id, **wire.error_to_wire(exc)})
         finally:
             stream.running.pop(request_id, None)
-        if not stream.writer.is_closing():
-            stream.writer.write(out)
-            await stream.drain()
+        await stream.drain()
 
     def _handler(self, client: str, repl: str) -> Callable[[str, dict[str, Any]], Any]:
         async def handle(function: str, args: dict[str, Any]) -> Any:

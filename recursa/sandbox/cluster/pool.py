@@ -212,10 +212,14 @@ class RayPool:
         while True:
             candidates = self.nodes(resources, labels)
             if not candidates:
+                lost = "".join(
+                    f"; {node_id[:12]} is lost to this driver: {why}" for node_id, why in self._dead.items()
+                )
                 raise SandboxError(
                     "no live Ray node fits this REPL's placement "
                     f"(resources={resources or {}}, labels={labels or {}}); nodes: "
                     + ", ".join(f"{n['NodeID'][:12]} {n.get('Resources', {})}" for n in self.ray.nodes())
+                    + lost
                 )
             for node in self._order(candidates, affinity):
                 self._handlers[repl] = handler
@@ -227,6 +231,10 @@ class RayPool:
                     share = None if memory is None else {**memory, "nodes": len(candidates)}
                     digest = await self._send_options(link, options)
                     reply = await link.request("open", repl=repl, options=digest, memory=share)
+                except NodeLost:  # found dead before the REPL started there: try the others
+                    self._unplace(node)
+                    self._forget(repl)
+                    continue
                 except BaseException:
                     self._unplace(node)
                     self._forget(repl)
@@ -262,15 +270,22 @@ class RayPool:
         made = self._links.get(node.node_id) if node is not None else None
         return made.result() if made is not None and made.done() and not made.exception() else None
 
-    @staticmethod
-    async def _send_options(link: NodeLink, options: dict[str, Any]) -> str:
+    async def _send_options(self, link: NodeLink, options: dict[str, Any]) -> str:
         """The digest the node knows `options` by, sent to it by an actor call the first time: they
         may hold any picklable value (a Hardening, a path), which the stream's JSON does not carry."""
         digest = hashlib.sha256(pickle.dumps(options)).hexdigest()
         if digest not in link.options_sent:
-            await link.host.remember_options.remote(digest, options)
+            await self._actor_call(link, link.host.remember_options.remote(digest, options))
             link.options_sent.add(digest)
         return digest
+
+    async def _actor_call(self, link: NodeLink, ref: Any) -> Any:
+        """An actor call to `link`'s host; the host or its node dead loses the node (NodeLost)."""
+        try:
+            return await ref
+        except self.ray.exceptions.RayActorError as exc:
+            link.lose(f"its REPL host died: {type(exc).__name__}")
+            raise NodeLost(link.node, link.lost or "lost") from None
 
     async def close(self, repl: str) -> None:
         node = self._repl_node.get(repl)
@@ -356,11 +371,7 @@ class RayPool:
         link = self._connected(self._repl_node.get(repl))
         if link is None:
             raise SandboxError("this REPL is closed")
-        try:
-            await link.host.load_context.remote(repl, key, meta, [ref])
-        except self.ray.exceptions.RayActorError as exc:
-            link.lose(f"its REPL host died: {type(exc).__name__}")
-            raise NodeLost(link.node, link.lost or "lost") from None
+        await self._actor_call(link, link.host.load_context.remote(repl, key, meta, [ref]))
 
     def _put(self, payload: ContextPayload) -> Any:
         """The payload's bytes into the object store, copied once (from the memfd's pages)."""
