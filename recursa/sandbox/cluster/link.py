@@ -129,10 +129,6 @@ class NodeLink:
         finally:
             self._pending.pop(request_id, None)
 
-    @property
-    def waiting(self) -> int:
-        return len(self._pending)
-
     def send(self, frame: dict[str, Any]) -> None:
         if self._out is not None and self.lost is None:
             self._out.send(frame)

@@ -34,7 +34,7 @@ from recursa.outcomes import error_kind
 from recursa.sandbox.base import CallbackError, ExecResult, FinalAnswer, Sandbox
 from recursa.sandbox.cluster import wire
 from recursa.sandbox.forkserver import ForkServer
-from recursa.sandbox.frames import ProtocolError, RefusedFrame
+from recursa.sandbox.frames import ProtocolError
 from recursa.sandbox.pools import MemoryPool
 from recursa.sandbox.proc import descendants
 
@@ -334,25 +334,14 @@ class NodeHost:
                 writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             stream.send({"op": "ready"})
             with contextlib.suppress(ProtocolError, OSError):
-                async for frame in wire.frames(reader):
+                async for frame in wire.driver_frames(reader):
                     self._take(client, stream, frame)
         finally:
             writer.close()
             if client is not None and stream is not None and self._streams.get(client) is stream:
                 await self.close_client(client)  # the driver is gone: so are its REPLs here
 
-    def _take(self, client: str, stream: Stream, frame: dict[str, Any] | RefusedFrame) -> None:
-        if isinstance(frame, RefusedFrame):
-            if frame.id is None:
-                return
-            error = SandboxError(f"the driver's message was not read: {frame.reason}")
-            if frame.op == "answer":
-                self._answer(
-                    client, {"id": frame.id, "ok": False, "kind": "SubcallError", "message": str(error)}
-                )
-            elif frame.id not in stream.running:
-                stream.send({"op": "failed", "id": frame.id, **wire.error_to_wire(error)})
-            return
+    def _take(self, client: str, stream: Stream, frame: dict[str, Any]) -> None:
         op, request_id = frame["op"], wire.frame_id(frame)
         if op == "answer":
             self._answer(client, frame)

@@ -11,11 +11,13 @@ connects, and sends the token's TOKEN_BYTES raw bytes before anything else. The 
 that many bytes within AUTH_S, compares them in constant time with the tokens it expects, and
 serves nothing (no frame is even parsed) before they match; a token admits one connection.
 
-Frames, both ways: the worker channel's framing (a 4-byte length and UTF-8 JSON, protocol.py), read
-with the same bounds as a worker's frames (frames.py): a frame over MAX_HOST_FRAME_BYTES is not
-parsed and the request or call it carried fails naming the limit; a length past MAX_FRAME_BYTES
-ends the stream. Nothing is unpickled: the driver trusts a node no more than a local REPL worker,
-and reads every value with the checks it applies to a worker's answers.
+Frames, both ways: the worker channel's framing (a 4-byte length and UTF-8 JSON, protocol.py).
+The driver reads a node's frames with the bounds it reads a worker's with (frames.py): a frame
+over MAX_HOST_FRAME_BYTES is not parsed, and the request or call-back it carried fails naming the
+limit; a length past MAX_FRAME_BYTES ends the stream. Nothing is unpickled: the driver trusts a
+node no more than a local REPL worker, and reads every value with the checks it applies to a
+worker's answers. The host reads its authenticated driver's frames as a worker reads its host's
+(up to MAX_FRAME_BYTES).
 
     driver -> host   {"op": METHOD, "id": n, ...its fields}   {"op": "cancel", "id": n}
                      {"op": "answer", "id": call, "ok": true, "value": v}
@@ -35,7 +37,7 @@ from recursa.errors import ConfigError, ContextError, RecursaError, SandboxError
 from recursa.sandbox.base import ExecResult, FinalAnswer
 from recursa.sandbox.frames import FrameDecoder, ProtocolError, RefusedFrame
 from recursa.sandbox.protocol import exec_result_from_wire, final_from_wire
-from recursa.sandbox.worker.wire import encode_frame
+from recursa.sandbox.worker.wire import MAX_FRAME_BYTES, decode_frame, encode_frame
 
 TOKEN_BYTES: Final = 32
 AUTH_S: Final = 5.0  # a connection that has not sent its token by then is dropped
@@ -119,6 +121,25 @@ class Outbox:
     def close(self) -> None:
         self._flush()
         self.writer.close()
+
+
+async def driver_frames(reader: asyncio.StreamReader) -> AsyncIterator[dict[str, Any]]:
+    """The frames of an authenticated driver, as the host reads them: up to the channel's limit
+    (MAX_FRAME_BYTES), as a worker reads its host's. The driver owns the host; a node's frames
+    are the ones read with a worker's bounds (`frames`)."""
+    while True:
+        try:
+            size = int.from_bytes(await reader.readexactly(4), "big")
+            if size > MAX_FRAME_BYTES:
+                raise ProtocolError(f"frame of {size:,} bytes announced; the limit is {MAX_FRAME_BYTES:,}")
+            frame = decode_frame(await reader.readexactly(size))
+        except asyncio.IncompleteReadError:
+            return
+        except ValueError as exc:
+            raise ProtocolError(f"undecodable frame: {exc}") from None
+        if not isinstance(frame.get("op"), str):
+            raise ProtocolError("frame is not a JSON object with an 'op'")
+        yield frame
 
 
 def frame_id(frame: dict[str, Any]) -> int | None:
