@@ -12,14 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 from recursa.cli_options import (
     HelpFormatter,
-    add_model_names,
     add_model_options,
     add_setting_flag,
-    check_caps,
     check_context,
-    checked_flag,
     rlm_kwargs,
 )
+from recursa.config import METHOD_OWNED, METHOD_SETTINGS
 from recursa.errors import ConfigError, RecursaError
 from recursa.extras import install_hint
 from recursa.terminal import for_terminal
@@ -317,7 +315,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _add_bench_parser(sub: Any) -> None:
-    bench = sub.add_parser("bench", help="benchmark task families against RLMs and baselines")
+    bench = sub.add_parser(
+        "bench",
+        help="benchmark task families against RLMs and baselines",
+        description="Benchmark task families against RLMs and baselines. A row is one run: the run "
+        "settings below, budget caps included, hold per row.",
+    )
     bench.add_argument("task", help="a task family (niah, oolong, oolong-pairs, multihop-docs, codeqa, ...)")
     bench.add_argument(
         "--sizes", default="8k,32k,131k", help="context sizes in tokens, e.g. 8k,32k,131k,1m,10m"
@@ -329,11 +332,16 @@ def _add_bench_parser(sub: Any) -> None:
         default="base,rlm",
         help="base,codeact,codeact-bm25,codeact-subcalls,summary,rlm,rlm-nosub,rlm-tips,rlm-subtools",
     )
-    add_model_names(
+    # Every run setting holds per row (a row is one run), but those each method sets itself.
+    add_model_options(
         bench,
-        default_model="scripted/gpt5-like",
-        default_sub_model="scripted/oracle for a scripted --model, else --model",
+        "scripted/gpt5-like",
+        "scripted/oracle for a scripted --model, else --model",
+        leave_out=METHOD_OWNED,
     )
+    for name, declared in METHOD_SETTINGS.items():
+        if declared.flag:
+            add_setting_flag(bench, name)
     bench.add_argument(
         "--executor",
         default="local",
@@ -354,32 +362,15 @@ def _add_bench_parser(sub: Any) -> None:
     bench.add_argument(
         "--ray-address", default=None, help="a running Ray cluster to join (default: a local one)"
     )
-    for name in BENCH_SETTINGS:  # the run settings' flags as every command that starts runs has them
-        add_setting_flag(bench, name)
-    bench.add_argument("--max-usd", type=float, default=None, help="per row")
-    bench.add_argument("--max-seconds", type=float, default=None, help="per row")
-    bench.add_argument("--window", type=int, default=None, help="the root model's window in tokens")
-    add_setting_flag(bench, "context_windows")
-    bench.add_argument(
-        "--base-overflow",
-        default="fail",
-        choices=("fail", "truncate"),
-        help="what the base-model method does with a context over --window",
-    )
     bench.add_argument("--json", action="store_true", help="print the summary as JSON")
-
-
-# The run settings `recursa bench` takes as the schema's flags (its budget caps are per row).
-BENCH_SETTINGS = ("sandbox", "max_iterations", "max_retries", "dialect")
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from recursa.bench import run as run_bench
+    from recursa.config import Spelling
 
-    check_caps(args)
-    context_windows = checked_flag(args, "context_windows")
-    for name in BENCH_SETTINGS:
-        checked_flag(args, name)
+    settings = rlm_kwargs(args)
+    settings |= {name: getattr(args, name) for name in METHOD_SETTINGS if hasattr(args, name)}
     report = run_bench(
         args.task,
         sizes=args.sizes,
@@ -387,8 +378,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         seed=args.seed,
         methods=args.method,
         model=args.model,
-        sub_model=args.sub_model,
-        base_url=args.base_url,
         executor=args.executor,
         out=args.out,
         knobs=args.knobs,
@@ -397,15 +386,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         ray_actors=args.ray_actors,
         ray_address=args.ray_address,
         progress=not args.json,
-        sandbox=args.sandbox,
-        max_iterations=args.max_iterations,
-        max_usd=args.max_usd,
-        max_seconds=args.max_seconds,
-        window_tokens=args.window,
-        context_windows=context_windows,
-        base_overflow=args.base_overflow,
-        max_retries=args.max_retries,
-        dialect=args.dialect,
+        spelling=Spelling("cli"),
+        **settings,
     )
     if args.json:
         from recursa.bench import summary_table

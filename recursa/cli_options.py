@@ -17,13 +17,11 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from recursa.config import BUDGET_CAPS, BUILTIN_TEMPLATES, SETTINGS
+from recursa.config import BUDGET_CAPS, BUILTIN_TEMPLATES, SETTINGS, setting_of
 from recursa.errors import ConfigError
 from recursa.loop.dialects import dialect_names
-from recursa.sandbox import SANDBOXES as SANDBOX_REGISTRY
 
 DEFAULT_MODEL = "openai/gpt-5-mini"
-SANDBOXES = tuple(SANDBOX_REGISTRY)
 # The environment variables the command line reads, and what for (`recursa models` lists them).
 ENV_VARS = {
     "RECURSA_MODEL": "default for --model",
@@ -77,9 +75,15 @@ def add_model_names(
     )
 
 
-def add_model_options(p: argparse.ArgumentParser) -> None:
+def add_model_options(
+    p: argparse.ArgumentParser,
+    default_model: str = DEFAULT_MODEL,
+    default_sub_model: str = "--model",
+    leave_out: tuple[str, ...] = (),
+) -> None:
+    """Every run setting's flag but those in `leave_out` (a command that sets them itself)."""
     p.formatter_class = HelpFormatter
-    add_model_names(p)
+    add_model_names(p, default_model, default_sub_model)
     p.add_argument(
         "--api-key-env",
         metavar="NAME",
@@ -112,7 +116,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         help="an option of the dialect, e.g. tool_name=python for --dialect tools (repeatable)",
     )
     for name in FLAGGED:
-        add_setting_flag(p, name)
+        if name not in leave_out:
+            add_setting_flag(p, name)
 
 
 # Settings whose flags this module writes by hand: their defaults come from the environment or a file.
@@ -123,19 +128,19 @@ FLAGGED = tuple(n for n, s in SETTINGS.items() if s.flag and n not in _OWN_FLAGS
 
 def add_setting_flag(p: argparse.ArgumentParser, name: str) -> None:
     """The flag of one setting, its type, default, choices and help all from the schema."""
-    s = SETTINGS[name]
+    s = setting_of(name)
     if _pairs(name):  # a dict setting: one KEY=VALUE per use of the flag
         flag, metavar = (s.flag or "").split()
         p.add_argument(flag, dest=name, metavar=metavar, action="append", default=None, help=f"{s.help} (repeatable)")
         return
     if s.annotation is bool:  # --name and --no-name, so a default of either value can be turned
-        p.add_argument(s.flag or "", action=argparse.BooleanOptionalAction, default=s.default, help=s.help)
+        p.add_argument(s.flag or "", dest=name, action=argparse.BooleanOptionalAction, default=s.default, help=s.help)
         return
     text = str(s.annotation)
     kind: Any = int if s.annotation in (int, int | None) else float if "float" in text else str
-    options: dict[str, Any] = {"type": kind, "default": s.default, "help": s.help}
-    if name == "sandbox":
-        options["choices"] = SANDBOXES
+    options: dict[str, Any] = {"dest": name, "type": kind, "default": s.default, "help": s.help}
+    if s.order is not None:  # a Literal: the sandbox kinds' registry, the base method's overflow
+        options["choices"] = s.order
     elif name == "dialect":
         options["choices"] = dialect_names()
     elif name == "prompt":
@@ -145,6 +150,8 @@ def add_setting_flag(p: argparse.ArgumentParser, name: str) -> None:
         options["metavar"] = "DIR"
     elif kind is float:
         options["metavar"] = "SECONDS"
+    else:  # as argparse names it when the flag is the setting's name
+        options["metavar"] = (s.flag or "").lstrip("-").replace("-", "_").upper()
     p.add_argument(s.flag or "", **options)
 
 
@@ -172,28 +179,15 @@ def check_caps(args: argparse.Namespace) -> None:
 
 def flag_values(args: argparse.Namespace) -> dict[str, Any]:
     """The settings' flags as the schema takes them: a repeated KEY=VALUE flag made a dict."""
-    values = {name: getattr(args, name, None) for name in FLAGGED}
+    values = {name: getattr(args, name) for name in FLAGGED if hasattr(args, name)}
     for name, value in values.items():
         if value is not None and _pairs(name):
             values[name] = _pairs_value(name, value)
     return values
 
 
-def checked_flag(args: argparse.Namespace, name: str) -> Any:
-    """One setting's flag as the schema takes it, checked and named as the flag (a command with
-    flags of its own, such as bench, takes single settings' flags this way)."""
-    from recursa.config import RLMConfig, Spelling
-
-    value = getattr(args, name, None)
-    if value is None:
-        return None
-    if _pairs(name):
-        value = _pairs_value(name, value)
-    return RLMConfig.check_one(name, value, Spelling("cli"))
-
-
 def _pairs(name: str) -> bool:
-    return "=" in (SETTINGS[name].flag or "")
+    return "=" in (setting_of(name).flag or "")
 
 
 def _pairs_value(name: str, given: list[str]) -> dict[str, Any]:

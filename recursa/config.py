@@ -102,7 +102,9 @@ class PriceRates(TypedDict, total=False):
 class _Schema(BaseModel):
     """Settings checked strictly (no "3" for 3, no NaN), each error named as the caller wrote it."""
 
-    model_config = ConfigDict(strict=True, extra="forbid", arbitrary_types_allowed=True, allow_inf_nan=False)
+    model_config = ConfigDict(
+        strict=True, extra="forbid", arbitrary_types_allowed=True, allow_inf_nan=False, defer_build=True
+    )
 
     @classmethod
     def checked(cls, spelling: Spelling, **values: Any) -> Any:
@@ -231,6 +233,19 @@ class EnvConfig(_Schema):
     fork: bool = setting(True, "fork REPLs from one warm zygote shared by the episodes (forking sandboxes only)")
 
 
+class MethodConfig(_Schema):
+    """The settings only the benchmark's methods have (recursa/methods; their runs' settings are an
+    RLMConfig's, and each method chooses its own max_depth, tools and tips)."""
+
+    window_tokens: int | None = setting(None, "the root model's input window in tokens, to which the baselines cut a context (None: the model family's known window)", flag="--window", example="128_000", ge=1)
+    base_overflow: Literal["fail", "truncate"] = setting("fail", "what the base method does with a context past the window: 'fail' cleanly, or 'truncate' it to what fits", flag="--base-overflow")
+    notes_chars: int = setting(8_000, "the summary method's notes, in characters", example="8_000", ge=200)
+
+
+# The run settings each benchmark method sets itself, by what it is (`rlm-nosub` is max_depth=0).
+METHOD_OWNED = ("max_depth", "tools", "sub_tools", "tips")
+
+
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 
 
@@ -265,7 +280,7 @@ class Setting:
     what: str
     example: str
     env: tuple[str, Any] | None
-    owner: str  # "RLMConfig", "EnvConfig" or "SamplingOptions"
+    owner: str  # the schema that declares it: "RLMConfig", "EnvConfig", "SamplingOptions", "MethodConfig"
     optional: bool  # None is a value of it (Python callers and dicts may pass it; flags leave it out)
     order: tuple[Any, ...] | None  # a Literal's values, least first: what "tighten" compares by
 
@@ -337,6 +352,7 @@ def _shown(value: Any) -> str:
 SETTINGS: dict[str, Setting] = _declared(RLMConfig)
 ENV_SETTINGS: dict[str, Setting] = _declared(EnvConfig)
 SAMPLING_SETTINGS: dict[str, Setting] = _declared(SamplingOptions)
+METHOD_SETTINGS: dict[str, Setting] = _declared(MethodConfig)
 # The caps of `budget` (recursa.Budget's fields): settings of their own for the CLI and for clients,
 # who may only lower them (each costs money or capacity). Budget itself checks each value.
 BUDGET_CAPS: dict[str, tuple[str, str]] = {
@@ -349,7 +365,6 @@ BUDGET_CAPS: dict[str, tuple[str, str]] = {
     "max_seconds": ("--max-seconds", "a wall-clock cap for the run (default: none)"),
     "max_llm_calls": ("--max-llm-calls", "a cap on model calls over the whole run (default: none)"),
 }
-DEFAULT_MAX_OUTPUT_TOKENS: int = SETTINGS["max_output_tokens"].default
 # RLMEnv's own names and defaults where they differ from RLM's (`setting(env=...)`).
 ENV_NAMES: dict[str, str] = {n: s.env[0] for n, s in SETTINGS.items() if s.env is not None}
 ENV_DEFAULTS = SimpleNamespace(**{s.env[0]: s.env[1] for s in SETTINGS.values() if s.env is not None})
@@ -366,7 +381,7 @@ def setting_of(name: str) -> Setting:
 
 def declared_setting(name: str) -> Setting | None:
     """The declaration of `name` in any of the schemas, or None (a budget cap, a door's own option)."""
-    return SETTINGS.get(name) or ENV_SETTINGS.get(name) or SAMPLING_SETTINGS.get(name)
+    return SETTINGS.get(name) or ENV_SETTINGS.get(name) or SAMPLING_SETTINGS.get(name) or METHOD_SETTINGS.get(name)
 
 
 @dataclass(frozen=True)

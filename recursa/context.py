@@ -215,6 +215,18 @@ def _pieces_payload(kind: str, pieces: Iterable[tuple[str, str]], skipped: list[
     return ContextPayload(kind, writer.fd, writer.size, byte_lengths, keys, info)
 
 
+def context_text(context: Any) -> str:
+    """A context as one text for a prompt (a sub-call's, a baseline's): list elements, and dict
+    entries under their keys, in order."""
+    if isinstance(context, str):
+        return context
+    if isinstance(context, dict):
+        return "\n\n".join(f"### {k}\n{v}" for k, v in context.items())
+    if isinstance(context, list | tuple):
+        return "\n\n".join(str(item) for item in context)
+    return str(context)
+
+
 def build_payload(context: Any) -> ContextPayload:
     """Encode a user context. Raises `ContextError` with the fix in the message."""
     payload = _encode(context)

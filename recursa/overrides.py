@@ -12,7 +12,6 @@ Every message names the option as the client wrote it (`extras['max_turns']`), w
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Callable, Collection, Mapping
 from pathlib import PurePath
@@ -236,34 +235,10 @@ def int_value(name: str, value: Any, low: int) -> int:
     raise ConfigError(f"{name}={value!r}: give a whole number >= {low}{_text_hint(value)}")
 
 
-def seconds_value(name: str, value: Any) -> float:
-    """A finite number of seconds > 0."""
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        number = float(value)
-        if math.isfinite(number) and number > 0:
-            return number
-    raise ConfigError(f"{name}={value!r}: give a number of seconds > 0{_text_hint(value)}")
-
-
-def wait_value(name: str, value: Any) -> float:
-    """A finite number of seconds >= 0 (0: do not wait)."""
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        number = float(value)
-        if math.isfinite(number) and number >= 0:
-            return number
-    raise ConfigError(f"{name}={value!r}: give a number of seconds >= 0 (0: do not wait){_text_hint(value)}")
-
-
 def text_value(name: str, value: Any) -> str:
     if isinstance(value, str) and value.strip():
         return value
     raise ConfigError(f"{name}: give a non-empty string, not {kind(value)}")
-
-
-def flag_value(name: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    raise ConfigError(f"{name}={value!r}: give true or false")
 
 
 def function_value(name: str, value: Any, signature: str) -> Callable[..., Any]:

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -95,7 +96,20 @@ def test_base_fails_cleanly_past_the_window_in_the_rows(tmp_path: Path) -> None:
     assert by_method["base"]["score"] == 0.0 and by_method["rlm"]["score"] == 1.0
 
 
-def test_cli_bench_and_its_bad_input(tmp_path: Path) -> None:
+def cli_in_process(capsys: Any, *args: str) -> tuple[int, str]:
+    """`recursa ARGS` run by this process (the CLI's main, argparse's exit included): its exit code
+    and what it printed to stderr. For bad input, which ends before any run starts."""
+    from recursa.cli import main
+
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    return code, capsys.readouterr().err
+
+
+def test_cli_bench_and_its_bad_input(tmp_path: Path, monkeypatch, capsys) -> None:
     ok = cli(
         "bench",
         "verbatim-copy",
@@ -120,26 +134,26 @@ def test_cli_bench_and_its_bad_input(tmp_path: Path) -> None:
         (("bench", "niah", "--executor", "spark"), "invalid choice: 'spark' (choose from 'local', 'ray')"),
         (("bench", "niah", "--model", "nowhere/m"), "unknown provider"),
     ):
-        out = cli(*args, "--out", "bad", cwd=tmp_path)
-        assert out.returncode == 2 and needle in out.stderr and "Traceback" not in out.stderr, (
-            args,
-            out.stderr,
-        )
+        code, err = cli_in_process(capsys, *args, "--out", str(tmp_path / "bad"))
+        assert code == 2 and needle in err and "Traceback" not in err, (args, err)
     (tmp_path / "rows.jsonl").write_text('{"text": "no question"}\n')
-    wrong = cli("bench", "codeqa", "--data", "rows.jsonl", "--out", "bad", cwd=tmp_path)
-    assert wrong.returncode == 2 and "missing field" in wrong.stderr
+    monkeypatch.chdir(tmp_path)
+    code, err = cli_in_process(capsys, "bench", "codeqa", "--data", "rows.jsonl", "--out", "bad")
+    assert code == 2 and "missing field" in err
     assert not (tmp_path / "bad").exists()  # nothing written for a run that could not start
 
 
-def test_unreachable_model_stops_with_an_error_and_keeps_finished_rows(tmp_path: Path) -> None:
-    first = cli(
-        "bench", "niah", "--sizes", "2k", "--n", "1", "--method", "base", "--out", "o", "--json", cwd=tmp_path
+def test_unreachable_model_stops_with_an_error_and_keeps_finished_rows(tmp_path: Path, capsys) -> None:
+    out_dir = str(tmp_path / "o")
+    first = cli_in_process(
+        capsys, "bench", "niah", "--sizes", "2k", "--n", "1", "--method", "base", "--out", out_dir
     )
-    assert first.returncode == 0
+    assert first[0] == 0, first[1]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    out = cli(
+    code, err = cli_in_process(
+        capsys,
         "bench",
         "niah",
         "--sizes",
@@ -149,16 +163,15 @@ def test_unreachable_model_stops_with_an_error_and_keeps_finished_rows(tmp_path:
         "--method",
         "base",
         "--out",
-        "o",
+        out_dir,
         "--max-retries",
         "0",
         "--model",
         "openai/m",
         "--base-url",
         f"http://127.0.0.1:{port}/v1",
-        cwd=tmp_path,
     )
-    assert out.returncode == 2 and "cannot be reached" in out.stderr and "Traceback" not in out.stderr
+    assert code == 2 and "cannot be reached" in err and "Traceback" not in err
     rows = ResultsFile(tmp_path / "o" / "results.jsonl").rows()
     assert len(rows) == 1 and rows[0]["model"] == "scripted/gpt5-like"  # the finished row is kept
 
@@ -242,3 +255,26 @@ def test_quantiles_interpolate_like_numpy() -> None:
     assert quantile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
     assert quantile([1.0, 2.0, 3.0, 4.0], 0.95) == pytest.approx(3.85)
     assert quantile([7.0], 0.25) == 7.0
+
+
+def test_rows_take_the_run_settings_by_name_and_refuse_bad_ones_as_written(tmp_path, capsys) -> None:
+    from recursa.cli import main
+    from recursa.errors import ConfigError
+
+    for given, said in (
+        ({"max_iteration": 3}, "recursa.bench.run(max_iteration=3): max_iteration is not a setting; did you mean"),
+        ({"max_depth": 2}, "recursa.bench.run(max_depth=2): each method sets max_depth itself"),
+        ({"window_tokens": 0}, "recursa.bench.run(window_tokens=0): window_tokens must be an int >= 1"),
+        ({"max_usd": -1}, "recursa.bench.run(max_usd=-1): a cap below zero"),
+    ):
+        with pytest.raises(ConfigError) as refused:
+            bench.run("niah", sizes="1k", n=1, out=tmp_path / "o", progress=False, **given)
+        assert str(refused.value).startswith(said), refused.value
+    assert main(["bench", "niah", "--window", "0", "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.startswith("recursa: error: --window 0: --window must be an int >= 1")
+    assert not (tmp_path / "o").exists()  # nothing written for a run that could not start
+    # A run setting reaches each row's method as it is: one CodeAct step is not enough to answer.
+    report = bench.run("niah", sizes="1k", n=1, methods="codeact", max_iterations=1, out=tmp_path / "o",
+                       progress=False)  # fmt: skip
+    assert report.rows[0]["stop_reason"] == "max_iterations" and report.rows[0]["iterations"] == 1
+    assert json.loads((tmp_path / "o" / "config.json").read_text())["max_iterations"] == 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -17,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from recursa.cli import DEMO_FAMILIES, _parser
-from recursa.cli_options import SANDBOXES
 from recursa.errors import ConfigError
+from recursa.sandbox import SANDBOXES
 from recursa.testing.fake_server import FakeServer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -94,7 +95,7 @@ def test_fake_server_help_shows_defaults(tmp_path):
 
 def test_choices_are_listed_where_there_are_some():
     subs = _subparsers()
-    assert f"{{{','.join(SANDBOXES)}}}" in subs["run"].format_help()
+    assert f"{{{','.join(SANDBOXES)}}}" in subs["run"].format_help()  # the registry's kinds
     assert f"{{{','.join(DEMO_FAMILIES)}}}" in subs["demo"].format_help()
     bench = subs["bench"].format_help()
     assert "codeact-bm25" in bench and "rlm-nosub" in bench  # --method takes a comma list
@@ -104,11 +105,9 @@ def test_choices_are_listed_where_there_are_some():
 
 def test_listed_choices_are_the_real_ones():
     from recursa.config import BUILTIN_TEMPLATES
-    from recursa.sandbox import SANDBOXES as SANDBOX_KINDS
     from recursa.tasks import families
 
     assert tuple(families()) == DEMO_FAMILIES
-    assert tuple(SANDBOX_KINDS) == SANDBOXES
     prompt = next(a for a in _subparsers()["run"]._actions if "--prompt" in a.option_strings)
     assert all(name in (prompt.help or "") for name in BUILTIN_TEMPLATES)
 
@@ -377,6 +376,7 @@ def test_serve_announces_its_url_logs_each_request_and_serves_metrics(tmp_path):
     import httpx
 
     port = _free_port()
+    _, hard_files = resource.getrlimit(resource.RLIMIT_NOFILE)
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -397,11 +397,17 @@ def test_serve_announces_its_url_logs_each_request_and_serves_metrics(tmp_path):
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard_files)),
     )
     try:
         assert proc.stderr is not None
         announced = proc.stderr.readline()
         assert f"at http://127.0.0.1:{port}/v1" in announced
+        # Started at a soft limit of 256 descriptors (128 connections), it lifted its own.
+        limits = Path(f"/proc/{proc.pid}/limits").read_text()
+        files = next(line for line in limits.splitlines() if line.startswith("Max open files"))
+        soft_files = int(files.split()[3])
+        assert soft_files == min(hard_files, 65_536)
         auth = {"Authorization": "Bearer serve-key-0123456789"}
         body = {"model": "recursa", "messages": [{"role": "user", "content": "the secret is 7"}]}
         answer = httpx.post(

@@ -95,7 +95,7 @@ def test_every_command_that_starts_runs_takes_context_window_flags(tmp_path) -> 
     from .test_cli_options import _env, _subparsers
 
     starting = {name for name, p in _subparsers().items() if "--cache-subcalls" in p._option_string_actions}
-    assert {"run", "chat", "serve", "mcp", "acp", "openenv"} <= starting
+    assert {"run", "chat", "serve", "mcp", "acp", "openenv", "bench"} <= starting
     for name in starting:
         assert _subparsers()[name]._option_string_actions["--context-window"].dest == "context_windows"
 
@@ -113,17 +113,6 @@ def test_every_command_that_starts_runs_takes_context_window_flags(tmp_path) -> 
             rlm_kwargs(parser.parse_args([*given[:2], "--context-window", bad]))
         assert str(refused.value).startswith(said) and "\n" not in str(refused.value)
     assert _parser().parse_args(["serve", "--context-window", "m=9"]).context_windows == ["m=9"]
-    # bench has flags of its own: the setting's flag joins them, and reaches each row's RLM
-    from recursa.bench.jobs import RunConfig
-    from recursa.cli_options import checked_flag
-
-    bench = _parser().parse_args(["bench", "niah", "--context-window", "m=9_000"])
-    windows = checked_flag(bench, "context_windows")
-    assert RunConfig("scripted/gpt5-like", context_windows=windows).settings().engine_options()[
-        "context_windows"
-    ] == {"m": 9_000}
-    with pytest.raises(ConfigError, match=r"^--context-window m=0: --context-window must be"):
-        checked_flag(_parser().parse_args(["bench", "niah", "--context-window", "m=0"]), "context_windows")
 
     # the window reaches the run: the root's first call cannot fit, nothing is sent
     (tmp_path / "notes.txt").write_text("some notes")

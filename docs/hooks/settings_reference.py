@@ -72,7 +72,14 @@ def _rows(settings: dict[str, Any]) -> str:
 
 
 def table() -> str:
-    from recursa.config import BUDGET_CAPS, ENV_SETTINGS, SAMPLING_SETTINGS, SETTINGS
+    from recursa.config import (
+        BUDGET_CAPS,
+        ENV_SETTINGS,
+        METHOD_OWNED,
+        METHOD_SETTINGS,
+        SAMPLING_SETTINGS,
+        SETTINGS,
+    )
 
     caps = "\n".join(
         f"| `{name}` | `{flag}` | lower only | {_cell(text)} |" for name, (flag, text) in BUDGET_CAPS.items()
@@ -91,6 +98,11 @@ def table() -> str:
         + "an ACP session's `_meta`, a dataset row's `extras`) holds only these, merged over the "
         + "operator's for each role (`sampling={role: {...}}`).\n\n"
         + _rows(SAMPLING_SETTINGS)
+        + "\n\n## Settings only the benchmark's methods have (`recursa bench`)\n\n"
+        + "A benchmark's rows take every run setting above but those each method sets itself ("
+        + ", ".join(f"`{name}`" for name in METHOD_OWNED)
+        + "), the budget's caps one by one, and these.\n\n"
+        + _rows(METHOD_SETTINGS)
         + "\n"
     )
 

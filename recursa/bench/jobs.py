@@ -7,15 +7,14 @@ import asyncio
 import os
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from recursa.bench.results import clip
+from recursa.bench.results import RowStatus, clip
 from recursa.bench.sizes import CHARS_PER_TOKEN
 from recursa.budget import Budget
-from recursa.config import DEFAULTS as D
 from recursa.lm.prices import PriceBook
 from recursa.lm.registry import parse_model
 from recursa.methods.base import MethodSettings, get_method
@@ -42,57 +41,28 @@ class InstanceSpec:
 
 @dataclass
 class RunConfig:
-    """The model settings every row of a benchmark shares, so rows compare."""
+    """What every row of a benchmark shares, so rows compare: the methods' settings, and the real
+    models that scripted models' tokens are priced as in the reports."""
 
-    model: str
-    sub_model: str | None = None
-    base_url: str | None = None
-    api_key: str | None = field(default=None, repr=False)
-    sandbox: str = D.sandbox
-    sandbox_options: dict[str, Any] | None = None  # e.g. sandbox="ray": the cluster's address
-    max_iterations: int = D.max_iterations
-    max_output_tokens: int = D.max_output_tokens
-    max_usd: float | None = None
-    max_tokens: int | None = None
-    max_seconds: float | None = None
-    trace_dir: str | None = None
-    window_tokens: int | None = None
-    context_windows: dict[str, int] | None = None  # the RLM's guard (RLM(context_windows=...))
-    base_overflow: str = "fail"
-    exec_timeout: float = D.exec_timeout
-    turn_timeout: float | None = None
-    max_concurrency: int = D.max_concurrency
-    max_retries: int = D.max_retries
+    settings: MethodSettings
     price_as: dict[str, str] | None = None
-    dialect: str = D.dialect
-
-    def settings(self, on_event: Any = None) -> MethodSettings:
-        return MethodSettings(
-            model=self.model,
-            sub_model=self.sub_model,
-            base_url=self.base_url,
-            api_key=self.api_key,
-            sandbox=self.sandbox,
-            sandbox_options=self.sandbox_options,
-            max_iterations=self.max_iterations,
-            max_output_tokens=self.max_output_tokens,
-            budget=Budget(max_usd=self.max_usd, max_tokens=self.max_tokens, max_seconds=self.max_seconds),
-            trace_dir=Path(self.trace_dir) if self.trace_dir else None,
-            window_tokens=self.window_tokens,
-            context_windows=self.context_windows,
-            base_overflow=self.base_overflow,
-            exec_timeout=self.exec_timeout,
-            turn_timeout=self.turn_timeout,
-            max_concurrency=self.max_concurrency,
-            max_retries=self.max_retries,
-            on_event=on_event,
-            dialect=self.dialect,
-        )
 
     def public(self) -> dict[str, Any]:
-        out = asdict(self)
-        out.pop("api_key", None)
-        return out
+        """The settings for config.json and the summary: never a key, nor MCP servers' entries (their
+        environment may hold one)."""
+        run = {k: v for k, v in self.settings.run.items() if k not in _PRIVATE}
+        if isinstance(run.get("budget"), Budget):
+            run["budget"] = asdict(run["budget"])
+        return {
+            "model": self.settings.model,
+            "sub_model": self.settings.sub_model,
+            **run,
+            **self.settings.options.model_dump(),
+            "price_as": self.price_as,
+        }
+
+
+_PRIVATE = ("api_key", "mcp_servers", "on_event")
 
 
 @lru_cache(maxsize=4)
@@ -151,7 +121,7 @@ def estimate_cost(usage: Usage, price_as: dict[str, str] | None) -> tuple[float,
     return total, ("priced as " + ", ".join(sorted(used))) if used else "provider"
 
 
-def _status(stop_reason: str, error: str | None, failure: str | None) -> str:
+def _status(stop_reason: str, failure: str | None) -> RowStatus:
     if failure:
         return "failed"  # the method failed the way it is expected to (past its window, over budget)
     if stop_reason in ("final", "max_iterations"):
@@ -161,9 +131,7 @@ def _status(stop_reason: str, error: str | None, failure: str | None) -> str:
     return "error"
 
 
-async def run_row(
-    task: Task, method: str, config: RunConfig, spec: InstanceSpec, on_event: Any = None
-) -> dict[str, Any]:
+async def run_row(task: Task, method: str, config: RunConfig, spec: InstanceSpec) -> dict[str, Any]:
     """Run `method` on `task`; never raises for a failed run (the row records it)."""
     started = time.time()
     base: dict[str, Any] = {
@@ -177,13 +145,13 @@ async def run_row(
         "seed": spec.seed,
         "knobs": dict(spec.knobs),
         "method": method,
-        "model": config.model,
-        "sub_model": config.sub_model or config.model,
+        "model": config.settings.model,
+        "sub_model": config.settings.sub_model or config.settings.model,
         "started_at": round(started, 3),
         "worker_pid": os.getpid(),  # which process ran it (the driver, or a Ray actor)
     }
     try:
-        result = await get_method(method).run(task, config.settings(on_event))
+        result = await get_method(method).run(task, config.settings)
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # a bug or a broken environment: recorded, retried on the next run
@@ -195,7 +163,7 @@ async def run_row(
             "traceback": traceback.format_exc(limit=6),
             "latency_s": round(time.time() - started, 4),
         }
-    status = _status(result.stop_reason, result.error, result.failure)
+    status = _status(result.stop_reason, result.failure)
     score = task.score(result.answer) if status != "error" else None
     metrics = task.metrics(result.answer) if status != "error" else {}
     cost, basis = estimate_cost(result.usage, config.price_as)

@@ -7,12 +7,13 @@ import os
 import threading
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 # Answers and golds of long-output families (pairs, copies) can be megabytes: rows keep the head,
 # the tail, the length and the score, never the whole text.
 ROW_TEXT_CHARS = 2_000
-STATUSES = ("ok", "failed", "error")  # ok: answered; failed: a clean method failure; error: harness error
+# ok: answered; failed: a clean method failure (scored 0); error: a harness error (tried again).
+RowStatus = Literal["ok", "failed", "error"]
 
 
 def clip(text: str | None, limit: int = ROW_TEXT_CHARS) -> str | None:

@@ -8,10 +8,9 @@ already answered or cleanly failed and retries harness errors. After the run (al
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +19,15 @@ from recursa.bench.progress import BenchProgress
 from recursa.bench.report import plots_skipped, write_plots, write_summary
 from recursa.bench.results import ResultsFile
 from recursa.bench.sizes import DEFAULT_SIZES, BenchError, parse_sizes
+from recursa.budget import CAP_EXAMPLES, Budget, cap_problem, positive_phrase
+from recursa.config import BUDGET_CAPS, Spelling
 from recursa.errors import ConfigError
-from recursa.methods.base import METHODS, missing_requirement
+from recursa.methods.base import METHODS, MethodSettings, missing_requirement
+from recursa.sync import run_sync
 from recursa.tasks import families, get_family
 
 EXECUTORS = ("local", "ray")
+SPELLING = Spelling("python", "recursa.bench.run")
 DEFAULT_METHODS = ("base", "rlm")
 
 
@@ -87,45 +90,28 @@ def _parse_knobs(knobs: str | dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
-def _check_models(config: RunConfig) -> None:
-    """Fail before any row runs (and before the results file is touched) when a model name,
-    provider or key is wrong, or a per-row setting could only give every row a harness error."""
-    from recursa.budget import Budget
+def _settings(
+    model: str, sub_model: str | None, given: dict[str, Any], spelling: Spelling
+) -> MethodSettings:
+    """The rows' settings, checked before any row runs (and before the results file is touched): a
+    wrong model name, provider, key or setting would only give every row a harness error. A budget's
+    caps may come one by one (`max_usd=1.0`): each holds per row."""
+    caps = {cap: given.pop(cap) for cap in BUDGET_CAPS if given.get(cap) is not None}
+    for cap, value in caps.items():
+        if (problem := cap_problem(cap, value)) is not None:
+            raise ConfigError(
+                f"{spelling.owner}({cap}={value!r}): {problem}; use {positive_phrase(cap)} such as "
+                f"{cap}={CAP_EXAMPLES[cap]}, or leave it out for no cap",
+                setting=cap,
+            )
+    if caps:
+        base = given.get("budget") or Budget()
+        given["budget"] = replace(base, **caps) if isinstance(base, Budget) else base
+    settings = MethodSettings(model, sub_model, spelling=spelling, **given)
     from recursa.rlm import RLM
 
-    try:
-        Budget(max_usd=config.max_usd, max_tokens=config.max_tokens, max_seconds=config.max_seconds)
-    except ConfigError as exc:
-        raise BenchError(f"cannot use the budget settings (--max-usd, --max-seconds): {exc}") from None
-    try:
-        RLM(config.model, sub_model=config.sub_model, base_url=config.base_url, api_key=config.api_key)
-    except ConfigError as exc:
-        raise BenchError(f"cannot use the model settings: {exc}") from None
-    try:
-        # The model is known good by now: a scripted stand-in checks the remaining settings alone.
-        RLM(
-            "scripted/oracle",
-            sandbox=config.sandbox,
-            max_iterations=config.max_iterations,
-            max_output_tokens=config.max_output_tokens,
-            exec_timeout=config.exec_timeout,
-            turn_timeout=config.turn_timeout,
-            max_concurrency=config.max_concurrency,
-            max_retries=config.max_retries,
-            dialect=config.dialect,
-            context_windows=config.context_windows,
-            trace=False,
-        )
-    except ConfigError as exc:
-        raise BenchError(f"cannot use the run settings: {exc}") from None
-    if config.base_overflow not in ("fail", "truncate"):
-        raise BenchError(f"base_overflow {config.base_overflow!r}: use 'fail' or 'truncate'")
-    if config.window_tokens is not None and (
-        not isinstance(config.window_tokens, int) or config.window_tokens < 1
-    ):
-        raise BenchError(
-            f"window {config.window_tokens!r}: give the root model's window in tokens, e.g. 128000"
-        )
+    RLM.configured({"model": model, "sub_model": sub_model, **settings.run, "trace": False}, spelling)
+    return settings
 
 
 def plan(
@@ -170,8 +156,6 @@ async def arun(
     methods: str | Sequence[str] = DEFAULT_METHODS,
     model: str = "scripted/gpt5-like",
     sub_model: str | None = None,
-    base_url: str | None = None,
-    api_key: str | None = None,
     executor: str = "local",
     out: str | Path | None = None,
     knobs: str | dict[str, Any] | None = None,
@@ -180,9 +164,12 @@ async def arun(
     ray_actors: int = 2,
     ray_address: str | None = None,
     progress: bool = True,
-    **run_options: Any,
+    price_as: dict[str, str] | None = None,
+    spelling: Spelling = SPELLING,
+    **settings: Any,
 ) -> BenchReport:
-    """Run the benchmark; see `run` for the arguments."""
+    """Run the benchmark; see `run` for the arguments. `spelling`: how a bad setting is named (the
+    CLI passes its flags')."""
     if executor not in EXECUTORS:
         raise BenchError(f"unknown executor {executor!r}; executors: {', '.join(EXECUTORS)}")
     method_names = _parse_methods(methods)
@@ -198,28 +185,22 @@ async def arun(
         raise BenchError(
             f"out {str(out_dir)!r} is a file; give a folder for the results (re-use one to resume)"
         )
-    if run_options.get("sandbox") == "ray" and ray_address is not None:
+    if settings.get("sandbox") == "ray" and ray_address is not None:
         # The rows' REPLs join the cluster the rows run on (or, run locally, the one named).
-        run_options["sandbox_options"] = {"address": ray_address, **(run_options.get("sandbox_options") or {})}
-    try:
-        config = RunConfig(
-            model=model, sub_model=sub_model, base_url=base_url, api_key=api_key, **run_options
-        )
-    except TypeError as exc:
-        raise BenchError(f"unknown benchmark option: {exc}") from None
-    _check_models(config)
+        settings["sandbox_options"] = {"address": ray_address, **(settings.get("sandbox_options") or {})}
+    config = RunConfig(_settings(model, sub_model, settings, spelling), price_as)
     specs = plan(task, sizes=size_list, n=n, seed=seed, knobs=_parse_knobs(knobs), data=data)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if config.trace_dir is None:
-        config.trace_dir = str(out_dir / "traces")
+    if config.settings.run.get("trace_dir") is None:
+        config.settings.run["trace_dir"] = out_dir / "traces"
     results = ResultsFile(out_dir / "results.jsonl")
     done = results.done_keys()
-    sub_key = config.sub_model or config.model
+    model_key = (config.settings.model, config.settings.sub_model or config.settings.model)
     jobs: list[tuple[InstanceSpec, list[str]]] = []
     skipped = 0
     for spec in specs:
         key = instance_id(spec)
-        pending = [m for m in method_names if (key, m, config.model, sub_key) not in done]
+        pending = [m for m in method_names if (key, m, *model_key) not in done]
         skipped += len(method_names) - len(pending)
         if pending:
             jobs.append((spec, pending))
@@ -319,16 +300,12 @@ def run(task: str, **options: Any) -> BenchReport:
     loads from PATH (oolong, oolong-pairs, multihop-docs for BrowseComp-Plus, codeqa for LongBench
     v2). Options: sizes ("8k,32k,131k,1m,10m", tokens), n (instances per size), seed, methods
     ("base,codeact,codeact-bm25,codeact-subcalls,summary,rlm,rlm-nosub,rlm-tips,rlm-subtools"),
-    model, sub_model (default for a scripted root: scripted/oracle), base_url, api_key, executor
-    ("local" or "ray"), out, knobs ("name=value,..." for the family), concurrency (instances at once,
-    local), ray_actors, ray_address, progress, and per-row settings: sandbox, max_iterations,
-    max_output_tokens, max_usd, max_tokens, max_seconds (each per row), window_tokens, context_windows,
-    base_overflow ("fail" or "truncate"), exec_timeout, turn_timeout, price_as.
+    model, sub_model (default for a scripted root: scripted/oracle), executor ("local" or "ray"),
+    out, knobs ("name=value,..." for the family), concurrency (instances at once, local),
+    ray_actors, ray_address, progress, price_as (the real models scripted tokens are priced as,
+    by model or role), and the rows' settings: any run setting of `RLM(...)` but those each method
+    sets itself (max_depth, tools, sub_tools, tips), the budget's caps one by one (max_usd,
+    max_tokens, max_seconds, max_llm_calls), and the methods' own (window_tokens, base_overflow,
+    notes_chars); docs/reference/settings.md lists them. Each holds per row.
     """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(arun(task, **options))
-    # Called from inside a running loop (a notebook): run on a private loop in a helper thread.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, arun(task, **options)).result()
+    return run_sync(arun(task, **options))

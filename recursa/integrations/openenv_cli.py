@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from recursa.asgi.slow_clients import head_timeout_protocol
+        from recursa.asgi.slow_clients import head_timeout_protocol, raise_descriptor_limit
         from recursa.integrations.openenv import MAX_MESSAGE_BYTES, create_openenv_app
     except ImportError:
         raise ConfigError(f"recursa openenv needs the openenv extra: {install_hint('openenv')}") from None
@@ -83,10 +83,12 @@ def run(args: argparse.Namespace) -> int:
         sessions_per_client=args.max_sessions_per_client,
         session_idle_timeout_s=args.session_idle_timeout,
     )
-    print(f"recursa openenv: http://{args.host}:{args.port} (OpenEnv /ws, /reset, /step)", file=sys.stderr)
     # The servers' connection handling: a request head's time limit, connections capped below the
-    # descriptor limit (per address and in all), and a WebSocket message's size.
+    # descriptor limit, lifted toward the hard limit first (per address and in all), and a
+    # WebSocket message's size.
+    raise_descriptor_limit()
     protocol = head_timeout_protocol()
+    print(f"recursa openenv: http://{args.host}:{args.port} (OpenEnv /ws, /reset, /step)", file=sys.stderr)
     uvicorn.run(
         app,
         host=args.host,

@@ -26,6 +26,7 @@ from verifiers.v1.taskset import Taskset, TasksetConfig
 from verifiers.v1.utils.decorators import reward
 
 from recursa.config import DEFAULTS as D
+from recursa.context import context_text
 from recursa.tasks import generate
 from recursa.tasks.base import get
 
@@ -153,15 +154,9 @@ class RecursaTaskset(Taskset[RecursaTask, RecursaTasksetConfig]):
         c = self.config
         for seed in c.seeds:
             task = generate(c.family, c.size_chars, seed, **c.knobs)
-            context = task.context if isinstance(task.context, str) else _joined(task.context)
+            context = context_text(task.context)
             prompt = f"{task.question}\n\n{context}"
             data = RecursaTaskData(
                 id=task.id, prompt=prompt, family=c.family, size_chars=c.size_chars, seed=seed, knobs=c.knobs
             )
             yield RecursaTask(data, c.task)
-
-
-def _joined(context: Any) -> str:
-    if isinstance(context, dict):
-        return "\n\n".join(f"### {k}\n{v}" for k, v in context.items())
-    return "\n\n".join(str(v) for v in context)

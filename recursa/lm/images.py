@@ -28,7 +28,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from recursa.confined import image_type
-from recursa.public_fetch import FetchError, fetch_public
 
 MAX_IMAGE_BYTES = 5 * 1024 * 1024  # Anthropic's limit per image; OpenAI's is higher
 
@@ -123,6 +122,10 @@ async def fetched_parts(
     urls = list(dict.fromkeys(p["url"] for parts in groups for p in parts if "url" in p and "data" not in p))
     if not urls:
         return groups, 0
+    # Imported here: the fetcher brings aiohttp (a quarter second), which only runs that send
+    # image URLs need.
+    from recursa.public_fetch import FetchError, fetch_public
+
     gate = asyncio.Semaphore(_FETCHES_AT_ONCE)
     held = 0
 

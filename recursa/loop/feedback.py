@@ -12,8 +12,6 @@ NO_CODE_MESSAGE = (
     "FINAL_VAR(name): when you have the answer, write FINAL(your answer) on a line of its own, with "
     "the parentheses, or FINAL_VAR(name) for a variable you already assigned in the REPL."
 )
-# An empty reply (a provider's filter, a glitch) is named as such, then the same way out.
-EMPTY_REPLY_MESSAGE = "Your reply was empty. " + NO_CODE_MESSAGE
 LAST_CALL_MESSAGE = (
     "You have used all {n} turns. No more code will run. Reply now with your final answer on a line "
     "of its own: FINAL(your answer), or FINAL_VAR(variable_name) for a value already in the REPL."

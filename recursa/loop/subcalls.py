@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from recursa.context import ContextPayload
+from recursa.context import ContextPayload, context_text
 from recursa.errors import BudgetExceeded, ContextError, ContextLengthError, LMError
 from recursa.lm.base import CallMeta, LMResponse, Message
 from recursa.lm.images import ImageError, base64_part, bytes_part, fetched_parts, url_part
@@ -323,7 +323,7 @@ class SubcallHandler:
         run = self.run
         if run.depth + 1 >= self.config.max_depth:
             # At the last level a child would have no sub-calls of its own: a plain call does the job.
-            text = prompt if context is None else f"{prompt}\n\n{_context_as_text(context)}"
+            text = prompt if context is None else f"{prompt}\n\n{context_text(context)}"
             return await self._one_llm(text, None)
         if run.tree.child_call is not None:
             return await self._handed_child(prompt, context)
@@ -425,13 +425,3 @@ def _list_arg(args: dict[str, Any], name: str, fn: str) -> list[Any]:
     if not isinstance(value, list):
         raise CallbackError("TypeError", f"{fn}: {name} must be a list of str, got {type(value).__name__}")
     return value
-
-
-def _context_as_text(context: Any) -> str:
-    if isinstance(context, str):
-        return context
-    if isinstance(context, dict):
-        return "\n\n".join(f"### {k}\n{v}" for k, v in context.items())
-    if isinstance(context, list):
-        return "\n\n".join(str(item) for item in context)
-    return str(context)

@@ -20,12 +20,11 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import re
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from recursa.budget import Budget
-from recursa.config import DEFAULTS as D
+from recursa.config import METHOD_OWNED, METHOD_SETTINGS, MethodConfig, Spelling
+from recursa.errors import ConfigError
 from recursa.extras import install_hint
 from recursa.outcomes import Refusal, StopReason
 from recursa.tasks.base import Task
@@ -66,55 +65,30 @@ _WINDOWS = (
 )
 
 
-@dataclass
 class MethodSettings:
-    model: str
-    sub_model: str | None = None
-    base_url: str | None = None
-    api_key: str | None = field(default=None, repr=False)
-    sandbox: str = D.sandbox
-    sandbox_options: dict[str, Any] | None = None
-    max_iterations: int = D.max_iterations  # RLM root turns; CodeAct steps
-    max_output_tokens: int = D.max_output_tokens
-    budget: Budget = field(default_factory=Budget)  # per task instance
-    trace_dir: Path | None = None
-    window_tokens: int | None = None  # the root model's input window; None: known families, else unknown
-    context_windows: dict[str, int] | None = None  # RLM methods: the engine's window guard
-    base_overflow: str = "fail"  # "fail" | "truncate"
-    notes_chars: int = 8_000  # the summary agent's notes budget
-    exec_timeout: float = D.exec_timeout
-    turn_timeout: float | None = None  # all the code of one reply (a CodeAct step); None: exec_timeout
-    max_concurrency: int = D.max_concurrency
-    max_retries: int = D.max_retries
-    prices: dict[str, Any] | None = None
-    on_event: Any = None  # a callable receiving every trace event (progress bars)
-    dialect: str = D.dialect  # the RLM root's conversation (recursa/loop/dialects/)
+    """What a method runs with, shared by every method of a benchmark run so rows compare: its
+    models, its run settings (`RLMConfig`'s, by name, given to the engine as they are and checked by
+    the schema when a method makes its run) and the methods' own (`MethodConfig`: window_tokens,
+    base_overflow, notes_chars). `spelling`: how a bad setting is named (`recursa bench`'s flags)."""
 
-    def engine_options(self) -> dict[str, Any]:
-        """The settings a method running the RLM engine passes on as they are (`RLM` and
-        `RLMConfig` take the same names)."""
-        return {
-            "base_url": self.base_url,
-            "api_key": self.api_key,
-            "max_iterations": self.max_iterations,
-            "budget": self.budget,
-            "sandbox": self.sandbox,
-            "sandbox_options": self.sandbox_options,
-            "exec_timeout": self.exec_timeout,
-            "turn_timeout": self.turn_timeout,
-            "max_concurrency": self.max_concurrency,
-            "max_retries": self.max_retries,
-            "trace_dir": self.trace_dir,
-            "max_output_tokens": self.max_output_tokens,
-            "prices": self.prices,
-            "dialect": self.dialect,
-            "context_windows": self.context_windows,
-        }
+    def __init__(
+        self, model: str, sub_model: str | None = None, *, spelling: Spelling | None = None, **settings: Any
+    ) -> None:
+        spelling = spelling or Spelling("python", type(self).__name__)
+        own = {name: settings.pop(name) for name in METHOD_SETTINGS if name in settings}
+        self.options = MethodConfig.checked(spelling, **own)
+        for name in METHOD_OWNED:
+            if name in settings:
+                raise ConfigError(
+                    f"{spelling.given(name, settings[name])}: each method sets {name} itself "
+                    "(rlm-nosub: max_depth=0, rlm-tips: its family's tips); leave it out",
+                    setting=name,
+                )
+        self.model, self.sub_model = model, sub_model
+        self.run = settings  # RLMConfig's settings by name
 
     def window(self) -> int | None:
-        if self.window_tokens:
-            return self.window_tokens
-        return model_window(self.model)
+        return self.options.window_tokens or model_window(self.model)
 
 
 def model_window(spec: str) -> int | None:
@@ -169,12 +143,3 @@ def get_method(name: str) -> Method:
     cls = getattr(importlib.import_module(module_name), class_name)
     method: Method = cls(name=name, **options)
     return method
-
-
-def context_text(context: Any) -> str:
-    """A context as one text for a prompt: list elements and dict entries (with their keys) in order."""
-    if isinstance(context, str):
-        return context
-    if isinstance(context, dict):
-        return "\n\n".join(f"### {k}\n{v}" for k, v in context.items())
-    return "\n\n".join(str(x) for x in context)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from recursa.context import context_text
 from recursa.errors import BudgetExceeded, LMError
 from recursa.lm.tokens import count_tokens
-from recursa.methods.base import MethodResult, MethodSettings, context_text
+from recursa.methods.base import MethodResult, MethodSettings
 from recursa.methods.prompts import BASE_SYSTEM, TRUNCATION_NOTE, context_block, task_block
 from recursa.methods.session import BaselineRun
 from recursa.tasks.base import Task
@@ -32,7 +33,7 @@ class BaseModel:
     async def run(self, task: Task, settings: MethodSettings) -> MethodResult:
         text = context_text(task.context)
         truncated = False
-        if settings.base_overflow == "truncate":
+        if settings.options.base_overflow == "truncate":
             text, truncated = fit_to_window(text, settings.window())
         messages = [
             {"role": "system", "content": BASE_SYSTEM},

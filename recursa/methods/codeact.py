@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from recursa.context import build_payload
+from recursa.context import build_payload, context_text
 from recursa.errors import BudgetExceeded, LMError
 from recursa.lm.base import Message
 from recursa.loop.blocks import ReplyClock
@@ -22,7 +22,7 @@ from recursa.loop.feedback import why_stop_after
 from recursa.loop.output import render_turn
 from recursa.loop.parse import read_reply
 from recursa.loop.rules import rules_of
-from recursa.methods.base import MethodResult, MethodSettings, context_text
+from recursa.methods.base import MethodResult, MethodSettings
 from recursa.methods.base_model import fit_to_window
 from recursa.methods.prompts import (
     CODEACT_SYSTEM,
@@ -78,17 +78,15 @@ class CodeAct:
                     payload.close()
                 if run.config.tools:
                     await sandbox.define([t.to_worker() for t in run.config.tools])
-                return await self._loop(run, sandbox, messages, settings)
+                return await self._loop(run, sandbox, messages)
             except (BudgetExceeded, LMError) as exc:
                 return run.call_failed(exc, "the prompt")
             finally:
                 await run.tree.release_sandbox(sandbox)
 
-    async def _loop(
-        self, run: BaselineRun, sandbox: Sandbox, messages: list[Message], settings: MethodSettings
-    ) -> MethodResult:
+    async def _loop(self, run: BaselineRun, sandbox: Sandbox, messages: list[Message]) -> MethodResult:
         sent = 0
-        for turn in range(1, settings.max_iterations + 1):
+        for turn in range(1, run.config.max_iterations + 1):
             reply = await run.call(messages, new=messages[sent:])
             sent = len(messages) + 1
             messages.append({"role": "assistant", "content": reply})
@@ -134,7 +132,7 @@ class CodeAct:
                     break
             messages.append({"role": "user", "content": "Output:\n" + render_turn(results, 20_000)})
         return run.result(
-            "", stop_reason="max_iterations", error=f"no answer after {settings.max_iterations} steps"
+            "", stop_reason="max_iterations", error=f"no answer after {run.config.max_iterations} steps"
         )
 
     def _handler(self, run: BaselineRun) -> Any:

@@ -31,7 +31,7 @@ class RLMMethod:
 
     async def run(self, task: Task, settings: MethodSettings) -> MethodResult:
         sub_calls = 0
-        user_listener = settings.on_event
+        user_listener = settings.run.get("on_event")
 
         def listen(event: dict[str, Any]) -> None:
             nonlocal sub_calls
@@ -50,9 +50,8 @@ class RLMMethod:
         rlm = RLM(
             settings.model,
             sub_model=settings.sub_model,
+            **{**settings.run, "on_event": listen},
             max_depth=1 if self.subcalls else 0,
-            **settings.engine_options(),
-            on_event=listen,
             tools=task.tools,
             sub_tools=sub_tools,
         )

@@ -29,7 +29,7 @@ class BaselineRun:
         self.method = method
         self.question = question
         # Host tools run on the tree's ToolRunner, as in an RLM.
-        given = {**settings.engine_options(), "on_event": settings.on_event, "tools": tools}
+        given = {**settings.run, "tools": tools}
         self.config, self.prices = build_config(
             given | {"model": settings.model, "sub_model": settings.sub_model, "max_depth": 1},
             Spelling("python", type(settings).__name__),

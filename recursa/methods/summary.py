@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from recursa.context import context_text
 from recursa.errors import BudgetExceeded, LMError
-from recursa.methods.base import MethodResult, MethodSettings, context_text
+from recursa.methods.base import MethodResult, MethodSettings
 from recursa.methods.prompts import SUMMARY_FINAL, SUMMARY_SYSTEM, task_block
 from recursa.methods.session import BaselineRun
 from recursa.tasks.base import Task
@@ -34,9 +35,9 @@ class SummaryAgent:
 
     async def run(self, task: Task, settings: MethodSettings) -> MethodResult:
         window = settings.window() or _UNKNOWN_WINDOW
-        part_chars = max(4_000, (window - _RESERVE_TOKENS - settings.notes_chars // 4) * 4)
+        part_chars = max(4_000, (window - _RESERVE_TOKENS - settings.options.notes_chars // 4) * 4)
         parts = parts_of(context_text(task.context), part_chars)
-        system = SUMMARY_SYSTEM.format(notes_chars=settings.notes_chars)
+        system = SUMMARY_SYSTEM.format(notes_chars=settings.options.notes_chars)
         notes = ""
         async with BaselineRun(settings, self.name, task.question) as run:
             try:

@@ -42,12 +42,6 @@ class Conversation:
     def done(self) -> set[str]:
         return {s for s in self.steps if s}
 
-    def output_after(self, step: str) -> str | None:
-        for tag, out in zip(reversed(self.steps), reversed(self.outputs), strict=True):
-            if tag == step:
-                return out
-        return None
-
     def result_line(self) -> str | None:
         """The value the last solving step printed as `RESULT: ...`, if one did."""
         for tag, out in zip(reversed(self.steps), reversed(self.outputs), strict=True):

@@ -228,9 +228,11 @@ def _apply_share_options(settings: ServeSettings, args: argparse.Namespace) -> N
 
 
 def _protocol(settings: ServeSettings) -> Any:
-    """uvicorn's HTTP protocol for this server: the head timeout and the connection caps."""
-    from recursa.asgi.slow_clients import head_timeout_protocol
+    """uvicorn's HTTP protocol for this server: the head timeout and the connection caps, below a
+    descriptor limit lifted toward the hard limit first (this process is the CLI's)."""
+    from recursa.asgi.slow_clients import head_timeout_protocol, raise_descriptor_limit
 
+    raise_descriptor_limit()
     return head_timeout_protocol(
         max_connections=settings.max_connections, per_address=settings.max_connections_per_address
     )
@@ -368,6 +370,7 @@ def _serve(args: argparse.Namespace) -> int:
                 f"GET /metrics needs prometheus-client: {install_hint('server')}, or pass --no-metrics"
             ) from None
     app = create_app(settings)
+    protocol = _protocol(settings)
     sock = _listen(args.host, args.port)  # a busy port is reported before the URL is announced
     _warn_if_open("recursa serve", args.host, settings)
     print(
@@ -377,7 +380,6 @@ def _serve(args: argparse.Namespace) -> int:
     )
     if settings.access_log:
         _print_access_log()
-    protocol = _protocol(settings)
     config = uvicorn.Config(
         app, log_level="warning", access_log=False, http=protocol, backlog=protocol.caps.backlog
     )
@@ -458,10 +460,10 @@ def _mcp(args: argparse.Namespace) -> int:
     import uvicorn
 
     app = http_app(server, settings, path=args.path, host=args.host)
+    protocol = _protocol(settings)
     sock = _listen(args.host, args.port)  # a busy port is reported before the URL is announced
     _warn_if_open("recursa mcp", args.host, settings)
     print(f"recursa mcp: streamable HTTP at http://{args.host}:{args.port}{args.path}", file=sys.stderr)
-    protocol = _protocol(settings)
     config = uvicorn.Config(app, log_level="warning", http=protocol, backlog=protocol.caps.backlog)
     uvicorn.Server(config).run(sockets=[sock])
     return 0

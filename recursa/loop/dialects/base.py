@@ -104,7 +104,6 @@ class Runner(Protocol):
 
 class Dialect(Protocol):
     name: str
-    context_name: str  # the REPL variable the context is under (besides `context`)
     turn_prompt: TurnPromptKind
     final_call: bool  # out of turns, one more call asks for the answer (False: the run just stops)
     no_code: str  # what a reply with no code and no answer is told (recursa's rules)

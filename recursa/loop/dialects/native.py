@@ -31,7 +31,6 @@ from recursa.loop.rules import DEFAULT_RULES, ReplyRules, named_rules, rules_of
 
 class RecursaDialect:
     name: ClassVar[str] = "recursa"
-    context_name = "context"
     turn_prompt: TurnPromptKind = "kept"
     final_call = True
     no_code = NO_CODE_MESSAGE

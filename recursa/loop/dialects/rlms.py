@@ -45,7 +45,6 @@ def load_rlms() -> SimpleNamespace:
 
 class RlmsDialect:
     name: ClassVar[str] = "rlms"
-    context_name = "context"
     turn_prompt: TurnPromptKind = "kept"
     final_call = True
     no_code = ""  # the package says nothing after a reply without code: the next turn's prompt follows

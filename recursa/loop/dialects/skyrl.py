@@ -43,7 +43,6 @@ def load_skyrl() -> SimpleNamespace:
 
 class SkyRLDialect:
     name: ClassVar[str] = "skyrl"
-    context_name = "context"
     turn_prompt: TurnPromptKind = "transient"
     final_call = False
     no_code = ""

@@ -49,7 +49,6 @@ MAX_OUTPUT_CHARS = 8_192  # the environment's max_output_length
 
 class VerifiersDialect(ToolsDialect):
     name: ClassVar[str] = "verifiers"
-    context_name = "extra_data"
     final_call = False
 
     def __init__(
