@@ -237,19 +237,12 @@ class RecursaAgent:
         base_url, api_key = s.client_upstream(
             overrides.get("base_url"), overrides.get("api_key"), f"_meta.{RUNTIME_KEY}"
         )
-        options: dict[str, Any] = {
-            "sub_model": s.sub_model,
-            "max_depth": s.max_depth,
-            "max_iterations": s.max_iterations,
-            "budget": s.budget,
-            **s.rlm_options,
-            **{k: v for k, v in overrides.items() if k in _CLIENT_SETTINGS},
-        }
-        options |= {"base_url": base_url, "api_key": api_key, "sandbox": s.sandbox, "trace_dir": s.trace_dir}
-        options |= {"trace": s.trace, "on_event": _both(s.on_event, on_event), "mcp_servers": mcp_servers}
+        options = s.run_settings() | {k: v for k, v in overrides.items() if k in _CLIENT_SETTINGS}
+        options |= {"base_url": base_url, "api_key": api_key, "mcp_servers": mcp_servers}
+        options["on_event"] = _both(s.on_event, on_event)
         # What fails here is the client's (the operator's settings were checked at start-up): named
         # as the client wrote it, with the operator's flag for what only the operator sets.
-        return RLM.configured({"model": s.model, **options}, _RUNTIME)
+        return RLM.configured(options, _RUNTIME)
 
     async def _run(self, session_id: str, session: _Session, question: str, context: Any) -> Any:
         loop = asyncio.get_running_loop()

@@ -320,9 +320,7 @@ def _check_model(settings: Any) -> None:
     from recursa.config import Spelling
     from recursa.rlm import RLM
 
-    given = {"model": settings.model, "sub_model": settings.sub_model, "base_url": settings.base_url}
-    given |= {"api_key": settings.upstream_api_key, "budget": settings.budget, "sandbox": settings.sandbox}
-    RLM.configured(given | {"trace": False, **settings.rlm_options}, Spelling("cli"))
+    RLM.configured(settings.run_settings() | {"trace": False}, Spelling("cli"))
 
 
 def _check_options(settings: Any) -> None:
@@ -330,15 +328,8 @@ def _check_options(settings: Any) -> None:
     checked then (an ACP session may name its own model and key): sessions cannot change these."""
     from recursa.config import RLMConfig, Spelling
 
-    RLMConfig.checked(
-        Spelling("cli"),
-        model=settings.model,
-        sub_model=settings.sub_model or settings.model,
-        max_depth=settings.max_depth,
-        max_iterations=settings.max_iterations,
-        budget=settings.budget,
-        **{k: v for k, v in settings.rlm_options.items() if k in RLMConfig.model_fields},
-    )
+    given = {k: v for k, v in settings.run_settings().items() if k in RLMConfig.model_fields}
+    RLMConfig.checked(Spelling("cli"), **given | {"sub_model": settings.sub_model or settings.model})
 
 
 def _serve(args: argparse.Namespace) -> int:

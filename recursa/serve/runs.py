@@ -51,9 +51,7 @@ def build_rlm(settings: ServeSettings, spec: RunSpec, on_event: Callable[[dict[s
         sampling = {role: dict(opts) for role, opts in (options.get("sampling") or {}).items()}
         sampling["root"] = {**sampling.get("root", {}), **spec.root_sampling}
         options["sampling"] = sampling
-    given = {"model": settings.model, "sub_model": settings.sub_model, "base_url": settings.base_url}
-    given |= {"api_key": settings.upstream_api_key, "sandbox": settings.sandbox, "on_event": on_event}
-    given |= {"trace_dir": settings.trace_dir, "trace": settings.trace, **options}
+    given = settings.run_settings() | options | {"on_event": on_event}
     given |= {"max_depth": spec.max_depth, "max_iterations": spec.max_iterations, "budget": spec.budget}
     # What fails here is a client's setting (the operator's were checked at start-up): named as the
     # client wrote it, with the operator's flag for what only the operator sets.

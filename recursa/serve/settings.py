@@ -170,6 +170,24 @@ class ServeSettings:
         keys = [self.upstream_api_key, self.api_key, *self.api_keys.values()]
         return Redactor(keys, paths=not log)(text)
 
+    def run_settings(self) -> dict[str, Any]:
+        """The operator's settings of every run (`RLM.configured`'s, by the schema's names): the
+        fields above that are run settings, and `rlm_options`."""
+        return {
+            "model": self.model,
+            "sub_model": self.sub_model,
+            "base_url": self.base_url,
+            "api_key": self.upstream_api_key,
+            "max_depth": self.max_depth,
+            "max_iterations": self.max_iterations,
+            "budget": self.budget,
+            "sandbox": self.sandbox,
+            "trace_dir": self.trace_dir,
+            "trace": self.trace,
+            "on_event": self.on_event,
+            **self.rlm_options,
+        }
+
     def run_limits(self) -> dict[str, Any]:
         """The operator's limits on what a client's run options may ask for (recursa/overrides.py):
         the depth and iterations limits, the budget, and the run settings the operator set."""
