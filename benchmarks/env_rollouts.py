@@ -99,14 +99,17 @@ async def one_episode(
 async def measure(
     size_mb: float, episodes: int, concurrency: int, alone: int, snapshots: bool = True,
     sandbox: str = "auto", sandbox_options: dict | None = None, think_s: float = 0.0, fresh: bool = False,
+    every_cell: bool = False,
 ) -> tuple[SizeResult, SizeResult]:
-    """Episodes one at a time (the engine's own time per step), then `episodes` at `concurrency`."""
+    """Episodes one at a time (the engine's own time per step), then `episodes` at `concurrency`.
+    `snapshots`: RLMEnv's default ("idle"), or off; `every_cell`: a snapshot after every cell."""
     single = SizeResult(size_mb, alone, 1)
     out = SizeResult(size_mb, episodes, concurrency)
     context = make_context(size_mb)
     gate = asyncio.Semaphore(concurrency)
     limit = max(64, concurrency)
-    options = {**(sandbox_options or {}), **({} if snapshots else {"snapshots": False})}
+    mode = {} if snapshots and not every_cell else {"snapshots": snapshots}
+    options = {**(sandbox_options or {}), **mode}
     async with RLMEnv(
         max_depth=0, max_turns=len(REPLIES), trace=False, max_live_repls=limit, sandbox=sandbox,
         sandbox_options=options or None,
@@ -317,6 +320,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="REPLs without state-keeping snapshots (an instant policy leaves no time to take them)",
     )
+    parser.add_argument(
+        "--every-cell",
+        action="store_true",
+        help="a snapshot after every cell (snapshots=True), where RLMEnv's default ('idle') skips the "
+        "snapshot of a cell the policy answers at once",
+    )
     parser.add_argument("--ray-nodes", type=int, default=0, help="also run on a simulated Ray cluster of N nodes")
     parser.add_argument("--rounds", type=int, default=1, help="with --ray-nodes: local and Ray batches, alternated")
     parser.add_argument("--vs-skyrl", action="store_true", help="SkyRL-gym's in-process environment beside ours")
@@ -336,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     for size, limit in zip(sizes, limits, strict=True):
         single, batch = asyncio.run(
             measure(size, args.episodes, min(limit, args.episodes), args.alone, not args.no_snapshots,
-                    think_s=args.think_ms / 1000, fresh=args.fresh_contexts)
+                    think_s=args.think_ms / 1000, fresh=args.fresh_contexts, every_cell=args.every_cell)
         )
         rows.append(single)
         for r in (single, batch):

@@ -257,6 +257,20 @@ async def test_many_episodes_at_once_share_one_pool(sub_server: FakeServer, tmp_
     await env.aclose()
 
 
+async def test_repls_keep_snapshots_taken_while_the_policy_thinks_unless_told_otherwise(
+    sub_server: FakeServer, tmp_path: Path
+) -> None:
+    # "idle" (recursa/sandbox/base.py, SnapshotMode): a step the policy sends at once is not held
+    # up by a fork; the sandbox's own default is a snapshot after every cell.
+    for options, mode in ((None, "idle"), ({"snapshots": True}, True), ({"snapshots": False}, False)):
+        env = make_env(sub_server, tmp_path, max_depth=0, trace=False, sandbox_options=options)
+        episode = await env.start("q?", CONTEXT)
+        assert "49 3" in (await episode.step(PEEK))[0]["content"]
+        assert episode._engine._sandbox.snapshots == mode
+        await episode.close()
+        await env.aclose()
+
+
 async def test_a_groups_samples_share_one_encoded_context(sub_server: FakeServer, tmp_path: Path) -> None:
     # Samples of one task start with the same context object: encoded once, and the buffer stays
     # whole for every REPL that loads it (a REPL that took it over would free it as it read).

@@ -211,6 +211,39 @@ async def test_without_a_snapshot_the_model_is_told_the_variables_are_gone(host:
         await sb.close()
 
 
+async def test_idle_snapshots_skip_a_cell_sent_at_once_and_keep_one_sent_later(host: Host) -> None:
+    # snapshots="idle" (RLMEnv's default): the worker forks only on the host's word, which waits
+    # until the host has sent nothing for `snapshot_idle_s` (a minute here: the cells below that
+    # follow at once always come first).
+    sb = SubprocessSandbox(grace_s=0.2, snapshots="idle")
+    sb.snapshot_idle_s = 60.0
+    await sb.start(host)
+    try:
+        await sb.execute("x = 1", 5)
+        await sb.execute("y = 2", 5)
+        r = await sb.execute(f"x = 3\n{C_LOOP}", 0.2)  # no snapshot of the state before it
+        assert r.restarted and not r.restored
+        assert "no time to take one (snapshots='idle')" in r.notes[-1], r.notes
+        r = await sb.execute("x", 5)
+        assert r.error is not None and "NameError" in r.error
+        # A host that waits (a policy thinking) gives the word: the next cell is snapshotted.
+        sb.snapshot_idle_s = 0.01
+        await sb.execute("z = 4", 5)
+        assert await sb.wait_snapshot() is not None
+        r = await sb.execute(f"z = 5\n{C_LOOP}", 0.2)
+        assert r.restored, r.notes
+        assert (await sb.execute("print(z)", 5)).stdout == "4\n"
+    finally:
+        await sb.close()
+
+
+def test_a_snapshot_mode_is_true_false_or_idle() -> None:
+    from recursa.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="'idle' or False"):
+        SubprocessSandbox(snapshots="sometimes")  # type: ignore[arg-type]
+
+
 # -- no processes left behind -------------------------------------------------------------------
 
 

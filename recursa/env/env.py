@@ -68,6 +68,12 @@ class RLMEnv:
     for children, which needs `max_live_repls < max_depth` (rules: recursa/env/quota.py).
     `wait_for_repl`: seconds `start` waits for a slot, in line, before it raises (0: raise at once).
     `fork`: fork REPLs from one warm zygote shared by the episodes (subprocess sandboxes only).
+    Local REPLs (a Ray node's too) keep their state through a cell that has to be killed by forking
+    a snapshot after each cell while the policy generates its next reply; a step sent within 5 ms
+    of the last one's end (an instant policy) runs without one rather than wait for the fork, and
+    if it is killed the REPL starts over, as the cell's note says (`sandbox_options={"snapshots":
+    True}`: a snapshot after every cell, at about 3 ms a step back to back;
+    recursa/sandbox/base.py, SnapshotMode).
     `max_memory_bytes`: what all the environment's live REPLs (children included) may hold
     together; "auto": three quarters of the machine's memory; None: no bound but each REPL's own.
     Where the host may make memory control groups the kernel enforces it (recursa/sandbox/pools.py):
@@ -260,6 +266,8 @@ class RLMEnv:
                 user(event)
 
         options = {**self._cluster_memory, **(self.config.sandbox_options or {})}
+        if SANDBOXES[self.config.sandbox].snapshots:
+            options.setdefault("snapshots", "idle")  # see the class doc
         if self.memory_pool is not None:
             options["memory_pool"] = self.memory_pool
         resources = self._shared.here()

@@ -34,8 +34,9 @@ from typing import Any, TypeVar
 from dspy.primitives.code_interpreter import CodeExecutionError, CodeInterpreterError, FinalOutput
 
 from recursa.config import DEFAULTS as D
-from recursa.errors import ConfigError, SandboxError
-from recursa.sandbox import SANDBOXES, Sandbox, make_sandbox
+from recursa.config import RLMConfig, Spelling
+from recursa.errors import SandboxError
+from recursa.sandbox import Sandbox, make_sandbox
 from recursa.sandbox.base import CallbackError, ExecResult
 from recursa.sync import PrivateLoop
 from recursa.trace.redact import redact
@@ -69,6 +70,11 @@ def SUBMIT(*args, **kwargs):
 '''
 
 
+# A DSPy step is one short cell, not an RLM turn: its own default, the rest checked as RLM's.
+_EXEC_TIMEOUT = 30.0
+_SPELLING = Spelling("python", "RecursaInterpreter", defaults={"exec_timeout": _EXEC_TIMEOUT})
+
+
 class RecursaInterpreter:
     """A DSPy `CodeInterpreter` backed by recursa's sandboxed REPL worker.
 
@@ -90,19 +96,14 @@ class RecursaInterpreter:
         tools: dict[str, Callable[..., Any]] | None = None,
         output_fields: list[dict[str, Any]] | None = None,
         *,
-        exec_timeout: float = 30.0,
+        exec_timeout: float = _EXEC_TIMEOUT,
         sandbox: str = D.sandbox,
         sandbox_options: dict[str, Any] | None = None,
         max_output_chars: int = D.max_output_chars,
     ) -> None:
-        if not isinstance(exec_timeout, (int, float)) or exec_timeout <= 0:
-            raise ConfigError(
-                f"RecursaInterpreter(exec_timeout={exec_timeout!r}): give seconds > 0, e.g. 30."
-            )
-        if sandbox not in SANDBOXES:
-            raise ConfigError(
-                f"RecursaInterpreter(sandbox={sandbox!r}): choose one of {', '.join(SANDBOXES)}."
-            )
+        given = {"exec_timeout": exec_timeout, "sandbox": sandbox, "max_output_chars": max_output_chars}
+        for name, value in given.items():
+            RLMConfig.check_one(name, value, _SPELLING)  # as RLM(...) checks it, named as given here
         self.tools: dict[str, Callable[..., Any]] = dict(tools or {})
         self.output_fields = output_fields
         self.exec_timeout = float(exec_timeout)

@@ -54,6 +54,7 @@ class SandboxKind:
     options_of: type  # the class whose keyword parameters are the kind's `sandbox_options`
     help: str
     forks: bool = False  # its workers can fork from a shared ForkServer (recursa/sandbox/forkserver.py)
+    snapshots: bool = False  # its REPLs keep state-keeping snapshots (the `snapshots` option)
     image: bool = False  # it runs in an image of its own: the REPL imports what that image installs
 
     def option_names(self) -> list[str] | None:
@@ -81,10 +82,12 @@ def _inprocess(**options: Any) -> Sandbox:
 
 SANDBOXES: dict[str, SandboxKind] = {
     "auto": SandboxKind(
-        _auto, SubprocessSandbox, "a hardened worker process, inside bubblewrap where bwrap works", forks=True
+        _auto, SubprocessSandbox, "a hardened worker process, inside bubblewrap where bwrap works", forks=True,
+        snapshots=True,
     ),
     "subprocess": SandboxKind(
-        SubprocessSandbox, SubprocessSandbox, "the same hardened worker without bubblewrap", forks=True
+        SubprocessSandbox, SubprocessSandbox, "the same hardened worker without bubblewrap", forks=True,
+        snapshots=True,
     ),
     "inprocess": SandboxKind(_inprocess, InProcessSandbox, "a thread of this process, no isolation (debugging)"),
     "docker": SandboxKind(
@@ -99,6 +102,7 @@ SANDBOXES: dict[str, SandboxKind] = {
         lambda **o: RaySandbox(make_sandbox=make_sandbox, **o),
         RaySandbox,
         "the node's own local sandbox on a Ray cluster, run by a host actor there (the ray extra)",
+        snapshots=True,  # the node's local sandbox takes them
     ),
 }
 

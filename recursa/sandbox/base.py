@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from recursa.context import ContextPayload
+from recursa.errors import ConfigError
 from recursa.outcomes import AnswerProtocol, ErrorKind, error_kind
 
 # The host side of the REPL's call-backs: (function name, JSON arguments) -> JSON result.
@@ -17,6 +18,23 @@ CallHandler = Callable[[str, dict[str, Any]], Awaitable[Any]]
 # Every function the REPL's call-backs name (user tools all go through "tool"). A call naming any
 # other came from code writing to the channel itself, and is answered without reaching the handler.
 HOST_FUNCTIONS = frozenset({"llm_query", "llm_query_batched", "rlm_query", "rlm_query_batched", "tool"})
+
+# Fork snapshots of a worker's state (worker/snapshots.py): after every cell (True), none (False), or
+# after every cell the host does not follow at once ("idle", RLMEnv's default): the host gives the
+# worker its word to fork only once it has sent it nothing for SNAPSHOT_IDLE_S after a cell, so a
+# policy that takes longer than that (any model generating a reply) has the fork done while it
+# thinks, and a cell sent sooner runs without a snapshot of the state before it, instead of waiting
+# for the fork and the copy-on-write faults after it (about 3 ms here, docs/performance.md, "RL
+# step"): if such a cell has to be killed, the REPL starts over and says so.
+SnapshotMode = bool | Literal["idle"]
+SNAPSHOT_IDLE_S = 0.005
+
+
+def snapshot_mode(value: Any) -> SnapshotMode:
+    """`value` as a SnapshotMode, or a ConfigError naming the choices."""
+    if value is True or value is False or value == "idle":
+        return value  # type: ignore[no-any-return]
+    raise ConfigError(f"snapshots={value!r}: give True (a snapshot after every cell), 'idle' or False")
 
 
 class CallbackError(Exception):

@@ -20,6 +20,8 @@ import shutil
 import sys
 from collections.abc import Iterable, Sequence
 
+from recursa.sandbox.proc import read_small
+
 # Top-level links of a merged-/usr system (/lib -> usr/lib): recreated as links inside.
 _ROOT_LINKS = ("/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin")
 # Read-only extras Python uses after start; bound only where they exist.
@@ -154,8 +156,7 @@ def _system_arguments(
 
 def _children(pid: int) -> list[int]:
     try:
-        with open(f"/proc/{pid}/task/{pid}/children") as fh:
-            return [int(x) for x in fh.read().split()]
+        return [int(x) for x in read_small(f"/proc/{pid}/task/{pid}/children").split()]
     except (OSError, ValueError):
         return []
 
@@ -163,13 +164,11 @@ def _children(pid: int) -> list[int]:
 def namespace_pid(pid: int) -> int | None:
     """The pid of `pid` in its innermost pid namespace (last field of NSpid)."""
     try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("NSpid:"):
-                    return int(line.split()[-1])
-    except (OSError, ValueError):
-        pass
-    return None
+        data = read_small(f"/proc/{pid}/status")
+        at = data.find(b"\nNSpid:")
+        return int(data[at + 7 : data.find(b"\n", at + 7)].split()[-1]) if at >= 0 else None
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def inner_pid(outer_pid: int, ns_pid: int) -> int | None:

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from recursa.sandbox.bwrap import namespace_pid
-from recursa.sandbox.proc import exiting, kill_owned, started_at
+from recursa.sandbox.proc import exiting, kill_owned, read_small, started_at
 
 _PREFIX = "recursa-"
 _counter = itertools.count(1)
@@ -145,9 +145,8 @@ def _cgroup_mounts() -> dict[str, str]:
 
 def _read(path: str) -> str:
     try:
-        with open(path) as fh:
-            return fh.read()
-    except OSError:
+        return read_small(path).decode()
+    except (OSError, UnicodeDecodeError):
         return ""
 
 

@@ -84,6 +84,10 @@ class Connection:
         # Told of every `snapshot` frame first (its pid, None for none), e.g. to empty its group.
         self.on_snapshot: Callable[[int | None], None] = lambda pid: None
         self.restored: dict[str, Any] | None = None  # the `restored` frame, for a snapshot that took over
+        # The host's word that a cell is over, waiting until the host has sent nothing else for a
+        # while (`cell_closed_when_idle`), and whether it went since the last cell.
+        self._word: asyncio.TimerHandle | None = None
+        self.word_sent = False
         self.worker_ns_pid: int | None = None  # the worker's pid as it sees it (its namespace's)
         self._ids = itertools.count(1)
         self._released = False
@@ -225,6 +229,7 @@ class Connection:
         if self.dead_reason is not None:
             return
         self.dead_reason = reason
+        self._hold_word()
         for fut in (self.ready, *self.pending.values()):
             if not fut.done():
                 fut.set_exception(WorkerGone(reason))
@@ -247,6 +252,7 @@ class Connection:
 
         `fd` rides along by SCM_RIGHTS; `payload` = (fd, size): that many raw bytes follow the frame.
         """
+        self._hold_word()
         fid = next(self._ids)
         fut: asyncio.Future[dict[str, Any]] = self.loop.create_future()
         if not self.alive:
@@ -264,6 +270,24 @@ class Connection:
         except (OSError, ValueError) as exc:  # ValueError: the socket was already closed
             self._mark_dead(f"the REPL channel failed ({exc})")
         return fut
+
+    def cell_closed_when_idle(self, delay: float) -> None:
+        """Send the worker `cell_closed` (its word to fork the snapshot of the state after a cell)
+        once nothing else has been sent to it for `delay` seconds; never if a request goes first, so
+        the word never arrives after one (the worker then takes no snapshot of that cell)."""
+        self._hold_word()
+        self.word_sent = False
+        self._word = self.loop.call_later(delay, self._send_word)
+
+    def _send_word(self) -> None:
+        self._word = None
+        if self.alive:
+            self.word_sent = self.chan.try_send(self.chan.encode({"op": "cell_closed"}))
+
+    def _hold_word(self) -> None:
+        if self._word is not None:
+            self._word.cancel()
+            self._word = None
 
     def interrupt(self) -> None:
         """SIGINT the running code: directly where the host can signal the worker, else in-band."""

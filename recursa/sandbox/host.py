@@ -31,7 +31,7 @@ from typing import Any
 
 from recursa.context import ContextPayload
 from recursa.errors import ContextError, SandboxError
-from recursa.sandbox.base import CallHandler, ExecResult, FinalAnswer
+from recursa.sandbox.base import CallHandler, ExecResult, FinalAnswer, SnapshotMode, snapshot_mode
 from recursa.sandbox.cgroups import TaskGroup
 from recursa.sandbox.connection import LOG_TAIL_CHARS, Connection, WorkerGone
 from recursa.sandbox.processes import WorkerProcess
@@ -108,13 +108,13 @@ class WorkerHost:
         grace_s: float = 2.0,
         max_output_chars: int = 20_000,
         query_timeout: float = 30.0,
-        snapshots: bool = True,
+        snapshots: SnapshotMode = True,
         restore_timeout: float = 2.0,
     ) -> None:
         self.start_timeout, self.grace_s = start_timeout, grace_s
         self.max_output_chars = max_output_chars
         self.query_timeout = query_timeout  # get_variable / variable_names
-        self.snapshots = snapshots  # fork snapshots so timeouts and crashes keep state
+        self.snapshots = snapshot_mode(snapshots)  # fork snapshots so timeouts and crashes keep state
         self.restore_timeout = restore_timeout
         self.isolation: dict[str, Any] = {}
         self._handler: CallHandler | None = None
@@ -210,8 +210,9 @@ class WorkerHost:
         if not conn.chan.can_pass_fds:
             return
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        standby = {"op": "standby", "idle": self.snapshots == "idle"}
         try:
-            await conn.chan.send_with_fd({"op": "standby"}, theirs.fileno())
+            await conn.chan.send_with_fd(standby, theirs.fileno())
         except (OSError, ValueError, ProtocolError):
             ours.close()
             return
@@ -238,9 +239,7 @@ class WorkerHost:
         """The tail of a new worker's output (worker_log.py): give it `write_fd`, then `spawned()`."""
         return WorkerLog.pipe()
 
-    async def _failed_start(
-        self, worker: Connection, exc: BaseException, who: str
-    ) -> tuple[SandboxError, str]:
+    async def _failed_start(self, worker: Connection, exc: BaseException, who: str) -> tuple[SandboxError, str]:
         """Kill a worker that did not come up and release its log: the error to raise, and its log tail."""
         await worker.kill()
         why = "did not start in time" if isinstance(exc, TimeoutError) else f"failed to start ({exc})"
@@ -275,7 +274,8 @@ class WorkerHost:
             # A worker that died may have announced its snapshot in frames not read yet.
             await asyncio.wait({old.reader}, timeout=_DRAIN_S)
         if old.snapshot_sid is None:
-            return None, old.snapshot_error or "none was ready"
+            skipped = "the cell came right after the one before, with no time to take one (snapshots='idle')"
+            return None, old.snapshot_error or (skipped if self.snapshots == "idle" else "none was ready")
         main_ours, main_theirs = socket.socketpair()
         ctl_ours, ctl_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._before_takeover()

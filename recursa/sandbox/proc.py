@@ -8,6 +8,23 @@ import signal
 from collections.abc import Iterator
 
 
+def read_small(path: str) -> bytes:
+    """The whole of a small kernel file (/proc, a control group's), through the descriptor alone:
+    `open()`'s buffered file object (its fstat, lseek and ioctl) cost 50-60 us more per read, and
+    these are read a few times per cell (docs/performance.md, "RL step"). Raises OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = os.read(fd, 65536)
+        if len(data) < 65536:
+            return data
+        chunks = [data]
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def stat_fields(pid: int | str) -> list[bytes] | None:
     """The fields of /proc/<pid>/stat after "pid (comm) ": state, ppid, pgrp, session, ...
 
@@ -15,8 +32,7 @@ def stat_fields(pid: int | str) -> list[bytes] | None:
     parentheses, so the split is at the last ")".
     """
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read()
+        data = read_small(f"/proc/{pid}/stat")
     except OSError:
         return None
     fields = data[data.rfind(b")") + 2 :].split()
@@ -27,13 +43,16 @@ def status_bytes(pid: int, field: str) -> int | None:
     """A size field of /proc/<pid>/status ("VmData", "VmRSS", ...) in bytes; None when the process
     is gone, 0 when it has no such field (a zombie has no memory)."""
     try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
+        data = read_small(f"/proc/{pid}/status")
+    except OSError:
         return None
-    return 0
+    at = data.find(f"\n{field}:".encode())
+    if at < 0:
+        return 0
+    try:
+        return int(data[at + len(field) + 2 :].split(None, 1)[0]) * 1024
+    except (ValueError, IndexError):
+        return None
 
 
 def processes() -> Iterator[tuple[int, list[bytes]]]:

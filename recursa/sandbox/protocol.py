@@ -75,6 +75,11 @@ class Channel:
     async def send_with_fd(self, obj: dict[str, Any], fd: int) -> None:
         raise ProtocolError("this channel cannot carry file descriptors")
 
+    def try_send(self, data: bytes) -> bool:
+        """Send a small frame made by `encode` at once, from outside a coroutine (a timer's
+        callback), or not at all: False when another send holds the channel or it is full."""
+        return False
+
     async def send_with_payload(self, obj: dict[str, Any], fd: int, size: int) -> None:
         """A frame followed by `size` raw bytes read from `fd` (the context, sent inline)."""
         raise ProtocolError("this channel cannot carry raw bytes")
@@ -112,6 +117,23 @@ class FrameSocket(Channel):
         loop = asyncio.get_running_loop()
         async with self._lock:
             await loop.sock_sendall(self.sock, data)
+
+    def try_send(self, data: bytes) -> bool:
+        if self._lock.locked():
+            return False
+        try:
+            sent = self.sock.send(data)
+        except OSError:  # BlockingIOError included
+            return False
+        # A Unix stream socket takes a write this small whole or not at all; elsewhere, the rest
+        # goes before any other frame can.
+        if sent < len(data):
+            self.sock.setblocking(True)
+            try:
+                self.sock.sendall(data[sent:])
+            finally:
+                self.sock.setblocking(False)
+        return True
 
     async def send_with_fd(self, obj: dict[str, Any], fd: int) -> None:
         data = memoryview(encode_frame(obj))

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from recursa.errors import SandboxError
+from recursa.sandbox.base import SNAPSHOT_IDLE_S, SnapshotMode
 from recursa.sandbox.bwrap import inner_pid
 from recursa.sandbox.bytecode import worker_entry
 from recursa.sandbox.connection import Connection, WorkerGone
@@ -42,6 +43,9 @@ class SubprocessSandbox(WorkerHost):
     """A persistent REPL in a separate worker process (the default sandbox)."""
 
     name = "subprocess"
+    # With snapshots="idle": how long the host sends a worker nothing after a cell before its word
+    # to fork a snapshot (base.SnapshotMode).
+    snapshot_idle_s = SNAPSHOT_IDLE_S
 
     def __init__(
         self,
@@ -56,7 +60,7 @@ class SubprocessSandbox(WorkerHost):
         config: dict[str, Any] | None = None,
         hardening: Hardening | bool = True,
         bwrap: bool | None = False,
-        snapshots: bool = True,
+        snapshots: SnapshotMode = True,
         restore_timeout: float = 2.0,
         fork_server: ForkServer | None = None,
         memory_pool: MemoryPool | None = None,
@@ -64,7 +68,8 @@ class SubprocessSandbox(WorkerHost):
         """`hardening`: True (defaults), a `Hardening` with other limits, or False (a plain process
         with a scrubbed environment). `bwrap`: True to require bubblewrap namespaces, None to use
         them when bwrap is installed and works, False not to (see bwrap.py). `snapshots`: fork a
-        snapshot before each cell so that a cell that must be killed costs only its own changes.
+        snapshot before each cell so that a cell that must be killed costs only its own changes;
+        "idle": not before a cell sent at once after the one before (base.SnapshotMode).
         `fork_server`: fork the worker from that server's warm zygote where it is as safe as a
         separate start (bwrap, Landlock ABI 6+, seccomp; see forkserver.py), else start it anew.
         `memory_pool`: a memory bound this REPL shares with others (pools.py; RLMEnv's)."""
@@ -363,6 +368,7 @@ class SubprocessSandbox(WorkerHost):
             and not fresh
             and worker.control is not None
             and not worker.snapshot_reported.is_set()
+            and (self.snapshots != "idle" or worker.word_sent)  # else it forks none (base.SnapshotMode)
         ):
             # The worker forks its snapshot of the last state after its answer: moved into the cell
             # group before that, the snapshot would be among what the host kills at the cell's end.
@@ -373,12 +379,14 @@ class SubprocessSandbox(WorkerHost):
 
     async def _end_cell(self, answered: Connection | None) -> int:
         self._hardening.close_cell()  # first: from its answer on, the cell starts nothing
-        if answered is not None and self._hardening.leave_cell(
-            answered.pid, answered.control is not None, answered.reported_pid
-        ):
+        snapshots = answered is not None and answered.control is not None
+        if answered is not None and self._hardening.leave_cell(answered.pid, snapshots, answered.reported_pid):
             answered.on_snapshot = self._hardening.audit_snapshots
-            with contextlib.suppress(OSError, ValueError):
-                await answered.chan.send({"op": "cell_closed"})  # the worker waits for it to snapshot
+            if self.snapshots != "idle":
+                with contextlib.suppress(OSError, ValueError):
+                    await answered.chan.send({"op": "cell_closed"})  # the worker waits for it to snapshot
+        if answered is not None and snapshots and self.snapshots == "idle":
+            answered.cell_closed_when_idle(self.snapshot_idle_s)  # the worker forks on this word only
         return await self._hardening.end_cell()
 
     def _cell_notes(self) -> list[str]:

@@ -237,7 +237,7 @@ class RecursaAgent:
         base_url, api_key = s.client_upstream(
             overrides.get("base_url"), overrides.get("api_key"), f"_meta.{RUNTIME_KEY}"
         )
-        options = {**s.run, **{k: v for k, v in overrides.items() if k in _CLIENT_SETTINGS}}
+        options = s.run_settings() | {k: v for k, v in overrides.items() if k in _CLIENT_SETTINGS}
         options |= {"base_url": base_url, "api_key": api_key, "mcp_servers": mcp_servers}
         options["on_event"] = _both(s.run.get("on_event"), on_event)
         # What fails here is the client's (the operator's settings were checked at start-up): named

@@ -140,7 +140,7 @@ def _check_model(settings: ServeSettings) -> None:
     from recursa.config import Spelling
     from recursa.rlm import RLM
 
-    RLM.configured({**settings.run, "trace": False}, Spelling("cli"))
+    RLM.configured(settings.run_settings() | {"trace": False}, Spelling("cli"))
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -43,6 +43,7 @@ _SERVERS: tuple[Command, ...] = ("serve", "mcp")  # the HTTP servers (mcp: with 
 RUN_NAMES = {"api_key": "upstream_api_key"}
 Paths = Annotated[tuple[Annotated[Path, Field(strict=False)], ...], Field(strict=False)]  # or a list of str
 Urls = Annotated[tuple[str, ...], Field(strict=False)]
+_COMPARED = ("max_depth", "max_iterations", "budget")
 
 
 def served(default: Any = None, help: str = "", *, on: tuple[Command, ...] = (), **declared: Any) -> Any:
@@ -145,10 +146,6 @@ class ServeSettings(Schema):
                 raise Invalid(f"a list of http(s) URLs; {url[:200]!r} is not one", "['http://127.0.0.1:8000/v1']")
         return urls
 
-    def run_setting(self, name: str) -> Any:
-        """The operator's value of run setting `name`: as given, else the run settings' default."""
-        return self.run[name] if name in self.run else setting_of(name).default
-
     @property
     def model(self) -> str:
         """The root model (a run setting every ServeSettings has)."""
@@ -188,14 +185,20 @@ class ServeSettings(Schema):
         keys = [self.run.get("api_key"), self.api_key, *self.api_keys.values()]
         return Redactor(keys, paths=not log)(text)
 
+    def run_settings(self) -> dict[str, Any]:
+        """The operator's settings of every run (`RLM.configured`'s, by the schema's names): `run`,
+        with the depth, turns and budget a client's are compared with (the schema's by default)."""
+        return {name: setting_of(name).default for name in _COMPARED} | self.run
+
     def run_limits(self) -> dict[str, Any]:
         """The operator's limits on what a client's run options may ask for (recursa/overrides.py):
-        the depth and iterations limits, the budget, and the run settings the operator set."""
+        the depth and iterations limits, the budget, and the operator's values of the run settings a
+        client may set (those only the operator sets stay out of a client's messages: its base URL)."""
         return {
-            **self.run,
+            **{name: value for name, value in self.run.items() if setting_of(name).client != "operator"},
             "max_depth": self.max_depth_limit,
             "max_iterations": self.max_iterations_limit,
-            "budget": self.run_setting("budget"),
+            "budget": self.run_settings()["budget"],
         }
 
     def run_models(self) -> list[str]:

@@ -7,11 +7,10 @@ have on the driver's machine. The actor keeps no model, key or budget: every cal
 is materialised once per node (one memfd per context key, from the object store) and every REPL on
 the node maps that same buffer.
 
-A driver talks to its host through `exchange` alone: each call carries every request the driver
-made since its last call (cells of many REPLs, answers to call-backs, cancellations) and returns
-every event ready for that driver (requests done, call-backs asked), waiting for one when none is.
-So a step costs one actor call, and a busy driver's steps share calls: the per-call work of Ray
-(two processes' task machinery on every node's cores) is paid per batch, not per cell.
+A driver's event loop talks to its host through an actor call or two when it first puts a REPL
+here (`listen`, with the token its stream must show; `remember_options`) and then over its stream
+(wire.py): requests come in as frames and run as tasks, results and the REPLs' call-backs go out as
+frames. A stream that ends (the driver left, or its connection broke) closes that driver's REPLs.
 
 This module imports no Ray: the driver wraps `NodeHost` with `ray.remote` (pool.py), so the class
 is also testable as a plain object.
@@ -21,58 +20,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import itertools
 import os
-import pickle
 import socket
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 from recursa.context import ContextInfo, ContextPayload
 from recursa.errors import SandboxError
 from recursa.outcomes import error_kind
 from recursa.sandbox.base import CallbackError, ExecResult, FinalAnswer, Sandbox
+from recursa.sandbox.cluster import wire
 from recursa.sandbox.forkserver import ForkServer
+from recursa.sandbox.frames import ProtocolError
 from recursa.sandbox.pools import MemoryPool
 from recursa.sandbox.proc import descendants
 
-# A request from the driver: (request id, method, arguments). Methods: REQUESTS, and "answer"
-# (arguments: a list of Answer) and "cancel" (arguments: the request id), which have no reply.
-Request = tuple[int, str, tuple[Any, ...]]
-# An event for the driver: ("done", request id, True, value) / ("done", request id, False, exception)
-# or a call-back, ("call", repl, call id, function, arguments).
-Event = tuple[Any, ...]
-# An answer to a call-back: (call id, True, value) or (call id, False, (error kind, message)).
-Answer = tuple[int, bool, Any]
-
-REQUESTS: Final = frozenset(
-    {"open", "close", "load_context", "define", "execute", "get_variable", "variable_names"}
-)
-_MAX_BATCH = 512  # events handed to the driver per exchange; more go with the next one
-# Exchanges of one driver held open waiting for events: one is the driver's standing ear; a second
-# is the exchange that carried the latest requests. A third releases the oldest, empty.
-_MAX_WAITERS = 2
-# While other requests run, a new event waits this long for company before it is delivered, and
-# the driver holds a new request as long while others of its are out: busy traffic shares calls.
-GATHER_S = 0.002
+_MAX_UNAUTHENTICATED = 64  # connections waiting to show a token; more are closed at once
 
 
-@dataclass
-class Mailbox:
-    """One driver's traffic on this host: its requests running, its events, its waiting exchanges."""
+class Stream(wire.Outbox):
+    """One driver's authenticated stream to this host, and its requests running."""
 
-    events: list[Event] = field(default_factory=list)
-    waiters: deque[asyncio.Future[list[Event]]] = field(default_factory=deque)
-    running: dict[int, asyncio.Task[None]] = field(default_factory=dict)
-    latest: int = 0  # the highest request id seen: a cancel past it arrived first
-    cancelled: set[int] = field(default_factory=set)
-    delivering: bool = False
-
-    def take(self) -> list[Event]:
-        batch, self.events = self.events[:_MAX_BATCH], self.events[_MAX_BATCH:]
-        return batch
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        super().__init__(writer)
+        self.running: dict[int, asyncio.Task[None]] = {}
 
 
 @dataclass
@@ -92,15 +66,6 @@ class NodeContext:
         return ContextPayload(
             self.kind, os.dup(self.fd), self.size_bytes, list(self.byte_lengths), list(self.keys), self.info
         )
-
-
-def _portable(exc: Exception) -> Exception:
-    """`exc` as it can cross to the driver: itself when it pickles, else a SandboxError naming it."""
-    try:
-        pickle.dumps(exc)
-    except Exception:
-        return SandboxError(f"{type(exc).__name__}: {exc}")
-    return exc
 
 
 def tree_rss(root: int) -> int:
@@ -136,8 +101,13 @@ class NodeHost:
         self._owner: dict[str, str] = {}  # repl -> the client (driver-side pool) it answers to
         self._contexts: dict[str, NodeContext] = {}
         self._loading: dict[str, asyncio.Future[NodeContext]] = {}
-        self._mail: dict[str, Mailbox] = {}  # client -> its traffic
-        self._waiting: dict[int, tuple[str, asyncio.Future[Any]]] = {}
+        self._waiting: dict[int, tuple[str, asyncio.Future[Any]]] = {}  # call id -> (client, answer)
+        self._expected: dict[str, bytes] = {}  # client -> the token its stream is to show
+        self._streams: dict[str, Stream] = {}  # client -> its authenticated stream
+        self._server: asyncio.Server | None = None
+        self._unauthenticated = 0
+        self._options: dict[str, dict[str, Any]] = {}  # digest -> a REPL's options (remember_options)
+        self._watchers: dict[str, asyncio.Future[None]] = {}  # client -> done when it is closed
         self._ids = itertools.count(1)
         self.opened = 0  # REPLs ever started here
         self._pools: dict[str, MemoryPool] = {}  # environment -> its memory pool on this node
@@ -148,7 +118,8 @@ class NodeHost:
     def describe(self) -> dict[str, Any]:
         """Where this host runs and how full it is."""
         return {"hostname": socket.gethostname(), "pid": os.getpid(), "live_repls": len(self.repls),
-                "opened": self.opened, "contexts": len(self._contexts), "rss_bytes": tree_rss(os.getpid())}  # fmt: skip
+                "opened": self.opened, "contexts": len(self._contexts), "streams": len(self._streams),
+                "rss_bytes": tree_rss(os.getpid())}  # fmt: skip
 
     # -- REPL life ---------------------------------------------------------------------------------
 
@@ -175,7 +146,6 @@ class NodeHost:
         self.opened += 1
         self.repls[repl] = sandbox
         self._owner[repl] = client
-        self._mail.setdefault(client, Mailbox())
         try:
             await sandbox.start(self._handler(client, repl))
         except BaseException:
@@ -198,14 +168,13 @@ class NodeHost:
         await self._drop(repl)
 
     async def close_client(self, client: str) -> int:
-        """Close every REPL of one driver-side pool (its loop ended); how many there were."""
-        box = self._mail.pop(client, None)
-        if box is not None:
-            for task in box.running.values():
+        """Close every REPL of one driver-side pool (its loop ended, or its stream); how many."""
+        self._expected.pop(client, None)
+        stream = self._streams.pop(client, None)
+        if stream is not None:
+            for task in stream.running.values():
                 task.cancel()
-            for waiter in box.waiters:
-                if not waiter.done():
-                    waiter.set_result([])
+            stream.close()
         repls = [r for r, c in self._owner.items() if c == client]
         await asyncio.gather(*(self._drop(r) for r in repls), return_exceptions=True)
         for call_id, (owner, future) in list(self._waiting.items()):
@@ -213,6 +182,9 @@ class NodeHost:
                 future.set_exception(CallbackError("SandboxError", "the driver that owned this REPL left"))
             if owner == client:
                 self._waiting.pop(call_id, None)
+        watcher = self._watchers.pop(client, None)
+        if watcher is not None and not watcher.done():
+            watcher.set_result(None)
         return len(repls)
 
     async def _drop(self, repl: str) -> None:
@@ -297,102 +269,152 @@ class NodeHost:
     async def variable_names(self, repl: str) -> list[str]:
         return await self._repl(repl).variable_names()
 
-    # -- the driver's traffic -----------------------------------------------------------------------
+    async def load_cached(self, repl: str, key: str) -> bool:
+        """Load the context `key` into `repl` if this node has it (or is bringing it here); False
+        when it has not, and the driver then sends its object ref (`load_context`)."""
+        if key not in self._contexts and key not in self._loading:
+            return False
+        await self.load_context(repl, key, {}, [])
+        return True
 
-    async def exchange(self, client: str, requests: list[Request]) -> list[Event]:
-        """Start `requests` (in order), then return the events ready for `client`, waiting for one
-        when there is none (or for `close_client`, which returns [])."""
-        box = self._mail.setdefault(client, Mailbox())
-        for request_id, method, args in requests:
-            if method == "answer":
-                self.answer(args[0])
-            elif method == "cancel":
-                task = box.running.get(args[0])
-                if task is not None:
-                    task.cancel()
-                elif args[0] > box.latest:
-                    box.cancelled.add(args[0])  # its request comes in a later exchange
-            elif method in REQUESTS:
-                box.latest = max(box.latest, request_id)
-                if request_id in box.cancelled:
-                    box.cancelled.discard(request_id)
-                    continue
-                box.running[request_id] = asyncio.get_running_loop().create_task(
-                    self._run(box, request_id, method, args)
-                )
-            else:
-                self._post(box, ("done", request_id, False, SandboxError(f"no request {method!r}")))
-        if box.events:
-            return box.take()
-        if len(box.waiters) >= _MAX_WAITERS:
-            oldest = box.waiters.popleft()
-            if not oldest.done():
-                oldest.set_result([])
-        waiter: asyncio.Future[list[Event]] = asyncio.get_running_loop().create_future()
-        box.waiters.append(waiter)
+    # -- the driver's stream ------------------------------------------------------------------------
+
+    def remember_options(self, digest: str, options: dict[str, Any]) -> None:
+        """Options of REPLs to come (they may hold any picklable value, which the stream's JSON
+        does not carry); a stream's `open` names them by `digest`."""
+        self._options[digest] = options
+
+    async def listen(self, client: str, address: str, token: bytes) -> int:
+        """Expect one stream from `client`, which shows `token` first; the port, on `address`
+        (the node's address as Ray advertises it: the host listens on no other interface)."""
+        if not isinstance(token, bytes) or len(token) != wire.TOKEN_BYTES:
+            raise SandboxError(f"a stream token is {wire.TOKEN_BYTES} random bytes")
+        self._expected[client] = token
+        if self._server is None:
+            self._server = await asyncio.start_server(self._serve, address, 0)
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    async def until_closed(self, client: str) -> None:
+        """Returns when `client` is closed here: the driver keeps one such call out per node, so
+        that Ray tells it (an actor error naming the node) when the node or this host dies."""
+        watcher = self._watchers.get(client)
+        if watcher is None:
+            watcher = self._watchers[client] = asyncio.get_running_loop().create_future()
+        await asyncio.shield(watcher)
+
+    def _admit(self, token: bytes) -> str | None:
+        """The client whose token this is (compared in constant time with each), used up."""
+        found = None
+        for client, expected in list(self._expected.items()):
+            if hmac.compare_digest(expected, token) and found is None:
+                found = client
+        if found is not None:
+            del self._expected[found]
+        return found
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        client, stream = None, None
         try:
-            return await waiter
+            if self._unauthenticated >= _MAX_UNAUTHENTICATED:
+                return
+            self._unauthenticated += 1
+            try:
+                async with asyncio.timeout(wire.AUTH_S):
+                    token = await reader.readexactly(wire.TOKEN_BYTES)
+            except (TimeoutError, asyncio.IncompleteReadError, OSError):
+                return
+            finally:
+                self._unauthenticated -= 1
+            client = self._admit(token)
+            if client is None or client in self._streams:
+                return
+            stream = self._streams[client] = Stream(writer)
+            with contextlib.suppress(OSError):
+                writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            stream.send({"op": "ready"})
+            with contextlib.suppress(ProtocolError, OSError):
+                async for frame in wire.driver_frames(reader):
+                    self._take(client, stream, frame)
         finally:
-            with contextlib.suppress(ValueError):
-                box.waiters.remove(waiter)
+            writer.close()
+            if client is not None and stream is not None and self._streams.get(client) is stream:
+                await self.close_client(client)  # the driver is gone: so are its REPLs here
 
-    async def _run(self, box: Mailbox, request_id: int, method: str, args: tuple[Any, ...]) -> None:
+    def _take(self, client: str, stream: Stream, frame: dict[str, Any]) -> None:
+        op, request_id = frame["op"], wire.frame_id(frame)
+        if op == "answer":
+            self._answer(client, frame)
+        elif op == "cancel":
+            task = stream.running.get(request_id) if request_id is not None else None
+            if task is not None:
+                task.cancel()
+        elif request_id is not None and request_id not in stream.running:
+            stream.running[request_id] = asyncio.get_running_loop().create_task(
+                self._run(client, stream, request_id, op, frame)
+            )
+
+    async def _run(
+        self, client: str, stream: Stream, request_id: int, op: str, frame: dict[str, Any]
+    ) -> None:
         try:
-            event: Event = ("done", request_id, True, await getattr(self, method)(*args))
+            if op not in wire.METHODS:
+                raise SandboxError(f"no request {op!r}")
+            args = [frame.get(name) for name in wire.METHODS[op]]
+            if op == "open":
+                repl, digest, memory = args
+                if digest not in self._options:
+                    raise SandboxError("a REPL's options were not sent to this host (remember_options)")
+                value = await self.open(client, repl, self._options[digest], memory)
+            elif op == "load_context":
+                value = await self.load_cached(*args)
+            else:
+                value = await getattr(self, op)(*args)
+            stream.send({"op": "done", "id": request_id, "value": wire.value_to_wire(value)})
         except asyncio.CancelledError:
             return  # the driver stopped waiting (a timeout, an aborted step) or left
-        except Exception as exc:
-            event = ("done", request_id, False, _portable(exc))
+        except Exception as exc:  # the method's error, or a value that cannot be a frame
+            stream.send({"op": "failed", "id": request_id, **wire.error_to_wire(exc)})
         finally:
-            box.running.pop(request_id, None)
-        self._post(box, event)
-
-    def _post(self, box: Mailbox, event: Event) -> None:
-        box.events.append(event)
-        if box.waiters and not box.delivering:
-            # Delivered on the loop's next turn, so events that come ready together travel together.
-            box.delivering = True
-            if len(box.running) > 1:
-                asyncio.get_running_loop().call_later(GATHER_S, self._deliver, box)
-            else:
-                asyncio.get_running_loop().call_soon(self._deliver, box)
-
-    @staticmethod
-    def _deliver(box: Mailbox) -> None:
-        box.delivering = False
-        while box.events and box.waiters:
-            waiter = box.waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(box.take())
+            stream.running.pop(request_id, None)
+        await stream.drain()
 
     def _handler(self, client: str, repl: str) -> Callable[[str, dict[str, Any]], Any]:
         async def handle(function: str, args: dict[str, Any]) -> Any:
-            box = self._mail.get(client)
-            if box is None:
+            stream = self._streams.get(client)
+            if stream is None:
                 raise CallbackError("SandboxError", "the driver that owned this REPL left")
             call_id = next(self._ids)
             future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             self._waiting[call_id] = (client, future)
-            self._post(box, ("call", repl, call_id, function, args))
+            stream.send({"op": "call", "id": call_id, "repl": repl, "fn": function, "args": args})
             try:
                 return await future
+            except asyncio.CancelledError:  # the cell ended (a timeout): the driver stops the call
+                stream.send({"op": "cancel", "id": call_id})
+                raise
             finally:
                 self._waiting.pop(call_id, None)
 
         return handle
 
-    def answer(self, answers: list[Answer]) -> None:
-        for call_id, ok, value in answers:
-            entry = self._waiting.get(call_id)
-            if entry is None or entry[1].done():
-                continue  # the cell that asked ended (timeout, restart) before the answer came
-            if ok:
-                entry[1].set_result(value)
-            else:
-                kind, message = value
-                entry[1].set_exception(CallbackError(error_kind(str(kind)), str(message)))
+    def _answer(self, client: str, frame: dict[str, Any]) -> None:
+        entry = self._waiting.get(wire.frame_id(frame) or 0)
+        if entry is None or entry[0] != client or entry[1].done():
+            return  # the cell that asked ended (timeout, restart) before the answer came
+        if frame.get("ok") is True:
+            entry[1].set_result(frame.get("value"))
+        else:
+            entry[1].set_exception(
+                CallbackError(error_kind(str(frame.get("kind"))), str(frame.get("message")))
+            )
 
     async def shutdown(self) -> None:
+        for client in list(self._streams):
+            await self.close_client(client)
+        if self._server is not None:
+            self._server.close()
+            self._server = None
         for repl in list(self.repls):
             with contextlib.suppress(Exception):
                 await self._drop(repl)

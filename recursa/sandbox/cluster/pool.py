@@ -3,34 +3,33 @@
 One `NodeHost` actor per Ray node serves every REPL this process puts there (node.py). A `RayPool`
 belongs to one event loop of the driver (the loop a run, a session or an `RLMEnv` lives on): it
 places REPLs on nodes, ships each context into Ray's object store once (Ray moves it to a node once,
-however many REPLs there load it), and talks to each node's host through exchanges: the requests
-its REPLs' stand-ins make on one turn of this loop leave together in one actor call, and each call
-brings back whatever is ready (requests done, call-backs asked). Call-backs are answered on this
+however many REPLs there load it), and talks to each node's host over a stream of its own
+(link.py): requests out, results and call-backs in, a frame each. Call-backs are answered on this
 loop, through the run's own handler: sub-calls, tools and the budget ledger never leave the
-driver. While anything may still come from a node, one exchange to it stays open (that is how a
-call-back or a result reaches the driver without being asked for). A node that dies fails the
-REPLs it held, each with an error naming the node; REPLs elsewhere go on.
+driver. A node that dies (or whose stream breaks) fails the REPLs it held, each with an error
+naming the node; REPLs elsewhere go on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
+import hashlib
 import mmap
 import os
+import pickle
 import socket
 import threading
 import uuid
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from recursa.context import ContextPayload
-from recursa.errors import ConfigError, SandboxError, SandboxLost
+from recursa.errors import ConfigError, SandboxError
 from recursa.sandbox.base import CallbackError, CallHandler, Sandbox
-from recursa.sandbox.cluster.node import GATHER_S, Answer, Event, NodeHost, Request
+from recursa.sandbox.cluster.link import Node, NodeLink, NodeLost
+from recursa.sandbox.cluster.node import NodeHost
 
 _NAMESPACE = "recursa"
 _SHUTDOWN_S = 10.0  # for every node host to close its REPLs before the hosts are killed
@@ -85,28 +84,6 @@ def _check_reachable(address: str) -> None:
         'Give the head node\'s GCS address (`ray start --head` prints it), "auto" for a cluster '
         "started on this machine, or None for a local instance."
     )
-
-
-@dataclass
-class Node:
-    """A Ray node as placement sees it."""
-
-    node_id: str
-    address: str
-    resources: dict[str, float]
-    labels: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def name(self) -> str:
-        return f"{self.node_id[:12]} ({self.address})"
-
-
-class NodeLost(SandboxLost):
-    """The Ray node that held a REPL died or left the cluster."""
-
-    def __init__(self, node: Node, why: str) -> None:
-        super().__init__(f"the Ray node {node.name} that held this REPL is gone ({why})")
-        self.node = node
 
 
 # Node-host actors are per driver process (a name of their own per node), shared by every pool of
@@ -174,18 +151,6 @@ def shutdown_hosts() -> int:
     return len(actors)
 
 
-@dataclass
-class _Link:
-    """This pool's traffic to one node's host: requests not sent yet, exchanges in flight."""
-
-    node: Node
-    host: Any
-    outgoing: list[Request] = field(default_factory=list)
-    flushing: bool = False
-    in_flight: int = 0
-    waiting: int = 0  # requests sent and not answered yet
-
-
 class RayPool:
     """The REPLs one event loop of this process runs on a Ray cluster."""
 
@@ -195,16 +160,13 @@ class RayPool:
         self.client = uuid.uuid4().hex
         self._handlers: dict[str, CallHandler] = {}  # repl -> the run's call-back handler
         self._repl_node: dict[str, Node] = {}
-        self._links: dict[str, _Link] = {}  # node id -> traffic to its host
-        self._pending: dict[int, tuple[_Link, asyncio.Future[Any]]] = {}  # request id -> its answer
+        self._links: dict[str, asyncio.Future[NodeLink]] = {}  # node id -> its stream (once connected)
         self._dead: dict[str, str] = {}  # node id -> why
         self._contexts: dict[str, Any] = {}  # context key -> object ref (kept while REPLs use it)
         self._context_users: dict[str, set[str]] = {}
         self._placed: dict[str, int] = {}  # node id -> REPLs this pool put there
         self._opened: dict[str, int] = {}  # node id -> REPLs this pool ever started there (ties)
         self._affinity: dict[str, str] = {}  # affinity key (a call tree's root run) -> node id
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._ids = itertools.count(1)
         self._node_table: tuple[float, list[dict[str, Any]]] | None = None
 
     # -- placement ---------------------------------------------------------------------------------
@@ -250,19 +212,29 @@ class RayPool:
         while True:
             candidates = self.nodes(resources, labels)
             if not candidates:
+                lost = "".join(
+                    f"; {node_id[:12]} is lost to this driver: {why}" for node_id, why in self._dead.items()
+                )
                 raise SandboxError(
                     "no live Ray node fits this REPL's placement "
                     f"(resources={resources or {}}, labels={labels or {}}); nodes: "
                     + ", ".join(f"{n['NodeID'][:12]} {n.get('Resources', {})}" for n in self.ray.nodes())
+                    + lost
                 )
             for node in self._order(candidates, affinity):
-                link = self._link(node, kind, max_repls_per_node)
                 self._handlers[repl] = handler
                 self._repl_node[repl] = node
                 self._placed[node.node_id] = self._placed.get(node.node_id, 0) + 1  # before the await:
                 try:  # REPLs placed at once must see each other
+                    link = await self._link(node, kind, max_repls_per_node)
+                    link.repls.add(repl)
                     share = None if memory is None else {**memory, "nodes": len(candidates)}
-                    reply = await self.request(link, "open", self.client, repl, options, share)
+                    digest = await self._send_options(link, options)
+                    reply = await link.request("open", repl=repl, options=digest, memory=share)
+                except NodeLost:  # found dead before the REPL started there: try the others
+                    self._unplace(node)
+                    self._forget(repl)
+                    continue
                 except BaseException:
                     self._unplace(node)
                     self._forget(repl)
@@ -289,15 +261,39 @@ class RayPool:
 
     def _forget(self, repl: str) -> None:
         self._handlers.pop(repl, None)
-        self._repl_node.pop(repl, None)
+        node = self._repl_node.pop(repl, None)
+        link = self._connected(node)
+        if link is not None:
+            link.repls.discard(repl)
+
+    def _connected(self, node: Node | None) -> NodeLink | None:
+        made = self._links.get(node.node_id) if node is not None else None
+        return made.result() if made is not None and made.done() and not made.exception() else None
+
+    async def _send_options(self, link: NodeLink, options: dict[str, Any]) -> str:
+        """The digest the node knows `options` by, sent to it by an actor call the first time: they
+        may hold any picklable value (a Hardening, a path), which the stream's JSON does not carry."""
+        digest = hashlib.sha256(pickle.dumps(options)).hexdigest()
+        if digest not in link.options_sent:
+            await self._actor_call(link, link.host.remember_options.remote(digest, options))
+            link.options_sent.add(digest)
+        return digest
+
+    async def _actor_call(self, link: NodeLink, ref: Any) -> Any:
+        """An actor call to `link`'s host; the host or its node dead loses the node (NodeLost)."""
+        try:
+            return await ref
+        except self.ray.exceptions.RayActorError as exc:
+            link.lose(f"its REPL host died: {type(exc).__name__}")
+            raise NodeLost(link.node, link.lost or "lost") from None
 
     async def close(self, repl: str) -> None:
         node = self._repl_node.get(repl)
         try:
-            link = self._links.get(node.node_id) if node is not None else None
-            if link is not None and link.node.node_id not in self._dead:
+            link = self._connected(node)
+            if link is not None and link.lost is None:
                 with contextlib.suppress(NodeLost):
-                    await self.request(link, "close", repl)
+                    await link.request("close", repl=repl)
         finally:
             if node is not None:
                 self._unplace(node)
@@ -310,116 +306,46 @@ class RayPool:
 
     def close_soon(self, repl: str) -> None:
         """Without awaiting (a finalizer): ask the node to close `repl`, fire and forget."""
-        node = self._repl_node.get(repl)
-        if node is not None and node.node_id not in self._dead:
+        link = self._connected(self._repl_node.get(repl))
+        if link is not None and link.lost is None:
             with contextlib.suppress(Exception):
-                self.host(node).close.remote(repl)
+                link.host.close.remote(repl)  # an actor call: the stream belongs to its loop's thread
         self._forget(repl)
 
     def host(self, node: Node) -> Any:
         """The host actor on `node` (this process's)."""
-        return self._link(node).host
+        return _host_actor(self.ray, node, self.make_sandbox, "auto", None)
 
-    # -- requests to a node's host ---------------------------------------------------------------
+    # -- the streams to the nodes' hosts ----------------------------------------------------------
 
-    def _link(self, node: Node, kind: str = "auto", max_repls: int | None = None) -> _Link:
-        link = self._links.get(node.node_id)
-        if link is None:
-            host = _host_actor(self.ray, node, self.make_sandbox, kind, max_repls)
-            link = self._links[node.node_id] = _Link(node, host)
+    async def _link(self, node: Node, kind: str = "auto", max_repls: int | None = None) -> NodeLink:
+        """This pool's stream to `node`'s host, connected on first use (REPLs placed at once share it)."""
+        made = self._links.get(node.node_id)
+        if made is None:
+            made = self._links[node.node_id] = asyncio.ensure_future(self._connect(node, kind, max_repls))
+        try:
+            return await asyncio.shield(made)
+        except NodeLost:
+            raise
+        except Exception as exc:
+            self._links.pop(node.node_id, None)
+            self._dead.setdefault(node.node_id, f"its REPL host could not be reached: {exc}")
+            raise NodeLost(node, self._dead[node.node_id]) from None
+
+    async def _connect(self, node: Node, kind: str, max_repls: int | None) -> NodeLink:
+        host = _host_actor(self.ray, node, self.make_sandbox, kind, max_repls)
+        link = NodeLink(node, host, self.client, self._serve_call, self._lost)
+        await link.connect()
         return link
 
-    async def request(self, link: _Link, method: str, *args: Any) -> Any:
-        """Ask `link`'s host to run `method`; its value, or its error raised here. A dead node
-        raises NodeLost; a cancelled wait cancels the request on the node."""
-        why = self._dead.get(link.node.node_id)
-        if why is not None:
-            raise NodeLost(link.node, why)
-        request_id = next(self._ids)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = (link, future)
-        link.waiting += 1
-        self._send(link, (request_id, method, args))
-        try:
-            return await future
-        except asyncio.CancelledError:
-            if link.node.node_id not in self._dead:
-                self._send(link, (0, "cancel", (request_id,)))
-            raise
-        finally:
-            self._pending.pop(request_id, None)
-            link.waiting -= 1
+    def _lost(self, link: NodeLink) -> None:
+        self._dead.setdefault(link.node.node_id, link.lost or "lost")
 
-    async def call(self, repl: str, method: str, *args: Any) -> Any:
-        node = self._repl_node.get(repl)
-        if node is None:
+    async def call(self, repl: str, method: str, **fields: Any) -> Any:
+        link = self._connected(self._repl_node.get(repl))
+        if link is None:
             raise SandboxError("this REPL is closed")
-        return await self.request(self._link(node), method, repl, *args)
-
-    def _send(self, link: _Link, request: Request) -> None:
-        """Queue `request`; everything queued on this turn of the loop leaves in one exchange."""
-        link.outgoing.append(request)
-        if not link.flushing:
-            link.flushing = True
-            loop = asyncio.get_running_loop()
-            if link.waiting > 1:
-                loop.call_later(GATHER_S, self._flush, link)
-            else:
-                loop.call_soon(self._flush, link)
-
-    def _flush(self, link: _Link) -> None:
-        link.flushing = False
-        batch, link.outgoing = link.outgoing, []
-        if link.node.node_id in self._dead:
-            return
-        try:
-            ref = link.host.exchange.remote(self.client, batch)
-        except Exception as exc:  # the handle itself refuses (Ray shutting down)
-            self._lose(link, _why(exc))
-            return
-        link.in_flight += 1
-        task = asyncio.get_running_loop().create_task(self._receive(link, ref))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _receive(self, link: _Link, ref: Any) -> None:
-        try:
-            events: list[Event] = await ref
-        except self.ray.exceptions.RayActorError as exc:
-            self._lose(link, _why(exc))
-            return
-        except self.ray.exceptions.RayError as exc:  # the exchange itself failed: its requests with it
-            self._fail(link, SandboxError(f"the Ray node host {link.node.name} failed: {exc}"))
-            events = []
-        finally:
-            link.in_flight -= 1
-        for event in events:
-            if event[0] == "done":
-                _, request_id, ok, value = event
-                entry = self._pending.get(request_id)
-                if entry is not None and not entry[1].done():
-                    if ok:
-                        entry[1].set_result(value)
-                    else:
-                        entry[1].set_exception(value)
-            else:
-                task = asyncio.get_running_loop().create_task(self._answer(link, event))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-        # One exchange stays open while anything may still come from this node: answers to
-        # requests, call-backs of its REPLs' cells.
-        if link.in_flight == 0 and (link.waiting or self._placed.get(link.node.node_id)):
-            if not link.flushing:
-                self._flush(link)
-
-    def _lose(self, link: _Link, why: str) -> None:
-        self._dead.setdefault(link.node.node_id, why)
-        self._fail(link, NodeLost(link.node, self._dead[link.node.node_id]))
-
-    def _fail(self, link: _Link, error: BaseException) -> None:
-        for owner, future in list(self._pending.values()):
-            if owner is link and not future.done():
-                future.set_exception(error)
+        return await link.request(method, repl=repl, **fields)
 
     async def load_context(self, repl: str, payload: ContextPayload) -> None:
         key = payload.info.sha256
@@ -436,9 +362,16 @@ class RayPool:
                     self._contexts.pop(key, None)
                 raise
             self._contexts[key] = ref
+        if await self.call(repl, "load_context", key=key):
+            return  # the node has it already (another REPL there loaded it): no bytes move
+        # The first REPL on the node with this context: an actor call, so that Ray brings the
+        # object to the node (the ref goes in a list: the host fetches it only if still needed).
         meta = {"kind": payload.kind, "size_bytes": payload.size_bytes, "byte_lengths": list(payload.byte_lengths),
                 "keys": list(payload.keys), "info": payload.info}  # fmt: skip
-        await self.call(repl, "load_context", key, meta, [ref])
+        link = self._connected(self._repl_node.get(repl))
+        if link is None:
+            raise SandboxError("this REPL is closed")
+        await self._actor_call(link, link.host.load_context.remote(repl, key, meta, [ref]))
 
     def _put(self, payload: ContextPayload) -> Any:
         """The payload's bytes into the object store, copied once (from the memfd's pages)."""
@@ -451,40 +384,29 @@ class RayPool:
 
     # -- call-backs coming home --------------------------------------------------------------------
 
-    async def _answer(self, link: _Link, call: Event) -> None:
-        _, repl, call_id, function, args = call
+    async def _serve_call(self, link: NodeLink, call_id: int, repl: str, function: str,
+                          args: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+        """A REPL's call-back, answered by its run's handler on this loop (the budget's ledger)."""
         handler = self._handlers.get(repl)
-        answer: Answer
         try:
             if handler is None:
                 raise CallbackError("SandboxError", "this REPL was closed")
-            answer = (call_id, True, await handler(function, args))
+            return {"ok": True, "value": await handler(function, args)}
         except Exception as exc:  # as the local host does: the code sees the error, the run goes on
             error = CallbackError.of(exc)
-            answer = (call_id, False, (error.kind, str(error)))
-        if link.node.node_id not in self._dead:  # a node that died takes the cell with it
-            self._send(link, (0, "answer", ([answer],)))
+            return {"ok": False, "kind": error.kind, "message": str(error)}
 
     async def aclose(self) -> None:
-        """Close this pool's REPLs on every node; its open exchanges end with it."""
-        for link in list(self._links.values()):
-            if link.node.node_id not in self._dead:
-                with contextlib.suppress(Exception):
-                    await link.host.close_client.remote(self.client)
-        for task in list(self._tasks):
-            task.cancel()
+        """Close this pool's REPLs on every node, and the streams."""
+        links = [self._connected(made.result().node) for made in self._links.values() if made.done()
+                 and not made.exception()]  # fmt: skip
+        await asyncio.gather(*(link.aclose() for link in links if link is not None), return_exceptions=True)
+        for made in self._links.values():
+            made.cancel()
         self._links.clear()
         self._handlers.clear()
         self._repl_node.clear()
         self._contexts.clear()
-
-
-def _why(exc: BaseException) -> str:
-    text = str(exc)
-    for line in text.splitlines():
-        if "node" in line.lower() and ("died" in line.lower() or "dead" in line.lower()):
-            return line.strip()
-    return type(exc).__name__
 
 
 # One pool per event loop (a run's, a session's, an RLMEnv's): its exchanges and handlers live on it.

@@ -20,7 +20,8 @@ from typing import Any, Literal
 from recursa.context import ContextPayload
 from recursa.errors import ConfigError, SandboxError
 from recursa.sandbox.base import CallHandler, ExecResult, FinalAnswer, Sandbox
-from recursa.sandbox.cluster.pool import Node, RayPool, import_ray, pool_for_loop
+from recursa.sandbox.cluster.link import Node
+from recursa.sandbox.cluster.pool import RayPool, import_ray, pool_for_loop
 
 # Local sandboxes a node may run for a REPL: the ones that start a process on the node itself.
 NODE_KINDS = ("auto", "subprocess")
@@ -98,15 +99,17 @@ class RaySandbox:
         await self.pool.load_context(self.repl, payload)
 
     async def define(self, entries: list[dict[str, Any]]) -> list[str]:
-        return list(await self.pool.call(self.repl, "define", entries))
+        return list(await self.pool.call(self.repl, "define", entries=entries))
 
     async def execute(self, code: str, timeout: float) -> ExecResult:
         async with asyncio.timeout(timeout + _CALL_MARGIN_S):
-            result: ExecResult = await self.pool.call(self.repl, "execute", code, timeout)
+            result: ExecResult = await self.pool.call(self.repl, "execute", code=code, timeout=timeout)
         return result
 
     async def get_variable(self, name: str, timeout: float | None = None) -> FinalAnswer | None:
-        answer: FinalAnswer | None = await self.pool.call(self.repl, "get_variable", name, timeout)
+        answer: FinalAnswer | None = await self.pool.call(
+            self.repl, "get_variable", name=name, timeout=timeout
+        )
         return answer
 
     async def variable_names(self) -> list[str]:

@@ -119,6 +119,11 @@ class Server:
         # standby and one after the context would cost a short-lived child REPL a fifth of its CPU.
         self._pristine = True
         self._early: dict[str, Any] | None = None  # a request read while settling (see _settle)
+        # The host's "idle" snapshot mode (recursa/sandbox/base.py, SnapshotMode): after a cell,
+        # fork only on the host's word, which it sends once it has sent nothing else for a while;
+        # and whether a request came before that word, so that the next exec runs without a snapshot.
+        self._idle = False
+        self._unprotected = False
         self.chan = self._connect(WorkerChannel(transport, lines=lines))
 
     def _call(self, fn: str, args: dict[str, Any]) -> Any:
@@ -178,15 +183,18 @@ class Server:
                 break
             if op == "standby":
                 self.snapshots.arm(int(msg.get("_fd", -1)))
+                self._idle = msg.get("idle") is True
                 if self.snapshots.armed and not self._pristine:
                     self._snapshot()
                 continue
             if op == "exec" and self._pristine:
                 self._pristine = False
-            elif op == "exec" and self.snapshots.armed and not self.snapshots.alive():
+            elif op == "exec" and self.snapshots.armed and not self._unprotected and not self.snapshots.alive():
                 self._snapshot()
             elif op == "load_context":
                 self.snapshots.discard()  # its state is about to be out of date
+            if op == "exec":
+                self._unprotected = False
             if op == "exec" and self.group.joined is True:
                 _reap()  # what the host killed after the last cell: zombies hold task slots
             if op == "exec":
@@ -197,13 +205,17 @@ class Server:
                 reply = _internal_error(msg, exc)
             if reply is not None:
                 self.chan.send(reply)
-            closed = op == "exec" and self.group.joined is True and self.snapshots.armed
+            closed = op == "exec" and (self.group.joined is True or self._idle) and self.snapshots.armed
             if op in ("exec", "load_context") and self.snapshots.armed and not self._pristine:
                 # Snapshot the state after this cell now, while the host reads the result and asks
                 # its model: the next cell then starts without paying for the fork. After a cell
                 # in a control group, not before the host's word that it emptied the snapshots'
                 # group (which comes once it has read the answer: no need to wait more).
-                if not closed:
+                if closed and self._idle:
+                    if not self._word():
+                        continue  # a request came first: it goes without a snapshot
+                    closed = False  # the word has come
+                elif not closed:
                     self._settle()
                 if not self._snapshot(self._cell_closed if closed else None):
                     continue  # another request came first: kept for the loop
@@ -225,6 +237,22 @@ class Server:
         if msg is not None and msg.get("op") == "cell_closed":
             return True
         self._early = msg
+        return False
+
+    def _word(self) -> bool:
+        """The "idle" mode: whether the host's word that the cell is over (`cell_closed`, sent once
+        it had emptied the snapshots' group and then sent nothing else for a while) came before any
+        request. Read on this thread: nobody waits for the fork that follows. Else the request waits
+        in `_early` and the outdated snapshot is discarded: the next exec, come so soon (an instant
+        policy's next step), runs without one rather than wait for the fork and pay the copy-on-write
+        faults after it; the cell after it is snapshotted as usual."""
+        msg = self.chan.next_request()
+        assert msg is not None  # without a timeout it waits for one
+        if msg.get("op") == "cell_closed":
+            return True
+        self.snapshots.discard(wait=False)
+        self._early = msg
+        self._unprotected = True  # until the next exec has run: no snapshot but on the host's word
         return False
 
     def _settle(self) -> None:
