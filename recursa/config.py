@@ -229,7 +229,7 @@ class EnvConfig(Schema):
     """The settings only an `RLMEnv` has (its runs' settings are an RLMConfig)."""
 
     max_reply_chars: int = setting(100_000, "longer policy replies are refused (the trace keeps replies whole up to 100,000)", client="tighten", ge=1)
-    max_live_repls: int = setting(256, "REPL processes alive at once over all episodes (children included)", client="tighten", ge=1)
+    max_live_repls: int = setting(256, "REPL processes alive at once over all episodes (children included)", flag="--max-live-repls", client="tighten", ge=1)
     max_repls_per_episode: int | None = setting(None, "REPL processes one episode may hold at once, its root's and its child RLMs' together: its share of max_live_repls, so that one episode's fan-out of child RLMs cannot take the slots other episodes start in; None: 16, or max_depth where that is more", client="tighten", what="a number of REPLs >= 1 (at least max_depth: one whole chain of child RLMs), or None", ge=1)
     wait_for_repl: Seconds = setting(0.0, "seconds start() waits in line for a REPL slot before it raises (0: raise at once)", client="tighten", what="a number of seconds >= 0 (0: do not wait)", ge=0)
     max_memory_bytes: Annotated[int, Field(ge=64 << 20)] | Literal["auto"] | None = setting("auto", "what all the environment's live REPLs (children included) may hold together, in bytes; 'auto': three quarters of the machine's memory; None: no bound but each REPL's own (subprocess sandboxes only)", what="the bytes all live REPLs may hold together, at least 64 MiB (e.g. 32 << 30), 'auto' (three quarters of the memory) or None (no bound)", example=str(32 << 30))

@@ -64,7 +64,11 @@ def _add_server_flags(p: argparse.ArgumentParser, command: Command) -> None:
     from recursa.cli_options import add_setting_flag
 
     for name in FLAGS[command]:
-        add_setting_flag(p, SERVER_SETTINGS[name])
+        if name not in _KEYS:
+            add_setting_flag(p, SERVER_SETTINGS[name])
+
+
+_KEYS = ("api_key", "api_keys")  # their flags are _add_keys'
 
 
 def _add_keys(p: argparse.ArgumentParser) -> None:
@@ -107,9 +111,7 @@ def _settings(args: argparse.Namespace, command: Command, **given: Any) -> Serve
         run["on_event"] = OtelListener()
     if getattr(args, "api_keys_file", None):
         given["api_keys"] = _read_api_keys(args.api_keys_file)
-    if getattr(args, "api_key", None):
-        given["api_key"] = args.api_key
-    given |= setting_values(args, [SERVER_SETTINGS[name] for name in FLAGS[command]])
+    given |= setting_values(args, [SERVER_SETTINGS[name] for name in FLAGS[command]])  # api_key's too
     return ServeSettings.checked(Spelling("cli"), run=run, **given)
 
 
