@@ -146,13 +146,13 @@ def _check_model(settings: ServeSettings) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    settings = _settings(args, "serve")  # a bad flag is told before the heavy imports
     try:
         import uvicorn
 
         from recursa.serve.openai_server import create_app
     except ImportError:
         raise ConfigError(f"recursa serve needs the server extra: {install_hint('server')}") from None
-    settings = _settings(args, "serve")
     _check_model(settings)
     if settings.metrics:
         try:
@@ -234,13 +234,13 @@ def _print_access_log() -> None:
 
 
 def _mcp(args: argparse.Namespace) -> int:
+    # stdio: the client that launched us is the user, so their working folder is readable by
+    # default; over HTTP nothing is, unless --allow-path says so.
+    settings = _settings(args, "mcp", context_roots=() if args.http else (os.getcwd(),))
     try:
         from recursa.serve.mcp_server import build_mcp_server, http_app
     except ImportError:
         raise ConfigError(f"recursa mcp needs the mcp extra: {install_hint('mcp')}") from None
-    # stdio: the client that launched us is the user, so their working folder is readable by
-    # default; over HTTP nothing is, unless --allow-path says so.
-    settings = _settings(args, "mcp", context_roots=() if args.http else (os.getcwd(),))
     _check_model(settings)
     server = build_mcp_server(settings)
     if not args.http:
@@ -259,13 +259,13 @@ def _mcp(args: argparse.Namespace) -> int:
 
 
 def _acp(args: argparse.Namespace) -> int:
+    settings = _settings(args, "acp")  # the model is checked per session: a session may name its own
+    if settings.max_sessions < 1:
+        raise ConfigError("--max-sessions 0: an ACP agent runs every prompt in a session; give 1 or more")
     try:
         from recursa.serve.acp_agent import serve_stdio
     except ImportError:
         raise ConfigError(f"recursa acp needs the acp extra: {install_hint('acp')}") from None
-    settings = _settings(args, "acp")
-    if settings.max_sessions < 1:  # the model is checked per session: an ACP session may name its own
-        raise ConfigError("--max-sessions 0: an ACP agent runs every prompt in a session; give 1 or more")
     import asyncio
 
     asyncio.run(serve_stdio(settings))
