@@ -247,13 +247,13 @@ def test_per_request_budget_can_only_tighten_the_servers():
     settings = ServeSettings(model=ROOT, budget=Budget(max_llm_calls=50, max_seconds=60))
     body = {"model": "recursa", "messages": [{"role": "user", "content": "q"}]}
     req = parse_chat_request({**body, "recursa": {"max_llm_calls": 20, "budget": {"max_seconds": 5}}}, settings)
-    assert req.budget.max_llm_calls == 20 and req.budget.max_seconds == 5
+    assert req.settings["budget"].max_llm_calls == 20 and req.settings["budget"].max_seconds == 5
     # Asking for more than the operator allows is refused, naming the option and the limit.
     with pytest.raises(ApiError) as wider:
         parse_chat_request({**body, "recursa": {"max_llm_calls": 1_000}}, settings)
     assert wider.value.param == "recursa.max_llm_calls" and "at most 50" in wider.value.message
     req = parse_chat_request({**body, "recursa": {"max_usd": 0.5, "max_depth": 2}}, settings)
-    assert req.budget.max_usd == 0.5 and req.max_depth == 2
+    assert req.settings["budget"].max_usd == 0.5 and req.settings["max_depth"] == 2
 
 
 @pytest.mark.parametrize(
@@ -289,7 +289,7 @@ def test_per_request_budget_can_only_tighten_the_servers():
 )
 def test_bad_messages_and_options_are_clear_400s(messages, extra, status, fragment):
     if status == 200:  # a cap given one by one wins over the same cap in recursa.budget
-        assert _parse(messages, **extra).budget.max_usd == extra["max_usd"]
+        assert _parse(messages, **extra).settings["budget"].max_usd == extra["max_usd"]
         return
     with pytest.raises(ApiError) as info:
         _parse(messages, **extra)
