@@ -27,6 +27,9 @@ from recursa.version import __version__
 if TYPE_CHECKING:
     from recursa.rlm import RLM
 
+# The run settings `recursa demo` takes as flags besides its models.
+_DEMO_SETTINGS = ("sandbox", "dialect", "trace_dir")
+
 # The task families `recursa demo` can generate (recursa.tasks.families(), listed here so that
 # `recursa --help` does not import the task generators).
 DEMO_FAMILIES = (
@@ -281,10 +284,6 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     context = check_context(args.context)
     progress = _Progress(not args.json)
     return Chat(_rlm_from_args(args, progress), context, as_json=args.json, progress=progress).run()
-
-
-# The run settings `recursa demo` takes as flags besides its models.
-_DEMO_SETTINGS = ("sandbox", "dialect", "trace_dir")
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
