@@ -298,7 +298,7 @@ class Setting:
         return value > limit
 
 
-def declared(model: type[BaseModel]) -> dict[str, Setting]:
+def declarations(model: type[BaseModel]) -> dict[str, Setting]:
     """The settings `model` declares (with `setting(...)`), by name."""
     out = {}
     for name, info in model.model_fields.items():
@@ -355,10 +355,10 @@ def _shown(value: Any) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
-SETTINGS: dict[str, Setting] = declared(RLMConfig)
-ENV_SETTINGS: dict[str, Setting] = declared(EnvConfig)
-SAMPLING_SETTINGS: dict[str, Setting] = declared(SamplingOptions)
-METHOD_SETTINGS: dict[str, Setting] = declared(MethodConfig)
+SETTINGS: dict[str, Setting] = declarations(RLMConfig)
+ENV_SETTINGS: dict[str, Setting] = declarations(EnvConfig)
+SAMPLING_SETTINGS: dict[str, Setting] = declarations(SamplingOptions)
+METHOD_SETTINGS: dict[str, Setting] = declarations(MethodConfig)
 # The caps of `budget` (recursa.Budget's fields): settings of their own for the CLI and for clients,
 # who may only lower them (each costs money or capacity). Budget itself checks each value.
 BUDGET_CAPS: dict[str, tuple[str, str]] = {

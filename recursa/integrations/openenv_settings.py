@@ -11,7 +11,7 @@ import copy
 from pydantic import field_validator
 
 from recursa.asgi.client_shares import IDLE_TIMEOUT_S
-from recursa.config import Invalid, Schema, Setting, Spelling, declared, setting
+from recursa.config import Invalid, Schema, Setting, Spelling, declarations, setting
 from recursa.serve.settings import ServeSettings
 
 
@@ -36,7 +36,7 @@ class OpenEnvSettings(Schema):
         return name
 
 
-OPENENV_SETTINGS: dict[str, Setting] = declared(OpenEnvSettings)
+OPENENV_SETTINGS: dict[str, Setting] = declarations(OpenEnvSettings)
 # The command's flags: the settings that declare one.
 OPENENV_FLAGS = tuple(name for name, s in OPENENV_SETTINGS.items() if s.flag)
 PYTHON = Spelling("python", "create_openenv_app", schema=OPENENV_SETTINGS)

@@ -25,7 +25,7 @@ from recursa.config import (
     Schema,
     Setting,
     Spelling,
-    declared,
+    declarations,
     setting,
     setting_of,
 )
@@ -39,7 +39,6 @@ EventCallback = Callable[[dict[str, Any]], None]
 Command = Literal["serve", "mcp", "acp"]
 _SERVE: tuple[Command, ...] = ("serve",)
 _SERVERS: tuple[Command, ...] = ("serve", "mcp")  # (mcp: over HTTP or stdio)
-_HTTP: tuple[Command, ...] = ("serve", "mcp")  # what only an HTTP server's clients send
 # ServeSettings' own names for run settings where they differ: `api_key` is the clients' bearer key.
 RUN_NAMES = {"api_key": "upstream_api_key"}
 Paths = Annotated[tuple[Annotated[Path, Field(strict=False)], ...], Field(strict=False)]  # or a list of str
@@ -67,8 +66,8 @@ class ServeSettings(Schema):
     """
 
     run: dict[str, Any] = served(help="the operator's run settings, RLMConfig's by name, that every run starts from; a client changes only what each one's policy lets it (docs/serving.md)", factory=dict, what="a dict of run setting names to values", example="{'model': 'openai/gpt-5-mini', 'max_depth': 1}")
-    api_key: str | None = served(None, "one bearer key clients send (Authorization: Bearer, or x-api-key), shared by its holders; None: no auth", flag="--api-key", on=_HTTP, repr=False)
-    api_keys: dict[str, str] = served(help="client name -> that client's own bearer key: each is a caller of its own, whose sessions no other client can list, join or close (with api_key or instead of it)", flag="--api-keys-file FILE", on=_HTTP, factory=dict, repr=False, what="a dict of client names to distinct, non-empty keys", example="{'alice': 'sk-alice-...'}")
+    api_key: str | None = served(None, "one bearer key clients send (Authorization: Bearer, or x-api-key), shared by its holders; None: no auth", flag="--api-key", on=_SERVERS, repr=False)
+    api_keys: dict[str, str] = served(help="client name -> that client's own bearer key: each is a caller of its own, whose sessions no other client can list, join or close (with api_key or instead of it)", flag="--api-keys-file FILE", on=_SERVERS, factory=dict, repr=False, what="a dict of client names to distinct, non-empty keys", example="{'alice': 'sk-alice-...'}")
     allowed_base_urls: Urls = served(help="model server URLs besides the base URL a client's session may name while it uses the operator's key; any other URL a client names must come with the client's own key", flag="--allow-base-url URL", on=("acp",), factory=tuple, what="a list of http(s) URLs", example="['http://127.0.0.1:8000/v1']")
     served_model_name: str = served("recursa", "the model name clients ask for", flag="--served-model-name", on=_SERVE)
     context_roots: Paths = served(help="folders whose files requests may name as context (none: no paths; recursa mcp over stdio: the working folder)", flag="--allow-path DIR", on=_SERVERS, factory=tuple, what="a list of folders", example="['~/docs']")
@@ -242,7 +241,7 @@ class ServeSettings(Schema):
         return list(dict.fromkeys([self.served_model_name, self.model]))
 
 
-SERVER_SETTINGS: dict[str, Setting] = declared(ServeSettings)
+SERVER_SETTINGS: dict[str, Setting] = declarations(ServeSettings)
 # The flags of each command: the settings whose declarations name it.
 FLAGS: dict[Command, tuple[str, ...]] = {
     command: tuple(n for n, f in ServeSettings.model_fields.items() if command in f.json_schema_extra["on"])  # type: ignore[index,operator]
