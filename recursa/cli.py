@@ -27,6 +27,9 @@ from recursa.version import __version__
 if TYPE_CHECKING:
     from recursa.rlm import RLM
 
+# The run settings `recursa demo` takes as flags besides its models.
+_DEMO_SETTINGS = ("sandbox", "dialect", "trace_dir")
+
 # The task families `recursa demo` can generate (recursa.tasks.families(), listed here so that
 # `recursa --help` does not import the task generators).
 DEMO_FAMILIES = (
@@ -147,7 +150,7 @@ def _parser() -> argparse.ArgumentParser:
         "--model", default="scripted/gpt5-like", help="root model (`recursa models` lists them)"
     )
     demo.add_argument("--sub-model", default="scripted/oracle", help="model behind llm_query")
-    for name in ("sandbox", "dialect", "trace_dir"):  # as every command that starts runs has them
+    for name in _DEMO_SETTINGS:  # as every command that starts runs has them
         add_setting_flag(demo, name)
     demo.add_argument("--json", action="store_true", help="print the report as one JSON object")
 
@@ -284,20 +287,14 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    from recursa import RLM
+    from recursa.config import Spelling
     from recursa.demo import run_demo
 
     with _Progress(not args.json) as progress:
-        report = run_demo(
-            family=args.family,
-            size_chars=args.size,
-            seed=args.seed,
-            model=args.model,
-            sub_model=args.sub_model,
-            sandbox=args.sandbox,
-            trace_dir=args.trace_dir,
-            on_event=progress,
-            dialect=args.dialect,
-        )
+        settings = {name: getattr(args, name) for name in ("model", "sub_model", *_DEMO_SETTINGS)}
+        rlm = RLM.configured(settings | {"on_event": progress}, Spelling("cli"))
+        report = run_demo(rlm, args.family, args.size, args.seed)
     if args.json:
         print(json.dumps(report.to_dict(), ensure_ascii=False))
         return 0

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from recursa.config import DEFAULTS as D
 from recursa.rlm import RLM
 from recursa.tasks import generate
 
@@ -40,22 +38,9 @@ class DemoReport:
         }
 
 
-def run_demo(
-    *,
-    family: str = "oolong",
-    size_chars: int = 1_200_000,
-    seed: int = 7,
-    model: str = "scripted/gpt5-like",
-    sub_model: str = "scripted/oracle",
-    sandbox: str = D.sandbox,
-    trace_dir: str | None = None,
-    on_event: Callable[[dict[str, Any]], None] | None = None,
-    dialect: str = D.dialect,
-) -> DemoReport:
+def run_demo(rlm: RLM, family: str, size_chars: int, seed: int) -> DemoReport:
+    """`rlm` (the command's, its settings named as its flags) on a task generated now."""
     task = generate(family, size_chars, seed=seed)
-    rlm = RLM(
-        model, sub_model=sub_model, sandbox=sandbox, trace_dir=trace_dir, on_event=on_event, dialect=dialect
-    )
     result = rlm.run(task.question, task.context)
     return DemoReport(
         family=family,

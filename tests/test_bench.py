@@ -273,8 +273,9 @@ def test_rows_take_the_run_settings_by_name_and_refuse_bad_ones_as_written(tmp_p
     assert main(["bench", "niah", "--window", "0", "--out", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err.startswith("recursa: error: --window 0: --window must be an int >= 1")
     assert not (tmp_path / "o").exists()  # nothing written for a run that could not start
-    # A run setting reaches each row's method as it is: one CodeAct step is not enough to answer.
-    report = bench.run("niah", sizes="1k", n=1, methods="codeact", max_iterations=1, out=tmp_path / "o",
-                       progress=False)  # fmt: skip
-    assert report.rows[0]["stop_reason"] == "max_iterations" and report.rows[0]["iterations"] == 1
-    assert json.loads((tmp_path / "o" / "config.json").read_text())["max_iterations"] == 1
+    # A run setting reaches each row's method as it is (the base method starts no REPL).
+    report = bench.run("niah", sizes="1k", n=1, methods="base", trace_dir=tmp_path / "mine", max_llm_calls=5,
+                       out=tmp_path / "o", progress=False)  # fmt: skip
+    assert Path(report.rows[0]["trace_path"]).parent == tmp_path / "mine"
+    saved = json.loads((tmp_path / "o" / "config.json").read_text())
+    assert saved["budget"]["max_llm_calls"] == 5 and "api_key" not in saved

@@ -84,8 +84,9 @@ def _group_of(pid: int | None) -> str:
         return next(line.strip().split(":", 2)[2] for line in fh if line.startswith("0::"))
 
 
+@pytest.mark.parametrize("snapshots", [True, "idle"])
 @pytest.mark.parametrize("bwrap", BWRAP)
-async def test_the_worker_is_moved_into_the_cells_group_and_out_after_each_cell(tmp_path, v2, bwrap):
+async def test_the_worker_is_moved_into_the_cells_group_and_out_after_each_cell(tmp_path, v2, bwrap, snapshots):
     seen: list[str] = []
     sb: SubprocessSandbox
 
@@ -93,7 +94,7 @@ async def test_the_worker_is_moved_into_the_cells_group_and_out_after_each_cell(
         seen.append(_group_of(sb.pid))  # asked from inside a cell: where the worker is meanwhile
         return "ok"
 
-    sb = SubprocessSandbox(bwrap=bwrap, scratch_root=tmp_path)
+    sb = SubprocessSandbox(bwrap=bwrap, scratch_root=tmp_path, snapshots=snapshots)
     await sb.start(handler)
     try:
         group = sb._hardening.group
@@ -101,6 +102,11 @@ async def test_the_worker_is_moved_into_the_cells_group_and_out_after_each_cell(
         assert sb.isolation["tasks"] != "pids cgroup"  # no cap is claimed where there is none
         base = "/" + group.path[len(v2.path) :].strip("/")
         assert _group_of(sb.pid) == f"{base}/home"  # joined through the descriptor, before any cell
+        if snapshots == "idle":  # cells sent at once: no word, no snapshot, the moves as usual
+            for code in ("x = 1", "x += 1", "print(x)"):
+                r = await sb.execute(code, 30)
+                assert r.error is None, r
+            assert r.stdout == "2\n" and _group_of(sb.pid) == f"{base}/snap"
         for _ in range(2):
             r = await sb.execute("llm_query('where am I?')", 30)
             assert r.error is None, r

@@ -752,3 +752,37 @@ async def test_listing_the_variables_runs_none_of_the_code_s_own_methods(host: H
         assert await sb.variable_names() == ["Key", "x"]
     finally:
         await sb.close()
+
+
+async def test_a_request_that_timed_out_stays_out_and_its_answer_is_not_lost() -> None:
+    # Connection.answer: a timeout leaves the request out; an answer coming in the same turn of
+    # the event loop as the time running out goes to the next wait (a worker played by hand).
+    import socket
+
+    from recursa.sandbox.connection import Connection
+    from recursa.sandbox.protocol import FrameSocket
+
+    ours, theirs = socket.socketpair()
+
+    async def handler(fn: str, args: dict[str, Any]) -> Any:
+        return None
+
+    conn = Connection(FrameSocket(ours), handler)
+    try:
+        fut = await conn.request({"op": "exec", "code": "x"})
+        with pytest.raises(TimeoutError):
+            await conn.answer(fut, 0.01)
+        theirs.sendall(encode_frame({"op": "exec_done", "id": 1, "stdout": "late"}))
+        assert (await conn.answer(fut, 5))["stdout"] == "late"
+        second = await conn.request({"op": "exec", "code": "y"})
+        waiting = asyncio.ensure_future(conn.answer(second, 5))
+        await asyncio.sleep(0)
+        (fid,) = conn.pending
+        conn._expire(fid, second, conn.pending[fid])  # the time runs out, then the answer comes
+        conn._resolve(fid, {"op": "exec_done", "id": fid, "stdout": "just then"})
+        with pytest.raises(TimeoutError):
+            await waiting
+        assert (await conn.answer(second, 5))["stdout"] == "just then"
+    finally:
+        await conn.release()
+        theirs.close()

@@ -247,13 +247,13 @@ def test_per_request_budget_can_only_tighten_the_servers():
     settings = ServeSettings(model=ROOT, budget=Budget(max_llm_calls=50, max_seconds=60))
     body = {"model": "recursa", "messages": [{"role": "user", "content": "q"}]}
     req = parse_chat_request({**body, "recursa": {"max_llm_calls": 20, "budget": {"max_seconds": 5}}}, settings)
-    assert req.budget.max_llm_calls == 20 and req.budget.max_seconds == 5
+    assert req.settings["budget"].max_llm_calls == 20 and req.settings["budget"].max_seconds == 5
     # Asking for more than the operator allows is refused, naming the option and the limit.
     with pytest.raises(ApiError) as wider:
         parse_chat_request({**body, "recursa": {"max_llm_calls": 1_000}}, settings)
     assert wider.value.param == "recursa.max_llm_calls" and "at most 50" in wider.value.message
     req = parse_chat_request({**body, "recursa": {"max_usd": 0.5, "max_depth": 2}}, settings)
-    assert req.budget.max_usd == 0.5 and req.max_depth == 2
+    assert req.settings["budget"].max_usd == 0.5 and req.settings["max_depth"] == 2
 
 
 @pytest.mark.parametrize(
@@ -289,7 +289,7 @@ def test_per_request_budget_can_only_tighten_the_servers():
 )
 def test_bad_messages_and_options_are_clear_400s(messages, extra, status, fragment):
     if status == 200:  # a cap given one by one wins over the same cap in recursa.budget
-        assert _parse(messages, **extra).budget.max_usd == extra["max_usd"]
+        assert _parse(messages, **extra).settings["budget"].max_usd == extra["max_usd"]
         return
     with pytest.raises(ApiError) as info:
         _parse(messages, **extra)
@@ -355,7 +355,7 @@ def test_per_request_depth_iterations_and_budget_reach_the_run(client, srv):
     )
     summary = r.model_extra["recursa"]
     assert summary["stop_reason"] == "max_iterations"
-    trace_dir = _service(srv).settings.trace_dir
+    trace_dir = _service(srv).settings.run["trace_dir"]
     start = load(trace_dir / summary["trace"]).root.start
     assert start["config"]["max_iterations"] == 1 and start["config"]["max_depth"] == 0
     assert start["config"]["budget"]["max_llm_calls"] == 40  # the request's, below the server's 50
@@ -487,7 +487,7 @@ def _assert_cancelled_and_reaped(srv, baseline: set[int], before: int) -> None:
     wait_until(lambda: not service.active, what="the server to drop the run")
     wait_until(lambda: not (descendants(os.getpid()) - baseline), what="the sandbox process to be reaped")
     assert service.cancelled == before + 1
-    traces = sorted(service.settings.trace_dir.glob("*.jsonl"), key=lambda p: p.stat().st_mtime)
+    traces = sorted(service.settings.run["trace_dir"].glob("*.jsonl"), key=lambda p: p.stat().st_mtime)
     assert load(traces[-1]).root.stop_reason == "cancelled"
 
 

@@ -59,7 +59,7 @@ class RecursaHarnessConfig(HarnessConfig):
     """`recursa.Budget` fields for each prompt, e.g. {"max_llm_calls": 200}."""
     call_headers: bool = True
     """Send X-RLM-Call-Id / -Parent-Id / -Depth with every model call."""
-    dialect: str = "recursa"
+    dialect: str = D.dialect
     """The conversation the rollout's model sees (docs/dialects.md), e.g. "verifiers" or "tools"."""
 
 

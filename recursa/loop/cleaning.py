@@ -1,6 +1,8 @@
 """The text rules of reading a reply: each takes the reply's text (and the notes for the model) and
 returns it mended, before any fence is read. recursa/loop/rules.py names them, gives each its reason
-and examples, and runs them in its order; each function here does one thing.
+and examples, and runs them in its order; each function here does one thing. A rule whose patterns
+all need a character the text lacks (a non-ASCII one, "<") returns it at once: every step of an RL
+episode reads a reply, and the patterns cost more than the step's own host work otherwise.
 """
 
 from __future__ import annotations
@@ -50,14 +52,18 @@ def control_characters(text: str, notes: list[str]) -> str:
 
 
 def invisible_characters(text: str, notes: list[str]) -> str:
-    return _INVISIBLE.sub("", text)
+    return text if text.isascii() else _INVISIBLE.sub("", text)
 
 
 def odd_indentation(text: str, notes: list[str]) -> str:
+    if text.isascii():
+        return text
     return _ODD_INDENT.sub(lambda m: " " * len(m.group(0).expandtabs(4)), text)
 
 
 def fullwidth_final(text: str, notes: list[str]) -> str:
+    if text.isascii():
+        return text
     text = _FULLWIDTH_FINAL.sub(r"\1(\2)", text)
     text = _FULLWIDTH_COLON.sub(r"\1:", text)
     return _NBSP_BEFORE_PAREN.sub(r"\1", text)
@@ -70,6 +76,8 @@ def harmony_final_channel(text: str, notes: list[str]) -> str:
 
 
 def thinking_blocks(text: str, notes: list[str]) -> str:
+    if "<" not in text:
+        return text
     skipped = 0
 
     def drop(match: re.Match[str]) -> str:
@@ -99,16 +107,23 @@ def thinking_blocks(text: str, notes: list[str]) -> str:
 
 
 def python_tag(text: str, notes: list[str]) -> str:
+    if "<|python_tag|>" not in text:
+        return text
     return _PYTHON_TAG.sub(lambda m: _as_block(m.group(1)), text)
 
 
 def execute_tags(text: str, notes: list[str]) -> str:
+    if "<" not in text:
+        return text
     return before_last(
         text, ("</execute>", "</execute_ipython>"), lambda t: _EXECUTE.sub(lambda m: _as_block(m.group(2)), t)
     )
 
 
 def hermes_tool_call(text: str, notes: list[str]) -> str:
+    if "<tool_call>" not in text:
+        return text
+
     def tool_call(match: re.Match[str]) -> str:
         try:
             call = json.loads(match.group(1))
@@ -139,11 +154,11 @@ def hermes_tool_call(text: str, notes: list[str]) -> str:
 
 
 def special_tokens(text: str, notes: list[str]) -> str:
-    return _SPECIAL_TOKEN.sub("", text)
+    return _SPECIAL_TOKEN.sub("", text) if "<" in text else text
 
 
 def end_of_sequence(text: str, notes: list[str]) -> str:
-    return _END_OF_SEQUENCE.sub("", text)
+    return _END_OF_SEQUENCE.sub("", text) if "</s>" in text else text
 
 
 def _as_block(code: str) -> str:

@@ -489,13 +489,11 @@ class WorkerHost:
             timed_out, answered = False, None
             try:
                 try:
-                    async with asyncio.timeout(timeout):
-                        frame = await asyncio.shield(fut)
+                    frame = await worker.answer(fut, timeout)
                 except TimeoutError:
                     timed_out = True
                     worker.interrupt()
-                    async with asyncio.timeout(self.grace_s):
-                        frame = await asyncio.shield(fut)
+                    frame = await worker.answer(fut, self.grace_s)
             except TimeoutError:
                 result = await self._recover(worker, started, timeout, killed=True, fresh=fresh)
             except WorkerGone:
@@ -573,12 +571,10 @@ class WorkerHost:
             fut = await worker.request(frame)
             try:
                 try:
-                    async with asyncio.timeout(self.query_timeout if timeout is None else timeout):
-                        return await asyncio.shield(fut)
+                    return await worker.answer(fut, self.query_timeout if timeout is None else timeout)
                 except TimeoutError:
                     worker.interrupt()
-                    async with asyncio.timeout(self.grace_s):
-                        return await asyncio.shield(fut)
+                    return await worker.answer(fut, self.grace_s)
             except (TimeoutError, WorkerGone):
                 recovery = await self._restore_or_restart(worker, fresh=self._fresh())
                 note = "Reading a REPL variable hung or crashed the REPL"

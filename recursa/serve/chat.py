@@ -78,9 +78,8 @@ class RunService:
         if req.session is not None:
             return await self.sessions.prepare(req, self.resolve_context)
         context = await self.resolve_context(req)
-        spec = RunSpec(req.question, context, req.max_depth, req.max_iterations, req.budget)
+        spec = RunSpec(req.question, context, settings=dict(req.settings))
         spec.answer_schema, spec.tips = req.shape.schema, req.shape.tips()
-        spec.settings = dict(req.settings)
         spec.root_sampling = dict(req.shape.sampling)
         try:
             return LiveRun(self.settings, spec)

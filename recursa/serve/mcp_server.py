@@ -141,7 +141,7 @@ def build_mcp_server(settings: ServeSettings, *, name: str = "recursa") -> MCPSe
         except (RecursaError, ValueError) as exc:
             raise ToolError(settings.redact(f"cannot start the run: {_ARGUMENTS.told(exc)}")) from None
         async with shares.slot(quota_of(_owner(settings, ctx))):
-            return await _drive(run, ctx, spec.max_iterations)
+            return await _drive(run, ctx, (settings.run_settings() | spec.settings)["max_iterations"])
 
     sessions = SessionStore(settings)
     shares = RunShares(settings)  # run slots, per caller and in all, as recursa serve has them
@@ -184,8 +184,7 @@ def build_mcp_server(settings: ServeSettings, *, name: str = "recursa") -> MCPSe
                 f"no open session {session!r}: open one with recursa_session_open (sessions close after "
                 f"{settings.session_ttl_s:g} s idle)"
             )
-        max_depth, max_iterations, budget, _ = handle.limits
-        run = LiveRun(settings, RunSpec(question, None, max_depth, max_iterations, budget), handle)
+        run = LiveRun(settings, RunSpec(question, None), handle)
         handle.users += 1  # waited for: it does not expire
         await handle.lock.acquire()
         try:
@@ -194,7 +193,7 @@ def build_mcp_server(settings: ServeSettings, *, name: str = "recursa") -> MCPSe
             raise ToolError(exc.message) from None
         try:
             async with shares.slot(quota_of(handle.owner)):
-                return await _drive(run, ctx, max_iterations)
+                return await _drive(run, ctx, handle.limits["max_iterations"])
         finally:
             sessions.release(run)
 
@@ -255,10 +254,7 @@ def _spec(
         run = client_settings(asked, settings.run_limits(), _ARGUMENTS, models=None)
     except ConfigError as exc:
         raise ToolError(_ARGUMENTS.told(exc)) from None
-    depth = run.pop("max_depth", settings.max_depth)
-    iterations = run.pop("max_iterations", settings.max_iterations)
-    budget = run.pop("budget", settings.budget)
-    return RunSpec(question, context, depth, iterations, budget, settings=run, spelling=_ARGUMENTS)
+    return RunSpec(question, context, settings=run, spelling=_ARGUMENTS)
 
 
 # A tool call's settings are its arguments: `arguments['max_depth']`, as MCP's tools/call sends them.

@@ -22,9 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from recursa.budget import Budget
 from recursa.config import BUDGET_CAPS, SETTINGS, Spelling
-from recursa.config import DEFAULTS as D
 from recursa.errors import ConfigError
 from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION
 from recursa.overrides import client_sampling, client_settings
@@ -77,10 +75,7 @@ class RunRequest:
     context_path: str | None = None
     context_url: str | None = None
     stream: bool = False
-    max_depth: int = D.max_depth
-    max_iterations: int = D.max_iterations
-    budget: Budget = field(default_factory=Budget)
-    settings: dict[str, Any] = field(default_factory=dict)  # the request's other run settings, checked
+    settings: dict[str, Any] = field(default_factory=dict)  # the request's run settings, checked
     completion_mode: bool = False  # the question is PROMPT_AS_CONTEXT_QUESTION
     # For sessions: what the client asked and where the context came from, before the rules above
     # turned them into `question` and `context`.
@@ -420,8 +415,5 @@ def _apply_settings(req: RunRequest, extra: dict[str, Any], settings: ServeSetti
                         at=lambda _: shape.sampling_spelling)  # fmt: skip
     except ConfigError as exc:
         raise bad(str(exc), shape.sampling_spelling.label(exc.setting or "")) from None
-    req.max_depth = run.pop("max_depth", settings.max_depth)
-    req.max_iterations = run.pop("max_iterations", settings.max_iterations)
-    req.budget = run.pop("budget", settings.budget)
     req.settings = run
 

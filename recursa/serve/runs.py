@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from recursa.budget import Budget
 from recursa.config import Spelling
 from recursa.result import RLMResult
 from recursa.rlm import RLM
@@ -29,15 +28,12 @@ _DONE: dict[str, Any] = {"type": "__done__"}
 class RunSpec:
     question: str
     context: Any
-    max_depth: int
-    max_iterations: int
-    budget: Budget = field(default_factory=Budget)
     # From the request's standard fields (recursa.serve.fields): the answer's JSON Schema, what the
     # root is told about the answer, and sampling options for the root model's own calls.
     answer_schema: dict[str, Any] | None = None
     tips: str | None = None
     root_sampling: dict[str, Any] = field(default_factory=dict)
-    settings: dict[str, Any] = field(default_factory=dict)  # a client's other run settings, checked
+    settings: dict[str, Any] = field(default_factory=dict)  # a client's run settings, checked
     # How the client wrote the run's settings (a request's `recursa` field, a tool's arguments), for
     # the messages of a setting it may fix.
     spelling: Spelling = REQUEST_SPELLING
@@ -46,13 +42,12 @@ class RunSpec:
 def build_rlm(settings: ServeSettings, spec: RunSpec, on_event: Callable[[dict[str, Any]], None]) -> RLM:
     """The RLM for one request (or one session): the operator's settings, the request's limits."""
     # A client's `sampling` (spec.settings) is already merged over the operator's (overrides.py).
-    options = {**settings.rlm_options, **spec.settings}
+    options = settings.run_settings() | spec.settings
     if spec.root_sampling:
         sampling = {role: dict(opts) for role, opts in (options.get("sampling") or {}).items()}
         sampling["root"] = {**sampling.get("root", {}), **spec.root_sampling}
         options["sampling"] = sampling
-    given = settings.run_settings() | options | {"on_event": on_event}
-    given |= {"max_depth": spec.max_depth, "max_iterations": spec.max_iterations, "budget": spec.budget}
+    given = options | {"on_event": on_event}  # which calls the operator's too (LiveRun._on_event)
     # What fails here is a client's setting (the operator's were checked at start-up): named as the
     # client wrote it, with the operator's flag for what only the operator sets.
     return RLM.configured(given, spec.spelling)
@@ -93,8 +88,8 @@ class LiveRun:
     def _on_event(self, event: dict[str, Any]) -> None:
         if self.run_id is None and event.get("type") == "run_start" and not event.get("parent_run_id"):
             self.run_id = event.get("run_id")
-        if self.settings.on_event is not None:
-            self.settings.on_event(event)
+        if (operators := self.settings.run.get("on_event")) is not None:
+            operators(event)
         # Events are emitted on the loop thread; a thread-safe hand-off keeps this correct should a
         # sandbox host emit from a worker thread.
         if threading.get_ident() == self._loop_thread:

@@ -57,7 +57,9 @@ class ServedSession:
         self.owner = owner  # the caller it belongs to (recursa.serve.callers)
         self.id = session_id
         self.settings = settings
-        self.limits = (spec.max_depth, spec.max_iterations, spec.budget, spec.settings)
+        # The run settings in force, the operator's where the first request sent none: what a later
+        # request that sends settings must repeat.
+        self.limits = settings.run_settings() | spec.settings
         self.sampling = dict(spec.root_sampling)  # the root model's sampling options, for good
         self.key = key
         # Fingerprints of the messages that made the context; None when a recursa option named it.
@@ -76,8 +78,8 @@ class ServedSession:
         # The session's RLM lives longer than any request: its events go to the current one.
         if self._listener is not None:
             self._listener(event)
-        elif self.settings.on_event is not None:
-            self.settings.on_event(event)
+        elif (operators := self.settings.run.get("on_event")) is not None:
+            operators(event)
 
     async def ask(
         self, question: str, listener: EventCallback, *, tips: str | None = None, answer_schema: Any = None
@@ -166,8 +168,7 @@ class SessionStore:
 
     def _run(self, handle: ServedSession, question: str, req: RunRequest | None = None) -> LiveRun:
         handle.last_used = time.monotonic()
-        max_depth, max_iterations, budget, _ = handle.limits  # the other settings are the session RLM's
-        spec = RunSpec(question, None, max_depth, max_iterations, budget)
+        spec = RunSpec(question, None)  # its settings are the session RLM's
         if req is not None:  # the answer's shape is per question; sampling is the session's
             spec.answer_schema, spec.tips = req.shape.schema, req.shape.tips()
         return LiveRun(self.settings, spec, handle)
@@ -181,8 +182,8 @@ class SessionStore:
             if req.completion_mode and req.asked:
                 made_of.append(("user", f"[user]\n{req.asked}"))  # the request itself became the context
             docs = _fingerprints(made_of)
-        spec = RunSpec(req.question, context, req.max_depth, req.max_iterations, req.budget)
-        spec.root_sampling, spec.settings = dict(req.shape.sampling), dict(req.settings)
+        spec = RunSpec(req.question, context, settings=dict(req.settings))
+        spec.root_sampling = dict(req.shape.sampling)
         return self.create(req.caller.owner, req.session, spec, self._key(req), docs)
 
     def create(
@@ -263,7 +264,7 @@ class SessionStore:
                 "recursa.session",
                 "session_context_mismatch",
             )
-        asked = (req.max_depth, req.max_iterations, req.budget, req.settings)
+        asked = self.settings.run_settings() | req.settings
         if req.sent & SETTING_KEYS and asked != handle.limits:
             raise bad(
                 f"session {handle.id!r} keeps the run settings (max_depth, max_iterations, budget, ...) "
