@@ -14,10 +14,11 @@ import os
 import re
 import stat
 import tomllib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from recursa.config import BUDGET_CAPS, BUILTIN_TEMPLATES, SETTINGS, setting_of
+from recursa.config import BUDGET_CAPS, BUILTIN_TEMPLATES, SETTINGS, Setting, setting_of
 from recursa.errors import ConfigError
 from recursa.loop.dialects import dialect_names
 
@@ -126,19 +127,23 @@ _OWN_FLAGS = ("model", "sub_model", "base_url", "api_key", "prices", "mcp_server
 FLAGGED = tuple(n for n, s in SETTINGS.items() if s.flag and n not in _OWN_FLAGS)
 
 
-def add_setting_flag(p: argparse.ArgumentParser, name: str) -> None:
-    """The flag of one setting, its type, default, choices and help all from the schema."""
-    s = setting_of(name)
-    if _pairs(name):  # a dict setting: one KEY=VALUE per use of the flag
-        flag, metavar = (s.flag or "").split()
+def add_setting_flag(p: argparse.ArgumentParser, name: str | Setting) -> None:
+    """The flag of one setting (a run setting's name, or any schema's declaration: a server's), its
+    type, default, choices and help all from the schema; a flag in a unit of its own (MiB of a
+    setting in bytes) takes and shows its values in that unit."""
+    s = setting_of(name) if isinstance(name, str) else name
+    name = s.name
+    flag, _, metavar = (s.flag or "").partition(" ")
+    text = str(s.annotation)
+    if "=" in metavar or "tuple[" in text:  # a dict (one KEY=VALUE per use) or a list of values
         p.add_argument(flag, dest=name, metavar=metavar, action="append", default=None, help=f"{s.help} (repeatable)")
         return
     if s.annotation is bool:  # --name and --no-name, so a default of either value can be turned
-        p.add_argument(s.flag or "", dest=name, action=argparse.BooleanOptionalAction, default=s.default, help=s.help)
+        p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=s.default, help=s.help)
         return
-    text = str(s.annotation)
     kind: Any = int if s.annotation in (int, int | None) else float if "float" in text else str
-    options: dict[str, Any] = {"dest": name, "type": kind, "default": s.default, "help": s.help}
+    default = s.default // s.unit[1] if s.unit is not None and s.default is not None else s.default
+    options: dict[str, Any] = {"dest": name, "type": kind, "default": default, "help": s.help}
     if s.order is not None:  # a Literal: the sandbox kinds' registry, the base method's overflow
         options["choices"] = s.order
     elif name == "dialect":
@@ -146,13 +151,26 @@ def add_setting_flag(p: argparse.ArgumentParser, name: str) -> None:
     elif name == "prompt":
         options["metavar"] = "NAME_OR_FILE"
         options["help"] += f"; built-in names: {', '.join(BUILTIN_TEMPLATES)}"
+    elif metavar:
+        options["metavar"] = metavar
     elif "Path" in text:
         options["metavar"] = "DIR"
     elif kind is float:
         options["metavar"] = "SECONDS"
     else:  # as argparse names it when the flag is the setting's name
-        options["metavar"] = (s.flag or "").lstrip("-").replace("-", "_").upper()
-    p.add_argument(s.flag or "", **options)
+        options["metavar"] = flag.lstrip("-").replace("-", "_").upper()
+    p.add_argument(flag, **options)
+
+
+def setting_values(args: argparse.Namespace, settings: Iterable[Setting]) -> dict[str, Any]:
+    """The values the flags of `settings` (made by add_setting_flag) hold, each in its setting's own
+    unit (bytes of a flag in MiB); a flag left out with no default is left out."""
+    out = {}
+    for s in settings:
+        value = getattr(args, s.name, None)
+        if value is not None:
+            out[s.name] = value * s.unit[1] if s.unit is not None else value
+    return out
 
 
 def check_flags(args: argparse.Namespace) -> None:

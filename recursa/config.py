@@ -72,14 +72,17 @@ def setting(
     example: str | None = None,
     factory: Callable[[], Any] | None = None,
     env: tuple[str, Any] | None = None,
+    unit: tuple[str, int] | None = None,
     repr: bool = True,
     **bounds: Any,
 ) -> Any:
-    """One setting's declaration. `flag`: its CLI flag; `client`: see `Override`; `what`: what a
-    valid value is, in words (derived from the type and bounds when not given); `example`: a value
-    that works (the default when not given); `env`: RLMEnv's own name and default for it, where they
-    differ; `bounds`: pydantic's ge/gt/le."""
-    extra = {"flag": flag, "client": client, "what": what, "example": example, "env": env}
+    """One setting's declaration. `flag`: its CLI flag (and metavar: `--session-ttl SECONDS`);
+    `client`: see `Override`; `what`: what a valid value is, in words (derived from the type and
+    bounds when not given); `example`: a value that works (the default when not given); `env`:
+    RLMEnv's own name and default for it, where they differ; `unit`: the flag's unit and its size in
+    the setting's, where they differ (`("MiB", 1 << 20)` for a setting in bytes); `bounds`: pydantic's
+    ge/gt/le."""
+    extra = {"flag": flag, "client": client, "what": what, "example": example, "env": env, "unit": unit}
     if factory is not None:
         return Field(default_factory=factory, description=help, json_schema_extra=extra, repr=repr, **bounds)
     return Field(default, description=help, json_schema_extra=extra, repr=repr, **bounds)
@@ -99,7 +102,7 @@ class PriceRates(TypedDict, total=False):
     cache_write_per_mtok: Rate | None
 
 
-class _Schema(BaseModel):
+class Schema(BaseModel):
     """Settings checked strictly (no "3" for 3, no NaN), each error named as the caller wrote it."""
 
     model_config = ConfigDict(
@@ -125,7 +128,7 @@ class _Schema(BaseModel):
         return getattr(blank, name)
 
 
-class RLMConfig(_Schema):
+class RLMConfig(Schema):
     """Every setting of an RLM run, validated once, shared by all runs of a call tree."""
 
     model: str = setting(..., "the root model, which writes the REPL code: provider/name or a client object", flag="--model", client="choose")
@@ -222,18 +225,18 @@ class RLMConfig(_Schema):
         return self.model_copy(update=changes)
 
 
-class EnvConfig(_Schema):
+class EnvConfig(Schema):
     """The settings only an `RLMEnv` has (its runs' settings are an RLMConfig)."""
 
     max_reply_chars: int = setting(100_000, "longer policy replies are refused (the trace keeps replies whole up to 100,000)", client="tighten", ge=1)
-    max_live_repls: int = setting(256, "REPL processes alive at once over all episodes (children included)", client="tighten", ge=1)
+    max_live_repls: int = setting(256, "REPL processes alive at once over all episodes (children included)", flag="--max-live-repls", client="tighten", ge=1)
     max_repls_per_episode: int | None = setting(None, "REPL processes one episode may hold at once, its root's and its child RLMs' together: its share of max_live_repls, so that one episode's fan-out of child RLMs cannot take the slots other episodes start in; None: 16, or max_depth where that is more", client="tighten", what="a number of REPLs >= 1 (at least max_depth: one whole chain of child RLMs), or None", ge=1)
     wait_for_repl: Seconds = setting(0.0, "seconds start() waits in line for a REPL slot before it raises (0: raise at once)", client="tighten", what="a number of seconds >= 0 (0: do not wait)", ge=0)
     max_memory_bytes: Annotated[int, Field(ge=64 << 20)] | Literal["auto"] | None = setting("auto", "what all the environment's live REPLs (children included) may hold together, in bytes; 'auto': three quarters of the machine's memory; None: no bound but each REPL's own (subprocess sandboxes only)", what="the bytes all live REPLs may hold together, at least 64 MiB (e.g. 32 << 30), 'auto' (three quarters of the memory) or None (no bound)", example=str(32 << 30))
     fork: bool = setting(True, "fork REPLs from one warm zygote shared by the episodes (forking sandboxes only)")
 
 
-class MethodConfig(_Schema):
+class MethodConfig(Schema):
     """The settings only the benchmark's methods have (recursa/methods; their runs' settings are an
     RLMConfig's, and each method chooses its own max_depth, tools and tips)."""
 
@@ -249,7 +252,7 @@ METHOD_OWNED = ("max_depth", "tools", "sub_tools", "tips")
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 
 
-class SamplingOptions(_Schema):
+class SamplingOptions(Schema):
     """The request options a client may send for a role's calls (`sampling`, and a server request's
     top-level sampling fields), each with its bounds and policy. The operator's own `sampling` may
     hold any option its provider takes; a client's holds only these."""
@@ -280,7 +283,8 @@ class Setting:
     what: str
     example: str
     env: tuple[str, Any] | None
-    owner: str  # the schema that declares it: "RLMConfig", "EnvConfig", "SamplingOptions", "MethodConfig"
+    unit: tuple[str, int] | None  # the flag's unit and its size in the setting's (MiB of bytes)
+    owner: str  # the schema that declares it: "RLMConfig", "EnvConfig", "ServeSettings", ...
     optional: bool  # None is a value of it (Python callers and dicts may pass it; flags leave it out)
     order: tuple[Any, ...] | None  # a Literal's values, least first: what "tighten" compares by
 
@@ -294,7 +298,8 @@ class Setting:
         return value > limit
 
 
-def _declared(model: type[BaseModel]) -> dict[str, Setting]:
+def declarations(model: type[BaseModel]) -> dict[str, Setting]:
+    """The settings `model` declares (with `setting(...)`), by name."""
     out = {}
     for name, info in model.model_fields.items():
         extra: dict[str, Any] = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
@@ -310,6 +315,7 @@ def _declared(model: type[BaseModel]) -> dict[str, Setting]:
             what=extra.get("what") or _what(info),
             example=extra.get("example") or _shown(default),
             env=extra.get("env"),
+            unit=extra.get("unit"),
             owner=model.__name__,
             optional="None" in str(info.annotation),
             order=next((get_args(a) for a in (info.annotation, *get_args(info.annotation)) if get_origin(a) is Literal), None),
@@ -349,10 +355,10 @@ def _shown(value: Any) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
-SETTINGS: dict[str, Setting] = _declared(RLMConfig)
-ENV_SETTINGS: dict[str, Setting] = _declared(EnvConfig)
-SAMPLING_SETTINGS: dict[str, Setting] = _declared(SamplingOptions)
-METHOD_SETTINGS: dict[str, Setting] = _declared(MethodConfig)
+SETTINGS: dict[str, Setting] = declarations(RLMConfig)
+ENV_SETTINGS: dict[str, Setting] = declarations(EnvConfig)
+SAMPLING_SETTINGS: dict[str, Setting] = declarations(SamplingOptions)
+METHOD_SETTINGS: dict[str, Setting] = declarations(MethodConfig)
 # The caps of `budget` (recursa.Budget's fields): settings of their own for the CLI and for clients,
 # who may only lower them (each costs money or capacity). Budget itself checks each value.
 BUDGET_CAPS: dict[str, tuple[str, str]] = {
@@ -393,12 +399,36 @@ class Spelling:
     `owner`: the callable ("RLM") or the container ("extras", "_meta.recursa/runtime-v1"); `names`:
     the caller's own name for a setting where it differs from the schema's (RLMEnv's max_turns is
     max_iterations; the Responses API's reasoning.effort is reasoning_effort); `defaults`: the
-    caller's own default for a setting where it differs from the schema's, by schema name."""
+    caller's own default for a setting where it differs from the schema's, by schema name;
+    `schema`: the declarations of a schema besides the run settings' that it names (a server's
+    settings), looked up first."""
 
     form: Literal["python", "cli", "key", "dotted", "field"]
     owner: str = "RLM"
     names: Mapping[str, str] = field(default_factory=dict)
     defaults: Mapping[str, Any] = field(default_factory=dict)
+    schema: Mapping[str, Setting] = field(default_factory=dict)
+
+    def setting(self, name: str) -> Setting | None:
+        """The declaration of `name` (this caller's schema's first), or None (a budget cap)."""
+        return self.schema.get(name) or declared_setting(name)
+
+    def _flag(self, name: str) -> str | None:
+        """The setting's CLI flag as declared (with its metavar: `--api-key-env NAME`), or None."""
+        declared = self.setting(name)
+        return declared.flag if declared is not None else BUDGET_CAPS.get(name, (None,))[0]
+
+    def _scaled(self, name: str, value: Any) -> Any:
+        """A value as the command line writes it: in the flag's unit (`--idle-sessions-memory 4096`,
+        MiB, for 4 GiB of bytes)."""
+        declared = self.setting(name)
+        if self.form != "cli" or declared is None or declared.unit is None:
+            return value
+        if isinstance(value, str):
+            value = ast.literal_eval(value)
+        if not isinstance(value, int) or isinstance(value, bool):
+            return value
+        return value // declared.unit[1] if value % declared.unit[1] == 0 else value / declared.unit[1]
 
     def schema_name(self, own: str) -> str:
         """The schema's name of the setting the caller calls `own`."""
@@ -417,7 +447,7 @@ class Spelling:
         if self.form in ("python", "field"):
             return own
         if self.form == "cli":
-            flag = _flag(name)
+            flag = self._flag(name)
             return flag.split()[0] if flag else f"RLM({own}=...)"
         return f"{self.owner}[{own!r}]" if self.form == "key" else f"{self.owner}.{own}"
 
@@ -430,21 +460,20 @@ class Spelling:
         return _MARKED.sub(lambda m: self._marked(m.group(1), m.group(2), m.group(3)), text)
 
     def _marked(self, name: str, passed: str, example: str) -> str:
-        declared = declared_setting(name)
+        declared = self.setting(name)
         if self.form in ("key", "dotted") and declared is not None and declared.client == "operator":
-            return f"the operator's {_flag(name) or name}"  # not the client's to set
+            return f"the operator's {self._flag(name) or name}"  # not the client's to set
         if example:
             return self.assign(name, example)
         if not passed:
             return self.label(name)
         if self.form in ("python", "field"):
             return f"{self.label(name)}="
-        return (self.form == "cli" and _flag(name)) or self.label(name)
+        return (self.form == "cli" and self._flag(name)) or self.label(name)
 
-    @staticmethod
-    def _pairs(name: str) -> bool:
+    def _pairs(self, name: str) -> bool:
         """The setting's flag is a repeatable KEY=VALUE (a dict setting): values are shown that way."""
-        declared = SETTINGS.get(name)
+        declared = self.setting(name)
         return declared is not None and "=" in (declared.flag or "")
 
     def given(self, name: str, value: Any) -> str:
@@ -456,7 +485,9 @@ class Spelling:
         if self.form == "cli":
             if isinstance(value, dict) and self._pairs(name):
                 return " ".join(f"{self.label(name)} {k}={v}" for k, v in value.items())
-            return f"{self.label(name)} {value}"
+            if isinstance(value, list | tuple):  # a repeatable flag, once per value
+                return " ".join(f"{self.label(name)} {v}" for v in value)
+            return f"{self.label(name)} {self._scaled(name, value)}"
         return f"{self.label(name)}={shown}"
 
     def argument(self, name: str, *, items: bool = False) -> str:
@@ -469,16 +500,16 @@ class Spelling:
     def assign(self, name: str, example: str) -> str:
         """How this caller sets `name` to `example`; a client is pointed to the operator's flag for
         a setting only the operator sets."""
-        declared = declared_setting(name)
+        declared = self.setting(name)
         flag = (declared.flag or "") if declared is not None else ""
         if self.form in ("key", "dotted") and declared is not None and declared.client == "operator":
             return f"the operator's {flag or declared.name}"
         if self.form == "cli" and flag.endswith(" FILE"):  # the value is a file's content
             return f"{flag} (a JSON or TOML file such as {example})"
         if self.form == "cli":
-            if example.startswith("{") and self._pairs(name):
+            if (example.startswith("{") and self._pairs(name)) or example.startswith("["):
                 return self.given(name, ast.literal_eval(example))
-            return f"{self.label(name)} {example.strip(chr(39))}"
+            return f"{self.label(name)} {str(self._scaled(name, example)).strip(chr(39))}"
         return f"{self.label(name)}={example}"
 
     def problem(self, name: str, value: Any, what: str, example: str | None) -> str:
@@ -494,7 +525,10 @@ class Spelling:
             close = near_miss(self.names.get(name, name), known)
             hint = f"did you mean {close!r}?" if close else "see docs/reference/settings.md for the settings"
             return ConfigError(f"{self.given(name, values.get(name))}: {name} is not a setting; {hint}", setting=name)
-        declared = setting_of(name)
+        declared = self.setting(name)
+        assert declared is not None, name  # pydantic names only the model's fields
+        if not model.model_fields[name].repr:  # a key: its value stays out of the message
+            values = {**values, name: _Withheld()}
         cause = (first.get("ctx") or {}).get("error")
         if isinstance(cause, Invalid):
             return ConfigError(self.problem(name, values.get(name), cause.what, cause.example), setting=name)
@@ -522,10 +556,13 @@ class Spelling:
         return f" ({'; '.join(found)})" if found else ""
 
 
-def _flag(name: str) -> str | None:
-    """The setting's CLI flag as declared (with its metavar: `--api-key-env NAME`), or None."""
-    declared = declared_setting(name)
-    return declared.flag if declared is not None else BUDGET_CAPS.get(name, (None,))[0]
+class _Withheld:
+    """A secret's value as a message shows it."""
+
+    def __repr__(self) -> str:
+        return "<not shown>"
+
+    __str__ = __repr__
 
 
 # A setting a message of a lower layer names: «name», «name=» or «name=example» (RecursaError).

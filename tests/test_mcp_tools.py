@@ -185,7 +185,7 @@ def test_serve_takes_mcp_servers_from_the_operators_flag(tmp_path):
     path = tmp_path / "mcp.json"
     path.write_text(json.dumps({"mcpServers": {"ops": {"url": "http://127.0.0.1:9/mcp"}}}))
     args = _parser().parse_args(["serve", "--model", "scripted/gpt5-like", "--mcp-servers", str(path)])
-    settings = _settings(args, [])
-    assert [s.name for s in settings.rlm_options["mcp_servers"]] == ["ops"]
-    rlm = RLM("scripted/gpt5-like", **settings.rlm_options)  # what every request's run is built with
+    settings = _settings(args, "serve")
+    assert [s.name for s in settings.run["mcp_servers"]] == ["ops"]
+    rlm = RLM(**settings.run)  # what every request's run is built with
     assert rlm.config.mcp_servers[0].url == "http://127.0.0.1:9/mcp"

@@ -355,7 +355,7 @@ def test_per_request_depth_iterations_and_budget_reach_the_run(client, srv):
     )
     summary = r.model_extra["recursa"]
     assert summary["stop_reason"] == "max_iterations"
-    trace_dir = _service(srv).settings.trace_dir
+    trace_dir = _service(srv).settings.run["trace_dir"]
     start = load(trace_dir / summary["trace"]).root.start
     assert start["config"]["max_iterations"] == 1 and start["config"]["max_depth"] == 0
     assert start["config"]["budget"]["max_llm_calls"] == 40  # the request's, below the server's 50
@@ -487,7 +487,7 @@ def _assert_cancelled_and_reaped(srv, baseline: set[int], before: int) -> None:
     wait_until(lambda: not service.active, what="the server to drop the run")
     wait_until(lambda: not (descendants(os.getpid()) - baseline), what="the sandbox process to be reaped")
     assert service.cancelled == before + 1
-    traces = sorted(service.settings.trace_dir.glob("*.jsonl"), key=lambda p: p.stat().st_mtime)
+    traces = sorted(service.settings.run["trace_dir"].glob("*.jsonl"), key=lambda p: p.stat().st_mtime)
     assert load(traces[-1]).root.stop_reason == "cancelled"
 
 

@@ -179,7 +179,7 @@ def test_sampling_fields_reach_the_root_models_calls(srv, client):
         messages=_user(HELLO),
         extra_body={"temperature": 0.2, "top_p": 0.8, "top_k": 5, "output_config": {"effort": "low"}},
     )
-    trace = srv.app.state.service.settings.trace_dir / message.model_extra["recursa"]["trace"]
+    trace = srv.app.state.service.settings.run["trace_dir"] / message.model_extra["recursa"]["trace"]
     roots = [e for e in load(trace).events if e["type"] == "lm_call" and e["purpose"] == "root"]
     want = {"temperature": 0.2, "top_p": 0.8, "top_k": 5, "reasoning_effort": "low"}
     assert roots and all(e.get("sampling") == want for e in roots)

@@ -73,7 +73,7 @@ def _post(srv: BackgroundServer, **body: Any) -> httpx.Response:
 
 
 def _trace(srv: BackgroundServer, body: dict[str, Any]) -> list[dict[str, Any]]:
-    folder = srv.app.state.service.settings.trace_dir
+    folder = srv.app.state.service.settings.run["trace_dir"]
     return load(folder / body["recursa"]["trace"]).events
 
 

@@ -235,14 +235,14 @@ def test_the_per_caller_default_is_a_quarter_of_the_server_cap() -> None:
     # Where every request is the one caller (no key, or only the shared one), its share is the server.
     alone = ServeSettings(model=ROOT, api_key=SHARED, max_sessions=32, max_runs=8, max_waiting=0)
     assert (alone.sessions_per_caller, alone.runs_per_caller, alone.waiting_per_caller) == (32, 8, 0)
-    with pytest.raises(ConfigError, match="max_sessions_per_caller must be >= 1"):
+    with pytest.raises(ConfigError, match="max_sessions_per_caller must be an int >= 1"):
         ServeSettings(model=ROOT, max_sessions_per_caller=0)
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
     cmd = [sys.executable, "-m", "recursa.cli", "mcp", "--model", "scripted/gpt5-like"]
     done = subprocess.run(
         [*cmd, "--max-sessions-per-caller", "0"], capture_output=True, text=True, timeout=60, env=env
     )
-    assert done.returncode == 2 and "--max-sessions-per-caller must be >= 1" in done.stderr
+    assert done.returncode == 2 and "--max-sessions-per-caller must be an int >= 1" in done.stderr
     assert "Traceback" not in done.stderr
 
 

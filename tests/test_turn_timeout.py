@@ -216,7 +216,7 @@ def test_the_flags_reach_the_rlm_and_the_server(tmp_path: Path) -> None:
     args = _parser().parse_args(["run", "q", "--context", __file__, *base, "--turn-timeout", "30"])
     assert _rlm_from_args(args, lambda e: None).config.turn_seconds() == 30
     args = _parser().parse_args(["serve", *base, "--turn-timeout", "30", "--exec-timeout", "5"])
-    options = _settings(args, []).rlm_options  # what every served run's RLM(...) gets
+    options = _settings(args, "serve").run  # what every served run's RLM(...) gets
     assert (options["exec_timeout"], options["turn_timeout"]) == (5, 30)
 
 

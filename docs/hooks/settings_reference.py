@@ -1,7 +1,9 @@
-"""MkDocs hook: fills the settings reference page from the settings schema (recursa/config.py).
+"""MkDocs hook: fills the settings reference page from the settings schemas (recursa/config.py for
+the runs', recursa/serve/settings.py and recursa/integrations/openenv_settings.py for the servers').
 
 Each setting's name, type, default, CLI flag, who may override it and help come from its one
-declaration, so the page cannot drift from what `RLM(...)`, `RLMEnv(...)` and the CLI take.
+declaration, so the page cannot drift from what `RLM(...)`, `RLMEnv(...)`, the servers and the CLI
+take.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ def _type(annotation: Any) -> str:
         return f"{'Callable' if name == 'Callable' else name}[{', '.join(_type(a) for a in args)}]"
     if annotation is type(None):
         return "None"
+    if annotation is Ellipsis:
+        return "..."
     if isinstance(annotation, type):
         return annotation.__name__
     return str(annotation).replace("typing.", "")
@@ -54,19 +58,29 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _rows(settings: dict[str, Any]) -> str:
-    lines = [
-        "| Setting | Type | Default | CLI flag | Clients may override | What it does |",
-        "|---|---|---|---|---|---|",
-    ]
+def _flag(s: Any) -> str:
+    """The flag as a user types it, and its unit where it is not the setting's."""
+    if not s.flag:
+        return ""
+    return f"`{s.flag.split()[0]}`" + (f" ({s.unit[0]})" if s.unit else "")
+
+
+def _rows(settings: dict[str, Any], commands: dict[str, tuple[str, ...]] | None = None) -> str:
+    """A table of `settings`; `commands`: the commands whose flags each one is (a server's),
+    instead of who may override it (every server setting is the operator's)."""
+    last = "Commands" if commands is not None else "Clients may override"
+    lines = [f"| Setting | Type | Default | CLI flag | {last} | What it does |", "|---|---|---|---|---|---|"]
     for s in settings.values():
         default = "required" if s.required else _default(s.default)
         if s.env is not None:
             default += f" (RLMEnv: `{s.env[0]}={s.env[1]!r}`)"
-        flag = f"`{s.flag.split()[0]}`" if s.flag else ""
+        if commands is not None:
+            who = ", ".join(f"`{c}`" for c, names in commands.items() if s.name in names)
+        else:
+            who = _OVERRIDE[s.client]
         lines.append(
-            f"| `{s.name}` | `{_cell(_type(s.annotation))}` | {_cell(default)} | {flag} | "
-            f"{_OVERRIDE[s.client]} | {_cell(s.help)} |"
+            f"| `{s.name}` | `{_cell(_type(s.annotation))}` | {_cell(default)} | {_flag(s)} | "
+            f"{who} | {_cell(s.help)} |"
         )
     return "\n".join(lines)
 
@@ -80,6 +94,8 @@ def table() -> str:
         SAMPLING_SETTINGS,
         SETTINGS,
     )
+    from recursa.integrations.openenv_settings import OPENENV_FLAGS, OPENENV_SETTINGS
+    from recursa.serve.settings import FLAGS, SERVER_SETTINGS
 
     caps = "\n".join(
         f"| `{name}` | `{flag}` | lower only | {_cell(text)} |" for name, (flag, text) in BUDGET_CAPS.items()
@@ -103,6 +119,16 @@ def table() -> str:
         + ", ".join(f"`{name}`" for name in METHOD_OWNED)
         + "), the budget's caps one by one, and these.\n\n"
         + _rows(METHOD_SETTINGS)
+        + "\n\n## Server settings (`ServeSettings`: `recursa serve`, `mcp`, `acp`)\n\n"
+        + "What a server lets its clients do, the operator's alone: `ServeSettings(...)`'s keywords and, "
+        + "where a command is named, its flags. `run` holds the operator's run settings (the tables "
+        + "above); every run setting is also a keyword of `ServeSettings(...)` itself "
+        + "(`ServeSettings(model=..., max_depth=2, budget=Budget(...))`), and the provider's key is "
+        + "`upstream_api_key` there (`api_key` is the clients').\n\n"
+        + _rows(SERVER_SETTINGS, dict(FLAGS))
+        + "\n\n## OpenEnv server settings (`create_openenv_app`, `recursa openenv`)\n\n"
+        + "Its runs' settings are the `RLMEnv`'s it serves (the tables above).\n\n"
+        + _rows(OPENENV_SETTINGS, {"openenv": OPENENV_FLAGS})
         + "\n"
     )
 

@@ -1,7 +1,7 @@
 """OpenEnv adapter: `RLMEnv` episodes served as an OpenEnv environment (the `openenv-core` package),
 the kind TRL's trainers step over HTTP and WebSocket.
 
-    app = create_openenv_app(RLMEnv(sub_model="openai/policy", base_url=URL), max_sessions=64)
+    app = create_openenv_app(RLMEnv(sub_model="openai/policy", base_url=URL), max_sessions=64)  # OpenEnvSettings
     # or: recursa openenv --sub-model openai/policy --base-url URL --family niah
 
 Each OpenEnv session (one WebSocket connection of an `EnvClient`) is one `RecursaEnvironment`:
@@ -37,10 +37,11 @@ from openenv.core.env_server.types import Action, EnvironmentMetadata, Observati
 from pydantic import Field, model_validator
 
 from recursa.asgi.body_deadline import BodyDeadline
-from recursa.asgi.client_shares import IDLE_TIMEOUT_S, ClientShares
+from recursa.asgi.client_shares import ClientShares
 from recursa.asgi.local_only import LocalOnly
 from recursa.env import Episode, RLMEnv
 from recursa.env.shared import EnvError
+from recursa.integrations.openenv_settings import PYTHON, OpenEnvSettings
 from recursa.overrides import int_value, kind, refused_widening, text_value
 from recursa.serve.admission import AdmissionLimit, BodyLimit
 from recursa.serve.json_limits import JSONBounds
@@ -94,7 +95,7 @@ class RecursaEnvironment(Environment[RLMAction, RLMObservation, RLMState]):
 
     SUPPORTS_CONCURRENT_SESSIONS = True
 
-    def __init__(self, env: RLMEnv, *, family: str = "niah", size_chars: int = 20_000) -> None:
+    def __init__(self, env: RLMEnv, *, family: str, size_chars: int) -> None:
         super().__init__()
         self.env = env
         self.family = family
@@ -241,36 +242,24 @@ def _context(value: Any) -> Any:
 _ENVIRONMENT_PATHS = frozenset(("/reset", "/step", "/mcp"))  # HTTP requests that make an environment
 
 
-def create_openenv_app(
-    env: RLMEnv,
-    *,
-    max_sessions: int = 64,
-    family: str = "niah",
-    size_chars: int = 20_000,
-    body_timeout_s: float = 60.0,
-    sessions_per_client: int | None = None,
-    session_idle_timeout_s: float = IDLE_TIMEOUT_S,
-) -> Any:
+def create_openenv_app(env: RLMEnv, *, settings: OpenEnvSettings | None = None, **given: Any) -> Any:
     """OpenEnv's FastAPI app serving `env`: /ws sessions (what `EnvClient` uses), /reset, /step,
-    /state, /schema, /health; at most `max_sessions` sessions at once, and as many HTTP resets and
-    steps in progress (each makes an environment of its own). `size_chars` is a generated task's
-    size, and the largest a reset may ask for. One client address holds at most
-    `sessions_per_client` sessions and requests together (None: a quarter of `max_sessions`, and
-    all of them for this machine's own programs), and a session with no message for
-    `session_idle_timeout_s` is closed (recursa.asgi.client_shares).
+    /state, /schema, /health. `given`: the server's settings (`OpenEnvSettings`, e.g.
+    `max_sessions=64, family="niah"`), or `settings` already checked: at most `max_sessions`
+    sessions at once, and as many HTTP resets and steps in progress (each makes an environment of
+    its own); `size_chars` is a generated task's size, and the largest a reset may ask for. One
+    client address holds at most `sessions_per_client` sessions and requests together (None: a
+    quarter of `max_sessions`, and all of them for this machine's own programs), and a session with
+    no message for `session_idle_timeout_s` is closed (recursa.asgi.client_shares).
 
     The server has no keys, so it answers only the programs of its machine and trainers elsewhere,
     never a web page (recursa.asgi.local_only); a body or message is at most MAX_MESSAGE_BYTES
     within the JSON bounds (recursa.serve.json_limits), and a body must arrive by its deadline."""
-    if family not in families():
-        raise EnvError(f"family {family!r} is not a task family; choose one of {', '.join(families())}")
-    if sessions_per_client is not None and sessions_per_client < 1:
-        raise EnvError(f"sessions_per_client={sessions_per_client}: give a whole number >= 1, or None")
-    if not session_idle_timeout_s > 0:
-        raise EnvError(f"session_idle_timeout_s={session_idle_timeout_s}: give a number of seconds > 0")
+    s = settings if settings is not None else OpenEnvSettings.checked(PYTHON, **given)
+    max_sessions = s.max_sessions
 
     def factory() -> RecursaEnvironment:
-        return RecursaEnvironment(env, family=family, size_chars=size_chars)
+        return RecursaEnvironment(env, family=s.family, size_chars=s.size_chars)
 
     app = create_app(factory, RLMAction, RLMObservation, env_name="recursa", max_concurrent_envs=max_sessions)
     # Innermost first: the JSON bounds, the size cap, the body's deadline, the HTTP resets and steps
@@ -278,15 +267,15 @@ def create_openenv_app(
     # address's share of those and of the sessions (and the sessions' idle close), the origin.
     app.add_middleware(JSONBounds)
     app.add_middleware(BodyLimit, max_bytes=MAX_MESSAGE_BYTES)
-    app.add_middleware(BodyDeadline, timeout_s=body_timeout_s)
+    app.add_middleware(BodyDeadline, timeout_s=s.body_timeout_s)
     app.add_middleware(
         AdmissionLimit, limit=max_sessions, paths=_ENVIRONMENT_PATHS, post_only=True
     )
     app.add_middleware(
         ClientShares,
         total=max_sessions,
-        per_client=sessions_per_client,
-        idle_timeout_s=session_idle_timeout_s,
+        per_client=s.sessions_per_client,
+        idle_timeout_s=s.session_idle_timeout_s,
         paths=_ENVIRONMENT_PATHS,
     )
     app.add_middleware(

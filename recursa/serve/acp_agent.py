@@ -228,7 +228,7 @@ class RecursaAgent:
             for m in given or []
         ]
         return [
-            *self.settings.rlm_options.get("mcp_servers", []),
+            *self.settings.run.get("mcp_servers", []),
             *parse_mcp_servers(entries, "session/new mcpServers"),
         ]
 
@@ -239,7 +239,7 @@ class RecursaAgent:
         )
         options = s.run_settings() | {k: v for k, v in overrides.items() if k in _CLIENT_SETTINGS}
         options |= {"base_url": base_url, "api_key": api_key, "mcp_servers": mcp_servers}
-        options["on_event"] = _both(s.on_event, on_event)
+        options["on_event"] = _both(s.run.get("on_event"), on_event)
         # What fails here is the client's (the operator's settings were checked at start-up): named
         # as the client wrote it, with the operator's flag for what only the operator sets.
         return RLM.configured(options, _RUNTIME)

@@ -42,12 +42,12 @@ class RunSpec:
 def build_rlm(settings: ServeSettings, spec: RunSpec, on_event: Callable[[dict[str, Any]], None]) -> RLM:
     """The RLM for one request (or one session): the operator's settings, the request's limits."""
     # A client's `sampling` (spec.settings) is already merged over the operator's (overrides.py).
-    options = {**settings.rlm_options, **spec.settings}
+    options = settings.run_settings() | spec.settings
     if spec.root_sampling:
         sampling = {role: dict(opts) for role, opts in (options.get("sampling") or {}).items()}
         sampling["root"] = {**sampling.get("root", {}), **spec.root_sampling}
         options["sampling"] = sampling
-    given = settings.run_settings() | options | {"on_event": on_event}
+    given = options | {"on_event": on_event}  # which calls the operator's too (LiveRun._on_event)
     # What fails here is a client's setting (the operator's were checked at start-up): named as the
     # client wrote it, with the operator's flag for what only the operator sets.
     return RLM.configured(given, spec.spelling)
@@ -88,8 +88,8 @@ class LiveRun:
     def _on_event(self, event: dict[str, Any]) -> None:
         if self.run_id is None and event.get("type") == "run_start" and not event.get("parent_run_id"):
             self.run_id = event.get("run_id")
-        if self.settings.on_event is not None:
-            self.settings.on_event(event)
+        if (operators := self.settings.run.get("on_event")) is not None:
+            operators(event)
         # Events are emitted on the loop thread; a thread-safe hand-off keeps this correct should a
         # sandbox host emit from a worker thread.
         if threading.get_ident() == self._loop_thread:

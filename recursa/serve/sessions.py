@@ -78,8 +78,8 @@ class ServedSession:
         # The session's RLM lives longer than any request: its events go to the current one.
         if self._listener is not None:
             self._listener(event)
-        elif self.settings.on_event is not None:
-            self.settings.on_event(event)
+        elif (operators := self.settings.run.get("on_event")) is not None:
+            operators(event)
 
     async def ask(
         self, question: str, listener: EventCallback, *, tips: str | None = None, answer_schema: Any = None

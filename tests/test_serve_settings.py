@@ -1,0 +1,106 @@
+"""The servers' settings are declared once (recursa/serve/settings.py, integrations/openenv_settings.py):
+`ServeSettings(...)`, the flags of serve, mcp, acp and openenv, and their messages derive from them."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from recursa.budget import Budget
+from recursa.cli import _parser
+from recursa.errors import ConfigError
+from recursa.integrations import openenv_cli
+from recursa.integrations.openenv_settings import OPENENV_FLAGS, OPENENV_SETTINGS
+from recursa.serve.commands import _settings
+from recursa.serve.settings import FLAGS, SERVER_SETTINGS, ServeSettings
+
+MODEL = "scripted/gpt5-like"
+
+
+def _options(command: str) -> dict[str, argparse.Action]:
+    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return {a.dest: a for a in sub.choices[command]._actions}
+
+
+@pytest.mark.parametrize("command", ["serve", "mcp", "acp", "openenv"])
+def test_each_commands_flags_are_its_settings_declarations(command: str) -> None:
+    declared = OPENENV_SETTINGS if command == "openenv" else SERVER_SETTINGS
+    names = OPENENV_FLAGS if command == "openenv" else FLAGS[command]  # type: ignore[index]
+    assert names, command
+    options = _options(command)
+    for name in names:
+        s = declared[name]
+        action = options["api_keys_file" if name == "api_keys" else name]
+        assert s.flag.split()[0] in action.option_strings
+        if name not in ("api_key", "api_keys") and not isinstance(action, argparse._AppendAction):
+            # the flag's default is the declaration's, in the flag's own unit (MiB of bytes)
+            assert action.default == (s.default // s.unit[1] if s.unit else s.default), name
+    assert options["idle_sessions_memory_bytes"].default == 4096 if command in ("serve", "mcp") else True
+
+
+def test_a_flag_in_its_own_unit_reaches_the_setting_in_the_settings_unit(tmp_path) -> None:
+    args = _parser().parse_args(["serve", "--model", MODEL, "--idle-sessions-memory", "3", "--max-runs", "5"])
+    settings = _settings(args, "serve")
+    assert (settings.idle_sessions_memory_bytes, settings.max_runs) == (3 << 20, 5)
+    assert settings.run["model"] == MODEL
+    args = _parser().parse_args(["mcp", "--model", MODEL, "--idle-sessions-memory", "-1"])
+    with pytest.raises(ConfigError) as bad:
+        _settings(args, "mcp")
+    # named as the flag, its value and the example in MiB
+    assert str(bad.value).startswith("--idle-sessions-memory -1: --idle-sessions-memory must be an int >= 0")
+    assert "e.g. --idle-sessions-memory 4096" in str(bad.value)
+
+
+@pytest.mark.parametrize(
+    ("argv", "told"),
+    [
+        (["acp", "--max-sessions", "0"], "--max-sessions 0: an ACP agent runs every prompt in a session"),
+        (["acp", "--allow-base-url", "ftp://x"], "--allow-base-url ftp://x: --allow-base-url must be a list of http(s) URLs"),
+        (["serve", "--allow-path", "/no/such/folder"], "'/no/such/folder' is not a folder"),
+        (["serve", "--session-ttl", "0"], "--session-ttl 0.0: --session-ttl must be a number of seconds > 0"),
+        (["serve", "--max-depth", "-1"], "--max-depth -1: --max-depth must be an int >= 0"),
+    ],
+)
+def test_a_bad_server_flag_is_named_as_the_flag(argv: list[str], told: str) -> None:
+    from recursa.serve.commands import _acp, _serve
+
+    args = _parser().parse_args([argv[0], "--model", MODEL, *argv[1:]])
+    with pytest.raises(ConfigError, match=None) as bad:
+        (_acp if argv[0] == "acp" else _serve)(args)
+    assert told in str(bad.value)
+
+
+def test_serve_settings_take_run_settings_by_name_and_name_a_bad_one_as_the_argument() -> None:
+    settings = ServeSettings(model=MODEL, max_depth=4, budget=Budget(max_llm_calls=9), rlm_options={"max_retries": 0},
+                             upstream_api_key="sk-upstream-1234567890")  # fmt: skip
+    assert settings.run == {"max_retries": 0, "model": MODEL, "max_depth": 4, "budget": Budget(max_llm_calls=9),
+                            "api_key": "sk-upstream-1234567890"}  # fmt: skip
+    assert settings.max_depth_limit == 4  # at least the operator's own depth
+    assert settings.run_settings()["max_iterations"] == 30  # the run schema's default, not a copy of it
+    assert "sk-upstream" not in settings.redact("the key sk-upstream-1234567890 leaked")
+    with pytest.raises(ConfigError, match=r"^ServeSettings\(max_runs=0\): max_runs must be an int >= 1"):
+        ServeSettings(model=MODEL, max_runs=0)
+    with pytest.raises(ConfigError, match=r"^ServeSettings\(max_depth=-1\): max_depth must be an int >= 0"):
+        ServeSettings(model=MODEL, max_depth=-1)
+    with pytest.raises(ConfigError, match="did you mean 'max_sessions'"):
+        ServeSettings(model=MODEL, max_sesions=3)
+    with pytest.raises(ConfigError) as twice:
+        ServeSettings(model=MODEL, api_key="sk-shared-123", api_keys={"alice": "sk-shared-123"})
+    assert "api_keys must be a key per client" in str(twice.value) and "sk-shared" not in str(twice.value)
+
+
+@pytest.mark.parametrize(
+    ("argv", "told"),
+    [
+        (["--family", "nope"], "--family nope: --family must be a task family, one of"),
+        (["--max-sessions-per-client", "0"], "--max-sessions-per-client 0: --max-sessions-per-client must be an int >= 1"),
+        (["--session-idle-timeout", "-1"], "--session-idle-timeout -1.0: --session-idle-timeout must be a number"),
+        (["--max-live-repls", "0"], "--max-live-repls 0: --max-live-repls must be an int >= 1"),
+    ],
+)
+def test_openenv_flags_are_checked_by_their_declarations_before_the_extra_loads(argv, told) -> None:
+    args = _parser().parse_args(["openenv", "--model", MODEL, *argv])
+    with pytest.raises(ConfigError) as bad:
+        openenv_cli.run(args)
+    assert str(bad.value).startswith(told)
