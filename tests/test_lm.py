@@ -352,9 +352,10 @@ def test_missing_key_is_a_config_error() -> None:
         make_client("anthropic/claude-sonnet-4-5")
     # Credentials in the URL were refused by the HTTP client at the first call, as an internal error.
     for url in ("http://user:PassWord9Secret@127.0.0.1:1/v1", "https://:PassWord9Secret@h.example/v1"):
-        with pytest.raises(ConfigError, match=r"carries credentials") as refused:
-            make_client("openai/m", base_url=url, api_key="k")
-        assert "PassWord9Secret" not in str(refused.value)
+        for spec in ("openai/m", "anthropic/m"):
+            with pytest.raises(ConfigError, match=r"carries credentials") as refused:
+                make_client(spec, base_url=url, api_key="k")
+            assert "PassWord9Secret" not in str(refused.value)
     # A local server needs no key.
     assert make_client("openai/llama3", base_url="http://127.0.0.1:1/v1").model == "llama3"
     assert make_client("anthropic/x", base_url="http://127.0.0.1:1").provider == "anthropic"

@@ -68,6 +68,15 @@ def resolve_credentials(
     """The key and endpoint a client uses; a missing key for the provider's own API is a ConfigError."""
     key = api_key or os.environ.get(key_env) or None
     effective_url = base_url or os.environ.get(url_env) or None
+    parts = urlsplit(effective_url or "")
+    if parts.username is not None or parts.password is not None:
+        # Beside the key's header they were refused by the HTTP client at the first call as an
+        # internal error (OpenAI), or sent as a second credential (Anthropic); a message never
+        # repeats them, so say so without them.
+        raise ConfigError(
+            f"the base URL for {model!r} carries credentials ({parts.scheme}://...@{parts.hostname}); "
+            f"give the server's URL without them, and the key with «api_key=» or {key_env}"
+        )
     official = effective_url is None or urlsplit(effective_url).hostname == official_host
     if key is None:
         if official:

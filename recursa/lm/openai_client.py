@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any
-from urllib.parse import urlsplit
 
-from recursa.errors import ConfigError
 from recursa.lm.api_call import Endpoint, call_api, resolve_credentials
 from recursa.lm.base import LMRequest, LMResponse, Message
 from recursa.lm.billing import AttemptUsage, BilledFailure, reported_count
@@ -53,14 +51,6 @@ class OpenAIClient:
             hint=" (or pass «base_url=» for a local OpenAI-compatible server, which needs no key)",
         )
         official, effective_url = creds.official, creds.base_url or "https://api.openai.com/v1"
-        parts = urlsplit(effective_url)
-        if parts.username is not None or parts.password is not None:
-            # Beside the key's Authorization header the HTTP client refuses them, at the first call
-            # and as an internal error; a message never repeats them, so say so without them.
-            raise ConfigError(
-                f"the base URL for {model!r} carries credentials ({parts.scheme}://...@{parts.hostname}); "
-                f"give the server's URL without them, and the key with api_key= or {ENV_VAR}"
-            )
         self._secret = creds.secret
         self._http = JsonPoster(
             effective_url,
