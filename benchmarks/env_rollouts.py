@@ -11,7 +11,8 @@ steps: three small cells over `context`, then FINAL.
     python benchmarks/env_rollouts.py --sizes-mb 1 --think-ms 20 --alone 20 --episodes 8
 
 `--ray-nodes N` runs the same episodes on local REPLs and with `sandbox="ray"` on a cluster of N
-nodes simulated on this machine (Ray's own `cluster_utils`): one at a time, a local and a Ray episode
+nodes simulated on this machine (Ray's own `cluster_utils`; its workers at this process's niceness,
+as the local REPLs are, unless `--ray-niceness` says otherwise): one at a time, a local and a Ray episode
 in turn (so both see the same moment of a shared machine), then all at once, local then Ray
 (`--rounds` alternates more). It reports the extra hop per step, episodes per second against local,
 the CPU time per episode of each kind of process (the driver, the node hosts, the REPL workers,
@@ -149,8 +150,9 @@ def skyrl_times(size_mb: float, episodes: int) -> tuple[list[float], list[float]
 
 
 def ray_compare(size_mb: float, episodes: int, concurrency: int, alone: int, nodes: int,
-                snapshots: bool, rounds: int) -> int:  # fmt: skip
+                snapshots: bool, rounds: int, niceness: int | None = None) -> int:  # fmt: skip
     """Local REPLs against sandbox="ray" on a simulated cluster of `nodes` nodes; 1 on errors."""
+    import os
     import threading
 
     import ray
@@ -159,7 +161,12 @@ def ray_compare(size_mb: float, episodes: int, concurrency: int, alone: int, nod
     from recursa.sandbox.cluster import node_hosts, shutdown_hosts
     from recursa.sandbox.cluster.node import tree_rss
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    # Ray starts its workers (the node hosts, and so their REPLs) at niceness 15 unless told
+    # otherwise; local REPLs run at this process's. On cores shared with other work the two would
+    # then not be compared at the same priority: by default the cluster's workers get ours.
+    niceness = os.getpriority(os.PRIO_PROCESS, 0) if niceness is None else niceness
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False,
+                                                            "_system_config": {"worker_niceness": niceness}})  # fmt: skip
     for _ in range(nodes):
         cluster.add_node(num_cpus=1, resources={"cpu_repl": 1})
     cluster.wait_for_nodes()
@@ -207,6 +214,8 @@ def ray_compare(size_mb: float, episodes: int, concurrency: int, alone: int, nod
         shutdown_hosts()
         ray.shutdown()
         cluster.shutdown()
+    print(f"\nRay workers (node hosts and their REPLs) at niceness {niceness}; this process at "
+          f"{os.getpriority(os.PRIO_PROCESS, 0)}")
     print(f"\n{'where':>6} {'episodes':>8} {'at once':>7} {'ep/s':>7} {'step ms p50':>11} {'first ms p50':>12} {'errors':>6}")
     for name, r in [("local", local_steps), ("ray", ray_steps)] + [(w, b) for w, b, _ in batches]:
         print(f"{name:>6} {r.episodes:>8} {r.concurrency:>7} {r.per_s:>7.1f} {pct(r.later_ms, 0.5):>11.2f} "
@@ -328,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--ray-nodes", type=int, default=0, help="also run on a simulated Ray cluster of N nodes")
     parser.add_argument("--rounds", type=int, default=1, help="with --ray-nodes: local and Ray batches, alternated")
+    parser.add_argument("--ray-niceness", type=int, default=None,
+                        help="with --ray-nodes: the niceness of Ray's workers (default: this process's; Ray's own is 15)")  # fmt: skip
     parser.add_argument("--vs-skyrl", action="store_true", help="SkyRL-gym's in-process environment beside ours")
     parser.add_argument("--think-ms", type=float, default=0.0, help="the policy's time per reply, waited before each step")
     parser.add_argument("--fresh-contexts", action="store_true", help="a context object of its own per episode")
@@ -336,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.ray_nodes:
         concurrency = int(args.concurrency.split(",")[0])
         return ray_compare(sizes[0], args.episodes, min(concurrency, args.episodes), args.alone, args.ray_nodes,
-                           not args.no_snapshots, args.rounds)  # fmt: skip
+                           not args.no_snapshots, args.rounds, args.ray_niceness)  # fmt: skip
     limits = [int(c) for c in args.concurrency.split(",")]
     limits = (limits + [limits[-1]] * len(sizes))[: len(sizes)]
     print(f"{'size':>7} {'episodes':>8} {'at once':>7} {'wall s':>7} {'ep/s':>7} {'first ms p50':>12} "

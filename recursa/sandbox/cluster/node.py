@@ -330,8 +330,6 @@ class NodeHost:
             if client is None or client in self._streams:
                 return
             stream = self._streams[client] = Stream(writer)
-            with contextlib.suppress(OSError):
-                writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             stream.send({"op": "ready"})
             with contextlib.suppress(ProtocolError, OSError):
                 async for frame in wire.driver_frames(reader):

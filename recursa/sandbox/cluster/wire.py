@@ -89,8 +89,9 @@ async def frames(reader: asyncio.StreamReader) -> AsyncIterator[dict[str, Any] |
 
 
 class Outbox:
-    """Frames for one stream, written together once per turn of the event loop: frames that come
-    ready on one turn (the results of many REPLs) cost one send and wake the peer once."""
+    """Frames for one stream: the first of a turn of the event loop goes at once, the others of
+    that turn together at its end, so frames that come ready on one turn (the results of many
+    REPLs) cost two sends and wake the peer at most twice, and a lone frame waits for nothing."""
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
@@ -98,13 +99,17 @@ class Outbox:
         self._due = False
 
     def send(self, frame: dict[str, Any]) -> None:
-        """Queue `frame`; ValueError or TypeError here when it cannot be a frame."""
+        """Send `frame`: at once when it is the first of this turn, else at the turn's end with the
+        others. ValueError or TypeError here when it cannot be a frame."""
         if self.writer.is_closing():
             return
-        self._buffer += encode(frame)
-        if not self._due:
-            self._due = True
-            asyncio.get_running_loop().call_soon(self._flush)
+        data = encode(frame)
+        if self._due:
+            self._buffer += data
+            return
+        self._due = True
+        asyncio.get_running_loop().call_soon(self._flush)
+        self.writer.write(data)
 
     def _flush(self) -> None:
         self._due = False
