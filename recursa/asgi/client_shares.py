@@ -45,7 +45,7 @@ def default_share(total: int, address: str) -> int:
 class ClientShares:
     """ASGI middleware: each client address holds at most its share of WebSocket sessions and
     requests to `paths` in progress together, and an idle session is closed (module doc). `flag`
-    names the setting that raises the share, in refusals."""
+    and `idle_flag` name the operator's settings of the share and the idle time, in refusals."""
 
     def __init__(
         self,
@@ -55,8 +55,8 @@ class ClientShares:
         per_client: int | None,
         idle_timeout_s: float,
         paths: frozenset[str] = frozenset(),
-        flag: str = "--max-sessions-per-client",
-        idle_flag: str = "--session-idle-timeout",
+        flag: str,
+        idle_flag: str,
     ) -> None:
         self.app = app
         self.total = total
