@@ -32,7 +32,6 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-IDLE_TIMEOUT_S = 900.0  # as `recursa serve`'s sessions: a policy's slowest turn fits well within
 IDLE_CLOSE_CODE = 4408  # private range: 4000 + HTTP's 408 Request Timeout
 BUSY_CLOSE_CODE = 1013  # "try again later"
 
