@@ -7,6 +7,8 @@ import asyncio
 
 from recursa.asgi.client_shares import ClientShares
 
+FLAGS = {"flag": "--max-sessions-per-client", "idle_flag": "--session-idle-timeout"}  # as messages name them
+
 
 async def test_a_remote_address_gets_a_quarter_and_this_machines_programs_the_whole() -> None:
     release = asyncio.Event()
@@ -16,7 +18,7 @@ async def test_a_remote_address_gets_a_quarter_and_this_machines_programs_the_wh
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
-    shares = ClientShares(app, total=8, per_client=None, idle_timeout_s=60, paths=frozenset({"/reset"}))
+    shares = ClientShares(app, total=8, per_client=None, idle_timeout_s=60, paths=frozenset({"/reset"}), **FLAGS)
 
     async def post(address: str) -> int:
         sent: list[dict] = []
@@ -58,7 +60,7 @@ async def test_a_session_gives_its_share_back_when_its_client_leaves_and_before_
         await cleanup.wait()  # the server's own clean-up, after its client has gone
         await send({"type": "websocket.close", "code": 1000})
 
-    shares = ClientShares(app, total=4, per_client=1, idle_timeout_s=0.2)
+    shares = ClientShares(app, total=4, per_client=1, idle_timeout_s=0.2, **FLAGS)
     scope = {"type": "websocket", "path": "/ws", "client": ("203.0.113.9", 5000), "headers": []}
     incoming: asyncio.Queue[dict] = asyncio.Queue()
     sent: list[dict] = []

@@ -32,7 +32,6 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-IDLE_TIMEOUT_S = 900.0  # as `recursa serve`'s sessions: a policy's slowest turn fits well within
 IDLE_CLOSE_CODE = 4408  # private range: 4000 + HTTP's 408 Request Timeout
 BUSY_CLOSE_CODE = 1013  # "try again later"
 
@@ -45,7 +44,7 @@ def default_share(total: int, address: str) -> int:
 class ClientShares:
     """ASGI middleware: each client address holds at most its share of WebSocket sessions and
     requests to `paths` in progress together, and an idle session is closed (module doc). `flag`
-    names the setting that raises the share, in refusals."""
+    and `idle_flag` name the operator's settings of the share and the idle time, in refusals."""
 
     def __init__(
         self,
@@ -55,8 +54,8 @@ class ClientShares:
         per_client: int | None,
         idle_timeout_s: float,
         paths: frozenset[str] = frozenset(),
-        flag: str = "--max-sessions-per-client",
-        idle_flag: str = "--session-idle-timeout",
+        flag: str,
+        idle_flag: str,
     ) -> None:
         self.app = app
         self.total = total

@@ -41,7 +41,7 @@ from recursa.asgi.client_shares import ClientShares
 from recursa.asgi.local_only import LocalOnly
 from recursa.env import Episode, RLMEnv
 from recursa.env.shared import EnvError
-from recursa.integrations.openenv_settings import PYTHON, OpenEnvSettings
+from recursa.integrations.openenv_settings import CLI, PYTHON, OpenEnvSettings
 from recursa.overrides import int_value, kind, refused_widening, text_value
 from recursa.serve.admission import AdmissionLimit, BodyLimit
 from recursa.serve.json_limits import JSONBounds
@@ -268,14 +268,17 @@ def create_openenv_app(env: RLMEnv, *, settings: OpenEnvSettings | None = None, 
     app.add_middleware(JSONBounds)
     app.add_middleware(BodyLimit, max_bytes=MAX_MESSAGE_BYTES)
     app.add_middleware(BodyDeadline, timeout_s=s.body_timeout_s)
+    told = CLI.label("max_sessions")
     app.add_middleware(
-        AdmissionLimit, limit=max_sessions, paths=_ENVIRONMENT_PATHS, post_only=True
+        AdmissionLimit, limit=max_sessions, told=(told, told), paths=_ENVIRONMENT_PATHS, post_only=True
     )
     app.add_middleware(
         ClientShares,
         total=max_sessions,
         per_client=s.sessions_per_client,
         idle_timeout_s=s.session_idle_timeout_s,
+        flag=CLI.label("sessions_per_client"),
+        idle_flag=CLI.label("session_idle_timeout_s"),
         paths=_ENVIRONMENT_PATHS,
     )
     app.add_middleware(

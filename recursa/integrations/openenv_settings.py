@@ -10,9 +10,8 @@ import copy
 
 from pydantic import field_validator
 
-from recursa.asgi.client_shares import IDLE_TIMEOUT_S
 from recursa.config import Invalid, Schema, Setting, Spelling, declarations, setting
-from recursa.serve.settings import ServeSettings
+from recursa.serve.settings import SERVER_SETTINGS, ServeSettings
 
 
 class OpenEnvSettings(Schema):
@@ -20,7 +19,8 @@ class OpenEnvSettings(Schema):
 
     max_sessions: int = setting(64, "OpenEnv sessions (episodes) at once, and as many HTTP resets and steps in progress (each makes an environment of its own)", flag="--max-sessions", ge=1)
     sessions_per_client: int | None = setting(None, "sessions (and HTTP resets and steps in progress) one client address may hold; default: a quarter of max_sessions, and all of them for this machine's own programs (recursa.asgi.client_shares)", flag="--max-sessions-per-client N", example="16", ge=1)
-    session_idle_timeout_s: float = setting(IDLE_TIMEOUT_S, "seconds a session may go without a message before the server closes it", flag="--session-idle-timeout SECONDS", gt=0)
+    # As long as recursa serve's sessions may idle: a policy's slowest turn fits well within it.
+    session_idle_timeout_s: float = setting(SERVER_SETTINGS["session_ttl_s"].default, "seconds a session may go without a message before the server closes it", flag="--session-idle-timeout SECONDS", gt=0)
     family: str = setting("niah", "the task family a reset without a question generates (recursa.tasks)", flag="--family")
     size_chars: int = setting(20_000, "context characters of a generated task, and the most a reset may ask for", flag="--size", example="20_000", ge=1)
     # The same deadline as recursa serve's, by the same declaration.

@@ -38,13 +38,15 @@ class AdmissionLimit:
     """ASGI middleware: at most `limit` requests that start runs in progress, and at most
     `per_caller` of one caller's (`caller_of(headers)`: its share's name, None for a request that
     does not authenticate, which the app refuses itself); more get 429 with Retry-After.
-    `paths`: the requests that start runs (POST to them only, when `post_only`)."""
+    `paths`: the requests that start runs (POST to them only, when `post_only`); `told`: the
+    operator's flags that set `limit` and `per_caller`, as the 429 names them."""
 
     def __init__(
         self,
         app: ASGIApp,
         *,
         limit: int,
+        told: tuple[str, str],
         per_caller: int | None = None,
         caller_of: Callable[[dict[bytes, bytes]], str | None] | None = None,
         paths: frozenset[str] = RUN_PATHS,
@@ -58,6 +60,7 @@ class AdmissionLimit:
         self.paths = paths
         self.post_only = post_only
         self.retry_after_s = retry_after_s
+        self.told = told
         self.in_progress = 0
         self.by_caller: dict[str, int] = {}
 
@@ -98,7 +101,7 @@ class AdmissionLimit:
             busy = ApiError(
                 429,
                 f"this server is busy: {self.limit} requests are running or waiting for a run slot, its "
-                "limit (--max-runs plus --max-waiting); retry later",
+                f"limit ({self.told[0]}); retry later",
                 type="rate_limit_error",
                 code="server_busy",
             )
@@ -106,7 +109,7 @@ class AdmissionLimit:
             busy = ApiError(
                 429,
                 f"you already have {self.per_caller} requests running or waiting for a run slot, your share "
-                "of this server (--max-runs-per-caller plus --max-waiting-per-caller); retry when one ends",
+                f"of this server ({self.told[1]}); retry when one ends",
                 type="rate_limit_error",
                 code="caller_busy",
             )

@@ -34,7 +34,7 @@ from recursa.serve.mcp_shares import TransportSessionShares
 from recursa.serve.request import ApiError, bearer_token, key_matches
 from recursa.serve.runs import LiveRun, RunSpec
 from recursa.serve.sessions import SessionStore
-from recursa.serve.settings import ServeSettings
+from recursa.serve.settings import ADMISSION_FLAGS, OPERATOR, ServeSettings
 from recursa.serve.shares import RunShares
 from recursa.serve.sources import check_path
 from recursa.serve.steps import CellTally
@@ -157,7 +157,9 @@ def build_mcp_server(settings: ServeSettings, *, name: str = "recursa") -> MCPSe
     ) -> SessionInfo:
         """Load a context once into a REPL kept for several questions; returns the session id."""
         if settings.max_sessions == 0:
-            raise ToolError("sessions are turned off on this server (--max-sessions 0); use recursa_answer")
+            raise ToolError(
+                f"sessions are turned off on this server ({OPERATOR.given('max_sessions', 0)}); use recursa_answer"
+            )
         asked = {"max_depth": max_depth, "max_iterations": max_iterations, "max_usd": max_usd, "sampling": sampling}
         spec = _spec(settings, "(session)", context_path, context_text, asked)
         session_id = new_session_id()
@@ -335,6 +337,7 @@ def http_app(
     admitted = AdmissionLimit(
         bounded,
         limit=settings.max_runs + settings.max_waiting,
+        told=ADMISSION_FLAGS,
         per_caller=settings.runs_per_caller + settings.waiting_per_caller,
         caller_of=lambda headers: caller_quota(settings, headers),
         paths=frozenset((path,)),

@@ -31,7 +31,7 @@ from recursa.serve.observe import Metrics, ObserveMiddleware
 from recursa.serve.routes_anthropic import anthropic_routes
 from recursa.serve.routes_openai import openai_routes
 from recursa.serve.routes_recursa import recursa_routes
-from recursa.serve.settings import ServeSettings
+from recursa.serve.settings import ADMISSION_FLAGS, ServeSettings
 
 
 def create_app(settings: ServeSettings) -> FastAPI:
@@ -59,6 +59,7 @@ def create_app(settings: ServeSettings) -> FastAPI:
     app.add_middleware(
         AdmissionLimit,
         limit=settings.max_runs + settings.max_waiting,
+        told=ADMISSION_FLAGS,
         per_caller=settings.runs_per_caller + settings.waiting_per_caller,
         caller_of=lambda headers: caller_quota(settings, headers),
     )

@@ -35,7 +35,7 @@ from recursa.serve.callers import MIN_SHARED_SESSION_ID, new_session_id, quota_o
 from recursa.serve.request import NEW_SESSION, SETTING_KEYS, ApiError, RunRequest, bad
 from recursa.serve.runs import LiveRun, RunSpec, build_rlm
 from recursa.serve.session_memory import over_bound
-from recursa.serve.settings import EventCallback, ServeSettings
+from recursa.serve.settings import OPERATOR, EventCallback, ServeSettings
 from recursa.serve.sources import check_path
 
 ContextKey = tuple[str, Any]  # ("inline", value) | ("path", resolved path) | ("url", url)
@@ -140,7 +140,7 @@ class SessionStore:
         if self.settings.max_sessions == 0:
             raise ApiError(
                 403,
-                "sessions are turned off on this server (its operator set --max-sessions 0); "
+                f"sessions are turned off on this server (its operator set {OPERATOR.given('max_sessions', 0)}); "
                 "send the request without recursa.session",
                 param="recursa.session",
                 code="sessions_disabled",
@@ -231,7 +231,7 @@ class SessionStore:
             raise ApiError(
                 429,
                 f"you already have {mine} open sessions, the limit per caller on this server "
-                f"(--max-sessions-per-caller {cap}, ServeSettings.max_sessions_per_caller); {ways}",
+                f"({OPERATOR.given('max_sessions_per_caller', cap)}, ServeSettings.max_sessions_per_caller); {ways}",
                 type="rate_limit_error",
                 param="recursa.session",
                 code="too_many_sessions_per_caller",

@@ -75,8 +75,8 @@ class ServeSettings(Schema):
     allow_private_urls: bool = served(False, "with allow_context_urls: also fetch loopback, private, link-local and other non-public addresses (recursa.serve.urls)", flag="--allow-private-urls", on=_SERVE)
     max_context_bytes: int = served(2 << 30, "bytes a request's context may hold (a body, a file, a folder, a URL)", example="1 << 30", ge=1)
     url_timeout_s: float = served(60.0, "seconds a context URL may take to download", gt=0)
-    max_runs: int = served(64, "runs at once; later requests wait for a slot", flag="--max-runs", on=_SERVE, ge=1)
-    max_waiting: int = served(256, "requests that may wait for a run slot; more get HTTP 429 at once (recursa.serve.admission)", flag="--max-waiting", on=_SERVE, ge=0)
+    max_runs: int = served(64, "runs at once; later requests wait for a slot", flag="--max-runs", on=_SERVERS, ge=1)
+    max_waiting: int = served(256, "requests that may wait for a run slot; more get HTTP 429 at once (recursa.serve.admission)", flag="--max-waiting", on=_SERVERS, ge=0)
     max_depth_limit: int = served(3, "the deepest max_depth a client may ask for (at least the operator's max_depth)", ge=0)
     max_iterations_limit: int = served(100, "the most max_iterations a client may ask for", ge=1)
     max_question_chars: int = served(50_000, "a longer question is treated as context", example="50_000", ge=1)
@@ -242,6 +242,13 @@ class ServeSettings(Schema):
 
 
 SERVER_SETTINGS: dict[str, Setting] = declarations(ServeSettings)
+# How the operator sets the server's settings, as a client's message names them (`--max-runs`).
+OPERATOR = Spelling("cli", schema=SERVER_SETTINGS)
+# The flags of the run slots and the requests that may wait for one, in all and per caller.
+ADMISSION_FLAGS = (
+    f"{OPERATOR.label('max_runs')} plus {OPERATOR.label('max_waiting')}",
+    f"{OPERATOR.label('max_runs_per_caller')} plus {OPERATOR.label('max_waiting_per_caller')}",
+)
 # The flags of each command: the settings whose declarations name it.
 FLAGS: dict[Command, tuple[str, ...]] = {
     command: tuple(n for n, f in ServeSettings.model_fields.items() if command in f.json_schema_extra["on"])  # type: ignore[index,operator]
