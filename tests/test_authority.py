@@ -434,6 +434,42 @@ async def test_no_process_a_cell_started_outlives_it_whatever_it_writes(tmp_path
                 os.kill(pid, 9)
 
 
+# Code of a cell that finds the worker's snapshot-forking thread (by garbage collector) and has it
+# fork a process of its own, into the snapshots' group, whether snapshots are on or off.
+ON_THE_FORKER = """
+import ctypes, gc, os, time
+forker = next(o for o in gc.get_objects() if type(o).__name__ == "Forker")
+def job():
+    pid = os.fork()
+    if pid == 0:
+        ctypes.CDLL(None).prctl(15, {tag!r}.encode(), 0, 0, 0)
+        time.sleep(600)
+        os._exit(0)
+    return pid
+print(forker.run(job))
+"""
+
+
+@pytest.mark.parametrize("snapshots", [False, True])
+async def test_what_code_forks_on_the_snapshots_thread_dies_with_its_cell(tmp_path, snapshots):
+    tag = f"snapthr{os.getpid() % 100000}{int(snapshots)}"
+    sb = SubprocessSandbox(bwrap=None, scratch_root=tmp_path, snapshots=snapshots)
+    await sb.start(_noop)
+    try:
+        if not sb._hardening.cells_placed:
+            pytest.skip("no snapshots' thread here: the worker's threads are not placed in groups (cgroup v1)")
+        assert (await sb.execute("x = 1", 30)).error is None
+        r = await sb.execute(ON_THE_FORKER.format(tag=tag), 30)
+        assert r.error is None and int(r.stdout) > 0, r  # it forked, into the snapshots' group
+        assert (await sb.execute("print(x)", 30)).stdout == "1\n"
+        assert _gone_soon(tag), "a process forked on the snapshots' thread outlived the cell after it"
+    finally:
+        await sb.close()
+        for pid in _tagged(tag):
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)
+
+
 # A host that is no root: this interpreter as the uid and gid of nobody, with no capability at all.
 # Its Python may live below a folder only root may enter (a pyenv in /root): the host then runs in a
 # mount namespace of its own in which that folder is a world-readable tmpfs holding that tree alone,

@@ -21,13 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from recursa.errors import SandboxError
-from recursa.sandbox.bwrap import (
-    bwrap_command,
-    find_bwrap,
-    inner_pid,
-    interpreter_prefixes,
-    namespace_ids,
-)
+from recursa.sandbox.bwrap import bwrap_command, find_bwrap, inner_pid, interpreter_prefixes, namespace_ids
 from recursa.sandbox.bytecode import worker_files
 from recursa.sandbox.cgroups import TaskGroup
 from recursa.sandbox.guard import ProcessGuard, data_usage, set_data_limit
@@ -338,16 +332,21 @@ class HostHardening:
             group.move(pid, "cell")  # type: ignore[arg-type]
 
     def leave_cell(self, pid: int | None, snapshots: bool, reported: int | None = None) -> bool:
-        """After the cell's answer (its code may have written it and still run): with `snapshots`,
-        kill what the snapshot group holds but the snapshot the worker reported last (`reported`,
-        its pid in the worker's namespace: outdated now, the worker discards it itself as it forks
-        the next), spared once only, so that whatever code put there is gone one cell later;
-        and where the host moves the worker, move it there to fork its snapshot of the state after
-        the cell. Whether the worker waits for word of it (then the caller sends "cell_closed")."""
+        """After the cell's answer (its code may have written it and still run): kill what the
+        snapshot group holds but, with `snapshots`, the snapshot the worker reported last
+        (`reported`, its pid in the worker's namespace: outdated now, the worker discards it itself
+        as it forks the next), spared once only, so that whatever code put there (by running on the
+        thread placed there, snapshots or not) is gone one cell later; and where the host moves the
+        worker, move it there to fork its snapshot. Whether the worker waits for word of it (then
+        the caller sends "cell_closed")."""
         group = self.group
-        if group is None or not self.cells_grouped or not snapshots:
+        if group is None or not self.cells_grouped:
             return False
         pid = self.worker_pid if pid is None else pid  # found by the host where the frame's was not believed
+        if not snapshots and self.cells_placed and self._checked(pid):
+            group.kill("snap", keep={pid, *self.spare})  # type: ignore[arg-type]
+        if not snapshots:
+            return False
         if self._checked(pid):
             keep = {pid, *self.spare}
             self._spared = group.empty_snapshots(keep, reported, self.using_bwrap, self._spared)  # type: ignore[arg-type]

@@ -268,7 +268,7 @@ class RayPool:
 
     def _connected(self, node: Node | None) -> NodeLink | None:
         made = self._links.get(node.node_id) if node is not None else None
-        return made.result() if made is not None and made.done() and not made.exception() else None
+        return made.result() if made is not None and _ready(made) else None
 
     async def _send_options(self, link: NodeLink, options: dict[str, Any]) -> str:
         """The digest the node knows `options` by, sent to it by an actor call the first time: they
@@ -398,15 +398,19 @@ class RayPool:
 
     async def aclose(self) -> None:
         """Close this pool's REPLs on every node, and the streams."""
-        links = [self._connected(made.result().node) for made in self._links.values() if made.done()
-                 and not made.exception()]  # fmt: skip
-        await asyncio.gather(*(link.aclose() for link in links if link is not None), return_exceptions=True)
+        links = [made.result() for made in self._links.values() if _ready(made)]
+        await asyncio.gather(*(link.aclose() for link in links), return_exceptions=True)
         for made in self._links.values():
             made.cancel()
         self._links.clear()
         self._handlers.clear()
         self._repl_node.clear()
         self._contexts.clear()
+
+
+def _ready(made: asyncio.Future[NodeLink]) -> bool:
+    """A stream that is connected (it may have been lost since)."""
+    return made.done() and not made.cancelled() and made.exception() is None
 
 
 # One pool per event loop (a run's, a session's, an RLMEnv's): its exchanges and handlers live on it.
