@@ -528,7 +528,7 @@ class Spelling:
         declared = self.setting(name)
         assert declared is not None, name  # pydantic names only the model's fields
         if not model.model_fields[name].repr:  # a key: its value stays out of the message
-            values = {**values, name: _Withheld()}
+            values = {**values, name: _Withheld("<not shown>")}
         cause = (first.get("ctx") or {}).get("error")
         if isinstance(cause, Invalid):
             return ConfigError(self.problem(name, values.get(name), cause.what, cause.example), setting=name)
@@ -556,13 +556,8 @@ class Spelling:
         return f" ({'; '.join(found)})" if found else ""
 
 
-class _Withheld:
-    """A secret's value as a message shows it."""
-
-    def __repr__(self) -> str:
-        return "<not shown>"
-
-    __str__ = __repr__
+class _Withheld(str):  # a secret's value as a message shows it: <not shown>
+    __repr__ = str.__str__
 
 
 # A setting a message of a lower layer names: «name», «name=» or «name=example» (RecursaError).
