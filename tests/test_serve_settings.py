@@ -12,6 +12,7 @@ from recursa.cli import _parser
 from recursa.errors import ConfigError
 from recursa.integrations import openenv_cli
 from recursa.integrations.openenv_settings import OPENENV_FLAGS, OPENENV_SETTINGS
+from recursa.rlm import RLM
 from recursa.serve.commands import _settings
 from recursa.serve.settings import FLAGS, SERVER_SETTINGS, ServeSettings
 
@@ -88,6 +89,9 @@ def test_serve_settings_take_run_settings_by_name_and_name_a_bad_one_as_the_argu
     with pytest.raises(ConfigError) as twice:
         ServeSettings(model=MODEL, api_key="sk-shared-123", api_keys={"alice": "sk-shared-123"})
     assert "api_keys must be a key per client" in str(twice.value) and "sk-shared" not in str(twice.value)
+    with pytest.raises(ConfigError) as typed:  # a key of the wrong type is not shown either
+        RLM(MODEL, api_key=b"sk-live-0123456789")
+    assert "RLM(api_key=<not shown>): api_key must be a str" in str(typed.value)
 
 
 @pytest.mark.parametrize(
