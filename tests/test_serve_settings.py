@@ -108,3 +108,19 @@ def test_openenv_flags_are_checked_by_their_declarations_before_the_extra_loads(
     with pytest.raises(ConfigError) as bad:
         openenv_cli.run(args)
     assert str(bad.value).startswith(told)
+
+
+def test_the_signature_shows_the_run_settings_before_and_after_the_first_construction() -> None:
+    """Pydantic builds a deferred schema at first use and then put its fields alone in the class's
+    signature: the docs' `ServeSettings(model=..., max_depth=...)` stopped matching it, depending on
+    which test ran first."""
+    import inspect
+
+    from recursa.serve.settings import ServeSettings
+
+    before = inspect.signature(ServeSettings)
+    ServeSettings(model="scripted/gpt5-like", max_depth=2)
+    after = inspect.signature(ServeSettings)
+    assert before == after
+    assert {"spelling", "max_runs", "api_key"} <= set(after.parameters)
+    assert any(p.kind is inspect.Parameter.VAR_KEYWORD for p in after.parameters.values())

@@ -13,6 +13,7 @@ caller wrote it (`ServeSettings(max_runs=0)`, `--max-runs 0`). To add a server s
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -242,6 +243,26 @@ class ServeSettings(Schema):
 
 
 SERVER_SETTINGS: dict[str, Setting] = declarations(ServeSettings)
+
+
+def _signature() -> inspect.Signature:
+    """The constructor as callers use it: the server's settings by name, then any run setting
+    (`model=`, `max_depth=`, `budget=`, ...) as keywords. Pydantic would otherwise show the custom
+    `__init__`'s `**values` until the schema is built and the fields alone after it."""
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    spelling = inspect.Parameter("spelling", keyword, default=None, annotation="Spelling | None")
+    fields = [
+        inspect.Parameter(
+            name, keyword, default=info.get_default(call_default_factory=True), annotation=info.annotation
+        )
+        for name, info in ServeSettings.model_fields.items()
+    ]
+    run = inspect.Parameter("run_settings", inspect.Parameter.VAR_KEYWORD, annotation=Any)
+    return inspect.Signature([spelling, *fields, run])
+
+
+ServeSettings.model_rebuild()  # its schema now, so that pydantic's signature is not set after ours
+ServeSettings.__signature__ = _signature()  # type: ignore[assignment]
 # How the operator sets the server's settings, as a client's message names them (`--max-runs`).
 OPERATOR = Spelling("cli", schema=SERVER_SETTINGS)
 # The flags of the run slots and the requests that may wait for one, in all and per caller.
