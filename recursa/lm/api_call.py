@@ -26,7 +26,6 @@ from recursa.lm.billing import (
     estimated_prompt_usage,
 )
 from recursa.lm.json_http import (
-    MAX_ANSWER_BYTES,
     AnswerTooLarge,
     HttpConnectionError,
     HttpError,
@@ -117,7 +116,7 @@ async def call_api(
         except AnswerTooLarge as err:
             failure = BilledFailure(
                 f"{endpoint.provider}/{endpoint.model} at {endpoint.where} answered with a body too large "
-                f"to read ({err}; at most {MAX_ANSWER_BYTES:,})",
+                f"to read ({err})",
                 usage=estimated_prompt_usage(messages),
             )
         except (json.JSONDecodeError, UnicodeDecodeError) as err:

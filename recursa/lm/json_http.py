@@ -25,7 +25,7 @@ from aiohttp.helpers import get_env_proxy_for_url
 from yarl import URL
 
 from recursa.lm.base import utf8_json
-from recursa.public_fetch import tls_context
+from recursa.public_fetch import read_capped, tls_context
 from recursa.version import __version__
 
 USER_AGENT = f"recursa/{__version__}"
@@ -132,14 +132,9 @@ class JsonPoster:
 
 
 async def _bounded_body(resp: aiohttp.ClientResponse) -> bytes:
-    if resp.content_length is not None and resp.content_length > MAX_ANSWER_BYTES:
-        raise AnswerTooLarge(f"{resp.content_length:,} bytes announced")
-    body = bytearray()
-    async for chunk in resp.content.iter_chunked(1 << 20):
-        body += chunk
-        if len(body) > MAX_ANSWER_BYTES:
-            raise AnswerTooLarge(f"over {MAX_ANSWER_BYTES:,} bytes")
-    return bytes(body)
+    too_large = AnswerTooLarge(f"over {MAX_ANSWER_BYTES:,} bytes")
+    declared = resp.headers.get("Content-Length")
+    return await read_capped(declared, resp.content.iter_chunked(1 << 20), MAX_ANSWER_BYTES, too_large)
 
 
 def _error_body(raw: bytes) -> Any:
