@@ -118,8 +118,7 @@ class NodeHost:
     def describe(self) -> dict[str, Any]:
         """Where this host runs and how full it is."""
         return {"hostname": socket.gethostname(), "pid": os.getpid(), "live_repls": len(self.repls),
-                "opened": self.opened, "contexts": len(self._contexts), "streams": len(self._streams),
-                "rss_bytes": tree_rss(os.getpid())}  # fmt: skip
+                "opened": self.opened, "contexts": len(self._contexts), "streams": len(self._streams)}  # fmt: skip
 
     # -- REPL life ---------------------------------------------------------------------------------
 
@@ -364,8 +363,6 @@ class NodeHost:
                 if digest not in self._options:
                     raise SandboxError("a REPL's options were not sent to this host (remember_options)")
                 value = await self.open(client, repl, self._options[digest], memory)
-            elif op == "load_context":
-                value = await self.load_cached(*args)
             else:
                 value = await getattr(self, op)(*args)
             stream.send({"op": "done", "id": request_id, "value": wire.value_to_wire(value)})

@@ -362,7 +362,7 @@ class RayPool:
                     self._contexts.pop(key, None)
                 raise
             self._contexts[key] = ref
-        if await self.call(repl, "load_context", key=key):
+        if await self.call(repl, "load_cached", key=key):
             return  # the node has it already (another REPL there loaded it): no bytes move
         # The first REPL on the node with this context: an actor call, so that Ray brings the
         # object to the node (the ref goes in a list: the host fetches it only if still needed).

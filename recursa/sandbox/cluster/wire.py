@@ -44,13 +44,12 @@ AUTH_S: Final = 5.0  # a connection that has not sent its token by then is dropp
 # What the driver may ask of a host over the stream, each with the fields it takes.
 METHODS: Final = {
     "open": ("repl", "options", "memory"),
-    "load_context": ("repl", "key"),
+    "load_cached": ("repl", "key"),
     "define": ("repl", "entries"),
     "execute": ("repl", "code", "timeout"),
     "get_variable": ("repl", "name", "timeout"),
     "variable_names": ("repl",),
     "close": ("repl",),
-    "bye": (),
 }
 _ERRORS: Final[dict[str, type[RecursaError]]] = {
     cls.__name__: cls for cls in (SandboxError, SandboxLost, ConfigError, ContextError)
@@ -209,6 +208,6 @@ def value_from_wire(method: str, value: Any) -> Any:
         isolation = dict(list(value.get("isolation", {}).items())[:_MAX_FACTS])
         return {"full": value.get("full") is True, "isolation": isolation,
                 "pid": pid if isinstance(pid, int) and not isinstance(pid, bool) else None}  # fmt: skip
-    if method == "load_context":
+    if method == "load_cached":
         return value is True
     return None
