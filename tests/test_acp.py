@@ -289,3 +289,33 @@ async def test_a_prompts_text_and_resources_are_held_to_the_context_cap(tmp_path
     with pytest.raises(RequestError) as refused:
         await agent.prompt(session_id=session.session_id, prompt=[text_block("What is in them?"), *files])
     assert "over 1,000 bytes" in str(refused.value.data) and "max_context_bytes" in str(refused.value.data)
+
+
+async def test_sessions_opened_at_once_stay_within_the_cap(tmp_path: Path, monkeypatch) -> None:
+    """The cap was checked before a session's MCP servers connected and the session counted only
+    after: two session/new calls at once both passed it while they connected."""
+    from acp.schema import McpServerStdio
+
+    from recursa.serve import acp_agent
+    from recursa.serve.acp_agent import RecursaAgent
+    from recursa.serve.settings import ServeSettings
+
+    closed: list[object] = []
+
+    class Connected:
+        async def aclose(self) -> None:
+            closed.append(self)
+
+    async def slow_connect(servers: Any) -> Connected:
+        await asyncio.sleep(0.05)
+        return Connected()
+
+    monkeypatch.setattr(acp_agent.McpServers, "connect", slow_connect)
+    agent = RecursaAgent(ServeSettings(model="scripted/gpt5-like", trace_dir=tmp_path, max_sessions=1))
+    stdio = McpServerStdio(name="local", command=sys.executable, args=["-c", "pass"], env=[])
+    opened = await asyncio.gather(
+        *(agent.new_session(cwd=str(tmp_path), mcp_servers=[stdio]) for _ in range(2)), return_exceptions=True
+    )
+    refused = [o for o in opened if isinstance(o, RequestError)]
+    assert len(refused) == 1 and "at most 1 sessions" in str(refused[0].data)
+    assert len(closed) == 1  # the refused session's servers were closed, not left running

@@ -118,6 +118,7 @@ class RecursaAgent:
         given = kwargs.get(RUNTIME_KEY) or {}
         if not isinstance(given, dict):
             raise RequestError.invalid_params({"message": f"_meta.{RUNTIME_KEY} must be an object"})
+        self._admit(None)  # a full agent refuses before it builds anything
         try:
             overrides = _checked_runtime(given, self.settings)
             servers = self._mcp_servers(mcp_servers)
@@ -127,6 +128,23 @@ class RecursaAgent:
             said = _RUNTIME.told(exc)
             message = said if said.startswith(f"_meta.{RUNTIME_KEY}") else f"_meta.{RUNTIME_KEY}: {said}"
             raise RequestError.invalid_params({"message": self._redact(message, given)}) from None
+        session_id = overrides.get("session_id") or new_id("acp")
+        self._admit(session_id)
+        try:
+            mcp = await McpServers.connect(servers) if servers else None
+        except RecursaError as exc:
+            raise RequestError.invalid_params({"message": self._redact(str(exc), given)}) from None
+        try:  # again: other sessions may have been opened while the servers connected
+            self._admit(session_id)
+        except RequestError:
+            if mcp is not None:
+                await mcp.aclose()
+            raise
+        self._sessions[session_id] = _Session(dict(overrides), cwd, mcp=mcp)
+        return NewSessionResponse(session_id=session_id)
+
+    def _admit(self, session_id: str | None) -> None:
+        """Refuses a new session when the agent holds its most, or when `session_id` is taken."""
         if len(self._sessions) >= self.settings.max_sessions:
             # Each open session may run a prompt (a REPL, its children, model calls) at any time:
             # sessions without end were runs without end on the operator's machine and key.
@@ -136,19 +154,12 @@ class RecursaAgent:
                     "(recursa acp --max-sessions); close one with session/close first"
                 }
             )
-        session_id = overrides.get("session_id") or new_id("acp")
         if session_id in self._sessions:  # a client's id must not take over a session that exists
             raise RequestError.invalid_params(
                 {
                     "message": f"_meta.{RUNTIME_KEY}.session_id {session_id!r} is in use; choose another or omit it"
                 }
             )
-        try:
-            mcp = await McpServers.connect(servers) if servers else None
-        except RecursaError as exc:
-            raise RequestError.invalid_params({"message": self._redact(str(exc), given)}) from None
-        self._sessions[session_id] = _Session(dict(overrides), cwd, mcp=mcp)
-        return NewSessionResponse(session_id=session_id)
 
     async def prompt(self, session_id: str, prompt: list[Any], **kwargs: Any) -> PromptResponse:
         session = self._sessions.get(session_id)
@@ -342,14 +353,14 @@ def _question_and_context(blocks: list[Any], settings: ServeSettings) -> tuple[s
             if isinstance(text, str):
                 files[str(getattr(resource, "uri", f"resource-{len(files)}"))] = text
                 size += len(text)
+        elif kind == "image":
+            images.append(base64_image(getattr(block, "data", None), f"prompt[{i}]", ".data"))
         if size > settings.max_context_bytes:
             raise ApiError(
                 413,
                 f"the prompt's text and embedded resources are over {settings.max_context_bytes:,} bytes, "
                 "the most this agent takes (ServeSettings.max_context_bytes); attach fewer or smaller files",
             )
-        elif kind == "image":
-            images.append(base64_image(getattr(block, "data", None), f"prompt[{i}]", ".data"))
     files.update({k: v for k, v in context_images(images, settings).items() if k not in files})
     question = "\n\n".join(t for t in texts if t.strip()).strip()
     return question, (files if files else None)
