@@ -102,7 +102,7 @@ def _operator_setting(
         mine = checked_value(name, value, spelling)
         if name in _OWN_KEYS or mine == operators:
             return mine
-    secret = name in _SECRETS
+    secret = name in RLMConfig.model_fields and not RLMConfig.model_fields[name].repr  # a key
     shown = "" if secret else f" (the operator's: {_plain(operators)!r})"
     said = f"{spelling.label(name)}=(not shown)" if secret else spelling.given(name, _plain(value))
     repeat = "repeat the operator's setting, or " if stated_only else ""
@@ -117,10 +117,8 @@ def _plain(value: Any) -> Any:
     return str(value) if isinstance(value, PurePath) else value
 
 
-# Operator settings a trainer's row may set for calls it pays for with its own key, and those
-# whose value never appears in a message.
+# Operator settings a trainer's row may set for calls it pays for with its own key.
 _OWN_KEYS = ("base_url", "api_key")
-_SECRETS = ("api_key",)
 
 
 def client_sampling(
