@@ -783,6 +783,16 @@ async def test_a_request_that_timed_out_stays_out_and_its_answer_is_not_lost() -
         with pytest.raises(TimeoutError):
             await waiting
         assert (await conn.answer(second, 5))["stdout"] == "just then"
+        # A request whose every wait timed out and that its caller then dropped leaves nothing
+        # behind: a later request's future (which may reuse a freed one's id) never finds it.
+        third = await conn.request({"op": "exec", "code": "z"})
+        for _ in range(2):
+            with pytest.raises(TimeoutError):
+                await conn.answer(third, 0.01)
+        del third
+        await asyncio.sleep(0.05)  # the loop lets go of the cancelled timers that held it
+        gc.collect()
+        assert not conn._renewed
     finally:
         await conn.release()
         theirs.close()

@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import socket
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -93,8 +94,9 @@ class Connection:
         self.word_sent = False
         self.worker_ns_pid: int | None = None  # the worker's pid as it sees it (its namespace's)
         self._ids = itertools.count(1)
-        # id(a request's first future) -> the future its answer goes to now (see `answer`)
-        self._renewed: dict[int, Answer] = {}
+        # A request's first future -> the future its answer goes to now (see `answer`). Weak: an
+        # entry goes with the caller's future, so a later future can never find a stale one.
+        self._renewed: weakref.WeakKeyDictionary[Answer, Answer] = weakref.WeakKeyDictionary()
         self._released = False
         self.process.watch(self._on_process_exit)
         self.reader = self.loop.create_task(self._read(), name="recursa-sandbox-reader")
@@ -281,7 +283,7 @@ class Connection:
         TimeoutError, the request staying out: a later call with the same `fut` waits on for it.
         (asyncio.shield would keep it out too, at one more turn of the event loop per answer: about
         0.1 ms of every cell here, docs/performance.md, "RL step, second pass".)"""
-        current = self._renewed.pop(id(fut), fut)
+        current = self._renewed.pop(fut, fut)
         fid = next((i for i, f in self.pending.items() if f is current), None)
         timer = self.loop.call_later(timeout, self._expire, fid, fut, current) if fid is not None else None
         try:
@@ -297,7 +299,7 @@ class Connection:
             return
         fresh: Answer = self.loop.create_future()
         self.pending[fid] = fresh
-        self._renewed[id(first)] = fresh
+        self._renewed[first] = fresh
         current.set_exception(TimeoutError())
 
     def cell_closed_when_idle(self, delay: float) -> None:
