@@ -268,20 +268,13 @@ def cpu_times(host_pids: set[int]) -> dict[str, float]:
     REPL workers that ended count under their fork server's kind."""
     import os
 
+    from recursa.sandbox.proc import processes
+
     me, tick = os.getpid(), os.sysconf("SC_CLK_TCK")
-    parents: dict[int, int] = {}
-    stats: dict[int, list[bytes]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as fh:
-                    fields = fh.read().rsplit(b")", 1)[1].split()
-            except OSError:
-                continue
-            parents[int(entry)], stats[int(entry)] = int(fields[1]), fields
+    stats = dict(processes())
     children: dict[int, list[int]] = {}
-    for pid, parent in parents.items():
-        children.setdefault(parent, []).append(pid)
+    for pid, fields in stats.items():
+        children.setdefault(int(fields[1]), []).append(pid)
     spent: dict[str, float] = dict.fromkeys(KINDS, 0.0)
     frontier = [(me, "driver")]
     while frontier:
