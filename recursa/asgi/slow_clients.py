@@ -81,11 +81,11 @@ def connection_caps(total: int | None = None, per_address: int | None = None) ->
     return total, per_address if per_address is not None else max(1, total // 4)
 
 
-def raise_descriptor_limit(wanted: int = 65_536) -> int:
+def raise_descriptor_limit(wanted: int = 65_536) -> None:
     """Lift the soft descriptor limit of a server process the CLI owns toward its hard limit (at
-    most `wanted`), and return the soft limit now in force. Many systems start processes at 1,024,
-    which would cap a server at 512 connections (`connection_caps`); only the hard limit is the
-    operator's choice. A library caller's process is never changed: the CLI alone calls this."""
+    most `wanted`). Many systems start processes at 1,024, which would cap a server at 512
+    connections (`connection_caps`); only the hard limit is the operator's choice. A library
+    caller's process is never changed: the CLI alone calls this."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = wanted if hard == resource.RLIM_INFINITY else min(hard, wanted)
     if soft != resource.RLIM_INFINITY and soft < target:
@@ -93,7 +93,6 @@ def raise_descriptor_limit(wanted: int = 65_536) -> int:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
         except (ValueError, OSError):  # a container may forbid it: the caps follow what holds
             pass
-    return _descriptor_limit()
 
 
 def _descriptor_limit() -> int:
