@@ -16,7 +16,7 @@ import contextlib
 import itertools
 import secrets
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,7 @@ from recursa.errors import SandboxError, SandboxLost
 from recursa.sandbox.base import HOST_FUNCTIONS
 from recursa.sandbox.cluster import wire
 from recursa.sandbox.connection import MAX_CALLS_IN_FLIGHT
-from recursa.sandbox.frames import ProtocolError, RefusedFrame
+from recursa.sandbox.frames import FrameDecoder, ProtocolError, RefusedFrame
 
 _CONNECT_S = 30.0  # for the host to answer `listen` and the stream to open
 # TCP keepalive on the stream: a node that vanishes without closing it (a cut cable) is noticed in
@@ -72,10 +72,11 @@ class NodeLink:
         self.closing = False
         self.repls: set[str] = set()  # this pool's REPLs on the node: the only ones it may speak for
         self.options_sent: set[str] = set()  # digests of REPL options the host holds (remember_options)
-        self._out: wire.Outbox | None = None
+        self._out: wire.Channel | None = None
+        self._ready: asyncio.Future[Any]  # the host's first frame (connect)
         self._pending: dict[int, tuple[str, asyncio.Future[Any]]] = {}  # request id -> (method, answer)
         self._calls: dict[int, asyncio.Task[None]] = {}  # call-backs being served
-        self._room = asyncio.Event()
+        self._stalled: dict[str, Any] | None = None  # a call-back waiting for room (the stream is held)
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -83,25 +84,29 @@ class NodeLink:
         """Have the host expect this stream, open it, and read it from now on."""
         token = secrets.token_bytes(wire.TOKEN_BYTES)
         port: int | str = "?"
+        loop = asyncio.get_running_loop()
+        self._ready = loop.create_future()
+        channel = wire.Channel(FrameDecoder(), self._frame, self._ended)
         try:
             async with asyncio.timeout(_CONNECT_S):
                 port = await self.host.listen.remote(self.client, self.node.address, token)
-                reader, writer = await asyncio.open_connection(self.node.address, port)
-                _tune(writer)
-                writer.write(token)
-                frames = wire.frames(reader)
-                first = await anext(frames, None)
+                await loop.create_connection(lambda: channel, self.node.address, port)
+                _tune(channel.transport)
+                assert channel.transport is not None
+                channel.transport.write(token)
+                first = await self._ready
         except (OSError, TimeoutError) as exc:
+            channel.close()
             raise SandboxError(
                 f"this driver could not open its stream to the REPL host at {self.node.address}:{port} "
                 f"({exc or type(exc).__name__}): the driver must reach every REPL node's address, as a "
                 "driver inside the cluster does (one outside it, through ray://, may not)"
             ) from None
         if not isinstance(first, dict) or first.get("op") != "ready":
-            writer.close()
+            channel.close()
             raise SandboxError(f"the Ray node host {self.node.name} refused this driver's stream")
-        self._out = wire.Outbox(writer)
-        self._spawn(self._read(frames), self._watch())
+        self._out = channel
+        self._spawn(self._watch())
 
     def _spawn(self, *coroutines: Any) -> None:
         for coroutine in coroutines:
@@ -135,32 +140,38 @@ class NodeLink:
 
     # -- what the node sends ----------------------------------------------------------------------
 
-    async def _read(self, frames: AsyncIterator[dict[str, Any] | RefusedFrame]) -> None:
-        why = "its REPL host closed the stream to this driver"
-        try:
-            async for frame in frames:
-                if isinstance(frame, RefusedFrame):
-                    self._refused(frame)
-                elif frame["op"] in ("done", "failed"):
-                    self._resolve(frame)
-                elif frame["op"] == "call":
-                    while len(self._calls) >= MAX_CALLS_IN_FLIGHT * max(1, len(self.repls)):
-                        self._room.clear()  # not read until a call ends: the node waits on its socket
-                        await self._room.wait()
-                    self._take_call(frame)
-                elif frame["op"] == "cancel":
-                    task = self._calls.get(wire.frame_id(frame) or 0)
-                    if task is not None:
-                        task.cancel()
-        except ProtocolError as exc:
-            why = f"its REPL host sent an invalid message ({exc})"
-        except OSError as exc:
-            why = f"the stream to its REPL host failed ({exc})"
-        except asyncio.CancelledError:  # this loop is ending: the host closes this pool's REPLs
-            if self._out is not None:
-                self._out.close()
-            raise
-        self.lose(why)
+    def _frame(self, frame: dict[str, Any] | RefusedFrame) -> None:
+        """A frame from the node, in the turn of the loop that read it."""
+        if not self._ready.done():
+            self._ready.set_result(frame)
+        elif isinstance(frame, RefusedFrame):
+            self._refused(frame)
+        elif frame["op"] in ("done", "failed"):
+            self._resolve(frame)
+        elif frame["op"] == "call":
+            if len(self._calls) >= MAX_CALLS_IN_FLIGHT * max(1, len(self.repls)):
+                self._stalled = frame  # not read further until a call ends: the node waits on its socket
+                if self._out is not None:
+                    self._out.hold()
+                return
+            self._take_call(frame)
+        elif frame["op"] == "cancel":
+            task = self._calls.get(wire.frame_id(frame) or 0)
+            if task is not None:
+                task.cancel()
+
+    def _ended(self, why: Exception | None) -> None:
+        if not self._ready.done():
+            self._ready.set_exception(
+                why if isinstance(why, OSError) else ConnectionResetError("the host closed it")
+            )
+            return
+        if isinstance(why, ProtocolError):
+            self.lose(f"its REPL host sent an invalid message ({why})")
+        elif why is not None:
+            self.lose(f"the stream to its REPL host failed ({why})")
+        else:
+            self.lose("its REPL host closed the stream to this driver")
 
     def _resolve(self, frame: dict[str, Any]) -> None:
         entry = self._pending.get(wire.frame_id(frame) or 0)
@@ -219,13 +230,21 @@ class NodeLink:
 
     def _call_done(self, call_id: int) -> None:
         self._calls.pop(call_id, None)
-        self._room.set()
+        stalled, self._stalled = self._stalled, None
+        if stalled is not None and self.lost is None:
+            self._take_call(stalled)
+            if self._out is not None:
+                self._out.release()
 
     async def _watch(self) -> None:
         """Ray's word on the host: the call returns when this client is closed there, and fails
         with an actor error when the host or its node dies."""
         try:
             await self.host.until_closed.remote(self.client)
+        except asyncio.CancelledError:  # this loop is ending: the host closes this pool's REPLs
+            if self._out is not None:
+                self._out.close()
+            raise
         except Exception as exc:  # RayActorError and kin (Ray is not imported here)
             self.lose(_why(exc))
 
@@ -242,8 +261,8 @@ class NodeLink:
                 future.set_exception(error)
         for task in list(self._calls.values()):
             task.cancel()  # a node that died takes the cells that asked with it
-        if self._out is not None:
-            self._out.writer.close()  # what is queued for a lost node goes nowhere
+        if self._out is not None and self._out.transport is not None:
+            self._out.transport.abort()  # what is queued for a lost node goes nowhere
         self._on_lost(self)
 
     async def aclose(self) -> None:
@@ -258,8 +277,8 @@ class NodeLink:
             task.cancel()
 
 
-def _tune(writer: asyncio.StreamWriter) -> None:
-    sock = writer.get_extra_info("socket")
+def _tune(transport: asyncio.BaseTransport | None) -> None:
+    sock = transport.get_extra_info("socket") if transport is not None else None
     if sock is None:
         return
     with contextlib.suppress(OSError):  # (asyncio sets TCP_NODELAY itself)
