@@ -4,7 +4,8 @@ The buffer lives in a memfd (an anonymous in-memory file; a deleted temp file of
 local worker reads each piece straight into its own str and frees the buffer's pages as it goes
 (`ContextPayload.rebuild` encodes the context again should a restarted worker need it), so a 1 GB
 context is in memory once, not twice, and costs no copy per turn. The root model never sees the
-buffer, only `ContextInfo`.
+buffer, only `ContextInfo`, which is known before the buffer is written: `defer_payload` (an
+environment's episode starts) writes and hashes it on a helper thread while the REPL starts.
 """
 
 from __future__ import annotations
@@ -288,11 +289,10 @@ def defer_payload(context: Any, executor: Executor) -> ContextPayload | None:
     loop, whose bytes are written and hashed on `executor`: the facts the root is shown, and any
     error in the context, are known on return; the buffer once `payload.ready()` returns. None for
     other contexts (bytes, images, paths, many pieces): `load_payload` builds those."""
-    if not isinstance(context, str):
-        if not isinstance(context, list | tuple | dict) or _is_large(context):
-            return None
-        if _has_images(context):
-            return None
+    if not isinstance(context, str) and (
+        not isinstance(context, list | tuple | dict) or _is_large(context) or _has_images(context)
+    ):
+        return None
     if _blank(context):
         raise ContextError(_EMPTY if not context else _BLANK)
     pieces = _pieces(context, [])  # its texts: a snapshot of a list or dict the caller may change next
