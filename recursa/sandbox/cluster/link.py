@@ -12,6 +12,7 @@ the node: every request waiting on it fails with `NodeLost`, which names the nod
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import itertools
 import secrets
@@ -56,6 +57,10 @@ class NodeLost(SandboxLost):
 
 # A call-back from the node: (link, call id, REPL, function, arguments) -> its answer frame's fields.
 CallServer = Callable[["NodeLink", int, str, str, dict[str, Any]], Awaitable[dict[str, Any]]]
+# Connects a link's channel to its host (the channel's `connection_made` with a transport: asyncio's
+# own for TCP, a stand-in over actor calls in relay.py) and presents the link's token first (the host
+# serves nothing before it matches); OSError when it cannot.
+Carrier = Callable[["NodeLink", bytes, wire.Channel], Awaitable[None]]
 
 
 class NodeLink:
@@ -80,27 +85,23 @@ class NodeLink:
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    async def connect(self) -> None:
-        """Have the host expect this stream, open it, and read it from now on."""
+    async def connect(self, carrier: Carrier | None = None) -> None:
+        """Have the host expect this stream, open it (over `carrier`: by default TCP to the node,
+        `open_stream`), and read it from now on."""
         token = secrets.token_bytes(wire.TOKEN_BYTES)
-        port: int | str = "?"
-        loop = asyncio.get_running_loop()
-        self._ready = loop.create_future()
+        self._ready = asyncio.get_running_loop().create_future()
         channel = wire.Channel(FrameDecoder(), self._frame, self._ended)
         try:
             async with asyncio.timeout(_CONNECT_S):
-                port = await self.host.listen.remote(self.client, self.node.address, token)
-                await loop.create_connection(lambda: channel, self.node.address, port)
-                _tune(channel.transport)
-                assert channel.transport is not None
-                channel.transport.write(token)
+                await (carrier or open_stream)(self, token, channel)
                 first = await self._ready
         except (OSError, TimeoutError) as exc:
             channel.close()
             raise SandboxError(
-                f"this driver could not open its stream to the REPL host at {self.node.address}:{port} "
-                f"({exc or type(exc).__name__}): the driver must reach every REPL node's address, as a "
-                "driver inside the cluster does (one outside it, through ray://, may not)"
+                f"this driver could not open its stream to the REPL host on {self.node.name}: "
+                f"{exc or type(exc).__name__}. The driver must reach every REPL node's address, as a "
+                "driver inside the cluster does; from outside it, give «sandbox_options=»"
+                '{"transport": "relay"} (the frames then ride Ray actor calls)'
             ) from None
         if not isinstance(first, dict) or first.get("op") != "ready":
             channel.close()
@@ -150,7 +151,7 @@ class NodeLink:
             self._resolve(frame)
         elif frame["op"] == "call":
             if len(self._calls) >= MAX_CALLS_IN_FLIGHT * max(1, len(self.repls)):
-                self._stalled = frame  # not read further until a call ends: the node waits on its socket
+                self._stalled = frame  # nothing more is read until a call ends: the node waits on its socket
                 if self._out is not None:
                     self._out.hold()
                 return
@@ -161,12 +162,12 @@ class NodeLink:
                 task.cancel()
 
     def _ended(self, why: Exception | None) -> None:
+        """The stream ended (the channel's `on_end`): before the host's first frame, `connect` fails."""
         if not self._ready.done():
             self._ready.set_exception(
-                why if isinstance(why, OSError) else ConnectionResetError("the host closed it")
+                why if isinstance(why, OSError) else ConnectionResetError(str(why or "the host closed it"))
             )
-            return
-        if isinstance(why, ProtocolError):
+        elif isinstance(why, ProtocolError):
             self.lose(f"its REPL host sent an invalid message ({why})")
         elif why is not None:
             self.lose(f"the stream to its REPL host failed ({why})")
@@ -240,7 +241,7 @@ class NodeLink:
         """Ray's word on the host: the call returns when this client is closed there, and fails
         with an actor error when the host or its node dies."""
         try:
-            await self.host.until_closed.remote(self.client)
+            await settled(self.host.until_closed.remote(self.client))
         except asyncio.CancelledError:  # this loop is ending: the host closes this pool's REPLs
             if self._out is not None:
                 self._out.close()
@@ -261,8 +262,8 @@ class NodeLink:
                 future.set_exception(error)
         for task in list(self._calls.values()):
             task.cancel()  # a node that died takes the cells that asked with it
-        if self._out is not None and self._out.transport is not None:
-            self._out.transport.abort()  # what is queued for a lost node goes nowhere
+        if self._out is not None:
+            self._out.abort()  # what is queued for a lost node goes nowhere
         self._on_lost(self)
 
     async def aclose(self) -> None:
@@ -277,8 +278,51 @@ class NodeLink:
             task.cancel()
 
 
-def _tune(transport: asyncio.BaseTransport | None) -> None:
-    sock = transport.get_extra_info("socket") if transport is not None else None
+async def open_stream(
+    link: NodeLink, token: bytes, channel: wire.Channel, timeout: float | None = None
+) -> None:
+    """The default carrier: the host listens on the node's Ray address for the stream that shows
+    `token` first, and this driver connects `channel` there (within `timeout` seconds, if given)."""
+    port = await link.host.listen.remote(link.client, link.node.address, token)
+    try:
+        async with asyncio.timeout(timeout):
+            transport, _ = await asyncio.get_running_loop().create_connection(
+                lambda: channel, link.node.address, port
+            )
+    except OSError as exc:  # (TimeoutError is one)
+        raise OSError(f"{link.node.address}:{port}: {exc or type(exc).__name__}") from None
+    _tune(transport)
+    transport.write(token)
+
+
+async def settled(ref: Any) -> Any:
+    """What an actor call returned, awaited through a waiter of this loop's own: a wait cancelled
+    here (a loop that ends with a pull out) leaves Ray's future alone, which the Ray Client's thread
+    later settles (it fails on one that was cancelled under it)."""
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[Any] = loop.create_future()
+
+    def settle(done: concurrent.futures.Future[Any]) -> None:  # on Ray's thread
+        with contextlib.suppress(RuntimeError):  # this loop closed meanwhile
+            loop.call_soon_threadsafe(_copy, done, waiter)
+
+    ref.future().add_done_callback(settle)
+    return await waiter
+
+
+def _copy(done: concurrent.futures.Future[Any], waiter: asyncio.Future[Any]) -> None:
+    if waiter.done():
+        return
+    if done.cancelled():
+        waiter.cancel()
+    elif done.exception() is not None:
+        waiter.set_exception(done.exception())  # type: ignore[arg-type]
+    else:
+        waiter.set_result(done.result())
+
+
+def _tune(transport: asyncio.BaseTransport) -> None:
+    sock = transport.get_extra_info("socket")
     if sock is None:
         return
     with contextlib.suppress(OSError):  # (asyncio sets TCP_NODELAY itself)
