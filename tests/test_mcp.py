@@ -41,8 +41,10 @@ class Progress:
         self.seen.append((progress, total, message))
 
 
-def _check_progress(progress: Progress, turns: int) -> None:
+def _check_progress(progress: Progress, turns: int, total: int = 30) -> None:
     values = [p for p, _, _ in progress.seen]
+    # The total is the run's own turn limit: the operator's, or the client's lower one.
+    assert {t for _, t, _ in progress.seen} == {total}
     assert values == sorted(values) and len(set(values)) == len(values)  # strictly increasing
     turn_messages = [m for _, _, m in progress.seen if m and m.startswith("turn ")]
     assert len(turn_messages) == turns  # one notification per turn
@@ -95,12 +97,12 @@ async def test_streamable_http_server_answers_inline_text_with_progress(tmp_path
         async with Client(server.url + "/mcp", read_timeout_seconds=60) as client:
             result = await client.call_tool(
                 TOOL_NAME,
-                {"question": task.question, "context_text": task.context},
+                {"question": task.question, "context_text": task.context, "max_iterations": 12},
                 progress_callback=progress,
             )
             assert not result.is_error
             assert task.score(result.structured_content["answer"]) == 1.0
-            _check_progress(progress, result.structured_content["iterations"])
+            _check_progress(progress, result.structured_content["iterations"], total=12)
 
 
 @pytest.mark.parametrize(

@@ -64,24 +64,36 @@ class Fake:
         self.closed = True
 
 
+class Ref:
+    """What `handle.method.remote(...)` gives: awaitable, and `future()` as Ray's refs have it."""
+
+    def __init__(self, made: Any) -> None:
+        async def value() -> Any:
+            return await made if asyncio.iscoroutine(made) else made
+
+        self._future = asyncio.run_coroutine_threadsafe(value(), asyncio.get_running_loop())
+
+    def future(self) -> Any:
+        return self._future
+
+    def __await__(self) -> Any:
+        return asyncio.wrap_future(self._future).__await__()
+
+
 class Actor:
-    """What a Ray actor handle gives the driver, over a plain object: `handle.method.remote(...)`."""
+    """What a Ray actor handle gives the driver, over a plain object: `handle.method.remote(...)`
+    (this loop runs the method)."""
 
     def __init__(self, obj: Any) -> None:
         self.obj = obj
 
     def __getattr__(self, name: str) -> Any:
-        method = getattr(self.obj, name)
+        method = getattr(self.obj, name)  # looked up at each call, as Ray's handle does
 
         class Remote:
             @staticmethod
-            def remote(*args: Any) -> asyncio.Future[Any]:
-                made = method(*args)
-                if asyncio.iscoroutine(made):
-                    return asyncio.ensure_future(made)
-                done = asyncio.get_running_loop().create_future()
-                done.set_result(made)
-                return done
+            def remote(*args: Any) -> Ref:
+                return Ref(method(*args))
 
         return Remote()
 

@@ -21,12 +21,13 @@ Any other top-level field is a 400: recursa's own options go under `extra_body={
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from recursa.config import SAMPLING_SETTINGS, Spelling
 from recursa.errors import ConfigError
-from recursa.overrides import checked_value
+from recursa.overrides import client_sampling
 from recursa.serve.api_error import bad
 
 CHARS_PER_TOKEN = 4  # how the answer limit turns tokens into characters (no tokenizer is assumed)
@@ -83,8 +84,6 @@ class AnswerShape:
     schema: dict[str, Any] | None = None  # the JSON Schema the final answer must match
     tool_name: str | None = None  # kind "tool": the function whose arguments the answer is
     sampling: dict[str, Any] = field(default_factory=dict)  # sent with the root model's calls
-    # How the request wrote the sampling options: the field of each where the API names it otherwise.
-    sampling_spelling: Spelling = field(default_factory=lambda: Spelling("field"))
     stop: tuple[str, ...] = ()
     max_answer_tokens: int | None = None
     # stream_options.include_usage: a last chunk with `choices: []` and the usage, as OpenAI sends it.
@@ -148,15 +147,18 @@ def check_known(body: dict[str, Any], standard: frozenset[str], refused: dict[st
         raise bad(f"`{name}` is not supported: {why}", name, "unsupported_parameter")
 
 
-def parse_shape(body: dict[str, Any], provider: str | None) -> AnswerShape:
+def parse_shape(
+    body: dict[str, Any], provider: str | None, operator: Mapping[str, Mapping[str, Any]] | None = None
+) -> AnswerShape:
     """Check every standard field of `body`. `provider`: the served root model's provider, when
-    known (a sampling field its API does not take is refused rather than sent to fail)."""
+    known (a sampling field its API does not take is refused rather than sent to fail); `operator`:
+    the operator's sampling per role, which a sampling field may only tighten (read_sampling)."""
     check_known(body, STANDARD, REFUSED, "Chat Completions")
     check_no_effect(body)
     shape = AnswerShape()
     _response_format(body.get("response_format"), shape)
     _tools(body.get("tools"), body.get("tool_choice"), shape)
-    read_sampling(body, provider, shape)
+    read_sampling(body, provider, shape, operator=operator)
     shape.stop = _stop(body.get("stop"))
     shape.max_answer_tokens = _max_tokens(body)
     shape.include_usage = _include_usage(body.get("stream_options"))
@@ -299,20 +301,24 @@ def _functions(tools: Any) -> dict[str, dict[str, Any]]:
 
 
 def read_sampling(
-    body: dict[str, Any], provider: str | None, shape: AnswerShape, fields: dict[str, str] | None = None
+    body: dict[str, Any],
+    provider: str | None,
+    shape: AnswerShape,
+    fields: dict[str, str] | None = None,
+    operator: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> None:
-    """The sampling options among `body` (by the schema's names), each checked by its declaration,
-    into `shape`. `fields`: the request field an option came from where the API names it otherwise
-    (Responses: reasoning.effort)."""
-    spelling = shape.sampling_spelling = Spelling("field", names=fields or {})
-    out: dict[str, Any] = {}
-    for name in SAMPLING_SETTINGS:
-        if body.get(name) is None:
-            continue
-        try:
-            out[name] = checked_value(name, body[name], spelling)
-        except ConfigError as exc:
-            raise bad(str(exc), spelling.label(name)) from None
+    """The sampling options among `body` (by the schema's names) into `shape`, as the root's
+    options: each checked once, by its declaration and by its policy over `operator` (the operator's
+    sampling per role: reasoning_effort no more than the root's), as `recursa.sampling`'s are
+    (recursa/overrides.py). `fields`: the request field an option came from where the API names it
+    otherwise (Responses: reasoning.effort)."""
+    spelling = Spelling("field", names=fields or {})
+    asked = {name: body[name] for name in SAMPLING_SETTINGS if body.get(name) is not None}
+    try:
+        root = client_sampling({"root": asked}, operator, spelling, at=lambda _: spelling)["root"]
+    except ConfigError as exc:
+        raise bad(str(exc), spelling.label(exc.setting or "")) from None
+    out = {name: root[name] for name in asked}
     shape.sampling = out
     allowed = _PROVIDER_SAMPLING.get(provider or "")
     if allowed is not None:

@@ -141,7 +141,7 @@ def build_mcp_server(settings: ServeSettings, *, name: str = "recursa") -> MCPSe
         except (RecursaError, ValueError) as exc:
             raise ToolError(settings.redact(f"cannot start the run: {_ARGUMENTS.told(exc)}")) from None
         async with shares.slot(quota_of(_owner(settings, ctx))):
-            return await _drive(run, ctx, (settings.run_settings() | spec.settings)["max_iterations"])
+            return await _drive(run, ctx)
 
     sessions = SessionStore(settings)
     shares = RunShares(settings)  # run slots, per caller and in all, as recursa serve has them
@@ -195,7 +195,7 @@ def build_mcp_server(settings: ServeSettings, *, name: str = "recursa") -> MCPSe
             raise ToolError(exc.message) from None
         try:
             async with shares.slot(quota_of(handle.owner)):
-                return await _drive(run, ctx, handle.limits["max_iterations"])
+                return await _drive(run, ctx)
         finally:
             sessions.release(run)
 
@@ -263,7 +263,10 @@ def _spec(
 _ARGUMENTS = Spelling("key", "arguments")
 
 
-async def _drive(run: LiveRun, ctx: Context, max_iterations: int) -> Answer:
+async def _drive(run: LiveRun, ctx: Context) -> Answer:
+    # The run's own config bounds its turns (the operator's, lowered by the client's arguments or
+    # the session's): the progress total is that, not a second merge of the same settings.
+    max_iterations = run.rlm.config.max_iterations
     progress = _TurnProgress(max_iterations)
     run.start()
     assert run.task is not None

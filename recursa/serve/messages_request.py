@@ -20,6 +20,7 @@ No field is dropped silently: each is honoured, accepted with the reason it chan
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,7 +119,7 @@ def parse_messages_request(body: Any, settings: ServeSettings) -> MessagesReques
             "the user's question",
             messages[-1].where,
         )
-    shape, thinking = _shape(body, provider_of(settings.model))
+    shape, thinking = _shape(body, provider_of(settings.model), settings.run.get("sampling"))
     return MessagesRequest(
         build_request(model, stream_flag(body), extra, messages, shape, settings), thinking
     )
@@ -220,7 +221,9 @@ def _block(block: dict[str, Any], kind: Any, at: str) -> str | InlineImage | Non
 # -- what the answer must be ----------------------------------------------------------------------
 
 
-def _shape(body: dict[str, Any], provider: str | None) -> tuple[AnswerShape, bool]:
+def _shape(
+    body: dict[str, Any], provider: str | None, operator: Mapping[str, Mapping[str, Any]] | None
+) -> tuple[AnswerShape, bool]:
     shape = AnswerShape()
     shape.max_answer_tokens = _max_tokens(body)
     shape.stop = _stop_sequences(body.get("stop_sequences"))
@@ -232,7 +235,7 @@ def _shape(body: dict[str, Any], provider: str | None) -> tuple[AnswerShape, boo
     asked = {name: body.get(name) for name in ("temperature", "top_p", "top_k")}
     if effort is not None:
         asked["reasoning_effort"] = effort
-    read_sampling(asked, provider, shape, {"reasoning_effort": "output_config.effort"})
+    read_sampling(asked, provider, shape, {"reasoning_effort": "output_config.effort"}, operator)
     top_k = shape.sampling.get("top_k")
     if top_k is not None and top_k < 1:
         raise bad("`top_k` must be a positive integer", "top_k")

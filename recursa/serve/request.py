@@ -25,7 +25,7 @@ from typing import Any
 from recursa.config import BUDGET_CAPS, SETTINGS, Spelling
 from recursa.errors import ConfigError
 from recursa.loop.subcalls import PROMPT_AS_CONTEXT_QUESTION
-from recursa.overrides import client_sampling, client_settings
+from recursa.overrides import client_settings
 from recursa.serve.api_error import ApiError, bad
 from recursa.serve.fields import AnswerShape, parse_shape
 from recursa.serve.images import InlineImage, chat_image, context_images
@@ -97,7 +97,7 @@ def parse_chat_request(body: Any, settings: ServeSettings) -> RunRequest:
         raise bad("`n` must be 1: an RLM run gives one answer (send n requests for n answers)", "n")
     extra = recursa_options(body)
     messages = _messages(body.get("messages"))
-    shape = parse_shape(body, provider_of(settings.model))
+    shape = parse_shape(body, provider_of(settings.model), settings.run.get("sampling"))
     return build_request(model, stream_flag(body), extra, messages, shape, settings)
 
 
@@ -401,19 +401,10 @@ def _context_value_ok(value: Any) -> bool:
 
 def _apply_settings(req: RunRequest, extra: dict[str, Any], settings: ServeSettings) -> None:
     """The request's run settings, each checked by the schema's policy for what a client may set
-    (recursa/overrides.py): the depth and turns up to the operator's limits, budget caps no higher,
-    and the top-level sampling fields (the root's) by their own policies, as `recursa.sampling`'s."""
+    (recursa/overrides.py): the depth and turns up to the operator's limits and budget caps no
+    higher. (The top-level sampling fields, the root's, were checked with the answer's shape.)"""
     asked = {k: v for k, v in extra.items() if k in SETTING_KEYS and v is not None}
-    limits = settings.run_limits()
     try:
-        run = client_settings(asked, limits, REQUEST_SPELLING, models=None)
+        req.settings = client_settings(asked, settings.run_limits(), REQUEST_SPELLING, models=None)
     except ConfigError as exc:
         raise bad(REQUEST_SPELLING.told(exc), f"recursa.{exc.setting}" if exc.setting else "recursa") from None
-    shape = req.shape
-    try:
-        client_sampling({"root": shape.sampling}, limits.get("sampling"), shape.sampling_spelling,
-                        at=lambda _: shape.sampling_spelling)  # fmt: skip
-    except ConfigError as exc:
-        raise bad(str(exc), shape.sampling_spelling.label(exc.setting or "")) from None
-    req.settings = run
-

@@ -18,6 +18,7 @@ No field is dropped silently: each is honoured, accepted with the reason it chan
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,7 +126,7 @@ def parse_responses_request(body: Any, settings: ServeSettings) -> ResponsesRequ
     _check_no_effect(body)
     extra = recursa_options(body)
     messages = _instructions(body.get("instructions")) + _input(body.get("input"))
-    shape, summary = _shape(body, provider_of(settings.model))
+    shape, summary = _shape(body, provider_of(settings.model), settings.run.get("sampling"))
     req = build_request(model, stream_flag(body), extra, messages, shape, settings)
     previous = body.get("previous_response_id")
     if previous is not None and (not isinstance(previous, str) or not previous):
@@ -243,14 +244,16 @@ def _part(part: dict[str, Any], kind: Any, at: str) -> str | tuple[str, str] | I
 # -- the answer's shape ---------------------------------------------------------------------------
 
 
-def _shape(body: dict[str, Any], provider: str | None) -> tuple[AnswerShape, bool]:
+def _shape(
+    body: dict[str, Any], provider: str | None, operator: Mapping[str, Mapping[str, Any]] | None
+) -> tuple[AnswerShape, bool]:
     shape = AnswerShape()
     _text(body.get("text"), shape)
     _tools(body.get("tools"), body.get("tool_choice"), shape)
     effort, summary = _reasoning(body.get("reasoning"))
     picked = {name: body.get(name) for name in ("temperature", "top_p")}
     picked["reasoning_effort"] = effort
-    read_sampling(picked, provider, shape, {"reasoning_effort": "reasoning.effort"})
+    read_sampling(picked, provider, shape, {"reasoning_effort": "reasoning.effort"}, operator)
     limit = body.get("max_output_tokens")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise bad("`max_output_tokens` must be a positive integer", "max_output_tokens")

@@ -12,6 +12,7 @@ the node: every request waiting on it fails with `NodeLost`, which names the nod
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import itertools
 import secrets
@@ -56,6 +57,12 @@ class NodeLost(SandboxLost):
 
 # A call-back from the node: (link, call id, REPL, function, arguments) -> its answer frame's fields.
 CallServer = Callable[["NodeLink", int, str, str, dict[str, Any]], Awaitable[dict[str, Any]]]
+# What carries a stream's bytes: a reader (`read(n)`) and a writer (`write`, `close`, `is_closing`,
+# `drain`, `get_extra_info`), asyncio's own for TCP or their stand-ins over actor calls (relay.py).
+Pipe = tuple[Any, Any]
+# Opens a link's pipe, presenting its token to the host as the pipe does (the host serves nothing
+# before it matches); OSError when it cannot.
+Carrier = Callable[["NodeLink", bytes], Awaitable[Pipe]]
 
 
 class NodeLink:
@@ -79,23 +86,21 @@ class NodeLink:
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    async def connect(self) -> None:
-        """Have the host expect this stream, open it, and read it from now on."""
+    async def connect(self, carrier: Carrier | None = None) -> None:
+        """Have the host expect this stream, open it (over `carrier`: by default TCP to the node,
+        `open_stream`), and read it from now on."""
         token = secrets.token_bytes(wire.TOKEN_BYTES)
-        port: int | str = "?"
         try:
             async with asyncio.timeout(_CONNECT_S):
-                port = await self.host.listen.remote(self.client, self.node.address, token)
-                reader, writer = await asyncio.open_connection(self.node.address, port)
-                _tune(writer)
-                writer.write(token)
+                reader, writer = await (carrier or open_stream)(self, token)
                 frames = wire.frames(reader)
                 first = await anext(frames, None)
         except (OSError, TimeoutError) as exc:
             raise SandboxError(
-                f"this driver could not open its stream to the REPL host at {self.node.address}:{port} "
-                f"({exc or type(exc).__name__}): the driver must reach every REPL node's address, as a "
-                "driver inside the cluster does (one outside it, through ray://, may not)"
+                f"this driver could not open its stream to the REPL host on {self.node.name}: "
+                f"{exc or type(exc).__name__}. The driver must reach every REPL node's address, as a "
+                "driver inside the cluster does; from outside it, give «sandbox_options=»"
+                '{"transport": "relay"} (the frames then ride Ray actor calls)'
             ) from None
         if not isinstance(first, dict) or first.get("op") != "ready":
             writer.close()
@@ -225,7 +230,7 @@ class NodeLink:
         """Ray's word on the host: the call returns when this client is closed there, and fails
         with an actor error when the host or its node dies."""
         try:
-            await self.host.until_closed.remote(self.client)
+            await settled(self.host.until_closed.remote(self.client))
         except Exception as exc:  # RayActorError and kin (Ray is not imported here)
             self.lose(_why(exc))
 
@@ -256,6 +261,46 @@ class NodeLink:
             self._out.close()
         for task in [*self._tasks, *self._calls.values()]:
             task.cancel()
+
+
+async def open_stream(link: NodeLink, token: bytes, timeout: float | None = None) -> Pipe:
+    """The default carrier: the host listens on the node's Ray address for the stream that shows
+    `token` first, and this driver connects there (within `timeout` seconds, if given)."""
+    port = await link.host.listen.remote(link.client, link.node.address, token)
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(link.node.address, port)
+    except OSError as exc:  # (TimeoutError is one)
+        raise OSError(f"{link.node.address}:{port}: {exc or type(exc).__name__}") from None
+    _tune(writer)
+    writer.write(token)
+    return reader, writer
+
+
+async def settled(ref: Any) -> Any:
+    """What an actor call returned, awaited through a waiter of this loop's own: a wait cancelled
+    here (a loop that ends with a pull out) leaves Ray's future alone, which the Ray Client's thread
+    later settles (it fails on one that was cancelled under it)."""
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[Any] = loop.create_future()
+
+    def settle(done: concurrent.futures.Future[Any]) -> None:  # on Ray's thread
+        with contextlib.suppress(RuntimeError):  # this loop closed meanwhile
+            loop.call_soon_threadsafe(_copy, done, waiter)
+
+    ref.future().add_done_callback(settle)
+    return await waiter
+
+
+def _copy(done: concurrent.futures.Future[Any], waiter: asyncio.Future[Any]) -> None:
+    if waiter.done():
+        return
+    if done.cancelled():
+        waiter.cancel()
+    elif done.exception() is not None:
+        waiter.set_exception(done.exception())  # type: ignore[arg-type]
+    else:
+        waiter.set_result(done.result())
 
 
 def _tune(writer: asyncio.StreamWriter) -> None:
