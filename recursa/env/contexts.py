@@ -5,8 +5,9 @@ small enough to check at once) is checked and described to the root on the calle
 buffer is written and hashed on one of the environment's writer threads (`defer_payload`), while the
 REPL process starts and the trainer generates the first reply. The episode's engine waits for the
 buffer before the REPL loads it, and writes `run_start` (which records the sha256) once it is done,
-before any other event of the run. Hashing and writing a 1 MB context took 1.2-2 ms of a start on
-the loop (docs/performance.md, "RL step"); both release the GIL, so the writer threads run beside it.
+before any other event of the run. Hashing and writing a 1 MB context costs 1.2-1.8 ms, more than
+the rest of a start (docs/performance.md, "RL step"); both release the GIL, so a writer thread runs
+beside the loop.
 
 A trainer starts a group of episodes (samples) per task, each with the same context object: the
 samples after the first reuse the buffer of the first, even while it is still being written (each
