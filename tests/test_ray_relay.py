@@ -153,6 +153,14 @@ async def test_a_hostile_relay_loses_only_its_node(host: tuple[RelayHost, list[F
     link = await relayed(served, "relay")  # a new stream is served as before
     await opened(link)
     assert (await link.request("execute", repl="r", code="fine", timeout=5)).stdout == "fine"
+
+    async def refuse(client: str, number: int, data: bytes, end: bool) -> None:
+        raise ConnectionError("gone")
+
+    served.relay_push = refuse  # type: ignore[method-assign]
+    # A push that did not arrive leaves a hole in the stream: the node is lost, not the frames misread.
+    with pytest.raises(NodeLost, match=r"relay push to its REPL host failed: ConnectionError"):
+        await link.request("execute", repl="r", code="x", timeout=5)
     await link.aclose()
 
 

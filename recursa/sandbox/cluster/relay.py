@@ -119,7 +119,12 @@ class _Writer:
             self._push(data, end=False)
 
     def _push(self, data: bytes, *, end: bool) -> None:
-        ref = self._link.host.relay_push.remote(self._link.client, self._sent, data, end)
+        try:
+            ref = self._link.host.relay_push.remote(self._link.client, self._sent, data, end)
+        except Exception as exc:  # Ray cannot send it (the connection to the cluster is gone)
+            self._closed = True
+            self._link.lose(f"a relay push to its REPL host could not be sent: {type(exc).__name__}")
+            return
         self._sent += 1
         loop = self._loop
 
@@ -139,8 +144,7 @@ class _Writer:
         """The end of the stream: the host closes this driver's REPLs there, as when a socket closes."""
         if not self._closed:
             self._closed = True
-            with contextlib.suppress(Exception):  # the host may be gone already
-                self._push(b"", end=True)
+            self._push(b"", end=True)
 
     async def drain(self) -> None:
         return None  # pushes are not held here: each is Ray's as soon as it is written
