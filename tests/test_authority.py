@@ -470,6 +470,49 @@ async def test_what_code_forks_on_the_snapshots_thread_dies_with_its_cell(tmp_pa
                 os.kill(pid, 9)
 
 
+# A cell that forks a sleeper named {tag}; with `start`, it also starts a thread of the worker that
+# waits for the next cell, which ends it and forks another sleeper: the cell's group then counts as
+# many tasks as after the first cell, one of them no longer the worker's (own_threads.py).
+SWAP_A_THREAD = """
+import ctypes, os, threading, time
+def sleeper():
+    if os.fork() == 0:
+        ctypes.CDLL(None).prctl(15, {tag!r}.encode(), 0, 0, 0)
+        time.sleep(600)
+        os._exit(0)
+if {start}:
+    stop = threading.Event()
+    waiter = threading.Thread(target=stop.wait, daemon=True)
+    waiter.start()
+else:
+    stop.set()
+    waiter.join()
+sleeper()
+"""
+
+
+async def test_a_process_in_place_of_a_thread_of_the_worker_does_not_outlive_its_cell(tmp_path):
+    """The host takes the cell's group count for the worker's own threads only while each of them
+    lives: a cell that ends one of them and forks a process has that process killed as it ends, as
+    is one forked by the first cell (where the host finds the worker's threads)."""
+    tag = f"swap{os.getpid() % 100000}"
+    sb = SubprocessSandbox(bwrap=None, scratch_root=tmp_path, snapshots=False)
+    await sb.start(_noop)
+    try:
+        if not sb._hardening.cells_placed:
+            pytest.skip("the worker's threads are not placed in groups here (cgroup v1 only)")
+        killed = "1 process(es) this cell started were still running when it ended and were killed"
+        for start in (True, False):
+            r = await sb.execute(SWAP_A_THREAD.format(tag=tag, start=start), 30)
+            assert r.error is None and killed in r.notes, r
+            assert _gone_soon(tag), "a process a cell forked outlived it"
+    finally:
+        await sb.close()
+        for pid in _tagged(tag):
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)
+
+
 # A host that is no root: this interpreter as the uid and gid of nobody, with no capability at all.
 # Its Python may live below a folder only root may enter (a pyenv in /root): the host then runs in a
 # mount namespace of its own in which that folder is a world-readable tmpfs holding that tree alone,
