@@ -214,6 +214,15 @@ async def test_frames_past_the_size_cap_fail_their_request_not_the_stream(
     await link.aclose()
 
 
+async def driver_frames(reader: asyncio.StreamReader) -> AsyncIterator[dict[str, Any]]:
+    """What the driver sends, read as the host reads it."""
+    decoder = wire.DriverDecoder()
+    while data := await reader.read(65536):
+        decoder.push(data)
+        while (frame := decoder.next_frame()) is not None:
+            yield frame
+
+
 async def hostile_node(script: Any) -> tuple[NodeLink, list[NodeLink]]:
     """A 'node host' of our own making behind a real stream: `script(reader, writer)` plays it."""
 
@@ -242,7 +251,7 @@ async def test_a_node_is_read_like_a_local_worker_and_a_bad_stream_loses_only_it
     SERVED.clear()
 
     async def forge(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        async for frame in wire.frames(reader):
+        async for frame in driver_frames(reader):
             if frame["op"] == "execute":  # a result with every field of the wrong kind
                 writer.write(wire.encode({"op": "done", "id": frame["id"], "value": {
                     "stdout": ["x"], "omitted_chars": -5, "notes": ["n" * 10_000] * 500, "timed_out": "yes"}}))  # fmt: skip
@@ -288,9 +297,9 @@ async def test_a_dropped_stream_fails_that_nodes_requests_and_its_host_closes_th
     hanging = asyncio.ensure_future(link.request("execute", repl="r", code="hang", timeout=5))
     await asyncio.sleep(0.05)
     stream = host._streams["client-a"]
-    sock = stream.writer.get_extra_info("socket")
+    sock = stream.transport.get_extra_info("socket")
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-    stream.writer.transport.abort()  # the connection resets, as when a node's host is killed
+    stream.transport.abort()  # the connection resets, as when a node's host is killed
     with pytest.raises(NodeLost, match=r"aaaaaaaaaaaa \(127\.0\.0\.1\)"):
         await hanging
     assert lost == [link]

@@ -6,10 +6,11 @@ stream of link.py cannot open. The relay carries the same bytes instead: the dri
 writes with an actor call (`relay_push`, numbered, since Ray does not keep an async actor's calls in
 order), and keeps one call out (`relay_pull`) that the host answers as soon as it has bytes for the
 driver (results, and the REPLs' call-backs) or after _POLL_S with none. Everything above the pipe
-is the stream's own code on both ends: the host's `_serve` admits the relay with a token as it admits
-a TCP connection and reads the driver's frames with the stream's bounds, and the driver reads the
-node's frames with `wire.frames` (a worker's bounds: a frame over 64 MiB is refused and the stream
-goes on, a length past 1 GiB or a malformed frame loses the node). A pull that is not bytes, or more
+is the stream's own code on both ends, the relay standing in for the socket under each end's
+channel (wire.Channel): the host's `Stream` admits the relay with a token as it admits a TCP
+connection and reads the driver's frames with the stream's bounds, and the driver reads the node's
+frames with a worker's bounds (a frame over 64 MiB is refused and the stream goes on, a length past
+1 GiB or a malformed frame loses the node). A pull that is not bytes, or more
 than _PULL_BYTES, loses the node too, as does the host dying (the pull, a push or the link's own
 watch fails) or a push failing.
 
@@ -27,10 +28,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+from collections.abc import Callable
 from typing import Any, Final, Literal, get_args
 
-from recursa.sandbox.cluster.link import Carrier, NodeLink, Pipe, open_stream, settled
-from recursa.sandbox.cluster.node import NodeHost
+from recursa.sandbox.cluster.link import Carrier, NodeLink, open_stream, settled
+from recursa.sandbox.cluster.node import NodeHost, Stream
+from recursa.sandbox.cluster.wire import Channel
 from recursa.sandbox.frames import ProtocolError
 
 Transport = Literal["auto", "stream", "relay"]
@@ -58,61 +61,70 @@ def carrier_for(ray: Any, transport: Transport) -> Carrier:
     return _stream_else_relay
 
 
-async def _stream_else_relay(link: NodeLink, token: bytes) -> Pipe:
+async def _stream_else_relay(link: NodeLink, token: bytes, channel: Channel) -> None:
     if link.node.node_id not in _unreachable:
         try:
-            return await open_stream(link, token, _TRY_STREAM_S)
+            return await open_stream(link, token, channel, _TRY_STREAM_S)
         except OSError:  # a firewall between the driver and the node: relay through Ray instead
             _unreachable.add(link.node.node_id)
-    return await open_relay(link, token)
+    await open_relay(link, token, channel)
 
 
 # -- the driver's end ------------------------------------------------------------------------------
 
 
-async def open_relay(link: NodeLink, token: bytes) -> Pipe:
-    """Ask the host for a relay admitted by `token` (handed over in the call, inside Ray's channel)."""
+async def open_relay(link: NodeLink, token: bytes, channel: Channel) -> None:
+    """Ask the host for a relay admitted by `token` (handed over in the call, inside Ray's channel),
+    and carry `channel` over it."""
     try:
         await settled(link.host.relay_open.remote(link.client, token))
     except Exception as exc:  # RayActorError and kin (the host or its node is gone)
         raise ConnectionError(f"its REPL host did not open a relay: {type(exc).__name__}") from None
-    return _Reader(link), _Writer(link)
+    _DriverRelay(link, channel)
 
 
-class _Reader:
-    """What the host has for this driver, pulled one call at a time (a stream's `read`)."""
+class _DriverRelay:
+    """The driver's channel's transport over the relay: what it writes goes in numbered pushes, and
+    one pull at a time brings what the host has for it (fed to the channel as a socket's reads are)."""
 
-    def __init__(self, link: NodeLink) -> None:
+    def __init__(self, link: NodeLink, channel: Channel) -> None:
         self._link = link
-        self._data = memoryview(b"")
-        self._ended = False
-
-    async def read(self, n: int) -> bytes:
-        while not self._data:
-            if self._ended:
-                return b""
-            try:
-                data = await settled(self._link.host.relay_pull.remote(self._link.client))
-            except Exception as exc:  # the host or its node is gone
-                raise ConnectionResetError(f"a relay pull failed: {type(exc).__name__}") from None
-            if data is None:
-                self._ended = True
-            elif not isinstance(data, bytes) or len(data) > _PULL_BYTES:
-                raise ProtocolError(f"a relay pull that is not at most {_PULL_BYTES:,} bytes")
-            else:
-                self._data = memoryview(data)
-        taken, self._data = self._data[:n], self._data[n:]
-        return bytes(taken)
-
-
-class _Writer:
-    """The driver's frames to the host, one numbered push per write (a stream's writer)."""
-
-    def __init__(self, link: NodeLink) -> None:
-        self._link = link
+        self._channel = channel
         self._loop = asyncio.get_running_loop()
         self._sent = 0
         self._closed = False
+        self._reading = True
+        self._resumed = asyncio.Event()
+        channel.connection_made(self)  # type: ignore[arg-type]
+        self._puller = self._loop.create_task(self._pull())
+
+    async def _pull(self) -> None:
+        why: Exception | None = None
+        try:
+            while not self._closed:
+                if not self._reading:
+                    self._resumed.clear()
+                    await self._resumed.wait()
+                    continue
+                try:
+                    data = await settled(self._link.host.relay_pull.remote(self._link.client))
+                except Exception as exc:  # the host or its node is gone
+                    why = ConnectionResetError(f"a relay pull failed: {type(exc).__name__}")
+                    break
+                if data is None:
+                    break  # the host closed the stream and this driver has had all of it
+                if not isinstance(data, bytes) or len(data) > _PULL_BYTES:
+                    why = ProtocolError(f"a relay pull that is not at most {_PULL_BYTES:,} bytes")
+                    break
+                if data:
+                    self._channel.data_received(data)
+        except asyncio.CancelledError:  # the loop is ending: the host closes this driver's REPLs there
+            self.close()
+            raise
+        self.close()  # (the host reads the end of the stream, as when a socket closes)
+        self._channel.connection_lost(why)
+
+    # What a transport offers the channel.
 
     def write(self, data: bytes) -> None:
         if not self._closed and data:
@@ -144,10 +156,20 @@ class _Writer:
         """The end of the stream: the host closes this driver's REPLs there, as when a socket closes."""
         if not self._closed:
             self._closed = True
+            self._resumed.set()
             self._push(b"", end=True)
 
-    async def drain(self) -> None:
-        return None  # pushes are not held here: each is Ray's as soon as it is written
+    abort = close
+
+    def pause_reading(self) -> None:
+        self._reading = False
+
+    def resume_reading(self) -> None:
+        self._reading = True
+        self._resumed.set()
+
+    def is_reading(self) -> bool:
+        return self._reading
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return default
@@ -156,27 +178,37 @@ class _Writer:
 # -- the host's end --------------------------------------------------------------------------------
 
 
-class _HostPipe:
-    """One relayed driver on the host: the reader `_serve` reads its frames from, and the writer
-    its frames for the driver go to until a pull takes them."""
+class _HostRelay:
+    """One relayed driver on the host: its `Stream`'s transport. Pushes are fed to the stream in
+    their order, as a socket's reads are; what the stream writes waits for a pull."""
 
-    def __init__(self) -> None:
-        self.reader = asyncio.StreamReader()
+    def __init__(self, stream: Stream, on_done: Callable[[], None]) -> None:
+        self._stream = stream
+        self._on_done = on_done
         self._arrived: dict[int, tuple[bytes, bool]] = {}  # pushes ahead of a missing one
         self._next = 0
+        self._held: list[tuple[bytes, bool]] = []  # pushes in order, while the stream is not reading
+        self._reading = True
         self._out = bytearray()
         self._closed = False
+        self._writing_paused = False
         self._changed = asyncio.Event()
+        stream.connection_made(self)  # type: ignore[arg-type]
 
     def pushed(self, number: int, data: bytes, end: bool) -> None:
         self._arrived[number] = (data, end)
         while self._next in self._arrived:
-            data, end = self._arrived.pop(self._next)
+            self._held.append(self._arrived.pop(self._next))
             self._next += 1
+        self._deliver()
+
+    def _deliver(self) -> None:
+        while self._held and self._reading and not self._closed:
+            data, end = self._held.pop(0)
             if data:
-                self.reader.feed_data(data)
+                self._stream.data_received(data)
             if end:
-                self.reader.feed_eof()
+                self._end()
 
     async def pull(self) -> bytes | None:
         """What is waiting for the driver (at most _PULL_BYTES); b"" after _POLL_S with nothing;
@@ -190,30 +222,49 @@ class _HostPipe:
             return None if self._closed else b""
         data = bytes(self._out[:_PULL_BYTES])
         del self._out[:_PULL_BYTES]
-        self._changed.set()  # a writer waiting in drain
+        if self._writing_paused and len(self._out) <= _PULL_BYTES:
+            self._writing_paused = False
+            self._stream.resume_writing()
+        if self.done:
+            self._on_done()
         return data
 
-    # The writer's side, as `Stream` (an Outbox) uses an asyncio.StreamWriter.
+    # What a transport offers the stream.
 
     def write(self, data: bytes) -> None:
         if not self._closed:
             self._out += data
             self._changed.set()
+            if len(self._out) > _PULL_BYTES and not self._writing_paused:
+                self._writing_paused = True  # the driver has not pulled: the stream's drain waits
+                self._stream.pause_writing()
 
     def is_closing(self) -> bool:
         return self._closed
 
     def close(self) -> None:
-        """The host ends this stream: `_serve` reads no more of it, the driver gets what is left."""
-        self._closed = True
-        self._changed.set()
-        self.reader.feed_eof()
+        """The host ends this stream: no more of it is read, the driver gets what is left."""
+        self._end()
 
-    async def drain(self) -> None:
-        """Wait while the driver has not pulled what it was sent (a socket's full buffer)."""
-        while len(self._out) > _PULL_BYTES and not self._closed:
-            self._changed.clear()
-            await self._changed.wait()
+    abort = close
+
+    def _end(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._changed.set()
+            self._stream.connection_lost(None)
+            if self.done:
+                self._on_done()
+
+    def pause_reading(self) -> None:
+        self._reading = False
+
+    def resume_reading(self) -> None:
+        self._reading = True
+        self._deliver()
+
+    def is_reading(self) -> bool:
+        return self._reading
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return default
@@ -228,22 +279,23 @@ class RelayHost(NodeHost):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._relays: dict[str, _HostPipe] = {}
-        self._relay_tasks: set[asyncio.Task[None]] = set()
+        self._relays: dict[str, _HostRelay] = {}
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "relays": len(self._relays), "listening": self._server is not None}
 
     async def relay_open(self, client: str, token: bytes) -> None:
         """A stream for `client` over `relay_push` and `relay_pull`, admitted by `token` as a TCP
-        connection is (`_serve`), which this call presents for the driver."""
-        pipe = self._relays[client] = _HostPipe()
+        connection is (node.Stream), which this call presents for the driver."""
         self._expected[client] = token
-        pipe.reader.feed_data(token)
-        task = asyncio.get_running_loop().create_task(self._serve(pipe.reader, pipe))  # type: ignore[arg-type]
-        self._relay_tasks.add(task)
-        task.add_done_callback(self._relay_tasks.discard)
-        task.add_done_callback(lambda _t: self._relays.pop(client, None) if pipe.done else None)
+        stream = Stream(self)
+        pipe = _HostRelay(stream, lambda: self._forget_relay(client, pipe))
+        self._relays[client] = pipe
+        stream.data_received(token)
+
+    def _forget_relay(self, client: str, pipe: _HostRelay) -> None:
+        if self._relays.get(client) is pipe:
+            del self._relays[client]
 
     async def relay_push(self, client: str, number: int, data: bytes, end: bool) -> None:
         pipe = self._relays.get(client)
@@ -254,7 +306,4 @@ class RelayHost(NodeHost):
         pipe = self._relays.get(client)
         if pipe is None:
             return None
-        data = await pipe.pull()
-        if pipe.done and self._relays.get(client) is pipe:
-            del self._relays[client]
-        return data
+        return await pipe.pull()
