@@ -10,6 +10,8 @@ subprocess connected through `ray://` with `"relay"` (what a driver outside the 
 `"stream"` (what it gets when it can reach the nodes). Each measurement is env_rollouts.py's: a
 warm episode, `--alone` episodes one at a time (the step's own latency), then `--episodes` at
 `--concurrency` (episodes per second). Every episode takes four steps over a context of `--size-mb`.
+First, `--calls` round trips of each kind, interleaved: a bare actor call to the node's host, and
+a request to a REPL there over the stream and over the relay (what the relay adds to Ray's calls).
 """
 
 from __future__ import annotations
@@ -39,6 +41,47 @@ def run(args: argparse.Namespace, sandbox: str, transport: str) -> dict[str, Any
     return {"single": vars(single), "batch": vars(batch)}
 
 
+def round_trips(count: int) -> dict[str, list[float]]:
+    """A bare actor call to a node's host, and a request to a REPL there over the stream and over
+    the relay, interleaved (so all three see the same moments of a shared machine): ms each."""
+    from recursa.sandbox import make_sandbox
+    from recursa.sandbox.cluster.link import settled
+
+    async def answer(name: str, args: dict) -> str:
+        return "x"
+
+    times: dict[str, list[float]] = {"actor call": [], "stream request": [], "relay request": []}
+    # A loop holds one link per node: each transport's REPL lives on a loop of its own.
+    loops = {transport: asyncio.new_event_loop() for transport in ("stream", "relay")}
+    repls = {transport: make_sandbox("ray", resources={"cpu_repl": 0.001}, transport=transport)
+             for transport in loops}  # fmt: skip
+    for transport, loop in loops.items():
+        loop.run_until_complete(repls[transport].start(answer))
+    host = repls["stream"].pool.host(repls["stream"].node)  # type: ignore[attr-defined]
+    try:
+        for i in range(count + 3):  # the first three warm each path
+            began = time.perf_counter()
+            loops["stream"].run_until_complete(settled(host.describe.remote()))
+            call = time.perf_counter()
+            loops["stream"].run_until_complete(repls["stream"].variable_names())
+            stream = time.perf_counter()
+            loops["relay"].run_until_complete(repls["relay"].variable_names())
+            relay = time.perf_counter()
+            if i >= 3:
+                times["actor call"].append((call - began) * 1000)
+                times["stream request"].append((stream - call) * 1000)
+                times["relay request"].append((relay - stream) * 1000)
+    finally:
+        for transport, loop in loops.items():
+            loop.run_until_complete(repls[transport].close())
+            left = asyncio.all_tasks(loop)  # the links' readers: ended as asyncio.run ends its own
+            for task in left:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+            loop.close()
+    return times
+
+
 def client_main(args: argparse.Namespace) -> int:
     """In the subprocess: connect through the Ray Client and measure one transport."""
     import ray
@@ -61,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--episodes", type=int, default=32, help="episodes at once, per measurement")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=2, help="each kind this many times, in turn")
+    parser.add_argument("--calls", type=int, default=50, help="round trips of each kind, interleaved")
     parser.add_argument("--client", help=argparse.SUPPRESS)  # the subprocess: its ray:// address
     parser.add_argument("--transport", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -91,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     passed = [f"--size-mb={args.size_mb}", f"--alone={args.alone}", f"--episodes={args.episodes}",
               f"--concurrency={args.concurrency}"]  # fmt: skip
     try:
+        trips = round_trips(args.calls)
         for _ in range(args.rounds):
             for driver, transport in KINDS:
                 if driver == "ray://":
@@ -129,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{statistics.mean(b.per_s for b in batch):>6.1f} {len(errors):>6}")  # fmt: skip
         for error in errors[:3]:
             print(f"  failed: {error}")
+    print(f"\nround trips from this process to the node's host, {args.calls} of each, interleaved (ms):")
+    for name, values in trips.items():
+        print(f"{name:>15}: p50 {pct(values, 0.5):6.2f}  p95 {pct(values, 0.95):6.2f}")
     return 1 if failed else 0
 
 

@@ -153,6 +153,14 @@ async def test_a_hostile_relay_loses_only_its_node(host: tuple[RelayHost, list[F
     link = await relayed(served, "relay")  # a new stream is served as before
     await opened(link)
     assert (await link.request("execute", repl="r", code="fine", timeout=5)).stdout == "fine"
+
+    async def refuse(client: str, number: int, data: bytes, end: bool) -> None:
+        raise ConnectionError("gone")
+
+    served.relay_push = refuse  # type: ignore[method-assign]
+    # A push that did not arrive leaves a hole in the stream: the node is lost, not the frames misread.
+    with pytest.raises(NodeLost, match=r"relay push to its REPL host failed: ConnectionError"):
+        await link.request("execute", repl="r", code="x", timeout=5)
     await link.aclose()
 
 
@@ -202,6 +210,8 @@ def test_a_ray_client_driver_runs_repls_over_the_relay_with_sub_calls(client: st
 
     from recursa import RLM, Budget
     from recursa.env import RLMEnv
+    from recursa.errors import ConfigError
+    from recursa.sandbox import make_sandbox
     from recursa.sandbox.cluster import node_hosts
     from recursa.tasks import generate
 
@@ -232,3 +242,17 @@ def test_a_ray_client_driver_runs_repls_over_the_relay_with_sub_calls(client: st
         env.close()
     facts = [ray.get(host.describe.remote()) for _, host in node_hosts()]
     assert all(f["live_repls"] == 0 for f in facts), facts
+
+    # A ray:// driver that can reach the nodes (as here) may ask for the stream itself.
+    async def streamed() -> str:
+        sandbox = make_sandbox("ray", resources={"cpu_repl": 0.001}, transport="stream")
+        await sandbox.start(lambda name, args: asyncio.sleep(0, "from the driver"))
+        try:
+            return (await sandbox.execute("print(llm_query('hi'))", 30)).stdout.strip()
+        finally:
+            await sandbox.close()
+
+    assert asyncio.run(streamed()) == "from the driver"
+    assert all(ray.get(host.describe.remote())["listening"] for _, host in node_hosts())
+    with pytest.raises(ConfigError, match=r"transport='tcp'.*\"stream\".*\"relay\""):
+        make_sandbox("ray", transport="tcp")

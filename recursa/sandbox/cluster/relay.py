@@ -131,7 +131,12 @@ class _DriverRelay:
             self._push(data, end=False)
 
     def _push(self, data: bytes, *, end: bool) -> None:
-        ref = self._link.host.relay_push.remote(self._link.client, self._sent, data, end)
+        try:
+            ref = self._link.host.relay_push.remote(self._link.client, self._sent, data, end)
+        except Exception as exc:  # Ray cannot send it (the connection to the cluster is gone)
+            self._closed = True
+            self._link.lose(f"a relay push to its REPL host could not be sent: {type(exc).__name__}")
+            return
         self._sent += 1
         loop = self._loop
 
@@ -152,8 +157,7 @@ class _DriverRelay:
         if not self._closed:
             self._closed = True
             self._resumed.set()
-            with contextlib.suppress(Exception):  # the host may be gone already
-                self._push(b"", end=True)
+            self._push(b"", end=True)
 
     abort = close
 
