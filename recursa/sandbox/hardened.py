@@ -425,6 +425,8 @@ class HostHardening:
         the killed processes are gone (waiting up to 2 s; a group still busy then is removed later,
         see `TaskGroup.discard`)."""
         self._forget_checked()
+        for own in self._own.values():
+            own.forget()  # the pidfds of its threads
         group, self.group = self.group, None
         self._group_tried = False
         if self.pool is not None:
