@@ -82,8 +82,9 @@ def _check_reachable(address: str) -> None:
         problem = f"nothing answers there ({exc.strerror or exc})"
     raise ConfigError(
         f"«sandbox='ray'»: the Ray cluster address {address!r} cannot be reached: {problem}. "
-        'Give the head node\'s GCS address (`ray start --head` prints it), "auto" for a cluster '
-        "started on this machine, or None for a local instance."
+        'Give the head node\'s GCS address (`ray start --head` prints it), its Ray Client address '
+        '("ray://HEAD:10001") from outside the cluster, "auto" for a cluster started on this machine, '
+        "or None for a local instance."
     )
 
 
