@@ -82,8 +82,9 @@ def _check_reachable(address: str) -> None:
         problem = f"nothing answers there ({exc.strerror or exc})"
     raise ConfigError(
         f"«sandbox='ray'»: the Ray cluster address {address!r} cannot be reached: {problem}. "
-        'Give the head node\'s GCS address (`ray start --head` prints it), "auto" for a cluster '
-        "started on this machine, or None for a local instance."
+        'Give the head node\'s GCS address (`ray start --head` prints it), its Ray Client address '
+        '("ray://HEAD:10001") from outside the cluster, "auto" for a cluster started on this machine, '
+        "or None for a local instance."
     )
 
 
@@ -350,6 +351,8 @@ class RayPool:
         link = self._connected(self._repl_node.get(repl))
         if link is None:
             raise SandboxError("this REPL is closed")
+        if method == "execute":  # the REPL's idle window on the node counts the hop (NodeHost.execute)
+            fields["hop"] = link.hop_s
         return await link.request(method, repl=repl, **fields)
 
     async def load_context(self, repl: str, payload: ContextPayload) -> None:
