@@ -29,6 +29,7 @@ from recursa.sandbox import SANDBOXES, ContainerSandbox, E2BSandbox, ModalSandbo
 from recursa.sandbox.containers import _docker_info_ok
 from recursa.sandbox.proc import running as _alive
 from recursa.sandbox.stdio import BOOTSTRAP, StdioSandbox, worker_argv, worker_source
+from recursa.sandbox.worker.wire import decode_frame, encode_frame
 
 C_LOOP = "sum(range(10**13))"
 
@@ -494,3 +495,28 @@ def test_an_idle_worker_in_a_stream_exits_at_end_of_stream() -> None:
     proc.stdin.write(worker_source())
     proc.stdin.close()  # the host went away
     assert proc.wait(timeout=10) == 0
+
+
+def test_a_worker_in_a_stream_busy_in_a_cell_that_calls_nothing_exits_when_its_host_goes_away() -> None:
+    # A container's or remote worker has no parent that dies with the host: its reader thread reads
+    # the stream for the whole of every cell (worker/server.py, `_watches`), calls or none.
+    proc = subprocess.Popen(
+        worker_argv([sys.executable]), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        proc.stdin.write(worker_source())
+        cell = "import os\nos.write(2, b'spinning\\n')\nwhile True:\n    pass"
+        proc.stdin.write(encode_frame({"op": "exec", "id": 1, "code": cell, "max_output_chars": 100}))
+        proc.stdin.flush()
+        size = int.from_bytes(proc.stdout.read(4), "big")
+        assert decode_frame(proc.stdout.read(size))["op"] == "ready"
+        assert proc.stderr.readline() == b"spinning\n"
+        proc.stdin.close()  # the host went away
+        assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()

@@ -299,6 +299,32 @@ async def test_threads_calling_llm_query_overlap(sandbox: Sandbox, host: Host) -
     assert elapsed < 1.5
 
 
+async def test_a_cells_first_call_may_come_from_any_thread_after_any_call_free_stretch(
+    sandbox: Sandbox, host: Host
+) -> None:
+    # A local worker hands the reading of its channel to its reader thread only at a cell's first
+    # call to the host (sandbox/worker/wire.py): from a thread the cell started, from its main
+    # thread, from both at once, long after the cell began.
+    stretch = "sum(range(3_000_000))\n"
+    cells = {
+        "import threading\n" + stretch + "out = []\n"
+        "t = threading.Thread(target=lambda: out.append(llm_query('from-thread')))\n"
+        "t.start(); t.join(); print(out)": "['echo:from-thread']\n",
+        stretch + "print(llm_query('from-main'))": "echo:from-main\n",
+        stretch + "got = {}\n"
+        "def work(i):\n    got[i] = llm_query(f't{i}')\n"
+        "ts = [threading.Thread(target=work, args=(i,)) for i in range(4)]\n"
+        "for t in ts: t.start()\n"
+        "got['main'] = llm_query('m')\n"
+        "for t in ts: t.join()\n"
+        "print(sorted(got.values()))": "['echo:m', 'echo:t0', 'echo:t1', 'echo:t2', 'echo:t3']\n",
+    }
+    for code, printed in cells.items():
+        r = await run(sandbox, code)
+        assert r.error is None and r.stdout == printed, (r.error, r.stdout)
+    assert len(host.calls) == 7
+
+
 async def test_error_replies_raise_matching_exceptions(sandbox: Sandbox) -> None:
     code = (
         "for p in ['budget', 'lm-error', 'bug', 'non-json']:\n"

@@ -1,13 +1,21 @@
 """The worker's end of the channel (sandbox/worker/wire.py): who reads the host's frames, and when.
 
 Between requests the main thread reads the next one itself; while a cell runs it lends the reading
-to the reader thread, which delivers the replies to the cell's calls. These tests drive a
-WorkerChannel over a socketpair in this process, with this test's thread as the worker's main one.
+to the reader thread, which delivers the replies to the cell's calls: for the whole cell where the
+channel is the only way the worker learns that its host is gone (`watch`), else from the cell's
+first call on. These tests drive a WorkerChannel over a socketpair in this process, with this
+test's thread as the worker's main one; the last ones kill real hosts.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import socket
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -15,18 +23,29 @@ from typing import Any
 
 import pytest
 
+from recursa.sandbox.bwrap import find_bwrap
+from recursa.sandbox.proc import running, stat_fields
+from recursa.sandbox.worker.landlock import landlock_abi
 from recursa.sandbox.worker.wire import SocketTransport, WorkerChannel, decode_frame, encode_frame
 
 
 class RecordingTransport(SocketTransport):
-    """Notes which thread made each read that returned data."""
+    """Notes which thread made each read that returned data, and whether two reads ever overlapped."""
 
     def __init__(self, sock: socket.socket) -> None:
         super().__init__(sock)
         self.readers: list[int] = []
+        self._reading = threading.Lock()
+        self.overlapped = False
 
     def recv(self) -> tuple[bytes, list[int]]:
-        data, fds = super().recv()
+        if not self._reading.acquire(blocking=False):
+            self.overlapped = True
+            self._reading.acquire()
+        try:
+            data, fds = super().recv()
+        finally:
+            self._reading.release()
         if data:
             self.readers.append(threading.get_ident())
         return data, fds
@@ -38,21 +57,38 @@ def no_process_exit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(WorkerChannel, "_exit", lambda self: None)
 
 
-@pytest.fixture
-def pair(no_process_exit: None) -> Iterator[tuple[WorkerChannel, RecordingTransport, socket.socket]]:
+@contextlib.contextmanager
+def _channel(watch: bool) -> Iterator[tuple[WorkerChannel, RecordingTransport, socket.socket]]:
     ours, host = socket.socketpair()
     transport = RecordingTransport(ours)
-    chan = WorkerChannel(transport)
+    chan = WorkerChannel(transport, watch=watch)
     before = set(threading.enumerate())
     chan.start_reader()
     (reader,) = set(threading.enumerate()) - before
     try:
         yield chan, transport, host
     finally:
+        chan.watch = True
         chan.lend_reader()  # so the reader thread reads the end-of-file below and leaves
         host.close()
         reader.join(5)  # before the real _exit is back
         assert not reader.is_alive()
+        assert not transport.overlapped  # never two readers at once
+
+
+@pytest.fixture
+def pair(no_process_exit: None) -> Iterator[tuple[WorkerChannel, RecordingTransport, socket.socket]]:
+    with _channel(watch=True) as made:
+        yield made
+
+
+@pytest.fixture(params=[True, False], ids=["watching", "on-demand"])
+def either(
+    no_process_exit: None, request: pytest.FixtureRequest
+) -> Iterator[tuple[WorkerChannel, RecordingTransport, socket.socket]]:
+    """A channel whose reader reads for whole cells (`watch`), and one that reads from a cell's first call."""
+    with _channel(watch=request.param) as made:
+        yield made
 
 
 def _read_frame(sock: socket.socket) -> dict[str, Any]:
@@ -98,8 +134,8 @@ def test_a_frame_split_across_reads_and_readers_arrives_whole(pair: Any) -> None
     assert transport.readers[-1] == threading.get_ident()
 
 
-def test_calls_during_a_cell_get_their_replies_through_the_reader_thread(pair: Any) -> None:
-    chan, transport, host = pair
+def test_calls_during_a_cell_get_their_replies_through_the_reader_thread(either: Any) -> None:
+    chan, transport, host = either
     chan.lend_reader()
 
     def host_side() -> None:
@@ -115,8 +151,8 @@ def test_calls_during_a_cell_get_their_replies_through_the_reader_thread(pair: A
     assert transport.readers and threading.get_ident() not in transport.readers
 
 
-def test_replies_to_a_background_thread_are_delivered_while_the_main_thread_waits(pair: Any) -> None:
-    chan, _transport, host = pair
+def test_replies_to_a_background_thread_are_delivered_while_the_main_thread_waits(either: Any) -> None:
+    chan, _transport, host = either
     results: list[Any] = []
     caller = threading.Thread(target=lambda: results.append(chan.call("echo", {"v": "bg"})))
     caller.start()
@@ -126,6 +162,140 @@ def test_replies_to_a_background_thread_are_delivered_while_the_main_thread_wait
     assert chan.next_request(timeout=5) == {"op": "exec", "id": 9, "code": ""}
     caller.join(5)
     assert results == ["back"]
+
+
+def test_a_cell_that_calls_nothing_wakes_no_reader_where_the_worker_does_not_watch(
+    no_process_exit: None,
+) -> None:
+    with _channel(watch=False) as (chan, transport, host):
+        chan.lend_reader()  # a cell starts
+        assert not chan._reader_on.is_set()  # the reader thread sleeps on: nothing to read for it
+        host.sendall(encode_frame({"op": "list_vars", "id": 4}))  # sent while the cell runs
+        assert chan.next_request(timeout=5) == {"op": "list_vars", "id": 4}  # read once it is over
+        assert transport.readers == [threading.get_ident()]
+
+
+def test_calls_from_a_cells_threads_and_its_main_thread_all_get_their_replies(either: Any) -> None:
+    chan, transport, host = either
+    chan.lend_reader()
+    calls = 5
+
+    def host_side() -> None:
+        got = [_read_frame(host) for _ in range(calls)]
+        for call in reversed(got):  # answered out of order, all at once
+            reply = {"op": "reply", "id": call["id"], "ok": True, "value": call["args"]["who"]}
+            host.sendall(encode_frame(reply))
+
+    server = threading.Thread(target=host_side)
+    server.start()
+    results: dict[int, Any] = {}
+    threads = [
+        threading.Thread(target=lambda i=i: results.__setitem__(i, chan.call("echo", {"who": i})))
+        for i in range(calls - 1)
+    ]
+    for thread in threads:
+        thread.start()
+    results[-1] = chan.call("echo", {"who": -1})
+    for thread in threads:
+        thread.join(10)
+    server.join(10)
+    assert results == {i: i for i in range(-1, calls - 1)}
+    assert not chan.has_pending()  # the cell ends: the reading comes back to this thread
+    assert threading.get_ident() not in transport.readers
+
+
+def test_a_call_racing_the_end_of_its_cell_is_answered_and_no_frame_is_torn(no_process_exit: None) -> None:
+    # A thread of the cell lends the reading on its call while the main thread, the cell over,
+    # takes it back: whichever comes first, one thread reads at a time and the reply arrives.
+    rounds = 100
+    with _channel(watch=False) as (chan, _transport, host):
+
+        def host_side() -> None:
+            for i in range(rounds):
+                call = _read_frame(host)
+                reply = encode_frame(
+                    {"op": "reply", "id": call["id"], "ok": True, "value": call["args"]["i"]}
+                )
+                host.sendall(reply + encode_frame({"op": "exec", "id": i, "code": "x" * 3000}))
+
+        server = threading.Thread(target=host_side)
+        server.start()
+        for i in range(rounds):
+            chan.lend_reader()
+            results: list[Any] = []
+            caller = threading.Thread(target=lambda i=i, out=results: out.append(chan.call("echo", {"i": i})))
+            caller.start()
+            if i % 2:
+                caller.join(10)  # answered within the cell: through the reader thread
+            assert chan.next_request(timeout=10) == {"op": "exec", "id": i, "code": "x" * 3000}
+            caller.join(10)
+            assert results == [i]
+        server.join(10)
+
+
+_KILLED_HOST = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    from recursa.sandbox import SubprocessSandbox
+    from recursa.sandbox.forkserver import ForkServer
+
+    async def handler(fn, args):
+        return "ok"
+
+    async def main():
+        settings = {
+            "plain": dict(hardening=False, snapshots=False),
+            "bwrap": dict(bwrap=True, snapshots=False),
+            "forked": dict(bwrap=True, fork_server=ForkServer()),
+        }[sys.argv[1]]
+        sb = SubprocessSandbox(**settings)
+        await sb.start(handler)
+        await sb.execute("x = llm_query('p')", 30)
+        print(json.dumps(sb.pid), flush=True)
+        await sb.execute("while True:\\n    pass", 3600)  # Python: a reader thread could run beside it
+
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["plain", "bwrap", "forked"])
+def test_a_local_worker_busy_in_a_cell_that_calls_nothing_dies_with_its_killed_host(mode: str) -> None:
+    # Its reader thread is not reading then: the kernel takes it down with its parent (keeper.py,
+    # bwrap --die-with-parent, zygote.py), which goes with the host. (With snapshots, the keeper's
+    # case, also after a takeover: tests/test_snapshots.py.)
+    if mode != "plain" and find_bwrap() is None:
+        pytest.skip("bubblewrap (bwrap) is not installed")
+    if mode == "forked" and landlock_abi() < 6:
+        pytest.skip("the fork server needs Landlock ABI >= 6 (Linux 6.12+)")
+    host = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_HOST, mode],
+        stdout=subprocess.PIPE,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
+    try:
+        assert host.stdout is not None
+        worker = json.loads(host.stdout.readline())
+
+        def spinning() -> bool:
+            fields = stat_fields(worker)
+            return fields is not None and fields[0] == b"R" and int(fields[11]) > 10
+
+        deadline = time.monotonic() + 30
+        while not spinning() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert spinning()
+        host.kill()
+        host.wait()
+        deadline = time.monotonic() + 10
+        while running(worker) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not running(worker), f"the {mode} worker outlived its host"
+    finally:
+        host.kill()
+        host.wait()
+        if host.stdout is not None:
+            host.stdout.close()
 
 
 async def test_a_cells_child_process_inherits_none_of_the_channels_descriptors() -> None:

@@ -27,6 +27,24 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         pass
 
 
+_PR_GET_PDEATHSIG = 2
+
+
+def has_death_signal() -> bool:
+    """Whether the kernel will kill this process (SIGKILL) when its parent exits."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        sig = ctypes.c_int(0)
+        if ctypes.CDLL(None, use_errno=True).prctl(_PR_GET_PDEATHSIG, ctypes.byref(sig), 0, 0, 0) != 0:
+            return False
+        return sig.value == signal.SIGKILL
+    except (OSError, AttributeError):
+        return False
+
+
 def _kill_own_group(*_args: object) -> None:
     """The keeper's end when the host is gone: SIGKILL its process group, itself included.
 
@@ -46,8 +64,9 @@ def _kill_own_group(*_args: object) -> None:
 _PR_SET_CHILD_SUBREAPER = 36
 
 
-def split_off_keeper(channel_fd: int, notes_fd: int = -1, worker_only: tuple[int, ...] = ()) -> None:
-    """Fork; the parent stays behind as the keeper and never returns, the child is the worker.
+def split_off_keeper(channel_fd: int, notes_fd: int = -1, worker_only: tuple[int, ...] = ()) -> bool:
+    """Fork; the parent stays behind as the keeper and never returns, the child is the worker
+    (True; False where there can be no keeper: the caller goes on as a plain worker).
 
     A snapshot that takes over outlives the worker that forked it, so something other than the
     worker must stay put: its parent. The keeper is a child subreaper, so orphans (a snapshot whose
@@ -66,7 +85,7 @@ def split_off_keeper(channel_fd: int, notes_fd: int = -1, worker_only: tuple[int
 
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     except (OSError, AttributeError):
-        return  # no subreaper: run as a plain worker (a takeover then leaves an orphan to init)
+        return False  # no subreaper: run as a plain worker (a takeover then leaves an orphan to init)
     keeper = os.getpid()
     child = os.fork()
     if child == 0:
@@ -75,7 +94,7 @@ def split_off_keeper(channel_fd: int, notes_fd: int = -1, worker_only: tuple[int
         die_with_parent()
         if os.getppid() != keeper:
             os._exit(0)
-        return
+        return True
     for fd in (channel_fd, *worker_only):  # only the worker speaks to the host
         os.close(fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a group-wide Ctrl-C is for the worker

@@ -21,7 +21,7 @@ import socket
 import sys
 
 from .context import ContextSource
-from .keeper import die_with_parent, split_off_keeper
+from .keeper import die_with_parent, has_death_signal, split_off_keeper
 from .rehearsal import rehearse
 from .repl import Repl
 from .snapshots import Forker, Snapshots
@@ -109,9 +109,15 @@ class Server:
     """Runs requests on the main thread (so SIGINT interrupts user code) and keeps snapshots ready."""
 
     def __init__(
-        self, transport: SocketTransport | StdioTransport, group: TaskGroup, *, lines: bool = False
+        self,
+        transport: SocketTransport | StdioTransport,
+        group: TaskGroup,
+        *,
+        lines: bool = False,
+        kept: bool = False,
     ) -> None:
         self.group = group
+        self._kept = kept  # a keeper is this process's parent (keeper.py), and a snapshot's after a takeover
         self.repl = Repl(self._call)
         self.snapshots = Snapshots()
         # No cell has run in this process yet: the host restores this state by starting a worker
@@ -152,6 +158,7 @@ class Server:
 
     def run(self, config: dict[str, Any]) -> None:
         hardening = harden(config)  # while this process has one thread (Landlock binds only it)
+        self.chan.watch = _watches(self.chan.transport, True)  # after a change of uid, if any
         self.snapshots.forker = self.group.place(Forker)
         if self.group.grouped:
             hardening["cgroup"] = self.group.joined
@@ -279,7 +286,9 @@ class Server:
     def _rehearse(self) -> None:
         try:
             rehearse()
-            self.chan.lend_reader(start=False)  # as a cell does, and back: that hand-over's faults too
+            # As a cell starts, and back: the faults of that hand-over too (with `watch`; else of
+            # the flag a call of the cell would lend on, the hand-over left to cells that call).
+            self.chan.lend_reader(start=False)
             self.chan.has_pending()
         except Exception:  # only ever a speed-up: never a reason for the worker to stop
             pass
@@ -291,7 +300,7 @@ class Server:
 
     def _resume(self, transport: SocketTransport, info: dict[str, Any]) -> None:
         """In a snapshot that takes over: carry on as the worker, on the channel the host handed it."""
-        self.chan = self._connect(WorkerChannel(transport))
+        self.chan = self._connect(WorkerChannel(transport, watch=_watches(transport, self._kept)))
         self._early = None  # what the old worker had read is not ours
         if self.group.placed is True:
             # This process's one thread is in the snapshots' group: a forker made now is there too,
@@ -305,6 +314,17 @@ class Server:
         # the snapshots' group, once it has put this process's threads in place and emptied it.
         self._snapshot(self._cell_closed if self.group.placed is True else None)
         self._serve()
+
+
+def _watches(transport: SocketTransport | StdioTransport, parent_goes_with_host: bool) -> bool:
+    """Whether the reader thread must read the channel for the whole of every cell (wire.py,
+    WorkerChannel.watch): end-of-file there is how this process learns that its host is gone,
+    unless the kernel kills it with its parent (PR_SET_PDEATHSIG) and that parent goes with the
+    host. A local worker's parent does (the worker alone is on a socket): the host itself, bwrap
+    (--die-with-parent), a keeper or a zygote's waiting child, each dying with the host in turn
+    (keeper.py, zygote.py); a snapshot's after a takeover is the keeper, if there is one. A
+    container's or a remote worker (stdio) has only the channel."""
+    return not (isinstance(transport, SocketTransport) and parent_goes_with_host and has_death_signal())
 
 
 def _reap() -> None:
@@ -325,11 +345,12 @@ def serve(
     *,
     lines: bool = False,
     group: TaskGroup | None = None,
+    kept: bool = False,
 ) -> None:
     import faulthandler
 
     faulthandler.enable()  # a segfault leaves a Python traceback in the worker log
-    Server(transport, group or TaskGroup(None), lines=lines).run(config)
+    Server(transport, group or TaskGroup(None), lines=lines, kept=kept).run(config)
 
 
 def _handle(repl: Repl, msg: dict[str, Any]) -> dict[str, Any] | None:
@@ -461,12 +482,13 @@ def _start(fd: int, config: dict[str, Any]) -> NoReturn:
     group.join()  # first: every task from here on (the keeper's too) counts against the group's cap
     notes = config.pop("keeper_fd", -1)
     notes = notes if isinstance(notes, int) else -1
+    kept = False
     if config.pop("keeper", False):
-        split_off_keeper(fd, notes, tuple(group.place_fds()))
+        kept = split_off_keeper(fd, notes, tuple(group.place_fds()))
     elif notes >= 0:
         os.close(notes)
     os.set_inheritable(fd, False)  # children of generated code must not hold the channel
-    serve(SocketTransport(socket.socket(fileno=fd)), config, group=group)
+    serve(SocketTransport(socket.socket(fileno=fd)), config, group=group, kept=kept)
     os._exit(0)
 
 

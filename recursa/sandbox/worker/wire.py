@@ -18,8 +18,9 @@ Nothing crossing the channel is ever pickled: the host only parses JSON. The hos
 same functions (recursa/sandbox/protocol.py imports them) and refuses frames over the same limit.
 
 Threads: the main thread reads the next request itself and runs it, so that SIGINT from the host
-interrupts running code with KeyboardInterrupt. While a cell runs, a reader thread reads instead:
-replies wake the caller waiting on that call id (so many user threads can call the host at once).
+interrupts running code with KeyboardInterrupt. While a cell runs, a reader thread reads instead
+(from the cell's start, or from its first call to the host: see "receiving" below): replies wake
+the caller waiting on that call id (so many user threads can call the host at once).
 """
 
 from __future__ import annotations
@@ -144,9 +145,15 @@ class _Reply:
 class WorkerChannel:
     """The worker's end of the channel: thread-safe calls to the host, and the main-thread inbox."""
 
-    def __init__(self, transport: SocketTransport | StdioTransport, *, lines: bool = False) -> None:
+    def __init__(
+        self, transport: SocketTransport | StdioTransport, *, lines: bool = False, watch: bool = True
+    ) -> None:
         self.transport = transport
         self.lines = lines
+        # Whether the reader thread reads for the whole of every cell; else only from the cell's
+        # first call to the host (see "receiving"). Only a process that dies with its host without
+        # reading the channel may go without (the server decides: server.py, `_watch`).
+        self.watch = watch
         self.on_eof: Callable[[], None] = lambda: None  # last words before the process exits
         self.inbox: SimpleQueue[dict[str, Any]] = SimpleQueue()
         self._send_lock = threading.Lock()
@@ -163,6 +170,12 @@ class WorkerChannel:
         self._role.acquire()
         self._reader_on = threading.Event()
         self._reader_started = False
+        # A cell is running, and the reader thread may be lent (on demand, when not `watch`). Both
+        # this and the lending itself change only under `_lending`, so that a call from a thread of
+        # the cell can never lend the role while the main thread takes it back: two threads reading
+        # the transport at once would tear frames apart.
+        self._lendable = False
+        self._lending = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()  # not inherited; os.pipe2 is missing on macOS
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -173,12 +186,20 @@ class WorkerChannel:
 
     # -- sending ---------------------------------------------------------------------------------
 
-    def send(self, obj: dict[str, Any]) -> None:
+    def send(self, obj: dict[str, Any], *, lend: bool = False) -> None:
+        """Send one frame; with `lend`, first lend the reader thread the reading if a cell runs
+        (the frame asks for a reply that the cell's main thread, busy with it, cannot read)."""
         frame = encode_line(obj) if self.lines else encode_frame(obj)
         on_main = threading.get_ident() == self._main
         if on_main:
             self.main_sending = True
         try:
+            if lend and not self._reader_on.is_set():
+                # Here, where SIGINT is deferred: an interrupt between releasing the role and
+                # setting the flag would leave the channel with no reader and the role unheld.
+                with self._lending:
+                    if self._lendable:
+                        self._lend()
             with self._send_lock:
                 self.transport.sendall(frame)
         finally:
@@ -196,7 +217,7 @@ class WorkerChannel:
         self._pending[call_id] = slot
         done = False
         try:
-            self.send({"op": "call", "id": call_id, "fn": fn, "args": args})
+            self.send({"op": "call", "id": call_id, "fn": fn, "args": args}, lend=True)
             slot.event.wait()
             done = True
         finally:
@@ -216,9 +237,16 @@ class WorkerChannel:
     # the main thread itself (`next_request`), so a request wakes the thread that runs it and no
     # other: a hand-off from a reader thread would cost each request a thread wake-up and, after a
     # snapshot fork, the reader's own copy-on-write faults (docs/performance.md, "Figures behind choices in the code").
-    # While a cell runs the main thread is busy with user code, so it lends the role to the reader
-    # thread (`lend_reader`), which delivers the replies to calls the cell makes and takes the
-    # process down if the host goes away; the next `next_request` parks the reader again.
+    # While a cell runs the main thread is busy with user code, so the reader thread takes the role,
+    # delivers the replies to calls the cell makes and takes the process down if the host goes
+    # away; the next `next_request` parks the reader again. With `watch` the role is lent for the
+    # whole cell (`lend_reader`). Without it, it is lent only when a thread of the cell calls the
+    # host (`send(..., lend=True)`): a cell that calls nothing (most cells of an RL step) then
+    # wakes no thread at all, where lending and parking would wake the reader twice. Nothing else
+    # the host sends needs reading before the cell ends: it sends no request while one is out
+    # (host.py serializes them; one sent after a cell it gave up on waits its turn in the inbox
+    # anyway), and it asks a busy worker to stop (`shutdown`) only where it cannot signal it: never
+    # a local one (host.py, `close`). And a worker that does not watch dies with its host anyway.
 
     def close_copy(self) -> None:
         """In a forked snapshot: drop this process's copy of the channel (only the worker reads it)."""
@@ -233,7 +261,8 @@ class WorkerChannel:
         threading.Thread(target=self._read_loop, name="recursa-reader", daemon=True).start()
 
     def lend_reader(self, start: bool = True) -> None:
-        """Main thread, before running a cell: let the reader thread read until `next_request`.
+        """Main thread, before running a cell: let the reader thread read until `next_request`
+        (with `watch`; else from the cell's first call to the host on).
         The thread is started by the first such call with `start` (the first cell's): then, where
         the host runs cells in a control group of their own, it is in that group from its first
         instruction, and so is whatever code running on it forks (see recursa/sandbox/cgroups.py)."""
@@ -241,6 +270,13 @@ class WorkerChannel:
             if not start:
                 return
             self.start_reader()
+        with self._lending:
+            self._lendable = True
+            if self.watch:
+                self._lend()
+
+    def _lend(self) -> None:
+        """Hand the reading to the reader thread. Only under `_lending`, while a cell runs."""
         if not self._reader_on.is_set():
             self._role.release()
             self._reader_on.set()
@@ -268,13 +304,16 @@ class WorkerChannel:
         return not self.inbox.empty() or bool(self._main_poll.poll(0))
 
     def _park_reader(self) -> None:
-        if self._reader_on.is_set():
-            self._reader_on.clear()
-            try:
-                os.write(self._wake_w, b"\0")  # out of its wait for data: it must not read now
-            except BlockingIOError:
-                pass  # the pipe is full of such bytes: the reader wakes anyway
-            self._role.acquire()
+        # The reader thread never takes `_lending`, so waiting for the role under it cannot deadlock.
+        with self._lending:
+            self._lendable = False
+            if self._reader_on.is_set():
+                self._reader_on.clear()
+                try:
+                    os.write(self._wake_w, b"\0")  # out of its wait for data: it must not read now
+                except BlockingIOError:
+                    pass  # the pipe is full of such bytes: the reader wakes anyway
+                self._role.acquire()
 
     def _read_loop(self) -> None:
         # The reader waits for data without the role, so that parking it costs the main thread a
