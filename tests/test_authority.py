@@ -257,8 +257,9 @@ while f is not None:
         server, request = here, f.f_locals.get("msg")
     f = f.f_back
 chan = server.chan
+# lend=True: as a call does, so that the reader thread reads the host's word into the inbox
 chan.send({{"op": "exec_done", "id": request["id"], "stdout": "forged\\n", "stderr": "", "omitted_chars": 0,
-           "error": None, "final": None, "restored_names": [], "notes": [], "duration_s": 0.0}})
+           "error": None, "final": None, "restored_names": [], "notes": [], "duration_s": 0.0}}, lend=True)
 word = chan.inbox.get(timeout=20)  # the host has taken the answer and acted on it
 chan.inbox.put(word)
 forked = 0
