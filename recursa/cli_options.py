@@ -184,15 +184,12 @@ def check_flags(args: argparse.Namespace) -> None:
 
 def check_caps(args: argparse.Namespace) -> None:
     """The budget caps given as flags (--max-usd, ...), each checked as Budget checks it."""
-    from recursa.budget import CAP_EXAMPLES, cap_problem, positive_phrase
+    from recursa.config import Spelling
+    from recursa.overrides import check_cap
 
-    for name, (flag, _) in BUDGET_CAPS.items():
-        value = getattr(args, name, None)
-        if value is not None and (problem := cap_problem(name, value)) is not None:
-            raise ConfigError(
-                f"{flag} {value}: {problem}; use {positive_phrase(name)} such as {flag} {CAP_EXAMPLES[name]}, "
-                "or leave the flag out for no cap."
-            )
+    for name in BUDGET_CAPS:
+        if (value := getattr(args, name, None)) is not None:
+            check_cap(name, value, Spelling("cli"))
 
 
 def flag_values(args: argparse.Namespace) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from pathlib import PurePath
 from typing import Any
 from urllib.parse import urlsplit
 
-from recursa.budget import Budget, cap_problem, positive_phrase
+from recursa.budget import CAP_EXAMPLES, Budget, cap_problem, positive_phrase
 from recursa.config import (
     BUDGET_CAPS,
     SAMPLING_ROLES,
@@ -181,12 +181,7 @@ def _budget(value: Any, loose: Mapping[str, Any], operator: Budget, spelling: Sp
         raise ConfigError(str(exc), setting="budget") from None
     asked = {cap: getattr(whole, cap) for cap in BUDGET_CAPS}
     for cap, mine in loose.items():
-        if (problem := cap_problem(cap, mine)) is not None:
-            raise ConfigError(
-                f"{spelling.given(cap, mine)}: {problem}; send {positive_phrase(cap)}, or leave it out for "
-                "the operator's cap",
-                setting=cap,
-            )
+        check_cap(cap, mine, spelling, left_out="the operator's cap")
         asked[cap] = mine
     caps = {cap: getattr(operator, cap) for cap in BUDGET_CAPS}
     for cap, mine in asked.items():
@@ -199,6 +194,22 @@ def _budget(value: Any, loose: Mapping[str, Any], operator: Budget, spelling: Sp
             raise ConfigError(refused_widening(label, mine, theirs), setting=cap if cap in loose else "budget")
         caps[cap] = mine
     return Budget(**caps)
+
+
+def check_cap(cap: str, value: Any, spelling: Spelling, *, left_out: str = "no cap") -> None:
+    """A ConfigError (its `setting` the cap) when `value`, given on its own as the budget cap `cap`
+    (a flag, an argument, a request field), is no cap (`cap_problem`, as Budget checks it), named
+    as `spelling` writes the cap, with a good value and what leaving it out gives (`left_out`)."""
+    problem = cap_problem(cap, value)
+    if problem is None:
+        return
+    # A Python door names the cap as its own argument (`recursa.bench.run(max_usd=-1)`), not Budget's.
+    said = f"{spelling.owner}({cap}={value!r})" if spelling.form == "python" else spelling.given(cap, value)
+    raise ConfigError(
+        f"{said}: {problem}; use {positive_phrase(cap)} such as {spelling.assign(cap, CAP_EXAMPLES[cap])}, "
+        f"or leave {spelling.label(cap)} out for {left_out}",
+        setting=cap,
+    )
 
 
 def refused_widening(label: str, value: Any, limit: Any) -> str:
