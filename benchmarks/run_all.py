@@ -56,6 +56,12 @@ SCRIPTS = [
     Script("worker_starts", "worker_starts.py", ["--workers", "4", "--rounds", "1"], [], needs=["bwrap"]),
     Script("load", "load.py", ["--runs", "10"], ["--runs", "200", "--batches", "2"]),
     Script("env_rollouts", "env_rollouts.py", ["--sizes-mb", "1", "--episodes", "16", "--alone", "4"], []),
+    Script(
+        "ray_client",
+        "ray_client.py",
+        ["--alone", "3", "--episodes", "4", "--concurrency", "2", "--rounds", "1"],
+        ["--alone", "20", "--episodes", "32", "--concurrency", "16", "--rounds", "3"],
+    ),
     Script("answer_turns", "answer_turns.py", ["--beside-only"], []),
     Script("serve_throughput", "serve_throughput.py", ["--requests", "16", "--concurrency", "4"], []),
     Script("acp_mcp", "acp_mcp.py", ["--prompts", "2"], ["--prompts", "10"]),

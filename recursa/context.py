@@ -4,19 +4,21 @@ The buffer lives in a memfd (an anonymous in-memory file; a deleted temp file of
 local worker reads each piece straight into its own str and frees the buffer's pages as it goes
 (`ContextPayload.rebuild` encodes the context again should a restarted worker need it), so a 1 GB
 context is in memory once, not twice, and costs no copy per turn. The root model never sees the
-buffer, only `ContextInfo`.
+buffer, only `ContextInfo`, which is known before the buffer is written: `defer_payload` (an
+environment's episode starts) writes and hashes it on a helper thread while the REPL starts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import codecs
+import contextlib
 import functools
 import hashlib
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +75,43 @@ class ContextPayload:
     # A folder's image files, or a dict context's image values, by name: kept on the host for
     # llm_query(images=[name]).
     images: dict[str, bytes] = field(default_factory=dict, repr=False)
+    # Set while a helper thread writes the bytes (`defer_payload`): until `ready()` or `settle()`
+    # has taken its result, `size_bytes`, `byte_lengths` and `info.sha256` are not known (0, [], "").
+    pending: Future[Written] | None = field(default=None, repr=False)
+
+    async def ready(self) -> None:
+        """Wait until the bytes are written (at once unless `pending`); a failed write raises
+        ContextError. Shielded: a cancelled waiter leaves the write, which other copies share, going."""
+        if self.pending is not None:
+            try:
+                await asyncio.shield(asyncio.wrap_future(self.pending))
+            except OSError as exc:
+                raise ContextError(f"the context could not be written into its buffer: {exc}") from None
+            self.settle()
+
+    def when_written(self, callback: Callable[[], None]) -> None:
+        """Call `callback` on the running event loop once the bytes are written, or failed to be."""
+        assert self.pending is not None
+        loop = asyncio.get_running_loop()
+
+        def done(_: Future[Written]) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop was closed meanwhile
+                loop.call_soon_threadsafe(callback)
+
+        self.pending.add_done_callback(done)
+
+    def settle(self) -> bool:
+        """Take the written bytes' facts if they are ready, without waiting; True once complete."""
+        pending = self.pending
+        if pending is None:
+            return True
+        if not pending.done() or pending.exception() is not None:
+            return False
+        written = pending.result()
+        self.size_bytes, self.byte_lengths = written.size_bytes, list(written.byte_lengths)
+        self.info.sha256 = written.sha256
+        self.pending = None
+        return True
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -83,6 +122,9 @@ class ContextPayload:
         """The whole buffer (for adapters that stream it, e.g. containers, or the in-process REPL)."""
         if self.released:
             raise ValueError("this context payload was released into a REPL; build it again")
+        if self.pending is not None:
+            self.pending.result()  # raises what the write raised
+            self.settle()
         return os.pread(self.fd, self.size_bytes, 0) if self.size_bytes else b""
 
     def __del__(self) -> None:  # a payload dropped without close() must not leak its memfd
@@ -111,8 +153,8 @@ class _Writer:
 
     _THREADED_HASH_BYTES = 1 << 20
 
-    def __init__(self) -> None:
-        self.fd = _new_buffer_fd()
+    def __init__(self, fd: int | None = None) -> None:
+        self.fd = _new_buffer_fd() if fd is None else fd
         self.size = 0
         self._hash = hashlib.sha256()
         self._pool: ThreadPoolExecutor | None = None
@@ -129,10 +171,10 @@ class _Writer:
         else:
             self._hash.update(data)
         view = memoryview(data)
-        while view:
-            written = os.write(self.fd, view)
+        while view:  # at its own offset: the descriptor's may be shared with a dup (defer_payload)
+            written = os.pwrite(self.fd, view, self.size)
             view = view[written:]
-        self.size += len(data)
+            self.size += written
 
     def hexdigest(self) -> str:
         self.close_pool()
@@ -171,36 +213,48 @@ def _validated_bytes_len(data: bytes) -> int:
     return chars
 
 
-def _pieces_payload(kind: str, pieces: Iterable[tuple[str, str]], skipped: list[str]) -> ContextPayload:
-    writer = _Writer()
-    byte_lengths: list[int] = []
+@dataclass
+class Written:
+    """What writing a context's pieces into its buffer found out."""
+
+    size_bytes: int
+    byte_lengths: list[int]
+    sha256: str
+
+
+@dataclass
+class _Pieces:
+    """A str, list or dict context checked piece by piece: what the root is told about it, known
+    before a byte is written, and the texts to write."""
+
+    kind: str
+    texts: list[str]
+    keys: list[str]
+    info: ContextInfo  # its sha256 is "" until the texts are written
+
+
+def _pieces(context: Any, skipped: list[str]) -> _Pieces:
+    kind, items = _items(context)
+    texts: list[str] = []
     char_lengths: list[int] = []
     keys: list[str] = []
     prefix = ""
-    try:
-        for key, text in pieces:
-            if not isinstance(text, str):
-                where = f"element {len(keys)}" if kind == "list" else f"value of key {key!r}"
-                nested = isinstance(text, (list, tuple, dict, set))
-                raise ContextError(
-                    f"context {where} is {type(text).__name__}, not str"
-                    + (" (nested contexts are not supported)" if nested else "")
-                    + ". Contexts are str, list[str], dict[str, str], bytes or a pathlib.Path; "
-                    "convert the element to text first (e.g. json.dumps(element)), or flatten the "
-                    "structure into one str per piece."
-                )
-            if kind == "dict":
-                keys.append(key)
-            else:
-                keys.append("")
-            byte_lengths.append(_write_text(writer, text))
-            char_lengths.append(len(text))
-            if len(prefix) < PREFIX_CHARS:
-                prefix += text[: PREFIX_CHARS - len(prefix)]
-    except BaseException:
-        writer.close_pool()
-        os.close(writer.fd)
-        raise
+    for key, text in items:
+        if not isinstance(text, str):
+            where = f"element {len(keys)}" if kind == "list" else f"value of key {key!r}"
+            nested = isinstance(text, (list, tuple, dict, set))
+            raise ContextError(
+                f"context {where} is {type(text).__name__}, not str"
+                + (" (nested contexts are not supported)" if nested else "")
+                + ". Contexts are str, list[str], dict[str, str], bytes or a pathlib.Path; "
+                "convert the element to text first (e.g. json.dumps(element)), or flatten the "
+                "structure into one str per piece."
+            )
+        keys.append(key if kind == "dict" else "")
+        texts.append(text)
+        char_lengths.append(len(text))
+        if len(prefix) < PREFIX_CHARS:
+            prefix += text[: PREFIX_CHARS - len(prefix)]
     if kind == "list":
         keys = []
     info = ContextInfo(
@@ -209,10 +263,52 @@ def _pieces_payload(kind: str, pieces: Iterable[tuple[str, str]], skipped: list[
         chunk_lengths=char_lengths,
         keys=[_encodable(k) for k in keys],
         prefix=_encodable(prefix),
-        sha256=writer.hexdigest(),
+        sha256="",
         skipped_files=skipped,
     )
-    return ContextPayload(kind, writer.fd, writer.size, byte_lengths, keys, info)
+    return _Pieces(kind, texts, keys, info)
+
+
+def _write_texts(writer: _Writer, texts: list[str]) -> Written:
+    try:
+        byte_lengths = [_write_text(writer, text) for text in texts]
+    finally:
+        writer.close_pool()
+    return Written(writer.size, byte_lengths, writer.hexdigest())
+
+
+def _write_deferred(fd: int, texts: list[str]) -> Written:
+    try:
+        return _write_texts(_Writer(fd), texts)
+    finally:
+        os.close(fd)
+
+
+def defer_payload(context: Any, executor: Executor) -> ContextPayload | None:
+    """`build_payload` of a str, or of a list or dict of str small enough to check on the event
+    loop, whose bytes are written and hashed on `executor`: the facts the root is shown, and any
+    error in the context, are known on return; the buffer once `payload.ready()` returns. None for
+    other contexts (bytes, images, paths, many pieces): `load_payload` builds those."""
+    if not isinstance(context, str) and (
+        not isinstance(context, list | tuple | dict) or _is_large(context) or _has_images(context)
+    ):
+        return None
+    if _blank(context):
+        raise ContextError(_EMPTY if not context else _BLANK)
+    pieces = _pieces(context, [])  # its texts: a snapshot of a list or dict the caller may change next
+    fd, own = _new_buffer_fd(), -1
+    try:
+        # The writer's own descriptor: the payload may be closed (its episode with it) mid-write.
+        own = os.dup(fd)
+        pending = executor.submit(_write_deferred, own, pieces.texts)
+    except BaseException:
+        for unused in (own, fd):
+            if unused >= 0:
+                os.close(unused)
+        raise
+    payload = ContextPayload(pieces.kind, fd, 0, [], pieces.keys, pieces.info, pending=pending)
+    payload.rebuild = functools.partial(_encode_again, context, payload.info)
+    return payload
 
 
 def context_text(context: Any) -> str:
@@ -232,13 +328,15 @@ def build_payload(context: Any) -> ContextPayload:
     payload = _encode(context)
     if not isinstance(context, (Path, ConfinedPath)):
         # The caller's own object, not a copy: encoding it again costs no memory until needed.
-        payload.rebuild = functools.partial(_encode_again, context, payload.info.sha256)
+        payload.rebuild = functools.partial(_encode_again, context, payload.info)
     return payload
 
 
-def _encode_again(context: Any, sha256: str) -> ContextPayload:
+def _encode_again(context: Any, first: ContextInfo) -> ContextPayload:
+    """The context encoded again for a restarted REPL; `first` is what its first encoding found
+    (its sha256 is read now: a deferred payload knows it once written)."""
     payload = _encode(context)
-    if payload.info.sha256 != sha256:
+    if payload.info.sha256 != first.sha256:
         payload.close()
         raise ContextError(
             "the context object changed after the run started, so the REPL cannot load it again "
@@ -255,9 +353,13 @@ def _encode(context: Any) -> ContextPayload:
         payload.images = images
         payload.info.folder = isinstance(text, dict)
         return payload
-    if isinstance(context, dict) and any(isinstance(v, (bytes, bytearray, memoryview)) for v in context.values()):
+    if _has_images(context):
         return _with_images(context)
     return _encode_value(context, [])
+
+
+def _has_images(context: Any) -> bool:
+    return isinstance(context, dict) and any(isinstance(v, (bytes, bytearray, memoryview)) for v in context.values())
 
 
 def _with_images(context: dict[Any, Any]) -> ContextPayload:
@@ -295,26 +397,35 @@ def _encode_value(context: Any, skipped: list[str]) -> ContextPayload:
         prefix = data[: PREFIX_CHARS * 4].decode("utf-8", "ignore")[:PREFIX_CHARS]
         info = ContextInfo("str", chars, [chars], [], prefix, writer.hexdigest())
         return ContextPayload("str", writer.fd, writer.size, [writer.size], [], info)
+    pieces = _pieces(context, skipped)
+    writer = _Writer()
+    try:
+        written = _write_texts(writer, pieces.texts)
+    except BaseException:
+        os.close(writer.fd)
+        raise
+    pieces.info.sha256 = written.sha256
+    return ContextPayload(
+        pieces.kind, writer.fd, written.size_bytes, written.byte_lengths, pieces.keys, pieces.info
+    )
+
+
+def _items(context: Any) -> tuple[str, Iterable[tuple[str, Any]]]:
+    """The kind of a str, list or dict context and its (key, piece) pairs; ContextError otherwise."""
+    if isinstance(context, str | list | tuple | dict) and not context:
+        raise ContextError(_EMPTY)
     if isinstance(context, str):
-        if not context:
-            raise ContextError(_EMPTY)
-        payload = _pieces_payload("str", [("", context)], skipped)
-        payload.info.chunk_lengths = [len(context)]
-        return payload
+        return "str", [("", context)]
     if isinstance(context, (list, tuple)):
-        if not context:
-            raise ContextError(_EMPTY)
-        return _pieces_payload("list", (("", item) for item in context), skipped)
+        return "list", (("", item) for item in context)
     if isinstance(context, dict):
-        if not context:
-            raise ContextError(_EMPTY)
         for key in context:
             if not isinstance(key, str):
                 raise ContextError(
                     f"context dict key {key!r} is not a str; use str keys, e.g. "
                     "{str(k): v for k, v in context.items()}."
                 )
-        return _pieces_payload("dict", context.items(), skipped)
+        return "dict", context.items()
     hint = (
         " (a set has no order: pass sorted(...) of it as a list)"
         if isinstance(context, (set, frozenset))

@@ -15,6 +15,7 @@ import os
 import stat
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -364,6 +365,20 @@ os.fork = hijacked
 ATTACKS = {"reader_thread": FROM_THE_READER, "forker_thread": FROM_THE_FORKER}
 
 
+@contextlib.asynccontextmanager
+async def _sandbox(tmp_path: Any, tag: str, **options: Any) -> AsyncIterator[SubprocessSandbox]:
+    """A started SubprocessSandbox without bwrap, closed after, and every process named `tag` killed."""
+    sb = SubprocessSandbox(bwrap=None, scratch_root=tmp_path, **options)
+    await sb.start(_noop)
+    try:
+        yield sb
+    finally:
+        await sb.close()
+        for pid in _tagged(tag):  # never leave them to the rest of the run
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)
+
+
 def _gone_soon(tag: str) -> bool:
     """Whether the processes named `tag` are gone within a few seconds (a process just killed
     takes a moment to exit: bounded, not a wait for something to happen)."""
@@ -453,9 +468,7 @@ print(forker.run(job))
 @pytest.mark.parametrize("snapshots", [False, True])
 async def test_what_code_forks_on_the_snapshots_thread_dies_with_its_cell(tmp_path, snapshots):
     tag = f"snapthr{os.getpid() % 100000}{int(snapshots)}"
-    sb = SubprocessSandbox(bwrap=None, scratch_root=tmp_path, snapshots=snapshots)
-    await sb.start(_noop)
-    try:
+    async with _sandbox(tmp_path, tag, snapshots=snapshots) as sb:
         if not sb._hardening.cells_placed:
             pytest.skip("no snapshots' thread here: the worker's threads are not placed in groups (cgroup v1)")
         assert (await sb.execute("x = 1", 30)).error is None
@@ -463,11 +476,42 @@ async def test_what_code_forks_on_the_snapshots_thread_dies_with_its_cell(tmp_pa
         assert r.error is None and int(r.stdout) > 0, r  # it forked, into the snapshots' group
         assert (await sb.execute("print(x)", 30)).stdout == "1\n"
         assert _gone_soon(tag), "a process forked on the snapshots' thread outlived the cell after it"
-    finally:
-        await sb.close()
-        for pid in _tagged(tag):
-            with contextlib.suppress(OSError):
-                os.kill(pid, 9)
+
+
+# A cell that forks a sleeper named {tag}; with `start`, it also starts a thread of the worker that
+# waits for the next cell, which ends it and forks another sleeper: the cell's group then counts as
+# many tasks as after the first cell, one of them no longer the worker's (own_threads.py).
+SWAP_A_THREAD = """
+import ctypes, os, threading, time
+def sleeper():
+    if os.fork() == 0:
+        ctypes.CDLL(None).prctl(15, {tag!r}.encode(), 0, 0, 0)
+        time.sleep(600)
+        os._exit(0)
+if {start}:
+    stop = threading.Event()
+    waiter = threading.Thread(target=stop.wait, daemon=True)
+    waiter.start()
+else:
+    stop.set()
+    waiter.join()
+sleeper()
+"""
+
+
+async def test_a_process_in_place_of_a_thread_of_the_worker_does_not_outlive_its_cell(tmp_path):
+    """The host takes the cell's group count for the worker's own threads only while each of them
+    lives: a cell that ends one of them and forks a process has that process killed as it ends, as
+    is one forked by the first cell (where the host finds the worker's threads)."""
+    tag = f"swap{os.getpid() % 100000}"
+    async with _sandbox(tmp_path, tag, snapshots=False) as sb:
+        if not sb._hardening.cells_placed:
+            pytest.skip("the worker's threads are not placed in groups here (cgroup v1 only)")
+        killed = "1 process(es) this cell started were still running when it ended and were killed"
+        for start in (True, False):
+            r = await sb.execute(SWAP_A_THREAD.format(tag=tag, start=start), 30)
+            assert r.error is None and killed in r.notes, r
+            assert _gone_soon(tag), "a process a cell forked outlived it"
 
 
 # A host that is no root: this interpreter as the uid and gid of nobody, with no capability at all.

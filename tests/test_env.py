@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
+import hashlib
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
 
+import recursa.context
 from recursa import Budget
 from recursa.env import EnvError, RLMEnv, group_rollouts
-from recursa.errors import ConfigError
+from recursa.env.contexts import EncodedContexts
+from recursa.errors import ConfigError, ContextError
 from recursa.tasks import generate
 from recursa.tasks.base import get
 from recursa.testing.fake_server import FakeServer
@@ -286,6 +291,78 @@ async def test_a_groups_samples_share_one_encoded_context(sub_server: FakeServer
         await episode.close()
     await env.aclose()
     assert len(env._contexts) == 0
+
+
+async def test_a_fresh_context_is_written_after_start_returns_and_loads_whole(
+    sub_server: FakeServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The bytes are written on a writer thread, here held until the first step waits for them.
+    # Equal contexts in distinct objects, and a list changed once its start returned: each REPL
+    # loads what was passed at the start, and run_start leads each trace with its bytes' sha256.
+    gate, write = threading.Event(), recursa.context._write_deferred
+
+    def held(fd: int, texts: list[str]) -> recursa.context.Written:
+        gate.wait(10)
+        return write(fd, texts)
+
+    monkeypatch.setattr(recursa.context, "_write_deferred", held)
+    env = make_env(sub_server, tmp_path, max_depth=0)
+    text, same = CONTEXT + "!", "".join([CONTEXT, "!"])
+    assert text == same and text is not same
+    pieces = [CONTEXT, "tail"]
+    episodes = [await env.start("q?", context) for context in (text, same, pieces)]
+    pieces.append("added after the start")
+    assert [e.events for e in episodes] == [[], [], []]  # run_start waits for the sha256
+    asyncio.get_running_loop().call_soon(gate.set)  # once the first step waits for the bytes
+    for episode, shown in zip(episodes, ("50 !", "50 !", "2 tail"), strict=True):
+        assert shown in (await episode.step(code("print(len(context), context[-1])")))[0]["content"]
+        await episode.close()
+    first = [load(e.trace_path).events[0] for e in episodes]
+    assert [e["type"] for e in first] == ["run_start"] * 3
+    digest = [e["context"]["sha256"] for e in first]
+    assert digest[0] == digest[1] == hashlib.sha256(text.encode()).hexdigest()
+    assert digest[2] == hashlib.sha256((CONTEXT + "tail").encode()).hexdigest()
+    await env.aclose()
+
+
+async def test_context_errors_stop_the_start_and_a_failed_write_the_first_step(
+    sub_server: FakeServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = make_env(sub_server, tmp_path, max_depth=0)
+    with pytest.raises(ContextError, match="element 1 is int"):
+        await env.start("q?", ["ok", 3])
+    assert env.live_repls == 0
+
+    def no_space(fd: int, texts: list[str]) -> None:
+        os.close(fd)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(recursa.context, "_write_deferred", no_space)
+    episode = await env.start("q?", CONTEXT)  # the bytes are written after the start returns
+    with pytest.raises(ContextError, match=r"could not be written into its buffer: .*No space left"):
+        await episode.step(PEEK)  # as a REPL that fails to start does
+    assert episode.stop_reason == "error" and "No space left" in episode.error
+    await episode.close()
+    assert event_types(episode.trace_path)[0] == "run_start" and event_types(episode.trace_path)[-1] == "run_end"
+    assert env.live_repls == 0
+    await env.aclose()
+
+
+async def test_kept_contexts_count_their_bytes_once_written() -> None:
+    # A str is kept while its bytes are still being written, counted by its characters until then.
+    kept = EncodedContexts(max_bytes=5_000, max_item_bytes=4_000)
+    first = await kept.load("é" * 1_500)
+    again = await kept.load(kept_text := "x" * 2_000)
+    same = await kept.load(kept_text)  # a sample of the same task: the same buffer
+    for payload in (first, again, same):
+        await payload.ready()
+    assert first.size_bytes == 3_000 and again.info.sha256 == same.info.sha256 and len(kept) == 2
+    big = await kept.load("é" * 2_500)  # 2,500 characters, but 5,000 bytes: not kept once written
+    await big.ready()
+    assert big.size_bytes == 5_000 and len(kept) == 1  # and the first went out to make room
+    for payload in (first, again, same, big):
+        payload.close()
+    kept.clear()
 
 
 async def test_dropped_episode_is_reaped_by_garbage_collection(

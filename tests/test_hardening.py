@@ -27,6 +27,7 @@ from recursa.sandbox.bwrap import bwrap_command, find_bwrap
 from recursa.sandbox.guard import ProcessGuard, group_members, threads_total
 from recursa.sandbox.hardened import HostHardening
 from recursa.sandbox.policy import describe
+from recursa.sandbox.reported_limits import memory_entry
 from recursa.sandbox.worker import landlock as hmod
 from recursa.sandbox.worker import seccomp
 from recursa.sandbox.worker_log import WorkerLog
@@ -560,9 +561,8 @@ async def test_without_bwrap_the_scratch_folder_is_capped_in_total(tmp_path: Pat
 
 
 def test_isolation_says_why_the_scratch_folder_is_the_hosts() -> None:
-    host = HostHardening(Hardening(max_scratch_bytes=8 << 20), bwrap=False, python=sys.executable)
     report = {"scratch_tmpfs": None, "scratch_tmpfs_error": "unshare: Operation not permitted"}
-    memory = host._memory({"warnings": []}, report)
+    memory = memory_entry(Hardening(max_scratch_bytes=8 << 20), None, None, False, {"warnings": []}, report)
     assert "scratch" not in memory["tmpfs_bytes"]
     assert any("per file" in gap and "Operation not permitted" in gap for gap in memory["not_covered"])
 

@@ -28,6 +28,7 @@ class Fake:
     "big:N" prints N bytes, "#..." prints its length."""
 
     name = "fake"
+    snapshot_idle_s = 0.005  # as SubprocessSandbox's
 
     def __init__(self, **options: Any) -> None:
         self.isolation: dict[str, Any] = {"process": False, "options": sorted(options)}
@@ -64,24 +65,36 @@ class Fake:
         self.closed = True
 
 
+class Ref:
+    """What `handle.method.remote(...)` gives: awaitable, and `future()` as Ray's refs have it."""
+
+    def __init__(self, made: Any) -> None:
+        async def value() -> Any:
+            return await made if asyncio.iscoroutine(made) else made
+
+        self._future = asyncio.run_coroutine_threadsafe(value(), asyncio.get_running_loop())
+
+    def future(self) -> Any:
+        return self._future
+
+    def __await__(self) -> Any:
+        return asyncio.wrap_future(self._future).__await__()
+
+
 class Actor:
-    """What a Ray actor handle gives the driver, over a plain object: `handle.method.remote(...)`."""
+    """What a Ray actor handle gives the driver, over a plain object: `handle.method.remote(...)`
+    (this loop runs the method)."""
 
     def __init__(self, obj: Any) -> None:
         self.obj = obj
 
     def __getattr__(self, name: str) -> Any:
-        method = getattr(self.obj, name)
+        method = getattr(self.obj, name)  # looked up at each call, as Ray's handle does
 
         class Remote:
             @staticmethod
-            def remote(*args: Any) -> asyncio.Future[Any]:
-                made = method(*args)
-                if asyncio.iscoroutine(made):
-                    return asyncio.ensure_future(made)
-                done = asyncio.get_running_loop().create_future()
-                done.set_result(made)
-                return done
+            def remote(*args: Any) -> Ref:
+                return Ref(method(*args))
 
         return Remote()
 
@@ -150,6 +163,20 @@ async def test_a_stream_carries_cells_results_call_backs_and_cancels(
     assert made[0].closed and host.describe()["streams"] == 0
 
 
+async def test_the_hop_the_driver_measures_lengthens_the_nodes_idle_window_for_snapshots(
+    node: tuple[NodeHost, list[Fake]],
+) -> None:
+    host, made = node
+    link = await connect(host)
+    await opened(link)
+    assert link.hop_s > 0.0  # each answer's round trip past the host's own time ("took")
+    await link.request("execute", repl="r", code="a", timeout=5, hop=0.25)
+    assert made[0].snapshot_idle_s == pytest.approx(0.255)
+    await link.request("execute", repl="r", code="a", timeout=5, hop=1e9)  # bounded
+    assert made[0].snapshot_idle_s == pytest.approx(1.005)
+    await link.aclose()
+
+
 async def test_wrong_tokens_and_slow_or_garbage_clients_are_refused_without_disturbing_runs(
     node: tuple[NodeHost, list[Fake]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -202,6 +229,15 @@ async def test_frames_past_the_size_cap_fail_their_request_not_the_stream(
     await link.aclose()
 
 
+async def driver_frames(reader: asyncio.StreamReader) -> AsyncIterator[dict[str, Any]]:
+    """What the driver sends, read as the host reads it."""
+    decoder = wire.DriverDecoder()
+    while data := await reader.read(65536):
+        decoder.push(data)
+        while (frame := decoder.next_frame()) is not None:
+            yield frame
+
+
 async def hostile_node(script: Any) -> tuple[NodeLink, list[NodeLink]]:
     """A 'node host' of our own making behind a real stream: `script(reader, writer)` plays it."""
 
@@ -230,7 +266,7 @@ async def test_a_node_is_read_like_a_local_worker_and_a_bad_stream_loses_only_it
     SERVED.clear()
 
     async def forge(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        async for frame in wire.frames(reader):
+        async for frame in driver_frames(reader):
             if frame["op"] == "execute":  # a result with every field of the wrong kind
                 writer.write(wire.encode({"op": "done", "id": frame["id"], "value": {
                     "stdout": ["x"], "omitted_chars": -5, "notes": ["n" * 10_000] * 500, "timed_out": "yes"}}))  # fmt: skip
@@ -276,9 +312,9 @@ async def test_a_dropped_stream_fails_that_nodes_requests_and_its_host_closes_th
     hanging = asyncio.ensure_future(link.request("execute", repl="r", code="hang", timeout=5))
     await asyncio.sleep(0.05)
     stream = host._streams["client-a"]
-    sock = stream.writer.get_extra_info("socket")
+    sock = stream.transport.get_extra_info("socket")
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-    stream.writer.transport.abort()  # the connection resets, as when a node's host is killed
+    stream.transport.abort()  # the connection resets, as when a node's host is killed
     with pytest.raises(NodeLost, match=r"aaaaaaaaaaaa \(127\.0\.0\.1\)"):
         await hanging
     assert lost == [link]

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from recursa.sandbox import Hardening, SubprocessSandbox
-from recursa.sandbox.hardened import HostHardening
+from recursa.sandbox.reported_limits import memory_entry, scratch_entry
 from tests.helpers import FILL_SCRATCH
 
 NOBODY = 65534
@@ -144,11 +144,11 @@ def test_an_unprivileged_worker_caps_its_scratch_folder_in_its_own_user_namespac
 
 
 def test_isolation_claims_no_scratch_cap_that_does_not_hold() -> None:
-    host = HostHardening(Hardening(max_scratch_bytes=8 << 20), bwrap=False, python=sys.executable)
+    options = Hardening(max_scratch_bytes=8 << 20)
     report = {"scratch_tmpfs": None, "scratch_tmpfs_error": "unshare: Operation not permitted"}
     isolation: dict[str, Any] = {"warnings": [], "rlimits": {"fsize": 6 << 20}, "seccomp": True}
-    isolation["memory"] = host._memory(isolation, report)
-    scratch = host._scratch(isolation, report)
+    isolation["memory"] = memory_entry(options, None, None, False, isolation, report)
+    scratch = scratch_entry(options, False, isolation, report)
     assert scratch["bytes"] is None and scratch["by"] == "RLIMIT_FSIZE (per file; no total)"
     assert scratch["file_bytes"] == 6 << 20 and "Operation not permitted" in scratch["why"]
 

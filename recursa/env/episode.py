@@ -344,6 +344,8 @@ def reply_text(reply: Any, what: str) -> tuple[str, dict[str, Any]]:
     """The text of a reply in any form an OpenAI-style trainer has it: a str, a message dict (or an
     SDK message object) whose `content` is a str or a list of content parts, or a list of parts.
     Also the dict's other fields (token ids, counts). Anything else is an EnvError naming the fix."""
+    if isinstance(reply, str):
+        return reply, {}  # the usual form, at once: the checks below cost ~10 µs a step
     extra: dict[str, Any] = {}
     if not isinstance(reply, str | dict | list | bytes | bytearray) and hasattr(reply, "content"):
         dump = getattr(reply, "model_dump", None)  # an OpenAI SDK ChatCompletionMessage

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from recursa.config import RLMConfig
 from recursa.lm.base import Message
 
 # Compact when the next prompt would pass this share of the window; keep this many recent turns.
@@ -45,6 +46,17 @@ class WindowTracker:
 
     def needs_compaction(self, messages: list[Message]) -> bool:
         return self.estimate(messages) > COMPACT_AT * self.window_tokens and _compactable(messages)
+
+    @classmethod
+    def for_run(cls, config: RLMConfig, model_window: int | None) -> WindowTracker | None:
+        """A run's tracker: at RLM(root_window_tokens=...), else at the root model's own window
+        (less the reply's max_output_tokens) when it is known, so a long run compacts before a call
+        could overflow; None: no window known, no compaction."""
+        if config.root_window_tokens:
+            return cls(config.root_window_tokens)
+        if model_window is not None and model_window - config.max_output_tokens >= 1_000:
+            return cls(model_window - config.max_output_tokens)
+        return None
 
 
 def _compactable(messages: list[Message]) -> bool:

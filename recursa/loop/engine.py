@@ -8,7 +8,6 @@ import itertools
 import time
 from typing import Any
 
-from recursa.config import RLMConfig
 from recursa.context import ContextPayload, load_payload
 from recursa.errors import BudgetExceeded, ContextLengthError, LMError, RecursaError, SandboxLost, template_of
 from recursa.lm.base import CallMeta, LMResponse, Message
@@ -65,7 +64,7 @@ class RunEngine:
         self.options = options or RunOptions()
         self._sandbox: Sandbox | None = None
         self._partial: str | None = None  # answer["content"] set by code but never marked ready
-        self._window = _window_tracker(self.config, tree.gateway.windows.window(self.model))
+        self._window = WindowTracker.for_run(self.config, tree.gateway.windows.window(self.model))
         self._history: list[Message] = []  # every root message, also after compactions
         # The stepping state (begin, step, finish): recursa.env steps a run with a trainer's replies.
         self.messages: list[Message] = []  # what the root sees next (compaction may shorten it)
@@ -90,7 +89,7 @@ class RunEngine:
         self._opening: asyncio.Task[tuple[Sandbox, list[str]]] | None = None
         self._warming: asyncio.Task[None] | None = None
         self._pending: BaseException | None = None  # raised by finish(): a cancellation or a bug
-        self._finished = False
+        self._finished = self._announced = False  # _announced: run_start is written (begin)
 
     @property
     def reply_rules(self) -> ReplyRules:
@@ -133,8 +132,26 @@ class RunEngine:
         reply needs only the context's metadata. A child among twenty starting at once, or a 1 GB
         context, no longer delays the first request."""
         self._started = time.perf_counter()
-        trace = self.tree.trace
-        trace.emit(
+        if self.payload.pending is None:
+            self._announce()
+        else:  # run_start records the context's sha256: once a writer thread has it, before any other event
+            self.payload.when_written(self._announce)
+        self._opening = asyncio.create_task(self._open_sandbox(), name=f"recursa-open-{self.run_id}")
+        if self.config.max_depth > self.depth:
+            # The sub-model's client too (its TLS trust store, tens of ms of CPU in a fresh process),
+            # while the first root call is out: a first batch of sub-calls would otherwise wait for it.
+            self._warming = asyncio.create_task(self.tree.gateway.warm(self.config.sub_model))
+        self.messages = self._opening_messages()
+        self._history = list(self.messages)
+        self._next_prompt(self.config.max_iterations)
+
+    def _announce(self) -> None:
+        """run_start, once (its context's sha256 is "" if the buffer could not be written)."""
+        if self._announced:
+            return
+        self._announced = True
+        self.payload.settle()
+        self.tree.trace.emit(
             "run_start",
             format=TRACE_FORMAT,
             run_id=self.run_id,
@@ -153,14 +170,13 @@ class RunEngine:
                 "budget": vars(self.config.budget),
             },
         )
-        self._opening = asyncio.create_task(self._open_sandbox(), name=f"recursa-open-{self.run_id}")
-        if self.config.max_depth > self.depth:
-            # The sub-model's client too (its TLS trust store, tens of ms of CPU in a fresh process),
-            # while the first root call is out: a first batch of sub-calls would otherwise wait for it.
-            self._warming = asyncio.create_task(self.tree.gateway.warm(self.config.sub_model))
-        self.messages = self._opening_messages()
-        self._history = list(self.messages)
-        self._next_prompt(self.config.max_iterations)
+
+    async def _announced_now(self) -> None:
+        """run_start before this run's next event, waiting for a context still being written."""
+        if not self._announced:
+            with contextlib.suppress(Exception):  # a failed write fails the REPL's start, which says why
+                await self.payload.ready()
+            self._announce()
 
     def prompt_messages(self) -> list[Message]:
         """What the root's next call is sent: the history and a transient per-turn prompt."""
@@ -178,6 +194,7 @@ class RunEngine:
         before = len(self._history)
         try:
             async with asyncio.timeout_at(self.tree.ledger.deadline):
+                await self._announced_now()
                 if self.turn < self.config.max_iterations:
                     await self._turn(reply)
                 else:
@@ -258,6 +275,10 @@ class RunEngine:
                 pending = pending or exc
             except Exception as exc:
                 pending = pending or exc
+        try:
+            await self._announced_now()
+        except asyncio.CancelledError as exc:
+            pending = pending or exc
         self._finish(result, self._started)
         if pending is not None:
             if isinstance(pending, asyncio.CancelledError):
@@ -275,6 +296,7 @@ class RunEngine:
         if not self.done:
             self.cancel(why)
         self._finished = True
+        self._announce()
         # A finalizer may run on any thread: each task is cancelled on its own loop.
         for task in (self._warming, self._opening):
             if task is not None and not task.done():
@@ -311,6 +333,7 @@ class RunEngine:
         self._sandbox = sandbox = await self.tree.open_sandbox(self.depth, self.ancestors)
         await sandbox.start(SubcallHandler(self))
         self.tree.show_scratch(sandbox)
+        await self.payload.ready()  # written meanwhile on a writer thread (recursa/env/contexts.py)
         await sandbox.load_context(self.payload)
         problems: list[str] = []
         tools = self.tools()
@@ -494,12 +517,8 @@ class RunEngine:
         purpose: str,
         tools: list[dict[str, Any]] | None = None,
     ) -> LMResponse:
-        meta = CallMeta(
-            call_id=self.new_call_id(),
-            parent_id=self.parent_run_id,
-            depth=self.depth,
-            purpose=purpose,
-        )
+        meta = CallMeta(call_id=self.new_call_id(), parent_id=self.parent_run_id, depth=self.depth,
+                        purpose=purpose)
         response = await self.tree.gateway.call(
             self.model,
             messages,
@@ -576,14 +595,3 @@ class RunEngine:
         result.value = final.value
         result.answer_protocol = final.protocol
         result.stop_reason = "final"
-
-
-def _window_tracker(config: RLMConfig, model_window: int | None) -> WindowTracker | None:
-    """Compaction's tracker: at RLM(root_window_tokens=...), else at the root model's own window
-    (less the reply's max_output_tokens) when it is known, so a long run compacts before a call
-    could overflow; None: no window known, no compaction."""
-    if config.root_window_tokens:
-        return WindowTracker(config.root_window_tokens)
-    if model_window is not None and model_window - config.max_output_tokens >= 1_000:
-        return WindowTracker(model_window - config.max_output_tokens)
-    return None

@@ -16,12 +16,13 @@ through a pidfd, that the kernel lists it as the sandbox's own (`proc.kill_owned
 What the worker's threads fork never outlives a cell, whatever the code of a cell writes to the
 host (a forged answer included): once it runs cells, every thread of the worker is in one of two
 children of the group. `cell` holds the ones that run code of the cells and whatever they fork: the
-host closes it to new tasks as a cell ends (`open_cell`) and kills what it holds but the worker.
-`snap` holds the thread that forks the worker's snapshots (worker/snapshots.py) after the host's word
-that a cell is over, capped at SNAP_TASKS; `empty_snapshots` leaves there only the snapshot the
-worker reported last, once. The keeper alone stays in the group itself. On v1 the worker's threads
-take their places themselves (`join_fds`); on v2 the host moves the whole worker into `cell` for each
-cell and into `snap` after it.
+host closes it to new tasks as a cell ends (`open_cell`) and kills what it holds but the worker
+(where its count shows the worker's own threads alone, nothing else is there: own_threads.py).
+`snap` holds the thread that forks the worker's snapshots (worker/snapshots.py) after the host's
+word that a cell is over, capped at SNAP_TASKS; `empty_snapshots` leaves there only the snapshot
+the worker reported last, once. The keeper alone stays in the group itself. On v1 the worker's
+threads take their places themselves (`join_fds`); on v2 the host moves the whole worker into
+`cell` for each cell and into `snap` after it.
 
 On cgroup v1 the memory controller is a hierarchy of its own. Where it is mounted and this
 process's own memory group is writable, the sandbox also gets a child there (`memory.limit_in_bytes`,
@@ -29,10 +30,10 @@ and `memory.memsw.limit_in_bytes` where swap is accounted, so swap cannot stretc
 same way through its `tasks` file. Only the child is ever written: the parent's settings (someone
 else's: a container's, a session manager's) are left alone.
 
-Removal: a group can only be removed once the last of its processes has exited (one just killed
-takes a while: a large one frees its memory first). A group whose removal fails is kept on a list
-and tried again (its processes killed again first) at every group this process makes and at exit. Groups whose host died without
-either (SIGKILL, a crash) are removed by the next host that makes groups in the same parent folders.
+Removal: a group goes once the last of its processes has exited (a large one just killed frees its
+memory first). One whose removal fails is tried again (its processes killed again first) at every
+group this process makes and at exit; one whose host died (SIGKILL, a crash), by the next host that
+makes groups in the same parent folders.
 
 Nothing here is required: where no group can be made, `TaskGroup.create` returns None and the
 host's poller (guard.py) stays the only process cap; `isolation["tasks"]` says which holds.
@@ -186,9 +187,8 @@ class TaskGroup:
         self._oom_seen = 0  # the memory group's OOM kills already reported (oom_kills)
         self._oom_events = -1  # its memory.oom_control (v1) or memory.events (v2), kept open as above
         self._oom_text = b""
-        # The cell and snapshot groups' pids.current, kept open: read after every cell, a pread is
-        # far cheaper than opening the file (docs/performance.md, "Figures behind choices in the code"). (A cgroup.procs descriptor would
-        # not do: v1 keeps the list it read at open time.)
+        # The cell and snapshot groups' pids.current, kept open: a pread per cell (`count`) instead of
+        # an open (a cgroup.procs descriptor would not do: v1 keeps the list it read at open time).
         self._counts: dict[str, int] = {}
         # The descriptors through which the host moves the worker into those groups (v2's
         # `cgroup.procs`; on v1 only a snapshot that took over, by its `tasks`): the host's alone.
@@ -415,15 +415,11 @@ class TaskGroup:
         return True
 
     def members(self, place: Place | None = None) -> list[int]:
-        """The processes in the group and all its children (its memory group's too), or in one
-        child `place` only (host pids); [] once it is gone. (A process is listed in every group
-        that holds one of its threads.)"""
+        """The processes (host pids) in the group and all its children (its memory group's too), or
+        in one child `place` only; [] once it is gone. A process shows in every group with a thread of it."""
         if place is not None:
-            try:
-                if os.pread(self._counts[place], 32, 0).strip() == b"0":
-                    return []  # the usual case: the cell left nothing behind
-            except (KeyError, OSError):
-                pass
+            if self.count(place) == 0:
+                return []  # v2's usual case: the cell left nothing behind
             return [int(p) for p in _read(os.path.join(self.place_path(place), "cgroup.procs")).split()]
         found = {int(p) for p in _read(os.path.join(self.join_path, "cgroup.procs")).split()}
         if self.memory_path is not None:
@@ -435,10 +431,16 @@ class TaskGroup:
                 found.update(int(p) for p in old.split())
         return sorted(found)
 
-    def tasks(self) -> int:
-        """Tasks (processes and threads) in the group now, -1 if unknown."""
-        text = _read(os.path.join(self.path, "pids.current")).strip()
-        return int(text) if text.isdigit() else -1
+    def count(self, place: Place) -> int | None:
+        """Tasks charged to child `place` now (forks in flight and zombies too); None if unknown."""
+        with contextlib.suppress(KeyError, OSError, ValueError):
+            return int(os.pread(self._counts[place], 32, 0))
+        return None
+
+    def threads(self, place: Place) -> list[int]:
+        """The threads (host ids) in child `place`; [] once it is gone."""
+        name = "tasks" if self.version == 1 else "cgroup.threads"
+        return [int(t) for t in _read(os.path.join(self.place_path(place), name)).split()]
 
     def kill(self, place: Place | None = None, keep: Collection[int] = ()) -> int:
         """SIGKILL every process in the group (or in its child `place` only) but `keep`; how many
@@ -466,10 +468,9 @@ class TaskGroup:
     def audit_snapshots(self, keep: Collection[int], reported: int | None, namespaced: bool) -> None:
         """The worker has just reported the snapshot it keeps (`reported`; None: none): empty the
         snapshot group of all else, unless it counts the forking thread and one snapshot at most."""
-        with contextlib.suppress(KeyError, OSError, ValueError):
-            if int(os.pread(self._counts["snap"], 32, 0)) <= 2:
-                return
-        self.empty_snapshots(keep, reported, namespaced, None)
+        count = self.count("snap")
+        if count is None or count > 2:
+            self.empty_snapshots(keep, reported, namespaced, None)
 
     def kill_one(self, pid: int) -> bool:
         """SIGKILL `pid` once the kernel shows it as a live process of this group's sandbox

@@ -119,7 +119,7 @@ class Connection:
     async def _read(self) -> None:
         reason = "the REPL process closed its channel"
         try:
-            async for frame, size in self.chan.frames():
+            async for frame, size in self.chan.frames(self._quick):
                 if isinstance(frame, RefusedFrame):
                     await self._answer_refused(frame)
                 elif frame["op"] == "call":
@@ -135,6 +135,14 @@ class Connection:
             self._mark_dead(reason)
             if not self.chan.sending:
                 self.chan.close()  # nothing more can arrive; a dropped sandbox leaves no open socket
+
+    def _quick(self, frame: dict[str, Any] | RefusedFrame, size: int) -> bool:
+        """Dispatch a frame as the channel reads it (Channel.frames), but a call or a refused
+        frame, which may wait for room or for a send: those the reader task takes, in order."""
+        if isinstance(frame, RefusedFrame) or frame["op"] == "call":
+            return False
+        self._dispatch(frame)
+        return True
 
     async def _take_call(self, frame: dict[str, Any], size: int) -> None:
         """Serve a call as a task once there is room for it; answer a bad one at once, without one."""

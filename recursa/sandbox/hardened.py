@@ -23,12 +23,14 @@ from typing import Any, ClassVar
 from recursa.errors import SandboxError
 from recursa.sandbox.bwrap import bwrap_command, find_bwrap, inner_pid, interpreter_prefixes, namespace_ids
 from recursa.sandbox.bytecode import worker_files
-from recursa.sandbox.cgroups import TaskGroup
+from recursa.sandbox.cgroups import Place, TaskGroup
 from recursa.sandbox.guard import ProcessGuard, data_usage, set_data_limit
 from recursa.sandbox.identity import identity_spec, refuse_root_exposure, unprivileged_ids
+from recursa.sandbox.own_threads import OwnThreads
 from recursa.sandbox.policy import Hardening, describe, unconfined
 from recursa.sandbox.pools import MemoryPool
 from recursa.sandbox.proc import belongs, stat_fields
+from recursa.sandbox.reported_limits import memory_entry, scratch_entry
 from recursa.sandbox.worker.landlock import landlock_abi
 
 _SCOPED_ABI = 6  # Landlock's first ABI with signal and abstract-socket scoping
@@ -76,6 +78,9 @@ class HostHardening:
         self.cells_placed = False
         self.owner: tuple[int | None, int | None] = (None, None)  # (root, session): see ready()
         self._spared: int | None = None  # the snapshot leave_cell spared last (never twice)
+        # The worker's threads in the cell and snapshot groups (v1, placed), which make their counts
+        # tell when nothing else is there (own_threads.py).
+        self._own = {"cell": OwnThreads(), "snap": OwnThreads()}
         self._checked_pid: int | None = None  # the worker pid last found to be ours (_checked)
         self._checked_fd = -1  # a pidfd of it
         self._checked_close: weakref.finalize[Any, Any] | None = None
@@ -243,8 +248,9 @@ class HostHardening:
         isolation = describe(report, bwrap=self.using_bwrap, process_limit=limit)
         if self.options is not None:
             refuse_root_exposure(isolation["identity"])  # never a silent mode open to chmod of root's files
-        isolation["memory"] = self._memory(isolation, report)
-        isolation["scratch"] = self._scratch(isolation, report)
+        bounds = (self.options, self.group, self.pool, self.using_bwrap)
+        isolation["memory"] = memory_entry(*bounds, isolation, report)
+        isolation["scratch"] = scratch_entry(self.options, self.using_bwrap, isolation, report)
         isolation["tasks"] = self._tasks(report, isolation)
         if isinstance(report.get("cgroup_places"), str):
             isolation["warnings"].append(f"{report['cgroup_places']}: what a cell starts outlives it")
@@ -280,32 +286,6 @@ class HostHardening:
                     stacklevel=4,
                 )
         return pid, isolation
-
-    def _scratch(self, isolation: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
-        """What bounds the scratch folder (the REPL's cwd): {"bytes": its total cap or None, "by":
-        the mechanism that holds}, plus "file_bytes" (RLIMIT_FSIZE) and, when no total cap holds,
-        "why". Only what the worker reported as applied is claimed."""
-        file_bytes = (isolation.get("rlimits") or {}).get("fsize")
-        tmpfs = isolation.get("memory", {}).get("tmpfs_bytes", {}).get("scratch")
-        out: dict[str, Any] = {"bytes": tmpfs, "file_bytes": file_bytes}
-        if tmpfs is not None and self.using_bwrap:
-            out["by"] = "tmpfs (bwrap)"
-        elif tmpfs is not None:
-            own = (
-                "user and mount namespaces"
-                if report.get("scratch_tmpfs_by") == "user+mount"
-                else "mount namespace"
-            )
-            out["by"] = f"tmpfs (the worker's own {own})"
-        else:
-            out["by"] = "RLIMIT_FSIZE (per file; no total)" if file_bytes is not None else "none"
-            if self.options is None:
-                out["why"] = "hardening is off"
-            elif self.options.max_scratch_bytes is None:
-                out["why"] = "max_scratch_bytes is None"
-            else:
-                out["why"] = str(report.get("scratch_tmpfs_error") or "the worker mounted no tmpfs")
-        return out
 
     def _tasks(self, report: dict[str, Any], isolation: dict[str, Any]) -> str:
         """What caps the number of tasks: "pids cgroup" (exact), "RLIMIT_NPROC" (exact, bwrap's
@@ -343,13 +323,16 @@ class HostHardening:
         if group is None or not self.cells_grouped:
             return False
         pid = self.worker_pid if pid is None else pid  # found by the host where the frame's was not believed
-        if not snapshots and self.cells_placed and self._checked(pid):
+        if not snapshots and self.cells_placed and self._checked(pid) and not self._alone("snap", pid):
             group.kill("snap", keep={pid, *self.spare})  # type: ignore[arg-type]
         if not snapshots:
             return False
         if self._checked(pid):
             keep = {pid, *self.spare}
-            self._spared = group.empty_snapshots(keep, reported, self.using_bwrap, self._spared)  # type: ignore[arg-type]
+            if self._alone("snap", pid):
+                self._spared = None  # its forking thread alone: no snapshot to spare or kill
+            else:
+                self._spared = group.empty_snapshots(keep, reported, self.using_bwrap, self._spared)  # type: ignore[arg-type]
             if not self.cells_placed:
                 # The whole worker goes there (v2): room for its threads (as many as the closed cell
                 # group left it) besides the snapshots, set before the move, which no cap stops.
@@ -412,6 +395,8 @@ class HostHardening:
         group = self.group
         if group is None:
             return 0
+        if self._alone("cell", self.worker_pid):
+            return 0  # the worker's own threads, and not even a fork in flight (own_threads.py)
         keep = {self.worker_pid, *self.spare}
         signalled: set[int] = set()
         for attempt in range(250):
@@ -425,11 +410,23 @@ class HostHardening:
                 await asyncio.sleep(0.002)
         return len(signalled)
 
+    def _alone(self, place: Place, pid: int | None) -> bool:
+        """Whether the group `place` (v1, placed) holds the threads of the worker `pid` alone,
+        learning them the first time (own_threads.py): then nothing else is to be killed there."""
+        group, own = self.group, self._own[place]
+        if group is None or pid is None or not self.cells_placed:
+            return False
+        if own.pid != pid:
+            own.learn(pid, group.threads(place))
+        return own.alone(pid, group.count(place))
+
     async def release(self) -> None:
         """The sandbox is closing: kill what is left in its control group and remove the group once
         the killed processes are gone (waiting up to 2 s; a group still busy then is removed later,
         see `TaskGroup.discard`)."""
         self._forget_checked()
+        for own in self._own.values():
+            own.forget()  # the pidfds of its threads
         group, self.group = self.group, None
         self._group_tried = False
         if self.pool is not None:
@@ -460,55 +457,6 @@ class HostHardening:
             f"the REPL's processes together reached their memory cap{cap}: the kernel killed {killed} of "
             "them (the largest) to stay under it"
         ]
-
-    def _memory(self, isolation: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
-        """Which mechanisms bound the memory the REPL can make resident, and what they leave open."""
-        opts = self.options
-        if opts is None:
-            return {"mechanisms": [], "tmpfs_bytes": {}, "not_covered": ["hardening is off"]}
-        mechanisms = ["RLIMIT_DATA"]
-        not_covered = []
-        group = self.group
-        joined = report.get("memory_cgroup", report.get("cgroup")) if group is not None else None
-        if isinstance(joined, str) and group is not None and group.memory_kind == "v1":
-            isolation["warnings"].append(joined)
-        limited = group is not None and (group.memory_bytes is not None or opts.memory_limit_bytes is None)
-        if group is not None and group.memory_kind is not None and joined is True and limited:
-            mechanisms.append(f"memory cgroup ({group.memory_kind})")
-        else:
-            not_covered.append("RLIMIT_DATA is per process: each process the code forks has its own")
-        if isolation.get("seccomp"):
-            mechanisms.append("seccomp (shared memory)")
-        else:
-            not_covered.append("shared anonymous memory, memfd and System V shared memory (no seccomp)")
-        tmpfs: dict[str, int] = {}
-        if self.using_bwrap:
-            if opts.max_shm_bytes is not None:
-                tmpfs["/dev/shm"] = opts.max_shm_bytes
-            if opts.max_scratch_bytes is not None:
-                tmpfs["scratch"] = opts.max_scratch_bytes
-        elif isinstance(report.get("scratch_tmpfs"), int):
-            tmpfs["scratch"] = report["scratch_tmpfs"]  # the worker's own mount (worker/mounts.py)
-        if tmpfs:
-            mechanisms.append("tmpfs size")
-        if "scratch" not in tmpfs:
-            why = report.get("scratch_tmpfs_error")
-            not_covered.append(
-                "the scratch folder is the host's: bounded per file (max_file_bytes) only"
-                + (f" (no mount namespace of its own: {why})" if why else "")
-            )
-        out = {"mechanisms": mechanisms, "tmpfs_bytes": tmpfs, "not_covered": not_covered}
-        if self.pool is not None:
-            # The bound shared with the other REPLs of an environment: the kernel's where the pool's
-            # group holds this REPL's, else a rule for admitting new episodes only.
-            enforced = self.pool.enforced if group is not None and group.memory_kind is not None else None
-            out["pool"] = {
-                "limit_bytes": self.pool.limit_bytes,
-                "by": enforced or "admission (resident memory)",
-            }
-        if group is not None and group.memory_bytes is not None:
-            out["cgroup_limit_bytes"] = group.memory_bytes
-        return out
 
     def takeover(self, pid: int | None, restored: dict[str, Any] | None, alive: Callable[[], bool]) -> bool:
         """A fork snapshot replaced the worker: same process group, new pid and connection. Whether

@@ -53,6 +53,10 @@ _NOTE_CHARS = 2_000
 _WORKER_PROTOCOLS: tuple[AnswerProtocol, ...] = ("FINAL", "FINAL_VAR", "answer")
 
 
+Frame = tuple[dict[str, Any] | RefusedFrame, int]  # a frame as read, and its size in bytes
+Quick = Callable[[dict[str, Any] | RefusedFrame, int], bool]  # see Channel.frames
+
+
 class Channel:
     """A framed two-way connection to one worker, used from one event loop."""
 
@@ -84,8 +88,13 @@ class Channel:
         """A frame followed by `size` raw bytes read from `fd` (the context, sent inline)."""
         raise ProtocolError("this channel cannot carry raw bytes")
 
-    def frames(self) -> AsyncIterator[tuple[dict[str, Any] | RefusedFrame, int]]:
-        """(frame, its size in bytes) as they arrive, one per event-loop iteration (limits: frames.py)."""
+    def frames(self, quick: Quick | None = None) -> AsyncIterator[Frame]:
+        """(frame, its size in bytes) as they arrive, one per event-loop iteration (limits: frames.py).
+
+        `quick`: a handler a channel may give each frame to as it is read, in the event loop's own
+        callback, instead of yielding it (a task switch less per answer); it returns False for a
+        frame it leaves to the iterator. Order holds: it only gets a frame while the iterator waits
+        with nothing left to yield, and a frame it leaves is yielded before any read after it."""
         raise NotImplementedError
 
     @property
@@ -111,6 +120,7 @@ class FrameSocket(Channel):
         self.can_pass_fds = sock.family == socket.AF_UNIX
         self._lock = asyncio.Lock()
         self._decoder = self.decoder()
+        self._reader: _SocketReader | None = None  # while frames() runs
 
     async def send_encoded(self, data: bytes) -> None:
         """Send a frame made by `encode_frame`."""
@@ -169,41 +179,130 @@ class FrameSocket(Channel):
         finally:
             loop.remove_writer(fileno)
 
-    async def frames(self) -> AsyncIterator[tuple[dict[str, Any] | RefusedFrame, int]]:
+    async def frames(self, quick: Quick | None = None) -> AsyncIterator[Frame]:
         """Frames until the worker closes its end (or dies).
 
         Frames are taken one at a time and the socket is read only when no whole frame is left: a
         flooding worker fills its own socket buffer and blocks instead of filling the host's memory.
-        sock_recv does not yield while data is waiting, so the loop is given back every _SLICE_S.
+        The loop is given back every _SLICE_S while frames are waiting.
         """
         loop = asyncio.get_running_loop()
-        decoder = self._decoder
-        slice_end = loop.time() + _SLICE_S
-        # One buffer for every read: sock_recv would allocate (and shrink) 256 KiB per read.
-        buf = bytearray(_RECV_CHUNK)
-        view = memoryview(buf)
-        while True:
-            frame = decoder.next_frame()
-            if frame is None:
-                try:
-                    size = await loop.sock_recv_into(self.sock, buf)
-                except (ConnectionResetError, BrokenPipeError):
-                    return
-                if not size:
-                    return
-                decoder.push(bytes(view[:size]))
-                continue
-            yield frame, decoder.last_size
-            if loop.time() >= slice_end:
-                await asyncio.sleep(0)
-                slice_end = loop.time() + _SLICE_S
+        reader = self._reader = _SocketReader(self.sock, self._decoder, loop, quick)
+        try:
+            slice_end = loop.time() + _SLICE_S
+            while True:
+                item = reader.take()
+                if item is None:
+                    if reader.ended:
+                        return
+                    await reader.wait()
+                    slice_end = loop.time() + _SLICE_S
+                    continue
+                yield item
+                if loop.time() >= slice_end:
+                    await asyncio.sleep(0)
+                    slice_end = loop.time() + _SLICE_S
+        finally:
+            reader.stop()
 
     @property
     def sending(self) -> bool:
         return self._lock.locked()
 
     def close(self) -> None:
+        if self._reader is not None:
+            self._reader.stop()  # before the descriptor goes: its number may be reused at once
         self.sock.close()
+
+
+class _SocketReader:
+    """Reads a FrameSocket in the event loop's readiness callback, registered once for as long as
+    the iterator keeps up: a read costs no future, no task switch and no epoll registration, and
+    `quick` takes an answer in that same callback (docs/performance.md, "RL step, third pass").
+    While the iterator is busy with frames already read, the socket is not watched (nor read)."""
+
+    def __init__(
+        self, sock: socket.socket, decoder: FrameDecoder, loop: asyncio.AbstractEventLoop, quick: Quick | None
+    ) -> None:
+        self.sock, self.decoder, self.loop, self.quick = sock, decoder, loop, quick
+        self.fd = sock.fileno()
+        # One buffer for every read: sock_recv would allocate (and shrink) 256 KiB per read.
+        self.buf = bytearray(_RECV_CHUNK)
+        self.view = memoryview(self.buf)
+        self.waiter: asyncio.Future[None] | None = None  # the iterator's, while it waits
+        self.held: Frame | None = None  # a frame `quick` left, for the iterator
+        self.ended = False
+        self.error: BaseException | None = None  # raised by the iterator, before anything else
+        self.watching = False
+
+    def take(self) -> Frame | None:
+        if self.error is not None:
+            raise self.error
+        if self.held is not None:
+            item, self.held = self.held, None
+            return item
+        frame = self.decoder.next_frame()
+        return None if frame is None else (frame, self.decoder.last_size)
+
+    async def wait(self) -> None:
+        """Until there is something for the iterator: a frame, the end, or an error."""
+        self.waiter = self.loop.create_future()
+        if not self.watching:
+            self.loop.add_reader(self.fd, self._readable)
+            self.watching = True
+        try:
+            await self.waiter
+        finally:
+            self.waiter = None
+
+    def _readable(self) -> None:
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            self.stop()  # the iterator has frames to handle: it watches again once it waits
+            return
+        try:
+            size = self.sock.recv_into(self.buf)
+        except (BlockingIOError, InterruptedError):
+            return
+        except (ConnectionResetError, BrokenPipeError):
+            size = 0
+        except OSError as exc:
+            self._end(exc)
+            return
+        if not size:
+            self._end(None)
+            return
+        self.decoder.push(bytes(self.view[:size]))
+        if self.quick is not None:
+            quick, decoder = self.quick, self.decoder
+            slice_end = self.loop.time() + _SLICE_S
+            try:
+                while (frame := decoder.next_frame()) is not None:
+                    if not quick(frame, decoder.last_size):
+                        self.held = (frame, decoder.last_size)
+                        break
+                    if self.loop.time() >= slice_end or self.ended:
+                        break  # the rest goes to the iterator, which gives the loop back
+                else:
+                    return  # every frame taken: go on waiting
+            except Exception as exc:  # an invalid frame, or the handler's own failure
+                self._end(exc)
+                return
+        if not waiter.done():
+            waiter.set_result(None)
+
+    def _end(self, error: BaseException | None) -> None:
+        self.ended = True
+        self.error = error
+        self.stop()
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    def stop(self) -> None:
+        if self.watching:
+            self.watching = False
+            if not self.loop.is_closed():
+                self.loop.remove_reader(self.fd)
 
 
 class FeedChannel(Channel):
@@ -243,7 +342,7 @@ class FeedChannel(Channel):
         async with self._lock:
             await self._write(data)
 
-    async def frames(self) -> AsyncIterator[tuple[dict[str, Any] | RefusedFrame, int]]:
+    async def frames(self, quick: Quick | None = None) -> AsyncIterator[Frame]:
         loop = asyncio.get_running_loop()
         decoder = self._decoder
         slice_end = loop.time() + _SLICE_S

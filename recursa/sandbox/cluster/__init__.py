@@ -1,6 +1,7 @@
 """REPLs on a Ray cluster (`sandbox="ray"`): the node side (node.py), the driver side (pool.py, and
-link.py for its stream to each node, whose frames wire.py defines), and the driver's stand-in for one
-REPL (sandbox.py). Ray is an optional extra, imported on first use."""
+link.py for its stream to each node, whose frames wire.py defines; relay.py carries that stream over
+Ray actor calls where the driver cannot reach the node), and the driver's stand-in for one REPL
+(sandbox.py). Ray is an optional extra, imported on first use."""
 
 from recursa.sandbox.cluster.link import NodeLost
 from recursa.sandbox.cluster.pool import node_hosts, shutdown_hosts

@@ -12,11 +12,12 @@ the node: every request waiting on it fails with `NodeLost`, which names the nod
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import itertools
 import secrets
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +25,7 @@ from recursa.errors import SandboxError, SandboxLost
 from recursa.sandbox.base import HOST_FUNCTIONS
 from recursa.sandbox.cluster import wire
 from recursa.sandbox.connection import MAX_CALLS_IN_FLIGHT
-from recursa.sandbox.frames import ProtocolError, RefusedFrame
+from recursa.sandbox.frames import FrameDecoder, ProtocolError, RefusedFrame
 
 _CONNECT_S = 30.0  # for the host to answer `listen` and the stream to open
 # TCP keepalive on the stream: a node that vanishes without closing it (a cut cable) is noticed in
@@ -56,6 +57,10 @@ class NodeLost(SandboxLost):
 
 # A call-back from the node: (link, call id, REPL, function, arguments) -> its answer frame's fields.
 CallServer = Callable[["NodeLink", int, str, str, dict[str, Any]], Awaitable[dict[str, Any]]]
+# Connects a link's channel to its host (the channel's `connection_made` with a transport: asyncio's
+# own for TCP, a stand-in over actor calls in relay.py) and presents the link's token first (the host
+# serves nothing before it matches); OSError when it cannot.
+Carrier = Callable[["NodeLink", bytes, wire.Channel], Awaitable[None]]
 
 
 class NodeLink:
@@ -72,36 +77,40 @@ class NodeLink:
         self.closing = False
         self.repls: set[str] = set()  # this pool's REPLs on the node: the only ones it may speak for
         self.options_sent: set[str] = set()  # digests of REPL options the host holds (remember_options)
-        self._out: wire.Outbox | None = None
-        self._pending: dict[int, tuple[str, asyncio.Future[Any]]] = {}  # request id -> (method, answer)
+        self._out: wire.Channel | None = None
+        self._ready: asyncio.Future[Any]  # the host's first frame (connect)
+        self._pending: dict[int, tuple[str, asyncio.Future[Any], float]] = {}  # id -> (method, answer, sent)
+        # Seconds a request and its answer spend between this loop and the host's (the wire and both
+        # loops' queues), past the host's own time: up at once, down a fiftieth of the way per answer.
+        self.hop_s = 0.0
         self._calls: dict[int, asyncio.Task[None]] = {}  # call-backs being served
-        self._room = asyncio.Event()
+        self._stalled: dict[str, Any] | None = None  # a call-back waiting for room (the stream is held)
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    async def connect(self) -> None:
-        """Have the host expect this stream, open it, and read it from now on."""
+    async def connect(self, carrier: Carrier | None = None) -> None:
+        """Have the host expect this stream, open it (over `carrier`: by default TCP to the node,
+        `open_stream`), and read it from now on."""
         token = secrets.token_bytes(wire.TOKEN_BYTES)
-        port: int | str = "?"
+        self._ready = asyncio.get_running_loop().create_future()
+        channel = wire.Channel(FrameDecoder(), self._frame, self._ended)
         try:
             async with asyncio.timeout(_CONNECT_S):
-                port = await self.host.listen.remote(self.client, self.node.address, token)
-                reader, writer = await asyncio.open_connection(self.node.address, port)
-                _tune(writer)
-                writer.write(token)
-                frames = wire.frames(reader)
-                first = await anext(frames, None)
+                await (carrier or open_stream)(self, token, channel)
+                first = await self._ready
         except (OSError, TimeoutError) as exc:
+            channel.close()
             raise SandboxError(
-                f"this driver could not open its stream to the REPL host at {self.node.address}:{port} "
-                f"({exc or type(exc).__name__}): the driver must reach every REPL node's address, as a "
-                "driver inside the cluster does (one outside it, through ray://, may not)"
+                f"this driver could not open its stream to the REPL host on {self.node.name}: "
+                f"{exc or type(exc).__name__}. The driver must reach every REPL node's address, as a "
+                "driver inside the cluster does; from outside it, give «sandbox_options=»"
+                '{"transport": "relay"} (the frames then ride Ray actor calls)'
             ) from None
         if not isinstance(first, dict) or first.get("op") != "ready":
-            writer.close()
+            channel.close()
             raise SandboxError(f"the Ray node host {self.node.name} refused this driver's stream")
-        self._out = wire.Outbox(writer)
-        self._spawn(self._read(frames), self._watch())
+        self._out = channel
+        self._spawn(self._watch())
 
     def _spawn(self, *coroutines: Any) -> None:
         for coroutine in coroutines:
@@ -117,8 +126,9 @@ class NodeLink:
         if self.lost is not None:
             raise NodeLost(self.node, self.lost)
         request_id = next(self._ids)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = (method, future)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._pending[request_id] = (method, future, loop.time())
         try:
             self.send({"op": method, "id": request_id, **fields})
             return await future
@@ -135,41 +145,51 @@ class NodeLink:
 
     # -- what the node sends ----------------------------------------------------------------------
 
-    async def _read(self, frames: AsyncIterator[dict[str, Any] | RefusedFrame]) -> None:
-        why = "its REPL host closed the stream to this driver"
-        try:
-            async for frame in frames:
-                if isinstance(frame, RefusedFrame):
-                    self._refused(frame)
-                elif frame["op"] in ("done", "failed"):
-                    self._resolve(frame)
-                elif frame["op"] == "call":
-                    while len(self._calls) >= MAX_CALLS_IN_FLIGHT * max(1, len(self.repls)):
-                        self._room.clear()  # not read until a call ends: the node waits on its socket
-                        await self._room.wait()
-                    self._take_call(frame)
-                elif frame["op"] == "cancel":
-                    task = self._calls.get(wire.frame_id(frame) or 0)
-                    if task is not None:
-                        task.cancel()
-        except ProtocolError as exc:
-            why = f"its REPL host sent an invalid message ({exc})"
-        except OSError as exc:
-            why = f"the stream to its REPL host failed ({exc})"
-        except asyncio.CancelledError:  # this loop is ending: the host closes this pool's REPLs
-            if self._out is not None:
-                self._out.close()
-            raise
-        self.lose(why)
+    def _frame(self, frame: dict[str, Any] | RefusedFrame) -> None:
+        """A frame from the node, in the turn of the loop that read it."""
+        if not self._ready.done():
+            self._ready.set_result(frame)
+        elif isinstance(frame, RefusedFrame):
+            self._refused(frame)
+        elif frame["op"] in ("done", "failed"):
+            self._resolve(frame)
+        elif frame["op"] == "call":
+            if len(self._calls) >= MAX_CALLS_IN_FLIGHT * max(1, len(self.repls)):
+                self._stalled = frame  # nothing more is read until a call ends: the node waits on its socket
+                if self._out is not None:
+                    self._out.hold()
+                return
+            self._take_call(frame)
+        elif frame["op"] == "cancel":
+            task = self._calls.get(wire.frame_id(frame) or 0)
+            if task is not None:
+                task.cancel()
+
+    def _ended(self, why: Exception | None) -> None:
+        """The stream ended (the channel's `on_end`): before the host's first frame, `connect` fails."""
+        if not self._ready.done():
+            self._ready.set_exception(
+                why if isinstance(why, OSError) else ConnectionResetError(str(why or "the host closed it"))
+            )
+        elif isinstance(why, ProtocolError):
+            self.lose(f"its REPL host sent an invalid message ({why})")
+        elif why is not None:
+            self.lose(f"the stream to its REPL host failed ({why})")
+        else:
+            self.lose("its REPL host closed the stream to this driver")
 
     def _resolve(self, frame: dict[str, Any]) -> None:
         entry = self._pending.get(wire.frame_id(frame) or 0)
         if entry is None or entry[1].done():
             return  # a request this side stopped waiting for
-        method, future = entry
+        method, future, sent = entry
         if frame["op"] == "failed":
             future.set_exception(wire.error_from_wire(frame))
             return
+        took = frame.get("took")
+        if isinstance(took, float) and 0 <= took < _CONNECT_S:  # (a node's word: bounded, and only a hint)
+            hop = max(0.0, asyncio.get_running_loop().time() - sent - took)
+            self.hop_s = hop if hop > self.hop_s else self.hop_s + (hop - self.hop_s) * 0.02
         try:
             future.set_result(wire.value_from_wire(method, frame.get("value")))
         except ProtocolError as exc:
@@ -219,13 +239,21 @@ class NodeLink:
 
     def _call_done(self, call_id: int) -> None:
         self._calls.pop(call_id, None)
-        self._room.set()
+        stalled, self._stalled = self._stalled, None
+        if stalled is not None and self.lost is None:
+            self._take_call(stalled)
+            if self._out is not None:
+                self._out.release()
 
     async def _watch(self) -> None:
         """Ray's word on the host: the call returns when this client is closed there, and fails
         with an actor error when the host or its node dies."""
         try:
-            await self.host.until_closed.remote(self.client)
+            await settled(self.host.until_closed.remote(self.client))
+        except asyncio.CancelledError:  # this loop is ending: the host closes this pool's REPLs
+            if self._out is not None:
+                self._out.close()
+            raise
         except Exception as exc:  # RayActorError and kin (Ray is not imported here)
             self.lose(_why(exc))
 
@@ -237,13 +265,13 @@ class NodeLink:
             return
         self.lost = why
         error = NodeLost(self.node, why)
-        for _, future in list(self._pending.values()):
+        for _, future, _ in list(self._pending.values()):
             if not future.done():
                 future.set_exception(error)
         for task in list(self._calls.values()):
             task.cancel()  # a node that died takes the cells that asked with it
         if self._out is not None:
-            self._out.writer.close()  # what is queued for a lost node goes nowhere
+            self._out.abort()  # what is queued for a lost node goes nowhere
         self._on_lost(self)
 
     async def aclose(self) -> None:
@@ -258,8 +286,51 @@ class NodeLink:
             task.cancel()
 
 
-def _tune(writer: asyncio.StreamWriter) -> None:
-    sock = writer.get_extra_info("socket")
+async def open_stream(
+    link: NodeLink, token: bytes, channel: wire.Channel, timeout: float | None = None
+) -> None:
+    """The default carrier: the host listens on the node's Ray address for the stream that shows
+    `token` first, and this driver connects `channel` there (within `timeout` seconds, if given)."""
+    port = await link.host.listen.remote(link.client, link.node.address, token)
+    try:
+        async with asyncio.timeout(timeout):
+            transport, _ = await asyncio.get_running_loop().create_connection(
+                lambda: channel, link.node.address, port
+            )
+    except OSError as exc:  # (TimeoutError is one)
+        raise OSError(f"{link.node.address}:{port}: {exc or type(exc).__name__}") from None
+    _tune(transport)
+    transport.write(token)
+
+
+async def settled(ref: Any) -> Any:
+    """What an actor call returned, awaited through a waiter of this loop's own: a wait cancelled
+    here (a loop that ends with a pull out) leaves Ray's future alone, which the Ray Client's thread
+    later settles (it fails on one that was cancelled under it)."""
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[Any] = loop.create_future()
+
+    def settle(done: concurrent.futures.Future[Any]) -> None:  # on Ray's thread
+        with contextlib.suppress(RuntimeError):  # this loop closed meanwhile
+            loop.call_soon_threadsafe(_copy, done, waiter)
+
+    ref.future().add_done_callback(settle)
+    return await waiter
+
+
+def _copy(done: concurrent.futures.Future[Any], waiter: asyncio.Future[Any]) -> None:
+    if waiter.done():
+        return
+    if done.cancelled():
+        waiter.cancel()
+    elif done.exception() is not None:
+        waiter.set_exception(done.exception())  # type: ignore[arg-type]
+    else:
+        waiter.set_result(done.result())
+
+
+def _tune(transport: asyncio.BaseTransport) -> None:
+    sock = transport.get_extra_info("socket")
     if sock is None:
         return
     with contextlib.suppress(OSError):  # (asyncio sets TCP_NODELAY itself)

@@ -34,19 +34,76 @@ from recursa.outcomes import error_kind
 from recursa.sandbox.base import CallbackError, ExecResult, FinalAnswer, Sandbox
 from recursa.sandbox.cluster import wire
 from recursa.sandbox.forkserver import ForkServer
-from recursa.sandbox.frames import ProtocolError
 from recursa.sandbox.pools import MemoryPool
 from recursa.sandbox.proc import descendants
 
 _MAX_UNAUTHENTICATED = 64  # connections waiting to show a token; more are closed at once
+_MAX_HOP_S = 1.0  # the most a driver's measure of the hop may lengthen a REPL's idle window
 
 
-class Stream(wire.Outbox):
-    """One driver's authenticated stream to this host, and its requests running."""
+class Stream(wire.Channel):
+    """One driver's connection to this host: its token first, then its frames (once the token
+    matched), and its requests running. Nothing before the token is parsed."""
 
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
-        super().__init__(writer)
+    def __init__(self, host: NodeHost) -> None:
+        super().__init__(wire.DriverDecoder(), self._frame, self._ended_by)
+        self.host = host
+        self.client: str | None = None
         self.running: dict[int, asyncio.Task[None]] = {}
+        self._token = bytearray()
+        self._waiting = False  # counted among the connections that have not shown a token
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        if self.host._unauthenticated >= _MAX_UNAUTHENTICATED:
+            transport.close()
+            return
+        self.host._unauthenticated += 1
+        self._waiting = True
+        self._timer = asyncio.get_running_loop().call_later(wire.AUTH_S, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        if self.client is None:
+            if not self._waiting:
+                return  # refused: nothing more is read
+            need = wire.TOKEN_BYTES - len(self._token)
+            self._token += data[:need]
+            if len(self._token) < wire.TOKEN_BYTES:
+                return
+            data = data[need:]
+            self._stop_waiting()
+            client = self.host._admit(bytes(self._token))
+            if client is None or client in self.host._streams:
+                assert self.transport is not None
+                self.transport.close()
+                return
+            self.client = client
+            self.host._streams[client] = self
+            self.send({"op": "ready"})
+            if not data:
+                return
+        super().data_received(data)
+
+    def _stop_waiting(self) -> None:
+        if self._waiting:
+            self._waiting = False
+            self.host._unauthenticated -= 1
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _frame(self, frame: dict[str, Any]) -> None:
+        assert self.client is not None
+        self.host._take(self.client, self, frame)
+
+    def _ended_by(self, why: Exception | None) -> None:
+        pass  # (connection_lost does the closing, whatever ended the stream)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self._stop_waiting()
+        if self.client is not None and self.host._streams.get(self.client) is self:
+            self.host._spawn(self.host.close_client(self.client))  # the driver is gone: so are its REPLs here
 
 
 @dataclass
@@ -109,6 +166,7 @@ class NodeHost:
         self._options: dict[str, dict[str, Any]] = {}  # digest -> a REPL's options (remember_options)
         self._watchers: dict[str, asyncio.Future[None]] = {}  # client -> done when it is closed
         self._ids = itertools.count(1)
+        self._tasks: set[asyncio.Task[Any]] = set()
         self.opened = 0  # REPLs ever started here
         self._pools: dict[str, MemoryPool] = {}  # environment -> its memory pool on this node
         self._repl_pool: dict[str, str] = {}
@@ -259,8 +317,17 @@ class NodeHost:
     async def define(self, repl: str, entries: list[dict[str, Any]]) -> list[str]:
         return await self._repl(repl).define(entries)
 
-    async def execute(self, repl: str, code: str, timeout: float) -> ExecResult:
-        return await self._repl(repl).execute(code, timeout)
+    async def execute(self, repl: str, code: str, timeout: float, hop: float | None = None) -> ExecResult:
+        """Run a cell. `hop`: seconds a frame takes between the driver's loop and this host's, both
+        ways, as the driver last measured them. With snapshots="idle" the REPL forks its snapshot
+        after a cell only once nothing has come for snapshot_idle_s (the policy is thinking); seen
+        from here, a cell the driver sends at once comes that much later, so the wait is that much
+        longer (else a node snapshots nearly every cell, for nothing, where a local REPL does not)."""
+        sandbox = self._repl(repl)
+        if isinstance(hop, (int, float)) and hasattr(sandbox, "snapshot_idle_s"):
+            own = getattr(type(sandbox), "snapshot_idle_s", 0.0)
+            sandbox.snapshot_idle_s = own + min(max(float(hop), 0.0), _MAX_HOP_S)
+        return await sandbox.execute(code, timeout)
 
     async def get_variable(self, repl: str, name: str, timeout: float | None) -> FinalAnswer | None:
         return await self._repl(repl).get_variable(name, timeout)
@@ -290,7 +357,7 @@ class NodeHost:
             raise SandboxError(f"a stream token is {wire.TOKEN_BYTES} random bytes")
         self._expected[client] = token
         if self._server is None:
-            self._server = await asyncio.start_server(self._serve, address, 0)
+            self._server = await asyncio.get_running_loop().create_server(lambda: Stream(self), address, 0)
         port: int = self._server.sockets[0].getsockname()[1]
         return port
 
@@ -302,6 +369,11 @@ class NodeHost:
             watcher = self._watchers[client] = asyncio.get_running_loop().create_future()
         await asyncio.shield(watcher)
 
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     def _admit(self, token: bytes) -> str | None:
         """The client whose token this is (compared in constant time with each), used up."""
         found = None
@@ -312,32 +384,6 @@ class NodeHost:
             del self._expected[found]
         return found
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        client, stream = None, None
-        try:
-            if self._unauthenticated >= _MAX_UNAUTHENTICATED:
-                return
-            self._unauthenticated += 1
-            try:
-                async with asyncio.timeout(wire.AUTH_S):
-                    token = await reader.readexactly(wire.TOKEN_BYTES)
-            except (TimeoutError, asyncio.IncompleteReadError, OSError):
-                return
-            finally:
-                self._unauthenticated -= 1
-            client = self._admit(token)
-            if client is None or client in self._streams:
-                return
-            stream = self._streams[client] = Stream(writer)
-            stream.send({"op": "ready"})
-            with contextlib.suppress(ProtocolError, OSError):
-                async for frame in wire.driver_frames(reader):
-                    self._take(client, stream, frame)
-        finally:
-            writer.close()
-            if client is not None and stream is not None and self._streams.get(client) is stream:
-                await self.close_client(client)  # the driver is gone: so are its REPLs here
-
     def _take(self, client: str, stream: Stream, frame: dict[str, Any]) -> None:
         op, request_id = frame["op"], wire.frame_id(frame)
         if op == "answer":
@@ -347,12 +393,13 @@ class NodeHost:
             if task is not None:
                 task.cancel()
         elif request_id is not None and request_id not in stream.running:
-            stream.running[request_id] = asyncio.get_running_loop().create_task(
-                self._run(client, stream, request_id, op, frame)
+            loop = asyncio.get_running_loop()
+            stream.running[request_id] = loop.create_task(
+                self._run(client, stream, request_id, op, frame, loop.time())
             )
 
     async def _run(
-        self, client: str, stream: Stream, request_id: int, op: str, frame: dict[str, Any]
+        self, client: str, stream: Stream, request_id: int, op: str, frame: dict[str, Any], began: float
     ) -> None:
         try:
             if op not in wire.METHODS:
@@ -365,7 +412,8 @@ class NodeHost:
                 value = await self.open(client, repl, self._options[digest], memory)
             else:
                 value = await getattr(self, op)(*args)
-            stream.send({"op": "done", "id": request_id, "value": wire.value_to_wire(value)})
+            took = asyncio.get_running_loop().time() - began  # (the driver's measure of the hop, link.py)
+            stream.send({"op": "done", "id": request_id, "value": wire.value_to_wire(value), "took": took})
         except asyncio.CancelledError:
             return  # the driver stopped waiting (a timeout, an aborted step) or left
         except Exception as exc:  # the method's error, or a value that cannot be a frame

@@ -4,7 +4,8 @@ One `NodeHost` actor per Ray node serves every REPL this process puts there (nod
 belongs to one event loop of the driver (the loop a run, a session or an `RLMEnv` lives on): it
 places REPLs on nodes, ships each context into Ray's object store once (Ray moves it to a node once,
 however many REPLs there load it), and talks to each node's host over a stream of its own
-(link.py): requests out, results and call-backs in, a frame each. Call-backs are answered on this
+(link.py; relayed over Ray actor calls where the driver cannot reach the node, relay.py):
+requests out, results and call-backs in, a frame each. Call-backs are answered on this
 loop, through the run's own handler: sub-calls, tools and the budget ledger never leave the
 driver. A node that dies (or whose stream breaks) fails the REPLs it held, each with an error
 naming the node; REPLs elsewhere go on.
@@ -29,7 +30,7 @@ from recursa.context import ContextPayload
 from recursa.errors import ConfigError, SandboxError
 from recursa.sandbox.base import CallbackError, CallHandler, Sandbox
 from recursa.sandbox.cluster.link import Node, NodeLink, NodeLost
-from recursa.sandbox.cluster.node import NodeHost
+from recursa.sandbox.cluster.relay import RelayHost, Transport, carrier_for
 
 _NAMESPACE = "recursa"
 _SHUTDOWN_S = 10.0  # for every node host to close its REPLs before the hosts are killed
@@ -81,8 +82,9 @@ def _check_reachable(address: str) -> None:
         problem = f"nothing answers there ({exc.strerror or exc})"
     raise ConfigError(
         f"«sandbox='ray'»: the Ray cluster address {address!r} cannot be reached: {problem}. "
-        'Give the head node\'s GCS address (`ray start --head` prints it), "auto" for a cluster '
-        "started on this machine, or None for a local instance."
+        'Give the head node\'s GCS address (`ray start --head` prints it), its Ray Client address '
+        '("ray://HEAD:10001") from outside the cluster, "auto" for a cluster started on this machine, '
+        "or None for a local instance."
     )
 
 
@@ -118,9 +120,9 @@ def _host_class(ray: Any) -> Any:
     """NodeHost as a Ray actor class, made once per process: Ray exports a class to the cluster
     once per actor class object (a few hundred milliseconds of the driver's time: it disassembles
     the class to name it), so one per node would pay that for every node."""
-    made = _host_classes.get(NodeHost)
+    made = _host_classes.get(RelayHost)
     if made is None:
-        made = _host_classes[NodeHost] = ray.remote(NodeHost)
+        made = _host_classes[RelayHost] = ray.remote(RelayHost)
     return made
 
 
@@ -204,7 +206,8 @@ class RayPool:
     async def open(self, repl: str, handler: CallHandler, *, options: dict[str, Any], kind: str,
                    resources: dict[str, float] | None, labels: dict[str, str] | None,
                    max_repls_per_node: int | None, affinity: str | None,
-                   memory: dict[str, Any] | None, timeout: float) -> tuple[Node, dict[str, Any]]:  # fmt: skip
+                   memory: dict[str, Any] | None, timeout: float,
+                   transport: Transport = "auto") -> tuple[Node, dict[str, Any]]:  # fmt: skip
         """Start `repl` on a fitting node with room; waits up to `timeout` for room."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -226,7 +229,7 @@ class RayPool:
                 self._repl_node[repl] = node
                 self._placed[node.node_id] = self._placed.get(node.node_id, 0) + 1  # before the await:
                 try:  # REPLs placed at once must see each other
-                    link = await self._link(node, kind, max_repls_per_node)
+                    link = await self._link(node, kind, max_repls_per_node, transport)
                     link.repls.add(repl)
                     share = None if memory is None else {**memory, "nodes": len(candidates)}
                     digest = await self._send_options(link, options)
@@ -318,11 +321,14 @@ class RayPool:
 
     # -- the streams to the nodes' hosts ----------------------------------------------------------
 
-    async def _link(self, node: Node, kind: str = "auto", max_repls: int | None = None) -> NodeLink:
+    async def _link(self, node: Node, kind: str = "auto", max_repls: int | None = None,
+                    transport: Transport = "auto") -> NodeLink:  # fmt: skip
         """This pool's stream to `node`'s host, connected on first use (REPLs placed at once share it)."""
         made = self._links.get(node.node_id)
         if made is None:
-            made = self._links[node.node_id] = asyncio.ensure_future(self._connect(node, kind, max_repls))
+            made = self._links[node.node_id] = asyncio.ensure_future(
+                self._connect(node, kind, max_repls, transport)
+            )
         try:
             return await asyncio.shield(made)
         except NodeLost:
@@ -332,10 +338,10 @@ class RayPool:
             self._dead.setdefault(node.node_id, f"its REPL host could not be reached: {exc}")
             raise NodeLost(node, self._dead[node.node_id]) from None
 
-    async def _connect(self, node: Node, kind: str, max_repls: int | None) -> NodeLink:
+    async def _connect(self, node: Node, kind: str, max_repls: int | None, transport: Transport) -> NodeLink:
         host = _host_actor(self.ray, node, self.make_sandbox, kind, max_repls)
         link = NodeLink(node, host, self.client, self._serve_call, self._lost)
-        await link.connect()
+        await link.connect(carrier_for(self.ray, transport))
         return link
 
     def _lost(self, link: NodeLink) -> None:
@@ -345,6 +351,8 @@ class RayPool:
         link = self._connected(self._repl_node.get(repl))
         if link is None:
             raise SandboxError("this REPL is closed")
+        if method == "execute":  # the REPL's idle window on the node counts the hop (NodeHost.execute)
+            fields["hop"] = link.hop_s
         return await link.request(method, repl=repl, **fields)
 
     async def load_context(self, repl: str, payload: ContextPayload) -> None:

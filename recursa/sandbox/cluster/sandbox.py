@@ -7,7 +7,7 @@ host actor (node.py); this object is its stand-in on the driver and speaks the s
 protocol, so the engine, budgets, traces and sub-calls do not change. Placement: the nodes that
 have every resource in `resources` and every label in `labels`, the node of the same call tree first
 (`affinity`; `placement="spread"` drops that), then the least loaded; at most `max_repls_per_node`
-live REPLs on a node.
+live REPLs on a node. `transport`: how the driver reaches each node's host (relay.py).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from recursa.errors import ConfigError, SandboxError
 from recursa.sandbox.base import CallHandler, ExecResult, FinalAnswer, Sandbox
 from recursa.sandbox.cluster.link import Node
 from recursa.sandbox.cluster.pool import RayPool, import_ray, pool_for_loop
+from recursa.sandbox.cluster.relay import TRANSPORTS, Transport
 
 # Local sandboxes a node may run for a REPL: the ones that start a process on the node itself.
 NODE_KINDS = ("auto", "subprocess")
@@ -47,6 +48,7 @@ class RaySandbox:
         memory_group: str | None = None,
         memory_bytes: int | str | None = None,
         start_timeout: float = 60.0,
+        transport: Transport = "auto",
         **node_options: Any,
     ) -> None:
         import_ray()  # a ConfigError naming the extra, at construction
@@ -60,6 +62,11 @@ class RaySandbox:
                 f'sandbox_options placement={placement!r}: give "tree" (a call tree\'s REPLs on one node) '
                 'or "spread" (each REPL on the least loaded node)'
             )
+        if transport not in TRANSPORTS:
+            raise ConfigError(
+                f'sandbox_options transport={transport!r}: give "auto" (the relay through the Ray Client, '
+                'else the stream), "stream" (TCP from this driver to each node) or "relay" (Ray actor calls)'
+            )
         if max_repls_per_node is not None and max_repls_per_node < 1:
             raise ConfigError(f"sandbox_options max_repls_per_node={max_repls_per_node!r}: give an int >= 1")
         self._make_sandbox = make_sandbox
@@ -70,6 +77,7 @@ class RaySandbox:
         self.max_repls_per_node = max_repls_per_node
         self.affinity = affinity if placement == "tree" else None
         self.start_timeout = start_timeout
+        self.transport = transport
         # An environment's memory bound (RLMEnv(max_memory_bytes=)): its REPLs on each node share
         # one kernel-enforced pool there, the bound split over the nodes the placement allows.
         self.memory = {"group": memory_group, "bytes": memory_bytes} if memory_group else None
@@ -90,7 +98,7 @@ class RaySandbox:
         self.node, reply = await self._pool.open(
             self.repl, handler, options=self.node_options, kind=self.kind, resources=self.resources,
             labels=self.labels, max_repls_per_node=self.max_repls_per_node, affinity=self.affinity,
-            memory=self.memory, timeout=self.start_timeout,
+            memory=self.memory, timeout=self.start_timeout, transport=self.transport,
         )  # fmt: skip
         self.isolation = {**reply.get("isolation", {}), "ray_node": self.node.node_id,
                           "ray_node_address": self.node.address}  # fmt: skip

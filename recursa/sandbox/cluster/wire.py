@@ -22,20 +22,19 @@ worker's answers. The host reads its authenticated driver's frames as a worker r
     driver -> host   {"op": METHOD, "id": n, ...its fields}   {"op": "cancel", "id": n}
                      {"op": "answer", "id": call, "ok": true, "value": v}
                      {"op": "answer", "id": call, "ok": false, "kind": k, "message": m}
-    host -> driver   {"op": "done", "id": n, "value": v}   {"op": "failed", "id": n, "kind": k, "message": m}
+    host -> driver   {"op": "done", "id": n, "value": v, "took": seconds on the host}   {"op": "failed", "id": n, "kind": k, "message": m}
                      {"op": "call", "id": call, "repl": r, "fn": f, "args": {...}}   {"op": "cancel", "id": call}
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
-from typing import Any, Final
+from collections.abc import Callable
+from typing import Any, Final, Protocol
 
 from recursa.errors import ConfigError, ContextError, RecursaError, SandboxError, SandboxLost, template_of
 from recursa.sandbox.base import ExecResult, FinalAnswer
-from recursa.sandbox.frames import FrameDecoder, ProtocolError, RefusedFrame
+from recursa.sandbox.frames import ProtocolError, RefusedFrame
 from recursa.sandbox.protocol import exec_result_from_wire, final_from_wire
 from recursa.sandbox.worker.wire import MAX_FRAME_BYTES, decode_frame, encode_frame
 
@@ -46,7 +45,7 @@ METHODS: Final = {
     "open": ("repl", "options", "memory"),
     "load_cached": ("repl", "key"),
     "define": ("repl", "entries"),
-    "execute": ("repl", "code", "timeout"),
+    "execute": ("repl", "code", "timeout", "hop"),
     "get_variable": ("repl", "name", "timeout"),
     "variable_names": ("repl",),
     "close": ("repl",),
@@ -57,7 +56,6 @@ _ERRORS: Final[dict[str, type[RecursaError]]] = {
 _MAX_MESSAGE = 10_000  # characters of an error's message read from a node
 _MAX_FACTS = 100  # entries read from a node's isolation report
 _MAX_NAMES = 100_000  # names read from one answer (a REPL's variables, a define's messages)
-_READ_CHUNK = 256 * 1024
 _SLICE_S = 0.001  # a reader gives the loop back this often while frames keep coming
 
 
@@ -66,41 +64,144 @@ def encode(frame: dict[str, Any]) -> bytes:
     return encode_frame(frame)
 
 
-async def frames(reader: asyncio.StreamReader) -> AsyncIterator[dict[str, Any] | RefusedFrame]:
-    """Frames until the peer closes; ProtocolError on one that cannot be a frame. One at a time,
-    and the socket is read only when no whole frame is left, so a flood is read no faster than it
-    is served."""
-    decoder = FrameDecoder()
-    loop = asyncio.get_running_loop()
-    slice_end = loop.time() + _SLICE_S
-    while True:
-        frame = decoder.next_frame()
-        if frame is None:
-            data = await reader.read(_READ_CHUNK)
-            if not data:
-                return
-            decoder.push(data)
-            continue
-        yield frame
-        if loop.time() >= slice_end:
-            await asyncio.sleep(0)
-            slice_end = loop.time() + _SLICE_S
+class DriverDecoder:
+    """The frames of an authenticated driver, as the host reads them: up to the channel's limit
+    (MAX_FRAME_BYTES), as a worker reads its host's. The driver owns the host; a node's frames are
+    the ones read with a worker's bounds (frames.FrameDecoder)."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def push(self, data: bytes) -> None:
+        self._buf += data
+
+    def next_frame(self) -> dict[str, Any] | None:
+        buf = self._buf
+        if len(buf) < 4:
+            return None
+        size = int.from_bytes(buf[:4], "big")
+        if size > MAX_FRAME_BYTES:
+            raise ProtocolError(f"frame of {size:,} bytes announced; the limit is {MAX_FRAME_BYTES:,}")
+        if len(buf) < 4 + size:
+            return None
+        body = bytes(buf[4 : 4 + size])
+        del buf[: 4 + size]
+        try:
+            frame = decode_frame(body)
+        except ValueError as exc:
+            raise ProtocolError(f"undecodable frame: {exc}") from None
+        if not isinstance(frame.get("op"), str):
+            raise ProtocolError("frame is not a JSON object with an 'op'")
+        return frame
 
 
-class Outbox:
-    """Frames for one stream: the first of a turn of the event loop goes at once, the others of
-    that turn together at its end, so frames that come ready on one turn (the results of many
-    REPLs) cost two sends and wake the peer at most twice, and a lone frame waits for nothing."""
+class Decoder(Protocol):
+    def push(self, data: bytes) -> None: ...
+    def next_frame(self) -> dict[str, Any] | RefusedFrame | None: ...
 
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
-        self.writer = writer
+
+class Channel(asyncio.Protocol):
+    """One end of a stream, as the event loop's protocol: the frames in a read are decoded and handed
+    to `on_frame` in the same turn of the loop (no reader task to wake between the socket and the
+    frame), and frames out are written at once when first in a turn, the others of that turn together
+    at its end (so the results of many REPLs that come ready in one turn cost two sends and wake the
+    peer at most twice, and a lone frame waits for nothing).
+
+    `on_end(why)` is called once when the stream ends: None when the peer closed it, a ProtocolError
+    for bytes that are not a frame (the transport is closed), an OSError when the connection failed.
+    A reader that must not take more frames for now `hold()`s the channel: the socket is not read
+    and no frame is handed out until `release()`. While frames keep coming, the loop is given back
+    every _SLICE_S, so a flood is read no faster than it is served."""
+
+    def __init__(self, decoder: Decoder, on_frame: Callable[[Any], None],
+                 on_end: Callable[[Exception | None], None]) -> None:  # fmt: skip
+        self.transport: asyncio.Transport | None = None
+        self._decoder = decoder
+        self._on_frame = on_frame
+        self._on_end = on_end
+        self._ended = False
+        self._held = False
+        self._resuming = False
         self._buffer = bytearray()
         self._due = False
+        self._paused = False  # the peer is not reading: writers wait in drain()
+        self._drained: asyncio.Future[None] | None = None
+
+    # -- in --------------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # (or a relay's stand-in, relay.py)
+
+    def data_received(self, data: bytes) -> None:
+        if self._ended:
+            return
+        self._decoder.push(data)
+        self._pump()
+
+    def _pump(self) -> None:
+        loop = asyncio.get_running_loop()
+        slice_end = loop.time() + _SLICE_S
+        while not self._held and not self._ended:
+            try:
+                frame = self._decoder.next_frame()
+            except ProtocolError as exc:
+                self._end(exc)
+                if self.transport is not None:
+                    self.transport.close()
+                return
+            if frame is None:
+                return
+            self._on_frame(frame)
+            if loop.time() >= slice_end and not self._resuming:
+                self._pause_reading()
+                self._resuming = True
+                loop.call_soon(self._resume)
+                return
+
+    def _resume(self) -> None:
+        self._resuming = False
+        if not self._held:
+            self._resume_reading()
+            self._pump()
+
+    def hold(self) -> None:
+        """Take no more frames until `release()` (the socket is not read meanwhile)."""
+        self._held = True
+        self._pause_reading()
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            if not self._resuming:
+                self._resume_reading()
+                self._pump()
+
+    def _pause_reading(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self.transport is not None and not self.transport.is_closing() and not self.transport.is_reading():
+            self.transport.resume_reading()
+
+    def eof_received(self) -> bool:
+        return False  # the transport closes; connection_lost(None) follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._wake_writers()
+        self._end(exc)
+
+    def _end(self, why: Exception | None) -> None:
+        if not self._ended:
+            self._ended = True
+            self._on_end(why)
+
+    # -- out -------------------------------------------------------------------------------------
 
     def send(self, frame: dict[str, Any]) -> None:
         """Send `frame`: at once when it is the first of this turn, else at the turn's end with the
         others. ValueError or TypeError here when it cannot be a frame."""
-        if self.writer.is_closing():
+        if self.transport is None or self.transport.is_closing():
             return
         data = encode(frame)
         if self._due:
@@ -108,42 +209,44 @@ class Outbox:
             return
         self._due = True
         asyncio.get_running_loop().call_soon(self._flush)
-        self.writer.write(data)
+        self.transport.write(data)
 
     def _flush(self) -> None:
         self._due = False
-        data = bytes(self._buffer)
+        if self._buffer and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(bytes(self._buffer))
         self._buffer.clear()
-        if data and not self.writer.is_closing():
-            self.writer.write(data)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._wake_writers()
+
+    def _wake_writers(self) -> None:
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+        self._drained = None
 
     async def drain(self) -> None:
         """Wait while the peer is not reading (the socket's buffer is full)."""
-        with contextlib.suppress(OSError):
-            await self.writer.drain()
+        if self._paused and self.transport is not None and not self.transport.is_closing():
+            if self._drained is None:
+                self._drained = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._drained)
 
     def close(self) -> None:
-        self._flush()
-        self.writer.close()
+        """What is queued goes out; then the stream closes."""
+        if self.transport is not None:
+            self._flush()
+            self.transport.close()
 
-
-async def driver_frames(reader: asyncio.StreamReader) -> AsyncIterator[dict[str, Any]]:
-    """The frames of an authenticated driver, as the host reads them: up to the channel's limit
-    (MAX_FRAME_BYTES), as a worker reads its host's. The driver owns the host; a node's frames
-    are the ones read with a worker's bounds (`frames`)."""
-    while True:
-        try:
-            size = int.from_bytes(await reader.readexactly(4), "big")
-            if size > MAX_FRAME_BYTES:
-                raise ProtocolError(f"frame of {size:,} bytes announced; the limit is {MAX_FRAME_BYTES:,}")
-            frame = decode_frame(await reader.readexactly(size))
-        except asyncio.IncompleteReadError:
-            return
-        except ValueError as exc:
-            raise ProtocolError(f"undecodable frame: {exc}") from None
-        if not isinstance(frame.get("op"), str):
-            raise ProtocolError("frame is not a JSON object with an 'op'")
-        yield frame
+    def abort(self) -> None:
+        """The stream closes at once; what is queued is dropped."""
+        self._buffer.clear()
+        if self.transport is not None:
+            self.transport.abort()
 
 
 def frame_id(frame: dict[str, Any]) -> int | None:

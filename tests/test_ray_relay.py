@@ -1,0 +1,258 @@
+"""sandbox="ray" from a driver that cannot reach the nodes (a Ray Client, `ray://`): the stream's
+frames relayed over actor calls (relay.py).
+
+First without a cluster, as test_ray_stream.py does: the plain host (RelayHost over NodeHost) behind a
+stand-in for its actor handle, the driver's NodeLink choosing its carrier. Then through a real Ray
+Client: a cluster on this machine whose head runs Ray's client server, and this process connected
+to it by `ray://`, running an RLM and an RLMEnv episode whose REPL calls back to the driver."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from recursa.errors import SandboxError
+from recursa.sandbox import frames
+from recursa.sandbox.cluster import NodeLost, relay
+from recursa.sandbox.cluster.link import Node, NodeLink
+from recursa.sandbox.cluster.relay import RelayHost, carrier_for
+from tests.test_ray_stream import SERVED, Actor, Fake, answer, opened
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Unreachable(RelayHost):
+    """A host whose stream's port refuses the driver, as a firewall between them would."""
+
+    async def listen(self, client: str, address: str, token: bytes) -> int:
+        await super().listen(client, address, token)
+        with socket.socket() as closed:  # bound, never listening: a connect there is refused
+            closed.bind(("127.0.0.1", 0))
+            return int(closed.getsockname()[1])
+
+
+# `ray` as carrier_for sees it in a process that is not a Ray Client.
+NO_CLIENT = SimpleNamespace(
+    util=SimpleNamespace(client=SimpleNamespace(ray=SimpleNamespace(is_connected=lambda: False)))
+)
+
+
+@pytest.fixture
+async def host() -> AsyncIterator[tuple[RelayHost, list[Fake]]]:
+    made: list[Fake] = []
+
+    def make(kind: str, **options: Any) -> Fake:
+        made.append(Fake(**options))
+        return made[-1]
+
+    served = Unreachable(make, fork=False)  # type: ignore[arg-type]
+    yield served, made
+    await served.shutdown()
+
+
+async def relayed(
+    host: RelayHost, transport: relay.Transport = "auto", lost: list[NodeLink] | None = None
+) -> NodeLink:
+    link = NodeLink(Node("r" * 12, "127.0.0.1", {}), Actor(host), "client-r", answer,
+                    (lost if lost is not None else []).append)  # fmt: skip
+    await link.connect(carrier_for(NO_CLIENT, transport))
+    return link
+
+
+async def test_a_node_whose_stream_is_refused_is_relayed_with_the_same_semantics(
+    host: tuple[RelayHost, list[Fake]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served, made = host
+    monkeypatch.setattr(relay, "_unreachable", set())
+    with pytest.raises(
+        SandboxError,
+        match=r"could not open its stream.*127\.0\.0\.1:\d+: .*Connect call failed.*\"transport\": \"relay\"",
+    ):
+        await relayed(served, "stream")
+    link = await relayed(served)  # "auto": the stream is refused, so the frames ride actor calls
+    assert "client-r" in served._relays and relay._unreachable == {"r" * 12}
+    await opened(link)
+    SERVED.clear()
+    # Cells, results and call-backs, concurrently: a cell that waits on its call-back does not hold
+    # up the others, and the driver's handler answers each (an error as its kind).
+    first, asked, refused = await asyncio.gather(
+        link.request("execute", repl="r", code="a", timeout=5),
+        link.request("execute", repl="r", code="ask:hi", timeout=5),
+        link.request("execute", repl="r", code="ask:dear", timeout=5),
+    )
+    assert (first.stdout, first.restored, asked.stdout) == ("a", True, "answered hi")
+    assert refused.error == "BudgetExceeded: used up" and SERVED == [("r", "llm_query")] * 2
+    with pytest.raises(SandboxError, match="the REPL host failed"):
+        await link.request("execute", repl="r", code="bad", timeout=5)
+    # A wait given up on the driver stops the cell on the node; a long quiet pull is no loss.
+    monkeypatch.setattr(relay, "_POLL_S", 0.05)
+    waiting = asyncio.ensure_future(link.request("execute", repl="r", code="hang", timeout=5))
+    await asyncio.sleep(0.2)
+    waiting.cancel()
+    await asyncio.wait_for(made[0].cancelled.wait(), 5)
+    assert (await link.request("execute", repl="r", code="after", timeout=5)).stdout == "after"
+    # The host's refusal of an oversized frame fails that request only, as on the stream.
+    monkeypatch.setattr(frames, "MAX_HOST_FRAME_BYTES", 64 << 10)
+    with pytest.raises(SandboxError, match=r"too large to send to the driver .*limit is 65,536"):
+        await link.request("execute", repl="r", code="big:100000", timeout=5)
+    result = await link.request("execute", repl="r", code="askbig:100000", timeout=5)
+    assert result.error and "arguments are too large to send to the driver" in result.error, result
+    # Bigger than one pull carries: it comes in several.
+    monkeypatch.setattr(relay, "_PULL_BYTES", 16 << 10)
+    assert (await link.request("execute", repl="r", code="big:60000", timeout=5)).stdout == "x" * 60_000
+    assert link.lost is None
+    await link.aclose()
+    assert made[0].closed and served.describe()["streams"] == 0
+    for _ in range(100):  # the host lets go of the relay once its end is read
+        if not served._relays:
+            break
+        await asyncio.sleep(0.01)
+    assert served._relays == {}
+
+
+async def test_a_hostile_relay_loses_only_its_node(host: tuple[RelayHost, list[Fake]]) -> None:
+    served, made = host
+    real_pull = served.relay_pull
+    forged: list[Any] = []  # what the next pull that carries bytes returns instead of them
+
+    async def pull(client: str) -> Any:
+        data = await real_pull(client)
+        return forged.pop() if data and forged else data
+
+    served.relay_pull = pull  # type: ignore[method-assign]
+    # A length past the channel's limit (read by the stream's own frame reader), a pull that is not
+    # bytes, and one past the pull's bound: each loses the node, and only for that stream.
+    for bad, expect in ((b"\xff\xff\xff\xff", "limit is"), ("not bytes", "not at most"),
+                        (b"x" * (relay._PULL_BYTES + 1), "not at most")):  # fmt: skip
+        lost: list[NodeLink] = []
+        link = await relayed(served, "relay", lost)
+        await opened(link)
+        forged.append(bad)
+        with pytest.raises(NodeLost, match=rf"r{{12}} \(127\.0\.0\.1\).*invalid message.*{expect}"):
+            await link.request("execute", repl="r", code="x", timeout=5)
+        assert lost == [link]
+        with pytest.raises(NodeLost):
+            await link.request("execute", repl="r", code="x", timeout=5)
+        # The host saw the stream end, as when a socket closes: that driver's REPLs there are closed.
+        for _ in range(100):
+            if made[-1].closed:
+                break
+            await asyncio.sleep(0.01)
+        assert made[-1].closed and served.describe()["live_repls"] == 0
+    link = await relayed(served, "relay")  # a new stream is served as before
+    await opened(link)
+    assert (await link.request("execute", repl="r", code="fine", timeout=5)).stdout == "fine"
+
+    async def refuse(client: str, number: int, data: bytes, end: bool) -> None:
+        raise ConnectionError("gone")
+
+    served.relay_push = refuse  # type: ignore[method-assign]
+    # A push that did not arrive leaves a hole in the stream: the node is lost, not the frames misread.
+    with pytest.raises(NodeLost, match=r"relay push to its REPL host failed: ConnectionError"):
+        await link.request("execute", repl="r", code="x", timeout=5)
+    await link.aclose()
+
+
+# -- a real Ray Client -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[str]:
+    """A one-node cluster and Ray's client server for it (in a process of its own, as on a head);
+    this process is not connected yet: the first run connects it through `ray://`, as a laptop would."""
+    ray = pytest.importorskip("ray", reason="sandbox='ray' needs the ray extra (installed by the dev extra)")
+    from ray._private.utils import get_ray_client_dependency_error
+    from ray.cluster_utils import Cluster
+
+    from recursa.sandbox.cluster import shutdown_hosts
+
+    if get_ray_client_dependency_error() is not None:
+        pytest.skip("the Ray Client needs grpcio (ray[client], in the ray extra)")
+    made = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                                          "resources": {"cpu_repl": 1}})  # fmt: skip
+    # The server's "legacy" mode is itself the client's driver on the cluster. (`ray start --head`
+    # runs the "proxy" mode, which starts such a server per client; on this loaded machine that
+    # start failed one time in three, inside Ray.) A port outside the kernel's ephemeral range and
+    # Ray's worker ports, which other processes here may hold.
+    port = random.randrange(20_000, 30_000)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "ray.util.client.server", f"--address={made.address}", "--host=127.0.0.1",
+         f"--port={port}", "--mode=legacy"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        for _ in range(600):  # until it listens (a few seconds), or it died
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            assert server.poll() is None, "Ray's client server did not start"
+            time.sleep(0.05)
+        yield f"ray://127.0.0.1:{port}"
+    finally:
+        shutdown_hosts()
+        ray.shutdown()
+        server.terminate()
+        server.wait(30)
+        made.shutdown()
+
+
+def test_a_ray_client_driver_runs_repls_over_the_relay_with_sub_calls(client: str, tmp_path: Path) -> None:
+    import ray
+
+    from recursa import RLM, Budget
+    from recursa.env import RLMEnv
+    from recursa.errors import ConfigError
+    from recursa.sandbox import make_sandbox
+    from recursa.sandbox.cluster import node_hosts
+    from recursa.tasks import generate
+
+    task = generate("oolong", 4_000, seed=3)
+    rlm = RLM("scripted/gpt5-like", sub_model="scripted/oracle", sandbox="ray", trace_dir=tmp_path,
+              sandbox_options={"address": client, "resources": {"cpu_repl": 0.001}},
+              budget=Budget(max_llm_calls=400))  # fmt: skip
+    result = rlm.run(task.question, context=task.context)
+    assert relay.is_ray_client(ray), "the run did not connect through the Ray Client"
+    assert result.stop_reason == "final", result.error
+    assert task.score(result.answer) > 0.5, (result.answer, task.answer)
+    assert result.isolation["process"] is True and result.isolation["ray_node"]
+    # llm_query_batched ran in the node's REPL and its sub-calls came back to this process's ledger.
+    assert result.usage.llm_calls > result.iterations
+    # An environment's episode on the same cluster: a step whose code calls the driver.
+    env = RLMEnv("scripted/gpt5-like", sandbox="ray", trace_dir=tmp_path, max_turns=3,
+                 sandbox_options={"resources": {"cpu_repl": 0.001}})  # fmt: skip
+    try:
+        episode = env.start_sync("q?", "the context\n")
+        text = episode.step_sync("```repl\nprint('sub:', llm_query('say hi'))\n```")[0]["content"]
+        assert "sub:" in text and "Error" not in text, text
+        episode.step_sync("FINAL(done)")
+        assert episode.done and episode.answer == "done"
+        facts = [ray.get(host.describe.remote()) for _, host in node_hosts()]
+        # The node's host carried it over a relay and never listened for a TCP stream.
+        assert facts and all(f["relays"] >= 1 and not f["listening"] for f in facts), facts
+    finally:
+        env.close()
+    facts = [ray.get(host.describe.remote()) for _, host in node_hosts()]
+    assert all(f["live_repls"] == 0 for f in facts), facts
+
+    # A ray:// driver that can reach the nodes (as here) may ask for the stream itself.
+    async def streamed() -> str:
+        sandbox = make_sandbox("ray", resources={"cpu_repl": 0.001}, transport="stream")
+        await sandbox.start(lambda name, args: asyncio.sleep(0, "from the driver"))
+        try:
+            return (await sandbox.execute("print(llm_query('hi'))", 30)).stdout.strip()
+        finally:
+            await sandbox.close()
+
+    assert asyncio.run(streamed()) == "from the driver"
+    assert all(ray.get(host.describe.remote())["listening"] for _, host in node_hosts())
+    with pytest.raises(ConfigError, match=r"transport='tcp'.*\"stream\".*\"relay\""):
+        make_sandbox("ray", transport="tcp")
