@@ -172,7 +172,7 @@ class RLM:
 def check_runs(config: RLMConfig, prices: PriceBook, spelling: Spelling) -> None:
     """What RLM(...) checks of a config beyond the schema, before any run: a provider, a key and
     (with max_usd) a price for each model its runs call, and a budget that lets the root's first
-    call through. Made public for a door that checked the config itself (ServeSettings)."""
+    call through. A door that made the config itself calls it on that config (ServeSettings)."""
     check_models(config, prices, config.subcall_models(), spelling)
     _check_first_call(config, prices, spelling)
 

@@ -23,6 +23,7 @@ from pydantic import Field, PrivateAttr, ValidationError, field_validator
 from recursa.config import (
     SETTINGS,
     Invalid,
+    RLMConfig,
     Schema,
     Setting,
     Spelling,
@@ -32,6 +33,7 @@ from recursa.config import (
 )
 from recursa.configure import build_config
 from recursa.errors import ConfigError
+from recursa.lm.prices import PriceBook
 from recursa.overrides import same_url
 from recursa.trace.redact import Redactor
 
@@ -96,7 +98,7 @@ class ServeSettings(Schema):
     max_connections_per_address: int | None = served(None, "connections open at once from one client address (default: a quarter of max_connections)", flag="--max-connections-per-address N", on=_SERVERS, example="1024", ge=1)
     access_log: bool = served(True, "a line per request on the `recursa.serve.access` logger (the command: on stderr)", flag="--access-log", on=_SERVE)
     metrics: bool = served(True, "Prometheus metrics at GET /metrics (needs prometheus-client)", flag="--metrics", on=_SERVE)
-    _checked: tuple[Any, Any, Spelling] = PrivateAttr()  # the run settings' config, prices and spelling
+    _checked: tuple[RLMConfig, PriceBook, Spelling] = PrivateAttr()  # the run settings as checked
 
     def __init__(self, *, spelling: Spelling | None = None, **values: Any) -> None:
         """The settings of `values`; a bad one is a ConfigError naming it as `spelling` writes it
