@@ -176,7 +176,7 @@ def _budget(value: Any, loose: Mapping[str, Any], operator: Budget, spelling: Sp
     `value` (a Budget or a dict of caps) and the caps given one by one (`loose`)."""
     where = spelling.label("budget")
     try:
-        whole = budget_value(where, value if value is not None else {})
+        whole = budget_value(where, value if value is not None else {}, left_out="the operator's cap")
     except ConfigError as exc:
         raise ConfigError(str(exc), setting="budget") from None
     asked = {cap: getattr(whole, cap) for cap in BUDGET_CAPS}
@@ -256,8 +256,9 @@ def function_value(name: str, value: Any, signature: str) -> Callable[..., Any]:
     raise ConfigError(f"{name} is {kind(value)}, not a function; give a function {signature}")
 
 
-def budget_value(name: str, value: Any) -> Budget:
-    """A Budget, or a dict of its fields; a bad field is named as `name['field']`."""
+def budget_value(name: str, value: Any, *, left_out: str = "no cap") -> Budget:
+    """A Budget, or a dict of its fields; a bad field is named as `name['field']` (`left_out`: what
+    leaving a cap out gives)."""
     if isinstance(value, Budget):
         return value
     if not isinstance(value, Mapping):
@@ -266,10 +267,8 @@ def budget_value(name: str, value: Any) -> Budget:
         )
     check_keys(value, BUDGET_LIMITS, lambda key: f"{name}[{key!r}]", strict=True)
     for field, cap in value.items():
-        if cap is not None and (problem := cap_problem(field, cap)) is not None:
-            raise ConfigError(
-                f"{name}[{field!r}]={cap!r}: {problem}; give {positive_phrase(field)} or None (no cap)"
-            )
+        if cap is not None:
+            check_cap(field, cap, Spelling("key", name), left_out=left_out)
     return Budget(**value)
 
 
