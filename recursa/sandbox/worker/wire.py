@@ -152,7 +152,7 @@ class WorkerChannel:
         self.lines = lines
         # Whether the reader thread reads for the whole of every cell; else only from the cell's
         # first call to the host (see "receiving"). Only a process that dies with its host without
-        # reading the channel may go without (the server decides: server.py, `_watch`).
+        # reading the channel may go without (the server decides: server.py, `_watches`).
         self.watch = watch
         self.on_eof: Callable[[], None] = lambda: None  # last words before the process exits
         self.inbox: SimpleQueue[dict[str, Any]] = SimpleQueue()
