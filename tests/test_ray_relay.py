@@ -256,3 +256,17 @@ def test_a_ray_client_driver_runs_repls_over_the_relay_with_sub_calls(client: st
     assert all(ray.get(host.describe.remote())["listening"] for _, host in node_hosts())
     with pytest.raises(ConfigError, match=r"transport='tcp'.*\"stream\".*\"relay\""):
         make_sandbox("ray", transport="tcp")
+
+    # The node's host dies mid-episode: Ray fails the relay's calls, and the episode stops naming the node.
+    env = RLMEnv("scripted/gpt5-like", sandbox="ray", trace_dir=tmp_path, max_turns=3,
+                 sandbox_options={"resources": {"cpu_repl": 0.001}})  # fmt: skip
+    try:
+        episode = env.start_sync("q?", "the context\n")
+        episode.step_sync("```repl\nx = 1\nprint(x)\n```")
+        node = episode.result.isolation["ray_node"]
+        ray.kill(dict(node_hosts())[node])
+        episode.step_sync("```repl\nprint(x)\n```")
+        assert episode.done and episode.stop_reason == "error", episode.messages[-1]
+        assert f"the Ray node {node[:12]}" in (episode.error or ""), episode.error
+    finally:
+        env.close()
