@@ -28,6 +28,7 @@ class Fake:
     "big:N" prints N bytes, "#..." prints its length."""
 
     name = "fake"
+    snapshot_idle_s = 0.005  # as SubprocessSandbox's
 
     def __init__(self, **options: Any) -> None:
         self.isolation: dict[str, Any] = {"process": False, "options": sorted(options)}
@@ -160,6 +161,20 @@ async def test_a_stream_carries_cells_results_call_backs_and_cancels(
     assert (await link.request("execute", repl="r", code="after", timeout=5)).stdout == "after"
     await link.aclose()
     assert made[0].closed and host.describe()["streams"] == 0
+
+
+async def test_the_hop_the_driver_measures_lengthens_the_nodes_idle_window_for_snapshots(
+    node: tuple[NodeHost, list[Fake]],
+) -> None:
+    host, made = node
+    link = await connect(host)
+    await opened(link)
+    assert link.hop_s > 0.0  # each answer's round trip past the host's own time ("took")
+    await link.request("execute", repl="r", code="a", timeout=5, hop=0.25)
+    assert made[0].snapshot_idle_s == pytest.approx(0.255)
+    await link.request("execute", repl="r", code="a", timeout=5, hop=1e9)  # bounded
+    assert made[0].snapshot_idle_s == pytest.approx(1.005)
+    await link.aclose()
 
 
 async def test_wrong_tokens_and_slow_or_garbage_clients_are_refused_without_disturbing_runs(

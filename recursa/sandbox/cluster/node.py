@@ -38,6 +38,7 @@ from recursa.sandbox.pools import MemoryPool
 from recursa.sandbox.proc import descendants
 
 _MAX_UNAUTHENTICATED = 64  # connections waiting to show a token; more are closed at once
+_MAX_HOP_S = 1.0  # the most a driver's measure of the hop may lengthen a REPL's idle window
 
 
 class Stream(wire.Channel):
@@ -316,8 +317,17 @@ class NodeHost:
     async def define(self, repl: str, entries: list[dict[str, Any]]) -> list[str]:
         return await self._repl(repl).define(entries)
 
-    async def execute(self, repl: str, code: str, timeout: float) -> ExecResult:
-        return await self._repl(repl).execute(code, timeout)
+    async def execute(self, repl: str, code: str, timeout: float, hop: float | None = None) -> ExecResult:
+        """Run a cell. `hop`: seconds a frame takes between the driver's loop and this host's, both
+        ways, as the driver last measured them. With snapshots="idle" the REPL forks its snapshot
+        after a cell only once nothing has come for snapshot_idle_s (the policy is thinking); seen
+        from here, a cell the driver sends at once comes that much later, so the wait is that much
+        longer (else a node snapshots nearly every cell, for nothing, where a local REPL does not)."""
+        sandbox = self._repl(repl)
+        if isinstance(hop, (int, float)) and hasattr(sandbox, "snapshot_idle_s"):
+            own = getattr(type(sandbox), "snapshot_idle_s", 0.0)
+            sandbox.snapshot_idle_s = own + min(max(float(hop), 0.0), _MAX_HOP_S)
+        return await sandbox.execute(code, timeout)
 
     async def get_variable(self, repl: str, name: str, timeout: float | None) -> FinalAnswer | None:
         return await self._repl(repl).get_variable(name, timeout)
@@ -383,12 +393,13 @@ class NodeHost:
             if task is not None:
                 task.cancel()
         elif request_id is not None and request_id not in stream.running:
-            stream.running[request_id] = asyncio.get_running_loop().create_task(
-                self._run(client, stream, request_id, op, frame)
+            loop = asyncio.get_running_loop()
+            stream.running[request_id] = loop.create_task(
+                self._run(client, stream, request_id, op, frame, loop.time())
             )
 
     async def _run(
-        self, client: str, stream: Stream, request_id: int, op: str, frame: dict[str, Any]
+        self, client: str, stream: Stream, request_id: int, op: str, frame: dict[str, Any], began: float
     ) -> None:
         try:
             if op not in wire.METHODS:
@@ -401,7 +412,8 @@ class NodeHost:
                 value = await self.open(client, repl, self._options[digest], memory)
             else:
                 value = await getattr(self, op)(*args)
-            stream.send({"op": "done", "id": request_id, "value": wire.value_to_wire(value)})
+            took = asyncio.get_running_loop().time() - began  # (the driver's measure of the hop, link.py)
+            stream.send({"op": "done", "id": request_id, "value": wire.value_to_wire(value), "took": took})
         except asyncio.CancelledError:
             return  # the driver stopped waiting (a timeout, an aborted step) or left
         except Exception as exc:  # the method's error, or a value that cannot be a frame

@@ -351,6 +351,8 @@ class RayPool:
         link = self._connected(self._repl_node.get(repl))
         if link is None:
             raise SandboxError("this REPL is closed")
+        if method == "execute":  # the REPL's idle window on the node counts the hop (NodeHost.execute)
+            fields["hop"] = link.hop_s
         return await link.request(method, repl=repl, **fields)
 
     async def load_context(self, repl: str, payload: ContextPayload) -> None:

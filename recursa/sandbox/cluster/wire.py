@@ -22,7 +22,7 @@ worker's answers. The host reads its authenticated driver's frames as a worker r
     driver -> host   {"op": METHOD, "id": n, ...its fields}   {"op": "cancel", "id": n}
                      {"op": "answer", "id": call, "ok": true, "value": v}
                      {"op": "answer", "id": call, "ok": false, "kind": k, "message": m}
-    host -> driver   {"op": "done", "id": n, "value": v}   {"op": "failed", "id": n, "kind": k, "message": m}
+    host -> driver   {"op": "done", "id": n, "value": v, "took": seconds on the host}   {"op": "failed", "id": n, "kind": k, "message": m}
                      {"op": "call", "id": call, "repl": r, "fn": f, "args": {...}}   {"op": "cancel", "id": call}
 """
 
@@ -45,7 +45,7 @@ METHODS: Final = {
     "open": ("repl", "options", "memory"),
     "load_cached": ("repl", "key"),
     "define": ("repl", "entries"),
-    "execute": ("repl", "code", "timeout"),
+    "execute": ("repl", "code", "timeout", "hop"),
     "get_variable": ("repl", "name", "timeout"),
     "variable_names": ("repl",),
     "close": ("repl",),
