@@ -37,6 +37,7 @@ import argparse
 import asyncio
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from recursa.env import RLMEnv
@@ -97,20 +98,27 @@ async def one_episode(
             await episode.close()
 
 
+def snapshot_mode(snapshots: bool, every_cell: bool) -> dict:
+    """`sandbox_options` for RLMEnv's default ("idle": none for a cell the policy answers at once),
+    no snapshots, or one after every cell."""
+    return {} if snapshots and not every_cell else {"snapshots": snapshots}
+
+
 async def measure(
     size_mb: float, episodes: int, concurrency: int, alone: int, snapshots: bool = True,
     sandbox: str = "auto", sandbox_options: dict | None = None, think_s: float = 0.0, fresh: bool = False,
-    every_cell: bool = False,
+    every_cell: bool = False, probe: Callable[[], None] | None = None,
 ) -> tuple[SizeResult, SizeResult]:
     """Episodes one at a time (the engine's own time per step), then `episodes` at `concurrency`.
-    `snapshots`: RLMEnv's default ("idle"), or off; `every_cell`: a snapshot after every cell."""
+    `snapshots`: RLMEnv's default ("idle"), or off; `every_cell`: a snapshot after every cell.
+    `probe()` is called just before the episodes at `concurrency` and just after them, while the
+    environment (and its REPL workers) is still up."""
     single = SizeResult(size_mb, alone, 1)
     out = SizeResult(size_mb, episodes, concurrency)
     context = make_context(size_mb)
     gate = asyncio.Semaphore(concurrency)
     limit = max(64, concurrency)
-    mode = {} if snapshots and not every_cell else {"snapshots": snapshots}
-    options = {**(sandbox_options or {}), **mode}
+    options = {**(sandbox_options or {}), **snapshot_mode(snapshots, every_cell)}
     async with RLMEnv(
         max_depth=0, max_turns=len(REPLIES), trace=False, max_live_repls=limit, sandbox=sandbox,
         sandbox_options=options or None,
@@ -120,12 +128,16 @@ async def measure(
         for i in range(alone):
             await one_episode(env, context, i, single, gate, think_s, fresh)
         single.wall_s = time.perf_counter() - started
+        if probe is not None:
+            probe()
         started = time.perf_counter()
         results = await asyncio.gather(
             *(one_episode(env, context, i, out, gate, think_s, fresh) for i in range(episodes)),
             return_exceptions=True,
         )
         out.wall_s = time.perf_counter() - started
+        if probe is not None:
+            probe()
     out.errors.extend(f"{type(r).__name__}: {r}" for r in results if isinstance(r, BaseException))
     return single, out
 
@@ -150,8 +162,10 @@ def skyrl_times(size_mb: float, episodes: int) -> tuple[list[float], list[float]
 
 
 def ray_compare(size_mb: float, episodes: int, concurrency: int, alone: int, nodes: int,
-                snapshots: bool, rounds: int, niceness: int | None = None) -> int:  # fmt: skip
-    """Local REPLs against sandbox="ray" on a simulated cluster of `nodes` nodes; 1 on errors."""
+                snapshots: bool, rounds: int, niceness: int | None = None, think_s: float = 0.0,
+                fresh: bool = False, every_cell: bool = False) -> int:  # fmt: skip
+    """Local REPLs against sandbox="ray" on a simulated cluster of `nodes` nodes; 1 on errors.
+    `think_s`, `fresh` and `every_cell` as for `measure`, in every phase."""
     import os
     import threading
 
@@ -196,16 +210,24 @@ def ray_compare(size_mb: float, episodes: int, concurrency: int, alone: int, nod
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        asyncio.run(one_at_a_time(size_mb, alone, snapshots, ray_options, local_steps, ray_steps))
+        asyncio.run(one_at_a_time(size_mb, alone, snapshot_mode(snapshots, every_cell), ray_options,
+                                  local_steps, ray_steps, think_s, fresh))  # fmt: skip
         for _ in range(rounds):
             for where in ("local", "ray"):
-                before, sampled = cpu_times(set(host_pids.values())), sampling[0]
+                # Taken while the environment is up, so that its local REPL workers count too.
+                marks: list[tuple[dict[str, float], float]] = []
+
+                def mark() -> None:
+                    marks.append((cpu_times(set(host_pids.values())), sampling[0]))  # noqa: B023
+
                 _, batch = asyncio.run(measure(size_mb, episodes, concurrency, 0, snapshots,
                                                sandbox="auto" if where == "local" else "ray",
-                                               sandbox_options=None if where == "local" else ray_options))  # fmt: skip
-                after = cpu_times(set(host_pids.values()))
+                                               sandbox_options=None if where == "local" else ray_options,
+                                               think_s=think_s, fresh=fresh, every_cell=every_cell,
+                                               probe=mark))  # fmt: skip
+                (before, sampled), (after, sampled_after) = marks
                 spent = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-                spent["driver"] -= sampling[0] - sampled
+                spent["driver"] -= sampled_after - sampled
                 batches.append((where, batch, spent))
         opened = {node_id: ray.get(host.describe.remote(), timeout=30)["opened"] for node_id, host in node_hosts()}
     finally:
@@ -222,8 +244,8 @@ def ray_compare(size_mb: float, episodes: int, concurrency: int, alone: int, nod
               f"{statistics.median(r.first_ms) if r.first_ms else float('nan'):>12.1f} {len(r.errors):>6}")  # fmt: skip
         for error in r.errors[:3]:
             print(f"  failed: {error}")
-    print("\nCPU ms per episode, all at once (" + ", ".join(KINDS) + "; REPL workers: those below a node"
-          " host; local ones leave this process's tree, so they are not counted):")
+    print("\nCPU ms per episode, all at once (" + ", ".join(KINDS) + "; REPL workers: the REPLs' processes,"
+          " local ones or a node host's):")
     for where, batch, spent in batches:
         print(f"{where:>6}: " + "  ".join(f"{spent.get(k, 0.0) * 1000 / batch.episodes:6.1f}" for k in KINDS)
               + f"  total {sum(spent.values()) * 1000 / batch.episodes:.1f}")  # fmt: skip
@@ -241,12 +263,13 @@ def ray_compare(size_mb: float, episodes: int, concurrency: int, alone: int, nod
     return 1 if any(r.errors for r in [local_steps, ray_steps, *(b for _, b, _ in batches)]) else 0
 
 
-async def one_at_a_time(size_mb: float, alone: int, snapshots: bool, ray_options: dict,
-                        local: SizeResult, remote: SizeResult) -> None:  # fmt: skip
-    """`alone` episodes on each side, one at a time, a local one and a Ray one in turn."""
+async def one_at_a_time(size_mb: float, alone: int, extra: dict, ray_options: dict,
+                        local: SizeResult, remote: SizeResult, think_s: float = 0.0,
+                        fresh: bool = False) -> None:  # fmt: skip
+    """`alone` episodes on each side, one at a time, a local one and a Ray one in turn; `extra`: the
+    REPLs' snapshot options (`snapshot_mode`)."""
     context = make_context(size_mb)
     gate = asyncio.Semaphore(1)
-    extra = {} if snapshots else {"snapshots": False}
     async with (
         RLMEnv(max_depth=0, max_turns=len(REPLIES), trace=False, sandbox_options=extra or None) as here,
         RLMEnv(max_depth=0, max_turns=len(REPLIES), trace=False, sandbox="ray",
@@ -255,8 +278,8 @@ async def one_at_a_time(size_mb: float, alone: int, snapshots: bool, ray_options
         for env in (here, there):  # warm: zygote, imports, the node's host
             await one_episode(env, context, -1, SizeResult(size_mb, 1, 1), gate)
         for i in range(alone):
-            await one_episode(here, context, i, local, gate)
-            await one_episode(there, context, i, remote, gate)
+            await one_episode(here, context, i, local, gate, think_s, fresh)
+            await one_episode(there, context, i, remote, gate, think_s, fresh)
 
 
 KINDS = ("driver", "node hosts", "REPL workers", "Ray daemons")
@@ -340,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.ray_nodes:
         concurrency = int(args.concurrency.split(",")[0])
         return ray_compare(sizes[0], args.episodes, min(concurrency, args.episodes), args.alone, args.ray_nodes,
-                           not args.no_snapshots, args.rounds, args.ray_niceness)  # fmt: skip
+                           not args.no_snapshots, args.rounds, args.ray_niceness, args.think_ms / 1000,
+                           args.fresh_contexts, args.every_cell)  # fmt: skip
     limits = [int(c) for c in args.concurrency.split(",")]
     limits = (limits + [limits[-1]] * len(sizes))[: len(sizes)]
     print(f"{'size':>7} {'episodes':>8} {'at once':>7} {'wall s':>7} {'ep/s':>7} {'first ms p50':>12} "
