@@ -4,11 +4,18 @@ HTML, and loading it in headless Chromium (the system browser, through Playwrigh
 expand-all, scroll to the end, and a search over every node's text.
 
     python benchmarks/viewer_load.py [--nodes 10000] [--trace existing.jsonl]
+    python benchmarks/viewer_load.py --oversize 200000   # a trace past the viewer's bounds
+
+With --oversize N it writes a trace of N sub-calls (some 1 KB each) instead, far past what one view
+holds (recursa/trace/viewer/reading.py), and prints what building its view took: time, the
+process's peak memory, and how much of the trace the view shows.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import resource
 import tempfile
 import time
 from pathlib import Path
@@ -39,12 +46,40 @@ def make_trace(nodes: int, folder: Path) -> Path:
     return result.trace_path
 
 
+def oversize(calls: int, folder: Path) -> None:
+    path = folder / "oversize.jsonl"
+    with path.open("w") as fh:
+        fh.write(json.dumps({"seq": 0, "ts": 1.0, "type": "run_start", "run_id": "R", "depth": 0, "question": "q"}) + "\n")
+        fh.write(json.dumps({"seq": 1, "ts": 1.0, "type": "turn", "run_id": "R", "turn": 1}) + "\n")
+        for i in range(calls):
+            call = {"seq": i + 2, "ts": 1.0 + i * 1e-4, "type": "lm_call", "run_id": "R", "purpose": "sub",
+                    "call_id": f"c.{i}", "prompt": "p" * 400, "response": "r" * 400, "latency_s": 0.01,
+                    "usage": {"input_tokens": 5, "output_tokens": 5}}  # fmt: skip
+            fh.write(json.dumps(call) + "\n")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t = time.perf_counter()
+    view = build_view(path)
+    body = json.dumps(view, ensure_ascii=False, separators=(",", ":")).encode()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(
+        f"trace: {path.stat().st_size / 1e6:.0f} MB, {calls + 2:,} events; view: {len(view['nodes']):,} nodes, "
+        f"{len(body) / 1e6:.0f} MB of JSON, built in {time.perf_counter() - t:.1f} s; process peak "
+        f"{peak / 1e3:.0f} MB ({before / 1e3:.0f} MB before)"
+    )
+    print("warning:", view["warnings"][0])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nodes", type=int, default=10_000)
     parser.add_argument("--trace", type=Path)
     parser.add_argument("--chromium", default="/usr/bin/chromium")
+    parser.add_argument("--oversize", type=int, metavar="N", help="time a trace of N sub-calls instead")
     args = parser.parse_args()
+    if args.oversize:
+        with tempfile.TemporaryDirectory() as tmp:
+            oversize(args.oversize, Path(tmp))
+        return
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory() as tmp:

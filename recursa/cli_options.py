@@ -179,20 +179,16 @@ def check_flags(args: argparse.Namespace) -> None:
 
     values = {name: value for name, value in flag_values(args).items() if value is not None}
     RLMConfig.checked(Spelling("cli"), model=args.model, sub_model=args.sub_model or args.model, **values)
-    check_caps(args)
 
 
 def check_caps(args: argparse.Namespace) -> None:
     """The budget caps given as flags (--max-usd, ...), each checked as Budget checks it."""
-    from recursa.budget import CAP_EXAMPLES, cap_problem, positive_phrase
+    from recursa.config import Spelling
+    from recursa.overrides import check_cap
 
-    for name, (flag, _) in BUDGET_CAPS.items():
-        value = getattr(args, name, None)
-        if value is not None and (problem := cap_problem(name, value)) is not None:
-            raise ConfigError(
-                f"{flag} {value}: {problem}; use {positive_phrase(name)} such as {flag} {CAP_EXAMPLES[name]}, "
-                "or leave the flag out for no cap."
-            )
+    for name in BUDGET_CAPS:
+        if (value := getattr(args, name, None)) is not None:
+            check_cap(name, value, Spelling("cli"))
 
 
 def flag_values(args: argparse.Namespace) -> dict[str, Any]:
@@ -231,11 +227,21 @@ def _pairs_value(name: str, given: list[str]) -> dict[str, Any]:
 
 
 def rlm_kwargs(args: argparse.Namespace, question: str = "") -> dict[str, Any]:
-    """The RLM(...) keywords the options of `add_model_options` describe (checked first)."""
+    """The RLM(...) keywords the options of `add_model_options` describe, checked as flags: the run
+    settings by the schema, then what the first root call of `question` needs."""
+    check_flags(args)
+    kwargs = run_kwargs(args)
+    check_token_budget(args, question)
+    return kwargs
+
+
+def run_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The RLM(...) keywords of the options, unchecked by the schema: for a command whose runs'
+    settings the schema checks once, named as flags, where it makes them (recursa serve, mcp and
+    acp: ServeSettings). The budget caps are checked here, as they become a Budget."""
     from recursa.budget import Budget
 
-    check_flags(args)
-    check_token_budget(args, question)
+    check_caps(args)
     kwargs: dict[str, Any] = flag_values(args)
     kwargs["sub_model"], kwargs["base_url"] = args.sub_model, args.base_url
     kwargs["budget"] = Budget(**{name: getattr(args, name) for name in BUDGET_CAPS})

@@ -18,7 +18,7 @@ from pathlib import PurePath
 from typing import Any
 from urllib.parse import urlsplit
 
-from recursa.budget import Budget, cap_problem, positive_phrase
+from recursa.budget import CAP_EXAMPLES, Budget, cap_problem, positive_phrase
 from recursa.config import (
     BUDGET_CAPS,
     SAMPLING_ROLES,
@@ -176,17 +176,12 @@ def _budget(value: Any, loose: Mapping[str, Any], operator: Budget, spelling: Sp
     `value` (a Budget or a dict of caps) and the caps given one by one (`loose`)."""
     where = spelling.label("budget")
     try:
-        whole = budget_value(where, value if value is not None else {})
+        whole = budget_value(where, value if value is not None else {}, left_out="the operator's cap")
     except ConfigError as exc:
         raise ConfigError(str(exc), setting="budget") from None
     asked = {cap: getattr(whole, cap) for cap in BUDGET_CAPS}
     for cap, mine in loose.items():
-        if (problem := cap_problem(cap, mine)) is not None:
-            raise ConfigError(
-                f"{spelling.given(cap, mine)}: {problem}; send {positive_phrase(cap)}, or leave it out for "
-                "the operator's cap",
-                setting=cap,
-            )
+        check_cap(cap, mine, spelling, left_out="the operator's cap")
         asked[cap] = mine
     caps = {cap: getattr(operator, cap) for cap in BUDGET_CAPS}
     for cap, mine in asked.items():
@@ -199,6 +194,22 @@ def _budget(value: Any, loose: Mapping[str, Any], operator: Budget, spelling: Sp
             raise ConfigError(refused_widening(label, mine, theirs), setting=cap if cap in loose else "budget")
         caps[cap] = mine
     return Budget(**caps)
+
+
+def check_cap(cap: str, value: Any, spelling: Spelling, *, left_out: str = "no cap") -> None:
+    """A ConfigError (its `setting` the cap) when `value`, given on its own as the budget cap `cap`
+    (a flag, an argument, a request field), is no cap (`cap_problem`, as Budget checks it), named
+    as `spelling` writes the cap, with a good value and what leaving it out gives (`left_out`)."""
+    problem = cap_problem(cap, value)
+    if problem is None:
+        return
+    # A Python door names the cap as its own argument (`recursa.bench.run(max_usd=-1)`), not Budget's.
+    said = f"{spelling.owner}({cap}={value!r})" if spelling.form == "python" else spelling.given(cap, value)
+    raise ConfigError(
+        f"{said}: {problem}; use {positive_phrase(cap)} such as {spelling.assign(cap, CAP_EXAMPLES[cap])}, "
+        f"or leave {spelling.label(cap)} out for {left_out}",
+        setting=cap,
+    )
 
 
 def refused_widening(label: str, value: Any, limit: Any) -> str:
@@ -245,8 +256,9 @@ def function_value(name: str, value: Any, signature: str) -> Callable[..., Any]:
     raise ConfigError(f"{name} is {kind(value)}, not a function; give a function {signature}")
 
 
-def budget_value(name: str, value: Any) -> Budget:
-    """A Budget, or a dict of its fields; a bad field is named as `name['field']`."""
+def budget_value(name: str, value: Any, *, left_out: str = "no cap") -> Budget:
+    """A Budget, or a dict of its fields; a bad field is named as `name['field']` (`left_out`: what
+    leaving a cap out gives)."""
     if isinstance(value, Budget):
         return value
     if not isinstance(value, Mapping):
@@ -255,10 +267,8 @@ def budget_value(name: str, value: Any) -> Budget:
         )
     check_keys(value, BUDGET_LIMITS, lambda key: f"{name}[{key!r}]", strict=True)
     for field, cap in value.items():
-        if cap is not None and (problem := cap_problem(field, cap)) is not None:
-            raise ConfigError(
-                f"{name}[{field!r}]={cap!r}: {problem}; give {positive_phrase(field)} or None (no cap)"
-            )
+        if cap is not None:
+            check_cap(field, cap, Spelling("key", name), left_out=left_out)
     return Budget(**value)
 
 

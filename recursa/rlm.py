@@ -109,8 +109,7 @@ class RLM:
     def _configure(self, given: dict[str, Any], spelling: Spelling) -> None:
         self.spelling = spelling  # how a stop reason names a setting: as the caller writes it
         self.config, self.prices = build_config(given, spelling)
-        check_models(self.config, self.prices, self.config.subcall_models(), spelling)
-        _check_first_call(self.config, self.prices, spelling)
+        check_runs(self.config, self.prices, spelling)
 
     def __repr__(self) -> str:
         c = self.config
@@ -168,6 +167,14 @@ class RLM:
 
     def completion(self, prompt: str) -> RLMResult:
         return run_sync(self.acompletion(prompt))
+
+
+def check_runs(config: RLMConfig, prices: PriceBook, spelling: Spelling) -> None:
+    """What RLM(...) checks of a config beyond the schema, before any run: a provider, a key and
+    (with max_usd) a price for each model its runs call, and a budget that lets the root's first
+    call through. A door that made the config itself calls it on that config (ServeSettings)."""
+    check_models(config, prices, config.subcall_models(), spelling)
+    _check_first_call(config, prices, spelling)
 
 
 def _check_first_call(config: RLMConfig, prices: PriceBook, spelling: Spelling) -> None:

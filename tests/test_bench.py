@@ -266,6 +266,8 @@ def test_rows_take_the_run_settings_by_name_and_refuse_bad_ones_as_written(tmp_p
         ({"max_depth": 2}, "recursa.bench.run(max_depth=2): each method sets max_depth itself"),
         ({"window_tokens": 0}, "recursa.bench.run(window_tokens=0): window_tokens must be an int >= 1"),
         ({"max_usd": -1}, "recursa.bench.run(max_usd=-1): a cap below zero"),
+        ({"max_llm_calls": 0}, "recursa.bench.run(max_llm_calls=0): a cap of 0 stops every run at once (a run needs at least one "
+         "model call); use a positive number such as max_llm_calls=50, or leave max_llm_calls out for no cap"),
     ):
         with pytest.raises(ConfigError) as refused:
             bench.run("niah", sizes="1k", n=1, out=tmp_path / "o", progress=False, **given)

@@ -282,6 +282,13 @@ def test_per_request_budget_can_only_tighten_the_servers():
         ([{"role": "user", "content": "q"}], {"budget": {"max_usd": 0.1}, "max_usd": 0.2}, 200, ""),
         ([{"role": "user", "content": "q"}], {"max_usd": -1}, 400, "non-negative"),
         ([{"role": "user", "content": "q"}], {"max_tokens": 0}, 400, "recursa.max_tokens=0: a cap of 0"),
+        (
+            [{"role": "user", "content": "q"}],
+            {"max_tokens": 0},
+            400,
+            "; use a positive number such as recursa.max_tokens=200000, or leave recursa.max_tokens out for "
+            "the operator's cap",
+        ),
         ([{"role": "user", "content": "q"}], {"budget": {"max_llm_calls": 2.5}}, 400, "whole number"),
         ([{"role": "user", "content": "q"}], {"max_seconds": "60"}, 400, "a str, not a number"),
         ([{"role": "user", "content": "q"}], {"context": "a", "context_path": "/x"}, 400, "at most one"),

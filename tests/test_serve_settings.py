@@ -53,6 +53,24 @@ def test_a_flag_in_its_own_unit_reaches_the_setting_in_the_settings_unit(tmp_pat
     assert "e.g. --idle-sessions-memory 4096" in str(bad.value)
 
 
+def test_the_operators_run_settings_are_checked_once_at_start_up(monkeypatch) -> None:
+    """check_flags, ServeSettings and the start-up model check each ran the schema over the same run
+    settings; ServeSettings' check is the one, and check_models goes on from its config."""
+    from recursa.config import RLMConfig
+
+    checks: list[dict] = []
+    schema_check = RLMConfig.checked.__func__  # type: ignore[attr-defined]
+    monkeypatch.setattr(RLMConfig, "checked", classmethod(lambda cls, *a, **k: checks.append(k) or schema_check(cls, *a, **k)))
+    args = _parser().parse_args(["serve", "--model", MODEL, "--max-iterations", "7", "--max-llm-calls", "9"])
+    settings = _settings(args, "serve")
+    settings.check_models()
+    assert len(checks) == 1 and checks[0]["max_iterations"] == 7
+    args = _parser().parse_args(["mcp", "--model", "openai/gpt-5-mini", "--base-url", "http://127.0.0.1:9/v1",
+                                 "--max-tokens", "100"])  # fmt: skip
+    with pytest.raises(ConfigError, match="--max-tokens 100 is less than the root's first call reserves"):
+        _settings(args, "mcp").check_models()  # named as the flag, from the one check's config
+
+
 @pytest.mark.parametrize(
     ("argv", "told"),
     [

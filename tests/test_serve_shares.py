@@ -134,11 +134,17 @@ def test_a_body_of_many_tiny_messages_is_refused_before_it_is_built(tmp_path: Pa
     ):
         text = json.dumps(doc).encode()
         assert loads_bounded(text) == json.loads(text)
-    # Standard JSON only, on either path: json.loads's NaN is not ijson's, so neither takes it (a NaN
-    # must not end the counting early and leave the values after it uncounted).
-    for body in (b'{"a": NaN}', b'{"a": NaN, "b": [' + b"1," * MAX_VALUES + b"1]}"):
-        with pytest.raises(json.JSONDecodeError):
-            loads_bounded(body)
+    # Standard JSON only: a NaN is no JSON value, and it does not end the count early either (the
+    # values after it are counted, and too many refuse the body before a value is built).
+    with pytest.raises(json.JSONDecodeError):
+        loads_bounded(b'{"a": NaN}')
+    with pytest.raises(TooMuchJSON):
+        loads_bounded(b'{"a": NaN, "b": [' + b"1," * MAX_VALUES + b"1]}")
+    # Commas and brackets inside strings are no values, escaped quotes included; an empty pair is one.
+    inside = json.dumps(["[{,\\\"" * MAX_VALUES, [[]] * (MAX_VALUES // 2 - 2)]).encode()
+    assert loads_bounded(inside) == json.loads(inside)
+    with pytest.raises(TooMuchJSON):
+        loads_bounded(json.dumps([[]] * MAX_VALUES).encode())
     settings = serve_settings(tmp_path, None, api_keys=KEYS)
     with BackgroundServer(create_app(settings)) as srv:
         url = srv.url + "/v1/chat/completions"

@@ -307,3 +307,50 @@ def test_one_remote_address_holds_a_quarter_of_the_viewers_connections() -> None
         for a, b in pairs:
             a.close()
             b.close()
+
+
+def test_a_trace_of_any_size_is_read_within_the_viewers_bounds(tmp_path: Path) -> None:
+    """A trace is anyone's file: it was read whole into memory, with every event, every field in
+    full and then the view on top (a 40 MB line took some 200 MB to show). The viewer now reads a
+    line at a time within ViewLimits, skips a line past its bytes or its values unparsed, cuts long
+    fields, stops at the first event past its bounds, and says each of these on the page."""
+    import tracemalloc
+
+    start = {"seq": 1, "ts": 1.0, "type": "run_start", "run_id": "R", "depth": 0, "question": "q"}
+    turn = {"seq": 2, "ts": 1.1, "type": "turn", "run_id": "R", "turn": 1}
+    path = tmp_path / "huge.jsonl"
+    with path.open("w") as fh:
+        fh.write(json.dumps(start) + "\n")
+        fh.write(json.dumps({**turn, "junk": "x" * (40 << 20)}) + "\n")  # past max_line_bytes
+        fh.write(json.dumps({**turn, "junk": [{}] * 1_000_000}) + "\n")  # 3 MB, a million values
+        fh.write(json.dumps({**turn, "seq": 3, "stdout": "y" * 200_000, "type": "exec"}) + "\n")
+        fh.write(json.dumps({**turn, "seq": 4}) + "\n")
+    tracemalloc.start()
+    try:
+        view = build_view(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 24 << 20, peak  # about the longest line read (16 MiB), not the file's 43 MB
+    from recursa.trace.viewer.reading import LIMITS, ViewLimits
+
+    warned = " ".join(view["warnings"])
+    assert "1 lines are longer than the viewer reads (16 MiB)" in warned
+    assert "1 lines hold more JSON values than the viewer reads" in warned
+    assert "1 events hold more text than the viewer shows" in warned
+    execs = [json.loads(d) for n, d in zip(view["nodes"], view["details"], strict=True) if n["k"] == "exec"]
+    shown = execs[0]["stdout"]
+    assert shown.startswith("y" * LIMITS.max_field_chars) and "150,000 more characters in the trace file" in shown
+    assert len([n for n in view["nodes"] if n["k"] == "turn"]) == 1  # the last turn event, read
+
+    # Past max_events (or the weight of what they hold) the rest of the file is not read, and the
+    # page says how far the view goes.
+    many = tmp_path / "many.jsonl"
+    turns = (json.dumps({**turn, "seq": i + 2, "turn": i}) for i in range(200))
+    many.write_text(json.dumps(start) + "\n" + "\n".join(turns) + "\n")
+    small = ViewLimits(max_events=50)
+    view = build_view(many, small)
+    assert len(view["nodes"]) == 50 and view["summary"]["stop_reason"] == "running"
+    assert any("larger than the viewer shows: it shows the first 50 events" in w for w in view["warnings"])
+    heavy = ViewLimits(max_weight=20_000)
+    assert 1 < len(build_view(many, heavy)["nodes"]) < 200

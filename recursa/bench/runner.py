@@ -19,10 +19,10 @@ from recursa.bench.progress import BenchProgress
 from recursa.bench.report import plots_skipped, write_plots, write_summary
 from recursa.bench.results import ResultsFile
 from recursa.bench.sizes import DEFAULT_SIZES, BenchError, parse_sizes
-from recursa.budget import CAP_EXAMPLES, Budget, cap_problem, positive_phrase
+from recursa.budget import Budget
 from recursa.config import BUDGET_CAPS, Spelling
-from recursa.errors import ConfigError
 from recursa.methods.base import METHODS, MethodSettings, missing_requirement
+from recursa.overrides import check_cap
 from recursa.sync import run_sync
 from recursa.tasks import families, get_family
 
@@ -98,12 +98,7 @@ def _settings(
     caps may come one by one (`max_usd=1.0`): each holds per row."""
     caps = {cap: given.pop(cap) for cap in BUDGET_CAPS if given.get(cap) is not None}
     for cap, value in caps.items():
-        if (problem := cap_problem(cap, value)) is not None:
-            raise ConfigError(
-                f"{spelling.owner}({cap}={value!r}): {problem}; use {positive_phrase(cap)} such as "
-                f"{cap}={CAP_EXAMPLES[cap]}, or leave it out for no cap",
-                setting=cap,
-            )
+        check_cap(cap, value, spelling)
     if caps:
         base = given.get("budget") or Budget()
         given["budget"] = replace(base, **caps) if isinstance(base, Budget) else base

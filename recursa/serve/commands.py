@@ -101,10 +101,11 @@ def run_command(args: argparse.Namespace) -> int:
 def _settings(args: argparse.Namespace, command: Command, **given: Any) -> ServeSettings:
     """The settings the command's flags give (`given`: the command's own defaults), checked by the
     schema and named as flags."""
-    from recursa.cli_options import rlm_kwargs, setting_values
+    from recursa.cli_options import run_kwargs, setting_values
     from recursa.config import Spelling
 
-    run = {"model": args.model, **rlm_kwargs(args)}  # the run settings: every run's RLM(...)
+    # The run settings, every run's RLM(...): checked once, by ServeSettings, named as flags.
+    run = {"model": args.model, **run_kwargs(args)}
     if getattr(args, "otel", False):
         from recursa.trace.otel import OtelListener
 
@@ -137,14 +138,6 @@ def _read_api_keys(path: str) -> dict[str, str]:
     return keys
 
 
-def _check_model(settings: ServeSettings) -> None:
-    """Fail at start-up, not on the first request, for a bad model name, key or price."""
-    from recursa.config import Spelling
-    from recursa.rlm import RLM
-
-    RLM.configured(settings.run_settings() | {"trace": False}, Spelling("cli"))
-
-
 def _serve(args: argparse.Namespace) -> int:
     settings = _settings(args, "serve")  # a bad flag is told before the heavy imports
     try:
@@ -153,7 +146,7 @@ def _serve(args: argparse.Namespace) -> int:
         from recursa.serve.openai_server import create_app
     except ImportError:
         raise ConfigError(f"recursa serve needs the server extra: {install_hint('server')}") from None
-    _check_model(settings)
+    settings.check_models()  # a bad model name, key or price fails now, not on the first request
     if settings.metrics:
         try:
             import prometheus_client  # noqa: F401
@@ -241,7 +234,7 @@ def _mcp(args: argparse.Namespace) -> int:
         from recursa.serve.mcp_server import build_mcp_server, http_app
     except ImportError:
         raise ConfigError(f"recursa mcp needs the mcp extra: {install_hint('mcp')}") from None
-    _check_model(settings)
+    settings.check_models()  # a bad model name, key or price fails now, not on the first request
     server = build_mcp_server(settings)
     if not args.http:
         server.run("stdio")

@@ -6,12 +6,11 @@ times its size in memory and held the event loop for seconds, and at the body ca
 take tens of GB. So a body may hold at most `MAX_VALUES` JSON values (every object, array and
 member counts) nested at most `MAX_NESTING` deep.
 
-A body whose every `,`, `[` and `{` (those inside strings too, an upper bound) stays within the
-bounds cannot pass them and goes straight to the standard library's parser. Any other is first read
-as a stream of events by ijson's C parser (yajl), which builds one value at a time and is stopped at
-the first value past a bound; only a body within them is then parsed. Both paths read standard JSON
-only: NaN and Infinity, which json.loads would take and ijson does not, are refused on both. What the
-values mean (how many messages, how many parts) is checked after, per API.
+The bounds are told from the text before it is parsed, by `recursa.json_bounds` (a count of the
+values and the nesting outside strings, in the C loops of bytes' methods); only a body within them
+is parsed, by the standard library's parser, once. NaN and Infinity, which json.loads would take,
+are refused: they are not JSON. What the values mean (how many messages, how many parts) is checked
+after, per API.
 """
 
 from __future__ import annotations
@@ -20,9 +19,8 @@ import asyncio
 import json
 from typing import Any
 
-import ijson
-
 from recursa.asgi.responses import send_json
+from recursa.json_bounds import TooDeepJSON, TooMuchJSON, check_bounds
 
 # A body past MAX_VALUES costs the reader some 0.1 s of CPU before it stops (docs/serving.md).
 MAX_VALUES = 100_000
@@ -31,60 +29,18 @@ MAX_MESSAGES = 20_000  # a request's messages (Chat Completions, Messages) or in
 MAX_PARTS = 50_000  # content parts over all of a request's messages together
 # Bodies above this size are parsed on a worker thread, so other requests keep being served.
 PARSE_IN_THREAD_BYTES = 1_000_000
-_CLOSING = frozenset(("end_map", "end_array"))
-
-
-class TooMuchJSON(ValueError):
-    """The body holds more values than a request may."""
-
-
-class TooDeepJSON(ValueError):
-    """The body nests arrays and objects deeper than a request may."""
 
 
 def loads_bounded(raw: bytes) -> Any:
     """`raw` parsed as JSON (json.loads's result), or TooMuchJSON / TooDeepJSON past the bounds, or
     json.JSONDecodeError / UnicodeDecodeError for a body that is not JSON."""
-    opening = raw.count(b"[") + raw.count(b"{")
-    if opening + raw.count(b",") >= MAX_VALUES or opening > MAX_NESTING:
-        _count(raw)
+    check_within(raw)
     return json.loads(raw, parse_constant=_not_json)
 
 
-def _count(raw: bytes) -> None:
-    """TooMuchJSON / TooDeepJSON at the first value of `raw` past a bound, having built none of them."""
-    values = depth = 0
-    try:
-        for event, _ in ijson.basic_parse(_Doubling(raw)):
-            if event in _CLOSING:
-                depth -= 1
-            elif event != "map_key":
-                values += 1
-                if values > MAX_VALUES:
-                    raise TooMuchJSON(f"more than {MAX_VALUES:,} JSON values")
-                if event in ("start_map", "start_array"):
-                    depth += 1
-                    if depth > MAX_NESTING:
-                        raise TooDeepJSON(f"JSON nested more than {MAX_NESTING} deep")
-    except ijson.JSONError as exc:
-        raise json.JSONDecodeError(f"not JSON ({str(exc).splitlines()[0]})", "", 0) from None
-
-
-class _Doubling:
-    """`raw` read in pieces that double in size. The parser builds every value of a piece before it
-    yields the first, so a piece past the bound is at most as large as what came before it; and it
-    reads a string that spans pieces again from its start with each piece, which doubling pieces
-    keep to twice the string's length (64 KiB pieces made a 13 MB string take 17 s)."""
-
-    def __init__(self, raw: bytes) -> None:
-        self.raw, self.at, self.size = memoryview(raw), 0, 1 << 16
-
-    def read(self, size: int = -1) -> bytes:
-        if size == 0:  # the parser asks for nothing first, to learn whether the reader gives bytes
-            return b""
-        piece = bytes(self.raw[self.at : self.at + self.size])
-        self.at, self.size = self.at + len(piece), self.size * 2
-        return piece
+def check_within(raw: bytes) -> None:
+    """TooMuchJSON / TooDeepJSON for a body past the bounds; nothing is built from it."""
+    check_bounds(raw, MAX_VALUES, MAX_NESTING)
 
 
 def _not_json(word: str) -> Any:
@@ -140,15 +96,13 @@ class JSONBounds:
         raw = b"".join(chunks)
         try:
             if len(raw) > PARSE_IN_THREAD_BYTES:  # the loop serves every other request meanwhile
-                await asyncio.to_thread(loads_bounded, raw)
+                await asyncio.to_thread(check_within, raw)
             else:
-                loads_bounded(raw)
+                check_within(raw)
         except (TooMuchJSON, TooDeepJSON) as exc:
             error = f"the request body holds {exc}, past what a request may hold"
             await send_json(send, 413, {"error": error})
             return
-        except (ValueError, RecursionError):
-            pass  # not JSON: the app says so in its own words
         await self.app(
             scope, _replay([{"type": "http.request", "body": raw, "more_body": False}], receive), send
         )
@@ -167,15 +121,13 @@ def _bounded_messages(receive: Any, send: Any) -> Any:
             data = message.get("text")
             raw = data.encode("utf-8", "surrogatepass") if data is not None else message.get("bytes") or b""
             try:
-                loads_bounded(raw)
+                check_within(raw)
             except (TooMuchJSON, TooDeepJSON):
                 closed = True
                 await send(
                     {"type": "websocket.close", "code": 1009, "reason": "message past the JSON bounds"}
                 )
                 return {"type": "websocket.disconnect", "code": 1009}
-            except (ValueError, RecursionError):
-                pass  # not JSON: the app says so in its own words
         return message
 
     return bounded

@@ -18,11 +18,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator
 
 from recursa.config import (
     SETTINGS,
     Invalid,
+    RLMConfig,
     Schema,
     Setting,
     Spelling,
@@ -32,6 +33,7 @@ from recursa.config import (
 )
 from recursa.configure import build_config
 from recursa.errors import ConfigError
+from recursa.lm.prices import PriceBook
 from recursa.overrides import same_url
 from recursa.trace.redact import Redactor
 
@@ -96,6 +98,7 @@ class ServeSettings(Schema):
     max_connections_per_address: int | None = served(None, "connections open at once from one client address (default: a quarter of max_connections)", flag="--max-connections-per-address N", on=_SERVERS, example="1024", ge=1)
     access_log: bool = served(True, "a line per request on the `recursa.serve.access` logger (the command: on stderr)", flag="--access-log", on=_SERVE)
     metrics: bool = served(True, "Prometheus metrics at GET /metrics (needs prometheus-client)", flag="--metrics", on=_SERVE)
+    _checked: tuple[RLMConfig, PriceBook, Spelling] = PrivateAttr()  # the run settings as checked
 
     def __init__(self, *, spelling: Spelling | None = None, **values: Any) -> None:
         """The settings of `values`; a bad one is a ConfigError naming it as `spelling` writes it
@@ -112,14 +115,25 @@ class ServeSettings(Schema):
         run_spelling = dataclasses.replace(spelling, schema={}, names=RUN_NAMES if spelling.form == "python" else {})
         if "model" not in run:
             raise ConfigError(f"{spelling.owner}(...) needs the root model: {run_spelling.assign('model', repr('openai/gpt-5-mini'))}", setting="model")
-        # Checked as every run's will be; kept as given (a sub_model left out follows an ACP session's
-        # model, and each run makes its own tools and clients of them).
-        checked, _ = build_config(run, run_spelling)
-        self.max_depth_limit = max(self.max_depth_limit, checked.max_depth)
+        # Checked as every run's will be, once (check_models goes on from this check); kept as given
+        # (a sub_model left out follows an ACP session's model, and each run makes its own tools and
+        # clients of them).
+        config, prices = build_config(run, run_spelling)
+        self._checked = (config, prices, run_spelling)
+        self.max_depth_limit = max(self.max_depth_limit, config.max_depth)
 
     @classmethod
     def checked(cls, spelling: Spelling, **values: Any) -> ServeSettings:
         return cls(spelling=spelling, **values)
+
+    def check_models(self) -> None:
+        """What RLM(...) checks beyond the schema (a provider, a key and a price for each model the
+        operator's runs call; a budget that lets the root's first call through), on the run
+        settings as they were checked when these settings were made: `recursa serve` and `mcp` fail
+        at start-up, not on the first request (`acp`'s sessions may name their own model)."""
+        from recursa.rlm import check_runs
+
+        check_runs(*self._checked)
 
     @field_validator("context_roots")
     @classmethod

@@ -1,8 +1,10 @@
 """A trace viewer in the browser: `recursa view TRACE [--port N]` or `recursa view TRACE --html out.html`.
 
 One static page (assets/: HTML, CSS, JS; no dependencies, no network) renders the view built by
-`build_view`. `export_html` embeds the data in a standalone file; `ViewerServer` serves the page
-and re-reads the trace on every poll, so a run that is still going can be watched live.
+`build_view`, read within fixed bounds whatever the file holds (reading.py: a trace beyond them is
+shown in part, and the page says so). `export_html` embeds the data in a standalone file;
+`ViewerServer` serves the page and re-reads the trace when it changed, so a run that is still going
+can be watched live.
 """
 
 from __future__ import annotations
@@ -142,7 +144,9 @@ class _Server(ThreadingHTTPServer):
         return not is_loopback_name(local_address) or host.lower() in self.hosts
 
     def view_json(self) -> bytes:
-        """The view, rebuilt only when the file changed (a live run appends to it)."""
+        """The view, rebuilt only when the file changed (a live run appends to it). One view is held
+        and one built at a time, each within the reading's bounds (reading.py), so what the server
+        holds is bounded whatever the trace is and however many requests come at once."""
         stat = self.trace.stat()
         key = (stat.st_mtime_ns, stat.st_size)
         with self._lock:
@@ -169,10 +173,14 @@ class ViewerServer:
         max_connections: int = 64,
     ) -> None:
         self.trace = Path(trace)
-        build_view(self.trace)  # fail now, with a clear message, if it is not a trace
         # A connection silent for idle_timeout_s, or whose request head took longer, is closed, and
         # at most max_connections are open (recursa/trace/viewer/connections.py).
         self._server = _Server((host, port), self.trace, idle_timeout_s, max_connections)
+        try:
+            self._server.view_json()  # fail now, with a clear message, if it is not a trace (kept for the first request)
+        except BaseException:
+            self._server.server_close()
+            raise
         self._thread: threading.Thread | None = None
 
     @property

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recursa.trace.reader import parse_line
+from recursa.trace.viewer.reading import LIMITS, TraceFormatError, ViewLimits, read_trace
 
 VIEW_VERSION = 1
 # The newest trace layout this viewer understands (run_start's "format"; absent means 1).
@@ -48,10 +48,6 @@ KNOWN_TYPES = {
 # A run's status is a CSS class and a badge in the page: a trace is anyone's file, so anything
 # else becomes "unknown" (the stop_reason text itself is still shown, escaped, in the details).
 RUN_STATUSES = frozenset({"final", "max_iterations", "budget", "timeout", "error", "cancelled", "ok"})
-
-
-class TraceFormatError(ValueError):
-    """The file is not a recursa trace (or nothing in it can be read)."""
 
 
 @dataclass
@@ -104,40 +100,20 @@ def _short(text: Any, limit: int = 90) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
-def read_events(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every readable event, and warnings about what could not be read."""
+def read_events(path: Path, limits: ViewLimits = LIMITS) -> tuple[list[dict[str, Any]], list[str]]:
+    """The events the view shows (read within `limits`: reading.py), and warnings about what could
+    not be read or is not shown."""
+    read = read_trace(path, limits, _constant)
     events: list[dict[str, Any]] = []
-    warnings: list[str] = []
-    bad_lines = 0
     unknown: dict[str, int] = {}
-    try:
-        fh = open(path, encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise TraceFormatError(f"cannot read {path}: {exc.strerror}") from None
-    with fh:
-        lines = fh.read().splitlines()
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            event = parse_line(line, parse_constant=_constant)
-        except ValueError as exc:  # not JSON, or nested thousands deep (not an event recursa writes)
-            if isinstance(exc, json.JSONDecodeError) and number == len(lines):
-                warnings.append("the last line is cut off: the run was still writing or crashed")
-            else:
-                bad_lines += 1
-            continue
-        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-            bad_lines += 1
-            continue
+    for event in read.events:
         if event["type"] not in KNOWN_TYPES:
             unknown[event["type"]] = unknown.get(event["type"], 0) + 1
             continue
         events.append(event)
-    if bad_lines:
-        warnings.append(f"{bad_lines} lines are not trace events and were skipped")
+    warnings = read.warnings(limits)
     if unknown:
-        kinds = ", ".join(f"{k} ({n})" for k, n in sorted(unknown.items()))
+        kinds = ", ".join(f"{_short(k, 40)} ({n})" for k, n in sorted(unknown.items()))
         warnings.append(f"events of unknown types were skipped: {kinds}; is the trace from a newer recursa?")
     formats = {f for e in events if e["type"] == "run_start" and isinstance(f := e.get("format", 1), int)}
     newer = sorted(f for f in formats if isinstance(f, int) and f > SUPPORTED_FORMAT)
@@ -509,12 +485,15 @@ def _assign_rows(b: _Builder) -> int:
     return next_row
 
 
-def build_view(path: str | Path) -> dict[str, Any]:
-    """The viewer's data for one trace file. Raises TraceFormatError for files that are not traces."""
+def build_view(path: str | Path, limits: ViewLimits = LIMITS) -> dict[str, Any]:
+    """The viewer's data for one trace file, within `limits` (reading.py). Raises TraceFormatError
+    for files that are not traces."""
     path = Path(path)
-    events, warnings = read_events(path)
+    events, warnings = read_events(path, limits)
     builder = _Builder(events)
+    del events  # the builder holds them, in order, until the nodes are made
     builder.build()
+    builder.events = []
     warnings.extend(dict.fromkeys(builder.warnings))
     _close_open_intervals(builder)
     rows = _assign_rows(builder)
