@@ -3,8 +3,9 @@ frames relayed over actor calls (relay.py).
 
 First without a cluster, as test_ray_stream.py does: the plain host (RelayHost over NodeHost) behind a
 stand-in for its actor handle, the driver's NodeLink choosing its carrier. Then through a real Ray
-Client: a cluster on this machine whose head runs Ray's client server, and this process connected
-to it by `ray://`, running an RLM and an RLMEnv episode whose REPL calls back to the driver."""
+Client: a cluster on this machine, Ray's client server for it in a process of its own, and this
+process connected to it by `ray://`, running an RLM and RLMEnv episodes whose REPLs call back to
+the driver, and losing the node's host under one."""
 
 from __future__ import annotations
 
