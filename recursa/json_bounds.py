@@ -40,13 +40,13 @@ class TooDeepJSON(ValueError):
     """The text nests arrays and objects deeper than allowed."""
 
 
-def check_bounds(raw: bytes, max_values: int, max_nesting: int) -> None:
+def check_bounds(raw: bytes, max_values: int, max_nesting: int) -> int:
     """TooMuchJSON when `raw` holds more than `max_values` values (every object, array and member
-    counts), TooDeepJSON when it nests deeper than `max_nesting`; otherwise nothing (whether it is
-    JSON at all is json.loads' to say)."""
+    counts), TooDeepJSON when it nests deeper than `max_nesting`; otherwise the most values it can
+    hold (whether it is JSON at all is json.loads' to say)."""
     opening = raw.count(b"[") + raw.count(b"{")
-    if opening + raw.count(b",") < max_values and opening <= max_nesting:
-        return  # even counting the brackets and commas inside strings, it is within both bounds
+    if (most := 1 + opening + raw.count(b",")) <= max_values and opening <= max_nesting:
+        return most  # even counting the brackets and commas inside strings, it is within both bounds
     values, depth, inside, at, size = 1, 0, False, 0, len(raw)
     while at < size:
         end = min(size, at + _PIECE)
@@ -68,3 +68,4 @@ def check_bounds(raw: bytes, max_values: int, max_nesting: int) -> None:
             raise TooDeepJSON(f"JSON nested more than {max_nesting} deep")
         depth += opened - dense.count(b"]") - dense.count(b"}")
         at = end
+    return values

@@ -8,7 +8,7 @@ times their bytes once parsed. The viewer reads the file a line at a time and ke
   one holding more than `max_line_values` JSON values or nesting deeper than `max_line_nesting`
   (counted in its text before anything is built from it: recursa/json_bounds.py);
 - from each event, strings up to `max_field_chars` and lists and objects up to `max_items`
-  entries, `max_depth` levels deep (the rest is marked as left out, with how much);
+  entries (the rest is marked as left out, with how much);
 - at most `max_events` events and `max_weight` of what they hold (characters of text, and
   `_SLOT` for each value, list or object, about what Python keeps for one): the file past the
   first event beyond either bound is not read, and the view's warning says how far it got.
@@ -37,7 +37,6 @@ class ViewLimits:
     max_weight: int = 32_000_000
     max_field_chars: int = 50_000
     max_items: int = 1_000
-    max_depth: int = 12
     max_line_bytes: int = 16 << 20
     max_line_values: int = 200_000  # JSON values in one line, counted before it is parsed
     max_line_nesting: int = 256
@@ -123,7 +122,7 @@ def read_trace(path: Path, limits: ViewLimits, parse_constant: Any) -> ReadTrace
             read.bad_lines += pending_bad
             pending_bad = False
             try:
-                check_bounds(raw, limits.max_line_values, limits.max_line_nesting)
+                values = check_bounds(raw, limits.max_line_values, limits.max_line_nesting)
             except (TooMuchJSON, TooDeepJSON):
                 read.dense_lines += 1
                 continue
@@ -140,7 +139,11 @@ def read_trace(path: Path, limits: ViewLimits, parse_constant: Any) -> ReadTrace
                 read.bad_lines += 1
                 continue
             kept = _Clip(limits)
-            event = kept.value(event, 0)
+            if len(raw) <= limits.max_field_chars and values <= limits.max_items:
+                # Nothing in it can be cut (no string nor list that long): weighed by its text.
+                kept.weight = len(raw) + _SLOT * values
+            else:
+                event = kept.value(event)
             if len(read.events) >= limits.max_events or weight + kept.weight > limits.max_weight:
                 read.stopped_at = start
                 break
@@ -182,7 +185,7 @@ class _Clip:
         self.weight = 0
         self.clipped = 0  # 0 or 1: whether any field of the event was cut
 
-    def value(self, value: Any, depth: int) -> Any:
+    def value(self, value: Any) -> Any:
         self.weight += _SLOT
         limits = self.limits
         if isinstance(value, str):
@@ -195,11 +198,9 @@ class _Clip:
             return value[: limits.max_field_chars] + f"… [{left:,} more characters in the trace file]"
         if not isinstance(value, (dict, list)):
             return value
-        if depth >= limits.max_depth:
-            self.clipped = 1
-            return f"[{type(value).__name__} nested deeper than the viewer shows]"
+        # (Recursion is bounded: a line nests at most max_line_nesting deep.)
         if isinstance(value, list):
-            out = [self.value(item, depth + 1) for item in value[: limits.max_items]]
+            out = [self.value(item) for item in value[: limits.max_items]]
             if len(value) > limits.max_items:
                 self.clipped = 1
                 out.append(f"… [{len(value) - limits.max_items:,} more items in the trace file]")
@@ -214,5 +215,5 @@ class _Clip:
                 self.clipped = 1
                 key = key[: limits.max_field_chars] + "…"
             self.weight += len(key)
-            kept[key] = self.value(item, depth + 1)
+            kept[key] = self.value(item)
         return kept
