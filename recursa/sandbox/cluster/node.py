@@ -46,7 +46,7 @@ class Stream(wire.Channel):
     matched), and its requests running. Nothing before the token is parsed."""
 
     def __init__(self, host: NodeHost) -> None:
-        super().__init__(wire.DriverDecoder(), self._frame, self._ended_by)
+        super().__init__(wire.DriverDecoder(), self._frame)  # (connection_lost closes, whatever ended it)
         self.host = host
         self.client: str | None = None
         self.running: dict[int, asyncio.Task[None]] = {}
@@ -95,9 +95,6 @@ class Stream(wire.Channel):
     def _frame(self, frame: dict[str, Any]) -> None:
         assert self.client is not None
         self.host._take(self.client, self, frame)
-
-    def _ended_by(self, why: Exception | None) -> None:
-        pass  # (connection_lost does the closing, whatever ended the stream)
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)

@@ -114,7 +114,7 @@ class Channel(asyncio.Protocol):
     every _SLICE_S, so a flood is read no faster than it is served."""
 
     def __init__(self, decoder: Decoder, on_frame: Callable[[Any], None],
-                 on_end: Callable[[Exception | None], None]) -> None:  # fmt: skip
+                 on_end: Callable[[Exception | None], None] | None = None) -> None:  # fmt: skip
         self.transport: asyncio.Transport | None = None
         self._decoder = decoder
         self._on_frame = on_frame
@@ -194,7 +194,8 @@ class Channel(asyncio.Protocol):
     def _end(self, why: Exception | None) -> None:
         if not self._ended:
             self._ended = True
-            self._on_end(why)
+            if self._on_end is not None:
+                self._on_end(why)
 
     # -- out -------------------------------------------------------------------------------------
 
