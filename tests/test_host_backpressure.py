@@ -57,15 +57,25 @@ def write_all(data):
 FLOOD = (
     RAW_WRITER
     + """
-def tool(i, x):
-    return frame({"op": "call", "id": i, "fn": "tool", "args": {"name": "slow_echo", "args": [x], "kwargs": {}}})
+import gc
 
+def call(i, x):
+    return {"op": "call", "id": i, "fn": "tool", "args": {"name": "slow_echo", "args": [x], "kwargs": {}}}
+
+def tool(i, x):
+    return frame(call(i, x))
+
+# The first frame goes as a call sends it (`lend=True`), so that the worker's reader thread takes the
+# host's replies off the channel while the flood goes out; a cell that never has them read blocks
+# only itself, on a full socket, until its timeout.
+chan = next(o for o in gc.get_objects() if type(o).__name__ == "WorkerChannel")
+chan.send(call(10**9, "dup"), lend=True)
 dup = tool(10**9, "dup")
 calls = [tool(10**9 + 1 + i, f"p{i}") for i in range(600)]
 junk = [frame({"op": "call", "id": 2 * 10**9 + i, "fn": "no_such_function", "args": {}}) for i in range(20000)]
 junk += [frame({"op": "call", "id": 3 * 10**9 + i, "fn": "llm_query", "args": [i]}) for i in range(10000)]
 junk += [frame({"op": "call", "fn": "llm_query", "args": {}}) for i in range(10000)]
-write_all(dup + dup + b"".join(calls) + b"".join(junk))
+write_all(dup + b"".join(calls) + b"".join(junk))
 print("flood written")
 """
 )

@@ -100,6 +100,17 @@ def _too_large(size: int | None = None) -> str:
     return f"{what}; the limit is {MAX_HOST_FRAME_BYTES:,} per message"
 
 
+def announced(buf: bytearray) -> int | None:
+    """The length the next frame in `buf` announces (4 bytes, big-endian), None until they are in.
+    A length past MAX_FRAME_BYTES is a ProtocolError: no end of any channel sends one."""
+    if len(buf) < 4:
+        return None
+    size = int.from_bytes(buf[:4], "big")
+    if size > MAX_FRAME_BYTES:
+        raise ProtocolError(f"frame of {size:,} bytes announced; the limit is {MAX_FRAME_BYTES:,}")
+    return size
+
+
 class FrameDecoder:
     """Length-prefixed frames (4-byte big-endian length, UTF-8 JSON), one at a time."""
 
@@ -124,11 +135,9 @@ class FrameDecoder:
             refused, self._refused = self._refused, None
             return refused
         buf = self._buf
-        if len(buf) < 4:
+        size = announced(buf)
+        if size is None:
             return None
-        size = int.from_bytes(buf[:4], "big")
-        if size > MAX_FRAME_BYTES:
-            raise ProtocolError(f"frame of {size:,} bytes announced; the limit is {MAX_FRAME_BYTES:,}")
         if size > MAX_HOST_FRAME_BYTES:
             if len(buf) < 4 + _HEAD_BYTES:
                 return None

@@ -34,9 +34,9 @@ from typing import Any, Final, Protocol
 
 from recursa.errors import ConfigError, ContextError, RecursaError, SandboxError, SandboxLost, template_of
 from recursa.sandbox.base import ExecResult, FinalAnswer
-from recursa.sandbox.frames import ProtocolError, RefusedFrame
+from recursa.sandbox.frames import ProtocolError, RefusedFrame, announced
 from recursa.sandbox.protocol import exec_result_from_wire, final_from_wire
-from recursa.sandbox.worker.wire import MAX_FRAME_BYTES, decode_frame, encode_frame
+from recursa.sandbox.worker.wire import decode_frame, encode_frame
 
 TOKEN_BYTES: Final = 32
 AUTH_S: Final = 5.0  # a connection that has not sent its token by then is dropped
@@ -77,12 +77,8 @@ class DriverDecoder:
 
     def next_frame(self) -> dict[str, Any] | None:
         buf = self._buf
-        if len(buf) < 4:
-            return None
-        size = int.from_bytes(buf[:4], "big")
-        if size > MAX_FRAME_BYTES:
-            raise ProtocolError(f"frame of {size:,} bytes announced; the limit is {MAX_FRAME_BYTES:,}")
-        if len(buf) < 4 + size:
+        size = announced(buf)
+        if size is None or len(buf) < 4 + size:
             return None
         body = bytes(buf[4 : 4 + size])
         del buf[: 4 + size]
