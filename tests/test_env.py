@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ import pytest
 import recursa.context
 from recursa import Budget
 from recursa.env import EnvError, RLMEnv, group_rollouts
-from recursa.env.contexts import EncodedContexts
+from recursa.env.contexts import EncodedContexts, _AfterThisTurn
 from recursa.errors import ConfigError, ContextError
 from recursa.tasks import generate
 from recursa.tasks.base import get
@@ -362,6 +363,26 @@ async def test_kept_contexts_count_their_bytes_once_written() -> None:
     assert big.size_bytes == 5_000 and len(kept) == 1  # and the first went out to make room
     for payload in (first, again, same, big):
         payload.close()
+    kept.clear()
+
+
+def test_a_context_is_written_once_its_loop_turn_ends_or_its_loop_is_gone() -> None:
+    # The write waits for the start's turn of the loop to end (the start would otherwise wait for
+    # the writer's hold on the GIL), but never on a loop that will not run again: the samples that
+    # share the buffer would wait for it forever.
+    text = "z" * 100_000
+    kept = EncodedContexts()
+    payload = asyncio.run(kept.load(text))
+    shared = asyncio.run(kept.load(text))  # a later sample, on another loop, shares the buffer
+    assert shared.pending is None or shared.pending.result(timeout=5).size_bytes == 100_000
+    assert shared.read_bytes() == text.encode()
+    gone = asyncio.new_event_loop()
+    with ThreadPoolExecutor(1) as writers:
+        after = _AfterThisTurn(gone, writers).submit(len, text)
+        gone.close()  # its turn never ends
+        assert after.result(timeout=5) == 100_000
+    for each in (payload, shared):
+        each.close()
     kept.clear()
 
 
