@@ -37,6 +37,12 @@ def frame(obj):
     data = json.dumps(obj).encode()
     return len(data).to_bytes(4, "big") + data
 
+# Sent as a call sends it (`lend=True`): the worker's reader thread then takes the host's replies
+# off the channel while the cell writes. A cell that never has them read blocks only itself.
+import gc
+chan = next(o for o in gc.get_objects() if type(o).__name__ == "WorkerChannel")
+chan.send({"op": "call", "id": 10**9 - 1, "fn": "llm_query", "args": {"prompt": "x"}}, lend=True)
+
 blob = b"".join(frame({"op": "call", "id": 10**9 + i, "fn": "llm_query", "args": {"prompt": "x"}}) for i in range(2000))
 end, sent = time.time() + SECONDS, 0
 while time.time() < end:
