@@ -64,11 +64,12 @@ async def host() -> AsyncIterator[tuple[RelayHost, list[Fake]]]:
 
 
 async def relayed(
-    host: RelayHost, transport: relay.Transport = "auto", lost: list[NodeLink] | None = None
+    host: RelayHost, transport: relay.Transport = "auto", lost: list[NodeLink] | None = None,
+    unreachable: set[str] | None = None,
 ) -> NodeLink:
     link = NodeLink(Node("r" * 12, "127.0.0.1", {}), Actor(host), "client-r", answer,
                     (lost if lost is not None else []).append)  # fmt: skip
-    await link.connect(carrier_for(NO_CLIENT, transport))
+    await link.connect(carrier_for(NO_CLIENT, transport, set() if unreachable is None else unreachable))
     return link
 
 
@@ -76,14 +77,14 @@ async def test_a_node_whose_stream_is_refused_is_relayed_with_the_same_semantics
     host: tuple[RelayHost, list[Fake]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     served, made = host
-    monkeypatch.setattr(relay, "_unreachable", set())
     with pytest.raises(
         SandboxError,
         match=r"could not open its stream.*127\.0\.0\.1:\d+: .*Connect call failed.*\"transport\": \"relay\"",
     ):
         await relayed(served, "stream")
-    link = await relayed(served)  # "auto": the stream is refused, so the frames ride actor calls
-    assert "client-r" in served._relays and relay._unreachable == {"r" * 12}
+    unreachable: set[str] = set()  # the pool's: nodes relayed from now on
+    link = await relayed(served, unreachable=unreachable)  # "auto": the stream is refused, so the frames ride actor calls
+    assert "client-r" in served._relays and unreachable == {"r" * 12}
     await opened(link)
     SERVED.clear()
     # Cells, results and call-backs, concurrently: a cell that waits on its call-back does not hold

@@ -163,6 +163,7 @@ class RayPool:
         self._handlers: dict[str, CallHandler] = {}  # repl -> the run's call-back handler
         self._repl_node: dict[str, Node] = {}
         self._links: dict[str, asyncio.Future[NodeLink]] = {}  # node id -> its stream (once connected)
+        self._unreachable: set[str] = set()  # node ids whose stream could not be opened ("auto")
         self._dead: dict[str, str] = {}  # node id -> why
         self._contexts: dict[str, Any] = {}  # context key -> object ref (kept while REPLs use it)
         self._context_users: dict[str, set[str]] = {}
@@ -341,7 +342,7 @@ class RayPool:
     async def _connect(self, node: Node, kind: str, max_repls: int | None, transport: Transport) -> NodeLink:
         host = _host_actor(self.ray, node, self.make_sandbox, kind, max_repls)
         link = NodeLink(node, host, self.client, self._serve_call, self._lost)
-        await link.connect(carrier_for(self.ray, transport))
+        await link.connect(carrier_for(self.ray, transport, self._unreachable))
         return link
 
     def _lost(self, link: NodeLink) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 from collections.abc import Callable
 from typing import Any, Final, Literal, get_args
 
@@ -41,7 +42,6 @@ TRANSPORTS: Final = get_args(Transport)
 _PULL_BYTES: Final = 8 << 20  # at most this much per pull, both the host's bound and the driver's check
 _POLL_S: Final = 20.0  # a pull with nothing to carry returns empty after this long
 _TRY_STREAM_S: Final = 5.0  # for a TCP connect under "auto" before the node is relayed instead
-_unreachable: set[str] = set()  # node ids whose stream this process could not open ("auto")
 
 
 def is_ray_client(ray: Any) -> bool:
@@ -52,21 +52,22 @@ def is_ray_client(ray: Any) -> bool:
         return False
 
 
-def carrier_for(ray: Any, transport: Transport) -> Carrier:
-    """How a link of this process opens its stream under `transport`."""
+def carrier_for(ray: Any, transport: Transport, unreachable: set[str]) -> Carrier:
+    """How a link opens its stream under `transport`; under "auto", a node whose stream could not
+    be opened is added to `unreachable` (its pool's) and relayed from then on."""
     if transport == "relay" or (transport == "auto" and is_ray_client(ray)):
         return open_relay
     if transport == "stream":
         return open_stream
-    return _stream_else_relay
+    return functools.partial(_stream_else_relay, unreachable=unreachable)
 
 
-async def _stream_else_relay(link: NodeLink, token: bytes, channel: Channel) -> None:
-    if link.node.node_id not in _unreachable:
+async def _stream_else_relay(link: NodeLink, token: bytes, channel: Channel, *, unreachable: set[str]) -> None:
+    if link.node.node_id not in unreachable:
         try:
             return await open_stream(link, token, channel, _TRY_STREAM_S)
         except OSError:  # a firewall between the driver and the node: relay through Ray instead
-            _unreachable.add(link.node.node_id)
+            unreachable.add(link.node.node_id)
     await open_relay(link, token, channel)
 
 
