@@ -37,6 +37,7 @@ _SHUTDOWN_S = 10.0  # for every node host to close its REPLs before the hosts ar
 _PROBE_S = 5.0  # a TCP connect to the head before ray.init
 _HOST_CONCURRENCY = 10_000  # async calls in flight on one node host (exchanges of every driver)
 _NODES_TTL_S = 1.0  # how long placement trusts the node table it read from the GCS
+RAY_ADDRESS = "RAY_ADDRESS"  # Ray's own variable naming the cluster a driver joins
 
 
 def import_ray() -> Any:
@@ -51,17 +52,23 @@ def import_ray() -> Any:
 
 
 def connect(address: str | None) -> Any:
-    """Ray, connected: the running connection, else `ray.init(address)` (None: a local instance)."""
+    """Ray, connected: the running connection, else `ray.init(address)`. None: the cluster Ray's own
+    RAY_ADDRESS names (how a process started without recursa's options, such as `recursa acp` under
+    a verifiers rollout or `recursa openenv`, is pointed at one; Ray's jobs set it too), else a new
+    local instance of our own, never a cluster that merely happens to run on this machine."""
     ray = import_ray()
     if ray.is_initialized():
         return ray
-    if address not in (None, "auto", "local"):
-        _check_reachable(address)
-    try:  # None: a new local instance of our own, never a cluster that happens to run on this machine
-        ray.init(address=address or "local", include_dashboard=False, log_to_driver=False, configure_logging=False,
+    named, source = address, ""
+    if address is None and os.environ.get(RAY_ADDRESS):
+        named, source = os.environ[RAY_ADDRESS], f" (from ${RAY_ADDRESS})"
+    if named not in (None, "auto", "local"):
+        _check_reachable(named, source)
+    try:
+        ray.init(address=named or "local", include_dashboard=False, log_to_driver=False, configure_logging=False,
                  namespace=_NAMESPACE)  # fmt: skip
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        where = f"the Ray cluster at {address!r}" if address else "a local Ray instance"
+        where = f"the Ray cluster at {named!r}{source}" if named else "a local Ray instance"
         raise ConfigError(
             f"«sandbox='ray'» could not connect to {where}: {exc}. Start the cluster (`ray start --head`) "
             'or pass «sandbox_options=»{"address": "HOST:PORT"} (or "auto" for the running one).'
@@ -69,8 +76,9 @@ def connect(address: str | None) -> Any:
     return ray
 
 
-def _check_reachable(address: str) -> None:
-    """Fail in seconds, naming the address: ray.init retries an unreachable one for minutes."""
+def _check_reachable(address: str, source: str = "") -> None:
+    """Fail in seconds, naming the address (and `source`, where it came from): ray.init retries an
+    unreachable one for minutes."""
     where = address.removeprefix("ray://").removeprefix("ray+tls://")
     host, _, port = where.rpartition(":")
     try:
@@ -81,10 +89,10 @@ def _check_reachable(address: str) -> None:
     except OSError as exc:
         problem = f"nothing answers there ({exc.strerror or exc})"
     raise ConfigError(
-        f"«sandbox='ray'»: the Ray cluster address {address!r} cannot be reached: {problem}. "
+        f"«sandbox='ray'»: the Ray cluster address {address!r}{source} cannot be reached: {problem}. "
         'Give the head node\'s GCS address (`ray start --head` prints it), its Ray Client address '
         '("ray://HEAD:10001") from outside the cluster, "auto" for a cluster started on this machine, '
-        "or None for a local instance."
+        "or None for a local instance (with $RAY_ADDRESS unset)."
     )
 
 
