@@ -28,6 +28,7 @@ from typing import Any
 
 from recursa.context import ContextPayload
 from recursa.errors import ConfigError, SandboxError
+from recursa.extras import install_hint
 from recursa.sandbox.base import CallbackError, CallHandler, Sandbox
 from recursa.sandbox.cluster.link import Node, NodeLink, NodeLost
 from recursa.sandbox.cluster.relay import RelayHost, Transport, carrier_for
@@ -47,11 +48,17 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise ConfigError(
-            "«sandbox='ray'» needs Ray, which is not installed: pip install \"recursa[ray]\" "
-            '(pip install -e ".[ray]" in a source checkout)'
-        ) from None
+        raise ConfigError(f"«sandbox='ray'» needs Ray, which is not installed: {install_hint('ray')}") from None
     return ray
+
+
+def preflight(options: dict[str, Any]) -> None:
+    """What a config can be checked for before any run (RLM(...), RLMEnv(...), the CLI): Ray is
+    installed, and the cluster `options` name answers (unless this process is connected already)."""
+    ray = import_ray()
+    address = options.get("address")
+    if isinstance(address, str) and not ray.is_initialized() and address not in ("auto", "local"):
+        _check_reachable(address)
 
 
 def connect(address: str | None) -> Any:
@@ -73,17 +80,24 @@ def connect(address: str | None) -> Any:
     return ray
 
 
-def _check_reachable(address: str) -> None:
-    """Fail in seconds, naming the address: ray.init retries an unreachable one for minutes."""
+def unreachable(address: str) -> str | None:
+    """Why the Ray cluster at `address` cannot be reached, found in seconds (ray.init retries an
+    unreachable one for minutes); None when something answers there."""
     where = address.removeprefix("ray://").removeprefix("ray+tls://")
     host, _, port = where.rpartition(":")
     try:
         with socket.create_connection((host or "127.0.0.1", int(port)), timeout=_PROBE_S):
-            return
+            return None
     except ValueError:
-        problem = "it is not HOST:PORT"
+        return "it is not HOST:PORT"
     except OSError as exc:
-        problem = f"nothing answers there ({exc.strerror or exc})"
+        return f"nothing answers there ({exc.strerror or exc})"
+
+
+def _check_reachable(address: str) -> None:
+    problem = unreachable(address)
+    if problem is None:
+        return
     raise ConfigError(
         f"«sandbox='ray'»: the Ray cluster address {address!r} cannot be reached: {problem}. "
         'Give the head node\'s GCS address (`ray start --head` prints it), its Ray Client address '
