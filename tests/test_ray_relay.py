@@ -173,15 +173,23 @@ def test_without_an_address_rays_own_variable_names_the_cluster(monkeypatch: pyt
     # How `recursa acp --sandbox ray` under a verifiers rollout, or `recursa openenv --sandbox ray`,
     # joins a cluster: Ray's RAY_ADDRESS, checked and named as an address given in sandbox_options is.
     ray = pytest.importorskip("ray", reason="sandbox='ray' needs the ray extra (installed by the dev extra)")
+    from recursa import RLM
+    from recursa.bench.ray_executor import preflight
+    from recursa.bench.sizes import BenchError
     from recursa.errors import ConfigError
     from recursa.sandbox.cluster.pool import connect
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")
-    with pytest.raises(ConfigError, match=r"'127\.0\.0\.1:9' \(from \$RAY_ADDRESS\) cannot be reached"):
+    from_env = r"'127\.0\.0\.1:9' \(from \$RAY_ADDRESS\) cannot be reached"
+    with pytest.raises(ConfigError, match=from_env):
         connect(None)
+    with pytest.raises(ConfigError, match=from_env):  # when the run is made, before any REPL
+        RLM("scripted/gpt5-like", sandbox="ray")
     with pytest.raises(ConfigError, match=r"'127\.0\.0\.1:7' cannot be reached"):  # a given address wins
         connect("127.0.0.1:7")
+    with pytest.raises(BenchError, match=r"^\$RAY_ADDRESS=127\.0\.0\.1:9: the Ray cluster cannot be reached"):
+        preflight(None)  # recursa bench --executor ray
 
 
 # -- a real Ray Client -------------------------------------------------------------------------------
