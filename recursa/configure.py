@@ -17,6 +17,7 @@ from recursa.lm.custom import ClientSet
 from recursa.lm.prices import PriceBook
 from recursa.lm.registry import make_client, parse_model
 from recursa.loop.dialects import make_dialect
+from recursa.sandbox import SANDBOXES
 from recursa.tools.mcp_config import parse_mcp_servers
 from recursa.tools.mcp_tools import McpServers
 from recursa.tools.spec import Tool, make_sub_tools, make_tools
@@ -47,6 +48,9 @@ def build_config(given: Mapping[str, Any], spelling: Spelling) -> tuple[RLMConfi
     except ConfigError as exc:
         raise ConfigError(f"{spelling.given('dialect', config.dialect)}: {spelling.told(exc)}") from None
     _check_tool_names(config.tools, config.sub_tools, spelling)
+    kind = SANDBOXES[config.sandbox]
+    if kind.preflight is not None:  # Ray missing or its cluster's address dead: now, not at the first REPL
+        kind.preflight(config.sandbox_options or {})
     parse_model(config.model)  # the root's name chooses its prompt, whoever answers its calls
     prices = PriceBook(config.prices)
     clients.alias_prices(prices)

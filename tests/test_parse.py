@@ -27,6 +27,16 @@ def test_prose_final_var_with_and_without_quotes():
     assert read_reply("Done.\n  FINAL_VAR('my_list')").turn_answer.text == "my_list"
 
 
+def test_answers_read_past_the_quick_checks_for_their_marks():
+    # find_final returns at once for ASCII text without "final", "<" or a backslash: each form
+    # here has one of those, and a dotless i (matched by the patterns' ignored case) is not ASCII.
+    assert read_reply("f\u0131nal(42)").turn_answer.text == "42"
+    assert read_reply("Result:\n<answer>7</answer>").turn_answer.text == "7"
+    assert read_reply("So it is $\\boxed{9}$.").turn_answer.text == "9"
+    parsed = read_reply("```repl\n  x = 1\n  print(x)\n```\n```repl\n>>> y = 2\n```")
+    assert parsed.code == ["x = 1\nprint(x)", "y = 2"]
+
+
 def test_final_inside_code_is_not_prose():
     parsed = read_reply("```repl\nFINAL(x)\n```")
     assert parsed.turn_answer is None

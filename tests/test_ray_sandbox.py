@@ -34,7 +34,7 @@ def cluster() -> Iterator[dict[str, str]]:
     """A head that takes no REPLs (it stands for a GPU node) and two CPU nodes that do."""
     made = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
                                                           "resources": {"gpu_like": 1}})  # fmt: skip
-    a = made.add_node(num_cpus=1, resources={"cpu_repl": 1, "node_a": 1})
+    a = made.add_node(num_cpus=1, resources={"cpu_repl": 1, "node_a": 1}, labels={"pool": "cpu-a"})
     b = made.add_node(num_cpus=1, resources={"cpu_repl": 1, "node_b": 1})
     made.wait_for_nodes()
     ray.init(address=made.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
@@ -75,6 +75,7 @@ async def test_placement_follows_resources_and_labels_and_spreads(cluster: dict)
             await sandbox.close()
 
     assert await on({"resources": {"node_b": 1}}) == cluster["b"]
+    assert await on({"labels": {"pool": "cpu-a"}}) == cluster["a"]  # a Ray node label (ray start --labels)
     spread = [make_sandbox("ray", **ray_options()) for _ in range(4)]
     await asyncio.gather(*(s.start(lambda name, args: asyncio.sleep(0)) for s in spread))
     try:
@@ -84,6 +85,8 @@ async def test_placement_follows_resources_and_labels_and_spreads(cluster: dict)
         await asyncio.gather(*(s.close() for s in spread))
     with pytest.raises(Exception, match="no live Ray node fits"):
         await on({"resources": {"tpu": 1}})
+    with pytest.raises(Exception, match=r"no live Ray node fits .*labels=\{'pool': 'gpu'\}"):
+        await on({"labels": {"pool": "gpu"}})
 
 
 async def test_one_tree_stays_on_one_node_and_a_context_crosses_once_per_node(cluster: dict) -> None:
@@ -113,27 +116,81 @@ async def test_one_tree_stays_on_one_node_and_a_context_crosses_once_per_node(cl
             "try:\n    llm_query('too dear')\nexcept BudgetExceeded as e:\n    print('refused:', e)", 30
         )
         assert "refused: the budget's max_usd=1 is used up" in refused.stdout, refused
+        # A cell past its timeout is interrupted and its REPL keeps its variables, as locally (the
+        # host's thread blocks SIGINT, and its REPL workers must not inherit that).
+        await repls[1].execute("kept = 'still here'", 30)
+        spun = await repls[1].execute("while True:\n    pass", 0.5)
+        assert spun.timed_out and not spun.restarted and "KeyboardInterrupt" in (spun.error or ""), spun
+        assert (await repls[1].execute("print(kept)", 30)).stdout == "still here\n"
         host = repls[0].pool.host(repls[0].node)  # type: ignore[attr-defined]
         facts = await host.describe.remote()
         assert facts["contexts"] == 1 and facts["live_repls"] >= 3
     finally:
         await asyncio.gather(*(s.close() for s in repls))
-        payload.close()
     facts = await host.describe.remote()
-    assert facts["contexts"] == 0
+    assert facts["contexts"] == 0 and facts["kept_contexts"] == 1  # no REPL holds it; kept for the next
+    # The next REPL there loads the node's copy: no object put, no actor call (the pool's refs are
+    # dropped and a put would fail).
+    pool = repls[0].pool  # type: ignore[attr-defined]
+    pool._contexts.clear()
+    pool._put = None
+    again = make_sandbox("ray", **ray_options(affinity="tree-1"))
+    await again.start(handler)
+    try:
+        await again.load_context(payload)
+        assert (await again.execute("print(len(context))", 30)).stdout.strip() == str(payload.size_bytes)
+        assert (await host.describe.remote())["contexts"] == 1
+    finally:
+        await again.close()
+        payload.close()
 
 
-def test_missing_ray_and_unreachable_clusters_name_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+def cli_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    from recursa.cli import main
+
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    return code, capsys.readouterr().err
+
+
+def test_missing_ray_is_named_at_every_front_door(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Before any run or row: at construction, and as one line of the CLI, never a traceback.
     monkeypatch.setitem(sys.modules, "ray", None)
-    with pytest.raises(ConfigError, match=r"recursa\[ray\]"):
+    with pytest.raises(ConfigError, match=r"pip install .*\[ray\]"):
         make_sandbox("ray")
+    for make in (RLM, RLMEnv):
+        with pytest.raises(ConfigError, match=r"sandbox='ray' needs Ray, which is not installed: pip install .*\[ray\]"):
+            make("scripted/gpt5-like", sandbox="ray")
+    (tmp_path / "c.txt").write_text("ctx")
+    bench = ("bench", "niah", "--sizes", "1k", "--n", "1", "--method", "rlm", "--out", str(tmp_path / "o"))
+    for args, needle in ((("run", "q?", "--context", str(tmp_path / "c.txt"), "--sandbox", "ray"), "--sandbox ray needs Ray"),
+                         ((*bench, "--sandbox", "ray"), "--sandbox ray needs Ray"),
+                         ((*bench, "--executor", "ray"), "--executor ray needs Ray")):  # fmt: skip
+        code, err = cli_in_process(capsys, *args)
+        assert code == 2 and needle in err and "[ray]" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()  # no row started, no results file
 
 
-def test_an_unreachable_address_names_it() -> None:
-    from recursa.sandbox.cluster.pool import _check_reachable
-
-    with pytest.raises(ConfigError, match=r"127\.0\.0\.1:9.*cannot be reached"):
-        _check_reachable("127.0.0.1:9")
+def test_an_unreachable_address_is_named_before_any_run(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # (This process may be connected already, as a trainer's is: then the address is not used.)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    for make in (RLM, RLMEnv):
+        with pytest.raises(ConfigError, match=r"'127\.0\.0\.1:9' cannot be reached: nothing answers there"):
+            make("scripted/gpt5-like", sandbox="ray", sandbox_options={"address": "127.0.0.1:9"})
+    bench = ("bench", "niah", "--sizes", "1k", "--n", "1", "--method", "rlm", "--out", str(tmp_path / "o"),
+             "--ray-address", "127.0.0.1:9")  # fmt: skip
+    for more in (("--sandbox", "ray"), ("--executor", "ray")):  # (ray.init would retry it for minutes)
+        code, err = cli_in_process(capsys, *bench, *more)
+        assert code == 2 and "127.0.0.1:9" in err and "cannot be reached" in err, err
+        assert len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()
     assert issubclass(NodeLost, SandboxLost)
 
 

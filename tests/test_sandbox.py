@@ -374,6 +374,26 @@ async def test_timeout_interrupts_and_keeps_variables(sandbox: Sandbox) -> None:
     assert r.stdout == "'still here'\n"
 
 
+async def test_a_worker_started_with_sigint_blocked_is_still_interrupted(host: Host) -> None:
+    # A Ray actor's thread blocks SIGINT, and a child inherits the mask: a REPL a node's host started
+    # ignored every interrupt, so each timeout killed it and lost its variables.
+    import signal
+
+    sb = SubprocessSandbox(snapshots=False, grace_s=5)
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        await sb.start(host)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    try:
+        await run(sb, "kept = 'still here'")
+        r = await run(sb, "while True:\n    pass", timeout=0.3)
+        assert r.timed_out and not r.restarted and "KeyboardInterrupt" in (r.error or ""), (r.error, r.notes)
+        assert (await run(sb, "kept")).stdout == "'still here'\n"
+    finally:
+        await sb.close()
+
+
 async def test_interrupt_cancels_the_pending_call(proc_sandbox: SubprocessSandbox, host: Host) -> None:
     r = await run(proc_sandbox, "llm_query('slow')", timeout=0.3)
     assert r.timed_out and not r.restarted and "KeyboardInterrupt" in (r.error or "")

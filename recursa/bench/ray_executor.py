@@ -29,6 +29,20 @@ def _ray() -> Any:
     return ray
 
 
+def preflight(address: str | None) -> None:
+    """Before any row: Ray is installed, and the cluster at `address` answers (ray.init would retry
+    an unreachable one for minutes) unless this process is connected already."""
+    ray = _ray()
+    if address in (None, "auto", "local") or ray.is_initialized():
+        return
+    from recursa.sandbox.cluster.pool import unreachable
+
+    problem = unreachable(address)
+    if problem is not None:
+        raise BenchError(f"--ray-address {address}: the Ray cluster cannot be reached: {problem}. Give the "
+                         "head node's address (`ray start --head` prints it), or leave it out for a local one")
+
+
 class BenchWorker:
     """The actor body: rebuilds an instance and runs its pending methods concurrently."""
 

@@ -184,6 +184,10 @@ async def arun(
         # The rows' REPLs join the cluster the rows run on (or, run locally, the one named).
         settings["sandbox_options"] = {"address": ray_address, **(settings.get("sandbox_options") or {})}
     config = RunConfig(_settings(model, sub_model, settings, spelling), price_as)
+    if executor == "ray":
+        from recursa.bench.ray_executor import preflight
+
+        preflight(ray_address)
     specs = plan(task, sizes=size_list, n=n, seed=seed, knobs=_parse_knobs(knobs), data=data)
     out_dir.mkdir(parents=True, exist_ok=True)
     if config.settings.run.get("trace_dir") is None:

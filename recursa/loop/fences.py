@@ -78,7 +78,10 @@ class _Open:
 
     def fence(self, closed: bool, end: int) -> Fence:
         lines = [_strip_indent(line, self.indent) for line in self.body]
-        text = textwrap.dedent("\n".join(lines)).strip("\n")
+        text = "\n".join(lines)
+        if any(line[:1] in (" ", "\t") for line in lines):  # else dedent would return it as it is
+            text = textwrap.dedent(text)
+        text = text.strip("\n")
         return Fence(self.tag, text, closed, self.at, (self.start, end), self.runnable)
 
 

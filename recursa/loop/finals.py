@@ -93,6 +93,8 @@ def find_final(prose: list[str], fences: Sequence[FenceLike], on: Switch = all_o
     their order: FINAL_VAR( or FINAL( at the start of a line (the first of them), then the loose
     forms, then an <answer> tag, then the last \\boxed{}."""
     text = "\n".join(prose)
+    if _no_answer_marks(text):
+        return None
     var_marker, final_marker = _markers(on)
     var = var_marker.search(text) if on("final_var_at_line_start") else None
     final = final_marker.search(text) if on("final_at_line_start") else None
@@ -107,6 +109,14 @@ def find_final(prose: list[str], fences: Sequence[FenceLike], on: Switch = all_o
         return ProseFinal("FINAL", _unboxed(argument) if on("boxed_answer") else argument, **_lines_of(text, final))
     loose = _loose_final(prose, fences, on) if on("loose_final") else None
     return loose or _tagged_or_boxed(text, on)
+
+
+def _no_answer_marks(text: str) -> bool:
+    """Whether `text` plainly holds no answer of any form `find_final` reads: each needs the word
+    "final" (in some case), a tag's "<" or a \\boxed's backslash. Checked on ASCII text only, where
+    lower() matches what the patterns' ignored case does (re also folds a dotless ı into i). Every
+    step of an RL episode reads a reply, and most are code alone (docs/performance.md)."""
+    return text.isascii() and "<" not in text and "\\" not in text and "final" not in text.lower()
 
 
 def _lines_of(text: str, marker: re.Match[str]) -> dict[str, int]:
@@ -132,6 +142,8 @@ SPAN_TRIES, SPAN_LINES, SPAN_WINDOW = 20, 2_000, 50_000
 def inline_final(prose: list[str]) -> ProseFinal | None:
     """The last FINAL(...) written inside a sentence, if any (among the last few written)."""
     text = "\n".join(prose)
+    if "inal" not in text and "INAL" not in text:  # the pattern needs FINAL, Final or final
+        return None
     found = None
     for m in list(_INLINE_FINAL.finditer(text))[-SPAN_TRIES:][::-1]:
         if argument_end(text, m.end(), SPAN_WINDOW) is not None:
@@ -260,6 +272,8 @@ def _tagged_or_boxed(text: str, on: Switch) -> ProseFinal | None:
     \\boxed{...}: loose answers."""
     # Searched only up to the last closing tag: an opener repeated with no close after it must not
     # make the lazy pattern quadratic.
+    if "<" not in text and "\\" not in text:
+        return None  # no tag and no \\boxed: most replies, read at once
     lowered = text.lower()
     cut = max((lowered.rfind(c) + len(c) for c in _TAG_CLOSERS if c in lowered), default=0)
     cut = cut if on("answer_tags") else 0

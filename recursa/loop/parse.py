@@ -181,6 +181,8 @@ def _shown(line: str) -> str:
 
 def _without_prompts(code: str, notes: list[str]) -> str:
     """A block written as a console session (>>> lines, output between): its input lines only."""
+    if ">>>" not in code:
+        return code
     lines = code.split("\n")
     first = next((line for line in lines if line.strip()), "")
     if not first.startswith(">>>"):

@@ -24,6 +24,7 @@ from typing import Any
 from recursa.errors import ConfigError
 from recursa.sandbox.base import ExecResult, Sandbox
 from recursa.sandbox.cluster import RaySandbox
+from recursa.sandbox.cluster.pool import preflight as ray_preflight
 from recursa.sandbox.containers import ContainerSandbox
 from recursa.sandbox.forkserver import ForkServer
 from recursa.sandbox.inprocess import InProcessSandbox
@@ -56,6 +57,9 @@ class SandboxKind:
     forks: bool = False  # its workers can fork from a shared ForkServer (recursa/sandbox/forkserver.py)
     snapshots: bool = False  # its REPLs keep state-keeping snapshots (the `snapshots` option)
     image: bool = False  # it runs in an image of its own: the REPL imports what that image installs
+    # What can be checked of the kind and its options before any run (a missing extra, a cluster
+    # address that does not answer): ConfigError, raised when the config is built.
+    preflight: Callable[[dict[str, Any]], None] | None = None
 
     def option_names(self) -> list[str] | None:
         """The `sandbox_options` this kind takes, or None when it takes any (a **kwargs constructor)."""
@@ -103,6 +107,7 @@ SANDBOXES: dict[str, SandboxKind] = {
         RaySandbox,
         "the node's own local sandbox on a Ray cluster, run by a host actor there (the ray extra)",
         snapshots=True,  # the node's local sandbox takes them
+        preflight=ray_preflight,
     ),
 }
 

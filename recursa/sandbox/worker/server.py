@@ -176,6 +176,9 @@ class Server:
         # Before `ready`: a host may interrupt the first cell at once (a reply's last sliver of time),
         # and Python's own handler would end this process with a KeyboardInterrupt outside any cell.
         signal.signal(signal.SIGINT, self._on_sigint)
+        # A mask is inherited: a worker started from a thread that blocks SIGINT (a Ray actor's, on a
+        # cluster node) would never see the host's interrupt, and every timeout would cost the REPL.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         self.chan.send(ready)
         self._serve()
 
