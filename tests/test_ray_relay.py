@@ -338,6 +338,11 @@ def test_a_ray_client_driver_runs_repls_over_the_relay_with_sub_calls(client: st
         assert "sub:" in text and "Error" not in text, text
         episode.step_sync("FINAL(done)")
         assert episode.done and episode.answer == "done"
+        # Training rows as locally: the root's two turns, then the sub-call the node's REPL made.
+        rows = episode.rollouts(reward=1.0, include_subcalls=True)
+        assert [(r["depth"], r["purpose"], r["reward"]) for r in rows] == [
+            (0, "root", 0.0), (0, "root", 1.0), (1, "sub", 0.0)], rows  # fmt: skip
+        assert rows[1]["response"] == "FINAL(done)"
         facts = [ray.get(host.describe.remote()) for _, host in node_hosts()]
         # The node's host carried it over a relay and never listened for a TCP stream.
         assert facts and all(f["relays"] >= 1 and not f["listening"] for f in facts), facts
