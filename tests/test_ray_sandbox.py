@@ -154,9 +154,22 @@ async def test_one_tree_stays_on_one_node_and_a_context_crosses_once_per_node(cl
         assert facts["contexts"] == 1 and facts["live_repls"] >= 3
     finally:
         await asyncio.gather(*(s.close() for s in repls))
-        payload.close()
     facts = await host.describe.remote()
-    assert facts["contexts"] == 0
+    assert facts["contexts"] == 0 and facts["kept_contexts"] == 1  # no REPL holds it; kept for the next
+    # The next REPL there loads the node's copy: no object put, no actor call (the pool's refs are
+    # dropped and a put would fail).
+    pool = repls[0].pool  # type: ignore[attr-defined]
+    pool._contexts.clear()
+    pool._put = None
+    again = make_sandbox("ray", **ray_options(affinity="tree-1"))
+    await again.start(handler)
+    try:
+        await again.load_context(payload)
+        assert (await again.execute("print(len(context))", 30)).stdout.strip() == str(payload.size_bytes)
+        assert (await host.describe.remote())["contexts"] == 1
+    finally:
+        await again.close()
+        payload.close()
 
 
 def cli_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:

@@ -39,6 +39,10 @@ from recursa.sandbox.proc import descendants
 
 _MAX_UNAUTHENTICATED = 64  # connections waiting to show a token; more are closed at once
 _MAX_HOP_S = 1.0  # the most a driver's measure of the hop may lengthen a REPL's idle window
+# Contexts that no REPL here holds any more, kept (newest first) for the next REPL that loads one:
+# the episodes of a task come in waves, and between two the node would otherwise free the buffer
+# and have Ray bring it again, an actor call and a copy, with every load of it waiting.
+_KEEP_IDLE_BYTES = 64 << 20
 
 
 class Stream(wire.Channel):
@@ -154,6 +158,7 @@ class NodeHost:
         self.repls: dict[str, Sandbox] = {}
         self._owner: dict[str, str] = {}  # repl -> the client (driver-side pool) it answers to
         self._contexts: dict[str, NodeContext] = {}
+        self._idle: dict[str, None] = {}  # keys of the contexts no REPL holds, oldest first (kept)
         self._loading: dict[str, asyncio.Future[NodeContext]] = {}
         self._waiting: dict[int, tuple[str, asyncio.Future[Any]]] = {}  # call id -> (client, answer)
         self._expected: dict[str, bytes] = {}  # client -> the token its stream is to show
@@ -173,7 +178,8 @@ class NodeHost:
     def describe(self) -> dict[str, Any]:
         """Where this host runs and how full it is."""
         return {"hostname": socket.gethostname(), "pid": os.getpid(), "live_repls": len(self.repls),
-                "opened": self.opened, "contexts": len(self._contexts), "streams": len(self._streams)}  # fmt: skip
+                "opened": self.opened, "contexts": len(self._contexts) - len(self._idle), "kept_contexts": len(self._idle),
+                "streams": len(self._streams)}  # fmt: skip
 
     # -- REPL life ---------------------------------------------------------------------------------
 
@@ -236,6 +242,8 @@ class NodeHost:
                 future.set_exception(CallbackError("SandboxError", "the driver that owned this REPL left"))
             if owner == client:
                 self._waiting.pop(call_id, None)
+        if not self._streams:
+            self._trim_idle(0)  # no driver left to load them again
         watcher = self._watchers.pop(client, None)
         if watcher is not None and not watcher.done():
             watcher.set_result(None)
@@ -248,8 +256,8 @@ class NodeHost:
             context = self._contexts[key]
             context.users.discard(repl)
             if not context.users:
-                del self._contexts[key]
-                os.close(context.fd)
+                self._idle[key] = None
+        self._trim_idle(_KEEP_IDLE_BYTES)
         if sandbox is not None:
             await sandbox.close()
         group = self._repl_pool.pop(repl, None)
@@ -257,6 +265,16 @@ class NodeHost:
             pool = self._pools.pop(group, None)  # the environment has no REPL here any more
             if pool is not None:
                 pool.close()
+
+    def _trim_idle(self, limit: int) -> None:
+        """Free the contexts no REPL holds, oldest first, until the rest take at most `limit` bytes."""
+        kept = sum(self._contexts[key].size_bytes for key in self._idle)
+        while self._idle and kept > limit:
+            key = next(iter(self._idle))
+            del self._idle[key]
+            context = self._contexts.pop(key)
+            kept -= context.size_bytes
+            os.close(context.fd)
 
     def _repl(self, repl: str) -> Sandbox:
         sandbox = self.repls.get(repl)
@@ -271,6 +289,9 @@ class NodeHost:
         fetch it to this node unless the context is not here yet)."""
         sandbox = self._repl(repl)
         context = await self._context(key, meta, data)
+        if self.repls.get(repl) is not sandbox:
+            raise SandboxError(f"no REPL {repl!r} on this node (it was closed)")
+        self._idle.pop(key, None)
         context.users.add(repl)
         payload = context.payload()
         try:
@@ -464,3 +485,4 @@ class NodeHost:
         for pool in self._pools.values():
             pool.close()
         self._pools.clear()
+        self._trim_idle(0)

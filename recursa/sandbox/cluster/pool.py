@@ -38,6 +38,10 @@ _SHUTDOWN_S = 10.0  # for every node host to close its REPLs before the hosts ar
 _PROBE_S = 5.0  # a TCP connect to the head before ray.init
 _HOST_CONCURRENCY = 10_000  # async calls in flight on one node host (exchanges of every driver)
 _NODES_TTL_S = 1.0  # how long placement trusts the node table it read from the GCS
+# Contexts no REPL of a pool loads any more, whose object refs it keeps (newest first) for the next
+# REPL that loads one: the episodes of a task come in waves, and between two the pool would
+# otherwise drop the object and put it again. (The nodes keep their copies the same way, node.py.)
+_KEEP_IDLE_BYTES = 64 << 20
 
 
 def import_ray() -> Any:
@@ -179,8 +183,10 @@ class RayPool:
         self._links: dict[str, asyncio.Future[NodeLink]] = {}  # node id -> its stream (once connected)
         self._unreachable: set[str] = set()  # node ids whose stream could not be opened ("auto")
         self._dead: dict[str, str] = {}  # node id -> why
-        self._contexts: dict[str, Any] = {}  # context key -> object ref (kept while REPLs use it)
+        self._contexts: dict[str, Any] = {}  # context key -> object ref (while REPLs use it, then kept)
         self._context_users: dict[str, set[str]] = {}
+        self._context_bytes: dict[str, int] = {}  # context key -> its size, while its ref is kept
+        self._idle_contexts: dict[str, None] = {}  # keys no REPL of this pool uses, oldest first (kept)
         self._placed: dict[str, int] = {}  # node id -> REPLs this pool put there
         self._opened: dict[str, int] = {}  # node id -> REPLs this pool ever started there (ties)
         self._affinity: dict[str, str] = {}  # affinity key (a call tree's root run) -> node id
@@ -320,7 +326,18 @@ class RayPool:
                 users.discard(repl)
                 if not users:
                     self._context_users.pop(key, None)
-                    self._contexts.pop(key, None)  # the ref goes; Ray frees the object
+                    self._idle_contexts[key] = None
+            self._trim_idle(_KEEP_IDLE_BYTES)
+
+    def _trim_idle(self, limit: int) -> None:
+        """Drop the refs of contexts no REPL uses, oldest first, until the rest take at most `limit`
+        bytes (a dropped ref lets Ray free the object)."""
+        kept = sum(self._context_bytes.get(key, 0) for key in self._idle_contexts)
+        while self._idle_contexts and kept > limit:
+            key = next(iter(self._idle_contexts))
+            del self._idle_contexts[key]
+            kept -= self._context_bytes.pop(key, 0)
+            self._contexts.pop(key, None)
 
     def close_soon(self, repl: str) -> None:
         """Without awaiting (a finalizer): ask the node to close `repl`, fire and forget."""
@@ -373,10 +390,26 @@ class RayPool:
     async def load_context(self, repl: str, payload: ContextPayload) -> None:
         key = payload.info.sha256
         self._context_users.setdefault(key, set()).add(repl)
+        self._idle_contexts.pop(key, None)
+        self._context_bytes[key] = payload.size_bytes
+        if await self.call(repl, "load_cached", key=key):
+            return  # the node has it already (a REPL there loaded it, now or a while ago): no bytes move
+        # The first REPL on the node with this context: an actor call, so that Ray brings the
+        # object to the node (the ref goes in a list: the host fetches it only if still needed).
+        ref = await self._ref(key, payload)
+        meta = {"kind": payload.kind, "size_bytes": payload.size_bytes, "byte_lengths": list(payload.byte_lengths),
+                "keys": list(payload.keys), "info": payload.info}  # fmt: skip
+        link = self._connected(self._repl_node.get(repl))
+        if link is None:
+            raise SandboxError("this REPL is closed")
+        await self._actor_call(link, link.host.load_context.remote(repl, key, meta, [ref]))
+
+    async def _ref(self, key: str, payload: ContextPayload) -> Any:
+        """The context's object ref, put into the object store by the first REPL that needs it
+        (REPLs that need it at once share one put: a future stands for it)."""
         ref = self._contexts.get(key)
-        if ref is None:  # REPLs loading one context at once share one put: a future stands for it
-            ref = asyncio.ensure_future(asyncio.to_thread(self._put, payload))
-            self._contexts[key] = ref
+        if ref is None:
+            ref = self._contexts[key] = asyncio.ensure_future(asyncio.to_thread(self._put, payload))
         if isinstance(ref, asyncio.Future):
             try:
                 ref = await asyncio.shield(ref)
@@ -385,16 +418,7 @@ class RayPool:
                     self._contexts.pop(key, None)
                 raise
             self._contexts[key] = ref
-        if await self.call(repl, "load_cached", key=key):
-            return  # the node has it already (another REPL there loaded it): no bytes move
-        # The first REPL on the node with this context: an actor call, so that Ray brings the
-        # object to the node (the ref goes in a list: the host fetches it only if still needed).
-        meta = {"kind": payload.kind, "size_bytes": payload.size_bytes, "byte_lengths": list(payload.byte_lengths),
-                "keys": list(payload.keys), "info": payload.info}  # fmt: skip
-        link = self._connected(self._repl_node.get(repl))
-        if link is None:
-            raise SandboxError("this REPL is closed")
-        await self._actor_call(link, link.host.load_context.remote(repl, key, meta, [ref]))
+        return ref
 
     def _put(self, payload: ContextPayload) -> Any:
         """The payload's bytes into the object store, copied once (from the memfd's pages)."""
@@ -429,6 +453,8 @@ class RayPool:
         self._handlers.clear()
         self._repl_node.clear()
         self._contexts.clear()
+        self._context_bytes.clear()
+        self._idle_contexts.clear()
 
 
 def _ready(made: asyncio.Future[NodeLink]) -> bool:
