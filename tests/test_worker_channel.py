@@ -110,6 +110,30 @@ def test_the_main_thread_reads_its_next_request_itself(pair: Any) -> None:
     assert transport.readers == [threading.get_ident()]  # no hand-off through the reader thread
 
 
+def test_the_next_request_is_awaited_in_poll_which_the_host_reading_our_frames_does_not_wake(
+    pair: Any,
+) -> None:
+    # Asleep in a read of a Unix socket, a thread is woken each time the other end takes a frame this
+    # end sent (the kernel wakes every sleeper on the socket: room to write again); in poll() it
+    # sleeps on until a request, the end of the channel or an error.
+    chan, _transport, host = pair
+    got: list[Any] = []
+    waiter = threading.Thread(target=lambda: got.append(chan.next_request()))
+    waiter.start()
+    task = f"self/task/{waiter.native_id}"
+    deadline = time.monotonic() + 10
+    while (stat_fields(task) or [b"?"])[0] != b"S" and time.monotonic() < deadline:
+        time.sleep(0.001)
+    with open(f"/proc/{task}/wchan") as f:
+        where = f.read()
+    host.sendall(encode_frame({"op": "list_vars", "id": 5}))
+    waiter.join(5)
+    assert got == [{"op": "list_vars", "id": 5}]
+    if where in ("", "0"):
+        pytest.skip("this kernel does not show where a thread sleeps (/proc/<tid>/wchan reads 0)")
+    assert "poll" in where and "unix_stream" not in where, where
+
+
 def test_next_request_with_a_timeout_returns_none_when_nothing_came(pair: Any) -> None:
     chan, _transport, host = pair
     assert chan.next_request(timeout=0.01) is None

@@ -296,6 +296,13 @@ class WorkerChannel:
                 # poll() waits whole milliseconds (rounded up): fine for the waits asked of it here.
                 if left <= 0 or not self._main_poll.poll(left * 1000):
                     return None
+            else:
+                # Wait in poll(), not in the read: a read asleep on a Unix socket is woken each time
+                # the host takes what this process sent (the kernel tells every sleeper on the socket
+                # that it may write again), one wake-up per request for nothing (a context switch
+                # each way, and the host's CPU disturbed if the kernel puts it there); poll() wakes
+                # for data, the end of the channel or an error alone.
+                self._main_poll.poll()
             self._pump_or_exit()
 
     def has_pending(self) -> bool:
