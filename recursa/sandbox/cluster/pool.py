@@ -207,6 +207,7 @@ class RayPool:
         self._opened: dict[str, int] = {}  # node id -> REPLs this pool ever started there (ties)
         self._affinity: dict[str, str] = {}  # affinity key (a call tree's root run) -> node id
         self._node_table: tuple[float, list[dict[str, Any]]] | None = None
+        self._reading_nodes: asyncio.Future[list[dict[str, Any]]] | None = None
 
     # -- placement ---------------------------------------------------------------------------------
 
@@ -227,11 +228,22 @@ class RayPool:
 
     def _cluster_nodes(self) -> list[dict[str, Any]]:
         """The cluster's node table, asked of the GCS at most every _NODES_TTL_S (REPLs start in
-        bursts; a node that dies meanwhile is known from its host's failure, `_dead`)."""
-        now = asyncio.get_running_loop().time()
-        if self._node_table is None or now - self._node_table[0] > _NODES_TTL_S:
-            self._node_table = (now, self.ray.nodes())
+        bursts; a node that dies meanwhile is known from its host's failure, `_dead`). Asking is a
+        blocking round trip to the GCS, 20-25 ms on the loaded test machine, which held every step
+        of this loop once a second: once there is a table, placement uses it while a thread asks
+        for the next one."""
+        loop = asyncio.get_running_loop()
+        if self._node_table is None:
+            self._node_table = (loop.time(), self.ray.nodes())
+        elif loop.time() - self._node_table[0] > _NODES_TTL_S and self._reading_nodes is None:
+            self._reading_nodes = reading = loop.run_in_executor(None, self.ray.nodes)
+            reading.add_done_callback(self._nodes_read)
         return self._node_table[1]
+
+    def _nodes_read(self, reading: asyncio.Future[list[dict[str, Any]]]) -> None:
+        self._reading_nodes = None
+        if not reading.cancelled() and reading.exception() is None:
+            self._node_table = (reading.get_loop().time(), reading.result())
 
     def _order(self, nodes: list[Node], affinity: str | None) -> list[Node]:
         """Where to try first: the node of the same call tree, then the least loaded (of equals,
