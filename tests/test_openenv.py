@@ -2,7 +2,8 @@
 over its WebSocket sessions) against the server on 127.0.0.1.
 
 openenv-core's dependencies (gradio pins pillow < 13) do not install beside the dev environment's,
-so .ci/run runs this file in a venv of its own, as it does tests/test_verifiers.py.
+so .ci/run runs this file in a venv of its own, as it does tests/test_verifiers.py, with the ray
+extra: the last test serves episodes whose REPLs run on a Ray cluster (simulated here).
 """
 
 from __future__ import annotations
@@ -220,3 +221,32 @@ async def test_one_client_address_holds_its_share_of_sessions():
         async with GenericEnvClient(base_url=srv.url) as client:  # its end gave the share back
             await client.reset(question="q", context="ctx")
     await until(lambda: env.live_repls == 0)
+
+
+async def test_episodes_on_a_ray_cluster_are_served_unchanged(tmp_path: Path) -> None:
+    ray = pytest.importorskip("ray", reason="Ray is not installed here (recursa[ray]; .ci/run adds it to this venv)")
+    from ray.cluster_utils import Cluster
+
+    from recursa.sandbox.cluster import node_hosts, shutdown_hosts
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    env = RLMEnv("scripted/gpt5-like", sandbox="ray", sandbox_options={"address": cluster.address},
+                 trace_dir=tmp_path, max_live_repls=2, max_turns=3)  # fmt: skip
+    try:
+        with BackgroundServer(create_openenv_app(env, max_sessions=2)) as srv:
+            async with GenericEnvClient(base_url=srv.url) as client:
+                await client.reset(question="What is the code?", context="the code is 4711", expected_answer="4711")
+                # The cell runs on the cluster's node; its sub-call comes back to this server's RLMEnv.
+                ran = await client.step({"reply": "```repl\nprint(context[-4:], llm_query('say hi'))\n```"})
+                text = ran.observation["messages"][0]["content"]
+                assert text.startswith("REPL output:\n4711 ") and "Error" not in text, text
+                end = await client.step({"reply": "FINAL(4711)"})
+                assert end.done is True and end.reward == 1.0
+            await until(lambda: env.live_repls == 0)
+        facts = [ray.get(host.describe.remote()) for _, host in node_hosts()]
+        assert len(facts) == 1 and facts[0]["opened"] == 1 and facts[0]["live_repls"] == 0, facts
+    finally:
+        env.close()
+        shutdown_hosts()
+        ray.shutdown()
+        cluster.shutdown()

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import random
 import socket
 import subprocess
@@ -167,13 +169,36 @@ async def test_a_hostile_relay_loses_only_its_node(host: tuple[RelayHost, list[F
     await link.aclose()
 
 
+def test_without_an_address_rays_own_variable_names_the_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    # How `recursa acp --sandbox ray` under a verifiers rollout, or `recursa openenv --sandbox ray`,
+    # joins a cluster: Ray's RAY_ADDRESS, checked and named as an address given in sandbox_options is.
+    ray = pytest.importorskip("ray", reason="sandbox='ray' needs the ray extra (installed by the dev extra)")
+    from recursa import RLM
+    from recursa.bench.ray_executor import preflight
+    from recursa.bench.sizes import BenchError
+    from recursa.errors import ConfigError
+    from recursa.sandbox.cluster.pool import connect
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")
+    from_env = r"'127\.0\.0\.1:9' \(from \$RAY_ADDRESS\) cannot be reached"
+    with pytest.raises(ConfigError, match=from_env):
+        connect(None)
+    with pytest.raises(ConfigError, match=from_env):  # when the run is made, before any REPL
+        RLM("scripted/gpt5-like", sandbox="ray")
+    with pytest.raises(ConfigError, match=r"'127\.0\.0\.1:7' cannot be reached"):  # a given address wins
+        connect("127.0.0.1:7")
+    with pytest.raises(BenchError, match=r"^\$RAY_ADDRESS=127\.0\.0\.1:9: the Ray cluster cannot be reached"):
+        preflight(None)  # recursa bench --executor ray
+
+
 # -- a real Ray Client -------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[str]:
     """A one-node cluster and Ray's client server for it (in a process of its own, as on a head);
-    this process is not connected yet: the first run connects it through `ray://`, as a laptop would."""
+    this process is not connected yet: the first test connects it through `ray://`, as a laptop would."""
     ray = pytest.importorskip("ray", reason="sandbox='ray' needs the ray extra (installed by the dev extra)")
     from ray._private.utils import get_ray_client_dependency_error
     from ray.cluster_utils import Cluster
@@ -224,8 +249,38 @@ def _listening(server: subprocess.Popen[bytes], port: int, deadline: float) -> b
     return False
 
 
+def _bench(out: Path, *flags: str) -> list[dict[str, Any]]:
+    """`recursa bench` on the command line: its rows."""
+    from recursa.cli import main
+
+    assert main(["bench", "niah", "--sizes", "1k", "--n", "1", "--json", "--out", str(out), *flags]) == 0
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+
 # Alone: it starts a Ray cluster, and two starting at once beside other tests on two shared cores
-# (test_ray_sandbox.py's) time out in Ray's own startup wait.
+# (test_ray_sandbox.py's) time out in Ray's own startup wait. First in the module: this process is
+# not connected yet, so the command connects it through `ray://` itself.
+@pytest.mark.serial
+def test_bench_through_a_ray_client(
+    client: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ray
+
+    monkeypatch.setattr("recursa.bench.runner.write_plots", lambda *a, **k: [])  # not what is tested: CPU
+    # --sandbox ray: the rows run here, their REPLs on the cluster over the relay.
+    rows = _bench(tmp_path / "here", "--method", "rlm", "--sandbox", "ray", "--ray-address", client)
+    assert [(r["status"], r["score"]) for r in rows] == [("ok", 1.0)], rows
+    assert relay.is_ray_client(ray) and rows[0]["worker_pid"] == os.getpid()
+    events = [json.loads(line) for line in Path(rows[0]["trace_path"]).read_text().splitlines()]
+    assert next(e for e in events if e["type"] == "run_end")["isolation"]["ray_node"]
+    # --executor ray: the rows run on an actor of the cluster, reached through the same client.
+    rows = _bench(tmp_path / "actors", "--method", "base", "--executor", "ray", "--ray-actors", "1",
+                  "--ray-address", client)  # fmt: skip
+    assert [(r["status"], r["score"]) for r in rows] == [("ok", 1.0)], rows
+    assert rows[0]["worker_pid"] != os.getpid()
+    capsys.readouterr()
+
+
 @pytest.mark.serial
 def test_a_ray_client_driver_runs_repls_over_the_relay_with_sub_calls(client: str, tmp_path: Path) -> None:
     import ray

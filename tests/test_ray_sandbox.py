@@ -6,6 +6,7 @@ REPLs it held."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 from collections.abc import Iterator
@@ -29,13 +30,28 @@ pytestmark = pytest.mark.timeout(300)
 REPL = {"cpu_repl": 0.001}  # the custom resource that marks the nodes REPLs may use
 
 
+def path_without_bwrap(folder: Path) -> str:
+    """A PATH that finds every program of this one but bubblewrap: a node started with it is a
+    machine without bwrap."""
+    folder.mkdir()
+    for where in os.environ.get("PATH", "").split(os.pathsep):
+        with contextlib.suppress(OSError):
+            for name in os.listdir(where):
+                if name != "bwrap" and not (folder / name).exists():
+                    (folder / name).symlink_to(Path(where) / name)
+    return str(folder)
+
+
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[dict[str, str]]:
-    """A head that takes no REPLs (it stands for a GPU node) and two CPU nodes that do."""
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A head that takes no REPLs (it stands for a GPU node) and two CPU nodes that do: a, labelled,
+    and b, a machine without bubblewrap."""
     made = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
                                                           "resources": {"gpu_like": 1}})  # fmt: skip
     a = made.add_node(num_cpus=1, resources={"cpu_repl": 1, "node_a": 1}, labels={"pool": "cpu-a"})
-    b = made.add_node(num_cpus=1, resources={"cpu_repl": 1, "node_b": 1})
+    with pytest.MonkeyPatch.context() as env:  # the node's raylet and its workers inherit it
+        env.setenv("PATH", path_without_bwrap(tmp_path_factory.mktemp("nodeb") / "bin"))
+        b = made.add_node(num_cpus=1, resources={"cpu_repl": 1, "node_b": 1})
     made.wait_for_nodes()
     ray.init(address=made.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
@@ -65,17 +81,28 @@ def test_a_run_on_the_cluster_keeps_sub_calls_and_budget_on_the_driver(cluster: 
 
 
 async def test_placement_follows_resources_and_labels_and_spreads(cluster: dict) -> None:
+    isolation: dict[str, dict] = {}
+
     async def on(options: dict) -> str:
         sandbox = make_sandbox("ray", **options)
         await sandbox.start(lambda name, args: asyncio.sleep(0))
         try:
             assert isinstance(sandbox, RaySandbox) and sandbox.node is not None
+            isolation[sandbox.node.node_id] = sandbox.isolation
             return sandbox.node.node_id
         finally:
             await sandbox.close()
 
     assert await on({"resources": {"node_b": 1}}) == cluster["b"]
     assert await on({"labels": {"pool": "cpu-a"}}) == cluster["a"]  # a Ray node label (ray start --labels)
+    # Each REPL reports what its own node enforced: bubblewrap where that node has it (a has what
+    # this machine has), a hardened worker without namespaces on b.
+    here = make_sandbox("auto")
+    await here.start(lambda name, args: asyncio.sleep(0))
+    await here.close()
+    assert isolation[cluster["a"]]["bwrap"] == here.isolation["bwrap"]
+    assert isolation[cluster["b"]]["bwrap"] is False and isolation[cluster["b"]]["seccomp"] is True
+    assert isolation[cluster["b"]]["level"] == "hardened" and isolation[cluster["a"]]["ray_node"] == cluster["a"]
     spread = [make_sandbox("ray", **ray_options()) for _ in range(4)]
     await asyncio.gather(*(s.start(lambda name, args: asyncio.sleep(0)) for s in spread))
     try:

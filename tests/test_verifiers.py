@@ -4,13 +4,17 @@ driving `recursa acp` against the fake server.
 verifiers pins mcp==2.0.0 and openai 2.x, so these tests run in their own environment
 (.ci/run makes it); elsewhere they skip. What is not run here: a whole `Env.run_episode`, which
 puts verifiers' interception server between the agent and the model (it records the model calls a
-rollout must commit) and installs its ACP runner with uv; the runner itself is run below.
+rollout must commit) and installs its ACP runner with uv; the runner itself is run below, once with
+local REPLs and once with the agent's REPL on a Ray cluster (simulated here; .ci/run installs the
+ray extra in this venv too).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -41,6 +45,11 @@ class LocalRuntime(SubprocessRuntime):
         return [sys.executable, str(path)]
 
 
+def traced(folder: Path) -> list[dict]:
+    """Every event of the traces under `folder`."""
+    return [json.loads(line) for f in folder.glob("**/*.jsonl") for line in f.read_text().splitlines()]
+
+
 def code(text: str) -> str:
     return f"```repl\n{text}\n```"
 
@@ -65,11 +74,12 @@ async def test_family_scorer_is_the_reward() -> None:
     assert await task.family_score(SimpleNamespace(root_reply="no idea")) == 0.0
 
 
-async def test_verifiers_acp_session_runs_recursa_acp(server: FakeServer, script, tmp_path: Path) -> None:
-    script.root("policy", code("print(len(context))"), "FINAL(swordfish)")
+async def rollout(server: FakeServer, tmp_path: Path, *options: str, **env: str) -> Trace:
+    """One rollout of verifiers' ACP session driving `recursa acp options...` with the task below,
+    its model reached directly (the session says so once the turn has completed)."""
     config = adapter.RecursaHarnessConfig(
-        command=[sys.executable, "-m", "recursa.cli", "acp", "--trace-dir", str(tmp_path)],
-        env={"PYTHONPATH": str(ROOT)},
+        command=[sys.executable, "-m", "recursa.cli", "acp", "--trace-dir", str(tmp_path), *options],
+        env={"PYTHONPATH": str(ROOT), **env},
         max_iterations=5,
     )
     harness = adapter.RecursaHarness(config)
@@ -91,8 +101,45 @@ async def test_verifiers_acp_session_runs_recursa_acp(server: FakeServer, script
             await session._run(None)
     finally:
         await session.close()
+    return trace
+
+
+async def test_verifiers_acp_session_runs_recursa_acp(server: FakeServer, script, tmp_path: Path) -> None:
+    script.root("policy", code("print(len(context))"), "FINAL(swordfish)")
+    trace = await rollout(server, tmp_path)
     assert trace.root_reply == "swordfish"
     assert trace.metrics["recursa_iterations"] == 2.0 and trace.metrics["recursa_llm_calls"] == 2.0
     first = server.requests[0]
     assert first.model == "policy" and first.headers["x-rlm-depth"] == "0"
     assert first.headers["authorization"] == "<redacted>"
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[str]:
+    """A one-node Ray cluster (Ray's own test utility), which this process does not join: the
+    agent the harness starts does."""
+    pytest.importorskip("ray", reason="Ray is not installed here (recursa[ray]; .ci/run adds it to this venv)")
+    from ray.cluster_utils import Cluster
+
+    made = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        yield made.address
+    finally:
+        made.shutdown()
+
+
+async def test_a_rollout_runs_its_repl_on_a_ray_cluster(
+    server: FakeServer, script, tmp_path: Path, ray_cluster: str
+) -> None:
+    # The operator's command asks for sandbox="ray"; Ray's own RAY_ADDRESS in the harness's env names
+    # the cluster. The REPL's sub-call comes back to the agent and goes to the rollout's endpoint.
+    script.root("policy", code("print('sub:', llm_query('say hi'))"), "FINAL(swordfish)")
+    script.sub("policy", lambda prompt: f"hi back to {prompt!r}")
+    trace = await rollout(server, tmp_path, "--sandbox", "ray", RAY_ADDRESS=ray_cluster)
+    assert trace.root_reply == "swordfish"
+    assert trace.metrics["recursa_llm_calls"] == 3.0  # two root turns and the REPL's sub-call
+    sub = [r for r in server.requests if r.headers["x-rlm-depth"] == "1"]
+    assert len(sub) == 1 and sub[0].headers["authorization"] == "<redacted>"
+    ends = [e for e in traced(tmp_path) if e.get("type") == "run_end"]
+    assert len(ends) == 1 and ends[0]["isolation"].get("ray_node"), ends
+    assert ends[0]["isolation"]["process"] is True

@@ -17,6 +17,7 @@ from recursa.bench.jobs import InstanceSpec, RunConfig, build_task, run_row
 from recursa.bench.progress import BenchProgress
 from recursa.bench.sizes import BenchError
 from recursa.extras import install_hint
+from recursa.sandbox.cluster.pool import RAY_ADDRESS, named_address, unreachable
 
 ACTOR_CONCURRENCY = 16
 
@@ -30,17 +31,18 @@ def _ray() -> Any:
 
 
 def preflight(address: str | None) -> None:
-    """Before any row: Ray is installed, and the cluster at `address` answers (ray.init would retry
-    an unreachable one for minutes) unless this process is connected already."""
+    """Before any row: Ray is installed, and the cluster at `address` (else RAY_ADDRESS's) answers
+    (ray.init would retry an unreachable one for minutes) unless this process is connected already."""
     ray = _ray()
-    if address in (None, "auto", "local") or ray.is_initialized():
+    named, _ = named_address(address)
+    if named is None or named in ("auto", "local") or ray.is_initialized():
         return
-    from recursa.sandbox.cluster.pool import unreachable
-
-    problem = unreachable(address)
+    problem = unreachable(named)
     if problem is not None:
-        raise BenchError(f"--ray-address {address}: the Ray cluster cannot be reached: {problem}. Give the "
-                         "head node's address (`ray start --head` prints it), or leave it out for a local one")
+        given = f"--ray-address {address}" if address else f"${RAY_ADDRESS}={named}"
+        raise BenchError(f"{given}: the Ray cluster cannot be reached: {problem}. Give the head node's "
+                         f"address (`ray start --head` prints it), or leave it out (and ${RAY_ADDRESS} unset) "
+                         "for a local one")
 
 
 class BenchWorker:
@@ -70,9 +72,9 @@ async def run_on_ray(
 ) -> None:
     ray = _ray()
     started_here = not ray.is_initialized()
-    if started_here:
-        # "local": a new instance of our own, never a cluster that happens to run on this machine.
-        ray.init(address=address or "local", include_dashboard=False, log_to_driver=False, configure_logging=False)
+    if started_here:  # the address given, else RAY_ADDRESS's, else a new local instance of our own
+        named, _ = named_address(address)
+        ray.init(address=named or "local", include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         remote_cls = ray.remote(max_concurrency=ACTOR_CONCURRENCY)(BenchWorker)
         pool = [remote_cls.remote() for _ in range(max(1, actors))]

@@ -42,6 +42,7 @@ _NODES_TTL_S = 1.0  # how long placement trusts the node table it read from the 
 # REPL that loads one: the episodes of a task come in waves, and between two the pool would
 # otherwise drop the object and put it again. (The nodes keep their copies the same way, node.py.)
 _KEEP_IDLE_BYTES = 64 << 20
+RAY_ADDRESS = "RAY_ADDRESS"  # Ray's own variable naming the cluster a driver joins
 
 
 def import_ray() -> Any:
@@ -57,22 +58,33 @@ def preflight(options: dict[str, Any]) -> None:
     installed, and the cluster `options` name answers (unless this process is connected already)."""
     ray = import_ray()
     address = options.get("address")
-    if isinstance(address, str) and not ray.is_initialized() and address not in ("auto", "local"):
-        _check_reachable(address)
+    if (address is None or isinstance(address, str)) and not ray.is_initialized():
+        _check_reachable(*named_address(address))
+
+
+def named_address(address: str | None) -> tuple[str | None, str]:
+    """The cluster a driver given `address` joins, and where that came from. None: the one Ray's own
+    RAY_ADDRESS names (how a process started without recursa's options, such as `recursa acp` under
+    a verifiers rollout or `recursa openenv`, is pointed at one; Ray's jobs set it too), else (None)
+    a new local instance of our own, never a cluster that merely happens to run on this machine."""
+    if address is None and os.environ.get(RAY_ADDRESS):
+        return os.environ[RAY_ADDRESS], f" (from ${RAY_ADDRESS})"
+    return address, ""
 
 
 def connect(address: str | None) -> Any:
-    """Ray, connected: the running connection, else `ray.init(address)` (None: a local instance)."""
+    """Ray, connected: the running connection, else `ray.init` of the cluster `address` names
+    (`_named`: None is RAY_ADDRESS's, else a local instance)."""
     ray = import_ray()
     if ray.is_initialized():
         return ray
-    if address not in (None, "auto", "local"):
-        _check_reachable(address)
-    try:  # None: a new local instance of our own, never a cluster that happens to run on this machine
-        ray.init(address=address or "local", include_dashboard=False, log_to_driver=False, configure_logging=False,
+    named, source = named_address(address)
+    _check_reachable(named, source)
+    try:
+        ray.init(address=named or "local", include_dashboard=False, log_to_driver=False, configure_logging=False,
                  namespace=_NAMESPACE)  # fmt: skip
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        where = f"the Ray cluster at {address!r}" if address else "a local Ray instance"
+        where = f"the Ray cluster at {named!r}{source}" if named else "a local Ray instance"
         raise ConfigError(
             f"«sandbox='ray'» could not connect to {where}: {exc}. Start the cluster (`ray start --head`) "
             'or pass «sandbox_options=»{"address": "HOST:PORT"} (or "auto" for the running one).'
@@ -94,15 +106,19 @@ def unreachable(address: str) -> str | None:
         return f"nothing answers there ({exc.strerror or exc})"
 
 
-def _check_reachable(address: str) -> None:
+def _check_reachable(address: str | None, source: str = "") -> None:
+    """Fail in seconds naming `address` (and `source`, where it came from) when nothing answers
+    there; None, "auto" and "local" are not probed (Ray finds or starts those itself)."""
+    if address is None or address in ("auto", "local"):
+        return
     problem = unreachable(address)
     if problem is None:
         return
     raise ConfigError(
-        f"«sandbox='ray'»: the Ray cluster address {address!r} cannot be reached: {problem}. "
+        f"«sandbox='ray'»: the Ray cluster address {address!r}{source} cannot be reached: {problem}. "
         'Give the head node\'s GCS address (`ray start --head` prints it), its Ray Client address '
         '("ray://HEAD:10001") from outside the cluster, "auto" for a cluster started on this machine, '
-        "or None for a local instance."
+        "or None for a local instance (with $RAY_ADDRESS unset)."
     )
 
 
@@ -191,6 +207,7 @@ class RayPool:
         self._opened: dict[str, int] = {}  # node id -> REPLs this pool ever started there (ties)
         self._affinity: dict[str, str] = {}  # affinity key (a call tree's root run) -> node id
         self._node_table: tuple[float, list[dict[str, Any]]] | None = None
+        self._reading_nodes: asyncio.Future[list[dict[str, Any]]] | None = None
 
     # -- placement ---------------------------------------------------------------------------------
 
@@ -211,11 +228,22 @@ class RayPool:
 
     def _cluster_nodes(self) -> list[dict[str, Any]]:
         """The cluster's node table, asked of the GCS at most every _NODES_TTL_S (REPLs start in
-        bursts; a node that dies meanwhile is known from its host's failure, `_dead`)."""
-        now = asyncio.get_running_loop().time()
-        if self._node_table is None or now - self._node_table[0] > _NODES_TTL_S:
-            self._node_table = (now, self.ray.nodes())
+        bursts; a node that dies meanwhile is known from its host's failure, `_dead`). Asking is a
+        blocking round trip to the GCS, 20-25 ms on the loaded test machine, which held every step
+        of this loop once a second: once there is a table, placement uses it while a thread asks
+        for the next one."""
+        loop = asyncio.get_running_loop()
+        if self._node_table is None:
+            self._node_table = (loop.time(), self.ray.nodes())
+        elif loop.time() - self._node_table[0] > _NODES_TTL_S and self._reading_nodes is None:
+            self._reading_nodes = reading = loop.run_in_executor(None, self.ray.nodes)
+            reading.add_done_callback(self._nodes_read)
         return self._node_table[1]
+
+    def _nodes_read(self, reading: asyncio.Future[list[dict[str, Any]]]) -> None:
+        self._reading_nodes = None
+        if not reading.cancelled() and reading.exception() is None:
+            self._node_table = (reading.get_loop().time(), reading.result())
 
     def _order(self, nodes: list[Node], affinity: str | None) -> list[Node]:
         """Where to try first: the node of the same call tree, then the least loaded (of equals,
