@@ -771,17 +771,24 @@ async def test_a_sandbox_killed_while_loading_its_context_closes_no_descriptor_t
 
 async def test_a_cell_interrupted_as_soon_as_the_worker_is_up_does_not_end_the_worker(host: Host) -> None:
     # A reply's last sliver of time can interrupt the first cell of a fresh worker at once: the
-    # SIGINT landed before the worker had its own handler, and Python's ended the process.
-    for _ in range(3):
+    # SIGINT landed before the worker had its own handler, and Python's ended the process. (On a
+    # busy machine the worker's answer can come in before the host's timer runs: no interrupt is
+    # sent then, so such a round does not count.)
+    interrupted = 0
+    for _ in range(12):
         sb = SubprocessSandbox(snapshots=False)
         await sb.start(host)
         try:
             pid = sb.pid
             r = await sb.execute("x = 1", timeout=0)
-            assert r.timed_out and not r.restarted and r.error is None, (r.error, r.notes)
+            assert not r.restarted and r.error is None, (r.error, r.notes)
             assert sb.pid == pid
+            interrupted += r.timed_out
         finally:
             await sb.close()
+        if interrupted == 3:
+            break
+    assert interrupted >= 1
 
 
 async def test_listing_the_variables_runs_none_of_the_code_s_own_methods(host: Host) -> None:
