@@ -293,17 +293,19 @@ def test_bench_through_a_ray_client(
     import ray
 
     monkeypatch.setattr("recursa.bench.runner.write_plots", lambda *a, **k: [])  # not what is tested: CPU
+    # --executor ray, the cluster named by Ray's RAY_ADDRESS: the command connects through the
+    # client, runs the rows on an actor of the cluster, and lets go of the client at its end.
+    monkeypatch.setenv("RAY_ADDRESS", client)
+    rows = _bench(tmp_path / "actors", "--method", "base", "--executor", "ray", "--ray-actors", "1")
+    assert [(r["status"], r["score"]) for r in rows] == [("ok", 1.0)], rows
+    assert rows[0]["worker_pid"] != os.getpid() and not ray.is_initialized()
+    monkeypatch.delenv("RAY_ADDRESS")
     # --sandbox ray: the rows run here, their REPLs on the cluster over the relay.
     rows = _bench(tmp_path / "here", "--method", "rlm", "--sandbox", "ray", "--ray-address", client)
     assert [(r["status"], r["score"]) for r in rows] == [("ok", 1.0)], rows
     assert relay.is_ray_client(ray) and rows[0]["worker_pid"] == os.getpid()
     events = [json.loads(line) for line in Path(rows[0]["trace_path"]).read_text().splitlines()]
     assert next(e for e in events if e["type"] == "run_end")["isolation"]["ray_node"]
-    # --executor ray: the rows run on an actor of the cluster, reached through the same client.
-    rows = _bench(tmp_path / "actors", "--method", "base", "--executor", "ray", "--ray-actors", "1",
-                  "--ray-address", client)  # fmt: skip
-    assert [(r["status"], r["score"]) for r in rows] == [("ok", 1.0)], rows
-    assert rows[0]["worker_pid"] != os.getpid()
     capsys.readouterr()
 
 
