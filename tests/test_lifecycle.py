@@ -74,6 +74,31 @@ class Tracked:
         assert not left, f"REPL processes still running {within} s after the run returned: {left}"
 
 
+def test_a_wait_for_a_process_to_exit_is_woken_by_the_exit_not_by_polling() -> None:
+    # A close waits while the kernel tears a REPL's processes down (0.1-0.5 s with dozens closing at
+    # once): the wait sleeps on the process's pidfd, where a check every 2 ms cost a busy host CPU.
+    from recursa.sandbox.processes import LocalProcess
+
+    process = LocalProcess(subprocess.Popen(["sleep", "0.3"], start_new_session=True))
+    stuck = LocalProcess(subprocess.Popen(["sleep", "30"], start_new_session=True))
+    exited, checks = process.exited, []
+    process.exited = lambda: checks.append(1) or exited()  # type: ignore[method-assign]
+
+    async def waits() -> None:
+        try:
+            assert await process.wait_exit(5.0) and exited()
+            assert len(checks) <= 5, f"{len(checks)} checks in 0.3 s: polled, not woken by the exit"
+            began = time.monotonic()
+            assert not await stuck.wait_exit(0.2)  # the deadline still holds
+            assert 0.15 < time.monotonic() - began < 2
+        finally:
+            await process.kill()
+            await stuck.kill()
+
+    asyncio.run(waits())
+    assert stuck.exited()
+
+
 async def _timed(coro: Any) -> tuple[Any, float]:
     started = time.monotonic()
     result = await coro

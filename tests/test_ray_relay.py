@@ -37,10 +37,15 @@ pytestmark = pytest.mark.timeout(120)
 
 
 class Unreachable(RelayHost):
-    """A host whose stream's port refuses the driver, as a firewall between them would."""
+    """A host whose stream's port the driver cannot reach, as with a firewall between them: `port`,
+    by default one that refuses a connect."""
+
+    port: int | None = None
 
     async def listen(self, client: str, address: str, token: bytes) -> int:
         await super().listen(client, address, token)
+        if self.port is not None:
+            return self.port
         with socket.socket() as closed:  # bound, never listening: a connect there is refused
             closed.bind(("127.0.0.1", 0))
             return int(closed.getsockname()[1])
@@ -124,6 +129,27 @@ async def test_a_node_whose_stream_is_refused_is_relayed_with_the_same_semantics
             break
         await asyncio.sleep(0.01)
     assert served._relays == {}
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a full accept queue drops a SYN on Linux")
+async def test_a_node_whose_stream_hangs_is_relayed_once_its_bound_passes(
+    host: tuple[RelayHost, list[Fake]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A firewall that drops packets: the connect hangs rather than being refused. Here the port is a
+    # listener whose accept queue (listen(0): one connection) is full, so the kernel drops the SYN.
+    served, _ = host
+    monkeypatch.setattr(relay, "_TRY_STREAM_S", 0.2)  # the bound, 5 s, shortened
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(0)
+        with socket.create_connection(hole.getsockname(), timeout=5):  # the one the queue holds
+            served.port = hole.getsockname()[1]  # type: ignore[attr-defined]
+            unreachable: set[str] = set()
+            link = await relayed(served, unreachable=unreachable)
+    assert unreachable == {"r" * 12} and "client-r" in served._relays
+    await opened(link)
+    assert (await link.request("execute", repl="r", code="a", timeout=5)).stdout == "a"
+    await link.aclose()
 
 
 async def test_a_hostile_relay_loses_only_its_node(host: tuple[RelayHost, list[Fake]]) -> None:
@@ -267,17 +293,19 @@ def test_bench_through_a_ray_client(
     import ray
 
     monkeypatch.setattr("recursa.bench.runner.write_plots", lambda *a, **k: [])  # not what is tested: CPU
+    # --executor ray, the cluster named by Ray's RAY_ADDRESS: the command connects through the
+    # client, runs the rows on an actor of the cluster, and lets go of the client at its end.
+    monkeypatch.setenv("RAY_ADDRESS", client)
+    rows = _bench(tmp_path / "actors", "--method", "base", "--executor", "ray", "--ray-actors", "1")
+    assert [(r["status"], r["score"]) for r in rows] == [("ok", 1.0)], rows
+    assert rows[0]["worker_pid"] != os.getpid() and not ray.is_initialized()
+    monkeypatch.delenv("RAY_ADDRESS")
     # --sandbox ray: the rows run here, their REPLs on the cluster over the relay.
     rows = _bench(tmp_path / "here", "--method", "rlm", "--sandbox", "ray", "--ray-address", client)
     assert [(r["status"], r["score"]) for r in rows] == [("ok", 1.0)], rows
     assert relay.is_ray_client(ray) and rows[0]["worker_pid"] == os.getpid()
     events = [json.loads(line) for line in Path(rows[0]["trace_path"]).read_text().splitlines()]
     assert next(e for e in events if e["type"] == "run_end")["isolation"]["ray_node"]
-    # --executor ray: the rows run on an actor of the cluster, reached through the same client.
-    rows = _bench(tmp_path / "actors", "--method", "base", "--executor", "ray", "--ray-actors", "1",
-                  "--ray-address", client)  # fmt: skip
-    assert [(r["status"], r["score"]) for r in rows] == [("ok", 1.0)], rows
-    assert rows[0]["worker_pid"] != os.getpid()
     capsys.readouterr()
 
 
@@ -312,6 +340,11 @@ def test_a_ray_client_driver_runs_repls_over_the_relay_with_sub_calls(client: st
         assert "sub:" in text and "Error" not in text, text
         episode.step_sync("FINAL(done)")
         assert episode.done and episode.answer == "done"
+        # Training rows as locally: the root's two turns, then the sub-call the node's REPL made.
+        rows = episode.rollouts(reward=1.0, include_subcalls=True)
+        assert [(r["depth"], r["purpose"], r["reward"]) for r in rows] == [
+            (0, "root", 0.0), (0, "root", 1.0), (1, "sub", 0.0)], rows  # fmt: skip
+        assert rows[1]["response"] == "FINAL(done)"
         facts = [ray.get(host.describe.remote()) for _, host in node_hosts()]
         # The node's host carried it over a relay and never listened for a TCP stream.
         assert facts and all(f["relays"] >= 1 and not f["listening"] for f in facts), facts
