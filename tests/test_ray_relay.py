@@ -364,16 +364,17 @@ def test_a_ray_client_driver_runs_repls_over_the_relay_with_sub_calls(client: st
     assert all(f["live_repls"] == 0 for f in facts), facts
 
     # A ray:// driver that can reach the nodes (as here) may ask for the stream itself.
-    async def streamed() -> str:
+    async def streamed() -> tuple[str, bool]:
         sandbox = make_sandbox("ray", resources={"cpu_repl": 0.001}, transport="stream")
         await sandbox.start(lambda name, args: asyncio.sleep(0, "from the driver"))
         try:
-            return (await sandbox.execute("print(llm_query('hi'))", 30)).stdout.strip()
+            said = (await sandbox.execute("print(llm_query('hi'))", 30)).stdout.strip()
+            # While the stream is open (a host with no driver left stops listening).
+            return said, all(ray.get(host.describe.remote())["listening"] for _, host in node_hosts())
         finally:
             await sandbox.close()
 
-    assert asyncio.run(streamed()) == "from the driver"
-    assert all(ray.get(host.describe.remote())["listening"] for _, host in node_hosts())
+    assert asyncio.run(streamed()) == ("from the driver", True)
     with pytest.raises(ConfigError, match=r"transport='tcp'.*\"stream\".*\"relay\""):
         make_sandbox("ray", transport="tcp")
 
