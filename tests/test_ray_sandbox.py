@@ -283,6 +283,18 @@ def test_skyrl_rows_run_on_the_cluster_unchanged(cluster: dict) -> None:
     env.close()
 
 
+async def test_an_async_environment_closed_on_a_loop_that_goes_on_lets_go_of_its_nodes(cluster: dict) -> None:
+    # aclose() on the caller's loop (a server's, a trainer's): the loop's streams to the nodes close
+    # with it, as a sync close() ends its loop's; Ray stays as the caller connected it.
+    env = RLMEnv("scripted/gpt5-like", sandbox="ray", max_turns=3, sandbox_options={"resources": {"node_a": 1}})
+    episode = await env.start("q?", "the context\n")
+    assert "REPL output" in (await episode.step("```repl\nprint(len(context))\n```"))[0]["content"]
+    host = dict(node_hosts())[cluster["a"]]
+    streams = (await host.describe.remote())["streams"]  # (other tests' drivers may hold one too)
+    await env.aclose()
+    assert (await host.describe.remote())["streams"] == streams - 1 and ray.is_initialized()
+
+
 @pytest.mark.skipif(cgroups.memory_available() is None, reason="this host can make no memory control group")
 def test_the_environments_memory_bound_holds_on_the_nodes(cluster: dict, tmp_path: Path) -> None:
     env = RLMEnv("scripted/gpt5-like", sandbox="ray", trace_dir=tmp_path, max_turns=5, exec_timeout=60,
