@@ -357,7 +357,9 @@ def _add_bench_parser(sub: Any) -> None:
     bench.add_argument("--concurrency", type=int, default=4, help="instances run at once (local executor)")
     bench.add_argument("--ray-actors", type=int, default=2, help="Ray actors, each running many rows")
     bench.add_argument(
-        "--ray-address", default=None, help="a running Ray cluster to join (default: a local one)"
+        "--ray-address",
+        default=None,
+        help="a running Ray cluster to join, HOST:PORT or ray://HEAD:10001 (default: $RAY_ADDRESS's, else a local one)",
     )
     bench.add_argument("--json", action="store_true", help="print the summary as JSON")
 

@@ -27,6 +27,7 @@ from recursa.integrations.openenv import create_openenv_app
 from recursa.tasks import generate
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "training" / "trl_openenv.py"
+NO_RAY = "Ray is not installed here (recursa[ray]; .ci/run adds it to this venv)"
 
 
 async def until(condition) -> None:
@@ -224,7 +225,7 @@ async def test_one_client_address_holds_its_share_of_sessions():
 
 
 async def test_episodes_on_a_ray_cluster_are_served_unchanged(tmp_path: Path) -> None:
-    ray = pytest.importorskip("ray", reason="Ray is not installed here (recursa[ray]; .ci/run adds it to this venv)")
+    ray = pytest.importorskip("ray", reason=NO_RAY)
     from ray.cluster_utils import Cluster
 
     from recursa.sandbox.cluster import node_hosts, shutdown_hosts
@@ -235,7 +236,8 @@ async def test_episodes_on_a_ray_cluster_are_served_unchanged(tmp_path: Path) ->
     try:
         with BackgroundServer(create_openenv_app(env, max_sessions=2)) as srv:
             async with GenericEnvClient(base_url=srv.url) as client:
-                await client.reset(question="What is the code?", context="the code is 4711", expected_answer="4711")
+                await client.reset(question="What is the code?", context="the code is 4711",
+                                   expected_answer="4711")  # fmt: skip
                 # The cell runs on the cluster's node; its sub-call comes back to this server's RLMEnv.
                 ran = await client.step({"reply": "```repl\nprint(context[-4:], llm_query('say hi'))\n```"})
                 text = ran.observation["messages"][0]["content"]

@@ -118,7 +118,7 @@ async def test_verifiers_acp_session_runs_recursa_acp(server: FakeServer, script
 def ray_cluster() -> Iterator[str]:
     """A one-node Ray cluster (Ray's own test utility), which this process does not join: the
     agent the harness starts does."""
-    pytest.importorskip("ray", reason="Ray is not installed here (recursa[ray]; .ci/run adds it to this venv)")
+    pytest.importorskip("ray", reason="Ray is not installed here (recursa[ray]; .ci/run adds it here)")
     from ray.cluster_utils import Cluster
 
     made = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
