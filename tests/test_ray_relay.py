@@ -283,10 +283,18 @@ def _bench(out: Path, *flags: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
 
 
+def _ray_node(row: dict[str, Any]) -> str | None:
+    """The Ray node a bench row's REPL ran on, from its trace."""
+    events = [json.loads(line) for line in Path(row["trace_path"]).read_text().splitlines()]
+    return next(e for e in events if e["type"] == "run_end")["isolation"].get("ray_node")
+
+
 # Alone: it starts a Ray cluster, and two starting at once beside other tests on two shared cores
 # (test_ray_sandbox.py's) time out in Ray's own startup wait. First in the module: this process is
-# not connected yet, so the command connects it through `ray://` itself.
+# not connected yet, so the command connects it through `ray://` itself. Its time counts the
+# fixture's start of the cluster, which took up to a minute on this machine at load 50-80.
 @pytest.mark.serial
+@pytest.mark.timeout(300)
 def test_bench_through_a_ray_client(
     client: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -294,18 +302,20 @@ def test_bench_through_a_ray_client(
 
     monkeypatch.setattr("recursa.bench.runner.write_plots", lambda *a, **k: [])  # not what is tested: CPU
     # --executor ray, the cluster named by Ray's RAY_ADDRESS: the command connects through the
-    # client, runs the rows on an actor of the cluster, and lets go of the client at its end.
+    # client, runs the rows on an actor of the cluster (each row's REPL on a node, put there from
+    # inside the cluster), and lets go of the client at its end.
     monkeypatch.setenv("RAY_ADDRESS", client)
-    rows = _bench(tmp_path / "actors", "--method", "base", "--executor", "ray", "--ray-actors", "1")
+    rows = _bench(tmp_path / "actors", "--method", "rlm", "--executor", "ray", "--ray-actors", "1",
+                  "--sandbox", "ray")  # fmt: skip
     assert [(r["status"], r["score"]) for r in rows] == [("ok", 1.0)], rows
     assert rows[0]["worker_pid"] != os.getpid() and not ray.is_initialized()
+    assert _ray_node(rows[0])
     monkeypatch.delenv("RAY_ADDRESS")
     # --sandbox ray: the rows run here, their REPLs on the cluster over the relay.
     rows = _bench(tmp_path / "here", "--method", "rlm", "--sandbox", "ray", "--ray-address", client)
     assert [(r["status"], r["score"]) for r in rows] == [("ok", 1.0)], rows
     assert relay.is_ray_client(ray) and rows[0]["worker_pid"] == os.getpid()
-    events = [json.loads(line) for line in Path(rows[0]["trace_path"]).read_text().splitlines()]
-    assert next(e for e in events if e["type"] == "run_end")["isolation"]["ray_node"]
+    assert _ray_node(rows[0])
     capsys.readouterr()
 
 
@@ -354,16 +364,17 @@ def test_a_ray_client_driver_runs_repls_over_the_relay_with_sub_calls(client: st
     assert all(f["live_repls"] == 0 for f in facts), facts
 
     # A ray:// driver that can reach the nodes (as here) may ask for the stream itself.
-    async def streamed() -> str:
+    async def streamed() -> tuple[str, bool]:
         sandbox = make_sandbox("ray", resources={"cpu_repl": 0.001}, transport="stream")
         await sandbox.start(lambda name, args: asyncio.sleep(0, "from the driver"))
         try:
-            return (await sandbox.execute("print(llm_query('hi'))", 30)).stdout.strip()
+            said = (await sandbox.execute("print(llm_query('hi'))", 30)).stdout.strip()
+            # While the stream is open (a host with no driver left stops listening).
+            return said, all(ray.get(host.describe.remote())["listening"] for _, host in node_hosts())
         finally:
             await sandbox.close()
 
-    assert asyncio.run(streamed()) == "from the driver"
-    assert all(ray.get(host.describe.remote())["listening"] for _, host in node_hosts())
+    assert asyncio.run(streamed()) == ("from the driver", True)
     with pytest.raises(ConfigError, match=r"transport='tcp'.*\"stream\".*\"relay\""):
         make_sandbox("ray", transport="tcp")
 
