@@ -149,6 +149,15 @@ async def test_one_tree_stays_on_one_node_and_a_context_crosses_once_per_node(cl
         spun = await repls[1].execute("while True:\n    pass", 0.5)
         assert spun.timed_out and not spun.restarted and "KeyboardInterrupt" in (spun.error or ""), spun
         assert (await repls[1].execute("print(kept)", 30)).stdout == "still here\n"
+        # A cell that kills its own worker reads as it does locally, word for word.
+        local = make_sandbox("auto")
+        await local.start(handler)
+        try:
+            await local.execute("x = 1", 30)  # (the node's REPL ran a cell before, too)
+            killed = [await s.execute("import os\nos.kill(os.getpid(), 9)", 30) for s in (repls[2], local)]
+        finally:
+            await local.close()
+        assert killed[0].restarted and (killed[0].error, killed[0].notes) == (killed[1].error, killed[1].notes), killed
         host = repls[0].pool.host(repls[0].node)  # type: ignore[attr-defined]
         facts = await host.describe.remote()
         assert facts["contexts"] == 1 and facts["live_repls"] >= 3
