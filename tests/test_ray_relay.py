@@ -2,25 +2,14 @@
 frames relayed over actor calls (relay.py).
 
 First without a cluster, as test_ray_stream.py does: the plain host (RelayHost over NodeHost) behind a
-stand-in for its actor handle, the driver's NodeLink choosing its carrier. Then through a real Ray
-Client: a cluster on this machine, Ray's client server for it in a process of its own, and this
-process connected to it by `ray://`, running an RLM and RLMEnv episodes whose REPLs call back to
-the driver, and losing the node's host under one."""
+stand-in for its actor handle, the driver's NodeLink choosing its carrier. Through a real Ray Client
+(`ray://`): at the end of test_ray_sandbox.py, on its cluster."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
-import os
-import random
 import socket
-import subprocess
-import sys
-import tempfile
-import time
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -190,160 +179,3 @@ def test_without_an_address_rays_own_variable_names_the_cluster(monkeypatch: pyt
         connect("127.0.0.1:7")
     with pytest.raises(BenchError, match=r"^\$RAY_ADDRESS=127\.0\.0\.1:9: the Ray cluster cannot be reached"):
         preflight(None)  # recursa bench --executor ray
-
-
-# -- a real Ray Client -------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def client() -> Iterator[str]:
-    """A one-node cluster and Ray's client server for it (in a process of its own, as on a head);
-    this process is not connected yet: the first test connects it through `ray://`, as a laptop would."""
-    ray = pytest.importorskip("ray", reason="sandbox='ray' needs the ray extra (installed by the dev extra)")
-    from ray._private.utils import get_ray_client_dependency_error
-    from ray.cluster_utils import Cluster
-
-    from recursa.sandbox.cluster import shutdown_hosts
-
-    if get_ray_client_dependency_error() is not None:
-        pytest.skip("the Ray Client needs grpcio (ray[client], in the ray extra)")
-    made = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
-                                                          "resources": {"cpu_repl": 1}})  # fmt: skip
-    # The server's "legacy" mode is itself the client's driver on the cluster. (`ray start --head`
-    # runs the "proxy" mode, which starts such a server per client; on this loaded machine that
-    # start failed one time in three, inside Ray.) A port outside the kernel's ephemeral range and
-    # Ray's worker ports, which other processes here may hold.
-    server, port, log = None, 0, tempfile.TemporaryFile()
-    try:
-        for _ in range(3):  # a port another process took meanwhile: the server exits, try another
-            port = random.randrange(20_000, 30_000)
-            server = subprocess.Popen(
-                [sys.executable, "-m", "ray.util.client.server", f"--address={made.address}", "--host=127.0.0.1",
-                 f"--port={port}", "--mode=legacy"], stdout=subprocess.DEVNULL, stderr=log,
-            )  # fmt: skip
-            if _listening(server, port, deadline=time.monotonic() + 120):
-                break
-            server.kill()
-            server.wait(30)
-            log.seek(0)
-            why = log.read().decode(errors="replace")[-2000:]
-        else:
-            pytest.fail(f"Ray's client server did not start: {why}")
-        yield f"ray://127.0.0.1:{port}"
-    finally:
-        shutdown_hosts()
-        ray.shutdown()
-        if server is not None and server.poll() is None:
-            server.terminate()
-            server.wait(30)
-        log.close()
-        made.shutdown()
-
-
-def _listening(server: subprocess.Popen[bytes], port: int, deadline: float) -> bool:
-    """Whether the server listens on `port` before `deadline` (False once it has exited)."""
-    while time.monotonic() < deadline and server.poll() is None:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def _bench(out: Path, *flags: str) -> list[dict[str, Any]]:
-    """`recursa bench` on the command line: its rows."""
-    from recursa.cli import main
-
-    assert main(["bench", "niah", "--sizes", "1k", "--n", "1", "--json", "--out", str(out), *flags]) == 0
-    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-
-
-# Alone: it starts a Ray cluster, and two starting at once beside other tests on two shared cores
-# (test_ray_sandbox.py's) time out in Ray's own startup wait. First in the module: this process is
-# not connected yet, so the command connects it through `ray://` itself.
-@pytest.mark.serial
-def test_bench_through_a_ray_client(
-    client: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import ray
-
-    monkeypatch.setattr("recursa.bench.runner.write_plots", lambda *a, **k: [])  # not what is tested: CPU
-    # --sandbox ray: the rows run here, their REPLs on the cluster over the relay.
-    rows = _bench(tmp_path / "here", "--method", "rlm", "--sandbox", "ray", "--ray-address", client)
-    assert [(r["status"], r["score"]) for r in rows] == [("ok", 1.0)], rows
-    assert relay.is_ray_client(ray) and rows[0]["worker_pid"] == os.getpid()
-    events = [json.loads(line) for line in Path(rows[0]["trace_path"]).read_text().splitlines()]
-    assert next(e for e in events if e["type"] == "run_end")["isolation"]["ray_node"]
-    # --executor ray: the rows run on an actor of the cluster, reached through the same client.
-    rows = _bench(tmp_path / "actors", "--method", "base", "--executor", "ray", "--ray-actors", "1",
-                  "--ray-address", client)  # fmt: skip
-    assert [(r["status"], r["score"]) for r in rows] == [("ok", 1.0)], rows
-    assert rows[0]["worker_pid"] != os.getpid()
-    capsys.readouterr()
-
-
-@pytest.mark.serial
-def test_a_ray_client_driver_runs_repls_over_the_relay_with_sub_calls(client: str, tmp_path: Path) -> None:
-    import ray
-
-    from recursa import RLM, Budget
-    from recursa.env import RLMEnv
-    from recursa.errors import ConfigError
-    from recursa.sandbox import make_sandbox
-    from recursa.sandbox.cluster import node_hosts
-    from recursa.tasks import generate
-
-    task = generate("oolong", 4_000, seed=3)
-    rlm = RLM("scripted/gpt5-like", sub_model="scripted/oracle", sandbox="ray", trace_dir=tmp_path,
-              sandbox_options={"address": client, "resources": {"cpu_repl": 0.001}},
-              budget=Budget(max_llm_calls=400))  # fmt: skip
-    result = rlm.run(task.question, context=task.context)
-    assert relay.is_ray_client(ray), "the run did not connect through the Ray Client"
-    assert result.stop_reason == "final", result.error
-    assert task.score(result.answer) > 0.5, (result.answer, task.answer)
-    assert result.isolation["process"] is True and result.isolation["ray_node"]
-    # llm_query_batched ran in the node's REPL and its sub-calls came back to this process's ledger.
-    assert result.usage.llm_calls > result.iterations
-    # An environment's episode on the same cluster: a step whose code calls the driver.
-    env = RLMEnv("scripted/gpt5-like", sandbox="ray", trace_dir=tmp_path, max_turns=3,
-                 sandbox_options={"resources": {"cpu_repl": 0.001}})  # fmt: skip
-    try:
-        episode = env.start_sync("q?", "the context\n")
-        text = episode.step_sync("```repl\nprint('sub:', llm_query('say hi'))\n```")[0]["content"]
-        assert "sub:" in text and "Error" not in text, text
-        episode.step_sync("FINAL(done)")
-        assert episode.done and episode.answer == "done"
-        facts = [ray.get(host.describe.remote()) for _, host in node_hosts()]
-        # The node's host carried it over a relay and never listened for a TCP stream.
-        assert facts and all(f["relays"] >= 1 and not f["listening"] for f in facts), facts
-    finally:
-        env.close()
-    facts = [ray.get(host.describe.remote()) for _, host in node_hosts()]
-    assert all(f["live_repls"] == 0 for f in facts), facts
-
-    # A ray:// driver that can reach the nodes (as here) may ask for the stream itself.
-    async def streamed() -> str:
-        sandbox = make_sandbox("ray", resources={"cpu_repl": 0.001}, transport="stream")
-        await sandbox.start(lambda name, args: asyncio.sleep(0, "from the driver"))
-        try:
-            return (await sandbox.execute("print(llm_query('hi'))", 30)).stdout.strip()
-        finally:
-            await sandbox.close()
-
-    assert asyncio.run(streamed()) == "from the driver"
-    assert all(ray.get(host.describe.remote())["listening"] for _, host in node_hosts())
-    with pytest.raises(ConfigError, match=r"transport='tcp'.*\"stream\".*\"relay\""):
-        make_sandbox("ray", transport="tcp")
-
-    # The node's host dies mid-episode: Ray fails the relay's calls, and the episode stops naming the node.
-    env = RLMEnv("scripted/gpt5-like", sandbox="ray", trace_dir=tmp_path, max_turns=3,
-                 sandbox_options={"resources": {"cpu_repl": 0.001}})  # fmt: skip
-    try:
-        episode = env.start_sync("q?", "the context\n")
-        episode.step_sync("```repl\nx = 1\nprint(x)\n```")
-        node = episode.result.isolation["ray_node"]
-        ray.kill(dict(node_hosts())[node])
-        episode.step_sync("```repl\nprint(x)\n```")
-        assert episode.done and episode.stop_reason == "error", episode.messages[-1]
-        assert f"the Ray node {node[:12]}" in (episode.error or ""), episode.error
-    finally:
-        env.close()
