@@ -155,6 +155,29 @@ async def test_sub_call_callback_serves_children_and_rows_inherit(tmp_path: Path
     await env.aclose()
 
 
+async def test_a_reply_is_recorded_once_its_cell_is_sent_before_anything_the_cell_does() -> None:
+    # The trainer's reply is recorded (ledger, usage, its lm_call) at the event loop's next turn,
+    # while its cell runs: before the cell's own calls and events, and always before the step returns.
+    order: list[str] = []
+
+    async def sub_call(messages, depth, parent_id):
+        order.append("sub_call")
+        return "plain"
+
+    env = RLMEnv(sub_call=sub_call, max_depth=1, trace=False, max_turns=5, on_event=lambda e: order.append(e["type"]))
+    async with env:
+        episode = await env.start("q?", CONTEXT)
+        await episode.step(code("print(1)"))
+        for reply, calls in ((code("print(llm_query('x'))"), 1), ("Still thinking, no code yet.", 0)):
+            order.clear()
+            before = episode.usage.llm_calls
+            await episode.step({"content": reply, "output_tokens": 7})
+            assert order[:2] == ["turn", "lm_call"] and order.count("sub_call") == calls, order
+            assert order.index("sub_call") == 2 if calls else "exec" not in order
+            assert episode.usage.llm_calls == before + 1 + calls  # counted by the time step() returns
+        await episode.close()
+
+
 async def test_bad_replies_are_refused_and_change_nothing(sub_server: FakeServer, tmp_path: Path) -> None:
     env = make_env(sub_server, tmp_path, max_reply_chars=1_000)
     episode = await env.start("q?", CONTEXT)

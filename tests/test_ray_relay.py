@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
@@ -26,10 +27,15 @@ pytestmark = pytest.mark.timeout(120)
 
 
 class Unreachable(RelayHost):
-    """A host whose stream's port refuses the driver, as a firewall between them would."""
+    """A host whose stream's port the driver cannot reach, as with a firewall between them: `port`,
+    by default one that refuses a connect."""
+
+    port: int | None = None
 
     async def listen(self, client: str, address: str, token: bytes) -> int:
         await super().listen(client, address, token)
+        if self.port is not None:
+            return self.port
         with socket.socket() as closed:  # bound, never listening: a connect there is refused
             closed.bind(("127.0.0.1", 0))
             return int(closed.getsockname()[1])
@@ -113,6 +119,27 @@ async def test_a_node_whose_stream_is_refused_is_relayed_with_the_same_semantics
             break
         await asyncio.sleep(0.01)
     assert served._relays == {}
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a full accept queue drops a SYN on Linux")
+async def test_a_node_whose_stream_hangs_is_relayed_once_its_bound_passes(
+    host: tuple[RelayHost, list[Fake]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A firewall that drops packets: the connect hangs rather than being refused. Here the port is a
+    # listener whose accept queue (listen(0): one connection) is full, so the kernel drops the SYN.
+    served, _ = host
+    monkeypatch.setattr(relay, "_TRY_STREAM_S", 0.2)  # the bound, 5 s, shortened
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(0)
+        with socket.create_connection(hole.getsockname(), timeout=5):  # the one the queue holds
+            served.port = hole.getsockname()[1]  # type: ignore[attr-defined]
+            unreachable: set[str] = set()
+            link = await relayed(served, unreachable=unreachable)
+    assert unreachable == {"r" * 12} and "client-r" in served._relays
+    await opened(link)
+    assert (await link.request("execute", repl="r", code="a", timeout=5)).stdout == "a"
+    await link.aclose()
 
 
 async def test_a_hostile_relay_loses_only_its_node(host: tuple[RelayHost, list[Fake]]) -> None:

@@ -33,6 +33,7 @@ from recursa.errors import ConfigError, SandboxLost  # noqa: E402
 from recursa.sandbox import cgroups, make_sandbox  # noqa: E402
 from recursa.sandbox.base import CallbackError  # noqa: E402
 from recursa.sandbox.cluster import NodeLost, RaySandbox, node_hosts, relay, shutdown_hosts  # noqa: E402
+from recursa.sandbox.proc import descendants  # noqa: E402
 from recursa.tasks import generate  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -292,6 +293,18 @@ def test_skyrl_rows_run_on_the_cluster_unchanged(cluster: dict) -> None:
     env.close()
 
 
+async def test_an_async_environment_closed_on_a_loop_that_goes_on_lets_go_of_its_nodes(cluster: dict) -> None:
+    # aclose() on the caller's loop (a server's, a trainer's): the loop's streams to the nodes close
+    # with it, as a sync close() ends its loop's; Ray stays as the caller connected it.
+    env = RLMEnv("scripted/gpt5-like", sandbox="ray", max_turns=3, sandbox_options={"resources": {"node_a": 1}})
+    episode = await env.start("q?", "the context\n")
+    assert "REPL output" in (await episode.step("```repl\nprint(len(context))\n```"))[0]["content"]
+    host = dict(node_hosts())[cluster["a"]]
+    streams = (await host.describe.remote())["streams"]  # (other tests' drivers may hold one too)
+    await env.aclose()
+    assert (await host.describe.remote())["streams"] == streams - 1 and ray.is_initialized()
+
+
 @pytest.mark.skipif(cgroups.memory_available() is None, reason="this host can make no memory control group")
 def test_the_environments_memory_bound_holds_on_the_nodes(cluster: dict, tmp_path: Path) -> None:
     env = RLMEnv("scripted/gpt5-like", sandbox="ray", trace_dir=tmp_path, max_turns=5, exec_timeout=60,
@@ -334,6 +347,11 @@ def test_env_on_the_cluster_a_lost_node_fails_only_its_episodes_and_close_reaps(
     # Nothing left running on the nodes that stayed: their hosts hold no REPL and no context.
     facts = [ray.get(host.describe.remote()) for node_id, host in node_hosts() if node_id != doomed.node_id]
     assert len(facts) >= 1 and all(f["live_repls"] == 0 and f["contexts"] == 0 for f in facts), facts
+    # A node no driver is connected to any more (the SkyRL test's shared environment, which lives as
+    # long as this process, may hold one) runs no process of theirs (REPL workers, the fork server's
+    # zygote) and listens on no port (test_ray_stream shows it of one host).
+    idle = [f for f in facts if not f["streams"]]
+    assert all(not descendants(f["pid"]) and not f["listening"] for f in idle), facts
 
 
 # -- a driver through the Ray Client (`ray://`): the stream's frames relayed over actor calls ------
@@ -403,17 +421,19 @@ def test_bench_through_a_ray_client(
     client: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("recursa.bench.runner.write_plots", lambda *a, **k: [])  # not what is tested: CPU
+    # --executor ray, the cluster named by Ray's RAY_ADDRESS: the command connects through the
+    # client, runs the rows on an actor of the cluster, and lets go of the client at its end.
+    monkeypatch.setenv("RAY_ADDRESS", client)
+    rows = _bench(tmp_path / "actors", "--method", "base", "--executor", "ray", "--ray-actors", "1")
+    assert [(r["status"], r["score"]) for r in rows] == [("ok", 1.0)], rows
+    assert rows[0]["worker_pid"] != os.getpid() and not ray.is_initialized()
+    monkeypatch.delenv("RAY_ADDRESS")
     # --sandbox ray: the rows run here, their REPLs on the cluster over the relay.
     rows = _bench(tmp_path / "here", "--method", "rlm", "--sandbox", "ray", "--ray-address", client)
     assert [(r["status"], r["score"]) for r in rows] == [("ok", 1.0)], rows
     assert relay.is_ray_client(ray) and rows[0]["worker_pid"] == os.getpid()
     events = [json.loads(line) for line in Path(rows[0]["trace_path"]).read_text().splitlines()]
     assert next(e for e in events if e["type"] == "run_end")["isolation"]["ray_node"]
-    # --executor ray: the rows run on an actor of the cluster, reached through the same client.
-    rows = _bench(tmp_path / "actors", "--method", "base", "--executor", "ray", "--ray-actors", "1",
-                  "--ray-address", client)  # fmt: skip
-    assert [(r["status"], r["score"]) for r in rows] == [("ok", 1.0)], rows
-    assert rows[0]["worker_pid"] != os.getpid()
     capsys.readouterr()
 
 
@@ -438,6 +458,11 @@ def test_a_ray_client_driver_runs_repls_over_the_relay_with_sub_calls(client: st
         assert "sub:" in text and "Error" not in text, text
         episode.step_sync("FINAL(done)")
         assert episode.done and episode.answer == "done"
+        # Training rows as locally: the root's two turns, then the sub-call the node's REPL made.
+        rows = episode.rollouts(reward=1.0, include_subcalls=True)
+        assert [(r["depth"], r["purpose"], r["reward"]) for r in rows] == [
+            (0, "root", 0.0), (0, "root", 1.0), (1, "sub", 0.0)], rows  # fmt: skip
+        assert rows[1]["response"] == "FINAL(done)"
         facts = {node: ray.get(host.describe.remote()) for node, host in node_hosts()}
         # The episode's node host carried it over a relay, and no host listened for a TCP stream.
         # (The bench rows before may have had a host on the head as well.)
@@ -448,18 +473,18 @@ def test_a_ray_client_driver_runs_repls_over_the_relay_with_sub_calls(client: st
     assert all(f["live_repls"] == 0 for f in (ray.get(h.describe.remote()) for _, h in node_hosts())), facts
 
     # A ray:// driver that can reach the nodes (as here) may ask for the stream itself.
-    async def streamed() -> tuple[str, str]:
+    async def streamed() -> tuple[str, bool]:
         sandbox = make_sandbox("ray", resources={"cpu_repl": 0.001}, transport="stream")
         await sandbox.start(lambda name, args: asyncio.sleep(0, "from the driver"))
         try:
             done = await sandbox.execute("print(llm_query('hi'))", 30)
-            return done.stdout.strip(), sandbox.node.node_id  # type: ignore[attr-defined]
+            # Its node's host listens while the stream is open (and may stop once no driver is left).
+            host = dict(node_hosts())[sandbox.node.node_id]  # type: ignore[attr-defined]
+            return done.stdout.strip(), ray.get(host.describe.remote())["listening"]
         finally:
             await sandbox.close()
 
-    printed, node = asyncio.run(streamed())
-    assert printed == "from the driver"
-    assert ray.get(dict(node_hosts())[node].describe.remote())["listening"]
+    assert asyncio.run(streamed()) == ("from the driver", True)
     with pytest.raises(ConfigError, match=r"transport='tcp'.*\"stream\".*\"relay\""):
         make_sandbox("ray", transport="tcp")
 

@@ -324,3 +324,38 @@ async def test_a_dropped_stream_fails_that_nodes_requests_and_its_host_closes_th
             break
         await asyncio.sleep(0.01)
     assert made[0].closed and host.describe()["live_repls"] == 0
+
+
+async def test_a_host_whose_drivers_all_left_runs_nothing_but_itself() -> None:
+    # After its drivers close (an RLMEnv's close() ends its loop's streams), a node runs no process
+    # of theirs: the REPL workers, and also the fork server's zygote, which a driver still connected
+    # keeps warm; the listening socket closes too. A new driver starts them again.
+    import os
+
+    from recursa.sandbox import make_sandbox
+    from recursa.sandbox.proc import descendants
+
+    before = descendants(os.getpid())
+    host = NodeHost(make_sandbox)
+    try:
+        first, second = await connect(host, "a"), await connect(host, "b")
+        for link in (first, second):
+            await link.host.remember_options.remote("o1", {"snapshots": False})
+            link.repls.add("r" + link.client)
+            await link.request("open", repl="r" + link.client, options="o1", memory=None)
+        assert (await first.request("execute", repl="rclient-a", code="print(6 * 7)", timeout=30)).stdout == "42\n"
+        assert host._fork_server is not None and descendants(os.getpid()) - before
+        await first.aclose()
+        await second.request("close", repl="rclient-b")
+        assert host._fork_server is not None and host._server is not None  # b is still connected
+        await second.aclose()
+        for _ in range(500):  # (the host reads the stream's end on this loop)
+            if host._fork_server is None:
+                break
+            await asyncio.sleep(0.01)
+        assert host._fork_server is None and host._server is None and not host.describe()["streams"]
+        assert not descendants(os.getpid()) - before
+        again = await connect(host, "c")  # listens again
+        await again.aclose()
+    finally:
+        await host.shutdown()

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -493,7 +494,17 @@ async def test_cwd_home_and_tmp_are_the_scratch_dir(proc_sandbox: SubprocessSand
     assert os.getcwd() != scratch  # the host never changes directory
 
 
-async def test_close_reaps_and_cleans_up(host: Host) -> None:
+async def test_close_reaps_and_cleans_up(host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
+    import recursa.sandbox.host as host_module
+
+    removed_on: list[threading.Thread] = []
+    rmtree = host_module.shutil.rmtree
+
+    def recording_rmtree(path: str, *args: Any, **kwargs: Any) -> None:
+        removed_on.append(threading.current_thread())
+        rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(host_module.shutil, "rmtree", recording_rmtree)
     sb = SubprocessSandbox()
     await sb.start(host)
     # A forked child (the hardened worker may not exec programs) that outlives the cell.
@@ -505,6 +516,8 @@ async def test_close_reaps_and_cleans_up(host: Host) -> None:
     assert pid is not None and scratch is not None and child is not None and _isdir(scratch)
     await sb.close()
     assert not _pid_exists(pid) and not _isdir(scratch)
+    # the scratch tree is removed off the loop's thread, which other REPLs are served on meanwhile
+    assert removed_on and threading.current_thread() not in removed_on
     assert _wait_gone(int(child.value))  # the whole process group went with it
     await sb.close()  # idempotent
     with pytest.raises(SandboxError):

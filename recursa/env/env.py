@@ -328,6 +328,9 @@ class RLMEnv:
         finally:
             self._contexts.clear()
             await self._shared.aclose_here()
+            release = SANDBOXES[self.config.sandbox].release
+            if release is not None:
+                await release()
             if self.memory_pool is not None and self._owns_memory_pool:
                 self.memory_pool.close()  # once its REPLs' groups are gone; else swept later
         if failure is not None:

@@ -199,6 +199,7 @@ class RunEngine:
                     await self._turn(reply)
                 else:
                     await self._last_call(reply)
+            self.tree.trace.flush()  # the reply's record, if it is still put off (`_reply`)
             if reply is not None and not self.done:
                 self._stop_if_spent()
         except (Exception, asyncio.CancelledError) as exc:
@@ -224,6 +225,8 @@ class RunEngine:
     def _fail(self, exc: BaseException) -> None:
         """Why the run stopped; a cancellation or a bug is kept for finish() to raise again."""
         r, self.done = self.result, True
+        with contextlib.suppress(Exception):
+            self.tree.trace.flush()  # the reply stays recorded (and counted) before what stopped the run
         if isinstance(exc, TimeoutError):
             seconds = self.config.budget.max_seconds
             r.stop_reason, r.error = "timeout", f"the run's time budget of {seconds:g} s ran out"
@@ -459,15 +462,10 @@ class RunEngine:
             meta = CallMeta(
                 call_id=self.new_call_id(), parent_id=self.parent_run_id, depth=self.depth, purpose=purpose
             )
-            self.tree.gateway.record(
-                self.model,
-                messages,
-                given,
-                meta=meta,
-                run_id=self.run_id,
-                usage_scopes=self.usage_scopes,
-                trace_messages=new,
-            )
+            # Recorded at the loop's next turn: after the reply's cell is sent, while it runs.
+            record = self.tree.gateway.record
+            self.tree.trace.defer(lambda: record(self.model, messages, given, meta=meta, run_id=self.run_id,
+                                                 usage_scopes=self.usage_scopes, trace_messages=new))
             response = given
         self._sent = len(self.messages) + 1  # every message up to this reply is in the trace
         return response

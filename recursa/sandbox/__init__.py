@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,7 @@ from recursa.errors import ConfigError
 from recursa.sandbox.base import ExecResult, Sandbox
 from recursa.sandbox.cluster import RaySandbox
 from recursa.sandbox.cluster.pool import preflight as ray_preflight
+from recursa.sandbox.cluster.pool import release_loop as ray_release
 from recursa.sandbox.containers import ContainerSandbox
 from recursa.sandbox.forkserver import ForkServer
 from recursa.sandbox.inprocess import InProcessSandbox
@@ -60,6 +61,9 @@ class SandboxKind:
     # What can be checked of the kind and its options before any run (a missing extra, a cluster
     # address that does not answer): ConfigError, raised when the config is built.
     preflight: Callable[[dict[str, Any]], None] | None = None
+    # What the kind keeps per event loop for its REPLs (a Ray pool's streams to the nodes), let go
+    # when an environment on that loop closes.
+    release: Callable[[], Awaitable[None]] | None = None
 
     def option_names(self) -> list[str] | None:
         """The `sandbox_options` this kind takes, or None when it takes any (a **kwargs constructor)."""
@@ -108,6 +112,7 @@ SANDBOXES: dict[str, SandboxKind] = {
         "the node's own local sandbox on a Ray cluster, run by a host actor there (the ray extra)",
         snapshots=True,  # the node's local sandbox takes them
         preflight=ray_preflight,
+        release=ray_release,
     ),
 }
 

@@ -372,10 +372,14 @@ class WorkerHost:
             await worker.kill()
             self._release_log(worker)
         self._context = None  # its fd is closed by the cleanup below
+        # Removing the scratch tree waits on the file system: off the loop other REPLs are served on
+        scratch, self._cleanup.scratch = self._cleanup.scratch, None
         try:
             await self._teardown()
         finally:
-            self._finalizer()  # removes the scratch directory and closes what is left
+            self._finalizer()  # closes what is left
+            if scratch:
+                await asyncio.to_thread(shutil.rmtree, scratch, True)
 
     @staticmethod
     async def _ask_to_exit(worker: Connection) -> None:

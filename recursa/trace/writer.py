@@ -7,6 +7,8 @@ folded (head, tail and length) so a trace's size does not grow with the context.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import json
 import os
 import threading
@@ -54,6 +56,11 @@ class TraceWriter:
         self._lock = threading.Lock()
         self._seq = 0
         self._file = None
+        # Recordings put off by `defer`, the thread that put them off, and what one of them raised
+        # when the event loop ran it (raised again by the next `flush`).
+        self._deferred: collections.deque[Callable[[], object]] = collections.deque()
+        self._deferring = 0
+        self._failed: BaseException | None = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             # Line-buffered: every event reaches the OS as soon as it is written, so a host that is
@@ -62,7 +69,33 @@ class TraceWriter:
             # written as its JSON escape instead of failing the write, and with it the run.
             self._file = open(path, "a", encoding="utf-8", errors="backslashreplace", buffering=1)
 
+    def defer(self, record: Callable[[], object]) -> None:
+        """Run `record` (a recording that emits) at the event loop's next turn, or before any later
+        event of this thread, or at `flush`, whichever comes first: the events keep their order, and
+        a trainer's reply is recorded while its cell runs in the REPL, not before the cell is sent
+        (docs/performance.md, "RL step, fourth pass"). Called on the event loop's thread."""
+        self._deferred.append(record)
+        self._deferring = threading.get_ident()
+        if len(self._deferred) == 1:
+            asyncio.get_running_loop().call_soon(self._flush_soon)
+
+    def flush(self) -> None:
+        """Run the recordings `defer` holds, now; raises what one of them raised meanwhile."""
+        failed, self._failed = self._failed, None
+        while self._deferred:
+            self._deferred.popleft()()
+        if failed is not None:
+            raise failed
+
+    def _flush_soon(self) -> None:
+        try:
+            self.flush()
+        except BaseException as exc:  # for the run's own flush to raise, as if recorded in its turn
+            self._failed = exc
+
     def emit(self, event_type: str, **fields: Any) -> dict[str, Any]:
+        if self._deferred and threading.get_ident() == self._deferring:
+            self.flush()  # what was put off comes first
         with self._lock:
             self._seq += 1
             event = {"seq": self._seq, "ts": round(time.time(), 6), "type": event_type, **fields}

@@ -247,7 +247,20 @@ class NodeHost:
         watcher = self._watchers.pop(client, None)
         if watcher is not None and not watcher.done():
             watcher.set_result(None)
+        if not self._streams and not self._expected and not self.repls:
+            await self._rest()
         return len(repls)
+
+    async def _rest(self) -> None:
+        """No driver is left and no REPL: the fork server's zygote and the listening socket go too,
+        so that once its drivers have closed, nothing of theirs runs on the node but this idle actor
+        (as nothing runs on the driver's machine after a local close). A new driver starts both again."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        fork_server, self._fork_server = self._fork_server, None
+        if fork_server is not None:
+            await fork_server.close()
 
     async def _drop(self, repl: str) -> None:
         sandbox = self.repls.pop(repl, None)
@@ -473,15 +486,10 @@ class NodeHost:
     async def shutdown(self) -> None:
         for client in list(self._streams):
             await self.close_client(client)
-        if self._server is not None:
-            self._server.close()
-            self._server = None
         for repl in list(self.repls):
             with contextlib.suppress(Exception):
                 await self._drop(repl)
-        if self._fork_server is not None:
-            await self._fork_server.close()
-            self._fork_server = None
+        await self._rest()
         for pool in self._pools.values():
             pool.close()
         self._pools.clear()

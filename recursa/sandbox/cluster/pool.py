@@ -494,6 +494,17 @@ def _ready(made: asyncio.Future[NodeLink]) -> bool:
 _pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, RayPool] = weakref.WeakKeyDictionary()
 
 
+async def release_loop() -> None:
+    """Let go of this loop's pool once it holds no REPL (an environment on the loop closed, and the
+    loop goes on): its streams close, and a node no other driver uses then stops its zygote
+    (node.py). The loop's next REPL connects again."""
+    loop = asyncio.get_running_loop()
+    pool = _pools.get(loop)
+    if pool is not None and not pool._handlers:
+        del _pools[loop]
+        await pool.aclose()
+
+
 def pool_for_loop(address: str | None, make_sandbox: Callable[..., Sandbox]) -> RayPool:
     loop = asyncio.get_running_loop()
     pool = _pools.get(loop)
