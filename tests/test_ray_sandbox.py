@@ -33,7 +33,6 @@ from recursa.errors import ConfigError, SandboxLost  # noqa: E402
 from recursa.sandbox import cgroups, make_sandbox  # noqa: E402
 from recursa.sandbox.base import CallbackError  # noqa: E402
 from recursa.sandbox.cluster import NodeLost, RaySandbox, node_hosts, relay, shutdown_hosts  # noqa: E402
-from recursa.sandbox.proc import descendants  # noqa: E402
 from recursa.tasks import generate  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -160,6 +159,15 @@ async def test_one_tree_stays_on_one_node_and_a_context_crosses_once_per_node(cl
         spun = await repls[1].execute("while True:\n    pass", 0.5)
         assert spun.timed_out and not spun.restarted and "KeyboardInterrupt" in (spun.error or ""), spun
         assert (await repls[1].execute("print(kept)", 30)).stdout == "still here\n"
+        # A cell that kills its own worker reads as it does locally, word for word.
+        local = make_sandbox("auto")
+        await local.start(handler)
+        try:
+            await local.execute("x = 1", 30)  # (the node's REPL ran a cell before, too)
+            killed = [await s.execute("import os\nos.kill(os.getpid(), 9)", 30) for s in (repls[2], local)]
+        finally:
+            await local.close()
+        assert killed[0].restarted and (killed[0].error, killed[0].notes) == (killed[1].error, killed[1].notes), killed
         host = repls[0].pool.host(repls[0].node)  # type: ignore[attr-defined]
         facts = await host.describe.remote()
         assert facts["contexts"] == 1 and facts["live_repls"] >= 3
@@ -347,11 +355,6 @@ def test_env_on_the_cluster_a_lost_node_fails_only_its_episodes_and_close_reaps(
     # Nothing left running on the nodes that stayed: their hosts hold no REPL and no context.
     facts = [ray.get(host.describe.remote()) for node_id, host in node_hosts() if node_id != doomed.node_id]
     assert len(facts) >= 1 and all(f["live_repls"] == 0 and f["contexts"] == 0 for f in facts), facts
-    # A node no driver is connected to any more (the SkyRL test's shared environment, which lives as
-    # long as this process, may hold one) runs no process of theirs (REPL workers, the fork server's
-    # zygote) and listens on no port (test_ray_stream shows it of one host).
-    idle = [f for f in facts if not f["streams"]]
-    assert all(not descendants(f["pid"]) and not f["listening"] for f in idle), facts
 
 
 # -- a driver through the Ray Client (`ray://`): the stream's frames relayed over actor calls ------
@@ -415,6 +418,12 @@ def _bench(out: Path, *flags: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
 
 
+def _ray_node(row: dict[str, Any]) -> str | None:
+    """The Ray node a bench row's REPL ran on, from its trace."""
+    events = [json.loads(line) for line in Path(row["trace_path"]).read_text().splitlines()]
+    return next(e for e in events if e["type"] == "run_end")["isolation"].get("ray_node")
+
+
 # The last tests of the module (node b is gone): this process left the cluster for the Ray Client.
 # First of them: this process is not connected yet, so the command connects it through `ray://` itself.
 def test_bench_through_a_ray_client(
@@ -422,18 +431,20 @@ def test_bench_through_a_ray_client(
 ) -> None:
     monkeypatch.setattr("recursa.bench.runner.write_plots", lambda *a, **k: [])  # not what is tested: CPU
     # --executor ray, the cluster named by Ray's RAY_ADDRESS: the command connects through the
-    # client, runs the rows on an actor of the cluster, and lets go of the client at its end.
+    # client, runs the rows on an actor of the cluster (each row's REPL on a node, put there from
+    # inside the cluster), and lets go of the client at its end.
     monkeypatch.setenv("RAY_ADDRESS", client)
-    rows = _bench(tmp_path / "actors", "--method", "base", "--executor", "ray", "--ray-actors", "1")
+    rows = _bench(tmp_path / "actors", "--method", "rlm", "--executor", "ray", "--ray-actors", "1",
+                  "--sandbox", "ray")  # fmt: skip
     assert [(r["status"], r["score"]) for r in rows] == [("ok", 1.0)], rows
     assert rows[0]["worker_pid"] != os.getpid() and not ray.is_initialized()
+    assert _ray_node(rows[0])
     monkeypatch.delenv("RAY_ADDRESS")
     # --sandbox ray: the rows run here, their REPLs on the cluster over the relay.
     rows = _bench(tmp_path / "here", "--method", "rlm", "--sandbox", "ray", "--ray-address", client)
     assert [(r["status"], r["score"]) for r in rows] == [("ok", 1.0)], rows
     assert relay.is_ray_client(ray) and rows[0]["worker_pid"] == os.getpid()
-    events = [json.loads(line) for line in Path(rows[0]["trace_path"]).read_text().splitlines()]
-    assert next(e for e in events if e["type"] == "run_end")["isolation"]["ray_node"]
+    assert _ray_node(rows[0])
     capsys.readouterr()
 
 
@@ -477,10 +488,10 @@ def test_a_ray_client_driver_runs_repls_over_the_relay_with_sub_calls(client: st
         sandbox = make_sandbox("ray", resources={"cpu_repl": 0.001}, transport="stream")
         await sandbox.start(lambda name, args: asyncio.sleep(0, "from the driver"))
         try:
-            done = await sandbox.execute("print(llm_query('hi'))", 30)
-            # Its node's host listens while the stream is open (and may stop once no driver is left).
+            said = (await sandbox.execute("print(llm_query('hi'))", 30)).stdout.strip()
+            # Its node's host, while the stream is open (a host with no driver left stops listening).
             host = dict(node_hosts())[sandbox.node.node_id]  # type: ignore[attr-defined]
-            return done.stdout.strip(), ray.get(host.describe.remote())["listening"]
+            return said, ray.get(host.describe.remote())["listening"]
         finally:
             await sandbox.close()
 

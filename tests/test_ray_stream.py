@@ -329,15 +329,23 @@ async def test_a_dropped_stream_fails_that_nodes_requests_and_its_host_closes_th
 async def test_a_host_whose_drivers_all_left_runs_nothing_but_itself() -> None:
     # After its drivers close (an RLMEnv's close() ends its loop's streams), a node runs no process
     # of theirs: the REPL workers, and also the fork server's zygote, which a driver still connected
-    # keeps warm; the listening socket closes too. A new driver starts them again.
+    # keeps warm; the listening socket closes too. A new driver starts them again. (A node's host
+    # waits rest_after_s first, for sequential runs' next driver: it keeps them meanwhile.)
     import os
 
     from recursa.sandbox import make_sandbox
     from recursa.sandbox.proc import descendants
 
-    before = descendants(os.getpid())
-    host = NodeHost(make_sandbox)
+    host = NodeHost(make_sandbox, rest_after_s=0)
+    waiting = NodeHost(make_sandbox)
     try:
+        late = await connect(waiting, "w")
+        await late.host.remember_options.remote("o1", {"snapshots": False})
+        late.repls.add("rw")
+        await late.request("open", repl="rw", options="o1", memory=None)
+        await late.aclose()
+        assert waiting._fork_server is not None and waiting._server is not None
+        before = descendants(os.getpid())  # (the waiting host's zygote among them)
         first, second = await connect(host, "a"), await connect(host, "b")
         for link in (first, second):
             await link.host.remember_options.remote("o1", {"snapshots": False})
@@ -359,3 +367,4 @@ async def test_a_host_whose_drivers_all_left_runs_nothing_but_itself() -> None:
         await again.aclose()
     finally:
         await host.shutdown()
+        await waiting.shutdown()

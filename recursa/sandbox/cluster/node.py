@@ -39,6 +39,9 @@ from recursa.sandbox.proc import descendants
 
 _MAX_UNAUTHENTICATED = 64  # connections waiting to show a token; more are closed at once
 _MAX_HOP_S = 1.0  # the most a driver's measure of the hop may lengthen a REPL's idle window
+# How long a host whose drivers all left keeps its zygote and port for the next one: sequential
+# `RLM.run`s each connect anew, and a zygote started for each cost 0.3-0.5 s a run.
+_REST_AFTER_S = 10.0
 # Contexts that no REPL here holds any more, kept (newest first) for the next REPL that loads one:
 # the episodes of a task come in waves, and between two the node would otherwise free the buffer
 # and have Ray bring it again, an actor call and a copy, with every load of it waiting.
@@ -147,8 +150,11 @@ class NodeHost:
         kind: str = "auto",
         max_repls: int | None = None,
         fork: bool = True,
+        rest_after_s: float = _REST_AFTER_S,
     ) -> None:
         self._make_sandbox = make_sandbox
+        self._rest_after_s = rest_after_s
+        self._resting: asyncio.TimerHandle | None = None
         self.kind = kind
         self.max_repls = max_repls
         # REPLs on a node start in bursts (an environment's episodes, a batch of children): as on
@@ -247,9 +253,23 @@ class NodeHost:
         watcher = self._watchers.pop(client, None)
         if watcher is not None and not watcher.done():
             watcher.set_result(None)
-        if not self._streams and not self._expected and not self.repls:
-            await self._rest()
+        if self._idle_host():
+            if self._rest_after_s <= 0:
+                await self._rest()
+            else:
+                if self._resting is not None:
+                    self._resting.cancel()
+                self._resting = asyncio.get_running_loop().call_later(
+                    self._rest_after_s, lambda: self._spawn(self._rest_if_idle())
+                )
         return len(repls)
+
+    def _idle_host(self) -> bool:
+        return not self._streams and not self._expected and not self.repls
+
+    async def _rest_if_idle(self) -> None:
+        if self._idle_host():
+            await self._rest()
 
     async def _rest(self) -> None:
         """No driver is left and no REPL: the fork server's zygote and the listening socket go too,
