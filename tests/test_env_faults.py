@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
 import os
 import re
@@ -13,6 +15,7 @@ import pytest
 from recursa import Budget
 from recursa.env import EnvError, RLMEnv, group_rollouts
 from recursa.errors import ConfigError
+from recursa.sandbox import subprocess as subprocess_sandbox
 from recursa.testing.fake_server import FakeServer
 from recursa.trace import load
 from recursa.train import export_rl
@@ -188,6 +191,29 @@ async def test_the_shared_fork_server_outlives_episodes_closed_while_starting(tm
     assert fork_server.unavailable is None
     await episode.close()
     await env.aclose()
+
+
+async def test_an_episode_dropped_unstepped_after_its_repl_failed_to_open_logs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failed: list[str] = []
+
+    async def failing_start(self: object, handler: object) -> None:
+        failed.append("start")
+        raise RuntimeError("the REPL could not start")
+
+    monkeypatch.setattr(subprocess_sandbox.SubprocessSandbox, "start", failing_start)
+    reported: list[dict] = []
+    asyncio.get_running_loop().set_exception_handler(lambda loop, context: reported.append(context))
+    env = RLMEnv(max_depth=0, sandbox="subprocess", trace_dir=tmp_path)
+    episode = await env.start("q?", CONTEXT)
+    opening = episode._engine._opening
+    await asyncio.wait([opening])
+    assert failed and opening.done() and not opening.cancelled()  # failed; reading it is the step's job
+    del episode, opening
+    gc.collect()
+    await env.aclose()
+    assert not [c for c in reported if "never retrieved" in str(c.get("message"))], reported
 
 
 async def test_child_call_runs_rlm_query_children_in_the_trainer(tmp_path: Path) -> None:

@@ -137,6 +137,8 @@ class RunEngine:
         else:  # run_start records the context's sha256: once a writer thread has it, before any other event
             self.payload.when_written(self._announce)
         self._opening = asyncio.create_task(self._open_sandbox(), name=f"recursa-open-{self.run_id}")
+        # Its failure is the first step's to report: a run dropped before any step does not log it.
+        self._opening.add_done_callback(lambda task: task.cancelled() or task.exception())
         if self.config.max_depth > self.depth:
             # The sub-model's client too (its TLS trust store, tens of ms of CPU in a fresh process),
             # while the first root call is out: a first batch of sub-calls would otherwise wait for it.
