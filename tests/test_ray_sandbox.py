@@ -191,6 +191,44 @@ async def test_one_tree_stays_on_one_node_and_a_context_crosses_once_per_node(cl
         payload.close()
 
 
+async def test_folder_and_file_contexts_are_read_on_the_driver_and_reach_the_node_as_locally(
+    cluster: dict, tmp_path: Path
+) -> None:
+    import shutil
+
+    from recursa.context import load_payload
+
+    folder = tmp_path / "notes"
+    (folder / "deeper").mkdir(parents=True)
+    (folder / "a.txt").write_text("alpha\n")
+    (folder / "deeper" / "b.md").write_text("beta\n")
+    single = tmp_path / "one.txt"
+    single.write_text("just one file\n")
+    seen: dict[str, list[str]] = {}
+    for source in (folder, single):
+        payload = await load_payload(source)
+        # Gone from the disk before any REPL loads it: what reaches the node is what the driver read.
+        if source == folder:
+            shutil.rmtree(folder)
+        else:
+            single.unlink()
+        try:
+            for kind in ("ray", "auto"):
+                sandbox = make_sandbox(kind, **(ray_options() if kind == "ray" else {}))
+                await sandbox.start(lambda name, args: asyncio.sleep(0))
+                try:
+                    await sandbox.load_context(payload)
+                    shown = await sandbox.execute("print(type(context).__name__, repr(context))", 30)
+                    seen.setdefault(source.name, []).append(shown.stdout + (shown.error or ""))
+                finally:
+                    await sandbox.close()
+        finally:
+            payload.close()
+    assert "alpha" in seen["notes"][0] and "beta" in seen["notes"][0], seen
+    assert "just one file" in seen["one.txt"][0], seen
+    assert all(on_node == here for on_node, here in seen.values()), seen
+
+
 def cli_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     from recursa.cli import main
 
