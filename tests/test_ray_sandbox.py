@@ -1,16 +1,26 @@
 """sandbox="ray": REPLs on the nodes of a Ray cluster, simulated on this machine by Ray's own test
 utilities (`ray.cluster_utils.Cluster`: a head and worker nodes, each a raylet of its own with its
 own resources). Sub-calls and the budget stay on the driver; a node that leaves fails only the
-REPLs it held."""
+REPLs it held. Last, the same cluster from a driver that cannot reach the nodes: Ray's client
+server in a process of its own, and this process connected to it by `ray://`, running bench rows,
+an RLM and RLMEnv episodes whose REPLs call back to the driver over the relay, and losing the
+node's host under one (the relay without a cluster is in test_ray_relay.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import random
+import socket
+import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,7 +32,7 @@ from recursa.env import RLMEnv  # noqa: E402
 from recursa.errors import ConfigError, SandboxLost  # noqa: E402
 from recursa.sandbox import cgroups, make_sandbox  # noqa: E402
 from recursa.sandbox.base import CallbackError  # noqa: E402
-from recursa.sandbox.cluster import NodeLost, RaySandbox, node_hosts, shutdown_hosts  # noqa: E402
+from recursa.sandbox.cluster import NodeLost, RaySandbox, node_hosts, relay, shutdown_hosts  # noqa: E402
 from recursa.tasks import generate  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -356,7 +366,7 @@ def test_the_environments_memory_bound_holds_on_the_nodes(cluster: dict, tmp_pat
 
 
 def test_env_on_the_cluster_a_lost_node_fails_only_its_episodes_and_close_reaps(cluster: dict, tmp_path: Path) -> None:
-    # Last in the module: it takes node b out of the cluster.
+    # Before only the Ray Client tests, which leave the cluster: it takes node b out of it.
     doomed = next(n for n in cluster["cluster"].worker_nodes if n.node_id == cluster["b"])
     env = RLMEnv("scripted/gpt5-like", sandbox="ray", trace_dir=tmp_path, max_turns=5,
                  sandbox_options=ray_options(max_repls_per_node=1))  # fmt: skip
@@ -383,3 +393,160 @@ def test_env_on_the_cluster_a_lost_node_fails_only_its_episodes_and_close_reaps(
     # Nothing left running on the nodes that stayed: their hosts hold no REPL and no context.
     facts = [ray.get(host.describe.remote()) for node_id, host in node_hosts() if node_id != doomed.node_id]
     assert len(facts) >= 1 and all(f["live_repls"] == 0 and f["contexts"] == 0 for f in facts), facts
+
+
+# -- a driver through the Ray Client (`ray://`): the stream's frames relayed over actor calls ------
+
+
+@pytest.fixture(scope="module")
+def client(cluster: dict) -> Iterator[str]:
+    """Ray's client server for the module's cluster (in a process of its own, as on a head); this
+    process leaves the cluster first: the next test connects it through `ray://`, as a laptop would.
+    (The module's own cluster: a second one starting beside it timed out in Ray's startup wait.)"""
+    from ray._private.utils import get_ray_client_dependency_error
+
+    if get_ray_client_dependency_error() is not None:
+        pytest.skip("the Ray Client needs grpcio (ray[client], in the ray extra)")
+    shutdown_hosts()
+    ray.shutdown()
+    # The server's "legacy" mode is itself the client's driver on the cluster. (`ray start --head`
+    # runs the "proxy" mode, which starts such a server per client; on this loaded machine that
+    # start failed one time in three, inside Ray.) A port outside the kernel's ephemeral range and
+    # Ray's worker ports, which other processes here may hold.
+    server, port, log = None, 0, tempfile.TemporaryFile()
+    try:
+        for _ in range(3):  # a port another process took meanwhile: the server exits, try another
+            port = random.randrange(20_000, 30_000)
+            server = subprocess.Popen(
+                [sys.executable, "-m", "ray.util.client.server", f"--address={cluster['cluster'].address}",
+                 "--host=127.0.0.1", f"--port={port}", "--mode=legacy"], stdout=subprocess.DEVNULL, stderr=log,
+            )  # fmt: skip
+            if _listening(server, port, deadline=time.monotonic() + 120):
+                break
+            server.kill()
+            server.wait(30)
+            log.seek(0)
+            why = log.read().decode(errors="replace")[-2000:]
+        else:
+            pytest.fail(f"Ray's client server did not start: {why}")
+        yield f"ray://127.0.0.1:{port}"
+    finally:
+        shutdown_hosts()
+        ray.shutdown()
+        if server is not None and server.poll() is None:
+            server.terminate()
+            server.wait(30)
+        log.close()
+
+
+def _listening(server: subprocess.Popen[bytes], port: int, deadline: float) -> bool:
+    """Whether the server listens on `port` before `deadline` (False once it has exited)."""
+    while time.monotonic() < deadline and server.poll() is None:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _bench(out: Path, *flags: str) -> list[dict[str, Any]]:
+    """`recursa bench` on the command line: its rows."""
+    from recursa.cli import main
+
+    assert main(["bench", "niah", "--sizes", "1k", "--n", "1", "--json", "--out", str(out), *flags]) == 0
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+
+def _ray_node(row: dict[str, Any]) -> str | None:
+    """The Ray node a bench row's REPL ran on, from its trace."""
+    events = [json.loads(line) for line in Path(row["trace_path"]).read_text().splitlines()]
+    return next(e for e in events if e["type"] == "run_end")["isolation"].get("ray_node")
+
+
+# The last tests of the module (node b is gone): this process left the cluster for the Ray Client.
+# First of them: this process is not connected yet, so the command connects it through `ray://` itself.
+def test_bench_through_a_ray_client(
+    client: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("recursa.bench.runner.write_plots", lambda *a, **k: [])  # not what is tested: CPU
+    # --executor ray, the cluster named by Ray's RAY_ADDRESS: the command connects through the
+    # client, runs the rows on an actor of the cluster (each row's REPL on a node, put there from
+    # inside the cluster), and lets go of the client at its end.
+    monkeypatch.setenv("RAY_ADDRESS", client)
+    rows = _bench(tmp_path / "actors", "--method", "rlm", "--executor", "ray", "--ray-actors", "1",
+                  "--sandbox", "ray")  # fmt: skip
+    assert [(r["status"], r["score"]) for r in rows] == [("ok", 1.0)], rows
+    assert rows[0]["worker_pid"] != os.getpid() and not ray.is_initialized()
+    assert _ray_node(rows[0])
+    monkeypatch.delenv("RAY_ADDRESS")
+    # --sandbox ray: the rows run here, their REPLs on the cluster over the relay.
+    rows = _bench(tmp_path / "here", "--method", "rlm", "--sandbox", "ray", "--ray-address", client)
+    assert [(r["status"], r["score"]) for r in rows] == [("ok", 1.0)], rows
+    assert relay.is_ray_client(ray) and rows[0]["worker_pid"] == os.getpid()
+    assert _ray_node(rows[0])
+    capsys.readouterr()
+
+
+def test_a_ray_client_driver_runs_repls_over_the_relay_with_sub_calls(client: str, tmp_path: Path) -> None:
+    task = generate("oolong", 4_000, seed=3)
+    rlm = RLM("scripted/gpt5-like", sub_model="scripted/oracle", sandbox="ray", trace_dir=tmp_path,
+              sandbox_options={"address": client, "resources": {"cpu_repl": 0.001}},
+              budget=Budget(max_llm_calls=400))  # fmt: skip
+    result = rlm.run(task.question, context=task.context)
+    assert relay.is_ray_client(ray), "the run did not connect through the Ray Client"
+    assert result.stop_reason == "final", result.error
+    assert task.score(result.answer) > 0.5, (result.answer, task.answer)
+    assert result.isolation["process"] is True and result.isolation["ray_node"]
+    # llm_query_batched ran in the node's REPL and its sub-calls came back to this process's ledger.
+    assert result.usage.llm_calls > result.iterations
+    # An environment's episode on the same cluster: a step whose code calls the driver.
+    env = RLMEnv("scripted/gpt5-like", sandbox="ray", trace_dir=tmp_path, max_turns=3,
+                 sandbox_options={"resources": {"cpu_repl": 0.001}})  # fmt: skip
+    try:
+        episode = env.start_sync("q?", "the context\n")
+        text = episode.step_sync("```repl\nprint('sub:', llm_query('say hi'))\n```")[0]["content"]
+        assert "sub:" in text and "Error" not in text, text
+        episode.step_sync("FINAL(done)")
+        assert episode.done and episode.answer == "done"
+        # Training rows as locally: the root's two turns, then the sub-call the node's REPL made.
+        rows = episode.rollouts(reward=1.0, include_subcalls=True)
+        assert [(r["depth"], r["purpose"], r["reward"]) for r in rows] == [
+            (0, "root", 0.0), (0, "root", 1.0), (1, "sub", 0.0)], rows  # fmt: skip
+        assert rows[1]["response"] == "FINAL(done)"
+        facts = {node: ray.get(host.describe.remote()) for node, host in node_hosts()}
+        # The episode's node host carried it over a relay, and no host listened for a TCP stream.
+        # (The bench rows before may have had a host on the head as well.)
+        assert facts[episode.result.isolation["ray_node"]]["relays"] >= 1, facts
+        assert not any(f["listening"] for f in facts.values()), facts
+    finally:
+        env.close()
+    assert all(f["live_repls"] == 0 for f in (ray.get(h.describe.remote()) for _, h in node_hosts())), facts
+
+    # A ray:// driver that can reach the nodes (as here) may ask for the stream itself.
+    async def streamed() -> tuple[str, bool]:
+        sandbox = make_sandbox("ray", resources={"cpu_repl": 0.001}, transport="stream")
+        await sandbox.start(lambda name, args: asyncio.sleep(0, "from the driver"))
+        try:
+            said = (await sandbox.execute("print(llm_query('hi'))", 30)).stdout.strip()
+            # Its node's host, while the stream is open (a host with no driver left stops listening).
+            host = dict(node_hosts())[sandbox.node.node_id]  # type: ignore[attr-defined]
+            return said, ray.get(host.describe.remote())["listening"]
+        finally:
+            await sandbox.close()
+
+    assert asyncio.run(streamed()) == ("from the driver", True)
+    with pytest.raises(ConfigError, match=r"transport='tcp'.*\"stream\".*\"relay\""):
+        make_sandbox("ray", transport="tcp")
+
+    # The node's host dies mid-episode: Ray fails the relay's calls, and the episode stops naming the node.
+    env = RLMEnv("scripted/gpt5-like", sandbox="ray", trace_dir=tmp_path, max_turns=3,
+                 sandbox_options={"resources": {"cpu_repl": 0.001}})  # fmt: skip
+    try:
+        episode = env.start_sync("q?", "the context\n")
+        episode.step_sync("```repl\nx = 1\nprint(x)\n```")
+        node = episode.result.isolation["ray_node"]
+        ray.kill(dict(node_hosts())[node])
+        episode.step_sync("```repl\nprint(x)\n```")
+        assert episode.done and episode.stop_reason == "error", episode.messages[-1]
+        assert f"the Ray node {node[:12]}" in (episode.error or ""), episode.error
+    finally:
+        env.close()
