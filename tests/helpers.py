@@ -99,3 +99,16 @@ def serve_process(trace_dir: Path, *flags: str) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def cli_in_process(capsys: Any, *args: str) -> tuple[int, str]:
+    """`recursa ARGS` run by this process (the CLI's main, argparse's exit included): its exit code
+    and what it printed to stderr. For bad input, which ends before any run starts."""
+    from recursa.cli import main
+
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    return code, capsys.readouterr().err

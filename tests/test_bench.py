@@ -8,7 +8,6 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -16,6 +15,7 @@ import recursa.bench as bench
 from recursa.bench.report import quantile
 from recursa.bench.results import ResultsFile
 from recursa.bench.sizes import BenchError
+from tests.helpers import cli_in_process
 
 ROW_FIELDS = {
     "task_id",
@@ -94,19 +94,6 @@ def test_base_fails_cleanly_past_the_window_in_the_rows(tmp_path: Path) -> None:
     by_method = {r["method"]: r for r in report.rows}
     assert by_method["base"]["status"] == "failed" and by_method["base"]["failure"] == "context_window"
     assert by_method["base"]["score"] == 0.0 and by_method["rlm"]["score"] == 1.0
-
-
-def cli_in_process(capsys: Any, *args: str) -> tuple[int, str]:
-    """`recursa ARGS` run by this process (the CLI's main, argparse's exit included): its exit code
-    and what it printed to stderr. For bad input, which ends before any run starts."""
-    from recursa.cli import main
-
-    capsys.readouterr()
-    try:
-        code = main(list(args))
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    return code, capsys.readouterr().err
 
 
 def test_cli_bench_and_its_bad_input(tmp_path: Path, monkeypatch, capsys) -> None:

@@ -34,6 +34,7 @@ from recursa.sandbox import cgroups, make_sandbox  # noqa: E402
 from recursa.sandbox.base import CallbackError  # noqa: E402
 from recursa.sandbox.cluster import NodeLost, RaySandbox, node_hosts, relay, shutdown_hosts  # noqa: E402
 from recursa.tasks import generate  # noqa: E402
+from tests.helpers import cli_in_process  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -227,17 +228,6 @@ async def test_folder_and_file_contexts_are_read_on_the_driver_and_reach_the_nod
     assert "alpha" in seen["notes"][0] and "beta" in seen["notes"][0], seen
     assert "just one file" in seen["one.txt"][0], seen
     assert all(on_node == here for on_node, here in seen.values()), seen
-
-
-def cli_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
-    from recursa.cli import main
-
-    capsys.readouterr()
-    try:
-        code = main(list(args))
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    return code, capsys.readouterr().err
 
 
 def test_missing_ray_is_named_at_every_front_door(
