@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from recursa.sandbox.proc import stat_fields
 
 # Debian's Chromium for the viewer's browser tests (the `browser` fixture in conftest.py).
 CHROMIUM = "/usr/bin/chromium"
@@ -112,3 +115,29 @@ def cli_in_process(capsys: Any, *args: str) -> tuple[int, str]:
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     return code, capsys.readouterr().err
+
+
+@contextlib.contextmanager
+def host_process(script: str, *args: str) -> Iterator[tuple[subprocess.Popen[bytes], Any]]:
+    """`python -c script ARGS` from the repository's root, whose first line on stdout is JSON naming
+    what it started (the REPL processes a test then watches): the process and that JSON. The process
+    is killed and reaped at the end, whatever the test did to it."""
+    host = subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        stdout=subprocess.PIPE,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
+    try:
+        assert host.stdout is not None
+        yield host, json.loads(host.stdout.readline())
+    finally:
+        host.kill()
+        host.wait()
+        if host.stdout is not None:
+            host.stdout.close()
+
+
+def spinning_in_c(pid: int) -> bool:
+    """Whether `pid` is running and has spent more than 10 ticks of user time (a cell's C loop)."""
+    fields = stat_fields(pid)
+    return fields is not None and fields[0] == b"R" and int(fields[11]) > 10

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import json
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import time
@@ -20,6 +18,7 @@ from recursa.context import build_payload
 from recursa.sandbox import SubprocessSandbox
 from recursa.sandbox.proc import processes, stat_fields
 from recursa.sandbox.proc import running as _alive
+from tests.helpers import host_process, spinning_in_c, wait_until
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork snapshots need Linux")
 
@@ -323,26 +322,14 @@ _HOST_SCRIPT = textwrap.dedent(
 
 @pytest.mark.parametrize("case", ["fresh", "after-restore"])
 def test_worker_and_snapshot_die_with_a_killed_host(case: str) -> None:
-    harness = subprocess.Popen(
-        [sys.executable, "-c", _HOST_SCRIPT, case],
-        stdout=subprocess.PIPE,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-    )
-    try:
-        assert harness.stdout is not None
-        pids = json.loads(harness.stdout.readline())
+    with host_process(_HOST_SCRIPT, case) as (harness, pids):
         worker, snapshot = pids["worker"], pids["snapshot"]
         assert _alive(worker) and _alive(snapshot)
         # Wait until the worker is spinning in C, then kill the host without any warning.
-        assert _wait_until(lambda: _stat(worker)[0] == "R" and float(_stat(worker)[11]) > 10)
+        wait_until(lambda: spinning_in_c(worker), 3, "the worker spinning in its cell")
         harness.kill()
         harness.wait()
         assert _wait_until(lambda: not _alive(worker) and not _alive(snapshot))
-    finally:
-        harness.kill()
-        harness.wait()
-        if harness.stdout is not None:
-            harness.stdout.close()
 
 
 def test_takeover_latency_is_milliseconds() -> None:

@@ -10,11 +10,7 @@ test's thread as the worker's main one; the last ones kill real hosts.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import socket
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -27,6 +23,7 @@ from recursa.sandbox.bwrap import find_bwrap
 from recursa.sandbox.proc import running, stat_fields
 from recursa.sandbox.worker.landlock import landlock_abi
 from recursa.sandbox.worker.wire import SocketTransport, WorkerChannel, decode_frame, encode_frame
+from tests.helpers import host_process, spinning_in_c, wait_until
 
 
 class RecordingTransport(SocketTransport):
@@ -292,34 +289,11 @@ def test_a_local_worker_busy_in_a_cell_that_calls_nothing_dies_with_its_killed_h
         pytest.skip("bubblewrap (bwrap) is not installed")
     if mode == "forked" and landlock_abi() < 6:
         pytest.skip("the fork server needs Landlock ABI >= 6 (Linux 6.12+)")
-    host = subprocess.Popen(
-        [sys.executable, "-c", _KILLED_HOST, mode],
-        stdout=subprocess.PIPE,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-    )
-    try:
-        assert host.stdout is not None
-        worker = json.loads(host.stdout.readline())
-
-        def spinning() -> bool:
-            fields = stat_fields(worker)
-            return fields is not None and fields[0] == b"R" and int(fields[11]) > 10
-
-        deadline = time.monotonic() + 30
-        while not spinning() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert spinning()
+    with host_process(_KILLED_HOST, mode) as (host, worker):
+        wait_until(lambda: spinning_in_c(worker), 30, "the worker spinning in its cell")
         host.kill()
         host.wait()
-        deadline = time.monotonic() + 10
-        while running(worker) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert not running(worker), f"the {mode} worker outlived its host"
-    finally:
-        host.kill()
-        host.wait()
-        if host.stdout is not None:
-            host.stdout.close()
+        wait_until(lambda: not running(worker), 10, f"the {mode} worker to go with its host")
 
 
 async def test_a_cells_child_process_inherits_none_of_the_channels_descriptors() -> None:
