@@ -34,7 +34,7 @@ from typing import Annotated, Any, Literal, Required, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, InstanceOf, ValidationError, field_validator
 from typing_extensions import TypedDict  # pydantic reads only this one's fields on Python < 3.12
 
-from recursa.budget import Budget
+from recursa.budget import CAPS, Budget, Cap
 from recursa.errors import ConfigError, template_of
 from recursa.lm.prices import ModelPrice
 from recursa.sandbox import SANDBOXES
@@ -359,18 +359,10 @@ SETTINGS: dict[str, Setting] = declarations(RLMConfig)
 ENV_SETTINGS: dict[str, Setting] = declarations(EnvConfig)
 SAMPLING_SETTINGS: dict[str, Setting] = declarations(SamplingOptions)
 METHOD_SETTINGS: dict[str, Setting] = declarations(MethodConfig)
-# The caps of `budget` (recursa.Budget's fields): settings of their own for the CLI and for clients,
-# who may only lower them (each costs money or capacity). Budget itself checks each value.
-BUDGET_CAPS: dict[str, tuple[str, str]] = {
-    "max_usd": ("--max-usd", "a hard cap on US dollars for the whole run (default: none)"),
-    "max_tokens": (
-        "--max-tokens",
-        "a hard cap on tokens (in + out) for the whole run; each call reserves its prompt plus "
-        "--max-output-tokens first (default: none)",
-    ),
-    "max_seconds": ("--max-seconds", "a wall-clock cap for the run (default: none)"),
-    "max_llm_calls": ("--max-llm-calls", "a cap on model calls over the whole run (default: none)"),
-}
+# The caps of `budget` (recursa.Budget's fields), declared with Budget (recursa/budget.py, `CAPS`):
+# settings of their own for the CLI and for clients, who may only lower them (each costs money or
+# capacity). Budget itself checks each value.
+BUDGET_CAPS: dict[str, Cap] = dict(CAPS)
 # RLMEnv's own names and defaults where they differ from RLM's (`setting(env=...)`).
 ENV_NAMES: dict[str, str] = {n: s.env[0] for n, s in SETTINGS.items() if s.env is not None}
 ENV_DEFAULTS = SimpleNamespace(**{s.env[0]: s.env[1] for s in SETTINGS.values() if s.env is not None})
@@ -416,7 +408,8 @@ class Spelling:
     def _flag(self, name: str) -> str | None:
         """The setting's CLI flag as declared (with its metavar: `--api-key-env NAME`), or None."""
         declared = self.setting(name)
-        return declared.flag if declared is not None else BUDGET_CAPS.get(name, (None,))[0]
+        cap = BUDGET_CAPS.get(name)
+        return declared.flag if declared is not None else cap.flag if cap is not None else None
 
     def _scaled(self, name: str, value: Any) -> Any:
         """A value as the command line writes it: in the flag's unit (`--idle-sessions-memory 4096`,
