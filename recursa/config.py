@@ -118,9 +118,10 @@ class Schema(BaseModel):
             raise spelling.error(exc, cls, values) from None
 
     @classmethod
-    def check_one(cls, name: str, value: Any, spelling: Spelling) -> Any:
-        """One setting's value checked as `checked` checks it, alone (a client's override)."""
-        blank = cls.model_construct()
+    def check_one(cls, name: str, value: Any, spelling: Spelling, beside: Mapping[str, Any] | None = None) -> Any:
+        """One setting's value checked as `checked` checks it, alone (a client's override), or beside
+        settings already checked that its check reads (`sandbox_options` are the `sandbox` kind's)."""
+        blank = cls.model_construct(**{k: v for k, v in (beside or {}).items() if k in cls.model_fields and k != name})
         try:
             cls.__pydantic_validator__.validate_assignment(blank, name, value)
         except ValidationError as exc:
@@ -393,13 +394,19 @@ class Spelling:
     max_iterations; the Responses API's reasoning.effort is reasoning_effort); `defaults`: the
     caller's own default for a setting where it differs from the schema's, by schema name;
     `schema`: the declarations of a schema besides the run settings' that it names (a server's
-    settings), looked up first."""
+    settings), looked up first; `operator`: a "key" or "dotted" caller that is the operator (a
+    trainer's own config, SkyRL's env_config), not a client, so every setting is its to set."""
 
     form: Literal["python", "cli", "key", "dotted", "field"]
     owner: str = "RLM"
     names: Mapping[str, str] = field(default_factory=dict)
     defaults: Mapping[str, Any] = field(default_factory=dict)
     schema: Mapping[str, Setting] = field(default_factory=dict)
+    operator: bool = False
+
+    def _clients(self, declared: Setting | None) -> bool:
+        """Whether a client writes this way and `declared` is only the operator's to set."""
+        return self.form in ("key", "dotted") and not self.operator and declared is not None and declared.client == "operator"
 
     def setting(self, name: str) -> Setting | None:
         """The declaration of `name` (this caller's schema's first), or None (a budget cap)."""
@@ -454,7 +461,7 @@ class Spelling:
 
     def _marked(self, name: str, passed: str, example: str) -> str:
         declared = self.setting(name)
-        if self.form in ("key", "dotted") and declared is not None and declared.client == "operator":
+        if self._clients(declared):
             return f"the operator's {self._flag(name) or name}"  # not the client's to set
         if example:
             return self.assign(name, example)
@@ -495,7 +502,7 @@ class Spelling:
         a setting only the operator sets."""
         declared = self.setting(name)
         flag = (declared.flag or "") if declared is not None else ""
-        if self.form in ("key", "dotted") and declared is not None and declared.client == "operator":
+        if self._clients(declared):
             return f"the operator's {flag or declared.name}"
         if self.form == "cli" and flag.endswith(" FILE"):  # the value is a file's content
             return f"{flag} (a JSON or TOML file such as {example})"

@@ -100,7 +100,7 @@ def _operator_setting(
     the adapter holds a row's base_url to its own key)."""
     operators = limits.get(name, setting_of(name).default)
     if stated_only:
-        mine = checked_value(name, value, spelling)
+        mine = checked_value(name, value, spelling, beside=limits)
         if name in _OWN_KEYS or mine == operators:
             return mine
     secret = name in RLMConfig.model_fields and not RLMConfig.model_fields[name].repr  # a key
@@ -161,15 +161,16 @@ def client_sampling(
     return out
 
 
-def checked_value(name: str, value: Any, spelling: Spelling) -> Any:
-    """One setting's value checked by the schema, named as `spelling` writes it. A whole number
-    written as a float (3.0, as JSON and trainers' configs may) counts as the int it is."""
+def checked_value(name: str, value: Any, spelling: Spelling, beside: Mapping[str, Any] | None = None) -> Any:
+    """One setting's value checked by the schema, named as `spelling` writes it, beside the settings
+    (by schema name) its check reads (`Schema.check_one`). A whole number written as a float (3.0,
+    as JSON and trainers' configs may) counts as the int it is."""
     declared = setting_of(name)
     whole = isinstance(value, float) and value.is_integer()
     if whole and declared.annotation in (int, int | None):
         value = int(value)
     model = next(m for m in (RLMConfig, EnvConfig, SamplingOptions) if name in m.model_fields)
-    return model.check_one(name, value, spelling)
+    return model.check_one(name, value, spelling, beside)
 
 
 def _budget(value: Any, loose: Mapping[str, Any], operator: Budget, spelling: Spelling, own_key: bool) -> Budget:
