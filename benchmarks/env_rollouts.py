@@ -61,6 +61,7 @@ class SizeResult:
     start_ms: list[float] = field(default_factory=list)  # env.start(): the call a trainer waits on
     first_ms: list[float] = field(default_factory=list)
     later_ms: list[float] = field(default_factory=list)
+    by_step: list[list[float]] = field(default_factory=list)  # later_ms by the step's place in its episode
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -95,6 +96,10 @@ async def one_episode(
             times = [t * 1000 for t in episode.step_times]
             out.first_ms.append(times[0])
             out.later_ms.extend(times[1:])
+            for k, t in enumerate(times[1:]):
+                if k == len(out.by_step):
+                    out.by_step.append([])
+                out.by_step[k].append(t)
         finally:
             await episode.close()
 
@@ -458,6 +463,10 @@ def main(argv: list[str] | None = None) -> int:
             for error in r.errors[:3]:
                 print(f"  failed: {error}")
         rows.append(batch)
+        # The p50 above pools an episode's later steps; the first ones after the REPL's start (tens
+        # of ms of other work) run slower, as any step after a pause does (docs/performance.md).
+        places = ", ".join(f"step {k + 2}: {pct(v, 0.5):.2f}" for k, v in enumerate(single.by_step))
+        print(f"{'':>7} one at a time, p50 by the step's place in its episode ({len(REPLIES)}: the answer): {places} ms")
     if args.vs_skyrl:
         starts, steps = skyrl_times(sizes[0], args.alone)
         ours = rows[0]

@@ -41,19 +41,48 @@ class Budget:
                 object.__setattr__(self, name, _checked(name, value))
 
 
-_COUNTS = ("max_tokens", "max_llm_calls")
-# Why a cap of zero cannot be meant: each stops the run before its first model call.
-_ZERO = {
-    "max_tokens": "the first model call reserves its prompt plus «max_output_tokens»",
-    "max_seconds": "the run would time out before its first model call",
-    "max_llm_calls": "a run needs at least one model call",
+@dataclass(frozen=True)
+class Cap:
+    """One cap's declaration, read by every door that takes caps (Budget's arguments, the commands'
+    flags, a client's fields): its flag and help, a value that works, what a whole-number cap
+    counts, and why a cap of 0 stops every run (None: 0 is a cap: `max_usd=0` runs free models)."""
+
+    flag: str
+    help: str
+    example: str
+    count: str | None = None
+    zero: str | None = None
+
+
+CAPS: dict[BudgetLimit, Cap] = {
+    "max_usd": Cap("--max-usd", "a hard cap on US dollars for the whole run (default: none)", "1.0"),
+    "max_tokens": Cap(
+        "--max-tokens",
+        "a hard cap on tokens (in + out) for the whole run; each call reserves its prompt plus "
+        "--max-output-tokens first (default: none)",
+        "200000",
+        count="tokens",
+        zero="the first model call reserves its prompt plus «max_output_tokens»",
+    ),
+    "max_seconds": Cap(
+        "--max-seconds",
+        "a wall-clock cap for the run (default: none)",
+        "300",
+        zero="the run would time out before its first model call",
+    ),
+    "max_llm_calls": Cap(
+        "--max-llm-calls",
+        "a cap on model calls over the whole run (default: none)",
+        "50",
+        count="LM calls",
+        zero="a run needs at least one model call",
+    ),
 }
-CAP_EXAMPLES = {"max_usd": "1.0", "max_tokens": "200000", "max_seconds": "300", "max_llm_calls": "50"}
+assert tuple(CAPS) == BUDGET_LIMITS
 
 
 def cap_problem(name: str, value: object) -> str | None:
-    """What is wrong with `value` as the cap `name` ("max_usd", ...), or None when it is a valid cap.
-    Shared by Budget and the interfaces that take caps (request fields, tool arguments)."""
+    """What is wrong with `value` as the cap `name` ("max_usd", ...), or None when it is a valid cap."""
     # Any real number: int, float, numpy's, Fraction, Decimal (registered only as a Number).
     real = isinstance(value, numbers.Real) or (
         isinstance(value, numbers.Number) and not isinstance(value, numbers.Complex)
@@ -62,33 +91,41 @@ def cap_problem(name: str, value: object) -> str | None:
         what = "a bool" if isinstance(value, bool) else f"a {type(value).__name__}"
         return f"{what}, not a number"
     number = float(value)  # type: ignore[arg-type]
+    cap = CAPS[name]  # type: ignore[index]
     if math.isnan(number):
         return "NaN compares false with everything, so it would never refuse a call"
     if math.isinf(number):
         return "infinity is not a cap"
     if number < 0:
         return "a cap below zero"
-    if number == 0 and name in _ZERO:
-        return f"a cap of 0 stops every run at once ({_ZERO[name]})"
-    if name in _COUNTS and not number.is_integer():
-        return f"a count of {'tokens' if name == 'max_tokens' else 'LM calls'} must be a whole number"
+    if number == 0 and cap.zero is not None:
+        return f"a cap of 0 stops every run at once ({cap.zero})"
+    if cap.count is not None and not number.is_integer():
+        return f"a count of {cap.count} must be a whole number"
     return None
 
 
-def positive_phrase(name: str) -> str:
-    """What a cap must be, in words: `max_usd` may be 0 (free models only), the others may not."""
-    return "a non-negative number" if name == "max_usd" else "a positive number"
+def cap_message(
+    name: str, value: object, problem: str, *, said: str, example: str, label: str, left_out: str = "no cap"
+) -> str:
+    """The one wording of a bad cap, with the cap spelt as the door it came through writes it:
+    `said` as given (`Budget(max_usd=-1)`, `--max-usd -1.0`), `example` set to a value that works,
+    `label` its name, and what leaving it out gives (`left_out`: no cap, or the operator's)."""
+    phrase = "a positive number" if CAPS[name].zero is not None else "a non-negative number"  # type: ignore[index]
+    fix = f"use {phrase} such as {example}, or leave {label} out for {left_out}"
+    if isinstance(value, str):
+        fix += " (a number read from text needs converting first: float(...) or int(...))"
+    return f"{said}: {problem}; {fix}."
 
 
 def _checked(name: str, value: object) -> int | float:
-    """`value` as an int (counts) or a float, or a ConfigError that names the argument and the fix."""
+    """`value` as an int (counts) or a float, or a ConfigError that names the argument and the fix
+    (its `setting`: the cap)."""
     problem = cap_problem(name, value)
     if problem is not None:
-        fix = f"use {positive_phrase(name)} such as {name}={CAP_EXAMPLES[name]} or None (no cap)."
-        if isinstance(value, str):
-            fix += " (A number read from text needs converting first: float(...) or int(...).)"
-        raise ConfigError(f"Budget({name}={value!r}): {problem}; {fix}")
-    if name in _COUNTS:
+        said, example = f"Budget({name}={value!r})", f"{name}={CAPS[name].example}"  # type: ignore[index]
+        raise ConfigError(cap_message(name, value, problem, said=said, example=example, label=name), setting=name)
+    if CAPS[name].count is not None:  # type: ignore[index]
         try:
             return operator.index(value)  # type: ignore[arg-type]
         except TypeError:

@@ -15,7 +15,7 @@ from recursa.cli_options import (
     add_model_options,
     add_setting_flag,
     check_context,
-    rlm_kwargs,
+    run_kwargs,
 )
 from recursa.config import METHOD_OWNED, METHOD_SETTINGS
 from recursa.errors import ConfigError, RecursaError
@@ -191,21 +191,20 @@ def _show_defaults(parser: argparse.ArgumentParser) -> None:
             _show_defaults(command)
 
 
-def _rlm_from_args(
-    args: argparse.Namespace, on_event: Callable[[dict[str, Any]], None], question: str = ""
-) -> RLM:
-    """The RLM that the options of `add_model_options` describe."""
+def _rlm_from_args(args: argparse.Namespace, on_event: Callable[[dict[str, Any]], None]) -> RLM:
+    """The RLM that the options of `add_model_options` describe, every setting checked once and a
+    bad one named as its flag."""
     from recursa import RLM
     from recursa.config import Spelling
 
-    settings = {"model": args.model, **rlm_kwargs(args, question), "on_event": on_event}
+    settings = {"model": args.model, **run_kwargs(args), "on_event": on_event}
     return RLM.configured(settings, Spelling("cli"))
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     context: Any = "-" if args.context == "-" else check_context(args.context)
     progress = _Progress(not args.json)
-    rlm = _rlm_from_args(args, progress, args.question)  # every setting checked before stdin is read
+    rlm = _rlm_from_args(args, progress)  # every setting checked before stdin is read
     if context == "-":
         context = sys.stdin.read()
     with progress:
@@ -368,7 +367,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from recursa.bench import run as run_bench
     from recursa.config import Spelling
 
-    settings = rlm_kwargs(args)
+    settings = run_kwargs(args)  # checked once, with the rows' settings, before any row runs
     settings |= {name: getattr(args, name) for name in METHOD_SETTINGS if hasattr(args, name)}
     report = run_bench(
         args.task,

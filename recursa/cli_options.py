@@ -92,8 +92,8 @@ def add_model_options(
         help="read the model API key from this environment variable instead of OPENAI_API_KEY / "
         "ANTHROPIC_API_KEY (the key itself never goes on the command line)",
     )
-    for name, (flag, text) in BUDGET_CAPS.items():
-        p.add_argument(flag, type=float if name in ("max_usd", "max_seconds") else int, default=None, help=text)
+    for cap in BUDGET_CAPS.values():
+        p.add_argument(cap.flag, type=float if cap.count is None else int, default=None, help=cap.help)
     p.add_argument(
         "--prices",
         metavar="FILE",
@@ -173,24 +173,6 @@ def setting_values(args: argparse.Namespace, settings: Iterable[Setting]) -> dic
     return out
 
 
-def check_flags(args: argparse.Namespace) -> None:
-    """The run settings given as flags, checked by the schema and named as flags."""
-    from recursa.config import RLMConfig, Spelling
-
-    values = {name: value for name, value in flag_values(args).items() if value is not None}
-    RLMConfig.checked(Spelling("cli"), model=args.model, sub_model=args.sub_model or args.model, **values)
-
-
-def check_caps(args: argparse.Namespace) -> None:
-    """The budget caps given as flags (--max-usd, ...), each checked as Budget checks it."""
-    from recursa.config import Spelling
-    from recursa.overrides import check_cap
-
-    for name in BUDGET_CAPS:
-        if (value := getattr(args, name, None)) is not None:
-            check_cap(name, value, Spelling("cli"))
-
-
 def flag_values(args: argparse.Namespace) -> dict[str, Any]:
     """The settings' flags as the schema takes them: a repeated KEY=VALUE flag made a dict."""
     values = {name: getattr(args, name) for name in FLAGGED if hasattr(args, name)}
@@ -226,25 +208,19 @@ def _pairs_value(name: str, given: list[str]) -> dict[str, Any]:
     return out
 
 
-def rlm_kwargs(args: argparse.Namespace, question: str = "") -> dict[str, Any]:
-    """The RLM(...) keywords the options of `add_model_options` describe, checked as flags: the run
-    settings by the schema, then what the first root call of `question` needs."""
-    check_flags(args)
-    kwargs = run_kwargs(args)
-    check_token_budget(args, question)
-    return kwargs
-
-
 def run_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """The RLM(...) keywords of the options, unchecked by the schema: for a command whose runs'
-    settings the schema checks once, named as flags, where it makes them (recursa serve, mcp and
-    acp: ServeSettings). The budget caps are checked here, as they become a Budget."""
-    from recursa.budget import Budget
+    """The RLM(...) keywords of the options of `add_model_options`, but `model`: read from the
+    files and variables they name, and left to the one check of the door that makes runs of them
+    (`RLM.configured`, `ServeSettings`, `RLMEnv.configured`, with the CLI's spelling), which names
+    a bad one as its flag before any work starts. The budget's caps are checked here, as they
+    become a Budget, and named as flags the same way."""
+    from recursa.config import Spelling
+    from recursa.overrides import budget_of
 
-    check_caps(args)
     kwargs: dict[str, Any] = flag_values(args)
     kwargs["sub_model"], kwargs["base_url"] = args.sub_model, args.base_url
-    kwargs["budget"] = Budget(**{name: getattr(args, name) for name in BUDGET_CAPS})
+    caps = {name: getattr(args, name) for name in BUDGET_CAPS if getattr(args, name, None) is not None}
+    kwargs["budget"] = budget_of(caps, Spelling("cli"))
     if args.api_key_env:
         kwargs["api_key"] = api_key_from_env(args.api_key_env)
     if args.prices:
@@ -313,37 +289,6 @@ def load_prices(path: str) -> dict[str, dict[str, float]]:
                 f"{', '.join(sorted(fields))} (USD per million tokens), e.g. {example}"
             )
     return data
-
-
-def check_token_budget(args: argparse.Namespace, question: str = "") -> None:
-    """--max-tokens below what the first root call reserves would refuse that call with a message
-    meant for the model; say so now, with the numbers."""
-    if args.max_tokens is None:
-        return
-    from recursa.lm.base import estimate_tokens_upper
-    from recursa.loop.prompts import template_for
-
-    try:
-        template = template_for(args.model, args.prompt)
-    except ConfigError:
-        return  # a bad --prompt is reported by RLM(...) with its own message
-    # The system prompt is the template plus the context's facts and the tools' list (a few hundred
-    # bytes); the reservation counts a token per byte, the bound every tokenizer meets.
-    prompt = estimate_tokens_upper(
-        [{"role": "system", "content": template}, {"role": "user", "content": question}]
-    )
-    prompt += _FACTS_TOKENS
-    need = prompt + args.max_output_tokens
-    if args.max_tokens < need:
-        raise ConfigError(
-            f"--max-tokens {args.max_tokens:,} is less than the first root call reserves before it is sent: "
-            f"about {need:,} tokens (its prompt, about {prompt:,}, plus --max-output-tokens "
-            f"{args.max_output_tokens:,}). Raise --max-tokens well above {need:,} (a run makes several "
-            "calls), or lower --max-output-tokens"
-        )
-
-
-_FACTS_TOKENS = 1_600
 
 
 def check_context(value: str) -> Path:

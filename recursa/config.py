@@ -34,7 +34,7 @@ from typing import Annotated, Any, Literal, Required, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, InstanceOf, ValidationError, field_validator
 from typing_extensions import TypedDict  # pydantic reads only this one's fields on Python < 3.12
 
-from recursa.budget import Budget
+from recursa.budget import CAPS, Budget, Cap
 from recursa.errors import ConfigError, template_of
 from recursa.lm.prices import ModelPrice
 from recursa.sandbox import SANDBOXES
@@ -118,9 +118,10 @@ class Schema(BaseModel):
             raise spelling.error(exc, cls, values) from None
 
     @classmethod
-    def check_one(cls, name: str, value: Any, spelling: Spelling) -> Any:
-        """One setting's value checked as `checked` checks it, alone (a client's override)."""
-        blank = cls.model_construct()
+    def check_one(cls, name: str, value: Any, spelling: Spelling, beside: Mapping[str, Any] | None = None) -> Any:
+        """One setting's value checked as `checked` checks it, alone (a client's override), or beside
+        settings already checked that its check reads (`sandbox_options` are the `sandbox` kind's)."""
+        blank = cls.model_construct(**{k: v for k, v in (beside or {}).items() if k in cls.model_fields and k != name})
         try:
             cls.__pydantic_validator__.validate_assignment(blank, name, value)
         except ValidationError as exc:
@@ -359,18 +360,10 @@ SETTINGS: dict[str, Setting] = declarations(RLMConfig)
 ENV_SETTINGS: dict[str, Setting] = declarations(EnvConfig)
 SAMPLING_SETTINGS: dict[str, Setting] = declarations(SamplingOptions)
 METHOD_SETTINGS: dict[str, Setting] = declarations(MethodConfig)
-# The caps of `budget` (recursa.Budget's fields): settings of their own for the CLI and for clients,
-# who may only lower them (each costs money or capacity). Budget itself checks each value.
-BUDGET_CAPS: dict[str, tuple[str, str]] = {
-    "max_usd": ("--max-usd", "a hard cap on US dollars for the whole run (default: none)"),
-    "max_tokens": (
-        "--max-tokens",
-        "a hard cap on tokens (in + out) for the whole run; each call reserves its prompt plus "
-        "--max-output-tokens first (default: none)",
-    ),
-    "max_seconds": ("--max-seconds", "a wall-clock cap for the run (default: none)"),
-    "max_llm_calls": ("--max-llm-calls", "a cap on model calls over the whole run (default: none)"),
-}
+# The caps of `budget` (recursa.Budget's fields), declared with Budget (recursa/budget.py, `CAPS`):
+# settings of their own for the CLI and for clients, who may only lower them (each costs money or
+# capacity). Budget itself checks each value.
+BUDGET_CAPS: dict[str, Cap] = dict(CAPS)
 # RLMEnv's own names and defaults where they differ from RLM's (`setting(env=...)`).
 ENV_NAMES: dict[str, str] = {n: s.env[0] for n, s in SETTINGS.items() if s.env is not None}
 ENV_DEFAULTS = SimpleNamespace(**{s.env[0]: s.env[1] for s in SETTINGS.values() if s.env is not None})
@@ -401,13 +394,19 @@ class Spelling:
     max_iterations; the Responses API's reasoning.effort is reasoning_effort); `defaults`: the
     caller's own default for a setting where it differs from the schema's, by schema name;
     `schema`: the declarations of a schema besides the run settings' that it names (a server's
-    settings), looked up first."""
+    settings), looked up first; `operator`: a "key" or "dotted" caller that is the operator (a
+    trainer's own config, SkyRL's env_config), not a client, so every setting is its to set."""
 
     form: Literal["python", "cli", "key", "dotted", "field"]
     owner: str = "RLM"
     names: Mapping[str, str] = field(default_factory=dict)
     defaults: Mapping[str, Any] = field(default_factory=dict)
     schema: Mapping[str, Setting] = field(default_factory=dict)
+    operator: bool = False
+
+    def _clients(self, declared: Setting | None) -> bool:
+        """Whether a client writes this way and `declared` is only the operator's to set."""
+        return self.form in ("key", "dotted") and not self.operator and declared is not None and declared.client == "operator"
 
     def setting(self, name: str) -> Setting | None:
         """The declaration of `name` (this caller's schema's first), or None (a budget cap)."""
@@ -416,7 +415,8 @@ class Spelling:
     def _flag(self, name: str) -> str | None:
         """The setting's CLI flag as declared (with its metavar: `--api-key-env NAME`), or None."""
         declared = self.setting(name)
-        return declared.flag if declared is not None else BUDGET_CAPS.get(name, (None,))[0]
+        cap = BUDGET_CAPS.get(name)
+        return declared.flag if declared is not None else cap.flag if cap is not None else None
 
     def _scaled(self, name: str, value: Any) -> Any:
         """A value as the command line writes it: in the flag's unit (`--idle-sessions-memory 4096`,
@@ -461,7 +461,7 @@ class Spelling:
 
     def _marked(self, name: str, passed: str, example: str) -> str:
         declared = self.setting(name)
-        if self.form in ("key", "dotted") and declared is not None and declared.client == "operator":
+        if self._clients(declared):
             return f"the operator's {self._flag(name) or name}"  # not the client's to set
         if example:
             return self.assign(name, example)
@@ -502,7 +502,7 @@ class Spelling:
         a setting only the operator sets."""
         declared = self.setting(name)
         flag = (declared.flag or "") if declared is not None else ""
-        if self.form in ("key", "dotted") and declared is not None and declared.client == "operator":
+        if self._clients(declared):
             return f"the operator's {flag or declared.name}"
         if self.form == "cli" and flag.endswith(" FILE"):  # the value is a file's content
             return f"{flag} (a JSON or TOML file such as {example})"

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import replace
 from pathlib import PurePath
 from typing import Any
 from urllib.parse import urlsplit
 
-from recursa.budget import CAP_EXAMPLES, Budget, cap_problem, positive_phrase
+from recursa.budget import CAPS, Budget, cap_message, cap_problem
 from recursa.config import (
     BUDGET_CAPS,
     SAMPLING_ROLES,
@@ -99,7 +100,7 @@ def _operator_setting(
     the adapter holds a row's base_url to its own key)."""
     operators = limits.get(name, setting_of(name).default)
     if stated_only:
-        mine = checked_value(name, value, spelling)
+        mine = checked_value(name, value, spelling, beside=limits)
         if name in _OWN_KEYS or mine == operators:
             return mine
     secret = name in RLMConfig.model_fields and not RLMConfig.model_fields[name].repr  # a key
@@ -160,15 +161,16 @@ def client_sampling(
     return out
 
 
-def checked_value(name: str, value: Any, spelling: Spelling) -> Any:
-    """One setting's value checked by the schema, named as `spelling` writes it. A whole number
-    written as a float (3.0, as JSON and trainers' configs may) counts as the int it is."""
+def checked_value(name: str, value: Any, spelling: Spelling, beside: Mapping[str, Any] | None = None) -> Any:
+    """One setting's value checked by the schema, named as `spelling` writes it, beside the settings
+    (by schema name) its check reads (`Schema.check_one`). A whole number written as a float (3.0,
+    as JSON and trainers' configs may) counts as the int it is."""
     declared = setting_of(name)
     whole = isinstance(value, float) and value.is_integer()
     if whole and declared.annotation in (int, int | None):
         value = int(value)
     model = next(m for m in (RLMConfig, EnvConfig, SamplingOptions) if name in m.model_fields)
-    return model.check_one(name, value, spelling)
+    return model.check_one(name, value, spelling, beside)
 
 
 def _budget(value: Any, loose: Mapping[str, Any], operator: Budget, spelling: Spelling, own_key: bool) -> Budget:
@@ -180,9 +182,8 @@ def _budget(value: Any, loose: Mapping[str, Any], operator: Budget, spelling: Sp
     except ConfigError as exc:
         raise ConfigError(str(exc), setting="budget") from None
     asked = {cap: getattr(whole, cap) for cap in BUDGET_CAPS}
-    for cap, mine in loose.items():
-        check_cap(cap, mine, spelling, left_out="the operator's cap")
-        asked[cap] = mine
+    apart = budget_of(loose, spelling, left_out="the operator's cap")
+    asked |= {cap: getattr(apart, cap) for cap in loose}
     caps = {cap: getattr(operator, cap) for cap in BUDGET_CAPS}
     for cap, mine in asked.items():
         theirs = caps[cap]
@@ -196,20 +197,26 @@ def _budget(value: Any, loose: Mapping[str, Any], operator: Budget, spelling: Sp
     return Budget(**caps)
 
 
-def check_cap(cap: str, value: Any, spelling: Spelling, *, left_out: str = "no cap") -> None:
-    """A ConfigError (its `setting` the cap) when `value`, given on its own as the budget cap `cap`
-    (a flag, an argument, a request field), is no cap (`cap_problem`, as Budget checks it), named
-    as `spelling` writes the cap, with a good value and what leaving it out gives (`left_out`)."""
-    problem = cap_problem(cap, value)
-    if problem is None:
-        return
-    # A Python door names the cap as its own argument (`recursa.bench.run(max_usd=-1)`), not Budget's.
-    said = f"{spelling.owner}({cap}={value!r})" if spelling.form == "python" else spelling.given(cap, value)
-    raise ConfigError(
-        f"{said}: {problem}; use {positive_phrase(cap)} such as {spelling.assign(cap, CAP_EXAMPLES[cap])}, "
-        f"or leave {spelling.label(cap)} out for {left_out}",
-        setting=cap,
-    )
+def budget_of(
+    caps: Mapping[str, Any], spelling: Spelling, *, base: Budget | None = None, left_out: str = "no cap"
+) -> Budget:
+    """`base` (default: no caps) with `caps` in its place, each checked once, by Budget; a bad one is
+    a ConfigError (its `setting` the cap) told as `spelling` writes the cap given on its own (a flag,
+    an argument, a request field), in Budget's words (`cap_message`), with what leaving it out gives
+    (`left_out`)."""
+    base = base or Budget()
+    try:
+        return replace(base, **caps)
+    except ConfigError as exc:
+        cap = str(exc.setting)
+        value = caps[cap] if cap in caps else getattr(base, cap)
+        problem = cap_problem(cap, value) or str(exc)  # the rule Budget refused it by
+        # A Python door names the cap as its own argument (`recursa.bench.run(max_usd=-1)`), not Budget's.
+        said = f"{spelling.owner}({cap}={value!r})" if spelling.form == "python" else spelling.given(cap, value)
+        example = spelling.assign(cap, CAPS[cap].example)  # type: ignore[index]
+        told = cap_message(cap, value, spelling.told(problem), said=said, example=example,
+                           label=spelling.label(cap), left_out=left_out)  # fmt: skip
+        raise ConfigError(told, setting=cap) from None
 
 
 def refused_widening(label: str, value: Any, limit: Any) -> str:
@@ -266,10 +273,7 @@ def budget_value(name: str, value: Any, *, left_out: str = "no cap") -> Budget:
             f"{name} is {kind(value)}; give a dict of Budget fields, e.g. {{'max_llm_calls': 200}}"
         )
     check_keys(value, BUDGET_LIMITS, lambda key: f"{name}[{key!r}]", strict=True)
-    for field, cap in value.items():
-        if cap is not None:
-            check_cap(field, cap, Spelling("key", name), left_out=left_out)
-    return Budget(**value)
+    return budget_of(value, Spelling("key", name), left_out=left_out)
 
 
 def kind(value: Any) -> str:

@@ -112,7 +112,7 @@ def test_numpy_and_decimal_caps_are_numbers():
 def test_every_cap_refuses_what_cannot_be_a_cap(name, value):
     with pytest.raises(ConfigError, match=rf"Budget\({name}=") as info:
         Budget(**{name: value})
-    assert "or None (no cap)" in str(info.value)
+    assert f"or leave {name} out for no cap" in str(info.value)
 
 
 def _rlm(server, tmp_path, budget: Budget, out: int = 1_000) -> RLM:
@@ -144,3 +144,22 @@ def test_a_token_cap_below_the_first_call_is_refused_at_construction_and_the_flo
     result = _rlm(server, tmp_path, Budget(max_tokens=floor)).run("What is the number?", "ctx")
     assert result.stop_reason == "budget" and "token budget" in result.error
     assert server.requests == []
+
+
+@pytest.mark.parametrize(("cap", "value"), [("max_tokens", 0), ("max_usd", -1), ("max_llm_calls", 2.5), ("max_seconds", "30")])
+def test_a_bad_cap_reads_the_same_at_every_door_but_for_how_the_door_spells_it(cap, value) -> None:
+    """Budget(...) and the doors that take caps on their own (flags, a request's fields, a row's
+    extras, recursa.bench.run's keywords) word a cap's problem and its fix once (recursa/budget.py)."""
+    from recursa.config import Spelling
+    from recursa.overrides import budget_of
+
+    with pytest.raises(ConfigError) as python:
+        Budget(**{cap: value})
+    fix = str(python.value).split("; ", 1)[1].split(" such as ")[0]
+    for door, said in [(Spelling("cli"), "--"), (Spelling("key", "extras"), "extras["), (Spelling("python", "recursa.bench.run"), "recursa.bench.run(")]:
+        with pytest.raises(ConfigError) as told:
+            budget_of({cap: value}, door)
+        assert told.value.setting == cap
+        problem = door.told(python.value).split(": ", 1)[1].split(";")[0]  # the settings it names, as the door does
+        assert str(told.value).startswith(said) and f": {problem}; {fix} such as " in str(told.value)
+        assert "Budget(" not in str(told.value)

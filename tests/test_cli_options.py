@@ -429,12 +429,56 @@ def test_serve_announces_its_url_logs_each_request_and_serves_metrics(tmp_path):
 
 
 def test_a_bool_setting_is_a_flag_pair_from_the_schema() -> None:
-    from recursa.cli_options import add_model_options, rlm_kwargs
+    from recursa.cli_options import add_model_options, run_kwargs
 
     parser = argparse.ArgumentParser()
     add_model_options(parser)
     on = parser.parse_args(["--model", "scripted/gpt5-like", "--cache-subcalls"])
     off = parser.parse_args(["--model", "scripted/gpt5-like", "--no-cache-subcalls"])
     default = parser.parse_args(["--model", "scripted/gpt5-like"])
-    assert rlm_kwargs(on)["cache_subcalls"] is True
-    assert rlm_kwargs(off)["cache_subcalls"] is False and rlm_kwargs(default)["cache_subcalls"] is False
+    assert run_kwargs(on)["cache_subcalls"] is True
+    assert run_kwargs(off)["cache_subcalls"] is False and run_kwargs(default)["cache_subcalls"] is False
+
+
+class _Started(Exception):
+    """Raised where a command's work would begin: its settings are all checked by then."""
+
+
+@pytest.mark.parametrize("command", ["run", "chat", "bench", "openenv"])
+def test_a_command_checks_its_run_settings_once_named_as_flags(monkeypatch, capsys, tmp_path, command) -> None:
+    """The flags were checked by the schema (check_flags), then again as the RLM or RLMEnv was
+    made, and the budget caps twice too: each is checked once now, by the door that makes the
+    runs, before any work starts, and a bad one is still named as the flag typed."""
+    from recursa import cli_chat, rlm
+    from recursa.bench import runner
+    from recursa.config import EnvConfig, RLMConfig
+
+    from .helpers import cli_in_process
+
+    checks: list[str] = []
+    for schema in (RLMConfig, EnvConfig):
+        check = schema.checked.__func__  # type: ignore[attr-defined]
+        monkeypatch.setattr(schema, "checked", classmethod(lambda cls, *a, _c=check, **k: checks.append(cls.__name__) or _c(cls, *a, **k)))  # fmt: skip
+
+    def started(*args: object, **kwargs: object) -> None:
+        raise _Started
+
+    monkeypatch.setattr(rlm.RLM, "run", started)
+    monkeypatch.setattr(cli_chat.Chat, "run", started)
+    monkeypatch.setattr(runner, "plan", started)
+    (tmp_path / "notes.txt").write_text("the secret is 42")
+    argv = {
+        "run": ["run", "q", "--context", str(tmp_path / "notes.txt")],
+        "chat": ["chat", "--context", str(tmp_path / "notes.txt")],
+        "bench": ["bench", "niah", "--out", str(tmp_path / "out")],
+        "openenv": ["openenv"],
+    }[command] + ["--model", "scripted/gpt5-like", "--max-iterations", "7", "--max-llm-calls", "9"]
+    code, err = cli_in_process(capsys, *argv)
+    assert code in (1, 2) and ("_Started" in err or "needs the openenv extra" in err), err
+    assert checks == (["EnvConfig", "RLMConfig"] if command == "openenv" else ["RLMConfig"])
+    checks.clear()
+    code, err = cli_in_process(capsys, *argv, "--max-iterations", "0")
+    assert code == 2 and "--max-iterations 0: --max-iterations must be an int >= 1" in err, err
+    code, err = cli_in_process(capsys, *argv, "--max-llm-calls", "0")
+    assert code == 2 and "--max-llm-calls 0: a cap of 0 stops every run at once" in err, err
+    assert "use a positive number such as --max-llm-calls 50, or leave --max-llm-calls out" in err

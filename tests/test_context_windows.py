@@ -89,8 +89,8 @@ def test_every_command_that_starts_runs_takes_context_window_flags(tmp_path) -> 
     import subprocess
     import sys
 
-    from recursa.cli import _parser
-    from recursa.cli_options import add_model_options, rlm_kwargs
+    from recursa.cli import _parser, _rlm_from_args
+    from recursa.cli_options import add_model_options, run_kwargs
 
     from .test_cli_options import _env, _subparsers
 
@@ -102,15 +102,15 @@ def test_every_command_that_starts_runs_takes_context_window_flags(tmp_path) -> 
     parser = argparse.ArgumentParser()
     add_model_options(parser)
     given = ["--model", "scripted/gpt5-like", "--context-window", "a=1", "--context-window", "openai/b=32_768"]
-    assert rlm_kwargs(parser.parse_args(given))["context_windows"] == {"a": 1, "openai/b": 32_768}
-    assert rlm_kwargs(parser.parse_args(given[:2]))["context_windows"] is None
+    assert run_kwargs(parser.parse_args(given))["context_windows"] == {"a": 1, "openai/b": 32_768}
+    assert run_kwargs(parser.parse_args(given[:2]))["context_windows"] is None
     for bad, said in [
         ("m=0", "--context-window m=0: --context-window must be a window in tokens, an int >= 1"),
         ("m=big", "--context-window m=big: --context-window must be"),
         ("m", "--context-window 'm': write MODEL=TOKENS, e.g. --context-window openai/my-vllm-model=32768"),
     ]:
         with pytest.raises(ConfigError) as refused:
-            rlm_kwargs(parser.parse_args([*given[:2], "--context-window", bad]))
+            _rlm_from_args(parser.parse_args([*given[:2], "--context-window", bad]), print)
         assert str(refused.value).startswith(said) and "\n" not in str(refused.value)
     assert _parser().parse_args(["serve", "--context-window", "m=9"]).context_windows == ["m=9"]
 

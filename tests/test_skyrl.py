@@ -300,3 +300,36 @@ def test_a_row_cannot_send_the_environments_key_elsewhere() -> None:
     adapter.RecursaRLMEnv(env_config=config, extras={"base_url": "http://127.0.0.1:8000/v1/"}).close()
     own = {"base_url": "https://mine.example/v1", "api_key": "row-key"}
     adapter.RecursaRLMEnv(env_config=config, extras=own).close()
+
+
+def test_env_config_carries_sandbox_options_checked_as_the_run_settings_are(tmp_path: Path) -> None:
+    """A trainer had no way to pass sandbox options (a Ray cluster's address, resources or labels,
+    snapshots, where scratch folders go): env_config's sandbox_options reach the REPL now, checked
+    by the schema beside env_config's sandbox and named as its key; a row may only repeat them."""
+    from recursa.errors import ConfigError
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    config = {"sandbox": "subprocess", "sandbox_options": {"scratch_root": str(scratch)}, "max_turns": 2,
+              "trace_dir": str(tmp_path)}  # fmt: skip
+    env = skyrl_gym.make(adapter.ENV_ID, env_config=config, extras={"extra_info": {"context_text": CONTEXT}})
+    env.init([{"role": "user", "content": "where am I?"}])
+    out = env.step(code("import os\nprint(os.getcwd())"))
+    assert str(scratch) in out["observations"][0]["content"]
+    env.close()
+    same = adapter.RecursaRLMEnv(env_config=config, extras={"sandbox_options": {"scratch_root": str(scratch)}})
+    assert same._env.config.sandbox_options == {"scratch_root": str(scratch)}
+    refusals = [
+        ({"sandbox": "subprocess", "sandbox_options": {"start_timout": 30}}, {},
+         r"^env_config\['sandbox_options'\]=\{'start_timout': 30\}: env_config\['sandbox_options'\] must be options "
+         r"sandbox 'subprocess' takes: it takes no option 'start_timout'"),
+        ({"sandbox_options": ["start_timeout", 30]}, {}, r"^env_config\['sandbox_options'\]=\[.*must be a dict"),
+        (config, {"sandbox_options": {"scratch_root": "/tmp"}},
+         r"^extras\['sandbox_options'\]=\{'scratch_root': '/tmp'\}: extras\['sandbox_options'\] is the operator's to choose"),
+        # Ray's options are checked as RLM(...) checks them: the cluster they name must answer.
+        ({"sandbox": "ray", "sandbox_options": {"address": "127.0.0.1:1", "resources": {"repl": 1}}}, {},
+         r"^env_config\['sandbox'\]='ray': the Ray cluster address '127.0.0.1:1' cannot be reached"),
+    ]  # fmt: skip
+    for config, row, said in refusals:
+        with pytest.raises(ConfigError, match=said):
+            adapter.RecursaRLMEnv(env_config=config, extras=row)

@@ -98,7 +98,7 @@ def table() -> str:
     from recursa.serve.settings import FLAGS, SERVER_SETTINGS
 
     caps = "\n".join(
-        f"| `{name}` | `{flag}` | lower only | {_cell(text)} |" for name, (flag, text) in BUDGET_CAPS.items()
+        f"| `{name}` | `{cap.flag}` | lower only | {_cell(cap.help)} |" for name, cap in BUDGET_CAPS.items()
     )
     return (
         "## Run settings (`RLM`, `RLMEnv`)\n\n"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from recursa.bench.sizes import DEFAULT_SIZES, BenchError, parse_sizes
 from recursa.budget import Budget
 from recursa.config import BUDGET_CAPS, Spelling
 from recursa.methods.base import METHODS, MethodSettings, missing_requirement
-from recursa.overrides import check_cap
+from recursa.overrides import budget_of
 from recursa.sync import run_sync
 from recursa.tasks import families, get_family
 
@@ -97,11 +97,8 @@ def _settings(
     wrong model name, provider, key or setting would only give every row a harness error. A budget's
     caps may come one by one (`max_usd=1.0`): each holds per row."""
     caps = {cap: given.pop(cap) for cap in BUDGET_CAPS if given.get(cap) is not None}
-    for cap, value in caps.items():
-        check_cap(cap, value, spelling)
-    if caps:
-        base = given.get("budget") or Budget()
-        given["budget"] = replace(base, **caps) if isinstance(base, Budget) else base
+    if caps and isinstance(base := given.get("budget") or Budget(), Budget):
+        given["budget"] = budget_of(caps, spelling, base=base)
     settings = MethodSettings(model, sub_model, spelling=spelling, **given)
     from recursa.rlm import RLM
 

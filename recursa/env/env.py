@@ -18,12 +18,12 @@ from __future__ import annotations
 import asyncio
 import os
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from recursa.budget import Budget
 from recursa.config import DEFAULTS as D
-from recursa.config import ENV_DEFAULTS, ENV_SETTINGS, ENV_SPELLING, EnvConfig, RLMConfig
+from recursa.config import ENV_DEFAULTS, ENV_SETTINGS, ENV_SPELLING, EnvConfig, RLMConfig, Spelling
 from recursa.configure import build_config, check_models
 from recursa.env.callback import CallbackClient, ChildCall, SubCall
 from recursa.env.contexts import EncodedContexts
@@ -108,11 +108,24 @@ class RLMEnv:
         max_live_repls: int = D.max_live_repls,
         **settings: Any,
     ) -> None:
-        given = {k: v for k, v in locals().items() if k not in ("self", "settings", "sub_call", "child_call")}
-        given |= settings
-        own = EnvConfig.checked(ENV_SPELLING, **{k: given.pop(k) for k in ENV_SETTINGS if k in given})
+        given = {k: v for k, v in locals().items() if k not in ("self", "settings", "__class__")}
+        self._configure(given | settings, ENV_SPELLING)
+
+    @classmethod
+    def configured(cls, settings: Mapping[str, Any], spelling: Spelling) -> RLMEnv:
+        """The environment of `settings` (RLMEnv's keywords, run settings by the schema's names or
+        the spelling's own) whose errors name each setting as `spelling` writes it: how a front
+        door other than Python's (`recursa openenv`'s flags) makes one."""
+        env = cls.__new__(cls)
+        env._configure(dict(settings), spelling)
+        return env
+
+    def _configure(self, given: dict[str, Any], spelling: Spelling) -> None:
+        sub_call, child_call = given.pop("sub_call", None), given.pop("child_call", None)
+        sub_model, model = given.pop("sub_model", None), given.pop("model", None)
+        own = EnvConfig.checked(spelling, **{k: given.pop(k) for k in ENV_SETTINGS if k in given})
         sub = sub_model or DEFAULT_POLICY
-        self.config, self.prices = build_config(given | {"model": model or sub, "sub_model": sub}, ENV_SPELLING)
+        self.config, self.prices = build_config(given | {"model": model or sub, "sub_model": sub}, spelling)
         self.sub_call, self.child_call = _checked_call(sub_call, "sub_call"), _checked_call(child_call, "child_call")
         if sub_model is None and sub_call is None and self.config.max_depth > 0:
             raise ConfigError(
@@ -120,7 +133,7 @@ class RLMEnv:
                 "or sub_call=<async fn(messages, depth, parent_id) -> str>, or max_depth=0 (code only)."
             )
         paid = [sub] if sub_call is None and self.config.max_depth > 0 else []
-        check_models(self.config, self.prices, paid, ENV_SPELLING)
+        check_models(self.config, self.prices, paid, spelling)
         self.dialect = make_dialect(self.config.dialect, self.config.dialect_options)  # checked above
         self.max_reply_chars, self.wait_for_repl = own.max_reply_chars, own.wait_for_repl
         kind, options = SANDBOXES[self.config.sandbox], self.config.sandbox_options or {}

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from recursa.asgi.ports import port
-from recursa.cli_options import add_setting_flag, rlm_kwargs, setting_values
-from recursa.config import EnvConfig, Spelling
+from recursa.cli_options import add_setting_flag, run_kwargs, setting_values
+from recursa.config import ENV_SPELLING, Spelling
 from recursa.errors import ConfigError
 from recursa.extras import install_hint
 from recursa.integrations.openenv_settings import CLI, OPENENV_FLAGS, OPENENV_SETTINGS, OpenEnvSettings
@@ -37,25 +37,23 @@ def add_parser(sub: Any, add_model_options: Callable[[argparse.ArgumentParser], 
 
 
 def run(args: argparse.Namespace) -> int:
+    from recursa.env import RLMEnv
+
     settings = OpenEnvSettings.checked(CLI, **setting_values(args, OPENENV_SETTINGS.values()))
-    EnvConfig.checked(Spelling("cli"), max_live_repls=args.max_live_repls)
+    # The run settings and the environment's, checked once by RLMEnv and named as flags, before the
+    # extra loads; --model is the policy, --sub-model (default: --model) answers llm_query.
+    kwargs = run_kwargs(args)
+    given = {**kwargs, "model": args.model, "sub_model": kwargs["sub_model"] or args.model}
+    spelling = Spelling("cli", "RLMEnv", defaults=ENV_SPELLING.defaults)  # RLMEnv's defaults, as flags
+    env = RLMEnv.configured(given | {"max_live_repls": args.max_live_repls}, spelling)
     try:
         import uvicorn
 
         from recursa.asgi.slow_clients import head_timeout_protocol, raise_descriptor_limit
         from recursa.integrations.openenv import MAX_MESSAGE_BYTES, create_openenv_app
     except ImportError:
+        env.close()
         raise ConfigError(f"recursa openenv needs the openenv extra: {install_hint('openenv')}") from None
-    from recursa.env import RLMEnv
-
-    kwargs = rlm_kwargs(args)
-    kwargs["max_turns"] = kwargs.pop("max_iterations")
-    env = RLMEnv(
-        kwargs.pop("sub_model") or args.model,
-        model=args.model,
-        max_live_repls=args.max_live_repls,
-        **kwargs,
-    )
     app = create_openenv_app(env, settings=settings)
     # The servers' connection handling: a request head's time limit, connections capped below the
     # descriptor limit, lifted toward the hard limit first (per address and in all), and a

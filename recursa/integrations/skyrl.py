@@ -14,7 +14,7 @@ of its own: `max_depth`, `sub_model` / `base_url` / `api_key` (an OpenAI-compati
 sub-calls), `sub_call` (an async function, as for `RLMEnv`), `budget` (a dict of `Budget` fields),
 `family` (a `recursa.tasks` family whose scorer gives the reward), `scorer` (answer -> float),
 `turn_timeout` (seconds for all the code of one step together; default: `repl_timeout`),
-`sandbox` and `trace_dir` (env_config's: a row may only repeat them), `max_live_repls`, `wait_for_repl`, `dialect` (the conversation: "skyrl"
+`sandbox`, `sandbox_options` and `trace_dir` (env_config's: a row may only repeat them), `max_live_repls`, `wait_for_repl`, `dialect` (the conversation: "skyrl"
 for SkyRL's own, exactly; see docs/dialects.md) and `dialect_options`. Every knob is checked when the
 environment is made (`checked_extras`): a wrong kind or a misspelt name is refused naming the key.
 With `subcall_fn`, `rlm_query` children are the generator's own rollouts (as in SkyRL); without
@@ -40,7 +40,7 @@ from skyrl_gym import register as _register
 from skyrl_gym import registry as _registry
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType
 
-from recursa.config import ENV_NAMES, Spelling, setting_of
+from recursa.config import ENV_SPELLING, Spelling, setting_of
 from recursa.env import ChildCall, Episode, ReplyRefused, RLMEnv, SubCall
 from recursa.env.quota import EPISODE_SHARE, QuotaWords, ReplQuota
 from recursa.errors import ConfigError
@@ -66,12 +66,13 @@ ENV_ID = "recursa-rlm"
 # (recursa/config.py), which checks them; RLMEnv takes them by its own names (`_ENV_KEYWORDS`).
 _RUN_EXTRAS = {"max_turns": "max_iterations", "repl_timeout": "exec_timeout", "turn_timeout": "turn_timeout",
                "max_depth": "max_depth", "sub_model": "sub_model", "base_url": "base_url", "api_key": "api_key",
-               "budget": "budget", "sandbox": "sandbox", "trace_dir": "trace_dir", "max_live_repls": "max_live_repls",
+               "budget": "budget", "sandbox": "sandbox", "sandbox_options": "sandbox_options", "trace_dir": "trace_dir", "max_live_repls": "max_live_repls",
                "max_repls_per_episode": "max_repls_per_episode", "max_output_chars": "max_output_chars", "wait_for_repl": "wait_for_repl",
                "max_reply_chars": "max_reply_chars", "dialect": "dialect",
                "dialect_options": "dialect_options", "sampling": "sampling"}  # fmt: skip
 _SPELLED = {schema: extra for extra, schema in _RUN_EXTRAS.items()}
-_ENV_KEYWORDS = {extra: ENV_NAMES.get(schema, schema) for extra, schema in _RUN_EXTRAS.items()}
+# The settings as env_config, the operator's config, holds them, with RLMEnv's defaults.
+_CONFIG_SPELLING = Spelling("key", "env_config", _SPELLED, ENV_SPELLING.defaults, operator=True)
 # SkyRL's own environment gives a cell this long; a drop-in keeps its default.
 SKYRL_REPL_TIMEOUT = 180.0
 
@@ -263,10 +264,14 @@ def _default_depth(extras: dict[str, Any]) -> int:
 
 def _make_env(extras: dict[str, Any]) -> RLMEnv:
     delegated = extras.get("lm_callback") is not None or extras.get("sub_call") is not None
-    given = {_ENV_KEYWORDS[k]: extras[k] for k in _RUN_EXTRAS if extras.get(k) is not None}
+    given = {schema: extras[k] for k, schema in _RUN_EXTRAS.items() if extras.get(k) is not None}
     given.setdefault("max_depth", _default_depth(extras))
     given.setdefault("exec_timeout", SKYRL_REPL_TIMEOUT)
-    env = RLMEnv(sub_call=_no_sub_call if delegated and not extras.get("sub_model") else None, **given)
+    given["sub_call"] = _no_sub_call if delegated and not extras.get("sub_model") else None
+    try:  # what the settings say together (a Ray cluster that does not answer), in this API's keys
+        env = RLMEnv.configured(given, _CONFIG_SPELLING)
+    except ConfigError as exc:
+        raise ConfigError(_CONFIG_SPELLING.told(exc), setting=exc.setting) from None
     key = (env.quota.limit, env.max_memory_bytes, env.config.sandbox)
     holder = _bounds.get(key)  # shared_env holds _envs_lock
     if holder is None:
@@ -352,12 +357,13 @@ def checked_extras(extras: Any, name: str = "extras", *, strict: bool = False) -
         raise ConfigError(f"{name} is {kind(extras)}; give a dict")
     check_keys(extras, [*_EXTRAS, *_RUN_EXTRAS, *_PASSED], lambda key: f"{name}[{key!r}]", strict=strict)
     checked = dict(extras)
-    spelling = Spelling("key", name, _SPELLED)
+    spelling = _CONFIG_SPELLING if name == "env_config" else Spelling("key", name, _SPELLED)
+    done: dict[str, Any] = {}  # the run settings checked so far, by the schema's names
     for key, schema in _RUN_EXTRAS.items():
         if extras.get(key) is not None:
             value = extras[key]
             reading = budget_value(f"{name}[{key!r}]", value) if key == "budget" else None
-            checked[key] = reading or checked_value(schema, value, spelling)
+            checked[key] = done[schema] = reading or checked_value(schema, value, spelling, beside=done)
     for key, read in _EXTRAS.items():
         if extras.get(key) is not None:
             try:
