@@ -187,13 +187,16 @@ def _pairs(name: str) -> bool:
 
 
 def _pairs_value(name: str, given: list[str]) -> dict[str, Any]:
-    """`["a=1", "b=2"]` as `{"a": 1, "b": 2}` (numbers where the setting's values are ints); the
-    schema then checks the values and names a bad one as the flag it came from."""
+    """`["a=1", "b=2"]` as `{"a": 1, "b": 2}`: numbers where the setting's values are ints, JSON
+    where they may be anything and the text is JSON (`snapshots=true`, `resources={"repl": 1}`;
+    `address=ray://head:10001` stays text); the schema then checks the values and names a bad one
+    as the flag it came from."""
     from recursa.config import Spelling
 
     s = SETTINGS[name]
     flag, metavar = (s.flag or "").split()
     numbers = "int" in str(s.annotation)
+    anything = "Any" in str(s.annotation)
     out: dict[str, Any] = {}
     for pair in given:
         key, sep, value = pair.partition("=")
@@ -203,9 +206,18 @@ def _pairs_value(name: str, given: list[str]) -> dict[str, Any]:
         value = value.strip()
         if numbers and re.fullmatch(r"-?\d[\d_]*", value):
             out[key.strip()] = int(value)
+        elif anything:
+            out[key.strip()] = _json_or_text(value)
         else:
             out[key.strip()] = value
     return out
+
+
+def _json_or_text(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
 
 
 def run_kwargs(args: argparse.Namespace) -> dict[str, Any]:
