@@ -485,6 +485,8 @@ class Spelling:
         if self.form == "python":
             return f"{'Budget' if name in BUDGET_CAPS else self.owner}({self.label(name)}={shown})"
         if self.form == "cli":
+            if (self._flag(name) or "").endswith(" FILE"):  # the value is the file's content
+                return f"{self.label(name)} FILE holding {shown}"
             if isinstance(value, dict) and self._pairs(name):
                 return " ".join(f"{self.label(name)} {k}={v}" for k, v in value.items())
             if isinstance(value, list | tuple):  # a repeatable flag, once per value
