@@ -302,6 +302,35 @@ async def test_a_node_is_read_like_a_local_worker_and_a_bad_stream_loses_only_it
     await other.aclose()
 
 
+async def test_a_node_that_floods_the_stream_is_read_no_faster_than_served(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The driver gives its loop back after every frame here; what the node sends meanwhile is read
+    # only while little waits unread, so a flood never piles up in the driver's memory.
+    monkeypatch.setattr(wire, "_SLICE_S", 0.0)
+    monkeypatch.setattr(wire, "_MAX_UNREAD", 64 << 10)
+    junk = wire.encode({"op": "done", "id": 999_999, "value": "x" * 4000})  # for no request: dropped
+
+    async def flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        async for frame in driver_frames(reader):
+            writer.write(junk * 500 + wire.encode({"op": "done", "id": frame["id"], "value": ["a"]}))
+
+    link, _ = await hostile_node(flood)
+    link.repls.add("r")
+    decoder = link._out._decoder  # type: ignore[union-attr]
+    most = [0]
+    push = decoder.push
+
+    def counted(data: bytes) -> None:
+        push(data)
+        most[0] = max(most[0], decoder.unread())
+
+    monkeypatch.setattr(decoder, "push", counted)
+    assert await link.request("variable_names", repl="r") == ["a"]
+    assert 0 < most[0] <= (64 << 10) + (256 << 10) + len(junk), most  # (asyncio reads 256 KiB at most)
+    await link.aclose()
+
+
 async def test_a_dropped_stream_fails_that_nodes_requests_and_its_host_closes_the_repls(
     node: tuple[NodeHost, list[Fake]],
 ) -> None:

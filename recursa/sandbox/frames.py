@@ -127,6 +127,10 @@ class FrameDecoder:
             data = data[dropped:]
         self._buf += data
 
+    def unread(self) -> int:
+        """Bytes received and not yet handed out."""
+        return len(self._buf)
+
     def pop(self) -> bytes | RefusedFrame | None:
         """The next whole frame's body (or refusal), None until one is complete."""
         if self._refused is not None:

@@ -57,6 +57,9 @@ _MAX_MESSAGE = 10_000  # characters of an error's message read from a node
 _MAX_FACTS = 100  # entries read from a node's isolation report
 _MAX_NAMES = 100_000  # names read from one answer (a REPL's variables, a define's messages)
 _SLICE_S = 0.001  # a reader gives the loop back this often while frames keep coming
+# Unread bytes a reader may hold while it has given the loop back; past them the socket is not read
+# until its next slice (below them, pausing and resuming the socket cost two epoll calls a slice).
+_MAX_UNREAD = 1 << 20
 
 
 def encode(frame: dict[str, Any]) -> bytes:
@@ -74,6 +77,9 @@ class DriverDecoder:
 
     def push(self, data: bytes) -> None:
         self._buf += data
+
+    def unread(self) -> int:
+        return len(self._buf)
 
     def next_frame(self) -> dict[str, Any] | None:
         buf = self._buf
@@ -94,6 +100,7 @@ class DriverDecoder:
 class Decoder(Protocol):
     def push(self, data: bytes) -> None: ...
     def next_frame(self) -> dict[str, Any] | RefusedFrame | None: ...
+    def unread(self) -> int: ...
 
 
 class Channel(asyncio.Protocol):
@@ -107,7 +114,8 @@ class Channel(asyncio.Protocol):
     for bytes that are not a frame (the transport is closed), an OSError when the connection failed.
     A reader that must not take more frames for now `hold()`s the channel: the socket is not read
     and no frame is handed out until `release()`. While frames keep coming, the loop is given back
-    every _SLICE_S, so a flood is read no faster than it is served."""
+    every _SLICE_S (the socket is read meanwhile while less than _MAX_UNREAD bytes wait), so a flood
+    is read no faster than it is served."""
 
     def __init__(self, decoder: Decoder, on_frame: Callable[[Any], None],
                  on_end: Callable[[Exception | None], None] | None = None) -> None:  # fmt: skip
@@ -132,6 +140,10 @@ class Channel(asyncio.Protocol):
         if self._ended:
             return
         self._decoder.push(data)
+        if self._resuming:  # the loop was given back: this waits for the next slice
+            if self._decoder.unread() > _MAX_UNREAD:
+                self._pause_reading()
+            return
         self._pump()
 
     def _pump(self) -> None:
@@ -149,9 +161,10 @@ class Channel(asyncio.Protocol):
                 return
             self._on_frame(frame)
             if loop.time() >= slice_end and not self._resuming:
-                self._pause_reading()
                 self._resuming = True
                 loop.call_soon(self._resume)
+                if self._decoder.unread() > _MAX_UNREAD:
+                    self._pause_reading()
                 return
 
     def _resume(self) -> None:
