@@ -185,8 +185,7 @@ class RLMConfig(Schema):
         accepted = kind.option_names() if kind is not None else None
         unknown = sorted(set(value) - set(accepted)) if accepted is not None else []
         if unknown:
-            close = near_miss(unknown[0], accepted or [])
-            meant = f" (did you mean {close!r}?)" if close else ""
+            meant = f" (did you mean {close!r}?)" if (close := near_miss(unknown[0], accepted or [])) else ""
             raise Invalid(
                 f"options sandbox {info.data.get('sandbox')!r} takes: it takes no option "
                 f"{', '.join(map(repr, unknown))}{meant}; its options: {', '.join(accepted or [])}"
