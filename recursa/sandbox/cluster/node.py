@@ -317,9 +317,11 @@ class NodeHost:
 
     # -- the Sandbox protocol, per REPL ------------------------------------------------------------
 
-    async def load_context(self, repl: str, key: str, meta: dict[str, Any], data: list[Any]) -> None:
+    async def load_context(self, repl: str, key: str, meta: dict[str, Any], data: list[Any]) -> dict[str, Any]:
         """Load the context `key` into `repl`; `data` is [object ref] (in a list, so Ray does not
-        fetch it to this node unless the context is not here yet)."""
+        fetch it to this node unless the context is not here yet). The REPL's isolation report
+        after the load, which sets the limits that follow from the context (RLIMIT_DATA, the
+        memory group's bound: hardened.py), as a local REPL's own report then shows them."""
         sandbox = self._repl(repl)
         context = await self._context(key, meta, data)
         if self.repls.get(repl) is not sandbox:
@@ -331,6 +333,7 @@ class NodeHost:
             await sandbox.load_context(payload)
         finally:
             payload.close()
+        return dict(sandbox.isolation)
 
     async def _context(self, key: str, meta: dict[str, Any], data: list[Any]) -> NodeContext:
         if key in self._contexts:
@@ -386,13 +389,13 @@ class NodeHost:
     async def variable_names(self, repl: str) -> list[str]:
         return await self._repl(repl).variable_names()
 
-    async def load_cached(self, repl: str, key: str) -> bool:
-        """Load the context `key` into `repl` if this node has it (or is bringing it here); False
-        when it has not, and the driver then sends its object ref (`load_context`)."""
+    async def load_cached(self, repl: str, key: str) -> dict[str, Any] | None:
+        """Load the context `key` into `repl` if this node has it (or is bringing it here), and
+        return the REPL's isolation report as `load_context` does; None when it has not, and the
+        driver then sends its object ref (`load_context`)."""
         if key not in self._contexts and key not in self._loading:
-            return False
-        await self.load_context(repl, key, {}, [])
-        return True
+            return None
+        return await self.load_context(repl, key, {}, [])
 
     # -- the driver's stream ------------------------------------------------------------------------
 

@@ -100,11 +100,16 @@ class RaySandbox:
             labels=self.labels, max_repls_per_node=self.max_repls_per_node, affinity=self.affinity,
             memory=self.memory, timeout=self.start_timeout, transport=self.transport,
         )  # fmt: skip
-        self.isolation = {**reply.get("isolation", {}), "ray_node": self.node.node_id,
-                          "ray_node_address": self.node.address}  # fmt: skip
+        self._report(reply.get("isolation", {}))
+
+    def _report(self, isolation: dict[str, Any]) -> None:
+        """The node REPL's own isolation report, and which node it is on."""
+        assert self.node is not None
+        self.isolation = {**isolation, "ray_node": self.node.node_id, "ray_node_address": self.node.address}
 
     async def load_context(self, payload: ContextPayload) -> None:
-        await self.pool.load_context(self.repl, payload)
+        # A load sets the limits that follow from the context's size (hardened.py): report them.
+        self._report(await self.pool.load_context(self.repl, payload))
 
     async def define(self, entries: list[dict[str, Any]]) -> list[str]:
         return list(await self.pool.call(self.repl, "define", entries=entries))
