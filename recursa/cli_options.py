@@ -206,6 +206,13 @@ def _pairs_value(name: str, given: list[str]) -> dict[str, Any]:
     return out
 
 
+def pairs_flags(name: str, value: dict[str, Any]) -> list[str]:
+    """The command line that gives the dict setting `name` the value `value` (`--sandbox-option
+    resources={"repl": 1}` per entry): what `_pairs_value` reads back, each value as JSON."""
+    flag = (SETTINGS[name].flag or "").split()[0]
+    return [part for key, item in value.items() for part in (flag, f"{key}={json.dumps(item)}")]
+
+
 def _json_or_text(value: str) -> Any:
     try:
         return json.loads(value)
