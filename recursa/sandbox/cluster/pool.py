@@ -256,8 +256,10 @@ class RayPool:
                    resources: dict[str, float] | None, labels: dict[str, str] | None,
                    max_repls_per_node: int | None, affinity: str | None,
                    memory: dict[str, Any] | None, timeout: float,
-                   transport: Transport = "auto") -> tuple[Node, dict[str, Any]]:  # fmt: skip
-        """Start `repl` on a fitting node with room; waits up to `timeout` for room."""
+                   transport: Transport = "auto", context: str | None = None) -> tuple[Node, dict[str, Any]]:  # fmt: skip
+        """Start `repl` on a fitting node with room; waits up to `timeout` for room. `context`: the
+        key of a context the node loads into the REPL in the same request if it has it (the reply's
+        `loaded`, or `load_error`)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         delay = 0.01
@@ -282,7 +284,7 @@ class RayPool:
                     link.repls.add(repl)
                     share = None if memory is None else {**memory, "nodes": len(candidates)}
                     digest = await self._send_options(link, options)
-                    reply = await link.request("open", repl=repl, options=digest, memory=share)
+                    reply = await link.request("open", repl=repl, options=digest, memory=share, context=context)
                 except NodeLost:  # found dead before the REPL started there: try the others
                     self._unplace(node)
                     self._forget(repl)
@@ -415,12 +417,14 @@ class RayPool:
             fields["hop"] = link.hop_s
         return await link.request(method, repl=repl, **fields)
 
-    async def load_context(self, repl: str, payload: ContextPayload) -> None:
+    async def load_context(self, repl: str, payload: ContextPayload, cached: bool | None = None) -> None:
+        """Load `payload` into `repl`; `cached`: whether the node has loaded it already (in the
+        REPL's `open`), None to ask it."""
         key = payload.info.sha256
         self._context_users.setdefault(key, set()).add(repl)
         self._idle_contexts.pop(key, None)
         self._context_bytes[key] = payload.size_bytes
-        if await self.call(repl, "load_cached", key=key):
+        if cached or (cached is None and await self.call(repl, "load_cached", key=key)):
             return  # the node has it already (a REPL there loaded it, now or a while ago): no bytes move
         # The first REPL on the node with this context: an actor call, so that Ray brings the
         # object to the node (the ref goes in a list: the host fetches it only if still needed).
