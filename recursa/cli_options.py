@@ -187,13 +187,16 @@ def _pairs(name: str) -> bool:
 
 
 def _pairs_value(name: str, given: list[str]) -> dict[str, Any]:
-    """`["a=1", "b=2"]` as `{"a": 1, "b": 2}` (numbers where the setting's values are ints); the
-    schema then checks the values and names a bad one as the flag it came from."""
+    """`["a=1", "b=2"]` as `{"a": 1, "b": 2}`: numbers where the setting's values are ints, JSON
+    where they may be anything and the text is JSON (`snapshots=true`, `resources={"repl": 1}`;
+    `address=ray://head:10001` stays text); the schema then checks the values and names a bad one
+    as the flag it came from."""
     from recursa.config import Spelling
 
     s = SETTINGS[name]
     flag, metavar = (s.flag or "").split()
     numbers = "int" in str(s.annotation)
+    anything = "Any" in str(s.annotation)
     out: dict[str, Any] = {}
     for pair in given:
         key, sep, value = pair.partition("=")
@@ -203,9 +206,18 @@ def _pairs_value(name: str, given: list[str]) -> dict[str, Any]:
         value = value.strip()
         if numbers and re.fullmatch(r"-?\d[\d_]*", value):
             out[key.strip()] = int(value)
+        elif anything:
+            out[key.strip()] = _json_or_text(value)
         else:
             out[key.strip()] = value
     return out
+
+
+def _json_or_text(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
 
 
 def run_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -264,8 +276,9 @@ def _shown(text: str) -> str:
     return repr(text[:4] + "...") if len(text) > 8 else repr(text)
 
 
-def load_prices(path: str) -> dict[str, dict[str, float]]:
-    """--prices FILE: {"provider/model": {"input_per_mtok": ..., "output_per_mtok": ..., ...}}."""
+def load_prices(path: str) -> Any:
+    """--prices FILE read: {"provider/model": {"input_per_mtok": ..., "output_per_mtok": ..., ...}},
+    which the schema checks (the `prices` setting) as it checks `RLM(prices=...)`."""
     file = Path(path).expanduser()
     if not file.is_file():
         raise ConfigError(f"--prices {path!r}: no such file; give a JSON or TOML file of per-model prices")
@@ -275,19 +288,6 @@ def load_prices(path: str) -> dict[str, dict[str, float]]:
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
         kind = "TOML" if file.suffix.lower() == ".toml" else "JSON (name it .toml for TOML)"
         raise ConfigError(f"--prices {path!r} is not valid {kind}: {exc}") from None
-    example = '{"openai/my-model": {"input_per_mtok": 0.25, "output_per_mtok": 2.0}}'
-    if not isinstance(data, dict) or not data:
-        raise ConfigError(f"--prices {path!r} must map model names to prices, e.g. {example}")
-    from recursa.lm.prices import ModelPrice
-
-    fields = set(ModelPrice.__dataclass_fields__)
-    for model, rates in data.items():
-        if not isinstance(rates, dict) or not set(rates) <= fields:
-            unknown = sorted(set(rates) - fields) if isinstance(rates, dict) else rates
-            raise ConfigError(
-                f"--prices {path!r}: the price of {model!r} has {unknown!r}; use the keys "
-                f"{', '.join(sorted(fields))} (USD per million tokens), e.g. {example}"
-            )
     return data
 
 

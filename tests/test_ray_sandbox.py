@@ -326,15 +326,16 @@ def test_skyrl_rows_run_on_the_cluster_unchanged(cluster: dict) -> None:
     skyrl_gym = pytest.importorskip("skyrl_gym", reason="skyrl-gym is not installed (the skyrl extra)")
     from recursa.integrations import skyrl as adapter
 
-    # The sandbox is the operator's (env_config); a row may only repeat it.
-    env = skyrl_gym.make(adapter.ENV_ID, env_config={"sandbox": "ray"}, extras={
+    # The sandbox and its options are the operator's (env_config); a row may only repeat them.
+    config = {"sandbox": "ray", "sandbox_options": {"resources": {"node_a": 1}}}
+    env = skyrl_gym.make(adapter.ENV_ID, env_config=config, extras={
         "sandbox": "ray", "max_turns": 3, "reward_spec": {"ground_truth": "14"},
         "extra_info": {"context_text": "fourteen letters"}})  # fmt: skip
     env.init([{"role": "user", "content": "How long is the context?"}])
     first = env.step("```repl\nprint(len(context))\n```")
     assert not first["done"] and "16" in first["observations"][0]["content"]
     last = env.step("FINAL(16)")
-    assert last["done"]
+    assert last["done"] and env.episode.result.isolation["ray_node"] == cluster["a"]  # the node the options chose
     env.close()
 
 

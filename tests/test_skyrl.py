@@ -10,6 +10,7 @@ import pytest
 
 skyrl_gym = pytest.importorskip("skyrl_gym", reason="skyrl-gym is not installed (pip install recursa[skyrl])")
 
+from recursa import Budget  # noqa: E402
 from recursa.env import ReplsFull  # noqa: E402
 from recursa.integrations import skyrl as adapter  # noqa: E402
 from recursa.testing.fake_server import FakeServer  # noqa: E402
@@ -257,6 +258,10 @@ def test_a_row_never_widens_what_the_config_limits() -> None:
     config = {"sampling": {"root": {"reasoning_effort": "low", "temperature": 0.5}}}
     env = adapter.RecursaRLMEnv(env_config=config, extras={"sampling": {"root": {"temperature": 1.0}}})
     assert env._env.config.sampling == {"root": {"reasoning_effort": "low", "temperature": 1.0}}
+    # So is its budget: a row's cap on calls dropped the config's dollar cap (the row's Budget went in
+    # whole, though each of its caps had been checked against the config's).
+    env = adapter.RecursaRLMEnv(env_config={"budget": {"max_usd": 1.0}}, extras={"budget": {"max_llm_calls": 5}})
+    assert env._env.config.budget == Budget(max_usd=1.0, max_llm_calls=5)
 
 
 @pytest.mark.parametrize(

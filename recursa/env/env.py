@@ -113,9 +113,8 @@ class RLMEnv:
 
     @classmethod
     def configured(cls, settings: Mapping[str, Any], spelling: Spelling) -> RLMEnv:
-        """The environment of `settings` (RLMEnv's keywords, run settings by the schema's names or
-        the spelling's own) whose errors name each setting as `spelling` writes it: how a front
-        door other than Python's (`recursa openenv`'s flags) makes one."""
+        """The environment of `settings` (RLMEnv's keywords) whose errors name each setting as `spelling`
+        writes it: how a door other than Python's (`recursa openenv`'s flags, SkyRL's keys) makes one."""
         env = cls.__new__(cls)
         env._configure(dict(settings), spelling)
         return env

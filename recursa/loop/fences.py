@@ -77,12 +77,19 @@ class _Open:
     start: int = 0
 
     def fence(self, closed: bool, end: int) -> Fence:
-        lines = [_strip_indent(line, self.indent) for line in self.body]
-        text = "\n".join(lines)
-        if any(line[:1] in (" ", "\t") for line in lines):  # else dedent would return it as it is
-            text = textwrap.dedent(text)
-        text = text.strip("\n")
-        return Fence(self.tag, text, closed, self.at, (self.start, end), self.runnable)
+        return Fence(self.tag, fence_text(self.body, self.indent), closed, self.at, (self.start, end), self.runnable)
+
+
+def fence_text(body: list[str], indent: int = 0) -> str:
+    """A block's code from its lines: the fence's own indentation stripped, tabs expanded, dedented."""
+    if indent:
+        lines = [_strip_indent(line, indent) for line in body]
+    else:  # nothing to strip: only tabs to expand, as _strip_indent does
+        lines = [line.expandtabs(4) if "\t" in line else line for line in body]
+    text = "\n".join(lines)
+    if any(line[:1] in (" ", "\t") for line in lines):  # else dedent would return it as it is
+        text = textwrap.dedent(text)
+    return text.strip("\n")
 
 
 class _Reader:
@@ -92,13 +99,14 @@ class _Reader:
             PAPER_TAGS if on("repl_fence") else frozenset()
         )
         self.tags = tags
+        self.code_on_opener = on("code_on_opener")
 
     def opener(self, m: re.Match[str], at: int, start: int) -> _Open:
         indent = len(m.group("indent").expandtabs(4))
         fence = m.group("fence")
         tag = _tag(m)
         opened = _Open(tag, indent, fence[0], len(fence), tag in self.tags, at=at, start=start)
-        if opened.runnable and self.on("code_on_opener"):
+        if opened.runnable and self.code_on_opener:
             rest = m.group("info").strip().lstrip("{.")[len(opened.tag) :].strip()
             if rest and _is_code(rest):  # "```python import re": the first line of code on the opener
                 opened.body.append(" " * indent + rest)
@@ -109,6 +117,9 @@ def read_fences(text: str, notes: list[str], on: Switch = _all_on) -> tuple[list
     """The fenced blocks of `text` in order, and its lines outside them (one empty line per block).
     `on(rule)` says whether a rule of recursa/loop/rules.py is in force (all are by default)."""
     reader = _Reader(on)
+    # The rules in force, asked once: the loop below runs once per line of every reply.
+    spans, one_line, in_strings = on("final_spans_fences"), on("one_line_fence"), on("fences_in_strings")
+    doubled_opener, unclosed, on_last_line = on("doubled_opener"), on("unclosed_block"), on("fence_on_last_code_line")
     lines = text.split("\n")
     fences: list[Fence] = []
     prose: list[str] = []
@@ -118,18 +129,21 @@ def read_fences(text: str, notes: list[str], on: Switch = _all_on) -> tuple[list
     while i < len(lines):
         line = lines[i]
         i += 1
-        m = FENCE_LINE.match(line)
+        # Every fence pattern needs a backtick or a tilde, and every FINAL( a parenthesis: most lines
+        # of a reply (its prose, its code) have none, and are read without a regex.
+        plain = "`" not in line and "~" not in line
+        m = None if plain else FENCE_LINE.match(line)
         if cur is None:
             if m is not None:
                 cur = reader.opener(m, len(prose), i - 1)
                 prose.append("")
                 continue
-            span = _final_span(lines, i - 1, span_tries) if on("final_spans_fences") else 1
+            span = _final_span(lines, i - 1, span_tries) if spans and "(" in line else 1
             if span > 1:  # FINAL( ... ) whose argument quotes fences of its own: all of it is prose
                 prose.extend(lines[i - 1 : i - 1 + span])
                 i += span - 1
                 continue
-            one = _ONE_LINE_FENCE.match(line) if on("one_line_fence") else None
+            one = _ONE_LINE_FENCE.match(line) if one_line and not plain else None
             if one is not None and one.group("tag").lower() in reader.tags:
                 tag = one.group("tag").lower()
                 fences.append(Fence(tag, one.group("code"), True, len(prose), (i - 1, i), True))
@@ -137,18 +151,21 @@ def read_fences(text: str, notes: list[str], on: Switch = _all_on) -> tuple[list
                 continue
             prose.append(line)
             continue
+        if plain:  # no fence, nor one closing on this line: a line of the open block
+            cur.body.append(line)
+            continue
         if cur.runnable:
-            if m is not None and on("fences_in_strings") and _in_string(cur.body):
+            if m is not None and in_strings and _in_string(cur.body):
                 cur.body.append(line)
                 continue
             if m is not None and not _tag(m):
-                doubled = on("doubled_opener") and not "".join(cur.body).strip()
+                doubled = doubled_opener and not "".join(cur.body).strip()
                 if doubled and _more_code_follows(lines, i):
                     continue  # "```python" then "```": a doubled opener, the code comes next
                 fences.append(cur.fence(True, i))
                 cur = None
                 continue
-            if m is not None and on("unclosed_block"):
+            if m is not None and unclosed:
                 if "".join(cur.body).strip():
                     fences.append(cur.fence(False, i - 1))
                     notes.append(
@@ -160,15 +177,14 @@ def read_fences(text: str, notes: list[str], on: Switch = _all_on) -> tuple[list
                 else:
                     cur = reader.opener(m, cur.at, cur.start)  # an empty block opened twice counts once
                 continue
-            code_line = line.rstrip()[:-3]
             if (
                 m is None
-                and on("fence_on_last_code_line")
+                and on_last_line
                 and line.rstrip().endswith("```")
-                and not _in_string([*cur.body, code_line])
+                and not _in_string([*cur.body, line.rstrip()[:-3]])
             ):
                 # "x = 5```": the fence closes on the code's last line (unless a string holds it)
-                cur.body.append(code_line)
+                cur.body.append(line.rstrip()[:-3])
                 fences.append(cur.fence(True, i))
                 cur = None
                 continue
@@ -195,7 +211,7 @@ def read_fences(text: str, notes: list[str], on: Switch = _all_on) -> tuple[list
             cur.body.append(line)
             continue
         # "```" then "```python": a doubled opener; after text, the bare fence was a stray one.
-        if "".join(cur.body).strip() or not on("doubled_opener"):
+        if "".join(cur.body).strip() or not doubled_opener:
             fences.append(cur.fence(False, i - 1))
             prose.append("")
             cur = reader.opener(m, len(prose) - 1, i - 1)

@@ -197,8 +197,8 @@ class NodeHost:
         REPLs of that environment hold at most bytes / nodes ("auto": three quarters of this node's
         memory), enforced by the kernel over them together (sandbox/pools.py). `context`: the key of
         a context to load into the REPL once started if this node has it (`load_cached`), so that a
-        start and its load are one request: the report's `loaded`, or its `load_error` (the REPL is
-        open then, as after a separate load that failed)."""
+        start and its load are one request: the report's `loaded` (and its isolation then the one
+        after the load), or its `load_error` (the REPL is open then, as after a load that failed)."""
         if self.max_repls is not None and len(self.repls) >= self.max_repls:
             return {"full": True}
         if memory is not None:
@@ -220,15 +220,18 @@ class NodeHost:
         except BaseException:
             await self._drop(repl)
             raise
-        report = {"isolation": dict(sandbox.isolation), "pid": getattr(sandbox, "pid", None)}
+        report: dict[str, Any] = {"isolation": dict(sandbox.isolation), "pid": getattr(sandbox, "pid", None)}
         if context is not None:
             try:
-                report["loaded"] = await self.load_cached(repl, context)
+                after = await self.load_cached(repl, context)
             except asyncio.CancelledError:  # the driver gave up on this start: it forgets the REPL
                 await self._drop(repl)
                 raise
             except Exception as exc:
                 report["load_error"] = wire.error_to_wire(exc)
+            else:
+                report["loaded"] = after is not None
+                report["isolation"] = report["isolation"] if after is None else after
         return report
 
     def _memory_pool(self, memory: dict[str, Any]) -> MemoryPool:
@@ -329,9 +332,11 @@ class NodeHost:
 
     # -- the Sandbox protocol, per REPL ------------------------------------------------------------
 
-    async def load_context(self, repl: str, key: str, meta: dict[str, Any], data: list[Any]) -> None:
+    async def load_context(self, repl: str, key: str, meta: dict[str, Any], data: list[Any]) -> dict[str, Any]:
         """Load the context `key` into `repl`; `data` is [object ref] (in a list, so Ray does not
-        fetch it to this node unless the context is not here yet)."""
+        fetch it to this node unless the context is not here yet). The REPL's isolation report
+        after the load, which sets the limits that follow from the context (RLIMIT_DATA, the
+        memory group's bound: hardened.py), as a local REPL's own report then shows them."""
         sandbox = self._repl(repl)
         context = await self._context(key, meta, data)
         if self.repls.get(repl) is not sandbox:
@@ -343,6 +348,7 @@ class NodeHost:
             await sandbox.load_context(payload)
         finally:
             payload.close()
+        return dict(sandbox.isolation)
 
     async def _context(self, key: str, meta: dict[str, Any], data: list[Any]) -> NodeContext:
         if key in self._contexts:
@@ -398,13 +404,13 @@ class NodeHost:
     async def variable_names(self, repl: str) -> list[str]:
         return await self._repl(repl).variable_names()
 
-    async def load_cached(self, repl: str, key: str) -> bool:
-        """Load the context `key` into `repl` if this node has it (or is bringing it here); False
-        when it has not, and the driver then sends its object ref (`load_context`)."""
+    async def load_cached(self, repl: str, key: str) -> dict[str, Any] | None:
+        """Load the context `key` into `repl` if this node has it (or is bringing it here), and
+        return the REPL's isolation report as `load_context` does; None when it has not, and the
+        driver then sends its object ref (`load_context`)."""
         if key not in self._contexts and key not in self._loading:
-            return False
-        await self.load_context(repl, key, {}, [])
-        return True
+            return None
+        return await self.load_context(repl, key, {}, [])
 
     # -- the driver's stream ------------------------------------------------------------------------
 

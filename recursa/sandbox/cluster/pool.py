@@ -32,6 +32,7 @@ from recursa.extras import install_hint
 from recursa.sandbox.base import CallbackError, CallHandler, Sandbox
 from recursa.sandbox.cluster.link import Node, NodeLink, NodeLost
 from recursa.sandbox.cluster.relay import RelayHost, Transport, carrier_for
+from recursa.sandbox.cluster.wire import isolation_from_wire
 
 _NAMESPACE = "recursa"
 _SHUTDOWN_S = 10.0  # for every node host to close its REPLs before the hosts are killed
@@ -417,15 +418,22 @@ class RayPool:
             fields["hop"] = link.hop_s
         return await link.request(method, repl=repl, **fields)
 
-    async def load_context(self, repl: str, payload: ContextPayload, cached: bool | None = None) -> None:
-        """Load `payload` into `repl`; `cached`: whether the node has loaded it already (in the
-        REPL's `open`), None to ask it."""
+    def holds(self, repl: str, payload: ContextPayload) -> None:
+        """`repl` has `payload` loaded: its object ref is kept while a REPL of this pool holds it."""
         key = payload.info.sha256
         self._context_users.setdefault(key, set()).add(repl)
         self._idle_contexts.pop(key, None)
         self._context_bytes[key] = payload.size_bytes
-        if cached or (cached is None and await self.call(repl, "load_cached", key=key)):
-            return  # the node has it already (a REPL there loaded it, now or a while ago): no bytes move
+
+    async def load_context(self, repl: str, payload: ContextPayload, *, ask: bool = True) -> dict[str, Any]:
+        """Load `payload` into `repl`; its isolation report after the load (node.py). `ask=False`:
+        the node is known to lack the context (the REPL's `open` said so), which goes at once."""
+        key = payload.info.sha256
+        self.holds(repl, payload)
+        if ask:
+            isolation: dict[str, Any] | None = await self.call(repl, "load_cached", key=key)
+            if isolation is not None:
+                return isolation  # the node has it already (a REPL there loaded it, now or a while ago): no bytes move
         # The first REPL on the node with this context: an actor call, so that Ray brings the
         # object to the node (the ref goes in a list: the host fetches it only if still needed).
         ref = await self._ref(key, payload)
@@ -434,7 +442,7 @@ class RayPool:
         link = self._connected(self._repl_node.get(repl))
         if link is None:
             raise SandboxError("this REPL is closed")
-        await self._actor_call(link, link.host.load_context.remote(repl, key, meta, [ref]))
+        return isolation_from_wire(await self._actor_call(link, link.host.load_context.remote(repl, key, meta, [ref])))
 
     async def _ref(self, key: str, payload: ContextPayload) -> Any:
         """The context's object ref, put into the object store by the first REPL that needs it

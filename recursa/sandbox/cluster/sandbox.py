@@ -101,9 +101,12 @@ class RaySandbox:
         context already (a REPL of the same task there loaded it): the REPL's start and its load are
         one round trip and one frame each way (recursa.sandbox.base.start_loaded)."""
         reply = await self._start(handler, payload.info.sha256)
-        if reply.get("load_error") is not None:
+        if reply["load_error"] is not None:
             raise reply["load_error"]
-        await self.pool.load_context(self.repl, payload, cached=reply.get("loaded") is True)
+        if reply["loaded"]:
+            self.pool.holds(self.repl, payload)
+        else:
+            self._report(await self.pool.load_context(self.repl, payload, ask=False))
 
     async def _start(self, handler: CallHandler, context: str | None) -> dict[str, Any]:
         self._pool = pool_for_loop(self.address, self._make_sandbox)
@@ -112,12 +115,17 @@ class RaySandbox:
             labels=self.labels, max_repls_per_node=self.max_repls_per_node, affinity=self.affinity,
             memory=self.memory, timeout=self.start_timeout, transport=self.transport, context=context,
         )  # fmt: skip
-        self.isolation = {**reply.get("isolation", {}), "ray_node": self.node.node_id,
-                          "ray_node_address": self.node.address}  # fmt: skip
+        self._report(reply.get("isolation", {}))
         return reply
 
+    def _report(self, isolation: dict[str, Any]) -> None:
+        """The node REPL's own isolation report, and which node it is on."""
+        assert self.node is not None
+        self.isolation = {**isolation, "ray_node": self.node.node_id, "ray_node_address": self.node.address}
+
     async def load_context(self, payload: ContextPayload) -> None:
-        await self.pool.load_context(self.repl, payload)
+        # A load sets the limits that follow from the context's size (hardened.py): report them.
+        self._report(await self.pool.load_context(self.repl, payload))
 
     async def define(self, entries: list[dict[str, Any]]) -> list[str]:
         return list(await self.pool.call(self.repl, "define", entries=entries))

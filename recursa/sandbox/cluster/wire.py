@@ -315,14 +315,20 @@ def value_from_wire(method: str, value: Any) -> Any:
             raise ProtocolError(f"a {method} answer that is not a list of strings")
         return value[:_MAX_NAMES]
     if method == "open":
-        if not isinstance(value, dict) or not isinstance(value.get("isolation", {}), dict):
+        if not isinstance(value, dict):
             raise ProtocolError("an open answer that is not an object with an isolation report")
         pid, failed = value.get("pid"), value.get("load_error")
-        isolation = dict(list(value.get("isolation", {}).items())[:_MAX_FACTS])
-        return {"full": value.get("full") is True, "isolation": isolation,
+        return {"full": value.get("full") is True, "isolation": isolation_from_wire(value.get("isolation", {})),
                 "pid": pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
                 "loaded": value.get("loaded") is True,
                 "load_error": error_from_wire(failed) if isinstance(failed, dict) else None}  # fmt: skip
-    if method == "load_cached":
-        return value is True
+    if method == "load_cached":  # the REPL's isolation report after the load; None: not on the node
+        return None if value is None else isolation_from_wire(value)
     return None
+
+
+def isolation_from_wire(value: Any) -> dict[str, Any]:
+    """A node's isolation report of one REPL, as far as it is read (ProtocolError if not a report)."""
+    if not isinstance(value, dict):
+        raise ProtocolError("an isolation report that is not an object")
+    return dict(list(value.items())[:_MAX_FACTS])
