@@ -454,16 +454,15 @@ class RunEngine:
         """The root's next reply: from the root model, or the one given (recorded as the model's)."""
         # A transient prompt is in the trace with this call only, marked so (train/source.py).
         new = [*self.messages[self._sent :], *({**m, "transient": True} for m in self._transient)]
-        messages = self.prompt_messages()
         if given is None:
-            response = await self._root_call(messages, new, purpose)
+            response = await self._root_call(self.prompt_messages(), new, purpose)
         else:
             meta = CallMeta(
                 call_id=self.new_call_id(), parent_id=self.parent_run_id, depth=self.depth, purpose=purpose
             )
             # Recorded at the loop's next turn: after the reply's cell is sent, while it runs.
             record = self.tree.gateway.record
-            self.tree.trace.defer(lambda: record(self.model, messages, given, meta=meta, run_id=self.run_id,
+            self.tree.trace.defer(lambda: record(self.model, given, meta=meta, run_id=self.run_id,
                                                  usage_scopes=self.usage_scopes, trace_messages=new))
             response = given
         self._sent = len(self.messages) + 1  # every message up to this reply is in the trace
