@@ -364,7 +364,7 @@ METHOD_SETTINGS: dict[str, Setting] = declarations(MethodConfig)
 # The caps of `budget` (recursa.Budget's fields), declared with Budget (recursa/budget.py, `CAPS`):
 # settings of their own for the CLI and for clients, who may only lower them (each costs money or
 # capacity). Budget itself checks each value.
-BUDGET_CAPS: dict[str, Cap] = dict(CAPS)
+BUDGET_CAPS: dict[str, Cap] = CAPS
 # RLMEnv's own names and defaults where they differ from RLM's (`setting(env=...)`).
 ENV_NAMES: dict[str, str] = {n: s.env[0] for n, s in SETTINGS.items() if s.env is not None}
 ENV_DEFAULTS = SimpleNamespace(**{s.env[0]: s.env[1] for s in SETTINGS.values() if s.env is not None})

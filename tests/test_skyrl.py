@@ -331,6 +331,9 @@ def test_env_config_carries_sandbox_options_checked_as_the_run_settings_are(tmp_
         ({"sandbox_options": ["start_timeout", 30]}, {}, r"^env_config\['sandbox_options'\]=\[.*must be a dict"),
         (config, {"sandbox_options": {"scratch_root": "/tmp"}},
          r"^extras\['sandbox_options'\]=\{'scratch_root': '/tmp'\}: extras\['sandbox_options'\] is the operator's to choose"),
+        # What the settings say together is named as env_config's keys too.
+        ({"max_depth": 3, "max_repls_per_episode": 2, "sub_model": "scripted/oracle"}, {},
+         r"^env_config\['max_repls_per_episode'\]=2 is below env_config\['max_depth'\]=3"),
         # Ray's options are checked as RLM(...) checks them: the cluster they name must answer.
         ({"sandbox": "ray", "sandbox_options": {"address": "127.0.0.1:1", "resources": {"repl": 1}}}, {},
          r"^env_config\['sandbox'\]='ray': the Ray cluster address '127.0.0.1:1' cannot be reached"),

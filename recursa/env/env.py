@@ -140,9 +140,9 @@ class RLMEnv:
         self.quota = ReplQuota(own.max_live_repls)
         self.max_repls_per_episode = own.max_repls_per_episode or max(EPISODE_SHARE, self.config.max_depth)
         if self.max_repls_per_episode < self.config.max_depth:
-            raise ConfigError(
-                f"max_repls_per_episode={self.max_repls_per_episode} is below max_depth={self.config.max_depth}: "
-                "an episode needs a REPL per level of child RLMs at once; raise it to max_depth or more"
+            raise ConfigError(  # marked: each door names them its own way (SkyRL's keys)
+                f"«max_repls_per_episode={self.max_repls_per_episode}» is below «max_depth={self.config.max_depth}»: "
+                "an episode needs a REPL per level of child RLMs at once; raise «max_repls_per_episode» to «max_depth» or more"
             )
         self.max_memory_bytes = own.max_memory_bytes
         self.memory_pool = _memory_pool(own.max_memory_bytes, kind.forks, options)

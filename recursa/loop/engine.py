@@ -23,7 +23,7 @@ from recursa.loop.rules import ReplyRules, rules_of
 from recursa.loop.subcalls import SubcallHandler
 from recursa.loop.tree import CallTree, new_id
 from recursa.result import RLMResult
-from recursa.sandbox.base import FinalAnswer, Sandbox
+from recursa.sandbox.base import FinalAnswer, Sandbox, start_loaded
 from recursa.tools.spec import Tool
 from recursa.trace.writer import TRACE_FORMAT, fold
 from recursa.usage import Usage
@@ -336,10 +336,7 @@ class RunEngine:
             await self._dialect_setup(self.options.sandbox)
             return self.options.sandbox, []
         self._sandbox = sandbox = await self.tree.open_sandbox(self.depth, self.ancestors)
-        await sandbox.start(SubcallHandler(self))
-        self.tree.show_scratch(sandbox)
-        await self.payload.ready()  # written meanwhile on a writer thread (recursa/env/contexts.py)
-        await sandbox.load_context(self.payload)
+        await start_loaded(sandbox, SubcallHandler(self), self.payload, self.tree.show_scratch)
         problems: list[str] = []
         tools = self.tools()
         if tools:
