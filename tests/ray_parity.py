@@ -9,6 +9,7 @@ and limits set from a worker's measured size (only whether they are set)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import re
 import time
@@ -104,6 +105,8 @@ CASES: dict[str, Case] = {
                 "FINAL_VAR(nothing_here) names no variable"],
     ),
     "final_var_value": Case([code("counts = {'a': 1, 'b': [1, 2], 'c': None}\nFINAL_VAR('counts')")]),
+    # An answer longer than half the driver's frame bound (64 MiB), which a local REPL hands back.
+    "long_answer": Case([code("long = 'x' * (33 << 20)\nprint(len(long))"), "FINAL_VAR(long)"]),
     "deadlines_and_deaths": Case(
         [code("kept = 'still here'"), code("while True:\n    pass"),
          code("import time\ntry:\n    while True:\n        time.sleep(0.02)\nexcept KeyboardInterrupt:\n"
@@ -271,6 +274,8 @@ _TIMES = re.compile(r"\b\d+(\.\d+)?\s?(ms|s)\b")
 
 
 def normalised(value: Any) -> Any:
+    if isinstance(value, str) and len(value) > 100_000:  # (a long answer: compared by its digest)
+        return f"<{len(value)} characters, sha256 {hashlib.sha256(value.encode(errors='replace')).hexdigest()}>"
     if isinstance(value, str):
         return _TIMES.sub("<t>", _IDS.sub("<id>", value))
     if isinstance(value, list | tuple):
