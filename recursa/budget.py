@@ -54,7 +54,7 @@ class Cap:
     zero: str | None = None
 
 
-CAPS: dict[BudgetLimit, Cap] = {
+CAPS: dict[str, Cap] = {
     "max_usd": Cap("--max-usd", "a hard cap on US dollars for the whole run (default: none)", "1.0"),
     "max_tokens": Cap(
         "--max-tokens",
@@ -91,7 +91,7 @@ def cap_problem(name: str, value: object) -> str | None:
         what = "a bool" if isinstance(value, bool) else f"a {type(value).__name__}"
         return f"{what}, not a number"
     number = float(value)  # type: ignore[arg-type]
-    cap = CAPS[name]  # type: ignore[index]
+    cap = CAPS[name]
     if math.isnan(number):
         return "NaN compares false with everything, so it would never refuse a call"
     if math.isinf(number):
@@ -111,7 +111,7 @@ def cap_message(
     """The one wording of a bad cap, with the cap spelt as the door it came through writes it:
     `said` as given (`Budget(max_usd=-1)`, `--max-usd -1.0`), `example` set to a value that works,
     `label` its name, and what leaving it out gives (`left_out`: no cap, or the operator's)."""
-    phrase = "a positive number" if CAPS[name].zero is not None else "a non-negative number"  # type: ignore[index]
+    phrase = "a positive number" if CAPS[name].zero is not None else "a non-negative number"
     fix = f"use {phrase} such as {example}, or leave {label} out for {left_out}"
     if isinstance(value, str):
         fix += " (a number read from text needs converting first: float(...) or int(...))"
@@ -123,9 +123,9 @@ def _checked(name: str, value: object) -> int | float:
     (its `setting`: the cap)."""
     problem = cap_problem(name, value)
     if problem is not None:
-        said, example = f"Budget({name}={value!r})", f"{name}={CAPS[name].example}"  # type: ignore[index]
+        said, example = f"Budget({name}={value!r})", f"{name}={CAPS[name].example}"
         raise ConfigError(cap_message(name, value, problem, said=said, example=example, label=name), setting=name)
-    if CAPS[name].count is not None:  # type: ignore[index]
+    if CAPS[name].count is not None:
         try:
             return operator.index(value)  # type: ignore[arg-type]
         except TypeError:

@@ -109,20 +109,13 @@ def add_model_options(
         help='MCP servers whose tools the REPL code calls: a JSON file as MCP clients write it, e.g. '
         '{"mcpServers": {"time": {"command": "uvx", "args": ["mcp-server-time"]}}} (docs/tools.md)',
     )
-    p.add_argument(
-        "--dialect-option",
-        metavar="KEY=VALUE",
-        action="append",
-        default=[],
-        help="an option of the dialect, e.g. tool_name=python for --dialect tools (repeatable)",
-    )
     for name in FLAGGED:
         if name not in leave_out:
             add_setting_flag(p, name)
 
 
 # Settings whose flags this module writes by hand: their defaults come from the environment or a file.
-_OWN_FLAGS = ("model", "sub_model", "base_url", "api_key", "prices", "mcp_servers", "dialect_options")
+_OWN_FLAGS = ("model", "sub_model", "base_url", "api_key", "prices", "mcp_servers")
 # The settings every command that starts runs takes as a flag: those the schema gives one.
 FLAGGED = tuple(n for n, s in SETTINGS.items() if s.flag and n not in _OWN_FLAGS)
 
@@ -187,13 +180,16 @@ def _pairs(name: str) -> bool:
 
 
 def _pairs_value(name: str, given: list[str]) -> dict[str, Any]:
-    """`["a=1", "b=2"]` as `{"a": 1, "b": 2}` (numbers where the setting's values are ints); the
-    schema then checks the values and names a bad one as the flag it came from."""
+    """`["a=1", "b=2"]` as `{"a": 1, "b": 2}`: numbers where the setting's values are ints, JSON
+    where they may be anything and the text is JSON (`snapshots=true`, `resources={"repl": 1}`;
+    `address=ray://head:10001` stays text); the schema then checks the values and names a bad one
+    as the flag it came from."""
     from recursa.config import Spelling
 
     s = SETTINGS[name]
     flag, metavar = (s.flag or "").split()
     numbers = "int" in str(s.annotation)
+    anything = "Any" in str(s.annotation)
     out: dict[str, Any] = {}
     for pair in given:
         key, sep, value = pair.partition("=")
@@ -203,9 +199,25 @@ def _pairs_value(name: str, given: list[str]) -> dict[str, Any]:
         value = value.strip()
         if numbers and re.fullmatch(r"-?\d[\d_]*", value):
             out[key.strip()] = int(value)
+        elif anything:
+            out[key.strip()] = _json_or_text(value)
         else:
             out[key.strip()] = value
     return out
+
+
+def pairs_flags(name: str, value: dict[str, Any]) -> list[str]:
+    """The command line that gives the dict setting `name` the value `value` (`--sandbox-option
+    resources={"repl": 1}` per entry): what `_pairs_value` reads back, each value as JSON."""
+    flag = (SETTINGS[name].flag or "").split()[0]
+    return [part for key, item in value.items() for part in (flag, f"{key}={json.dumps(item)}")]
+
+
+def _json_or_text(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
 
 
 def run_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -225,23 +237,11 @@ def run_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         kwargs["api_key"] = api_key_from_env(args.api_key_env)
     if args.prices:
         kwargs["prices"] = load_prices(args.prices)
-    if args.dialect_option:
-        kwargs["dialect_options"] = dialect_options(args.dialect_option)
     if getattr(args, "mcp_servers", None):
         from recursa.tools.mcp_config import parse_mcp_servers
 
         kwargs["mcp_servers"] = parse_mcp_servers(args.mcp_servers, "--mcp-servers")
     return kwargs
-
-
-def dialect_options(pairs: list[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--dialect-option {pair!r}: write KEY=VALUE, e.g. --dialect-option tool_name=python")
-        out[key.strip()] = value
-    return out
 
 
 def api_key_from_env(name: str) -> str:
@@ -264,8 +264,9 @@ def _shown(text: str) -> str:
     return repr(text[:4] + "...") if len(text) > 8 else repr(text)
 
 
-def load_prices(path: str) -> dict[str, dict[str, float]]:
-    """--prices FILE: {"provider/model": {"input_per_mtok": ..., "output_per_mtok": ..., ...}}."""
+def load_prices(path: str) -> Any:
+    """--prices FILE read: {"provider/model": {"input_per_mtok": ..., "output_per_mtok": ..., ...}},
+    which the schema checks (the `prices` setting) as it checks `RLM(prices=...)`."""
     file = Path(path).expanduser()
     if not file.is_file():
         raise ConfigError(f"--prices {path!r}: no such file; give a JSON or TOML file of per-model prices")
@@ -275,19 +276,6 @@ def load_prices(path: str) -> dict[str, dict[str, float]]:
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
         kind = "TOML" if file.suffix.lower() == ".toml" else "JSON (name it .toml for TOML)"
         raise ConfigError(f"--prices {path!r} is not valid {kind}: {exc}") from None
-    example = '{"openai/my-model": {"input_per_mtok": 0.25, "output_per_mtok": 2.0}}'
-    if not isinstance(data, dict) or not data:
-        raise ConfigError(f"--prices {path!r} must map model names to prices, e.g. {example}")
-    from recursa.lm.prices import ModelPrice
-
-    fields = set(ModelPrice.__dataclass_fields__)
-    for model, rates in data.items():
-        if not isinstance(rates, dict) or not set(rates) <= fields:
-            unknown = sorted(set(rates) - fields) if isinstance(rates, dict) else rates
-            raise ConfigError(
-                f"--prices {path!r}: the price of {model!r} has {unknown!r}; use the keys "
-                f"{', '.join(sorted(fields))} (USD per million tokens), e.g. {example}"
-            )
     return data
 
 

@@ -140,7 +140,7 @@ class RLMConfig(Schema):
     max_iterations: int = setting(30, "root turns before one last call asks for the answer", flag="--max-iterations", client="tighten", example="30", env=("max_turns", 10), ge=1)
     budget: InstanceOf[Budget] = setting(help="hard caps over the whole call tree (docs/concepts.md, \"Budgets are hard caps\")", client="tighten", factory=Budget, what="a recursa.Budget(max_usd=..., max_tokens=..., ...)", example="Budget(max_llm_calls=200)")
     sandbox: SandboxName = setting("auto", "where the REPL runs (docs/sandbox.md)", flag="--sandbox", what=f"a sandbox kind, one of: {', '.join(SANDBOXES)}")
-    sandbox_options: dict[str, Any] | None = setting(None, "passed to the sandbox's constructor, e.g. {'start_timeout': 30}", what="a dict of option names to values", example="{'start_timeout': 30}")
+    sandbox_options: dict[str, Any] | None = setting(None, "passed to the sandbox's constructor, e.g. {'start_timeout': 30}; a flag's VALUE is read as JSON where it is JSON (30, true, {\"repl\": 1}), else as text (docs/sandbox.md, docs/cluster.md)", flag="--sandbox-option KEY=VALUE", what="a dict of option names to values", example="{'start_timeout': 30}")
     exec_timeout: Seconds = setting(120.0, "seconds one REPL cell may run before it is interrupted (its variables are kept)", flag="--exec-timeout", client="tighten", gt=0)
     turn_timeout: Seconds | None = setting(None, "seconds all the code of one reply may run together; each block runs at most exec_timeout and what is left of this (None: exec_timeout)", flag="--turn-timeout", client="tighten", example="120", gt=0)
     max_output_chars: int = setting(20_000, "REPL output shown to the root per cell (head and tail beyond it)", client="tighten", example="20_000", ge=200)
@@ -172,7 +172,7 @@ class RLMConfig(Schema):
     unfenced_code: bool = setting(True, "run Python a reply writes without a ```repl fence; False only tells the model to fence its code", client="client")
     context_windows: dict[str, Annotated[int, Field(ge=1)]] | None = setting(None, "tokens per call by model ('provider/model' or a bare name), over genai-prices' figures (docs/concepts.md, \"Context windows\")", flag="--context-window MODEL=TOKENS", what="a window in tokens, an int >= 1, per model name", example="{'openai/my-vllm-model': 32_768}")
     dialect: Any = setting("recursa", "the conversation the root sees: 'recursa', 'tools' (native tool calls), 'rlms', 'skyrl', 'verifiers', or a Dialect object (docs/dialects.md)", flag="--dialect", client="client", what="a registered dialect name or a Dialect object")
-    dialect_options: dict[str, Any] | None = setting(None, "options of a named dialect, e.g. {'tool_name': 'python'} for 'tools'", flag="--dialect-option KEY=VALUE", client="client", example="{'tool_name': 'python'}")
+    dialect_options: dict[str, Any] | None = setting(None, "options of a named dialect, e.g. {'tool_name': 'python'} for 'tools'; a flag's VALUE is read as JSON where it is JSON, else as text", flag="--dialect-option KEY=VALUE", client="client", example="{'tool_name': 'python'}")
     cache_subcalls: bool = setting(False, "answer identical sub-calls (model, messages, sampling, tools) once per call tree, session or RLMEnv group (lm/call_cache.py)", flag="--cache-subcalls", client="client")
 
     @field_validator("sandbox_options")
@@ -185,9 +185,10 @@ class RLMConfig(Schema):
         accepted = kind.option_names() if kind is not None else None
         unknown = sorted(set(value) - set(accepted)) if accepted is not None else []
         if unknown:
+            meant = f" (did you mean {close!r}?)" if (close := near_miss(unknown[0], accepted or [])) else ""
             raise Invalid(
                 f"options sandbox {info.data.get('sandbox')!r} takes: it takes no option "
-                f"{', '.join(map(repr, unknown))}; its options: {', '.join(accepted or [])}"
+                f"{', '.join(map(repr, unknown))}{meant}; its options: {', '.join(accepted or [])}"
             )
         return value
 
@@ -363,7 +364,7 @@ METHOD_SETTINGS: dict[str, Setting] = declarations(MethodConfig)
 # The caps of `budget` (recursa.Budget's fields), declared with Budget (recursa/budget.py, `CAPS`):
 # settings of their own for the CLI and for clients, who may only lower them (each costs money or
 # capacity). Budget itself checks each value.
-BUDGET_CAPS: dict[str, Cap] = dict(CAPS)
+BUDGET_CAPS: dict[str, Cap] = CAPS
 # RLMEnv's own names and defaults where they differ from RLM's (`setting(env=...)`).
 ENV_NAMES: dict[str, str] = {n: s.env[0] for n, s in SETTINGS.items() if s.env is not None}
 ENV_DEFAULTS = SimpleNamespace(**{s.env[0]: s.env[1] for s in SETTINGS.values() if s.env is not None})
@@ -483,6 +484,8 @@ class Spelling:
         if self.form == "python":
             return f"{'Budget' if name in BUDGET_CAPS else self.owner}({self.label(name)}={shown})"
         if self.form == "cli":
+            if (self._flag(name) or "").endswith(" FILE"):  # the value is the file's content
+                return f"{self.label(name)} FILE holding {shown}"
             if isinstance(value, dict) and self._pairs(name):
                 return " ".join(f"{self.label(name)} {k}={v}" for k, v in value.items())
             if isinstance(value, list | tuple):  # a repeatable flag, once per value

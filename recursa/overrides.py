@@ -213,7 +213,7 @@ def budget_of(
         problem = cap_problem(cap, value) or str(exc)  # the rule Budget refused it by
         # A Python door names the cap as its own argument (`recursa.bench.run(max_usd=-1)`), not Budget's.
         said = f"{spelling.owner}({cap}={value!r})" if spelling.form == "python" else spelling.given(cap, value)
-        example = spelling.assign(cap, CAPS[cap].example)  # type: ignore[index]
+        example = spelling.assign(cap, CAPS[cap].example)
         told = cap_message(cap, value, spelling.told(problem), said=said, example=example,
                            label=spelling.label(cap), left_out=left_out)  # fmt: skip
         raise ConfigError(told, setting=cap) from None

@@ -22,7 +22,7 @@ from recursa.loop.options import RunOptions
 from recursa.loop.subcalls import SubcallHandler
 from recursa.loop.tree import CallTree, new_id
 from recursa.result import RLMResult
-from recursa.sandbox.base import CallbackError, Sandbox
+from recursa.sandbox.base import CallbackError, Sandbox, start_loaded
 from recursa.sync import PrivateLoop
 
 
@@ -152,8 +152,7 @@ class Session:
         try:
             await tree.connect_mcp()
             sandbox = tree.new_sandbox()
-            await sandbox.start(self._relay)
-            await sandbox.load_context(payload)
+            await start_loaded(sandbox, self._relay, payload)
             tools = tree.config.tools
             if tools:
                 problems = await sandbox.define([t.to_worker() for t in tools])

@@ -482,3 +482,33 @@ def test_a_command_checks_its_run_settings_once_named_as_flags(monkeypatch, caps
     code, err = cli_in_process(capsys, *argv, "--max-llm-calls", "0")
     assert code == 2 and "--max-llm-calls 0: a cap of 0 stops every run at once" in err, err
     assert "use a positive number such as --max-llm-calls 50, or leave --max-llm-calls out" in err
+
+
+@pytest.mark.parametrize("command", ["run", "bench", "serve", "acp", "openenv"])
+def test_sandbox_options_are_a_flag_of_every_command_that_starts_runs(capsys, tmp_path, command) -> None:
+    """`sandbox_options` had no flag: `recursa openenv --sandbox ray`, and the `recursa acp` that a
+    verifiers harness starts, could not choose a cluster's address, resources or labels, nor any
+    sandbox's snapshots or scratch folder. Its declaration makes the flag now, its values read as
+    JSON where they are JSON, each checked by the schema and named as the flag."""
+    from recursa.cli import _rlm_from_args
+    from recursa.cli_options import run_kwargs
+
+    from .helpers import cli_in_process
+
+    given = ["--sandbox-option", "start_timeout=30", "--sandbox-option", "snapshots=true",
+             "--sandbox-option", f"scratch_root={tmp_path}"]  # fmt: skip
+    args = _parser().parse_args(["run", "q", "--context", "x", "--model", "scripted/gpt5-like", *given])
+    assert _rlm_from_args(args, print).config.sandbox_options == {
+        "start_timeout": 30, "snapshots": True, "scratch_root": str(tmp_path)
+    }  # fmt: skip
+    # --dialect-option, its dict's sibling, is read by the same parser (it had one of its own).
+    args = _parser().parse_args(["run", "q", "--context", "x", "--dialect-option", "tool_name=python",
+                                 "--dialect-option", "max_output_length=40"])  # fmt: skip
+    assert run_kwargs(args)["dialect_options"] == {"tool_name": "python", "max_output_length": 40}
+    argv = {"run": ["run", "q", "--context", str(tmp_path)], "bench": ["bench", "niah", "--out", str(tmp_path / "out")]}
+    code, err = cli_in_process(capsys, *argv.get(command, [command]), "--model", "scripted/gpt5-like",
+                               "--sandbox-option", "start_timout=30")  # fmt: skip
+    assert code == 2, err
+    assert "--sandbox-option start_timout=30: --sandbox-option must be options sandbox 'auto' takes: it takes " \
+           "no option 'start_timout' (did you mean 'start_timeout'?); its options:" in err  # fmt: skip
+    assert not (tmp_path / "out").exists()

@@ -1,9 +1,11 @@
+import random
+
 import pytest
 
 from recursa.loop.finals import ProseFinal
 from recursa.loop.output import render_turn, truncate_middle
-from recursa.loop.parse import read_reply
-from recursa.loop.rules import DEFAULT_RULES, ReplyRules, Rule
+from recursa.loop.parse import _plain, read_by_rules, read_reply
+from recursa.loop.rules import DEFAULT_RULES, RULES, ReplyRules, Rule
 from recursa.sandbox.base import ExecResult
 from recursa.sandbox.worker.capture import Capture
 
@@ -118,3 +120,56 @@ def test_a_dialect_adds_rules_of_its_own_in_their_place():
     assert not rules.without("said").on("said")
     with pytest.raises(ValueError, match="apply"):
         DEFAULT_RULES.adding(Rule("x", "text", "no function", ()))
+
+
+# Replies are made of prose, openers, code and closers, with one of the edge lines (what some rule
+# reads) in about one line of eight: most replies made are plain, and the rest differ by a line.
+_PROSE = ("Let me look.", "", "Count the lines (all of them).", "- a list item", "Then print it.", "2")
+_OPENERS = ("```repl", "```python", "```py3")
+_CODE = ("print(1)", "x = 5", "\tprint(2)", "    y = 3", "  z = 4", "", "import re", "for i in range(3):", "    print(i)")
+_EDGES = (
+    "```Repl", "```repl ", "```", "````", "~~~", "  ```repl", "\t```py", "```repl print(1)```", "```python import re",
+    "```markdown", "```text", "x = 5```", "FINAL(42)", "final answer: 3", "FINAL_VAR(x)", "The Final step",
+    "s = '''```'''", 's = """', "```{.python}", ">>> 1 + 1", "See `x`.", "<think>plan</think>", "\\boxed{1}",
+    "caf\u00e9", "a\rb", "a\x00b", "Answer: 5", " ",
+)
+
+
+def _made_reply(rnd: random.Random) -> str:
+    lines: list[str] = []
+    for _ in range(rnd.randint(1, 3)):
+        lines += rnd.sample(_PROSE, rnd.randint(0, 2))
+        lines += [rnd.choice(_OPENERS), *rnd.sample(_CODE, rnd.randint(0, 3)), "```"]
+    lines += rnd.sample(_PROSE, rnd.randint(0, 2))
+    return "\n".join(rnd.choice(_EDGES) if rnd.random() < 0.12 else line for line in lines)
+
+
+def test_plain_replies_read_as_every_rule_reads_them():
+    """The quick reading of a reply of prose and fenced code gives what the rules give, or leaves
+    the reply to them: on every rule's own examples and on made replies, under three rule sets."""
+    rnd = random.Random(32)
+    texts = [example for rule in RULES for example in rule.examples]
+    texts += [_made_reply(rnd) for _ in range(3000)]
+    rule_sets = [DEFAULT_RULES, ReplyRules.strict(), DEFAULT_RULES.without("python_fences", "console_prompts")]
+    taken = 0
+    for text in texts:
+        for rules in rule_sets:
+            quick = _plain(text, rules)
+            if quick is not None:
+                taken += 1
+                assert quick == read_by_rules(text, rules), (text, rules.names)
+    assert taken > 500  # the quick reading is not a path nothing takes
+
+
+def test_plain_replies_read_quickly_and_others_by_the_rules():
+    for reply in ("```repl\nprint(len(context))\n```", "Count them.\n```python\nn = len(context)\nprint(n)\n```\nThen."):
+        assert _plain(reply, DEFAULT_RULES) is not None
+        assert read_reply(reply) == read_by_rules(reply)
+    # Each holds something a rule reads: an answer, a tag, a tilde fence, a console session, an
+    # indented fence, inline code; and a rule set with a text rule of its own.
+    for reply in ("```repl\nx = 1\n```\nFINAL(x)", "<think>a</think>\n```repl\n1\n```", "~~~python\n1\n~~~",
+                  "```repl\n>>> 1\n```", "  ```repl\n1\n  ```", "Use `x`:\n```repl\nx\n```"):
+        assert _plain(reply, DEFAULT_RULES) is None
+    own = DEFAULT_RULES.adding(Rule("shout", "text", "why", (), apply=lambda text, notes: text.upper()))
+    assert _plain("```repl\nx = 1\n```", own) is None
+    assert read_reply("```repl\nx = 1\n```", own).code == ["X = 1"]

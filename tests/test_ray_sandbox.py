@@ -31,7 +31,7 @@ from recursa import RLM, Budget  # noqa: E402
 from recursa.env import RLMEnv  # noqa: E402
 from recursa.errors import ConfigError, SandboxLost  # noqa: E402
 from recursa.sandbox import cgroups, make_sandbox  # noqa: E402
-from recursa.sandbox.base import CallbackError  # noqa: E402
+from recursa.sandbox.base import CallbackError, start_loaded  # noqa: E402
 from recursa.sandbox.cluster import NodeLost, RaySandbox, node_hosts, relay, shutdown_hosts  # noqa: E402
 from recursa.tasks import generate  # noqa: E402
 from tests import ray_parity as parity  # noqa: E402
@@ -179,15 +179,24 @@ async def test_one_tree_stays_on_one_node_and_a_context_crosses_once_per_node(cl
         await asyncio.gather(*(s.close() for s in repls))
     facts = await host.describe.remote()
     assert facts["contexts"] == 0 and facts["kept_contexts"] == 1  # no REPL holds it; kept for the next
-    # The next REPL there loads the node's copy: no object put, no actor call (the pool's refs are
-    # dropped and a put would fail).
+    # The next REPL there loads the node's copy, in its start's own request (as a run's REPL starts):
+    # no object put, no actor call (the pool's refs are dropped and a put would fail).
     pool = repls[0].pool  # type: ignore[attr-defined]
     pool._contexts.clear()
     pool._put = None
     again = make_sandbox("ray", **ray_options(affinity="tree-1"))
-    await again.start(handler)
+    link = pool._connected(repls[0].node)  # type: ignore[attr-defined]
+    asked: list[str] = []
+    request = link.request
+
+    async def counted(method: str, **fields: Any) -> Any:
+        asked.append(method)
+        return await request(method, **fields)
+
+    link.request = counted
     try:
-        await again.load_context(payload)
+        await start_loaded(again, handler, payload)
+        assert asked == ["open"], asked
         assert (await again.execute("print(len(context))", 30)).stdout.strip() == str(payload.size_bytes)
         assert (await host.describe.remote())["contexts"] == 1
     finally:
@@ -320,15 +329,16 @@ def test_skyrl_rows_run_on_the_cluster_unchanged(cluster: dict) -> None:
     skyrl_gym = pytest.importorskip("skyrl_gym", reason="skyrl-gym is not installed (the skyrl extra)")
     from recursa.integrations import skyrl as adapter
 
-    # The sandbox is the operator's (env_config); a row may only repeat it.
-    env = skyrl_gym.make(adapter.ENV_ID, env_config={"sandbox": "ray"}, extras={
+    # The sandbox and its options are the operator's (env_config); a row may only repeat them.
+    config = {"sandbox": "ray", "sandbox_options": {"resources": {"node_a": 1}}}
+    env = skyrl_gym.make(adapter.ENV_ID, env_config=config, extras={
         "sandbox": "ray", "max_turns": 3, "reward_spec": {"ground_truth": "14"},
         "extra_info": {"context_text": "fourteen letters"}})  # fmt: skip
     env.init([{"role": "user", "content": "How long is the context?"}])
     first = env.step("```repl\nprint(len(context))\n```")
     assert not first["done"] and "16" in first["observations"][0]["content"]
     last = env.step("FINAL(16)")
-    assert last["done"]
+    assert last["done"] and env.episode.result.isolation["ray_node"] == cluster["a"]  # the node the options chose
     env.close()
 
 

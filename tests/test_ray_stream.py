@@ -61,6 +61,12 @@ class Fake:
             raise SandboxError("the REPL host failed")
         return ExecResult(stdout=code, stderr="", restored=True)
 
+    async def load_context(self, payload: Any) -> None:
+        self.loaded = payload.size_bytes
+        payload.close()
+        if payload.kind == "broken":
+            raise SandboxError("the REPL could not load it")
+
     async def close(self) -> None:
         self.closed = True
 
@@ -133,7 +139,33 @@ async def opened(link: NodeLink, repl: str = "r") -> None:
     await link.host.remember_options.remote("o1", {"snapshots": False})
     link.repls.add(repl)
     reply = await link.request("open", repl=repl, options="o1", memory=None)
-    assert reply == {"full": False, "isolation": {"process": False, "options": ["snapshots"]}, "pid": None}
+    assert reply == {"full": False, "isolation": {"process": False, "options": ["snapshots"]}, "pid": None,
+                     "loaded": False, "load_error": None}  # fmt: skip
+
+
+async def test_a_start_loads_a_context_the_node_has_in_the_same_request(
+    node: tuple[NodeHost, list[Fake]],
+) -> None:
+    import os
+
+    from recursa.sandbox.cluster.node import NodeContext
+
+    host, made = node
+    link = await connect(host)
+    await link.host.remember_options.remote("o1", {})
+    for key, kind in (("k1", "str"), ("k2", "broken")):
+        host._contexts[key] = NodeContext(os.memfd_create("c"), kind, 7, [7], [], None)  # type: ignore[arg-type]
+    replies = []
+    for repl, key in (("r1", "k1"), ("r2", "elsewhere"), ("r3", "k2")):
+        link.repls.add(repl)
+        replies.append(await link.request("open", repl=repl, options="o1", memory=None, context=key))
+    # Loaded where the node has it; not where it lacks it (the driver then sends it by an actor
+    # call); a load that fails is named, with the REPL open, as after a load of its own.
+    assert [r["loaded"] for r in replies] == [True, False, False]
+    assert [getattr(f, "loaded", None) for f in made] == [7, None, 7]
+    assert replies[2]["load_error"] is not None and "could not load it" in str(replies[2]["load_error"])
+    assert host._contexts["k1"].users == {"r1"} and host.describe()["live_repls"] == 3
+    await link.aclose()
 
 
 async def test_a_stream_carries_cells_results_call_backs_and_cancels(

@@ -10,6 +10,7 @@ import pytest
 
 skyrl_gym = pytest.importorskip("skyrl_gym", reason="skyrl-gym is not installed (pip install recursa[skyrl])")
 
+from recursa import Budget  # noqa: E402
 from recursa.env import ReplsFull  # noqa: E402
 from recursa.integrations import skyrl as adapter  # noqa: E402
 from recursa.testing.fake_server import FakeServer  # noqa: E402
@@ -257,6 +258,10 @@ def test_a_row_never_widens_what_the_config_limits() -> None:
     config = {"sampling": {"root": {"reasoning_effort": "low", "temperature": 0.5}}}
     env = adapter.RecursaRLMEnv(env_config=config, extras={"sampling": {"root": {"temperature": 1.0}}})
     assert env._env.config.sampling == {"root": {"reasoning_effort": "low", "temperature": 1.0}}
+    # So is its budget: a row's cap on calls dropped the config's dollar cap (the row's Budget went in
+    # whole, though each of its caps had been checked against the config's).
+    env = adapter.RecursaRLMEnv(env_config={"budget": {"max_usd": 1.0}}, extras={"budget": {"max_llm_calls": 5}})
+    assert env._env.config.budget == Budget(max_usd=1.0, max_llm_calls=5)
 
 
 @pytest.mark.parametrize(
@@ -326,6 +331,9 @@ def test_env_config_carries_sandbox_options_checked_as_the_run_settings_are(tmp_
         ({"sandbox_options": ["start_timeout", 30]}, {}, r"^env_config\['sandbox_options'\]=\[.*must be a dict"),
         (config, {"sandbox_options": {"scratch_root": "/tmp"}},
          r"^extras\['sandbox_options'\]=\{'scratch_root': '/tmp'\}: extras\['sandbox_options'\] is the operator's to choose"),
+        # What the settings say together is named as env_config's keys too.
+        ({"max_depth": 3, "max_repls_per_episode": 2, "sub_model": "scripted/oracle"}, {},
+         r"^env_config\['max_repls_per_episode'\]=2 is below env_config\['max_depth'\]=3"),
         # Ray's options are checked as RLM(...) checks them: the cluster they name must answer.
         ({"sandbox": "ray", "sandbox_options": {"address": "127.0.0.1:1", "resources": {"repl": 1}}}, {},
          r"^env_config\['sandbox'\]='ray': the Ray cluster address '127.0.0.1:1' cannot be reached"),

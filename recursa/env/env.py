@@ -113,9 +113,8 @@ class RLMEnv:
 
     @classmethod
     def configured(cls, settings: Mapping[str, Any], spelling: Spelling) -> RLMEnv:
-        """The environment of `settings` (RLMEnv's keywords, run settings by the schema's names or
-        the spelling's own) whose errors name each setting as `spelling` writes it: how a front
-        door other than Python's (`recursa openenv`'s flags) makes one."""
+        """The environment of `settings` (RLMEnv's keywords) whose errors name each setting as `spelling`
+        writes it: how a door other than Python's (`recursa openenv`'s flags, SkyRL's keys) makes one."""
         env = cls.__new__(cls)
         env._configure(dict(settings), spelling)
         return env
@@ -141,9 +140,9 @@ class RLMEnv:
         self.quota = ReplQuota(own.max_live_repls)
         self.max_repls_per_episode = own.max_repls_per_episode or max(EPISODE_SHARE, self.config.max_depth)
         if self.max_repls_per_episode < self.config.max_depth:
-            raise ConfigError(
-                f"max_repls_per_episode={self.max_repls_per_episode} is below max_depth={self.config.max_depth}: "
-                "an episode needs a REPL per level of child RLMs at once; raise it to max_depth or more"
+            raise ConfigError(  # marked: each door names them its own way (SkyRL's keys)
+                f"«max_repls_per_episode={self.max_repls_per_episode}» is below «max_depth={self.config.max_depth}»: "
+                "an episode needs a REPL per level of child RLMs at once; raise «max_repls_per_episode» to «max_depth» or more"
             )
         self.max_memory_bytes = own.max_memory_bytes
         self.memory_pool = _memory_pool(own.max_memory_bytes, kind.forks, options)

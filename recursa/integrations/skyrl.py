@@ -105,7 +105,7 @@ class RecursaRLMEnv(BaseTextEnv):
         # `extras`: the config's knobs are the defaults, a row's override them.
         # A row may lower what the config's limits cost, never raise them (recursa/overrides.py).
         operator = checked_extras(env_config or None, "env_config", strict=True)
-        row = _within(checked_extras(extras), operator)
+        row = _within(checked_extras(extras, run_settings=False), operator)
         self.extras = {**operator, **row}
         self.env_config = env_config
         self._env = shared_env(self.extras)
@@ -307,7 +307,9 @@ def _within(row: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     """The row, whose run settings may lower, never raise, what the config sets for them (or, where
     it sets nothing, what the environment takes by default), repeat and never change its sandbox and
     trace_dir, and name a model or server other than the config's only with its own `api_key`; its
-    `sampling` is merged over the config's (a role's options the row leaves out stay the config's)."""
+    `sampling` is merged over the config's (a role's options the row leaves out stay the config's),
+    and so is its `budget` (a cap the row leaves out stays the config's). The row's run settings are
+    checked here, once, as `client_settings` checks a client's."""
     given = {_RUN_EXTRAS[k]: v for k, v in row.items() if k in _RUN_EXTRAS and v is not None}
     limits = _operator_limits(config, row)
     url, mine = given.get("base_url"), given.get("api_key")
@@ -327,7 +329,7 @@ def _within(row: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
         own_key=bool(row.get("api_key")),
         stated_only=True,
     )
-    return row | ({"sampling": run["sampling"]} if "sampling" in run else {})
+    return row | {_SPELLED[name]: value for name, value in run.items()}
 
 
 def _operator_limits(config: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
@@ -346,11 +348,14 @@ def _operator_limits(config: dict[str, Any], row: dict[str, Any]) -> dict[str, A
     return limits
 
 
-def checked_extras(extras: Any, name: str = "extras", *, strict: bool = False) -> dict[str, Any]:
+def checked_extras(
+    extras: Any, name: str = "extras", *, strict: bool = False, run_settings: bool = True
+) -> dict[str, Any]:
     """The extras with every knob checked: a wrong type, or a near miss of a knob's name
     (`max_turn`), is a ConfigError naming `extras[key]`. Other keys (a dataset row's own, such as
     `data_source`) pass through untouched, as SkyRL hands the whole row over; with `strict` (the
-    environment's own `env_config`) they are refused too."""
+    environment's own `env_config`) they are refused too. `run_settings=False`: the run settings
+    are left to the caller's check (a row's, within the config's limits: `_within`)."""
     if extras is None:
         return {}
     if not isinstance(extras, Mapping):
@@ -359,7 +364,7 @@ def checked_extras(extras: Any, name: str = "extras", *, strict: bool = False) -
     checked = dict(extras)
     spelling = _CONFIG_SPELLING if name == "env_config" else Spelling("key", name, _SPELLED)
     done: dict[str, Any] = {}  # the run settings checked so far, by the schema's names
-    for key, schema in _RUN_EXTRAS.items():
+    for key, schema in _RUN_EXTRAS.items() if run_settings else ():
         if extras.get(key) is not None:
             value = extras[key]
             reading = budget_value(f"{name}[{key!r}]", value) if key == "budget" else None

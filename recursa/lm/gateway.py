@@ -298,7 +298,6 @@ class ModelGateway:
     def record(
         self,
         spec: str,
-        messages: list[Message],
         response: LMResponse,
         *,
         meta: CallMeta,
@@ -310,7 +309,6 @@ class ModelGateway:
         """A reply made outside the gateway (a trainer generating the root's turns with its own
         engine): counted in the ledger and usage, never refused, and traced as any lm_call is."""
         provider, model = parse_model(spec)
-        del messages  # the trace keeps only the new messages, as for any root call
         usage = ModelUsage(
             input_tokens=response.input_tokens,
             output_tokens=response.output_tokens,

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from recursa.loop.fences import count_runnable
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 # Zero-width space, BOM, word joiner: a fence or FINAL after one is no longer at the start of its line.
 _INVISIBLE = re.compile("[\u200b\ufeff\u2060]")
 # Indentation in no-break or ideographic spaces: Python rejects it, and fences behind it go unseen.
@@ -48,7 +48,7 @@ def line_endings(text: str, notes: list[str]) -> str:
 
 
 def control_characters(text: str, notes: list[str]) -> str:
-    return _CONTROL.sub("", text)
+    return CONTROL.sub("", text)
 
 
 def invisible_characters(text: str, notes: list[str]) -> str:

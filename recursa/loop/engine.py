@@ -23,7 +23,7 @@ from recursa.loop.rules import ReplyRules, rules_of
 from recursa.loop.subcalls import SubcallHandler
 from recursa.loop.tree import CallTree, new_id
 from recursa.result import RLMResult
-from recursa.sandbox.base import FinalAnswer, Sandbox
+from recursa.sandbox.base import FinalAnswer, Sandbox, start_loaded
 from recursa.tools.spec import Tool
 from recursa.trace.writer import TRACE_FORMAT, fold
 from recursa.usage import Usage
@@ -336,10 +336,7 @@ class RunEngine:
             await self._dialect_setup(self.options.sandbox)
             return self.options.sandbox, []
         self._sandbox = sandbox = await self.tree.open_sandbox(self.depth, self.ancestors)
-        await sandbox.start(SubcallHandler(self))
-        self.tree.show_scratch(sandbox)
-        await self.payload.ready()  # written meanwhile on a writer thread (recursa/env/contexts.py)
-        await sandbox.load_context(self.payload)
+        await start_loaded(sandbox, SubcallHandler(self), self.payload, self.tree.show_scratch)
         problems: list[str] = []
         tools = self.tools()
         if tools:
@@ -457,16 +454,15 @@ class RunEngine:
         """The root's next reply: from the root model, or the one given (recorded as the model's)."""
         # A transient prompt is in the trace with this call only, marked so (train/source.py).
         new = [*self.messages[self._sent :], *({**m, "transient": True} for m in self._transient)]
-        messages = self.prompt_messages()
         if given is None:
-            response = await self._root_call(messages, new, purpose)
+            response = await self._root_call(self.prompt_messages(), new, purpose)
         else:
             meta = CallMeta(
                 call_id=self.new_call_id(), parent_id=self.parent_run_id, depth=self.depth, purpose=purpose
             )
             # Recorded at the loop's next turn: after the reply's cell is sent, while it runs.
             record = self.tree.gateway.record
-            self.tree.trace.defer(lambda: record(self.model, messages, given, meta=meta, run_id=self.run_id,
+            self.tree.trace.defer(lambda: record(self.model, given, meta=meta, run_id=self.run_id,
                                                  usage_scopes=self.usage_scopes, trace_messages=new))
             response = given
         self._sent = len(self.messages) + 1  # every message up to this reply is in the trace

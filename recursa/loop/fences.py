@@ -77,15 +77,19 @@ class _Open:
     start: int = 0
 
     def fence(self, closed: bool, end: int) -> Fence:
-        if self.indent:
-            lines = [_strip_indent(line, self.indent) for line in self.body]
-        else:  # nothing to strip: only tabs to expand, as _strip_indent does
-            lines = [line.expandtabs(4) if "\t" in line else line for line in self.body]
-        text = "\n".join(lines)
-        if any(line[:1] in (" ", "\t") for line in lines):  # else dedent would return it as it is
-            text = textwrap.dedent(text)
-        text = text.strip("\n")
-        return Fence(self.tag, text, closed, self.at, (self.start, end), self.runnable)
+        return Fence(self.tag, fence_text(self.body, self.indent), closed, self.at, (self.start, end), self.runnable)
+
+
+def fence_text(body: list[str], indent: int = 0) -> str:
+    """A block's code from its lines: the fence's own indentation stripped, tabs expanded, dedented."""
+    if indent:
+        lines = [_strip_indent(line, indent) for line in body]
+    else:  # nothing to strip: only tabs to expand, as _strip_indent does
+        lines = [line.expandtabs(4) if "\t" in line else line for line in body]
+    text = "\n".join(lines)
+    if any(line[:1] in (" ", "\t") for line in lines):  # else dedent would return it as it is
+        text = textwrap.dedent(text)
+    return text.strip("\n")
 
 
 class _Reader:

@@ -93,7 +93,7 @@ def find_final(prose: list[str], fences: Sequence[FenceLike], on: Switch = all_o
     their order: FINAL_VAR( or FINAL( at the start of a line (the first of them), then the loose
     forms, then an <answer> tag, then the last \\boxed{}."""
     text = "\n".join(prose)
-    if _no_answer_marks(text):
+    if no_answer_marks(text):
         return None
     var_marker, final_marker = _markers(on)
     var = var_marker.search(text) if on("final_var_at_line_start") else None
@@ -111,7 +111,7 @@ def find_final(prose: list[str], fences: Sequence[FenceLike], on: Switch = all_o
     return loose or _tagged_or_boxed(text, on)
 
 
-def _no_answer_marks(text: str) -> bool:
+def no_answer_marks(text: str) -> bool:
     """Whether `text` plainly holds no answer of any form `find_final` reads: each needs the word
     "final" (in some case), a tag's "<" or a \\boxed's backslash. Checked on ASCII text only, where
     lower() matches what the patterns' ignored case does (re also folds a dotless ı into i). Every
@@ -297,6 +297,8 @@ _NAME_KEYWORDS = ("name", "var", "var_name", "variable", "variable_name")
 
 
 def _without_keyword(argument: str, keywords: tuple[str, ...]) -> str:
+    if "=" not in argument:  # no keyword to take off (what follows needs "name="): at once, unparsed
+        return argument
     try:
         call = ast.parse(f"f({argument})", mode="eval").body
     except (SyntaxError, ValueError, MemoryError, RecursionError):

@@ -15,7 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from recursa.loop.fences import Fence, read_fences
+from recursa.loop.cleaning import CONTROL as _CONTROL
+from recursa.loop.fences import Fence, fence_text, read_fences
 from recursa.loop.finals import (
     ProseFinal,
     assigned_in,
@@ -24,6 +25,7 @@ from recursa.loop.finals import (
     find_final,
     inline_final,
     is_identifier,
+    no_answer_marks,
 )
 from recursa.loop.rules import DEFAULT_RULES, ReplyRules
 from recursa.loop.unfenced import Unfenced, find_unfenced
@@ -74,6 +76,50 @@ class Reply:
 
 def read_reply(reply: str, rules: ReplyRules = DEFAULT_RULES) -> Reply:
     """The reply's code blocks and answer, read by `rules` (every rule by default)."""
+    plain = _plain(reply, rules)
+    return plain if plain is not None else read_by_rules(reply, rules)
+
+
+# Beyond what an answer needs (`no_answer_marks`: "final" in some case, "<" or a backslash, and
+# only ASCII text, which no text rule mends but for "\r" and control characters): what a rule of the
+# fence reader or the console-prompt rule needs, a tilde, a triple-quoted string (a fence inside one
+# is part of it) or ">>>". Backticks are looked at line by line below.
+_NOT_PLAIN = ("\r", "~", ">>>", '"""', "'''")
+
+
+def _plain(text: str, rules: ReplyRules) -> Reply | None:
+    """A reply of prose and fenced blocks that run, and nothing any rule mends, answers or reads
+    more into: its blocks, as `read_by_rules` reads them, without running every rule (each step of an
+    RL episode reads a reply, and the rules' code, run once a step, costs about 0.1 ms there: see
+    docs/performance.md, "RL step, fifth pass"). None for any other reply."""
+    tags = rules.plain_tags  # type: ignore[attr-defined]
+    if tags is None or not text or not no_answer_marks(text) or any(s in text for s in _NOT_PLAIN):
+        return None
+    if _CONTROL.search(text) is not None:
+        return None
+    blocks: list[str] = []
+    body: list[str] | None = None
+    for line in text.split("\n"):
+        if "`" not in line:
+            if body is not None:
+                body.append(line)
+        elif body is None:
+            if line[:3] != "```" or line[3:] not in tags:
+                return None
+            body = []
+        elif line == "```":
+            code = fence_text(body)
+            if not code.strip():
+                return None
+            blocks.append(code)
+            body = None
+        else:
+            return None
+    return Reply(blocks) if blocks and body is None else None
+
+
+def read_by_rules(reply: str, rules: ReplyRules = DEFAULT_RULES) -> Reply:
+    """`read_reply` by every rule in `rules`, whatever the reply holds."""
     on = rules.on
     notes: list[str] = []
     text = reply or ""

@@ -39,7 +39,7 @@ from typing import Literal
 
 from recursa.errors import ConfigError
 from recursa.loop import cleaning
-from recursa.loop.fences import Fence
+from recursa.loop.fences import PAPER_TAGS, RUNNABLE_TAGS, Fence
 from recursa.loop.finals import ProseFinal
 
 Stage = Literal["text", "fences", "answer", "code", "last_call", "turn"]
@@ -321,6 +321,14 @@ class ReplyRules:
         # `on` is asked a score of times per reply read: a set, not a scan of every rule each time.
         object.__setattr__(self, "_on", frozenset(names))
         object.__setattr__(self, "_stages", {st: tuple(r for r in self.rules if r.stage == st) for st in STAGES})
+        # The tags of the fences that run, where only built-in text rules and no answer rule of one's
+        # own are in force: then a reply of plain prose and such fences reads the same by no rule at
+        # all (parse.py, `_plain`); else None.
+        own = any(r not in RULES for r in self.rules if r.stage in ("text", "answer"))
+        tags = (RUNNABLE_TAGS - PAPER_TAGS if "python_fences" in names else frozenset()) | (
+            PAPER_TAGS if "repl_fence" in names else frozenset()
+        )
+        object.__setattr__(self, "plain_tags", None if own else tags)
         if len(set(names)) != len(names):
             raise ValueError(f"reply rules named twice: {sorted({n for n in names if names.count(n) > 1})}")
         unknown = set(names) - self._known

@@ -34,7 +34,7 @@ from recursa.methods.prompts import (
 )
 from recursa.methods.search import passage_search
 from recursa.methods.session import BaselineRun
-from recursa.sandbox.base import CallbackError, ExecResult, Sandbox
+from recursa.sandbox.base import CallbackError, ExecResult, Sandbox, start_loaded
 from recursa.tasks.base import Task
 from recursa.tools.runner import ToolFailure
 
@@ -70,10 +70,9 @@ class CodeAct:
             assert run.tree is not None
             sandbox = run.tree.new_sandbox()
             try:
-                await sandbox.start(self._handler(run))
                 payload = build_payload(_PLACEHOLDER)
                 try:
-                    await sandbox.load_context(payload)
+                    await start_loaded(sandbox, self._handler(run), payload)
                 finally:
                     payload.close()
                 if run.config.tools:

@@ -111,3 +111,25 @@ class Sandbox(Protocol):
     async def variable_names(self) -> list[str]: ...
 
     async def close(self) -> None: ...
+
+
+async def start_loaded(
+    sandbox: Sandbox, handler: CallHandler, payload: ContextPayload,
+    started: Callable[[Sandbox], None] | None = None,
+) -> None:  # fmt: skip
+    """Start `sandbox` and load `payload` into it. A sandbox that can do both in one step (a
+    `start_loaded` method of its own: a REPL on a Ray node, one request to its node instead of two)
+    does, when the payload's bytes are written; otherwise the start overlaps their writing (on an
+    environment's writer thread, recursa/env/contexts.py) and the load follows. `started(sandbox)` is
+    called as soon as the sandbox has started."""
+    both = getattr(sandbox, "start_loaded", None)
+    if both is not None and payload.settle():
+        await both(handler, payload)
+        if started is not None:
+            started(sandbox)
+        return
+    await sandbox.start(handler)
+    if started is not None:
+        started(sandbox)
+    await payload.ready()
+    await sandbox.load_context(payload)

@@ -190,12 +190,15 @@ class NodeHost:
     # -- REPL life ---------------------------------------------------------------------------------
 
     async def open(self, client: str, repl: str, options: dict[str, Any],
-                   memory: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+                   memory: dict[str, Any] | None = None, context: str | None = None) -> dict[str, Any]:  # fmt: skip
         """Start a REPL for `client`; its isolation report, or {"full": True} at this node's bound.
 
         `memory` ({"group", "bytes", "nodes"}): the environment's memory bound, of which this node's
         REPLs of that environment hold at most bytes / nodes ("auto": three quarters of this node's
-        memory), enforced by the kernel over them together (sandbox/pools.py)."""
+        memory), enforced by the kernel over them together (sandbox/pools.py). `context`: the key of
+        a context to load into the REPL once started if this node has it (`load_cached`), so that a
+        start and its load are one request: the report's `loaded` (and its isolation then the one
+        after the load), or its `load_error` (the REPL is open then, as after a load that failed)."""
         if self.max_repls is not None and len(self.repls) >= self.max_repls:
             return {"full": True}
         if memory is not None:
@@ -217,7 +220,19 @@ class NodeHost:
         except BaseException:
             await self._drop(repl)
             raise
-        return {"isolation": dict(sandbox.isolation), "pid": getattr(sandbox, "pid", None)}
+        report: dict[str, Any] = {"isolation": dict(sandbox.isolation), "pid": getattr(sandbox, "pid", None)}
+        if context is not None:
+            try:
+                after = await self.load_cached(repl, context)
+            except asyncio.CancelledError:  # the driver gave up on this start: it forgets the REPL
+                await self._drop(repl)
+                raise
+            except Exception as exc:
+                report["load_error"] = wire.error_to_wire(exc)
+            else:
+                report["loaded"] = after is not None
+                report["isolation"] = report["isolation"] if after is None else after
+        return report
 
     def _memory_pool(self, memory: dict[str, Any]) -> MemoryPool:
         pool = self._pools.get(memory["group"])
@@ -460,10 +475,11 @@ class NodeHost:
                 raise SandboxError(f"no request {op!r}")
             args = [frame.get(name) for name in wire.METHODS[op]]
             if op == "open":
-                repl, digest, memory = args
+                repl, digest, memory, context = args
                 if digest not in self._options:
                     raise SandboxError("a REPL's options were not sent to this host (remember_options)")
-                value = await self.open(client, repl, self._options[digest], memory)
+                key = context if isinstance(context, str) else None
+                value = await self.open(client, repl, self._options[digest], memory, key)
             else:
                 value = await getattr(self, op)(*args)
             took = asyncio.get_running_loop().time() - began  # (the driver's measure of the hop, link.py)

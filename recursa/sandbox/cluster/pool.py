@@ -257,8 +257,10 @@ class RayPool:
                    resources: dict[str, float] | None, labels: dict[str, str] | None,
                    max_repls_per_node: int | None, affinity: str | None,
                    memory: dict[str, Any] | None, timeout: float,
-                   transport: Transport = "auto") -> tuple[Node, dict[str, Any]]:  # fmt: skip
-        """Start `repl` on a fitting node with room; waits up to `timeout` for room."""
+                   transport: Transport = "auto", context: str | None = None) -> tuple[Node, dict[str, Any]]:  # fmt: skip
+        """Start `repl` on a fitting node with room; waits up to `timeout` for room. `context`: the
+        key of a context the node loads into the REPL in the same request if it has it (the reply's
+        `loaded`, or `load_error`)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         delay = 0.01
@@ -283,7 +285,7 @@ class RayPool:
                     link.repls.add(repl)
                     share = None if memory is None else {**memory, "nodes": len(candidates)}
                     digest = await self._send_options(link, options)
-                    reply = await link.request("open", repl=repl, options=digest, memory=share)
+                    reply = await link.request("open", repl=repl, options=digest, memory=share, context=context)
                 except NodeLost:  # found dead before the REPL started there: try the others
                     self._unplace(node)
                     self._forget(repl)
@@ -416,15 +418,22 @@ class RayPool:
             fields["hop"] = link.hop_s
         return await link.request(method, repl=repl, **fields)
 
-    async def load_context(self, repl: str, payload: ContextPayload) -> dict[str, Any]:
-        """Load `payload` into `repl`; its isolation report after the load (node.py)."""
+    def holds(self, repl: str, payload: ContextPayload) -> None:
+        """`repl` has `payload` loaded: its object ref is kept while a REPL of this pool holds it."""
         key = payload.info.sha256
         self._context_users.setdefault(key, set()).add(repl)
         self._idle_contexts.pop(key, None)
         self._context_bytes[key] = payload.size_bytes
-        isolation: dict[str, Any] | None = await self.call(repl, "load_cached", key=key)
-        if isolation is not None:
-            return isolation  # the node has it already (a REPL there loaded it, now or a while ago): no bytes move
+
+    async def load_context(self, repl: str, payload: ContextPayload, *, ask: bool = True) -> dict[str, Any]:
+        """Load `payload` into `repl`; its isolation report after the load (node.py). `ask=False`:
+        the node is known to lack the context (the REPL's `open` said so), which goes at once."""
+        key = payload.info.sha256
+        self.holds(repl, payload)
+        if ask:
+            isolation: dict[str, Any] | None = await self.call(repl, "load_cached", key=key)
+            if isolation is not None:
+                return isolation  # the node has it already (a REPL there loaded it, now or a while ago): no bytes move
         # The first REPL on the node with this context: an actor call, so that Ray brings the
         # object to the node (the ref goes in a list: the host fetches it only if still needed).
         ref = await self._ref(key, payload)

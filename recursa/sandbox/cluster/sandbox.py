@@ -94,13 +94,29 @@ class RaySandbox:
         return self._pool
 
     async def start(self, handler: CallHandler) -> None:
+        await self._start(handler, None)
+
+    async def start_loaded(self, handler: CallHandler, payload: ContextPayload) -> None:
+        """`start`, then `load_context(payload)`, in one request to the node when the node has the
+        context already (a REPL of the same task there loaded it): the REPL's start and its load are
+        one round trip and one frame each way (recursa.sandbox.base.start_loaded)."""
+        reply = await self._start(handler, payload.info.sha256)
+        if reply["load_error"] is not None:
+            raise reply["load_error"]
+        if reply["loaded"]:
+            self.pool.holds(self.repl, payload)
+        else:
+            self._report(await self.pool.load_context(self.repl, payload, ask=False))
+
+    async def _start(self, handler: CallHandler, context: str | None) -> dict[str, Any]:
         self._pool = pool_for_loop(self.address, self._make_sandbox)
         self.node, reply = await self._pool.open(
             self.repl, handler, options=self.node_options, kind=self.kind, resources=self.resources,
             labels=self.labels, max_repls_per_node=self.max_repls_per_node, affinity=self.affinity,
-            memory=self.memory, timeout=self.start_timeout, transport=self.transport,
+            memory=self.memory, timeout=self.start_timeout, transport=self.transport, context=context,
         )  # fmt: skip
         self._report(reply.get("isolation", {}))
+        return reply
 
     def _report(self, isolation: dict[str, Any]) -> None:
         """The node REPL's own isolation report, and which node it is on."""

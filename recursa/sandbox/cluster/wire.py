@@ -42,7 +42,7 @@ TOKEN_BYTES: Final = 32
 AUTH_S: Final = 5.0  # a connection that has not sent its token by then is dropped
 # What the driver may ask of a host over the stream, each with the fields it takes.
 METHODS: Final = {
-    "open": ("repl", "options", "memory"),
+    "open": ("repl", "options", "memory", "context"),
     "load_cached": ("repl", "key"),
     "define": ("repl", "entries"),
     "execute": ("repl", "code", "timeout", "hop"),
@@ -327,9 +327,11 @@ def value_from_wire(method: str, value: Any) -> Any:
     if method == "open":
         if not isinstance(value, dict):
             raise ProtocolError("an open answer that is not an object with an isolation report")
-        pid = value.get("pid")
+        pid, failed = value.get("pid"), value.get("load_error")
         return {"full": value.get("full") is True, "isolation": isolation_from_wire(value.get("isolation", {})),
-                "pid": pid if isinstance(pid, int) and not isinstance(pid, bool) else None}  # fmt: skip
+                "pid": pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+                "loaded": value.get("loaded") is True,
+                "load_error": error_from_wire(failed) if isinstance(failed, dict) else None}  # fmt: skip
     if method == "load_cached":  # the REPL's isolation report after the load; None: not on the node
         return None if value is None else isolation_from_wire(value)
     return None
