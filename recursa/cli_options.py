@@ -109,20 +109,13 @@ def add_model_options(
         help='MCP servers whose tools the REPL code calls: a JSON file as MCP clients write it, e.g. '
         '{"mcpServers": {"time": {"command": "uvx", "args": ["mcp-server-time"]}}} (docs/tools.md)',
     )
-    p.add_argument(
-        "--dialect-option",
-        metavar="KEY=VALUE",
-        action="append",
-        default=[],
-        help="an option of the dialect, e.g. tool_name=python for --dialect tools (repeatable)",
-    )
     for name in FLAGGED:
         if name not in leave_out:
             add_setting_flag(p, name)
 
 
 # Settings whose flags this module writes by hand: their defaults come from the environment or a file.
-_OWN_FLAGS = ("model", "sub_model", "base_url", "api_key", "prices", "mcp_servers", "dialect_options")
+_OWN_FLAGS = ("model", "sub_model", "base_url", "api_key", "prices", "mcp_servers")
 # The settings every command that starts runs takes as a flag: those the schema gives one.
 FLAGGED = tuple(n for n, s in SETTINGS.items() if s.flag and n not in _OWN_FLAGS)
 
@@ -213,6 +206,13 @@ def _pairs_value(name: str, given: list[str]) -> dict[str, Any]:
     return out
 
 
+def pairs_flags(name: str, value: dict[str, Any]) -> list[str]:
+    """The command line that gives the dict setting `name` the value `value` (`--sandbox-option
+    resources={"repl": 1}` per entry): what `_pairs_value` reads back, each value as JSON."""
+    flag = (SETTINGS[name].flag or "").split()[0]
+    return [part for key, item in value.items() for part in (flag, f"{key}={json.dumps(item)}")]
+
+
 def _json_or_text(value: str) -> Any:
     try:
         return json.loads(value)
@@ -237,23 +237,11 @@ def run_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         kwargs["api_key"] = api_key_from_env(args.api_key_env)
     if args.prices:
         kwargs["prices"] = load_prices(args.prices)
-    if args.dialect_option:
-        kwargs["dialect_options"] = dialect_options(args.dialect_option)
     if getattr(args, "mcp_servers", None):
         from recursa.tools.mcp_config import parse_mcp_servers
 
         kwargs["mcp_servers"] = parse_mcp_servers(args.mcp_servers, "--mcp-servers")
     return kwargs
-
-
-def dialect_options(pairs: list[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--dialect-option {pair!r}: write KEY=VALUE, e.g. --dialect-option tool_name=python")
-        out[key.strip()] = value
-    return out
 
 
 def api_key_from_env(name: str) -> str:

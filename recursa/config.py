@@ -172,7 +172,7 @@ class RLMConfig(Schema):
     unfenced_code: bool = setting(True, "run Python a reply writes without a ```repl fence; False only tells the model to fence its code", client="client")
     context_windows: dict[str, Annotated[int, Field(ge=1)]] | None = setting(None, "tokens per call by model ('provider/model' or a bare name), over genai-prices' figures (docs/concepts.md, \"Context windows\")", flag="--context-window MODEL=TOKENS", what="a window in tokens, an int >= 1, per model name", example="{'openai/my-vllm-model': 32_768}")
     dialect: Any = setting("recursa", "the conversation the root sees: 'recursa', 'tools' (native tool calls), 'rlms', 'skyrl', 'verifiers', or a Dialect object (docs/dialects.md)", flag="--dialect", client="client", what="a registered dialect name or a Dialect object")
-    dialect_options: dict[str, Any] | None = setting(None, "options of a named dialect, e.g. {'tool_name': 'python'} for 'tools'", flag="--dialect-option KEY=VALUE", client="client", example="{'tool_name': 'python'}")
+    dialect_options: dict[str, Any] | None = setting(None, "options of a named dialect, e.g. {'tool_name': 'python'} for 'tools'; a flag's VALUE is read as JSON where it is JSON, else as text", flag="--dialect-option KEY=VALUE", client="client", example="{'tool_name': 'python'}")
     cache_subcalls: bool = setting(False, "answer identical sub-calls (model, messages, sampling, tools) once per call tree, session or RLMEnv group (lm/call_cache.py)", flag="--cache-subcalls", client="client")
 
     @field_validator("sandbox_options")

@@ -491,6 +491,7 @@ def test_sandbox_options_are_a_flag_of_every_command_that_starts_runs(capsys, tm
     sandbox's snapshots or scratch folder. Its declaration makes the flag now, its values read as
     JSON where they are JSON, each checked by the schema and named as the flag."""
     from recursa.cli import _rlm_from_args
+    from recursa.cli_options import run_kwargs
 
     from .helpers import cli_in_process
 
@@ -500,6 +501,10 @@ def test_sandbox_options_are_a_flag_of_every_command_that_starts_runs(capsys, tm
     assert _rlm_from_args(args, print).config.sandbox_options == {
         "start_timeout": 30, "snapshots": True, "scratch_root": str(tmp_path)
     }  # fmt: skip
+    # --dialect-option, its dict's sibling, is read by the same parser (it had one of its own).
+    args = _parser().parse_args(["run", "q", "--context", "x", "--dialect-option", "tool_name=python",
+                                 "--dialect-option", "max_output_length=40"])  # fmt: skip
+    assert run_kwargs(args)["dialect_options"] == {"tool_name": "python", "max_output_length": 40}
     argv = {"run": ["run", "q", "--context", str(tmp_path)], "bench": ["bench", "niah", "--out", str(tmp_path / "out")]}
     code, err = cli_in_process(capsys, *argv.get(command, [command]), "--model", "scripted/gpt5-like",
                                "--sandbox-option", "start_timout=30")  # fmt: skip

@@ -143,3 +143,31 @@ async def test_a_rollout_runs_its_repl_on_a_ray_cluster(
     ends = [e for e in traced(tmp_path) if e.get("type") == "run_end"]
     assert len(ends) == 1 and ends[0]["isolation"].get("ray_node"), ends
     assert ends[0]["isolation"]["process"] is True
+
+
+def test_the_harness_config_carries_sandbox_settings_checked_as_recursas() -> None:
+    """A verifiers config could not choose the agent's sandbox options (a Ray cluster's address,
+    resources, labels; snapshots) but by writing `recursa acp`'s flags into `command` by hand; now
+    its fields carry them to the command as the flags recursa's parser reads back, and they, as
+    recursa's other settings there, are checked by recursa's schema when the config is made."""
+    from pydantic import ValidationError
+
+    from recursa.cli import _parser
+    from recursa.cli_options import run_kwargs
+
+    options = {"address": "ray://head:10001", "resources": {"repl": 1}, "labels": {"pool": "cpu"}, "snapshots": True}
+    config = adapter.RecursaHarnessConfig(sandbox="ray", sandbox_options=options)
+    command = adapter.agent_command(config)
+    assert command[:2] == ["recursa", "acp"]
+    args = _parser().parse_args([*command[1:], "--model", "scripted/gpt5-like"])
+    assert (args.sandbox, run_kwargs(args)["sandbox_options"]) == ("ray", options)
+    assert adapter.agent_command(adapter.RecursaHarnessConfig()) == ["recursa", "acp"]
+    for given, said in [
+        ({"sandbox_options": {"start_timout": 30}}, r"RecursaHarnessConfig\(sandbox_options=\{'start_timout': 30\}\): "
+         r"sandbox_options must be options sandbox 'auto' takes: it takes no option 'start_timout' \(did you mean"),
+        ({"sandbox": "vm"}, r"RecursaHarnessConfig\(sandbox='vm'\): sandbox must be a sandbox kind"),
+        ({"max_depth": -1}, r"RecursaHarnessConfig\(max_depth=-1\): max_depth must be an int >= 0"),
+        ({"budget": {"max_usd": -1}}, r"RecursaHarnessConfig.budget\['max_usd'\]=-1: a cap below zero"),
+    ]:  # fmt: skip
+        with pytest.raises(ValidationError, match=said):
+            adapter.RecursaHarnessConfig(**given)

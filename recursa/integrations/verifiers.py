@@ -18,15 +18,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from verifiers.v1.acp import ACPConfig, ACPHarness, ACPTurn
 from verifiers.v1.configs.harness import HarnessConfig
 from verifiers.v1.task import Task, TaskConfig, TaskData
 from verifiers.v1.taskset import Taskset, TasksetConfig
 from verifiers.v1.utils.decorators import reward
 
+from recursa.cli_options import pairs_flags
 from recursa.config import DEFAULTS as D
+from recursa.config import SETTINGS, Spelling
 from recursa.context import context_text
+from recursa.overrides import budget_value, checked_value
 from recursa.tasks import generate
 from recursa.tasks.base import get
 
@@ -61,6 +64,30 @@ class RecursaHarnessConfig(HarnessConfig):
     """Send X-RLM-Call-Id / -Parent-Id / -Depth with every model call."""
     dialect: str = D.dialect
     """The conversation the rollout's model sees (docs/dialects.md), e.g. "verifiers" or "tools"."""
+    sandbox: str | None = None
+    """Where the agent's REPLs run, a recursa sandbox kind such as "ray" (None: the command's own)."""
+    sandbox_options: dict[str, Any] | None = None
+    """The sandbox's options, e.g. {"resources": {"repl": 1}} for "ray" (docs/cluster.md): given to
+    the command as `--sandbox-option` flags."""
+
+    @model_validator(mode="after")
+    def _checked(self) -> RecursaHarnessConfig:
+        # recursa's settings checked by its schema before any rollout, named as this config's fields;
+        # sandbox_options beside sandbox, whose options they are.
+        spelling, done = Spelling("python", type(self).__name__), {}
+        for name in ("max_depth", "max_iterations", "call_headers", "sandbox", "sandbox_options"):
+            if getattr(self, name) is not None:
+                done[name] = checked_value(name, getattr(self, name), spelling, beside=done)
+        if self.budget is not None:
+            budget_value(f"{type(self).__name__}.budget", self.budget)
+        return self
+
+
+def agent_command(config: RecursaHarnessConfig) -> list[str]:
+    """The command that starts the agent: `config.command` and the flags of its sandbox settings (the
+    operator's to choose, so flags of `recursa acp`, not the session's `_meta`)."""
+    flags = [SETTINGS["sandbox"].flag or "", config.sandbox] if config.sandbox is not None else []
+    return [*config.command, *flags, *pairs_flags("sandbox_options", config.sandbox_options or {})]
 
 
 def session_meta(model: str, endpoint: str, secret: str, config: RecursaHarnessConfig) -> dict[str, Any]:
@@ -97,7 +124,7 @@ class RecursaHarness(ACPHarness[RecursaHarnessConfig]):
         _, prompt = self.resolve_prompt(data)
         return ACPConfig(
             env=dict(self.config.resolved_env),
-            command=list(self.config.command),
+            command=agent_command(self.config),
             prompt=prompt,
             session_meta=session_meta(ctx.model, endpoint, secret, self.config),
         )

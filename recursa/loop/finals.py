@@ -297,6 +297,8 @@ _NAME_KEYWORDS = ("name", "var", "var_name", "variable", "variable_name")
 
 
 def _without_keyword(argument: str, keywords: tuple[str, ...]) -> str:
+    if "=" not in argument:  # no keyword to take off (what follows needs "name="): at once, unparsed
+        return argument
     try:
         call = ast.parse(f"f({argument})", mode="eval").body
     except (SyntaxError, ValueError, MemoryError, RecursionError):
