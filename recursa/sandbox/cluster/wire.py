@@ -22,7 +22,8 @@ worker's answers. The host reads its authenticated driver's frames as a worker r
     driver -> host   {"op": METHOD, "id": n, ...its fields}   {"op": "cancel", "id": n}
                      {"op": "answer", "id": call, "ok": true, "value": v}
                      {"op": "answer", "id": call, "ok": false, "kind": k, "message": m}
-    host -> driver   {"op": "done", "id": n, "value": v, "took": seconds on the host}   {"op": "failed", "id": n, "kind": k, "message": m}
+                     {"op": "idle", "repl": r}   (nothing followed r's last cell: its snapshot may go)
+    host -> driver   {"op": "done", "id": n, "value": v}   {"op": "failed", "id": n, "kind": k, "message": m}
                      {"op": "call", "id": call, "repl": r, "fn": f, "args": {...}}   {"op": "cancel", "id": call}
 """
 
@@ -45,7 +46,7 @@ METHODS: Final = {
     "open": ("repl", "options", "memory", "context"),
     "load_cached": ("repl", "key"),
     "define": ("repl", "entries"),
-    "execute": ("repl", "code", "timeout", "hop"),
+    "execute": ("repl", "code", "timeout"),
     "get_variable": ("repl", "name", "timeout"),
     "variable_names": ("repl",),
     "close": ("repl",),
@@ -273,11 +274,21 @@ def value_to_wire(value: Any) -> Any:
     if isinstance(value, ExecResult):
         fields = dict(vars(value))
         if value.final is not None:
-            fields["final"] = dict(vars(value.final))
+            fields["final"] = _final_to_wire(value.final)
         return fields
     if isinstance(value, FinalAnswer):
-        return dict(vars(value))
+        return _final_to_wire(value)
     return value
+
+
+def _final_to_wire(final: FinalAnswer) -> dict[str, Any]:
+    """An answer's fields; its value left out where it is its text, as a worker sends it (a long
+    answer would cross twice, and one a local REPL hands back would pass the driver's frame bound)."""
+    fields = dict(vars(final))
+    if final.value is final.text or (isinstance(final.value, str) and final.value == final.text):
+        del fields["value"]
+        fields["value_is_text"] = True
+    return fields
 
 
 def error_to_wire(exc: BaseException) -> dict[str, str]:
