@@ -203,7 +203,15 @@ if cgroups.memory_available() is not None:  # (else the environment's bound only
 
 
 async def run_case(server: Any, trace_dir: Path, case: Case, sandbox: str, options: dict[str, Any]) -> dict[str, Any]:
-    """One case with REPLs of `sandbox` (`options` added to its sandbox_options): what is compared."""
+    """One case with REPLs of `sandbox` (`options` added to its sandbox_options): what is compared
+    (an exception out of the run or episode is part of it)."""
+    try:
+        return await _run_case(server, trace_dir, case, sandbox, options)
+    except Exception as exc:
+        return normalised({"raised": f"{type(exc).__name__}: {exc}", "seen": []})
+
+
+async def _run_case(server: Any, trace_dir: Path, case: Case, sandbox: str, options: dict[str, Any]) -> dict[str, Any]:
     server.reset()
     script = server.holder["responder"]
     script.roots.clear()
