@@ -46,6 +46,7 @@ class Case:
     expect: list[str] = field(default_factory=list)  # in what the root saw or the cells printed
     episode: bool = False  # an RLMEnv episode stepped with `replies`, not an RLM run
     questions: int = 1  # more: a session's questions, each answered with `replies`
+    copies: int = 1  # more: episodes of one environment stepped at once, each its own context
     context: Any = "the context: alpha beta gamma"
 
 
@@ -185,10 +186,15 @@ CASES: dict[str, Case] = {
         expect=["REPL output:\n[]\nnet: PermissionError\ndenied\ndenied\ndenied\nwrote True\nmine"],
     ),
     "episode": Case(
-        [code("print(len(context), llm_query('in an episode'))"),
+        [code("print(len(context), llm_query('in an episode'))\nprint(rlm_query('child?', context='kid'))"),
          code("import os\nos.kill(os.getpid(), 9)"), code("x = 2"), "FINAL(16)"],
-        options={"max_turns": 4}, sandbox_options={"snapshots": True}, episode=True,
-        expect=["29 sub:in an episode", "killed by SIGKILL"],
+        options={"max_turns": 4, "max_depth": 2}, sandbox_options={"snapshots": True}, episode=True,
+        children=[code("print(len(context))"), "FINAL_VAR(context)"],
+        expect=["29 sub:in an episode\nkid", "killed by SIGKILL"],
+    ),
+    "episodes_at_once": Case(
+        [code("print(llm_query(context))\nlast = context[-2:]"), code("print(len(context), last)"), "FINAL(16)"],
+        options={"max_turns": 4}, episode=True, copies=4, expect=["sub:the context: alpha", "#3"],
     ),
     "episode_past_its_turns": Case([code("x = 1")] * 3, options={"max_turns": 2}, episode=True),
 }
@@ -243,25 +249,31 @@ async def _run_case(server: Any, trace_dir: Path, case: Case, sandbox: str, opti
 
 
 async def _episode(case: Case, settings: dict[str, Any]) -> dict[str, Any]:
-    """An RLMEnv episode stepped with the case's replies (the root's turns come from the caller)."""
+    """RLMEnv episodes stepped with the case's replies (the root's turns come from the caller), as
+    many at once as the case has copies, each with a context of its own."""
     env = RLMEnv(SUB, **settings)
     try:
-        episode = await env.start("What is it?", case.context, scorer=lambda a: float(a == "16"))
-        observations = []
-        for reply in case.replies:
-            if episode.done:
-                break
-            observations.append(await episode.step(reply))
-        rows = episode.rollouts(include_subcalls=True) if episode.done else []
-        events = [json.dumps(e) for e in episode.events]
-        return {"observations": observations, "done": episode.done, "answer": episode.answer,
-                "stop_reason": episode.stop_reason, "error": episode.error, "reward": episode.reward,
-                "messages": episode.messages, "isolation": isolation(episode.result.isolation),
-                "rows": [{k: v for k, v in r.items() if k not in ("run_id", "trajectory_id", "parent_run_id")}
-                         for r in rows],
-                "events": trace_events(events)}  # fmt: skip
+        contexts = [case.context] if case.copies == 1 else [f"{case.context} #{i}" for i in range(case.copies)]
+        outcomes = await asyncio.gather(*(_stepped(env, case, context) for context in contexts))
+        return outcomes[0] if case.copies == 1 else {"episodes": outcomes}
     finally:
         await env.aclose()
+
+
+async def _stepped(env: RLMEnv, case: Case, context: Any) -> dict[str, Any]:
+    episode = await env.start("What is it?", context, scorer=lambda a: float(a == "16"))
+    observations = []
+    for reply in case.replies:
+        if episode.done:
+            break
+        observations.append(await episode.step(reply))
+    rows = episode.rollouts(include_subcalls=True) if episode.done else []
+    return {"observations": observations, "done": episode.done, "answer": episode.answer,
+            "stop_reason": episode.stop_reason, "error": episode.error, "reward": episode.reward,
+            "messages": episode.messages, "isolation": isolation(episode.result.isolation),
+            "rows": [{k: v for k, v in r.items() if k not in ("run_id", "trajectory_id", "parent_run_id")}
+                     for r in rows],
+            "events": trace_events([json.dumps(e) for e in episode.events])}  # fmt: skip
 
 
 def isolation(report: dict[str, Any]) -> dict[str, Any]:
@@ -343,9 +355,15 @@ def differences(local: dict[str, Any], remote: dict[str, Any]) -> list[str]:
 
 
 def expected_in(outcome: dict[str, Any], case: Case) -> list[str]:
-    """The case's expected texts missing from what the root saw and the cells printed (both sides
-    wrong in the same way would agree)."""
-    printed = [e.get("stdout", "") for e in outcome.get("events", []) if e.get("type") == "exec"]
-    seen = "\n".join([*outcome["seen"], *printed, json.dumps(outcome.get("observations", []))])
-    return [text for text in case.expect if normalised(text) not in seen]
+    """The case's expected texts found nowhere in the outcome (what the root saw, what the cells
+    printed, the observations): both sides wrong in the same way would agree."""
+    text = "\n".join(_strings(outcome))
+    return [wanted for wanted in case.expect if normalised(wanted) not in text]
 
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    return [s for v in value for s in _strings(v)] if isinstance(value, list) else []
