@@ -329,7 +329,9 @@ def _within(row: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
         own_key=bool(row.get("api_key")),
         stated_only=True,
     )
-    return row | {_SPELLED[name]: value for name, value in run.items()}
+    # A run setting the row leaves None is not set: the config's holds (a None budget dropped its caps).
+    kept = {k: v for k, v in row.items() if k not in _RUN_EXTRAS or v is not None}
+    return kept | {_SPELLED[name]: value for name, value in run.items()}
 
 
 def _operator_limits(config: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
