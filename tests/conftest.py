@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from recursa.testing.fake_server import FakeServer
+from tests.cli_launcher import CliLauncher
 from tests.helpers import CHROMIUM, CHROMIUM_ARGS
 
 Responder = Callable[[str, list[dict]], str]
@@ -86,6 +87,14 @@ def browser():
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield b
         b.close()
+
+
+@pytest.fixture(scope="session")
+def cli_launcher() -> Iterator[CliLauncher]:
+    """`recursa` commands as processes forked from one that imported the CLI (tests/cli_launcher.py)."""
+    launcher = CliLauncher()
+    yield launcher
+    launcher.close()
 
 
 @pytest.fixture

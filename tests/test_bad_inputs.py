@@ -35,9 +35,9 @@ from recursa.lm.base import Message
 from recursa.scripted import register
 from recursa.trace import load
 from recursa.train.errors import ExportError
+from tests.cli_launcher import CliLauncher, Job, clean_env
 
 CORPUS = Path(__file__).parent / "bad_inputs"
-REPO = Path(__file__).resolve().parent.parent
 CATEGORIES = ("config", "models", "contexts", "cli", "replies", "traces", "requests")
 DRIVERS = ("rlm", "budget", "run", "replies", "trace", "cli", "request")
 REPLAY = "bad-input-replay"  # the scripted model that plays a case's replies
@@ -312,57 +312,9 @@ def drive_trace(case: dict[str, Any], tmp: Path, sample: SampleTrace) -> None:
 # -- the CLI, as a user runs it: one process per case --------------------------------------------
 #
 # Cases marked "fresh" run as `python -m recursa.cli ...`. The others run in processes forked from
-# one launcher that has imported recursa.cli: each is still its own process with its own cwd,
-# environment, stdin, stdout, stderr and exit status, and an exception escaping main() prints its
-# traceback exactly as the interpreter would; only the ~0.5 s import is paid once instead of per
-# case, which keeps this file fast on a busy two-core machine.
-
-_LAUNCHER = """
-import json, os, signal, sys, traceback
-import recursa.cli
-for name in ("recursa.bench", "recursa.train.cli", "recursa.serve.commands", "recursa.trace.viewer"):
-    try:
-        __import__(name)  # loaded once here rather than in every child
-    except ImportError:
-        pass
-
-def child(job):
-    signal.alarm(60)  # a child that hangs (say, reading /dev/zero) dies instead of stalling the suite
-    os.chdir(job["cwd"])
-    os.environ.clear()
-    os.environ.update(job["env"])
-    for fd, path, flags in ((0, job["stdin"], os.O_RDONLY), (1, job["stdout"], os.O_WRONLY | os.O_CREAT),
-                            (2, job["stderr"], os.O_WRONLY | os.O_CREAT)):
-        new = os.open(path, flags, 0o600)
-        os.dup2(new, fd)
-        os.close(new)
-    try:
-        code = recursa.cli.main(job["argv"])
-    except SystemExit as exc:
-        code = exc.code
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    if code is not None and not isinstance(code, int):
-        print(code, file=sys.stderr)
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code or 0)
-
-jobs = json.loads(open(sys.argv[1], encoding="utf-8").read())
-codes, running, todo = [None] * len(jobs), {}, list(range(len(jobs)))
-while todo or running:
-    while todo and len(running) < 2:
-        index = todo.pop(0)
-        pid = os.fork()
-        if pid == 0:
-            child(jobs[index])
-        running[pid] = index
-    pid, status = os.wait()
-    codes[running.pop(pid)] = os.waitstatus_to_exitcode(status)
-open(sys.argv[2], "w", encoding="utf-8").write(json.dumps(codes))
-"""
+# one launcher that has imported recursa.cli (tests/cli_launcher.py): each is still its own process
+# with its own cwd, environment, stdin, stdout, stderr and exit status; only the ~0.5 s import is
+# paid once instead of per case, which keeps this file fast on a busy two-core machine.
 
 
 @dataclass
@@ -379,8 +331,7 @@ def _user_cache() -> Path:
 
 
 def _cli_env(root: Path, extra: dict[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and not k.startswith("RECURSA_")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env = clean_env()
     env["XDG_CACHE_HOME"] = str(root / "cache")  # default trace folder: never the user's
     # matplotlib's font cache lives under XDG_CACHE_HOME too: built afresh per case, it cost every
     # bench case seconds (long enough, on a loaded machine, to reach the launcher's 60 s alarm).
@@ -398,17 +349,8 @@ class _Job:
     before: dict[str, bytes]
     holds: list[socket.socket] = field(default_factory=list)  # a port kept busy while the case runs
 
-    def paths(self) -> dict[str, str]:
-        return {
-            name: str(self.root.parent / f"{self.root.name}.{name}") for name in ("stdin", "stdout", "stderr")
-        }
-
-    def outcome(self, code: int) -> CliOutcome:
-        out = {
-            k: Path(v).read_text(encoding="utf-8", errors="replace") if Path(v).exists() else ""
-            for k, v in self.paths().items()
-        }
-        return CliOutcome(code, out["stdout"], out["stderr"], self.root, self.before)
+    def outcome(self, proc: subprocess.CompletedProcess[str]) -> CliOutcome:
+        return CliOutcome(proc.returncode, proc.stdout, proc.stderr, self.root, self.before)
 
 
 def _prepare(case: dict[str, Any], root: Path, sample: SampleTrace) -> _Job:
@@ -425,7 +367,7 @@ def _prepare(case: dict[str, Any], root: Path, sample: SampleTrace) -> _Job:
         holds.append(held)
         argv = [a.replace("{port}", str(held.getsockname()[1])) for a in argv]
     watched = [*expect.get("unchanged", []), *expect.get("kept_rows", {})]
-    job = _Job(
+    return _Job(
         case,
         root,
         argv,
@@ -433,8 +375,6 @@ def _prepare(case: dict[str, Any], root: Path, sample: SampleTrace) -> _Job:
         {rel: (root / rel).read_bytes() for rel in watched},
         holds,
     )
-    Path(job.paths()["stdin"]).write_text(spec.get("stdin", ""), encoding="utf-8")
-    return job
 
 
 def _run_fresh(job: _Job) -> CliOutcome:
@@ -447,26 +387,15 @@ def _run_fresh(job: _Job) -> CliOutcome:
         text=True,
         timeout=120,
     )
-    return CliOutcome(proc.returncode, proc.stdout, proc.stderr, job.root, job.before)
-
-
-def _run_forked(jobs: list[_Job], workdir: Path) -> list[CliOutcome]:
-    spec = [{"argv": j.argv, "cwd": str(j.root), "env": j.env, **j.paths()} for j in jobs]
-    (workdir / "jobs.json").write_text(json.dumps(spec), encoding="utf-8")
-    subprocess.run(
-        [sys.executable, "-c", _LAUNCHER, str(workdir / "jobs.json"), str(workdir / "codes.json")],
-        env=_cli_env(workdir, {}),
-        stdin=subprocess.DEVNULL,
-        check=True,
-        timeout=300,
-    )
-    codes = json.loads((workdir / "codes.json").read_text(encoding="utf-8"))
-    return [job.outcome(code) for job, code in zip(jobs, codes, strict=True)]
+    return job.outcome(proc)
 
 
 @pytest.fixture(scope="module")
 def cli_outcomes(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, sample: SampleTrace
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    sample: SampleTrace,
+    cli_launcher: CliLauncher,
 ) -> dict[str, CliOutcome]:
     """The CLI cases this session selected, all run up front, fresh processes beside forked ones."""
     selected = {
@@ -484,9 +413,11 @@ def cli_outcomes(
     ]
     fresh = [j for j in jobs if j.case["input"].get("fresh")]
     forked = [j for j in jobs if not j.case["input"].get("fresh")]
+    # A child that hangs (say, reading /dev/zero) dies at its timeout instead of stalling the suite.
+    launched = [Job(j.argv, j.root, j.env, j.case["input"].get("stdin", ""), timeout=60) for j in forked]
     with ThreadPoolExecutor(max_workers=2) as pool:
         fresh_done = pool.map(_run_fresh, fresh)
-        forked_done = _run_forked(forked, tmp_path_factory.mktemp("launcher")) if forked else []
+        forked_done = [j.outcome(p) for j, p in zip(forked, cli_launcher.run_all(launched), strict=True)]
         outcomes = [*fresh_done, *forked_done]
     for job in jobs:
         for held in job.holds:

@@ -7,28 +7,30 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from recursa.tasks import generate
+from tests.cli_launcher import CliLauncher
 
 
-def recursa(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 120
-) -> subprocess.CompletedProcess:
-    full_env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
-    full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "recursa.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=full_env,
-    )
+@pytest.fixture
+def recursa(cli_launcher: CliLauncher) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """`recursa ARGS` in a process of its own (forked from a launcher that imported the CLI once:
+    tests/cli_launcher.py), with no provider keys in its environment but those `env` gives.
+    `test_run_reads_stdin` starts a fresh `python -m recursa.cli` instead."""
+
+    def run(*args: str, env: dict[str, str] | None = None, timeout: int = 120) -> subprocess.CompletedProcess[str]:
+        full_env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+        full_env.update(env or {})
+        return cli_launcher.run(list(args), cwd=Path.cwd(), env=full_env, timeout=timeout)
+
+    return run
 
 
-def test_demo_json(tmp_path):
+def test_demo_json(tmp_path, recursa):
     out = recursa("demo", "--json", "--size", "300000", "--trace-dir", str(tmp_path))
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
@@ -37,13 +39,13 @@ def test_demo_json(tmp_path):
     assert Path(data["trace_path"]).exists()
 
 
-def test_demo_human_output(tmp_path):
+def test_demo_human_output(tmp_path, recursa):
     out = recursa("demo", "--size", "100000", "--family", "niah", "--trace-dir", str(tmp_path))
     assert out.returncode == 0, out.stderr
     assert "score:     1.000" in out.stdout and "expected:" in out.stdout
 
 
-def test_run_json_over_a_file_with_a_scripted_model(tmp_path):
+def test_run_json_over_a_file_with_a_scripted_model(tmp_path, recursa):
     task = generate("niah", 200_000, seed=3)
     ctx = tmp_path / "haystack.txt"
     ctx.write_text(task.context)
@@ -118,7 +120,7 @@ def test_run_reads_stdin(tmp_path):
         ),
     ],
 )
-def test_bad_input_is_one_clear_line_and_a_nonzero_exit(tmp_path, args, env, needle):
+def test_bad_input_is_one_clear_line_and_a_nonzero_exit(tmp_path, args, env, needle, recursa):
     (tmp_path / "ctx.txt").write_text("some text")
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "bin.dat").write_bytes(b"\xff\xfe\xfa")
@@ -132,7 +134,7 @@ def test_bad_input_is_one_clear_line_and_a_nonzero_exit(tmp_path, args, env, nee
     assert "Traceback" not in out.stderr and out.stderr.startswith("recursa: error:")
 
 
-def test_unreachable_server_ends_with_an_error_status_not_a_traceback(tmp_path):
+def test_unreachable_server_ends_with_an_error_status_not_a_traceback(tmp_path, recursa):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -156,7 +158,7 @@ def test_unreachable_server_ends_with_an_error_status_not_a_traceback(tmp_path):
     assert "Traceback" not in out.stderr and "event loop" not in out.stderr
 
 
-def test_an_early_stop_is_told_in_flags_not_python_arguments(tmp_path):
+def test_an_early_stop_is_told_in_flags_not_python_arguments(tmp_path, recursa):
     """A rejected key stops the run; the reason the CLI prints names --api-key-env, not api_key=."""
     from recursa.testing.fake_server import FakeServer
 

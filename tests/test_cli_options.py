@@ -1,7 +1,8 @@
 """The command line with nothing hidden: help for every flag (default, choices), the flags for what
 was Python-only (--prices, --api-key-env, --max-output-tokens, --prompt), errors told in flags,
 `recursa models`, `recursa serve` (busy port, access log, metrics) and folder contexts that leave
-binary files out. Each through the CLI as a subprocess, as a user runs it."""
+binary files out. Each through the CLI as a process of its own, as a user runs it (forked from a
+launcher that imported the CLI once, tests/cli_launcher.py; `run --help` from a fresh interpreter)."""
 
 from __future__ import annotations
 
@@ -21,18 +22,21 @@ from recursa.cli import DEMO_FAMILIES, _parser
 from recursa.errors import ConfigError
 from recursa.sandbox import SANDBOXES
 from recursa.testing.fake_server import FakeServer
+from tests.cli_launcher import CliLauncher, clean_env
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and not k.startswith("RECURSA_")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    env.update(extra)
-    return env
+    return clean_env(**extra)
 
 
-def _cli(*argv: str, cwd: Path, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+def _cli(
+    launcher: CliLauncher | None, *argv: str, cwd: Path, timeout: int = 120, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """`recursa ARGV` in its own process: forked from `launcher`, or with None a fresh interpreter."""
+    if launcher is not None:
+        return launcher.run(list(argv), cwd=cwd, env=_env(**env), timeout=timeout)
     return subprocess.run(
         [sys.executable, "-m", "recursa.cli", *argv],
         cwd=cwd,
@@ -81,15 +85,15 @@ def test_every_flag_has_help_and_shows_its_default():
     assert not no_default, f"flags whose help does not show the default: {no_default}"
 
 
-def test_help_never_shows_a_key_taken_from_the_environment(tmp_path):
+def test_help_never_shows_a_key_taken_from_the_environment(tmp_path, cli_launcher):
     secret = "env-secret-key-4242"
     for command in ("serve", "mcp", "acp", "run"):
-        out = _cli(command, "--help", cwd=tmp_path, RECURSA_SERVE_API_KEY=secret)
+        out = _cli(cli_launcher, command, "--help", cwd=tmp_path, RECURSA_SERVE_API_KEY=secret)
         assert out.returncode == 0 and secret not in out.stdout, command
 
 
-def test_fake_server_help_shows_defaults(tmp_path):
-    out = _cli("fake-server", "--help", cwd=tmp_path)
+def test_fake_server_help_shows_defaults(tmp_path, cli_launcher):
+    out = _cli(cli_launcher, "fake-server", "--help", cwd=tmp_path)
     assert out.returncode == 0 and "--port PORT" in out.stdout and "(default: 8765" in out.stdout
 
 
@@ -113,7 +117,7 @@ def test_listed_choices_are_the_real_ones():
 
 
 def test_run_help_as_a_subprocess_shows_the_new_flags(tmp_path):
-    out = _cli("run", "--help", cwd=tmp_path)
+    out = _cli(None, "run", "--help", cwd=tmp_path)
     assert out.returncode == 0
     for flag in (
         "--prices FILE",
@@ -180,8 +184,8 @@ def test_a_lower_layers_message_names_settings_as_each_door_writes_them(monkeypa
 # -- recursa models --------------------------------------------------------------------------------
 
 
-def test_models_lists_providers_scripted_models_and_environment(tmp_path):
-    out = _cli("models", cwd=tmp_path, RECURSA_MODEL="scripted/no-subcalls")
+def test_models_lists_providers_scripted_models_and_environment(tmp_path, cli_launcher):
+    out = _cli(cli_launcher, "models", cwd=tmp_path, RECURSA_MODEL="scripted/no-subcalls")
     assert out.returncode == 0, out.stderr
     for needle in (
         "openai",
@@ -203,6 +207,7 @@ def test_models_lists_providers_scripted_models_and_environment(tmp_path):
         assert var in out.stdout
     as_json = json.loads(
         _cli(
+            cli_launcher,
             "models",
             "--json",
             cwd=tmp_path,
@@ -229,7 +234,7 @@ def notes(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("suffix", [".json", ".toml"])
-def test_prices_file_prices_the_run(notes, suffix):
+def test_prices_file_prices_the_run(notes, suffix, cli_launcher):
     # A model served by an OpenAI-compatible server that reports no cost: the file's price counts.
     path = notes / f"prices{suffix}"
     name = "openai/scripted/gpt5-like"
@@ -242,6 +247,7 @@ def test_prices_file_prices_the_run(notes, suffix):
         path.write_text(f'["{name}"]\n{table}["{sub}"]\n{table}')
     with FakeServer() as srv:
         out = _cli(
+            cli_launcher,
             "run",
             "What is the launch code?",
             "--context",
@@ -267,7 +273,7 @@ def test_prices_file_prices_the_run(notes, suffix):
     assert usage["cost_usd"] == pytest.approx(expected, rel=0.05) and expected > 0
 
 
-def test_api_key_env_sends_that_key_and_max_output_tokens_reach_each_call(notes):
+def test_api_key_env_sends_that_key_and_max_output_tokens_reach_each_call(notes, cli_launcher):
     with FakeServer(api_key="team-key-0123456789") as srv:
         args = (
             "run",
@@ -288,8 +294,8 @@ def test_api_key_env_sends_that_key_and_max_output_tokens_reach_each_call(notes)
             "traces",
             "--json",
         )
-        ok = _cli(*args, cwd=notes, TEAM_KEY="team-key-0123456789")
-        refused = _cli(*args, cwd=notes, TEAM_KEY="another-key-987654321")
+        ok = _cli(cli_launcher, *args, cwd=notes, TEAM_KEY="team-key-0123456789")
+        refused = _cli(cli_launcher, *args, cwd=notes, TEAM_KEY="another-key-987654321")
         sent = [r.max_tokens for r in srv.requests if r.status == 200]
     assert ok.returncode == 0, ok.stderr
     assert sent and set(sent) == {3000}
@@ -297,8 +303,9 @@ def test_api_key_env_sends_that_key_and_max_output_tokens_reach_each_call(notes)
     assert "another-key-987654321" not in refused.stdout + refused.stderr
 
 
-def test_prompt_flag_picks_the_template(notes):
+def test_prompt_flag_picks_the_template(notes, cli_launcher):
     out = _cli(
+        cli_launcher,
         "run",
         "What is the launch code?",
         "--context",
@@ -317,23 +324,23 @@ def test_prompt_flag_picks_the_template(notes):
     assert 'answer[\\"ready\\"]' in trace or "answer['ready']" in trace or "answer dict" in trace
 
 
-def test_folder_context_leaves_out_binary_files_that_decode(tmp_path):
+def test_folder_context_leaves_out_binary_files_that_decode(tmp_path, cli_launcher):
     folder = tmp_path / "docs"
     folder.mkdir()
     (folder / "a.txt").write_text("readable text")
     (folder / "b.db").write_bytes(b"SQLite\x00\x00\x00page")  # valid UTF-8, still binary
     (folder / "c.bin").write_bytes(b"\xff\xfe\x00bad")
     args = ("run", "What is here?", "--context", "docs", "--model", "scripted/gpt5-like", "--trace-dir", "t")
-    text = _cli(*args, cwd=tmp_path)
+    text = _cli(cli_launcher, *args, cwd=tmp_path)
     assert text.returncode == 0, text.stderr
     assert "b.db (binary: contains NUL bytes)" in text.stderr and "c.bin (not UTF-8 text)" in text.stderr
-    result = json.loads(_cli(*args, "--json", cwd=tmp_path).stdout)
+    result = json.loads(_cli(cli_launcher, *args, "--json", cwd=tmp_path).stdout)
     assert sorted(result["skipped_files"]) == ["b.db (binary: contains NUL bytes)", "c.bin (not UTF-8 text)"]
 
 
-def test_fifo_context_is_refused_at_once(tmp_path):
+def test_fifo_context_is_refused_at_once(tmp_path, cli_launcher):
     os.mkfifo(tmp_path / "pipe")
-    out = _cli("run", "q", "--context", "pipe", "--model", "scripted/gpt5-like", cwd=tmp_path, timeout=30)
+    out = _cli(cli_launcher, "run", "q", "--context", "pipe", "--model", "scripted/gpt5-like", cwd=tmp_path, timeout=30)
     assert out.returncode == 2 and "named pipe (FIFO)" in out.stderr
 
 

@@ -35,6 +35,11 @@ class Fake:
         self.ran: list[str] = []
         self.closed = False
         self.cancelled = asyncio.Event()
+        self.idle, self.idled = asyncio.Event(), 0
+
+    def idle_now(self) -> None:
+        self.idled += 1
+        self.idle.set()
 
     async def start(self, handler: CallHandler) -> None:
         self.handler = handler
@@ -195,18 +200,57 @@ async def test_a_stream_carries_cells_results_call_backs_and_cancels(
     assert made[0].closed and host.describe()["streams"] == 0
 
 
-async def test_the_hop_the_driver_measures_lengthens_the_nodes_idle_window_for_snapshots(
-    node: tuple[NodeHost, list[Fake]],
-) -> None:
+async def test_a_node_snapshots_on_its_drivers_clock_not_its_own(node: tuple[NodeHost, list[Fake]]) -> None:
+    # With snapshots="idle" a REPL forks its snapshot once nothing has followed a cell for a few ms.
+    # On a node that clock is the driver's loop (a cell sent at once comes a hop later, and later
+    # still from a busy driver): the node's own wait is only a fallback, and the driver's `idle`
+    # word goes once its loop has sent the REPL nothing for SNAPSHOT_IDLE_S.
+    from recursa.sandbox.cluster import node as node_module
+    from recursa.sandbox.cluster.pool import RayPool
+
     host, made = node
-    link = await connect(host)
+    link, other = await connect(host), await connect(host, "b")
     await opened(link)
-    assert link.hop_s > 0.0  # each answer's round trip past the host's own time ("took")
-    await link.request("execute", repl="r", code="a", timeout=5, hop=0.25)
-    assert made[0].snapshot_idle_s == pytest.approx(0.255)
-    await link.request("execute", repl="r", code="a", timeout=5, hop=1e9)  # bounded
-    assert made[0].snapshot_idle_s == pytest.approx(1.005)
+    assert made[0].snapshot_idle_s == node_module._IDLE_WORD_S
+    other.send({"op": "idle", "repl": "r"})  # another driver's word for a REPL not its own
+    with pytest.raises(SandboxError, match="no REPL"):
+        await other.request("variable_names", repl="x")
+    assert made[0].idled == 0  # (the host read b's word before b's request, and ignored it)
+    pool = RayPool(None, make_sandbox=None)  # type: ignore[arg-type]
+    pool._links[link.node.node_id] = asyncio.get_running_loop().create_future()
+    pool._links[link.node.node_id].set_result(link)
+    pool._repl_node["r"] = link.node
+    pool.idle_soon("r")
+    await pool.call("r", "execute", code="a", timeout=5)  # a request first: no word for that cell
+    assert not pool._words
+    pool.idle_soon("r")
+    await asyncio.wait_for(made[0].idle.wait(), 5)  # nothing follows: the word comes
+    assert made[0].idled == 1 and not pool._words
     await link.aclose()
+    await other.aclose()
+
+
+async def test_a_real_repl_on_a_node_forks_its_snapshot_on_the_drivers_word(monkeypatch: pytest.MonkeyPatch) -> None:
+    from recursa.sandbox import make_sandbox
+    from recursa.sandbox.cluster import node as node_module
+
+    monkeypatch.setattr(node_module, "_IDLE_WORD_S", 60.0)  # the node's own wait: not in this test
+    host = NodeHost(make_sandbox, fork=False)
+    try:
+        link = await connect(host)
+        await link.host.remember_options.remote("o1", {"snapshots": "idle"})
+        link.repls.add("r")
+        await link.request("open", repl="r", options="o1", memory=None)
+        assert (await link.request("execute", repl="r", code="x = 6 * 7", timeout=30)).error is None
+        worker = host.repls["r"]._worker  # type: ignore[attr-defined]
+        assert not worker.word_sent
+        link.send({"op": "idle", "repl": "r"})
+        await asyncio.wait_for(worker.snapshot_reported.wait(), 10)
+        assert worker.word_sent and worker.snapshot_sid is not None
+        assert (await link.request("execute", repl="r", code="print(x)", timeout=30)).stdout == "42\n"
+        await link.aclose()
+    finally:
+        await host.shutdown()
 
 
 async def test_wrong_tokens_and_slow_or_garbage_clients_are_refused_without_disturbing_runs(

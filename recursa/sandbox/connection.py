@@ -323,6 +323,12 @@ class Connection:
         if self.alive:
             self.word_sent = self.chan.try_send(self.chan.encode({"op": "cell_closed"}))
 
+    def word_now(self) -> None:
+        """Send the word a `cell_closed_when_idle` is waiting to send, now (if it still waits)."""
+        if self._word is not None:
+            self._word.cancel()
+            self._send_word()
+
     def _hold_word(self) -> None:
         if self._word is not None:
             self._word.cancel()

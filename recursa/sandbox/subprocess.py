@@ -389,6 +389,13 @@ class SubprocessSandbox(WorkerHost):
             answered.cell_closed_when_idle(self.snapshot_idle_s)  # the worker forks on this word only
         return await self._hardening.end_cell()
 
+    def idle_now(self) -> None:
+        """With snapshots="idle": nothing follows the last cell for now (the policy is thinking), as
+        someone else's clock says, so the word to fork its snapshot goes now rather than after
+        snapshot_idle_s (a REPL on a Ray node: its driver's loop says it, cluster/node.py)."""
+        if self._worker is not None:
+            self._worker.word_now()
+
     def _cell_notes(self) -> list[str]:
         return self._hardening.cell_notes()
 

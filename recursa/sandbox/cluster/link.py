@@ -79,10 +79,7 @@ class NodeLink:
         self.options_sent: set[str] = set()  # digests of REPL options the host holds (remember_options)
         self._out: wire.Channel | None = None
         self._ready: asyncio.Future[Any]  # the host's first frame (connect)
-        self._pending: dict[int, tuple[str, asyncio.Future[Any], float]] = {}  # id -> (method, answer, sent)
-        # Seconds a request and its answer spend between this loop and the host's (the wire and both
-        # loops' queues), past the host's own time: up at once, down a fiftieth of the way per answer.
-        self.hop_s = 0.0
+        self._pending: dict[int, tuple[str, asyncio.Future[Any]]] = {}  # id -> (method, answer)
         self._calls: dict[int, asyncio.Task[None]] = {}  # call-backs being served
         self._stalled: dict[str, Any] | None = None  # a call-back waiting for room (the stream is held)
         self._ids = itertools.count(1)
@@ -126,9 +123,8 @@ class NodeLink:
         if self.lost is not None:
             raise NodeLost(self.node, self.lost)
         request_id = next(self._ids)
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        self._pending[request_id] = (method, future, loop.time())
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = (method, future)
         try:
             self.send({"op": method, "id": request_id, **fields})
             return await future
@@ -182,14 +178,10 @@ class NodeLink:
         entry = self._pending.get(wire.frame_id(frame) or 0)
         if entry is None or entry[1].done():
             return  # a request this side stopped waiting for
-        method, future, sent = entry
+        method, future = entry
         if frame["op"] == "failed":
             future.set_exception(wire.error_from_wire(frame))
             return
-        took = frame.get("took")
-        if isinstance(took, float) and 0 <= took < _CONNECT_S:  # (a node's word: bounded, and only a hint)
-            hop = max(0.0, asyncio.get_running_loop().time() - sent - took)
-            self.hop_s = hop if hop > self.hop_s else self.hop_s + (hop - self.hop_s) * 0.02
         try:
             future.set_result(wire.value_from_wire(method, frame.get("value")))
         except ProtocolError as exc:
@@ -265,7 +257,7 @@ class NodeLink:
             return
         self.lost = why
         error = NodeLost(self.node, why)
-        for _, future, _ in list(self._pending.values()):
+        for _, future in list(self._pending.values()):
             if not future.done():
                 future.set_exception(error)
         for task in list(self._calls.values()):

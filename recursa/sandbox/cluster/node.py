@@ -38,7 +38,12 @@ from recursa.sandbox.pools import MemoryPool
 from recursa.sandbox.proc import descendants
 
 _MAX_UNAUTHENTICATED = 64  # connections waiting to show a token; more are closed at once
-_MAX_HOP_S = 1.0  # the most a driver's measure of the hop may lengthen a REPL's idle window
+# With snapshots="idle", a REPL here forks its snapshot after a cell on its driver's word (`idle`):
+# the driver's loop saw nothing follow the cell for SNAPSHOT_IDLE_S, as a local REPL's host would.
+# A node's own clock cannot tell: a cell the driver sends at once arrives a hop later, and later
+# still while the driver's loop is busy, so a node snapshotted cells a local REPL never does.
+# Without the word, after this long.
+_IDLE_WORD_S = 1.0
 # How long a host whose drivers all left keeps its zygote and port for the next one: sequential
 # `RLM.run`s each connect anew, and a zygote started for each cost 0.3-0.5 s a run.
 _REST_AFTER_S = 10.0
@@ -212,6 +217,8 @@ class NodeHost:
                 self._fork_server = ForkServer()
             options = {**options, "fork_server": self._fork_server}
         sandbox = self._make_sandbox(self.kind, **options)
+        if hasattr(sandbox, "idle_now"):
+            sandbox.snapshot_idle_s = _IDLE_WORD_S  # (the driver's word comes first: `idle`)
         self.opened += 1
         self.repls[repl] = sandbox
         self._owner[repl] = client
@@ -386,17 +393,16 @@ class NodeHost:
     async def define(self, repl: str, entries: list[dict[str, Any]]) -> list[str]:
         return await self._repl(repl).define(entries)
 
-    async def execute(self, repl: str, code: str, timeout: float, hop: float | None = None) -> ExecResult:
-        """Run a cell. `hop`: seconds a frame takes between the driver's loop and this host's, both
-        ways, as the driver last measured them. With snapshots="idle" the REPL forks its snapshot
-        after a cell only once nothing has come for snapshot_idle_s (the policy is thinking); seen
-        from here, a cell the driver sends at once comes that much later, so the wait is that much
-        longer (else a node snapshots nearly every cell, for nothing, where a local REPL does not)."""
-        sandbox = self._repl(repl)
-        if isinstance(hop, (int, float)) and hasattr(sandbox, "snapshot_idle_s"):
-            own = getattr(type(sandbox), "snapshot_idle_s", 0.0)
-            sandbox.snapshot_idle_s = own + min(max(float(hop), 0.0), _MAX_HOP_S)
-        return await sandbox.execute(code, timeout)
+    async def execute(self, repl: str, code: str, timeout: float) -> ExecResult:
+        return await self._repl(repl).execute(code, timeout)
+
+    def idle(self, client: str, repl: Any) -> None:
+        """`client`'s word that nothing followed `repl`'s last cell on its loop for SNAPSHOT_IDLE_S:
+        with snapshots="idle", the REPL forks the snapshot of its state now (`_IDLE_WORD_S`)."""
+        sandbox = self.repls.get(repl) if isinstance(repl, str) and self._owner.get(repl) == client else None
+        idle_now = getattr(sandbox, "idle_now", None)
+        if idle_now is not None:
+            idle_now()
 
     async def get_variable(self, repl: str, name: str, timeout: float | None) -> FinalAnswer | None:
         return await self._repl(repl).get_variable(name, timeout)
@@ -457,19 +463,18 @@ class NodeHost:
         op, request_id = frame["op"], wire.frame_id(frame)
         if op == "answer":
             self._answer(client, frame)
+        elif op == "idle":
+            self.idle(client, frame.get("repl"))
         elif op == "cancel":
             task = stream.running.get(request_id) if request_id is not None else None
             if task is not None:
                 task.cancel()
         elif request_id is not None and request_id not in stream.running:
-            loop = asyncio.get_running_loop()
-            stream.running[request_id] = loop.create_task(
-                self._run(client, stream, request_id, op, frame, loop.time())
+            stream.running[request_id] = asyncio.get_running_loop().create_task(
+                self._run(client, stream, request_id, op, frame)
             )
 
-    async def _run(
-        self, client: str, stream: Stream, request_id: int, op: str, frame: dict[str, Any], began: float
-    ) -> None:
+    async def _run(self, client: str, stream: Stream, request_id: int, op: str, frame: dict[str, Any]) -> None:
         try:
             if op not in wire.METHODS:
                 raise SandboxError(f"no request {op!r}")
@@ -482,8 +487,7 @@ class NodeHost:
                 value = await self.open(client, repl, self._options[digest], memory, key)
             else:
                 value = await getattr(self, op)(*args)
-            took = asyncio.get_running_loop().time() - began  # (the driver's measure of the hop, link.py)
-            stream.send({"op": "done", "id": request_id, "value": wire.value_to_wire(value), "took": took})
+            stream.send({"op": "done", "id": request_id, "value": wire.value_to_wire(value)})
         except asyncio.CancelledError:
             return  # the driver stopped waiting (a timeout, an aborted step) or left
         except Exception as exc:  # the method's error, or a value that cannot be a frame

@@ -29,7 +29,7 @@ from typing import Any
 from recursa.context import ContextPayload
 from recursa.errors import ConfigError, SandboxError
 from recursa.extras import install_hint
-from recursa.sandbox.base import CallbackError, CallHandler, Sandbox
+from recursa.sandbox.base import SNAPSHOT_IDLE_S, CallbackError, CallHandler, Sandbox
 from recursa.sandbox.cluster.link import Node, NodeLink, NodeLost
 from recursa.sandbox.cluster.relay import RelayHost, Transport, carrier_for
 from recursa.sandbox.cluster.wire import isolation_from_wire
@@ -207,6 +207,7 @@ class RayPool:
         self._placed: dict[str, int] = {}  # node id -> REPLs this pool put there
         self._opened: dict[str, int] = {}  # node id -> REPLs this pool ever started there (ties)
         self._affinity: dict[str, str] = {}  # affinity key (a call tree's root run) -> node id
+        self._words: dict[str, asyncio.TimerHandle] = {}  # repl -> its `idle_soon` word, until sent
         self._node_table: tuple[float, list[dict[str, Any]]] | None = None
         self._reading_nodes: asyncio.Future[list[dict[str, Any]]] | None = None
 
@@ -315,6 +316,7 @@ class RayPool:
         self._placed[node.node_id] = max(0, self._placed.get(node.node_id, 1) - 1)
 
     def _forget(self, repl: str) -> None:
+        self._hold_word(repl)
         self._handlers.pop(repl, None)
         node = self._repl_node.pop(repl, None)
         link = self._connected(node)
@@ -343,6 +345,7 @@ class RayPool:
             raise NodeLost(link.node, link.lost or "lost") from None
 
     async def close(self, repl: str) -> None:
+        self._hold_word(repl)
         node = self._repl_node.get(repl)
         try:
             link = self._connected(node)
@@ -411,12 +414,29 @@ class RayPool:
         self._dead.setdefault(link.node.node_id, link.lost or "lost")
 
     async def call(self, repl: str, method: str, **fields: Any) -> Any:
+        self._hold_word(repl)
         link = self._connected(self._repl_node.get(repl))
         if link is None:
             raise SandboxError("this REPL is closed")
-        if method == "execute":  # the REPL's idle window on the node counts the hop (NodeHost.execute)
-            fields["hop"] = link.hop_s
         return await link.request(method, repl=repl, **fields)
+
+    def idle_soon(self, repl: str) -> None:
+        """With snapshots="idle", after a cell: `repl`'s node hears that nothing followed the cell
+        once this loop has sent the REPL nothing for SNAPSHOT_IDLE_S, the policy thinking (the word
+        a local REPL's host sends its worker, connection.py; NodeHost.idle)."""
+        self._hold_word(repl)
+        self._words[repl] = asyncio.get_running_loop().call_later(SNAPSHOT_IDLE_S, self._idle, repl)
+
+    def _idle(self, repl: str) -> None:
+        self._words.pop(repl, None)
+        link = self._connected(self._repl_node.get(repl))
+        if link is not None:
+            link.send({"op": "idle", "repl": repl})
+
+    def _hold_word(self, repl: str) -> None:
+        word = self._words.pop(repl, None)
+        if word is not None:
+            word.cancel()
 
     def holds(self, repl: str, payload: ContextPayload) -> None:
         """`repl` has `payload` loaded: its object ref is kept while a REPL of this pool holds it."""
@@ -490,6 +510,9 @@ class RayPool:
         for made in self._links.values():
             made.cancel()
         self._links.clear()
+        for word in self._words.values():
+            word.cancel()
+        self._words.clear()
         self._handlers.clear()
         self._repl_node.clear()
         self._contexts.clear()

@@ -82,6 +82,7 @@ class RaySandbox:
         # one kernel-enforced pool there, the bound split over the nodes the placement allows.
         self.memory = {"group": memory_group, "bytes": memory_bytes} if memory_group else None
         self.node_options = node_options  # passed to the node's local sandbox
+        self._idle_word = node_options.get("snapshots") == "idle"
         self.repl = uuid.uuid4().hex
         self.node: Node | None = None
         self.isolation: dict[str, Any] = {"level": "ray", "node": None}
@@ -133,6 +134,8 @@ class RaySandbox:
     async def execute(self, code: str, timeout: float) -> ExecResult:
         async with asyncio.timeout(timeout + _CALL_MARGIN_S):
             result: ExecResult = await self.pool.call(self.repl, "execute", code=code, timeout=timeout)
+        if self._idle_word:  # the node's REPL snapshots on this loop's clock, as a local one does
+            self.pool.idle_soon(self.repl)
         return result
 
     async def get_variable(self, name: str, timeout: float | None = None) -> FinalAnswer | None:

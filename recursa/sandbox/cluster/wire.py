@@ -22,7 +22,8 @@ worker's answers. The host reads its authenticated driver's frames as a worker r
     driver -> host   {"op": METHOD, "id": n, ...its fields}   {"op": "cancel", "id": n}
                      {"op": "answer", "id": call, "ok": true, "value": v}
                      {"op": "answer", "id": call, "ok": false, "kind": k, "message": m}
-    host -> driver   {"op": "done", "id": n, "value": v, "took": seconds on the host}   {"op": "failed", "id": n, "kind": k, "message": m}
+                     {"op": "idle", "repl": r}   (nothing followed r's last cell: its snapshot may go)
+    host -> driver   {"op": "done", "id": n, "value": v}   {"op": "failed", "id": n, "kind": k, "message": m}
                      {"op": "call", "id": call, "repl": r, "fn": f, "args": {...}}   {"op": "cancel", "id": call}
 """
 
@@ -45,7 +46,7 @@ METHODS: Final = {
     "open": ("repl", "options", "memory", "context"),
     "load_cached": ("repl", "key"),
     "define": ("repl", "entries"),
-    "execute": ("repl", "code", "timeout", "hop"),
+    "execute": ("repl", "code", "timeout"),
     "get_variable": ("repl", "name", "timeout"),
     "variable_names": ("repl",),
     "close": ("repl",),
