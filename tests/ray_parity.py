@@ -19,6 +19,7 @@ from typing import Any
 
 from recursa import RLM, Budget
 from recursa.env import RLMEnv
+from recursa.sandbox import cgroups
 
 ROOT, SUB = "openai/root-model", "openai/sub-model"
 KEY = "sk-parity-0123456789abcdef"  # the run's key, and the nodes' and driver's environment's
@@ -44,6 +45,9 @@ class Case:
     children: list[str] = field(default_factory=list)  # a child RLM's root replies (max_depth >= 2)
     expect: list[str] = field(default_factory=list)  # in what the root saw or the cells printed
     episode: bool = False  # an RLMEnv episode stepped with `replies`, not an RLM run
+    questions: int = 1  # more: a session's questions, each answered with `replies`
+    copies: int = 1  # more: episodes of one environment stepped at once, each its own context
+    context: Any = "the context: alpha beta gamma"
 
 
 def failing_tool(x: int) -> int:
@@ -96,7 +100,8 @@ CASES: dict[str, Case] = {
          code("import sys\nprint('to stderr', file=sys.stderr)\nprint('to stdout')\nundefined_name"),
          code("print('x' * 50_000)\nprint('y' * 10)"),
          code("llm_query = 5\ncontext = 'mine'\nkept = {'a': [1, 2]}\nSHOW_VARS()"),
-         code("print(len(context), llm_query('again'))\nprint('\\udcff surrogate', 'é日本')"),
+         code("print(len(context), llm_query('again'))\nprint('\\udcff surrogate', 'é日本')\n"
+              "try:\n    print(llm_query('odd \\udcff'))\nexcept Exception as e:\n    print(type(e).__name__, e)"),
          code("FINAL_VAR('nope')"), "FINAL_VAR(nothing_here)",
          code("answer['content'] = kept\nanswer['ready'] = True")],
         options={"max_output_chars": 2_000},
@@ -159,22 +164,60 @@ CASES: dict[str, Case] = {
         [code("answer['content'] = 'half of it'"), code("x = 1"), "still thinking"],
         options={"max_iterations": 2},
     ),
+    "context_kinds": Case(
+        [code("print(type(context).__name__, len(context), context)"), "FINAL(ok)"],
+        context={"notes": "日本語の文 é", "more": "alpha\nbeta"}, expect=["dict 2 {'notes': '日本語の文 é'"],
+    ),
+    "list_context": Case(
+        [code("print(type(context).__name__, [len(c) for c in context], context[1])"), "FINAL(ok)"],
+        context=["one", "ünïcödé two", "three"], expect=["list [3, 11, 5] ünïcödé two"],
+    ),
+    "session": Case(
+        [code("asked = globals().get('asked', 0) + 1\nprint(asked, history if asked > 1 else None)"),
+         "FINAL_VAR(asked)"],
+        questions=2, expect=["REPL output:\n2 [{'question': 'Question 1?', 'answer': '1', 'stop_reason': 'final'}]"],
+    ),
+    "run_deadline": Case(
+        [code("print('begun')"), code("import time\ntime.sleep(30)"), "FINAL(late)"],
+        options={"budget": Budget(max_seconds=3)},
+    ),
     "isolation_probes": Case(
         [code(PROBES), "FINAL(ok)"],
         expect=["REPL output:\n[]\nnet: PermissionError\ndenied\ndenied\ndenied\nwrote True\nmine"],
     ),
     "episode": Case(
-        [code("print(len(context), llm_query('in an episode'))"),
+        [code("print(len(context), llm_query('in an episode'))\nprint(rlm_query('child?', context='kid'))"),
          code("import os\nos.kill(os.getpid(), 9)"), code("x = 2"), "FINAL(16)"],
-        options={"max_turns": 4}, sandbox_options={"snapshots": True}, episode=True,
-        expect=["29 sub:in an episode", "killed by SIGKILL"],
+        options={"max_turns": 4, "max_depth": 2}, sandbox_options={"snapshots": True}, episode=True,
+        children=[code("print(len(context))"), "FINAL_VAR(context)"],
+        expect=["29 sub:in an episode\nkid", "killed by SIGKILL"],
+    ),
+    "episodes_at_once": Case(
+        [code("print(llm_query(context))\nlast = context[-2:]"), code("print(len(context), last)"), "FINAL(16)"],
+        options={"max_turns": 4}, episode=True, copies=4, expect=["sub:the context: alpha", "#3"],
     ),
     "episode_past_its_turns": Case([code("x = 1")] * 3, options={"max_turns": 2}, episode=True),
 }
 
+if cgroups.memory_available() is not None:  # (else the environment's bound only refuses starts)
+    CASES["episode_in_a_memory_bound"] = Case(
+        [code("held = bytearray(300 << 20)\nfor i in range(0, len(held), 4096):\n    held[i] = 1\nprint('held')"),
+         code("print('after')"), "FINAL(16)"],
+        options={"max_turns": 4, "max_memory_bytes": 256 << 20}, sandbox_options={"snapshots": True}, episode=True,
+        expect=["reached their memory bound (256 MiB)", "after"],
+    )  # fmt: skip
+
 
 async def run_case(server: Any, trace_dir: Path, case: Case, sandbox: str, options: dict[str, Any]) -> dict[str, Any]:
-    """One case with REPLs of `sandbox` (`options` added to its sandbox_options): what is compared."""
+    """One case with REPLs of `sandbox` (`options` added to its sandbox_options): what is compared
+    (an exception out of the run or episode is part of it)."""
+    try:
+        return await _run_case(server, trace_dir, case, sandbox, options)
+    except Exception as exc:
+        return normalised({"raised": f"{type(exc).__name__}: {exc}", "seen": []})
+
+
+async def _run_case(server: Any, trace_dir: Path, case: Case, sandbox: str, options: dict[str, Any]) -> dict[str, Any]:
     server.reset()
     script = server.holder["responder"]
     script.roots.clear()
@@ -187,12 +230,18 @@ async def run_case(server: Any, trace_dir: Path, case: Case, sandbox: str, optio
     if case.episode:
         got = await _episode(case, settings)
     else:
-        result = await RLM(ROOT, sub_model=SUB, **settings).arun("What is it?", "the context: alpha beta gamma")
+        rlm = RLM(ROOT, sub_model=SUB, **settings)
+        if case.questions > 1:
+            async with rlm.session(case.context) as session:
+                results = [await session.aask(f"Question {i + 1}?") for i in range(case.questions)]
+        else:
+            results = [await rlm.arun("What is it?", case.context)]
+        result = results[-1]
         trace = await asyncio.to_thread(Path(str(result.trace_path)).read_text)
-        got = {"answer": result.answer, "value": result.value, "stop_reason": result.stop_reason,
-               "error": result.error, "iterations": result.iterations, "llm_calls": result.usage.llm_calls,
-               "isolation": isolation(result.isolation),
-               "events": trace_events(trace.splitlines())}  # fmt: skip
+        got = {"answer": [r.answer for r in results], "value": [r.value for r in results],
+               "stop_reason": [r.stop_reason for r in results], "error": [r.error for r in results],
+               "iterations": result.iterations, "llm_calls": result.usage.llm_calls,
+               "isolation": isolation(result.isolation), "events": trace_events(trace.splitlines())}  # fmt: skip
     roots = [r for r in server.requests if r.model == "root-model"]
     got["seen"] = [m["content"] for m in roots[-1].messages] if roots else []
     got["subs"] = sorted(str(r.messages[-1]["content"]) for r in server.requests if r.model == "sub-model")
@@ -200,25 +249,31 @@ async def run_case(server: Any, trace_dir: Path, case: Case, sandbox: str, optio
 
 
 async def _episode(case: Case, settings: dict[str, Any]) -> dict[str, Any]:
-    """An RLMEnv episode stepped with the case's replies (the root's turns come from the caller)."""
+    """RLMEnv episodes stepped with the case's replies (the root's turns come from the caller), as
+    many at once as the case has copies, each with a context of its own."""
     env = RLMEnv(SUB, **settings)
     try:
-        episode = await env.start("What is it?", "the context: alpha beta gamma", scorer=lambda a: float(a == "16"))
-        observations = []
-        for reply in case.replies:
-            if episode.done:
-                break
-            observations.append(await episode.step(reply))
-        rows = episode.rollouts(include_subcalls=True) if episode.done else []
-        events = [json.dumps(e) for e in episode.events]
-        return {"observations": observations, "done": episode.done, "answer": episode.answer,
-                "stop_reason": episode.stop_reason, "error": episode.error, "reward": episode.reward,
-                "messages": episode.messages, "isolation": isolation(episode.result.isolation),
-                "rows": [{k: v for k, v in r.items() if k not in ("run_id", "trajectory_id", "parent_run_id")}
-                         for r in rows],
-                "events": trace_events(events)}  # fmt: skip
+        contexts = [case.context] if case.copies == 1 else [f"{case.context} #{i}" for i in range(case.copies)]
+        outcomes = await asyncio.gather(*(_stepped(env, case, context) for context in contexts))
+        return outcomes[0] if case.copies == 1 else {"episodes": outcomes}
     finally:
         await env.aclose()
+
+
+async def _stepped(env: RLMEnv, case: Case, context: Any) -> dict[str, Any]:
+    episode = await env.start("What is it?", context, scorer=lambda a: float(a == "16"))
+    observations = []
+    for reply in case.replies:
+        if episode.done:
+            break
+        observations.append(await episode.step(reply))
+    rows = episode.rollouts(include_subcalls=True) if episode.done else []
+    return {"observations": observations, "done": episode.done, "answer": episode.answer,
+            "stop_reason": episode.stop_reason, "error": episode.error, "reward": episode.reward,
+            "messages": episode.messages, "isolation": isolation(episode.result.isolation),
+            "rows": [{k: v for k, v in r.items() if k not in ("run_id", "trajectory_id", "parent_run_id")}
+                     for r in rows],
+            "events": trace_events([json.dumps(e) for e in episode.events])}  # fmt: skip
 
 
 def isolation(report: dict[str, Any]) -> dict[str, Any]:
@@ -300,9 +355,15 @@ def differences(local: dict[str, Any], remote: dict[str, Any]) -> list[str]:
 
 
 def expected_in(outcome: dict[str, Any], case: Case) -> list[str]:
-    """The case's expected texts missing from what the root saw and the cells printed (both sides
-    wrong in the same way would agree)."""
-    printed = [e.get("stdout", "") for e in outcome.get("events", []) if e.get("type") == "exec"]
-    seen = "\n".join([*outcome["seen"], *printed, json.dumps(outcome.get("observations", []))])
-    return [text for text in case.expect if normalised(text) not in seen]
+    """The case's expected texts found nowhere in the outcome (what the root saw, what the cells
+    printed, the observations): both sides wrong in the same way would agree."""
+    text = "\n".join(_strings(outcome))
+    return [wanted for wanted in case.expect if normalised(wanted) not in text]
 
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    return [s for v in value for s in _strings(v)] if isinstance(value, list) else []
