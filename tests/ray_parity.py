@@ -9,7 +9,6 @@ and limits set from a worker's measured size (only whether they are set)."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import re
 import time
@@ -33,7 +32,7 @@ def _sub(prompt: str) -> str:
     if "explode" in prompt:
         raise RuntimeError("no")
     if "slow" in prompt:
-        time.sleep(1.5)  # (the fake server's thread: a cell's deadline passes while it waits)
+        time.sleep(0.8)  # (the fake server's thread: a cell's deadline passes while it waits)
     return f"sub:{prompt[:20]}"
 
 
@@ -110,8 +109,6 @@ CASES: dict[str, Case] = {
                 "FINAL_VAR(nothing_here) names no variable"],
     ),
     "final_var_value": Case([code("counts = {'a': 1, 'b': [1, 2], 'c': None}\nFINAL_VAR('counts')")]),
-    # An answer longer than half the driver's frame bound (64 MiB), which a local REPL hands back.
-    "long_answer": Case([code("long = 'x' * (33 << 20)\nprint(len(long))"), "FINAL_VAR(long)"]),
     "deadlines_and_deaths": Case(
         [code("kept = 'still here'"), code("while True:\n    pass"),
          code("import time\ntry:\n    while True:\n        time.sleep(0.02)\nexcept KeyboardInterrupt:\n"
@@ -150,7 +147,7 @@ CASES: dict[str, Case] = {
          code("print(failing_tool(5))\nprint(failing_tool(0))"),
          code("try:\n    unsendable_tool()\nexcept Exception as e:\n    print(type(e).__name__, e)"),
          code("reading_tool('key.txt')"), "FINAL(ok)"],
-        options={"tools": [failing_tool, unsendable_tool, reading_tool]},
+        options={"tools": [failing_tool, unsendable_tool, reading_tool], "max_retries": 0},
         expect=["SubcallError the call to openai/sub-model failed", "    llm_query('explode')\nSubcallError",
                 "2\nTraceback", "ZeroDivisionError", "FileNotFoundError"],
     ),
@@ -179,7 +176,7 @@ CASES: dict[str, Case] = {
     ),
     "run_deadline": Case(
         [code("print('begun')"), code("import time\ntime.sleep(30)"), "FINAL(late)"],
-        options={"budget": Budget(max_seconds=3)},
+        options={"budget": Budget(max_seconds=2)},
     ),
     "isolation_probes": Case(
         [code(PROBES), "FINAL(ok)"],
@@ -329,8 +326,6 @@ _TIMES = re.compile(r"\b\d+(\.\d+)?\s?(ms|s)\b")
 
 
 def normalised(value: Any) -> Any:
-    if isinstance(value, str) and len(value) > 100_000:  # (a long answer: compared by its digest)
-        return f"<{len(value)} characters, sha256 {hashlib.sha256(value.encode(errors='replace')).hexdigest()}>"
     if isinstance(value, str):
         return _TIMES.sub("<t>", _IDS.sub("<id>", value))
     if isinstance(value, list | tuple):
