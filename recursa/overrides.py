@@ -58,8 +58,9 @@ def client_settings(
     may repeat the operator's value (a row is data: which sandbox runs it and where its files go
     stay the operator's choice) or direct the row's own key (`_OWN_KEYS`). A budget's caps may also come one by
     one (`recursa.max_usd`): parts of `budget`, each named as given. A ConfigError's `setting` names
-    the option at fault."""
-    given = dict(given)
+    the option at fault. A None is no setting: the operator's holds (a client's turn_timeout=None
+    would widen the operator's to exec_timeout)."""
+    given = {name: value for name, value in given.items() if value is not None}
     loose = {cap: given.pop(cap) for cap in BUDGET_CAPS if cap in given}
     if loose:
         given.setdefault("budget", None)

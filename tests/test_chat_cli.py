@@ -2,7 +2,8 @@
 `history` carry over), a failing question that does not end the chat, and bad input as one line.
 
 The root model is `openai/chat-root` behind the fake server: its reply depends on which question
-(a tag such as Q-SET) the run was asked, so one subprocess can be scripted question by question.
+(a tag such as Q-SET) the run was asked, so one process can be scripted question by question. Each
+chat is a process of its own, forked from a launcher that imported the CLI once (tests/cli_launcher.py).
 """
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.cli_launcher import CliLauncher
 
 ROOT = "chat-root"
 KEY = "chat-test-key-0123456789"
@@ -50,29 +52,23 @@ def context_file(tmp_path) -> Path:
 
 
 def chat(
-    *args: str, stdin: str, server=None, key: bool = True, timeout: float = 60
+    launcher: CliLauncher, *args: str, stdin: str, server=None, key: bool = True, timeout: int = 60
 ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "RECURSA_BASE_URL"}
     if key:
         env["OPENAI_API_KEY"] = KEY
     model = ["--model", f"openai/{ROOT}", "--base-url", server.base_url] if server is not None else []
-    return subprocess.run(
-        [sys.executable, "-m", "recursa.cli", "chat", *model, *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
+    return launcher.run(["chat", *model, *args], cwd=Path.cwd(), env=env, stdin=stdin, timeout=timeout)
 
 
 def questions_seen(server) -> list[str]:
     return [r.messages[1]["content"] for r in server.requests if len(r.messages) > 1]
 
 
-def test_three_questions_share_one_session(chat_server, context_file, tmp_path):
+def test_three_questions_share_one_session(chat_server, context_file, tmp_path, cli_launcher):
     stdin = "Q-SET remember a number\n\n   \nQ-GET what was it?\nQ-HISTORY what came before?\nexit\nQ-NEVER\n"
     out = chat(
+        cli_launcher,
         "--context",
         str(context_file),
         "--json",
@@ -100,8 +96,9 @@ def test_three_questions_share_one_session(chat_server, context_file, tmp_path):
     assert not any("Q-NEVER" in q for q in questions_seen(chat_server))
 
 
-def test_plain_output_answers_on_stdout_status_on_stderr(chat_server, context_file, tmp_path):
+def test_plain_output_answers_on_stdout_status_on_stderr(chat_server, context_file, tmp_path, cli_launcher):
     out = chat(
+        cli_launcher,
         "--context",
         str(context_file),
         "--trace-dir",
@@ -116,10 +113,11 @@ def test_plain_output_answers_on_stdout_status_on_stderr(chat_server, context_fi
     assert "after 2 questions · trace: " in out.stderr
 
 
-def test_a_failing_question_is_reported_and_the_chat_goes_on(chat_server, context_file, tmp_path):
+def test_a_failing_question_is_reported_and_the_chat_goes_on(chat_server, context_file, tmp_path, cli_launcher):
     # A 1 ms budget refuses every root call: each question fails on its own, the chat goes on. (A
     # token cap below one call's reservation is refused at start instead: test_cli_options.py.)
     out = chat(
+        cli_launcher,
         "--context",
         str(context_file),
         "--max-seconds",
@@ -145,10 +143,12 @@ def test_a_failing_question_is_reported_and_the_chat_goes_on(chat_server, contex
         ("empty.txt", "the context is empty"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2(chat_server, tmp_path, context, message):
+def test_bad_input_is_one_line_and_exit_2(chat_server, tmp_path, context, message, cli_launcher):
     (tmp_path / "empty.txt").write_text("")
     path = context if context == "-" else str(tmp_path / context)
-    out = chat("--context", path, "--trace-dir", str(tmp_path), stdin="Q-SET\nQ-GET\n", server=chat_server)
+    out = chat(
+        cli_launcher, "--context", path, "--trace-dir", str(tmp_path), stdin="Q-SET\nQ-GET\n", server=chat_server
+    )
     assert out.returncode == 2
     assert out.stdout == ""
     errors = [line for line in out.stderr.splitlines() if line.startswith("recursa: error:")]
@@ -156,7 +156,9 @@ def test_bad_input_is_one_line_and_exit_2(chat_server, tmp_path, context, messag
     assert "Traceback" not in out.stderr
 
 
-def test_a_missing_api_key_is_one_line_before_any_question(context_file):
-    out = chat("--context", str(context_file), "--model", "openai/gpt-5-mini", stdin="hello\n", key=False)
+def test_a_missing_api_key_is_one_line_before_any_question(context_file, cli_launcher):
+    out = chat(
+        cli_launcher, "--context", str(context_file), "--model", "openai/gpt-5-mini", stdin="hello\n", key=False
+    )
     assert out.returncode == 2
     assert out.stderr.startswith("recursa: error: no OpenAI API key") and out.stderr.count("\n") == 1

@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -18,6 +16,7 @@ from recursa.confined import ConfinedPath
 from recursa.context import build_payload
 from recursa.errors import ContextError
 from recursa.trace import load
+from tests.cli_launcher import CliLauncher
 from tests.serve_helpers import install_test_root
 
 SECRET = "TOP-SECRET-OUTSIDE-THE-FOLDER"
@@ -101,17 +100,14 @@ def test_a_folder_swapped_for_a_link_after_the_check_is_not_followed(tree: Path,
         build_payload(checked_file)
 
 
-def test_cli_run_leaves_links_out_and_says_so(tree: Path, tmp_path: Path) -> None:
+def test_cli_run_leaves_links_out_and_says_so(tree: Path, tmp_path: Path, cli_launcher: CliLauncher) -> None:
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
-    out = subprocess.run(
+    out = cli_launcher.run(
         [
-            *[sys.executable, "-m", "recursa.cli", "run", "What is the code?"],
-            *["--context", str(tree / "docs"), "--model", "scripted/gpt5-like"],
+            *["run", "What is the code?", "--context", str(tree / "docs"), "--model", "scripted/gpt5-like"],
             *["--sub-model", "scripted/oracle", "--trace-dir", str(tmp_path / "t"), "--max-iterations", "3"],
         ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+        cwd=Path.cwd(),
         env=env,
     )
     assert out.returncode in (0, 3) and "Traceback" not in out.stderr, out.stderr
@@ -120,23 +116,14 @@ def test_cli_run_leaves_links_out_and_says_so(tree: Path, tmp_path: Path) -> Non
     context = load(trace).root.start["context"]
     assert context["total_chars"] == len("alpha") * 2 + len("beta") + len(HARD)
     _no_secret(trace.read_text(), hard_links_refused=False)
-    chat = subprocess.run(
+    chat = cli_launcher.run(
         [
-            *[sys.executable, "-m", "recursa.cli", "chat", "--context", str(tree / "docs")],
-            *[
-                "--model",
-                "scripted/gpt5-like",
-                "--sub-model",
-                "scripted/oracle",
-                "--trace-dir",
-                str(tmp_path / "c"),
-            ],
+            *["chat", "--context", str(tree / "docs"), "--model", "scripted/gpt5-like"],
+            *["--sub-model", "scripted/oracle", "--trace-dir", str(tmp_path / "c")],
         ],
-        input="What is the code?\n",
-        capture_output=True,
-        text=True,
-        timeout=120,
+        cwd=Path.cwd(),
         env=env,
+        stdin="What is the code?\n",
     )
     assert chat.returncode == 0 and "Traceback" not in chat.stderr, chat.stderr
     assert "left out of the context folder" in chat.stderr and "leak.txt (a symbolic link" in chat.stderr

@@ -213,13 +213,16 @@ COMMAND_LINE = re.compile(r"^\s*recursa ([^\n#|]+)|`recursa ([^`\n]+)`", re.MULT
 def test_cli_flags_in_the_docs_exist(capsys: pytest.CaptureFixture[str]) -> None:
     known = set(re.findall(r"\{([\w,-]+)\}", _help([], capsys))[0].split(","))
     wrong: list[str] = []
+    helps: dict[tuple[str, ...], str] = {}  # each command's help, built once (the docs name a few commands many times)
     for page in PAGES:
         for line in ("".join(found) for found in COMMAND_LINE.findall(page.read_text())):
             words = shlex.split(line.replace("\\", ""), posix=True) if line.count('"') % 2 == 0 else []
             if not words or words[0] not in known:
                 continue
-            command = words[:2] if words[0] == "export" and len(words) > 1 else words[:1]
-            help_text = _help(command, capsys)
+            command = tuple(words[:2] if words[0] == "export" and len(words) > 1 else words[:1])
+            if command not in helps:
+                helps[command] = _help(list(command), capsys)
+            help_text = helps[command]
             for flag in (w.split("=")[0] for w in words if w.startswith("--")):
                 if flag not in help_text:
                     wrong.append(f"{page.name}: recursa {' '.join(command)} {flag}")

@@ -14,6 +14,7 @@ import pytest
 
 from recursa import Budget
 from recursa.env import EnvError, RLMEnv, group_rollouts
+from recursa.env.tokens import NONE_GIVEN, token_fields
 from recursa.errors import ConfigError
 from recursa.sandbox import subprocess as subprocess_sandbox
 from recursa.testing.fake_server import FakeServer
@@ -422,6 +423,8 @@ async def test_token_fields_as_arrays_and_tuples_reach_the_rows_and_bad_ones_are
     assert last["response_token_ids"] == [7, 8]
     assert (sub["response_token_ids"], sub["response_logprobs"]) == ([5, 6], [-0.1, -0.2])
     assert episode.usage.output_tokens == 3 + 2 + 2 and episode.turn == 2
+    # A str reply skips the reading of fields it cannot carry: what it stands for is what they read as.
+    assert token_fields({}, "the reply") == NONE_GIVEN
     await env.aclose()
 
 

@@ -34,6 +34,8 @@ from recursa.sandbox import cgroups, make_sandbox  # noqa: E402
 from recursa.sandbox.base import CallbackError, start_loaded  # noqa: E402
 from recursa.sandbox.cluster import NodeLost, RaySandbox, node_hosts, relay, shutdown_hosts  # noqa: E402
 from recursa.tasks import generate  # noqa: E402
+from tests import ray_parity as parity  # noqa: E402
+from tests.conftest import Script  # noqa: E402
 from tests.helpers import cli_in_process  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -57,10 +59,11 @@ def path_without_bwrap(folder: Path) -> str:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """A head that takes no REPLs (it stands for a GPU node) and two CPU nodes that do: a, labelled,
     and b, a machine without bubblewrap."""
-    made = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
-                                                          "resources": {"gpu_like": 1}})  # fmt: skip
-    a = made.add_node(num_cpus=1, resources={"cpu_repl": 1, "node_a": 1}, labels={"pool": "cpu-a"})
-    with pytest.MonkeyPatch.context() as env:  # the node's raylet and its workers inherit it
+    with pytest.MonkeyPatch.context() as env:  # the nodes' raylets and their workers inherit it
+        env.setenv("OPENAI_API_KEY", parity.KEY)  # (a node's keys reach no REPL either: the parity test)
+        made = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                                              "resources": {"gpu_like": 1}})  # fmt: skip
+        a = made.add_node(num_cpus=1, resources={"cpu_repl": 1, "node_a": 1}, labels={"pool": "cpu-a"})
         env.setenv("PATH", path_without_bwrap(tmp_path_factory.mktemp("nodeb") / "bin"))
         b = made.add_node(num_cpus=1, resources={"cpu_repl": 1, "node_b": 1})
     made.wait_for_nodes()
@@ -363,6 +366,37 @@ def test_the_environments_memory_bound_holds_on_the_nodes(cluster: dict, tmp_pat
         assert episode.result.isolation["ray_node"] == cluster["a"]
     finally:
         env.close()
+
+
+@pytest.fixture(scope="module")
+def outcomes(cluster: dict, server: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """Every parity case (tests/ray_parity.py) with local REPLs, then with its REPLs on node a
+    (which has bubblewrap, as this machine does), one after the other on one event loop, with a
+    provider key in this process's environment as in the nodes'."""
+    server.holder["responder"] = Script()
+    folder = tmp_path_factory.mktemp("parity")
+
+    async def both() -> dict[str, dict[str, Any]]:
+        found = {}
+        for name, case in parity.CASES.items():
+            local = await parity.run_case(server, folder / "local", case, "auto", {})
+            remote = await parity.run_case(server, folder / "ray", case, "ray", {"resources": {"node_a": 1}})
+            found[name] = {"local": local, "ray": remote}
+        return found
+
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OPENAI_API_KEY", parity.KEY)
+        return asyncio.run(both())
+
+
+@pytest.mark.parametrize("name", list(parity.CASES))
+def test_a_run_on_the_cluster_is_a_local_run(outcomes: dict[str, dict[str, Any]], name: str) -> None:
+    # Answers, stop reasons, errors, what the root saw, sub-calls, the trace's events in order,
+    # rollout rows and the isolation report: the same as with local REPLs (ray_parity.py).
+    local, remote = outcomes[name]["local"], outcomes[name]["ray"]
+    missing = parity.expected_in(local, parity.CASES[name])
+    assert not missing, f"expected in the {name} run, locally: {missing}"
+    assert local == remote, "\n".join(parity.differences(local, remote))
 
 
 def test_env_on_the_cluster_a_lost_node_fails_only_its_episodes_and_close_reaps(cluster: dict, tmp_path: Path) -> None:

@@ -395,6 +395,30 @@ async def test_a_worker_started_with_sigint_blocked_is_still_interrupted(host: H
         await sb.close()
 
 
+async def test_a_restored_worker_of_a_host_blocking_sigint_is_interrupted_in_a_call_back(host: Host) -> None:
+    # A snapshot is a copy of the worker's forking thread, which a worker started with SIGINT
+    # blocked (a Ray node's host) started before it unblocked it: after a restore the worker waited
+    # out every call-back at a deadline (no other thread's signal wakes that wait), and each such
+    # timeout killed it and lost the cell's state.
+    import signal
+
+    sb = SubprocessSandbox(grace_s=0.3)
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        await sb.start(host)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    try:
+        await run(sb, "kept = 'still here'")
+        swallowing = "import time\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    time.sleep(60)"
+        assert (await run(sb, swallowing, timeout=0.3)).restored
+        r = await run(sb, "llm_query('slow')", timeout=0.3)
+        assert r.timed_out and not r.restarted and "KeyboardInterrupt" in (r.error or ""), (r.error, r.notes)
+        assert (await run(sb, "kept")).stdout == "'still here'\n"
+    finally:
+        await sb.close()
+
+
 async def test_interrupt_cancels_the_pending_call(proc_sandbox: SubprocessSandbox, host: Host) -> None:
     r = await run(proc_sandbox, "llm_query('slow')", timeout=0.3)
     assert r.timed_out and not r.restarted and "KeyboardInterrupt" in (r.error or "")

@@ -9,6 +9,7 @@ import pytest
 
 from recursa.budget import Budget
 from recursa.cli import _parser
+from recursa.config import Spelling
 from recursa.errors import ConfigError
 from recursa.integrations import openenv_cli
 from recursa.integrations.openenv_settings import OPENENV_FLAGS, OPENENV_SETTINGS
@@ -142,3 +143,15 @@ def test_the_signature_shows_the_run_settings_before_and_after_the_first_constru
     assert before == after
     assert {"spelling", "max_runs", "api_key"} <= set(after.parameters)
     assert any(p.kind is inspect.Parameter.VAR_KEYWORD for p in after.parameters.values())
+
+
+def test_a_clients_none_is_no_setting_so_it_never_widens_the_operators() -> None:
+    """Each door dropped a client's None before the policy, in a line of its own (a request's
+    fields, an ACP session's _meta, an MCP tool call's arguments) and SkyRL's rows did not: a row's
+    budget=None dropped the operator's caps. The policy itself reads None as no setting now; a
+    turn_timeout=None would have widened the operator's 60 s to exec_timeout."""
+    from recursa.overrides import client_settings
+
+    limits = {"turn_timeout": 60.0, "exec_timeout": 120.0, "budget": Budget(max_usd=1.0)}
+    given = {"turn_timeout": None, "budget": None, "max_usd": None, "max_depth": 1}
+    assert client_settings(given, limits, Spelling("dotted", "recursa")) == {"max_depth": 1}

@@ -262,6 +262,9 @@ def test_a_row_never_widens_what_the_config_limits() -> None:
     # whole, though each of its caps had been checked against the config's).
     env = adapter.RecursaRLMEnv(env_config={"budget": {"max_usd": 1.0}}, extras={"budget": {"max_llm_calls": 5}})
     assert env._env.config.budget == Budget(max_usd=1.0, max_llm_calls=5)
+    # A row's None is no setting of its own: it dropped the config's budget and max_turns.
+    env = adapter.RecursaRLMEnv(env_config={"budget": {"max_usd": 1.0}, "max_turns": 3}, extras={"budget": None, "max_turns": None})
+    assert (env._env.config.budget, env.max_turns) == (Budget(max_usd=1.0), 4)
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,6 @@ import json
 import math
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 from recursa import RLM
 from recursa.tasks import generate
 from recursa.trace.viewer import TraceFormatError, ViewerServer, build_view, export_html, render_html
+from tests.cli_launcher import CliLauncher
 from tests.helpers import CHROMIUM
 
 SCREENSHOTS = (
@@ -206,21 +206,23 @@ def test_files_that_are_not_traces_are_refused_clearly(tmp_path):
             build_view(path)
 
 
-def test_cli_writes_standalone_html_and_explains_bad_input(tmp_path, deep_trace):
+def _view(launcher: CliLauncher, *args: str) -> subprocess.CompletedProcess[str]:
+    """`recursa view ARGS` in a process of its own (tests/cli_launcher.py)."""
+    return launcher.run(["view", *args], cwd=Path.cwd(), env=dict(os.environ), timeout=60)
+
+
+def test_cli_writes_standalone_html_and_explains_bad_input(tmp_path, deep_trace, cli_launcher):
     out = tmp_path / "view.html"
-    cli = [sys.executable, "-m", "recursa.cli", "view"]
-    done = subprocess.run(
-        [*cli, str(deep_trace), "--html", str(out)], capture_output=True, text=True, timeout=60
-    )
+    done = _view(cli_launcher, str(deep_trace), "--html", str(out))
     assert done.returncode == 0, done.stderr
     html = out.read_text()
     assert html.startswith("<!doctype html>") and "/*__" not in html and "Synthetic" not in html
     assert "<script" in html and "fetch(" in html  # one self-contained file
     bad = tmp_path / "bad.jsonl"
     bad.write_text("hello\n")
-    done = subprocess.run([*cli, str(bad), "--html", str(out)], capture_output=True, text=True, timeout=60)
+    done = _view(cli_launcher, str(bad), "--html", str(out))
     assert done.returncode == 2 and "not a recursa trace" in done.stderr
-    done = subprocess.run([*cli, str(tmp_path / "missing.jsonl")], capture_output=True, text=True, timeout=60)
+    done = _view(cli_launcher, str(tmp_path / "missing.jsonl"))
     assert done.returncode == 2 and "no trace file" in done.stderr
 
 
@@ -378,7 +380,7 @@ def test_live_view_follows_a_growing_trace(browser, tmp_path):
         _shot(page, tmp_path, "viewer-narrow.png")
 
 
-def test_a_trace_whose_runs_form_a_loop_renders_what_it_can(tmp_path):
+def test_a_trace_whose_runs_form_a_loop_renders_what_it_can(tmp_path, cli_launcher):
     """Duplicate run ids made two runs share a tree slot and name each other as parents: the view
     recursed without end (RecursionError) and the page's tree would have looped."""
     from recursa.trace import load
@@ -424,12 +426,7 @@ def test_a_trace_whose_runs_form_a_loop_renders_what_it_can(tmp_path):
     assert len(trace.runs) == 4 and sum(len(r.walk()) for r in trace.roots) == 5
     assert any("starts more than once" in n for n in trace.notes)
     out = tmp_path / "loop.html"
-    done = subprocess.run(
-        [sys.executable, "-m", "recursa.cli", "view", str(path), "--html", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _view(cli_launcher, str(path), "--html", str(out))
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
 
 

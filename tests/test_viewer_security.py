@@ -5,14 +5,14 @@ neither run script nor blank the page, in the standalone HTML (`--html`) and the
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import os
 from pathlib import Path
 
 import httpx
 import pytest
 
 from recursa.trace.viewer import ViewerServer, build_view, render_html
+from tests.cli_launcher import CliLauncher
 
 # Every payload bumps window.__pwned when it runs; the attribute form breaks out of a quoted
 # attribute, the comment form opens a "<!--<script>" that swallows a later script element.
@@ -150,7 +150,9 @@ def test_the_live_server_sends_protective_headers_and_refuses_other_hosts(tmp_pa
         assert rebound.status_code == 403 and NASTY not in rebound.text
 
 
-def test_fields_of_the_wrong_type_neither_crash_the_viewer_nor_break_its_json(tmp_path: Path) -> None:
+def test_fields_of_the_wrong_type_neither_crash_the_viewer_nor_break_its_json(
+    tmp_path: Path, cli_launcher: CliLauncher
+) -> None:
     """NaN, Infinity, 1e999, lists and objects where strings and numbers go, a line nested
     thousands deep: `recursa view` still renders, and the data it embeds or serves is strict JSON
     (a NaN anywhere made the browser's JSON.parse refuse the whole page)."""
@@ -171,12 +173,7 @@ def test_fields_of_the_wrong_type_neither_crash_the_viewer_nor_break_its_json(tm
         json.loads(detail, parse_constant=lambda c: pytest.fail(f"{c} in a node's details"))
     assert view["nodes"][0]["s"] == "unknown"
     out = tmp_path / "typed.html"
-    done = subprocess.run(
-        [sys.executable, "-m", "recursa.cli", "view", str(trace), "--html", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = cli_launcher.run(["view", str(trace), "--html", str(out)], cwd=Path.cwd(), env=dict(os.environ))
     assert done.returncode == 0 and "error" not in done.stderr, done.stderr
     with ViewerServer(trace) as viewer:
         served = httpx.get(viewer.url + "trace.json")
@@ -218,15 +215,12 @@ def _visit_everything(browser, url: str, bypass_csp: bool) -> None:
 
 
 @pytest.mark.parametrize("bypass_csp", [False, True], ids=["with-csp", "escaping-alone"])
-def test_standalone_html_from_the_cli_runs_no_trace_script(browser, tmp_path: Path, bypass_csp: bool) -> None:
+def test_standalone_html_from_the_cli_runs_no_trace_script(
+    browser, tmp_path: Path, bypass_csp: bool, cli_launcher: CliLauncher
+) -> None:
     trace = hostile_trace(tmp_path / "evil.jsonl")
     out = tmp_path / "evil.html"
-    done = subprocess.run(
-        [sys.executable, "-m", "recursa.cli", "view", str(trace), "--html", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = cli_launcher.run(["view", str(trace), "--html", str(out)], cwd=Path.cwd(), env=dict(os.environ))
     assert done.returncode == 0, done.stderr
     _visit_everything(browser, out.as_uri(), bypass_csp)
 

@@ -20,7 +20,7 @@ from recursa.context import ContextPayload
 from recursa.env.quota import Prepaid
 from recursa.env.rollouts import Rollouts, checked_reward, episode_rows
 from recursa.env.shared import EnvError, EpisodeHost, ReplyRefused
-from recursa.env.tokens import given_count, token_fields
+from recursa.env.tokens import NONE_GIVEN, given_count, token_fields
 from recursa.lm.base import LMResponse, Message, ToolCall, valid_unicode
 from recursa.lm.tool_format import openai_messages, openai_tool_calls
 from recursa.loop.engine import RunEngine
@@ -259,16 +259,16 @@ class Episode:
             reply, extra = reply_text(reply, "the reply")
         except EnvError as exc:
             raise ReplyRefused(str(exc)) from None
-        calls = reply_calls(extra)
+        calls = reply_calls(extra) if extra else []  # a str reply (the usual form) carries nothing else
         limit = self._host.max_reply_chars
-        if len(reply) + sum(len(json.dumps(c.arguments)) for c in calls) > limit:
+        if len(reply) + (sum(len(json.dumps(c.arguments)) for c in calls) if calls else 0) > limit:
             raise ReplyRefused(
                 f"the reply has {len(reply):,} characters, over RLMEnv(max_reply_chars={limit:,}); cap the "
                 "policy's generation length or raise max_reply_chars. Nothing ran; step again.",
                 too_long=len(reply),
             )
         try:
-            tokens = token_fields(extra, "the reply")
+            tokens = token_fields(extra, "the reply") if extra else NONE_GIVEN
         except EnvError as exc:
             raise ReplyRefused(str(exc)) from None
         prompt_chars = sum(len(m.get("content") or "") for m in self._engine.messages)

@@ -14,6 +14,8 @@ from recursa.env.shared import EnvError
 
 ID_FIELDS = ("token_ids", "prompt_token_ids")
 COUNT_FIELDS = ("input_tokens", "output_tokens")
+# What `token_fields` gives for a reply that carries none (read only).
+NONE_GIVEN: dict[str, Any] = dict.fromkeys((*ID_FIELDS, "logprobs", *COUNT_FIELDS))
 
 
 def token_fields(extra: dict[str, Any], what: str) -> dict[str, Any]:

@@ -310,7 +310,7 @@ def _within(row: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     `sampling` is merged over the config's (a role's options the row leaves out stay the config's),
     and so is its `budget` (a cap the row leaves out stays the config's). The row's run settings are
     checked here, once, as `client_settings` checks a client's."""
-    given = {_RUN_EXTRAS[k]: v for k, v in row.items() if k in _RUN_EXTRAS and v is not None}
+    given = {_RUN_EXTRAS[k]: v for k, v in row.items() if k in _RUN_EXTRAS}
     limits = _operator_limits(config, row)
     url, mine = given.get("base_url"), given.get("api_key")
     if url is not None and not mine and not same_url(url, limits.get("base_url") or ""):
@@ -329,7 +329,9 @@ def _within(row: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
         own_key=bool(row.get("api_key")),
         stated_only=True,
     )
-    return row | {_SPELLED[name]: value for name, value in run.items()}
+    # A run setting the row leaves None is not set: the config's holds (a None budget dropped its caps).
+    kept = {k: v for k, v in row.items() if k not in _RUN_EXTRAS or v is not None}
+    return kept | {_SPELLED[name]: value for name, value in run.items()}
 
 
 def _operator_limits(config: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:

@@ -92,13 +92,17 @@ def fence_text(body: list[str], indent: int = 0) -> str:
     return text.strip("\n")
 
 
+def runnable_tags(on: Switch) -> frozenset[str]:
+    """The tags of the fences that run under the rules `on` says are in force."""
+    return (RUNNABLE_TAGS - PAPER_TAGS if on("python_fences") else frozenset()) | (
+        PAPER_TAGS if on("repl_fence") else frozenset()
+    )
+
+
 class _Reader:
     def __init__(self, on: Switch) -> None:
         self.on = on
-        tags = (RUNNABLE_TAGS - PAPER_TAGS if on("python_fences") else frozenset()) | (
-            PAPER_TAGS if on("repl_fence") else frozenset()
-        )
-        self.tags = tags
+        self.tags = runnable_tags(on)
         self.code_on_opener = on("code_on_opener")
 
     def opener(self, m: re.Match[str], at: int, start: int) -> _Open:

@@ -39,7 +39,7 @@ from typing import Literal
 
 from recursa.errors import ConfigError
 from recursa.loop import cleaning
-from recursa.loop.fences import PAPER_TAGS, RUNNABLE_TAGS, Fence
+from recursa.loop.fences import Fence, runnable_tags
 from recursa.loop.finals import ProseFinal
 
 Stage = Literal["text", "fences", "answer", "code", "last_call", "turn"]
@@ -325,10 +325,7 @@ class ReplyRules:
         # own are in force: then a reply of plain prose and such fences reads the same by no rule at
         # all (parse.py, `_plain`); else None.
         own = any(r not in RULES for r in self.rules if r.stage in ("text", "answer"))
-        tags = (RUNNABLE_TAGS - PAPER_TAGS if "python_fences" in names else frozenset()) | (
-            PAPER_TAGS if "repl_fence" in names else frozenset()
-        )
-        object.__setattr__(self, "plain_tags", None if own else tags)
+        object.__setattr__(self, "plain_tags", None if own else runnable_tags(names.__contains__))
         if len(set(names)) != len(names):
             raise ValueError(f"reply rules named twice: {sorted({n for n in names if names.count(n) > 1})}")
         unknown = set(names) - self._known

@@ -64,14 +64,25 @@ class SandboxKind:
     # What the kind keeps per event loop for its REPLs (a Ray pool's streams to the nodes), let go
     # when an environment on that loop closes.
     release: Callable[[], Awaitable[None]] | None = None
+    # The class whose options the kind's own **kwargs pass on to the sandbox it runs (a Ray node's
+    # local one): those are checked too, as they are where that sandbox runs here.
+    passes_on: type | None = None
 
     def option_names(self) -> list[str] | None:
-        """The `sandbox_options` this kind takes, or None when it takes any (a **kwargs constructor)."""
-        params = inspect.signature(self.options_of).parameters
-        if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            return None
-        keyword = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        return sorted(n for n, p in params.items() if p.kind in keyword and n != "kind")
+        """The `sandbox_options` this kind takes, or None when it takes any (a **kwargs constructor
+        that passes them on to no known class)."""
+        names: set[str] = set()
+        for cls in (self.options_of, self.passes_on):
+            if cls is None:
+                continue
+            params = inspect.signature(cls).parameters
+            if any(p.kind is p.VAR_KEYWORD for p in params.values()) and cls is not self.passes_on:
+                if self.passes_on is None:
+                    return None
+            keyword = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+            # (One without a default is recursa's to give: a container's kind, the Ray sandbox's maker.)
+            names |= {n for n, p in params.items() if p.kind in keyword and p.default is not p.empty}
+        return sorted(names)
 
 
 def _auto(**options: Any) -> Sandbox:
@@ -113,6 +124,7 @@ SANDBOXES: dict[str, SandboxKind] = {
         snapshots=True,  # the node's local sandbox takes them
         preflight=ray_preflight,
         release=ray_release,
+        passes_on=SubprocessSandbox,  # the node's local sandbox ("auto" or "subprocess")
     ),
 }
 

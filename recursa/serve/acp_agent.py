@@ -303,7 +303,7 @@ def _checked_runtime(given: dict[str, Any], settings: ServeSettings) -> dict[str
     for key in ("base_url", "session_id"):  # api_key: client_upstream checks it, keeping it out of messages
         if key in door:
             door[key] = text_value(f"{where}.{key}", door[key])
-    asked = {k: v for k, v in given.items() if k in _CLIENT_SETTINGS and v is not None}
+    asked = {k: v for k, v in given.items() if k in _CLIENT_SETTINGS}
     run = client_settings(
         asked,
         settings.run_limits(),

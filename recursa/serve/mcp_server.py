@@ -251,7 +251,7 @@ def _spec(
             raise ToolError(exc.message) from None
     elif not context_text:
         raise ToolError("context_text is empty")
-    asked = {k: v for k, v in arguments.items() if v is not None}
+    asked = dict(arguments)
     try:  # the schema's policy for what a client may set, as recursa serve's requests have it
         run = client_settings(asked, settings.run_limits(), _ARGUMENTS, models=None)
     except ConfigError as exc:

@@ -403,7 +403,7 @@ def _apply_settings(req: RunRequest, extra: dict[str, Any], settings: ServeSetti
     """The request's run settings, each checked by the schema's policy for what a client may set
     (recursa/overrides.py): the depth and turns up to the operator's limits and budget caps no
     higher. (The top-level sampling fields, the root's, were checked with the answer's shape.)"""
-    asked = {k: v for k, v in extra.items() if k in SETTING_KEYS and v is not None}
+    asked = {k: v for k, v in extra.items() if k in SETTING_KEYS}
     try:
         req.settings = client_settings(asked, settings.run_limits(), REQUEST_SPELLING, models=None)
     except ConfigError as exc:

@@ -274,11 +274,21 @@ def value_to_wire(value: Any) -> Any:
     if isinstance(value, ExecResult):
         fields = dict(vars(value))
         if value.final is not None:
-            fields["final"] = dict(vars(value.final))
+            fields["final"] = _final_to_wire(value.final)
         return fields
     if isinstance(value, FinalAnswer):
-        return dict(vars(value))
+        return _final_to_wire(value)
     return value
+
+
+def _final_to_wire(final: FinalAnswer) -> dict[str, Any]:
+    """An answer's fields; its value left out where it is its text, as a worker sends it (a long
+    answer would cross twice, and one a local REPL hands back would pass the driver's frame bound)."""
+    fields = dict(vars(final))
+    if final.value is final.text or (isinstance(final.value, str) and final.value == final.text):
+        del fields["value"]
+        fields["value_is_text"] = True
+    return fields
 
 
 def error_to_wire(exc: BaseException) -> dict[str, str]:

@@ -276,19 +276,22 @@ class Repl:
         statements = list(tree.body)
         last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
         lines = code.splitlines()
-        body = compile(tree, _REPL_FILE, "exec", dont_inherit=True)  # no __future__ from this file
-        self._remember(body, lines)
+        body = None  # a cell of one expression (`print(x)`) has no statements before it to compile
+        if tree.body:
+            body = compile(tree, _REPL_FILE, "exec", dont_inherit=True)  # no __future__ from this file
+            self._remember(body, lines)
         expr = None
         if last is not None:
             expr = compile(ast.Expression(last.value), _REPL_FILE, "eval", dont_inherit=True)
             self._remember(expr, lines)
         self.interruptible = True
         try:
-            exec(body, self.ns)
+            if body is not None:
+                exec(body, self.ns)
             result = eval(expr, self.ns) if expr is not None else None
         except NameError as exc:
             tree.body = statements
-            cell = (body,) if expr is None else (body, expr)
+            cell = tuple(c for c in (body, expr) if c is not None)
             taken = prose_answer(exc, tree, code, cell, self._is_answer_call)
             if taken is None:
                 hint = final_hint(exc, tree, cell)

@@ -159,6 +159,14 @@ class Server:
     def run(self, config: dict[str, Any]) -> None:
         hardening = harden(config)  # while this process has one thread (Landlock binds only it)
         self.chan.watch = _watches(self.chan.transport, True)  # after a change of uid, if any
+        # Before `ready`: a host may interrupt the first cell at once (a reply's last sliver of time),
+        # and Python's own handler would end this process with a KeyboardInterrupt outside any cell.
+        signal.signal(signal.SIGINT, self._on_sigint)
+        # A mask is inherited: a worker started from a thread that blocks SIGINT (a Ray actor's, on a
+        # cluster node) would never see the host's interrupt, and every timeout would cost the REPL.
+        # Before the forker's thread starts: a snapshot is a copy of that thread, and the worker it
+        # becomes must see the interrupt too (one waiting on a call-back sees it on no other thread).
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         self.snapshots.forker = self.group.place(Forker)
         if self.group.grouped:
             hardening["cgroup"] = self.group.joined
@@ -173,12 +181,6 @@ class Server:
             "python": sys.version.split()[0],
             "hardening": hardening,
         }
-        # Before `ready`: a host may interrupt the first cell at once (a reply's last sliver of time),
-        # and Python's own handler would end this process with a KeyboardInterrupt outside any cell.
-        signal.signal(signal.SIGINT, self._on_sigint)
-        # A mask is inherited: a worker started from a thread that blocks SIGINT (a Ray actor's, on a
-        # cluster node) would never see the host's interrupt, and every timeout would cost the REPL.
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         self.chan.send(ready)
         self._serve()
 
