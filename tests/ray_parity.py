@@ -9,7 +9,6 @@ and limits set from a worker's measured size (only whether they are set)."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import re
 import time
@@ -33,7 +32,7 @@ def _sub(prompt: str) -> str:
     if "explode" in prompt:
         raise RuntimeError("no")
     if "slow" in prompt:
-        time.sleep(1.5)  # (the fake server's thread: a cell's deadline passes while it waits)
+        time.sleep(0.8)  # (the fake server's thread: a cell's deadline passes while it waits)
     return f"sub:{prompt[:20]}"
 
 
@@ -99,19 +98,15 @@ CASES: dict[str, Case] = {
         [code("def f(n):\n    return g(n)\ndef g(n):\n    raise ValueError(f'bad {n}')\nf(3)"),
          code("import sys\nprint('to stderr', file=sys.stderr)\nprint('to stdout')\nundefined_name"),
          code("print('x' * 50_000)\nprint('y' * 10)"),
-         code("llm_query = 5\ncontext = 'mine'\nkept = {'a': [1, 2]}\nSHOW_VARS()"),
+         code("llm_query = 5\ncontext = 'mine'\nkept = {'a': [1, 2], 'b': None}\nSHOW_VARS()"),
          code("print(len(context), llm_query('again'))\nprint('\\udcff surrogate', 'é日本')\n"
               "try:\n    print(llm_query('odd \\udcff'))\nexcept Exception as e:\n    print(type(e).__name__, e)"),
-         code("FINAL_VAR('nope')"), "FINAL_VAR(nothing_here)",
-         code("answer['content'] = kept\nanswer['ready'] = True")],
+         code("FINAL_VAR('nope')"), "FINAL_VAR(nothing_here)", code("FINAL_VAR('kept')")],
         options={"max_output_chars": 2_000},
         expect=["line 4, in g\n    raise ValueError(f'bad {n}')\nValueError: bad 3", "to stdout\nto stderr\n",
                 "characters omitted ...]", "yyyyyyyyyy", "29 sub:again", "no variable named 'nope' is defined",
                 "FINAL_VAR(nothing_here) names no variable"],
     ),
-    "final_var_value": Case([code("counts = {'a': 1, 'b': [1, 2], 'c': None}\nFINAL_VAR('counts')")]),
-    # An answer longer than half the driver's frame bound (64 MiB), which a local REPL hands back.
-    "long_answer": Case([code("long = 'x' * (33 << 20)\nprint(len(long))"), "FINAL_VAR(long)"]),
     "deadlines_and_deaths": Case(
         [code("kept = 'still here'"), code("while True:\n    pass"),
          code("import time\ntry:\n    while True:\n        time.sleep(0.02)\nexcept KeyboardInterrupt:\n"
@@ -150,7 +145,7 @@ CASES: dict[str, Case] = {
          code("print(failing_tool(5))\nprint(failing_tool(0))"),
          code("try:\n    unsendable_tool()\nexcept Exception as e:\n    print(type(e).__name__, e)"),
          code("reading_tool('key.txt')"), "FINAL(ok)"],
-        options={"tools": [failing_tool, unsendable_tool, reading_tool]},
+        options={"tools": [failing_tool, unsendable_tool, reading_tool], "max_retries": 0},
         expect=["SubcallError the call to openai/sub-model failed", "    llm_query('explode')\nSubcallError",
                 "2\nTraceback", "ZeroDivisionError", "FileNotFoundError"],
     ),
@@ -166,20 +161,16 @@ CASES: dict[str, Case] = {
     ),
     "context_kinds": Case(
         [code("print(type(context).__name__, len(context), context)"), "FINAL(ok)"],
-        context={"notes": "日本語の文 é", "more": "alpha\nbeta"}, expect=["dict 2 {'notes': '日本語の文 é'"],
-    ),
-    "list_context": Case(
-        [code("print(type(context).__name__, [len(c) for c in context], context[1])"), "FINAL(ok)"],
-        context=["one", "ünïcödé two", "three"], expect=["list [3, 11, 5] ünïcödé two"],
+        context={"notes": "日本語の文 é", "more": "alpha\nünïcödé beta"}, expect=["dict 2 {'notes': '日本語の文 é'"],
     ),
     "session": Case(
-        [code("asked = globals().get('asked', 0) + 1\nprint(asked, history if asked > 1 else None)"),
-         "FINAL_VAR(asked)"],
-        questions=2, expect=["REPL output:\n2 [{'question': 'Question 1?', 'answer': '1', 'stop_reason': 'final'}]"],
+        [code("asked = globals().get('asked', 0) + 1\nprint(asked, history if asked > 1 else None, context[1])"),
+         code("answer['content'] = asked\nanswer['ready'] = True")],
+        context=["one", "ünïcödé two"], questions=2, expect=["REPL output:\n2 [{'question': 'Question 1?', 'answer': '1', 'stop_reason': 'final'}] ünïcödé two"],
     ),
     "run_deadline": Case(
         [code("print('begun')"), code("import time\ntime.sleep(30)"), "FINAL(late)"],
-        options={"budget": Budget(max_seconds=3)},
+        options={"budget": Budget(max_seconds=2)},
     ),
     "isolation_probes": Case(
         [code(PROBES), "FINAL(ok)"],
@@ -329,8 +320,6 @@ _TIMES = re.compile(r"\b\d+(\.\d+)?\s?(ms|s)\b")
 
 
 def normalised(value: Any) -> Any:
-    if isinstance(value, str) and len(value) > 100_000:  # (a long answer: compared by its digest)
-        return f"<{len(value)} characters, sha256 {hashlib.sha256(value.encode(errors='replace')).hexdigest()}>"
     if isinstance(value, str):
         return _TIMES.sub("<t>", _IDS.sub("<id>", value))
     if isinstance(value, list | tuple):

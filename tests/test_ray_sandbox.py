@@ -204,6 +204,22 @@ async def test_one_tree_stays_on_one_node_and_a_context_crosses_once_per_node(cl
         payload.close()
 
 
+async def test_an_answer_a_local_repl_hands_back_comes_back_from_a_node(cluster: dict) -> None:
+    # Over half the driver's 64 MiB frame bound: its text crossed from the node twice (as text and
+    # as value), and the driver refused the frame, where a local REPL's worker sends it once.
+    answers = {}
+    for kind in ("ray", "auto"):
+        sandbox = make_sandbox(kind, **(ray_options() if kind == "ray" else {}))
+        await sandbox.start(lambda name, args: asyncio.sleep(0))
+        try:
+            done = await sandbox.execute("long = 'x' * (33 << 20)\nFINAL_VAR('long')", 60)
+            named = await sandbox.get_variable("long")
+            answers[kind] = (done.error, done.final and len(done.final.text), named and len(named.value))
+        finally:
+            await sandbox.close()
+    assert answers["ray"] == answers["auto"] == (None, 33 << 20, 33 << 20), answers
+
+
 async def test_folder_and_file_contexts_are_read_on_the_driver_and_reach_the_node_as_locally(
     cluster: dict, tmp_path: Path
 ) -> None:

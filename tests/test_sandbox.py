@@ -375,12 +375,16 @@ async def test_timeout_interrupts_and_keeps_variables(sandbox: Sandbox) -> None:
     assert r.stdout == "'still here'\n"
 
 
-async def test_a_worker_started_with_sigint_blocked_is_still_interrupted(host: Host) -> None:
+@pytest.mark.parametrize("restored", [False, True], ids=["started", "restored"])
+async def test_a_worker_started_with_sigint_blocked_is_still_interrupted(host: Host, restored: bool) -> None:
     # A Ray actor's thread blocks SIGINT, and a child inherits the mask: a REPL a node's host started
-    # ignored every interrupt, so each timeout killed it and lost its variables.
+    # ignored every interrupt, so each timeout killed it and lost its variables. And a snapshot is a
+    # copy of the worker's forking thread, which such a worker started before it unblocked SIGINT:
+    # once restored, it waited out a call-back at the deadline (no other thread's signal wakes that
+    # wait), killed and losing the cell's state where a local REPL is interrupted and keeps it.
     import signal
 
-    sb = SubprocessSandbox(snapshots=False, grace_s=5)
+    sb = SubprocessSandbox(snapshots=restored, grace_s=0.3 if restored else 5)
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         await sb.start(host)
@@ -388,31 +392,10 @@ async def test_a_worker_started_with_sigint_blocked_is_still_interrupted(host: H
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     try:
         await run(sb, "kept = 'still here'")
-        r = await run(sb, "while True:\n    pass", timeout=0.3)
-        assert r.timed_out and not r.restarted and "KeyboardInterrupt" in (r.error or ""), (r.error, r.notes)
-        assert (await run(sb, "kept")).stdout == "'still here'\n"
-    finally:
-        await sb.close()
-
-
-async def test_a_restored_worker_of_a_host_blocking_sigint_is_interrupted_in_a_call_back(host: Host) -> None:
-    # A snapshot is a copy of the worker's forking thread, which a worker started with SIGINT
-    # blocked (a Ray node's host) started before it unblocked it: after a restore the worker waited
-    # out every call-back at a deadline (no other thread's signal wakes that wait), and each such
-    # timeout killed it and lost the cell's state.
-    import signal
-
-    sb = SubprocessSandbox(grace_s=0.3)
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        await sb.start(host)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-    try:
-        await run(sb, "kept = 'still here'")
-        swallowing = "import time\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    time.sleep(60)"
-        assert (await run(sb, swallowing, timeout=0.3)).restored
-        r = await run(sb, "llm_query('slow')", timeout=0.3)
+        if restored:
+            swallowing = "import time\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    time.sleep(60)"
+            assert (await run(sb, swallowing, timeout=0.3)).restored
+        r = await run(sb, "llm_query('slow')" if restored else "while True:\n    pass", timeout=0.3)
         assert r.timed_out and not r.restarted and "KeyboardInterrupt" in (r.error or ""), (r.error, r.notes)
         assert (await run(sb, "kept")).stdout == "'still here'\n"
     finally:
