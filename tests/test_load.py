@@ -39,8 +39,8 @@ def _requests_per_run(index: int) -> int:
     return 2 + math.ceil(numbers / load.CHUNK) + 1 + 2 + 1
 
 
-# Serial: beside another test on a loaded machine (load 4-19) a run's cells ran past their time limit
-# and run 7 of 20 ended at max_iterations instead of answering.
+# Serial: beside another test, in a full run on a loaded machine (load 4-19), one of the 20
+# in-process runs ended at max_iterations instead of answering.
 @pytest.mark.serial
 @pytest.mark.filterwarnings('ignore:sandbox="inprocess"')
 @pytest.mark.parametrize("sandbox", ["auto", "inprocess"])
