@@ -261,7 +261,7 @@ class Episode:
             raise ReplyRefused(str(exc)) from None
         calls = reply_calls(extra) if extra else []  # a str reply (the usual form) carries nothing else
         limit = self._host.max_reply_chars
-        if len(reply) + (sum(len(json.dumps(c.arguments)) for c in calls) if calls else 0) > limit:
+        if len(reply) + sum(len(json.dumps(c.arguments)) for c in calls) > limit:
             raise ReplyRefused(
                 f"the reply has {len(reply):,} characters, over RLMEnv(max_reply_chars={limit:,}); cap the "
                 "policy's generation length or raise max_reply_chars. Nothing ran; step again.",

@@ -92,7 +92,7 @@ def _plain(text: str, rules: ReplyRules) -> Reply | None:
     more into: its blocks, as `read_by_rules` reads them, without running every rule (each step of an
     RL episode reads a reply, and the rules' code, run once a step, costs about 0.1 ms there: see
     docs/performance.md, "RL step, fifth pass"). None for any other reply."""
-    tags = rules.plain_tags  # type: ignore[attr-defined]
+    tags = rules.plain_tags
     if tags is None or not text or not no_answer_marks(text) or any(s in text for s in _NOT_PLAIN):
         return None
     if _CONTROL.search(text) is not None:

@@ -315,15 +315,16 @@ class ReplyRules:
     rules: tuple[Rule, ...] = RULES
     beside_code: Literal["confirmed", "always"] = "confirmed"
     _known: frozenset[str] = field(default=_BUILT_IN, repr=False)
+    # The tags of the fences that run, where only built-in text rules and no answer rule of one's
+    # own are in force: then a reply of plain prose and such fences reads the same by no rule at
+    # all (parse.py, `_plain`); else None. Derived from `rules`.
+    plain_tags: frozenset[str] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         names = [r.name for r in self.rules]
         # `on` is asked a score of times per reply read: a set, not a scan of every rule each time.
         object.__setattr__(self, "_on", frozenset(names))
         object.__setattr__(self, "_stages", {st: tuple(r for r in self.rules if r.stage == st) for st in STAGES})
-        # The tags of the fences that run, where only built-in text rules and no answer rule of one's
-        # own are in force: then a reply of plain prose and such fences reads the same by no rule at
-        # all (parse.py, `_plain`); else None.
         own = any(r not in RULES for r in self.rules if r.stage in ("text", "answer"))
         object.__setattr__(self, "plain_tags", None if own else runnable_tags(names.__contains__))
         if len(set(names)) != len(names):

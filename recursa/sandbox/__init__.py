@@ -71,18 +71,22 @@ class SandboxKind:
     def option_names(self) -> list[str] | None:
         """The `sandbox_options` this kind takes, or None when it takes any (a **kwargs constructor
         that passes them on to no known class)."""
-        names: set[str] = set()
-        for cls in (self.options_of, self.passes_on):
-            if cls is None:
-                continue
-            params = inspect.signature(cls).parameters
-            if any(p.kind is p.VAR_KEYWORD for p in params.values()) and cls is not self.passes_on:
-                if self.passes_on is None:
-                    return None
-            keyword = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-            # (One without a default is recursa's to give: a container's kind, the Ray sandbox's maker.)
-            names |= {n for n, p in params.items() if p.kind in keyword and p.default is not p.empty}
-        return sorted(names)
+        if self.passes_on is None and _takes_any(self.options_of):
+            return None
+        names = _options_of(self.options_of)
+        return sorted(names | _options_of(self.passes_on) if self.passes_on is not None else names)
+
+
+def _takes_any(cls: Callable[..., Any]) -> bool:
+    return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(cls).parameters.values())
+
+
+def _options_of(cls: Callable[..., Any]) -> set[str]:
+    """The keyword arguments of `cls` a user may set: those with a default (one without is recursa's
+    to give: a container's kind, the Ray sandbox's maker)."""
+    keyword = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    params = inspect.signature(cls).parameters
+    return {n for n, p in params.items() if p.kind in keyword and p.default is not p.empty}
 
 
 def _auto(**options: Any) -> Sandbox:
