@@ -448,9 +448,9 @@ async def test_a_failed_start_names_what_the_worker_wrote_even_when_its_log_is_r
     monkeypatch.setattr("recursa.sandbox.hardened.find_bwrap", lambda: str(fake))
     drain = WorkerLog._drain
 
-    def late_drain(self: WorkerLog, read_fd: int) -> None:
+    def late_drain(self: WorkerLog, *args: object) -> None:
         time.sleep(0.5)
-        drain(self, read_fd)
+        drain(self, *args)
 
     monkeypatch.setattr(WorkerLog, "_drain", late_drain)
     strict = SubprocessSandbox(bwrap=True, snapshots=False)

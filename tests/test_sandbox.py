@@ -22,6 +22,7 @@ from recursa.sandbox import InProcessSandbox, Sandbox, SubprocessSandbox, make_s
 from recursa.sandbox.base import CallbackError
 from recursa.sandbox.proc import running as _pid_exists
 from recursa.sandbox.protocol import WORKER_PATH, FrameDecoder, encode_frame
+from recursa.sandbox.worker_log import WorkerLog
 
 
 class Host:
@@ -438,6 +439,28 @@ async def _ignoring_sigint_restarts(proc_sandbox: SubprocessSandbox) -> None:
     assert proc_sandbox.pid != old_pid
     r = await run(proc_sandbox, "print(context)\nlost")
     assert r.stdout == "ctx\n" and r.error is not None and "NameError" in r.error
+
+
+async def test_a_dying_workers_last_words_are_reported_however_late_its_log_is_read(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The log's reader thread may not have run when the host finds the worker dead (a busy host):
+    # the report still holds what the worker wrote to its stderr before it died.
+    drain = WorkerLog._drain
+
+    def late_drain(self: WorkerLog, *args: Any) -> None:
+        time.sleep(1.0)
+        drain(self, *args)
+
+    monkeypatch.setattr(WorkerLog, "_drain", late_drain)
+    sb = SubprocessSandbox(snapshots=False)
+    await sb.start(host)
+    try:
+        r = await run(sb, "import os\nos.write(2, b'last words before exit\\n')\nos._exit(3)")
+        assert r.restarted and "exit code 3" in r.error
+        assert "last words before exit" in r.stderr
+    finally:
+        await sb.close()
 
 
 async def test_worker_death_is_reported_and_restarted(proc_sandbox: SubprocessSandbox) -> None:

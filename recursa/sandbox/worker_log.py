@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import threading
 
 KEEP_BYTES = 64 * 1024
@@ -27,38 +28,63 @@ class WorkerLog:
         self._buf = bytearray()
         self._lock = threading.Lock()
         self._reader: threading.Thread | None = None
+        self._fd = -1  # the pipe's read end, until the reader has seen its end
+        self._ended = False
 
     @classmethod
     def pipe(cls, keep: int = KEEP_BYTES) -> WorkerLog:
         log = cls(keep)
         read_fd, log.write_fd = os.pipe2(os.O_CLOEXEC)
-        log._reader = threading.Thread(
-            target=log._drain, args=(read_fd,), name="recursa-worker-log", daemon=True
-        )
+        os.set_blocking(read_fd, False)  # the read end only: a worker writing faster still waits
+        log._fd = read_fd
+        log._reader = threading.Thread(target=log._drain, name="recursa-worker-log", daemon=True)
         log._reader.start()
         return log
 
-    def _drain(self, read_fd: int) -> None:
+    def _drain(self) -> None:
+        # Reads happen under the lock, here and in `tail`, so that `tail` can take what the pipe
+        # holds at once (the last words of a worker that just died) without reordering the bytes.
+        # Only this thread closes the fd: a number closed under a poll could be reused meanwhile.
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
         try:
             while True:
-                try:
-                    data = os.read(read_fd, _READ)
-                except InterruptedError:
-                    continue
-                if not data:
-                    return
-                self.write(data)
-        except OSError:
-            return
+                with contextlib.suppress(InterruptedError):
+                    poller.poll()
+                with self._lock:
+                    if not self._read_now():
+                        return
         finally:
+            with self._lock:
+                fd, self._fd = self._fd, -1
             with contextlib.suppress(OSError):
-                os.close(read_fd)
+                os.close(fd)
+
+    def _read_now(self) -> bool:
+        """Read what the pipe holds now (the lock held); False at its end."""
+        while not self._ended:
+            try:
+                data = os.read(self._fd, _READ)
+            except BlockingIOError:
+                return True
+            except InterruptedError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                self._ended = True
+            else:
+                self._keep(data)
+        return False
 
     def write(self, data: bytes) -> None:
         with self._lock:
-            self._buf += data
-            if len(self._buf) > self.keep:
-                del self._buf[: len(self._buf) - self.keep]
+            self._keep(data)
+
+    def _keep(self, data: bytes) -> None:
+        self._buf += data
+        if len(self._buf) > self.keep:
+            del self._buf[: len(self._buf) - self.keep]
 
     def wait_drained(self, timeout: float) -> None:
         """Wait up to `timeout` s for the reader to reach the end: every writer gone, all read."""
@@ -66,7 +92,10 @@ class WorkerLog:
             self._reader.join(timeout)
 
     def tail(self, chars: int) -> str:
+        """The last `chars` of the output, everything written before this call included."""
         with self._lock:
+            if self._fd >= 0:
+                self._read_now()
             data = bytes(self._buf[-chars:])
         return data.decode("utf-8", "replace").strip()
 
